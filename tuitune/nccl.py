@@ -1,0 +1,153 @@
+"""Catalogue of NCCL environment variables (NCCL 2.30 env.rst; FACTS.md §4) and their checks.
+
+``check(name, value)`` returns (errors, warnings) as sentences that name the value and what is
+allowed. The catalogue also feeds the TUI's toggles (``kind`` and ``choices``) and help lines.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PROTOS = ("LL", "LL128", "Simple")
+ALGOS = ("Ring", "Tree", "CollnetDirect", "CollnetChain", "NVLS", "NVLSTree", "PAT")
+P2P_LEVELS = ("LOC", "NVL", "PIX", "PXB", "PHB", "SYS")
+COLLECTIVES = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "sendrecv",
+               "alltoall")
+SUBSYSTEMS = ("INIT", "COLL", "P2P", "SHM", "NET", "GRAPH", "TUNING", "ENV", "ALLOC", "CALL",
+              "PROXY", "NVLS", "BOOTSTRAP", "REG", "PROFILE", "RAS", "ALL")
+REMOVED = {"NCCL_LL_THRESHOLD", "NCCL_TREE_THRESHOLD", "NCCL_SINGLE_RING_THRESHOLD"}
+
+
+@dataclass(frozen=True, slots=True)
+class NcclVar:
+    name: str
+    kind: str  # protolist | algolist | level | bool | int | enum | subsys | text
+    help: str
+    default: str
+    choices: tuple[str, ...] = ()
+    lo: int | None = None
+    hi: int | None = None
+    multiple_of: int | None = None
+    deprecated_by: str | None = None
+
+
+CATALOGUE: dict[str, NcclVar] = {v.name: v for v in (
+    NcclVar("NCCL_PROTO", "protolist", "Protocols NCCL may use; LL is lowest latency for small "
+            "messages (decode all-reduces).", "all supported", PROTOS),
+    NcclVar("NCCL_ALGO", "algolist", "Collective algorithms NCCL may use; Ring is steady on PCIe.",
+            "automatic", ALGOS),
+    NcclVar("NCCL_P2P_LEVEL", "level", "Largest topology distance at which GPUs use P2P; SYS "
+            "allows it across the CPU interconnect.", "NCCL decides", P2P_LEVELS),
+    NcclVar("NCCL_P2P_DISABLE", "bool", "1 disables GPU peer-to-peer transport.", "0", ("0", "1")),
+    NcclVar("NCCL_SHM_DISABLE", "bool", "1 disables the shared-memory transport.", "0", ("0", "1")),
+    NcclVar("NCCL_IB_DISABLE", "bool", "1 disables InfiniBand/RoCE.", "0", ("0", "1")),
+    NcclVar("NCCL_MAX_NCHANNELS", "int", "Most channels (CTAs) a collective may use.", "auto",
+            lo=1, hi=64, deprecated_by="NCCL_MAX_CTAS"),
+    NcclVar("NCCL_MIN_NCHANNELS", "int", "Fewest channels (CTAs) a collective uses.", "auto",
+            lo=0, hi=64, deprecated_by="NCCL_MIN_CTAS"),
+    NcclVar("NCCL_MAX_CTAS", "int", "Most CTAs (channels) a collective may use.", "auto", lo=1, hi=64),
+    NcclVar("NCCL_MIN_CTAS", "int", "Fewest CTAs (channels) a collective uses.", "auto", lo=0, hi=64),
+    NcclVar("NCCL_BUFFSIZE", "int", "Buffer size in bytes per channel and peer; a power of two.",
+            "4194304", lo=1),
+    NcclVar("NCCL_NTHREADS", "int", "CUDA threads per CTA: 64, 128, 256 or 512.", "512",
+            choices=("64", "128", "256", "512"), lo=64, hi=512, multiple_of=32),
+    NcclVar("NCCL_NVLS_ENABLE", "enum", "NVLink SHARP (multicast): 0 off, 1 on, 2 auto.", "2",
+            ("0", "1", "2")),
+    NcclVar("NCCL_CUMEM_ENABLE", "enum", "cuMem* host allocations: 0 off, 1 on.", "auto", ("0", "1")),
+    NcclVar("NCCL_DEBUG", "enum", "Log level; INFO echoes every variable NCCL read (proof it "
+            "took effect).", "unset", ("VERSION", "WARN", "INFO", "TRACE")),
+    NcclVar("NCCL_DEBUG_SUBSYS", "subsys", "Subsystems logged at INFO, e.g. INIT,ENV,TUNING.",
+            "INIT", SUBSYSTEMS),
+    NcclVar("NCCL_SOCKET_IFNAME", "text", "Network interfaces for bootstrap/sockets (prefix, ^ "
+            "excludes, = exact).", "auto"),
+    NcclVar("NCCL_IB_HCA", "text", "InfiniBand HCAs to use.", "auto"),
+    NcclVar("NCCL_NET_GDR_LEVEL", "level", "Largest distance for GPU Direct RDMA.", "NCCL decides",
+            P2P_LEVELS),
+)}
+
+
+def _list_check(value: str, allowed: tuple[str, ...], case_sensitive: bool = False) -> str | None:
+    """First bad token of a `^`-able comma list, optionally per collective (`a;coll:b`)."""
+    norm = {a if case_sensitive else a.lower() for a in allowed}
+    parts = [p.strip() for p in value.split(";")]
+    if not any(parts):
+        return value
+    for part in parts:
+        if not part:
+            continue
+        if ":" in part:
+            coll, _, part = part.partition(":")
+            if coll.strip().lower() not in COLLECTIVES:
+                return coll
+        body = part.strip()
+        if body.startswith("^"):
+            body = body[1:]
+        toks = [t.strip() for t in body.split(",")]
+        for t in toks:
+            key = t if case_sensitive else t.lower()
+            if key not in norm:
+                return t
+    return None
+
+
+def check(name: str, value: str) -> tuple[list[str], list[str]]:
+    """Errors and warnings for one variable. Unknown NCCL_* names are a warning, not an error."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    if name in REMOVED:
+        warnings.append(f"{name} was removed from NCCL and is ignored")
+        return errors, warnings
+    var = CATALOGUE.get(name)
+    if var is None:
+        if name.startswith("NCCL_"):
+            warnings.append(f"{name} is not in tuitune's NCCL catalogue (typo?); it is passed through")
+        return errors, warnings
+    v = value.strip()
+    if var.deprecated_by:
+        warnings.append(f"{name} is deprecated since NCCL 2.17; use {var.deprecated_by}")
+    if var.kind == "protolist":
+        bad = _list_check(v, PROTOS)
+        if bad is not None:
+            errors.append(f"{v!r} is not one of {', '.join(PROTOS)} (optionally ^-prefixed or per collective)")
+        elif "ll128" in v.lower() and not v.startswith("^"):
+            warnings.append("forcing LL128 where the hardware does not support it can corrupt data")
+    elif var.kind == "algolist":
+        bad = _list_check(v, ALGOS)
+        if bad is not None:
+            errors.append(f"{v!r} is not one of {', '.join(ALGOS)} (optionally ^-prefixed or per collective)")
+    elif var.kind == "level":
+        if v.isdigit():
+            if int(v) > 4:
+                warnings.append(f"legacy level {v} is treated as SYS")
+        elif v not in var.choices:
+            errors.append(f"{v!r} is not one of {', '.join(var.choices)} (case-sensitive) or a legacy integer 0-4")
+    elif var.kind in ("bool", "enum"):
+        allowed = var.choices
+        ok = v in allowed if var.kind == "bool" or v.isdigit() else v.upper() in allowed
+        if not ok:
+            errors.append(f"{v!r} is not one of {', '.join(allowed)}")
+    elif var.kind == "subsys":
+        bad = _list_check(v.upper(), var.choices, case_sensitive=True)
+        if bad is not None:
+            errors.append(f"{v!r} is not a comma list of {', '.join(var.choices)}")
+    elif var.kind == "int":
+        if not re.fullmatch(r"-?\d+", v):
+            errors.append(f"{v!r} is not an integer")
+        else:
+            n = int(v)
+            if var.lo is not None and n < var.lo or var.hi is not None and n > var.hi:
+                hi = var.hi if var.hi is not None else "∞"
+                errors.append(f"{n} is outside [{var.lo}, {hi}]")
+            elif var.multiple_of and n % var.multiple_of:
+                errors.append(f"{n} is not a multiple of {var.multiple_of} in [{var.lo}, {var.hi}]")
+            elif name == "NCCL_BUFFSIZE" and n & (n - 1):
+                warnings.append(f"{n} is not a power of two")
+    return errors, warnings
+
+
+def is_all_reduce_var(name: str) -> bool:
+    """Variables that only matter when NCCL carries the all-reduce (not custom all-reduce)."""
+    return name in ("NCCL_PROTO", "NCCL_ALGO", "NCCL_MAX_NCHANNELS", "NCCL_MIN_NCHANNELS",
+                    "NCCL_MAX_CTAS", "NCCL_MIN_CTAS", "NCCL_BUFFSIZE", "NCCL_NTHREADS",
+                    "NCCL_P2P_LEVEL")

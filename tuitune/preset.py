@@ -1,0 +1,518 @@
+"""Presets: typed model of the YAML contract (DESIGN.md), load/save, launch command, diff, lint.
+
+A preset renders to exactly one shell command (a three-line script: ``cd``, the backgrounded
+launch, ``echo $!``) with every value quoted. Saving writes only what differs from defaults, in
+a stable key order, so preset files diff cleanly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from . import nccl, speculative
+
+SIM_MODULE = "tuitune.sim"
+FLAG_RE = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
+ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+RESERVED_ARGS = {"port": "server.port", "speculative-algorithm": "speculative.algorithm",
+                 "speculative-draft-model-path": "speculative.draft_model_path",
+                 "speculative-draft-model": "speculative.draft_model_path",
+                 "speculative-num-steps": "speculative.num_steps",
+                 "speculative-eagle-topk": "speculative.eagle_topk",
+                 "speculative-num-draft-tokens": "speculative.num_draft_tokens"}
+ArgValue = bool | int | float | str
+
+
+class PresetError(ValueError):
+    """A preset that cannot be used; the message is one sentence naming file, key and value."""
+
+
+def _no_control(v: str, what: str = "value") -> str:
+    if "\n" in v or "\r" in v or "\x00" in v:
+        raise ValueError(f"{what} {v!r} holds a newline or NUL byte, which cannot be passed safely")
+    return v
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Target(_Model):
+    host: str = "local"
+    user: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    identity_file: str | None = None
+    known_hosts: str | None = None
+
+    @field_validator("host", "user", "identity_file", "known_hosts")
+    @classmethod
+    def _plain(cls, v: str | None) -> str | None:
+        return None if v is None else _no_control(v)
+
+    @property
+    def is_local(self) -> bool:
+        return self.host in ("local", "localhost-local")
+
+    def label(self) -> str:
+        if self.is_local:
+            return "local"
+        who = f"{self.user}@" if self.user else ""
+        port = f":{self.port}" if self.port else ""
+        return f"{who}{self.host}{port}"
+
+
+class Server(_Model):
+    python: str | None = None  # default: this Python for tuitune.sim on local, else python3
+    module: str = "sglang.launch_server"
+    workdir: str | None = None
+    log: str
+    port: int = Field(default=30000, ge=1, le=65535)
+    args: dict[str, ArgValue] = Field(default_factory=dict)
+
+    @field_validator("python", "module", "workdir", "log")
+    @classmethod
+    def _plain(cls, v: str | None) -> str | None:
+        return None if v is None else _no_control(v)
+
+    @field_validator("module")
+    @classmethod
+    def _module(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", v):
+            raise ValueError(f"{v!r} is not a Python module name")
+        return v
+
+    @field_validator("args")
+    @classmethod
+    def _args(cls, v: dict[str, ArgValue]) -> dict[str, ArgValue]:
+        for k, val in v.items():
+            if k.startswith("-"):
+                raise ValueError(f"flag {k!r}: write it without the leading dashes")
+            if not FLAG_RE.match(k):
+                raise ValueError(f"flag {k!r} is not a flag name (lower-case letters, digits, dashes)")
+            if k in RESERVED_ARGS:
+                raise ValueError(f"flag {k!r} is set by {RESERVED_ARGS[k]}, not in server.args")
+            if isinstance(val, str):
+                _no_control(val, f"flag {k}")
+        return v
+
+
+class Speculative(_Model):
+    algorithm: Literal["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"] | None = None
+    draft_model_path: str | None = None
+    num_steps: int | None = Field(default=None, ge=1, le=64)
+    eagle_topk: int | None = Field(default=None, ge=1, le=64)
+    num_draft_tokens: int | None = Field(default=None, ge=2, le=1024)
+
+    @model_validator(mode="after")
+    def _rules(self) -> "Speculative":
+        if self.draft_model_path is not None:
+            _no_control(self.draft_model_path)
+        speculative.resolve(self.algorithm, self.num_steps, self.eagle_topk, self.num_draft_tokens,
+                            self.draft_model_path)
+        return self
+
+    def resolved(self) -> speculative.Resolved:
+        return speculative.resolve(self.algorithm, self.num_steps, self.eagle_topk,
+                                   self.num_draft_tokens, self.draft_model_path)
+
+
+class Bench(_Model):
+    requests: int = Field(default=10, ge=1, le=100000)
+    warmup: int = Field(default=2, ge=0, le=1000)
+    max_tokens: int = Field(default=500, ge=2, le=1_000_000)
+    concurrency: int = Field(default=1, ge=1, le=1024)
+    api: Literal["native", "openai"] = "native"
+
+
+class Preset(_Model):
+    name: str
+    description: str | None = None
+    target: Target = Field(default_factory=Target)
+    server: Server
+    speculative: Speculative | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    profile: bool = False
+    bench: Bench = Field(default_factory=Bench)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", v):
+            raise ValueError(f"{v!r} is not a preset name (letters, digits, . _ -)")
+        return v
+
+    @field_validator("target", mode="before")
+    @classmethod
+    def _target_shorthand(cls, v: Any) -> Any:
+        return {"host": v} if isinstance(v, str) else v
+
+    @field_validator("speculative", mode="before")
+    @classmethod
+    def _no_algorithm(cls, v: Any) -> Any:
+        if isinstance(v, dict) and v.get("algorithm") is None and not any(
+                v.get(k) is not None for k in ("num_steps", "eagle_topk", "num_draft_tokens")):
+            return None
+        return v
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        out = {}
+        for k, val in v.items():
+            if isinstance(val, bool):
+                val = "1" if val else "0"
+            elif isinstance(val, (int, float)):
+                val = str(val)
+            out[k] = val
+        return out
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, val in v.items():
+            if not ENV_RE.match(k):
+                raise ValueError(f"{k!r} is not an environment variable name")
+            _no_control(val, k)
+            errors, _ = nccl.check(k, val)
+            if errors:
+                raise ValueError(f"{k}: {errors[0]}")
+        return v
+
+    # ---- derived ------------------------------------------------------------------------
+    @property
+    def is_speculative(self) -> bool:
+        return self.speculative is not None and self.speculative.algorithm is not None
+
+    def python(self) -> str:
+        if self.server.python:
+            return self.server.python
+        if self.server.module == SIM_MODULE and self.target.is_local:
+            return sys.executable
+        return "python3"
+
+    def launch_env(self) -> dict[str, str]:
+        env = dict(self.env)
+        if self.profile:
+            env["EAGLE3_PROFILE"] = "1"
+        return env
+
+    def flags(self) -> list[str]:
+        """The server's argv after ``-m MODULE``."""
+        out: list[str] = []
+        for k, v in self.server.args.items():
+            if v is True:
+                out.append(f"--{k}")
+            elif v is False or v is None:
+                continue
+            else:
+                out += [f"--{k}", str(v)]
+        out += ["--port", str(self.server.port)]
+        if self.is_speculative:
+            r = self.speculative.resolved()
+            out += ["--speculative-algorithm", r.algorithm]
+            if self.speculative.draft_model_path:
+                out += ["--speculative-draft-model-path", self.speculative.draft_model_path]
+            if r.num_steps is not None:
+                out += ["--speculative-num-steps", str(r.num_steps),
+                        "--speculative-eagle-topk", str(r.eagle_topk),
+                        "--speculative-num-draft-tokens", str(r.num_draft_tokens)]
+        return out
+
+    def flag_names(self) -> list[str]:
+        return [f for f in self.flags() if f.startswith("--")]
+
+    def hash(self) -> str:
+        """Identity of what is launched (server, speculative, environment, profile)."""
+        key = {"python": self.python(), "module": self.server.module, "argv": self.flags(),
+               "env": dict(sorted(self.launch_env().items()))}
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+    def tp_size(self) -> int:
+        for k in ("tp-size", "tensor-parallel-size", "tp"):
+            v = self.server.args.get(k)
+            if isinstance(v, int) and not isinstance(v, bool):
+                return v
+        return 1
+
+
+# ---- shell rendering ---------------------------------------------------------------------------
+
+
+def shell_path(p: str) -> str:
+    """Quote a path, keeping a leading ``~`` meaningful (it becomes ``"$HOME"``)."""
+    if p == "~":
+        return '"$HOME"'
+    if p.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(p[2:])
+    return shlex.quote(p)
+
+
+def server_argv(preset: Preset, extra_env: dict[str, str] | None = None) -> str:
+    """``env K=V … PY -m MODULE --flags``, quoted, without redirections."""
+    env = dict(preset.launch_env())
+    if extra_env:
+        env.update(extra_env)
+    parts = ["env"] + [shlex.quote(f"{k}={v}") for k, v in env.items()]
+    parts += [shell_path(preset.python()), "-m", shlex.quote(preset.server.module)]
+    parts += [shlex.quote(a) for a in preset.flags()]
+    return " ".join(parts)
+
+
+def launch_command(preset: Preset, extra_env: dict[str, str] | None = None) -> str:
+    """The whole launch script: cd, backgrounded server in its own session, its PID."""
+    workdir = preset.server.workdir or "~"
+    return (f"cd {shell_path(workdir)} || exit 1\n"
+            f"setsid nohup {server_argv(preset, extra_env)} >{shell_path(preset.server.log)} 2>&1 "
+            f"</dev/null &\n"
+            f"echo $!")
+
+
+# ---- load / save -------------------------------------------------------------------------------
+
+
+def _loc(loc: tuple) -> str:
+    return ".".join(str(p) for p in loc if not (isinstance(p, str) and p.startswith("function-")))
+
+
+def _format_error(source: str, err: ValidationError) -> str:
+    e = err.errors()[0]
+    loc = _loc(e["loc"])
+    msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] == "extra_forbidden":
+        return f"{source}: {loc}: unknown key (allowed keys are listed by `tuitune preset schema`)"
+    if e["type"] == "missing":
+        return f"{source}: {loc}: required key is missing"
+    if loc == "env" and ": " in msg:
+        key, msg = msg.split(": ", 1)
+        loc = f"env.{key}"
+    inp = e.get("input")
+    shown = "" if isinstance(inp, (dict, list)) or "is not" in msg or "holds" in msg else f"{inp!r}: "
+    return f"{source}: {loc + ': ' if loc else ''}{shown}{msg}"
+
+
+def from_dict(data: Any, source: str = "<preset>") -> Preset:
+    if not isinstance(data, dict):
+        raise PresetError(f"{source}: a preset is a YAML mapping (got {type(data).__name__})")
+    try:
+        return Preset.model_validate(data)
+    except ValidationError as e:
+        raise PresetError(_format_error(source, e)) from None
+
+
+def loads(text: str, source: str = "<preset>") -> Preset:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise PresetError(f"{source}: YAML syntax error{where}: {problem}") from None
+    return from_dict(data, source)
+
+
+def load(path: str | Path) -> Preset:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PresetError(f"{path}: no such preset file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise PresetError(f"{path}: cannot read it ({e.__class__.__name__}: {e})") from None
+    return loads(text, str(path))
+
+
+def to_dict(preset: Preset) -> dict:
+    """Minimal form: defaults left out, ``target: local`` shorthand, field order kept."""
+    d = preset.model_dump(exclude_defaults=True, exclude_none=True)
+    if preset.target.is_local and set(d.get("target", {})) <= {"host"}:
+        d["target"] = "local"
+    if "env" in d:  # numbers read back as numbers: 16777216, not '16777216'
+        d["env"] = {k: int(v) if re.fullmatch(r"-?[1-9]\d*|0", v) else v for k, v in d["env"].items()}
+    order = ["name", "description", "target", "server", "speculative", "env", "profile", "bench"]
+    return {k: d[k] for k in order if k in d}
+
+
+def dumps(preset: Preset) -> str:
+    return yaml.safe_dump(to_dict(preset), sort_keys=False, allow_unicode=True, width=100)
+
+
+def save(preset: Preset, path: str | Path) -> Path:
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(dumps(preset), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def with_changes(preset: Preset, changes: dict[str, Any]) -> Preset:
+    """A copy with dotted-path changes applied (``env.NCCL_PROTO``, ``speculative.num_steps``,
+    ``server.args.tp-size``); the value ``None`` removes a key. Validated like a loaded file."""
+    data = preset.model_dump(exclude_none=False)
+    for key, value in changes.items():
+        parts = key.split(".")
+        node = data
+        for p in parts[:-1]:
+            if node.get(p) is None:
+                node[p] = {}
+            node = node[p]
+        if value is None:
+            node.pop(parts[-1], None)
+        else:
+            node[parts[-1]] = value
+    return from_dict(data, f"{preset.name} (edited)")
+
+
+# ---- resolved view, diff, lint -----------------------------------------------------------------
+
+
+def flatten(preset: Preset) -> dict[str, Any]:
+    """Dotted keys of the resolved preset (derived values filled in)."""
+    out: dict[str, Any] = {"target": preset.target.label(), "server.python": preset.python(),
+                           "server.module": preset.server.module,
+                           "server.workdir": preset.server.workdir or "~",
+                           "server.log": preset.server.log, "server.port": preset.server.port}
+    for k, v in preset.server.args.items():
+        out[f"server.args.{k}"] = v
+    if preset.is_speculative:
+        r = preset.speculative.resolved()
+        out["speculative.algorithm"] = r.algorithm
+        out["speculative.draft_model_path"] = preset.speculative.draft_model_path
+        out["speculative.num_steps"] = r.num_steps
+        out["speculative.eagle_topk"] = r.eagle_topk
+        out["speculative.num_draft_tokens"] = r.num_draft_tokens
+    else:
+        out["speculative.algorithm"] = None
+    for k, v in preset.env.items():
+        out[f"env.{k}"] = v
+    out["profile"] = preset.profile
+    for k, v in preset.bench.model_dump().items():
+        out[f"bench.{k}"] = v
+    return out
+
+
+def derived_keys(preset: Preset) -> set[str]:
+    keys = set()
+    if preset.is_speculative:
+        keys |= {f"speculative.{k}" for k in preset.speculative.resolved().derived}
+    if not preset.server.python:
+        keys.add("server.python")
+    return keys
+
+
+def diff(a: Preset, b: Preset, include_bench: bool = True) -> list[tuple[str, Any, Any]]:
+    """Changed keys only: (key, value in a or None when unset, value in b or None)."""
+    fa, fb = flatten(a), flatten(b)
+    keys = list(dict.fromkeys([*fa, *fb]))
+    out = []
+    for k in keys:
+        if not include_bench and k.startswith("bench."):
+            continue
+        if fa.get(k) != fb.get(k):
+            out.append((k, fa.get(k), fb.get(k)))
+    return out
+
+
+def warnings(preset: Preset) -> list[str]:
+    """Suspicious settings: each a sentence starting with the key."""
+    out = []
+    for k, v in preset.env.items():
+        for w in nccl.check(k, v)[1]:
+            out.append(f"env.{k}: {w}")
+    if preset.is_speculative:
+        for s in preset.speculative.resolved().adjusted:
+            out.append(f"speculative: {s}")
+    return out
+
+
+def lint(preset: Preset) -> list[str]:
+    """Cross-setting advice, beyond what validation checks."""
+    advice = warnings(preset)
+    custom_ar = not preset.server.args.get("disable-custom-all-reduce", False)
+    ar_vars = [k for k in preset.env if nccl.is_all_reduce_var(k)]
+    if ar_vars and custom_ar and preset.tp_size() > 1:
+        advice.append(f"env: {', '.join(ar_vars)} tune NCCL all-reduce, but custom all-reduce is on: "
+                      "on NVLink boxes it serves decode all-reduces and these may not apply "
+                      "(set server.args.disable-custom-all-reduce: true to measure NCCL)")
+    algo = preset.env.get("NCCL_ALGO", "")
+    if "nvlstree" in algo.lower() and not algo.startswith("^"):
+        advice.append("env.NCCL_ALGO: NVLSTree needs several nodes; on a single node AllReduce is "
+                      "left with no algorithm")
+    if preset.profile:
+        advice.append("profile: the probe is on; benchmark figures include its overhead "
+                      "(small with sync=event), keep it the same on both sides of an A/B")
+    if preset.env.get("NCCL_DEBUG", "").upper() in ("INFO", "TRACE"):
+        advice.append("env.NCCL_DEBUG: INFO/TRACE logging slows start-up; use it to confirm settings, "
+                      "not while benchmarking")
+    mem = preset.server.args.get("mem-fraction-static")
+    if isinstance(mem, (int, float)) and not isinstance(mem, bool) and mem > 0.95:
+        advice.append(f"server.args.mem-fraction-static: {mem} leaves almost no memory for "
+                      "activations and CUDA graphs; start-up will likely run out of memory")
+    if preset.is_speculative and preset.speculative.num_steps is None:
+        advice.append("speculative: num_steps unset, SGLang picks steps/topk/draft tokens per model; "
+                      "set them to make runs comparable")
+    return advice
+
+
+# ---- finding presets ---------------------------------------------------------------------------
+
+
+def shipped_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "presets"
+
+
+def user_dir() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "tuitune" / "presets"
+
+
+def find(name_or_path: str) -> Path:
+    """A preset file from a path or a name in the user's or the shipped directory."""
+    p = Path(name_or_path).expanduser()
+    if p.suffix in (".yaml", ".yml") and p.exists() or p.is_file():
+        return p
+    for d in (user_dir(), shipped_dir()):
+        for ext in (".yaml", ".yml"):
+            cand = d / f"{name_or_path}{ext}"
+            if cand.is_file():
+                return cand
+    raise PresetError(f"{name_or_path}: no such preset file, and no preset of that name in "
+                      f"{user_dir()} or {shipped_dir()} (see `tuitune preset list`)")
+
+
+def resolve(name_or_path: str) -> Preset:
+    return load(find(name_or_path))
+
+
+def listing() -> list[tuple[str, Path, str, str]]:
+    """(origin, path, name, description or error) of every preset in the user's and the shipped directory."""
+    out = []
+    for origin, d in (("user", user_dir()), ("shipped", shipped_dir())):
+        if not d.is_dir():
+            continue
+        for path in sorted([*d.glob("*.yaml"), *d.glob("*.yml")]):
+            try:
+                p = load(path)
+                out.append((origin, path, p.name, p.description or ""))
+            except PresetError as e:
+                out.append((origin, path, "(invalid)", str(e)))
+    return out
+
+
+def json_schema() -> dict:
+    schema = Preset.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "tuitune preset"
+    return schema

@@ -1,0 +1,144 @@
+"""Command line of the simulator: SGLang's flags that tuitune uses, plus ``--sim-*`` knobs."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from . import model
+
+DEFAULT_PORT = 30000
+FAULTS = ("crash-after", "hang-on-sigterm", "health-hang", "garbage")
+TOPK1_WARNING = ("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 "
+                 "when speculative_eagle_topk == 1")
+
+
+def _bool_flag(p: argparse.ArgumentParser, name: str, help: str) -> None:
+    p.add_argument(name, action="store_true", help=help)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tuitune.sim",
+        description="tuitune's SGLang emulator: behaves like `python -m sglang.launch_server` "
+                    "on the seeds' 8-GPU PCIe box, through logs and HTTP, with no GPU.")
+    p.add_argument("--model-path", "--model", dest="model_path", default="sim/kimi-k2.5-int4",
+                   help="model path (only echoed)")
+    p.add_argument("--tokenizer-path", default=None)
+    _bool_flag(p, "--trust-remote-code", "accepted for compatibility")
+    p.add_argument("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
+    p.add_argument("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
+    p.add_argument("--mem-fraction-static", type=float, default=None)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--num-continuous-decode-steps", type=int, default=1)
+    _bool_flag(p, "--disable-custom-all-reduce", "use NCCL for every all-reduce")
+    _bool_flag(p, "--enable-nccl-nvls", "accepted for compatibility")
+    p.add_argument("--speculative-algorithm", default=None,
+                   choices=["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"])
+    p.add_argument("--speculative-draft-model-path", "--speculative-draft-model",
+                   dest="speculative_draft_model_path", default=None)
+    p.add_argument("--speculative-num-steps", type=int, default=None)
+    p.add_argument("--speculative-eagle-topk", type=int, default=None)
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
+    p.add_argument("--decode-log-interval", type=int, default=40)
+    _bool_flag(p, "--enable-metrics", "serve Prometheus metrics on /metrics")
+    p.add_argument("--cuda-graph-max-bs", type=int, default=None)
+    p.add_argument("--max-running-requests", type=int, default=None)
+    p.add_argument("--context-length", type=int, default=None)
+    p.add_argument("--log-level", default="info",
+                   choices=["debug", "info", "warning", "error", "critical"])
+    p.add_argument("--served-model-name", default=None)
+    # Simulator knobs.
+    g = p.add_argument_group("simulator")
+    g.add_argument("--sim-load-seconds", type=float, default=3.0,
+                   help="simulated weight loading + graph capture time (default 3)")
+    g.add_argument("--sim-seed", type=int, default=0, help="random seed (acceptance, jitter)")
+    g.add_argument("--sim-topology", choices=["pcie", "nvlink"], default="pcie")
+    g.add_argument("--sim-acceptance", default="seed",
+                   help="acceptance profile: " + ", ".join(model.ACCEPTANCE_PROFILES)
+                        + " or comma-separated per-position rates")
+    g.add_argument("--sim-fault", action="append", default=[], metavar="FAULT",
+                   help="crash-after=SECONDS, hang-on-sigterm, health-hang, garbage (repeatable)")
+    g.add_argument("--sim-speedup", type=float, default=1.0,
+                   help="the simulated clock runs N times faster (rates ×N, latencies ÷N)")
+    g.add_argument("--sim-jitter", type=float, default=0.02,
+                   help="log-normal sigma of per-cycle timing noise (default 0.02)")
+    return p
+
+
+@dataclass
+class Faults:
+    crash_after: float | None = None
+    hang_on_sigterm: bool = False
+    health_hang: bool = False
+    garbage: bool = False
+
+
+def parse_faults(p: argparse.ArgumentParser, specs: list[str]) -> Faults:
+    f = Faults()
+    for spec in specs:
+        name, _, value = spec.replace(":", "=").partition("=")
+        if name == "crash-after":
+            try:
+                f.crash_after = float(value)
+            except ValueError:
+                p.error(f"--sim-fault crash-after needs seconds, e.g. crash-after=5 (got {spec!r})")
+        elif name in ("hang-on-sigterm", "health-hang", "garbage") and not value:
+            setattr(f, name.replace("-", "_"), True)
+        else:
+            p.error(f"--sim-fault: unknown fault {spec!r}; choose from {', '.join(FAULTS)}")
+    return f
+
+
+def parse_acceptance(p: argparse.ArgumentParser, spec: str) -> tuple[float, ...]:
+    if spec in model.ACCEPTANCE_PROFILES:
+        return model.ACCEPTANCE_PROFILES[spec]
+    try:
+        rates = tuple(float(x) for x in spec.split(","))
+    except ValueError:
+        rates = ()
+    if not rates or not all(0.0 <= r <= 1.0 for r in rates):
+        p.error(f"--sim-acceptance: {spec!r} is neither a profile "
+                f"({', '.join(model.ACCEPTANCE_PROFILES)}) nor rates in [0, 1]")
+    return rates
+
+
+class ServerArgsError(ValueError):
+    """A combination SGLang's ServerArgs rejects (it raises in __post_init__)."""
+
+
+def resolve_speculative(ns: argparse.Namespace) -> list[str]:
+    """Apply SGLang's speculative rules in place; return warning lines. Raises ServerArgsError."""
+    warnings: list[str] = []
+    algo = ns.speculative_algorithm
+    if algo == "NEXTN":
+        ns.speculative_algorithm = algo = "EAGLE"
+    if algo is None:
+        return warnings
+    if algo in ("EAGLE", "EAGLE3") and not ns.speculative_draft_model_path:
+        raise ServerArgsError(f"--speculative-draft-model-path is required for {algo}")
+    if ns.speculative_num_steps is None:
+        if ns.speculative_eagle_topk is not None or ns.speculative_num_draft_tokens is not None:
+            raise ServerArgsError(
+                "speculative_eagle_topk and speculative_num_draft_tokens must be unset "
+                "when speculative_num_steps is unset (they are chosen automatically)")
+        ns.speculative_num_steps, ns.speculative_eagle_topk, ns.speculative_num_draft_tokens = 3, 1, 4
+        warnings.append("speculative_num_steps, speculative_eagle_topk and "
+                        "speculative_num_draft_tokens are automatically set to 3, 1, 4")
+    if ns.speculative_eagle_topk is None:
+        ns.speculative_eagle_topk = 1
+    if ns.speculative_num_steps < 1 or ns.speculative_eagle_topk < 1:
+        raise ServerArgsError("speculative_num_steps and speculative_eagle_topk must be >= 1")
+    if ns.speculative_eagle_topk == 1:
+        if ns.speculative_num_draft_tokens != ns.speculative_num_steps + 1:
+            warnings.append(TOPK1_WARNING)
+        ns.speculative_num_draft_tokens = ns.speculative_num_steps + 1
+    elif ns.speculative_num_draft_tokens is None:
+        raise ServerArgsError("speculative_num_draft_tokens must be set when speculative_eagle_topk > 1")
+    limit = ns.speculative_num_steps * ns.speculative_eagle_topk + 1
+    if ns.speculative_num_draft_tokens > limit:
+        raise ServerArgsError(
+            f"speculative_num_draft_tokens ({ns.speculative_num_draft_tokens}) must be <= "
+            f"speculative_num_steps * speculative_eagle_topk + 1 ({limit})")
+    return warnings

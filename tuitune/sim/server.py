@@ -1,0 +1,667 @@
+"""The simulated SGLang server process: start-up log, scheduler, HTTP API, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from . import args as sim_args
+from . import model
+
+VERSION = "0.5.3 (tuitune.sim)"
+HIDDEN_SIZE = 7168  # Kimi-K2.5 / DeepSeek-V3 shape: decode all-reduce = hidden × tokens × 2 B
+NCCL_PROTOS = {"ll", "ll128", "simple"}
+NCCL_ALGOS = {"ring", "tree", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat"}
+WORDS = ("the of and to in is that it for as with was on be by this are from at or an which "
+         "model token decode cycle verify draft tensor parallel kernel graph cache memory "
+         "latency throughput speculative accept reject batch stream server request").split()
+
+
+class Log:
+    """Writes SGLang-shaped log lines (``[YYYY-mm-dd HH:MM:SS TP0] msg``) to stdout, unbuffered."""
+
+    def __init__(self, level: str):
+        self.quiet = level in ("warning", "error", "critical")
+        self.ms = os.environ.get("SGLANG_LOG_MS", "").lower() in ("1", "true")
+
+    def prefix(self, rank: str | None = "TP0") -> str:
+        now = time.time()
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+        if self.ms:
+            stamp += f".{int(now * 1000) % 1000:03d}"
+        return f"[{stamp}{' ' + rank if rank else ''}] "
+
+    def raw(self, data: bytes) -> None:
+        os.write(1, data)
+
+    def line(self, msg: str, rank: str | None = "TP0", force: bool = False) -> None:
+        if self.quiet and not force:
+            return
+        self.raw((self.prefix(rank) + msg + "\n").encode("utf-8", "replace"))
+
+    def plain(self, msg: str) -> None:
+        self.raw((msg + "\n").encode("utf-8", "replace"))
+
+
+def _nccl_tokens_ok(value: str, allowed: set[str]) -> str | None:
+    """Return the first invalid token of an NCCL_PROTO / NCCL_ALGO value, or None."""
+    for part in value.split(";"):
+        part = part.strip()
+        if ":" in part:
+            part = part.split(":", 1)[1]
+        for tok in part.split(","):
+            tok = tok.strip().lstrip("^").lower()
+            if tok and tok not in allowed:
+                return tok
+    return None
+
+
+@dataclass
+class Request:
+    rid: str
+    prompt_tokens: int
+    max_tokens: int
+    arrival: float
+    rng: random.Random
+    out: asyncio.Queue = field(default_factory=asyncio.Queue)
+    produced: int = 0
+    verify_ct: int = 0
+    first_token_time: float | None = None
+    finished: bool = False
+
+    def next_words(self, n: int) -> list[str]:
+        return [self.rng.choice(WORDS) for _ in range(n)]
+
+
+class Simulator:
+    def __init__(self, ns, faults: sim_args.Faults, acceptance: tuple[float, ...], warnings: list[str]):
+        self.ns = ns
+        self.faults = faults
+        self.log = Log(ns.log_level)
+        self.speedup = max(1e-3, ns.sim_speedup)
+        self.rng = random.Random(ns.sim_seed)
+        self.env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
+        self.cfg = model.SimConfig(
+            tp_size=ns.tp_size,
+            topology=ns.sim_topology,
+            custom_all_reduce=not ns.disable_custom_all_reduce,
+            continuous_decode_steps=ns.num_continuous_decode_steps,
+            algorithm=ns.speculative_algorithm,
+            steps=ns.speculative_num_steps or 0,
+            topk=ns.speculative_eagle_topk or 1,
+            draft_tokens=ns.speculative_num_draft_tokens or 0,
+            acceptance=acceptance,
+            env_factor=model.nccl_factor(self.env),
+        )
+        self.warnings = warnings
+        self.profile = os.environ.get("EAGLE3_PROFILE", "") not in ("", "0")
+        self.record_step_time = os.environ.get("SGLANG_RECORD_STEP_TIME", "") not in ("", "0")
+        self.max_running = ns.max_running_requests or 256
+        self.ready = False
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.wake = asyncio.Event()
+        self.stopping = asyncio.Event()
+        self.req_counter = 0
+        # Statistics for /server_info and /metrics.
+        self.last_gen_throughput = 0.0
+        self.last_accept_len = 0.0
+        self.total_accept = 0
+        self.total_verify = 0
+        self.step_times: dict[int, deque] = {}
+        self.num_requests_total = 0
+        self.generation_tokens_total = 0
+        self.children: list[subprocess.Popen] = []
+
+    # ---- helpers -------------------------------------------------------------------------
+    def scaled(self, ms: float) -> float:
+        """Simulated milliseconds -> real seconds."""
+        return ms / 1000.0 / self.speedup
+
+    async def sleep_sim(self, seconds: float) -> None:
+        await asyncio.sleep(seconds / self.speedup)
+
+    def server_args_repr(self) -> str:
+        items = {k: v for k, v in vars(self.ns).items() if not k.startswith("sim_")}
+        return "server_args=ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in items.items()) + ")"
+
+    def expected(self) -> dict:
+        cost = model.cycle_cost(self.cfg, 1)
+        return {
+            "expected_tok_s": model.expected_tok_s(self.cfg) * self.speedup,
+            "expected_accept_len": model.expected_accept_len(self.cfg),
+            "expected_cycle_ms": cost.cycle_ms / self.speedup,
+            "expected_verify_ms": cost.verify_ms / self.speedup,
+            "nccl_factor": self.cfg.env_factor,
+            "speedup": self.speedup,
+        }
+
+    # ---- start-up ------------------------------------------------------------------------
+    def nccl_init(self) -> bool:
+        """Echo NCCL variables as NCCL does; return False on an invalid PROTO/ALGO (init fails)."""
+        host = socket.gethostname()
+        pid = os.getpid()
+        head = f"{host}:{pid}:{pid} [0] NCCL"
+        debug = self.env.get("NCCL_DEBUG", "").upper()
+        subsys = self.env.get("NCCL_DEBUG_SUBSYS", "").upper()
+        if debug in ("INFO", "TRACE"):
+            self.log.plain(f"{head} INFO NCCL version 2.27.3+cuda12.9")
+            for k in sorted(self.env):
+                v = self.env[k]
+                if k in ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS"):
+                    continue
+                end = "." if v.strip().lstrip("-").isdigit() else ""
+                self.log.plain(f"{head} INFO {k} set by environment to {v}{end}")
+        for var, allowed, what in (("NCCL_PROTO", NCCL_PROTOS, "protocol"),
+                                   ("NCCL_ALGO", NCCL_ALGOS, "algorithm")):
+            bad = _nccl_tokens_ok(self.env.get(var, ""), allowed)
+            if bad is not None:
+                self.log.plain(f"{head} WARN Invalid {what} {bad!r} in {var}")
+                self.traceback(
+                    "torch.distributed.DistBackendError: NCCL error in: "
+                    "../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, invalid usage "
+                    "(run with NCCL_DEBUG=WARN for details), NCCL version 2.27.3\n"
+                    "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.")
+                return False
+        if debug in ("INFO", "TRACE") and ("TUNING" in subsys or subsys == "ALL"):
+            tokens = self.cfg.draft_tokens if self.cfg.speculative else 1
+            size = HIDDEN_SIZE * 2 * tokens
+            proto = self._chosen(self.env.get("NCCL_PROTO", ""), ["LL", "LL128", "SIMPLE"], "LL")
+            algo = self._chosen(self.env.get("NCCL_ALGO", ""), ["RING", "TREE"], "RING")
+            chans = self.env.get("NCCL_MAX_NCHANNELS", "32")
+            hi = max(0, int(chans) - 1) if chans.isdigit() else 31
+            self.log.plain(f"{head} INFO AllReduce: {size} Bytes -> Algo {algo} proto {proto} "
+                           f"channel{{Lo..Hi}}={{0..{hi}}}")
+        return True
+
+    @staticmethod
+    def _chosen(value: str, names: list[str], default: str) -> str:
+        toks = [t.strip().upper() for t in value.replace(";", ",").split(",") if t.strip()]
+        toks = [t.split(":")[-1] for t in toks if not t.startswith("^")]
+        for t in toks:
+            if t in names:
+                return t
+        return default
+
+    def traceback(self, final: str) -> None:
+        self.log.line("Scheduler hit an exception: Traceback (most recent call last):", force=True)
+        self.log.plain('  File "/usr/lib/python3/dist-packages/sglang/srt/managers/scheduler.py", '
+                       'line 2870, in run_scheduler_process')
+        self.log.plain("    scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank, dp_rank)")
+        self.log.plain('  File "/usr/lib/python3/dist-packages/sglang/srt/model_executor/'
+                       'model_runner.py", line 412, in init_torch_distributed')
+        self.log.plain("    initialize_model_parallel(tensor_model_parallel_size=self.tp_size)")
+        for ln in final.splitlines():
+            self.log.plain(ln)
+        self.log.line("Received sigquit from a child process. It usually means the child failed.",
+                      rank=None, force=True)
+
+    def spawn_scheduler_children(self) -> None:
+        """Like SGLang, run helper processes in the same process group (one per extra rank, max 2)."""
+        code = ("import os,signal,sys,time\n"
+                f"hang={self.faults.hang_on_sigterm!r}\n"
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN if hang else signal.SIG_DFL)\n"
+                "p=int(sys.argv[1])\n"
+                "while os.getppid()==p: time.sleep(0.2)\n")
+        for _ in range(min(2, self.ns.tp_size - 1)):
+            self.children.append(subprocess.Popen(
+                [sys.executable, "-c", code, str(os.getpid())],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    async def startup(self) -> bool:
+        ns = self.ns
+        self.log.line(self.server_args_repr(), rank=None)
+        for w in self.warnings:
+            self.log.line(w, rank=None)
+        if ns.tp_size > 1:
+            self.spawn_scheduler_children()
+        load = max(0.0, ns.sim_load_seconds)
+        if not self.nccl_init():
+            return False
+        if ns.mem_fraction_static is not None and ns.mem_fraction_static > 0.95:
+            await self.sleep_sim(load * 0.2)
+            self.traceback(
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB. GPU 0 has "
+                "a total capacity of 94.97 GiB of which 1.12 GiB is free. Of the allocated memory "
+                f"{90.3:.2f} GiB is allocated by PyTorch (mem_fraction_static={ns.mem_fraction_static}).")
+            return False
+        self.log.line("Load weight begin. avail mem=93.62 GB")
+        steps = 4
+        for i in range(1, steps + 1):
+            await self.sleep_sim(load * 0.55 / steps)
+            self.log.plain(f"Loading safetensors checkpoint shards: {100 * i // steps}% "
+                           f"Completed | {i * 16}/64")
+        self.log.line("Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, "
+                      "avail mem=22.41 GB, mem usage=71.21 GB.")
+        self.log.line("KV Cache is allocated. #tokens: 1062144, K size: 8.02 GB, V size: 8.02 GB")
+        self.log.line("Capture cuda graph begin. This can take up to several minutes. avail mem=5.12 GB")
+        await self.sleep_sim(load * 0.3 if self.cfg.speculative else load * 0.4)
+        self.log.line(f"Capture cuda graph end. Time elapsed: {load * 0.3:.2f} s. mem usage=1.02 GB. "
+                      "avail mem=4.10 GB.")
+        if self.cfg.speculative:
+            self.log.line("Capture draft cuda graph begin. This can take up to several minutes. "
+                          "avail mem=4.10 GB")
+            await self.sleep_sim(load * 0.1)
+            self.log.line(f"Capture draft cuda graph end. Time elapsed: {load * 0.1:.2f} s. "
+                          "mem usage=0.31 GB. avail mem=3.79 GB.")
+            self.log.line("Capture draft extend cuda graph begin. avail mem=3.79 GB")
+            self.log.line("Capture draft extend cuda graph end. Time elapsed: 0.05 s.")
+        self.log.line(f"max_total_num_tokens=1062144, chunked_prefill_size=8192, "
+                      f"max_prefill_tokens=16384, max_running_requests={self.max_running}, "
+                      f"context_len=262144")
+        return True
+
+    # ---- scheduler -----------------------------------------------------------------------
+    async def scheduler(self) -> None:
+        loop = asyncio.get_running_loop()
+        cycles_in_window = 0
+        win = {"draft": 0.0, "verify": 0.0, "extend": 0.0, "other": 0.0, "accepted": 0,
+               "verifies": 0, "tokens": 0, "start": loop.time(), "verify_max": 0.0}
+        verify_samples: list[float] = []
+        deadline = None
+        while not self.stopping.is_set():
+            if not self.waiting and not self.running:
+                self.wake.clear()
+                deadline = None
+                await self.wake.wait()
+                win["start"] = loop.time()
+                continue
+            if deadline is None:
+                deadline = loop.time()
+            if self.waiting and len(self.running) < self.max_running:
+                new = []
+                while self.waiting and len(self.running) + len(new) < self.max_running:
+                    new.append(self.waiting.popleft())
+                ms = sum(model.prefill_ms(self.cfg, r.prompt_tokens) for r in new)
+                deadline += self.scaled(ms)
+                await asyncio.sleep(max(0.0, deadline - loop.time()))
+                self.log.line(f"Prefill batch, #new-seq: {len(new)}, #new-token: "
+                              f"{sum(r.prompt_tokens for r in new)}, #cached-token: 0, token usage: "
+                              f"0.00, #running-req: {len(self.running)}, #queue-req: "
+                              f"{len(self.waiting)}, #pending-token: 0, cuda graph: False, "
+                              f"input throughput (token/s): "
+                              f"{sum(r.prompt_tokens for r in new) / max(ms, 1e-3) * 1000:.2f}")
+                now = loop.time()
+                for r in new:
+                    r.first_token_time = now
+                    self.emit(r, 1)
+                    if not r.finished:
+                        self.running.append(r)
+                continue
+            self.running = [r for r in self.running if not r.finished]
+            if not self.running:
+                continue
+            bs = len(self.running)
+            cost = model.cycle_cost(self.cfg, bs)
+            j = model.jitter(self.rng, self.ns.sim_jitter)
+            draft, verify = cost.draft_ms * j, cost.verify_ms * model.jitter(self.rng, self.ns.sim_jitter)
+            extend, other = cost.extend_ms * j, cost.other_ms
+            cycle = draft + verify + extend + other
+            deadline += self.scaled(cycle)
+            delay = deadline - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                await asyncio.sleep(0)
+            produced = 0
+            for r in list(self.running):
+                n = model.draw_accepted(self.cfg, self.rng)
+                r.verify_ct += 1
+                self.total_accept += n
+                self.total_verify += 1
+                produced += self.emit(r, n)
+            self.running = [r for r in self.running if not r.finished]
+            if self.record_step_time:
+                self.step_times.setdefault(bs, deque(maxlen=1000)).append(round(cycle / 1000 / self.speedup, 6))
+            cycles_in_window += 1
+            for k, v in (("draft", draft), ("verify", verify), ("extend", extend), ("other", other)):
+                win[k] += v / self.speedup
+            win["verify_max"] = max(win["verify_max"], verify / self.speedup)
+            verify_samples.append(verify / self.speedup)
+            win["accepted"] += produced
+            win["verifies"] += bs
+            win["tokens"] += produced
+            if self.faults.garbage and self.rng.random() < 0.05:
+                self.log.raw(b"\xff\xfe garbage \xc3\x28 bytes " + b"x" * self.rng.randint(0, 300) + b"\n")
+                if self.rng.random() < 0.1:
+                    self.log.raw(b"LONG " + b"y" * (3 * 1024 * 1024) + b"\n")
+            if cycles_in_window >= self.ns.decode_log_interval:
+                self.report_window(cycles_in_window, win, verify_samples, bs, loop.time())
+                cycles_in_window = 0
+                verify_samples = []
+                win.update(draft=0.0, verify=0.0, extend=0.0, other=0.0, accepted=0, verifies=0,
+                           tokens=0, start=loop.time(), verify_max=0.0)
+
+    def report_window(self, n: int, win: dict, verify_samples: list[float], bs: int, now: float) -> None:
+        elapsed = max(now - win["start"], 1e-9)
+        throughput = win["tokens"] / elapsed
+        self.last_gen_throughput = throughput
+        accept_len = win["accepted"] / max(1, win["verifies"])
+        spec = self.cfg.speculative
+        fields = [f"#running-req: {bs}", f"#token: {sum(r.prompt_tokens + r.produced for r in self.running)}",
+                  "token usage: 0.00"]
+        if spec:
+            self.last_accept_len = accept_len
+            rate = (accept_len - 1) / max(1, self.cfg.draft_tokens - 1)
+            fields += [f"accept len: {accept_len:.2f}", f"accept rate: {rate:.2f}"]
+        fields += ["cuda graph: True", f"gen throughput (token/s): {throughput:.2f}",
+                   f"#queue-req: {len(self.waiting)}"]
+        self.log.line("Decode batch, " + ", ".join(fields))
+        if spec and self.profile:
+            d, v, e, o = (win[k] / n * 1000 for k in ("draft", "verify", "extend", "other"))
+            cycle = d + v + e + o
+            s = sorted(verify_samples)
+            p50 = s[len(s) // 2] * 1000
+            p90 = s[min(len(s) - 1, int(len(s) * 0.9))] * 1000
+            eff = accept_len * bs / cycle * 1000
+            self.log.line(
+                f"EAGLE3_PROFILE v=1 cycles={n} bs={bs} steps={self.cfg.steps} topk={self.cfg.topk} "
+                f"draft_tokens={self.cfg.draft_tokens} draft_ms={d:.3f} verify_ms={v:.3f} "
+                f"extend_ms={e:.3f} other_ms={o:.3f} cycle_ms={cycle:.3f} accept_len={accept_len:.3f} "
+                f"eff_tok_s={eff:.2f} p50_verify_ms={p50:.3f} p90_verify_ms={p90:.3f} "
+                f"max_verify_ms={win['verify_max'] * 1000:.3f} sync=sim")
+
+    def emit(self, r: Request, n: int) -> int:
+        n = min(n, r.max_tokens - r.produced)
+        if n <= 0:
+            return 0
+        r.produced += n
+        self.generation_tokens_total += n
+        done = r.produced >= r.max_tokens
+        r.finished = done
+        r.out.put_nowait((n, done))
+        return n
+
+    # ---- HTTP ----------------------------------------------------------------------------
+    def submit(self, prompt_tokens: int, max_tokens: int) -> Request:
+        self.req_counter += 1
+        self.num_requests_total += 1
+        r = Request(rid=f"{self.req_counter:032x}", prompt_tokens=max(1, prompt_tokens),
+                    max_tokens=max(1, max_tokens), arrival=time.monotonic(),
+                    rng=random.Random(self.ns.sim_seed * 1_000_003 + self.req_counter))
+        self.waiting.append(r)
+        self.wake.set()
+        return r
+
+    def meta(self, r: Request, finish: bool) -> dict:
+        m = {"id": r.rid, "finish_reason": {"type": "length", "length": r.max_tokens} if finish else None,
+             "prompt_tokens": r.prompt_tokens, "completion_tokens": r.produced, "cached_tokens": 0,
+             "e2e_latency": time.monotonic() - r.arrival}
+        if self.cfg.speculative:
+            m["spec_verify_ct"] = r.verify_ct
+        return m
+
+    @staticmethod
+    def _prompt_tokens(body: dict) -> int:
+        if isinstance(body.get("input_ids"), list):
+            return len(body["input_ids"])
+        text = body.get("text") or body.get("prompt") or ""
+        if isinstance(text, list):
+            text = " ".join(map(str, text))
+        return max(1, int(len(str(text).split()) * 1.3))
+
+    @staticmethod
+    async def _json(request: web.Request) -> dict:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise web.HTTPBadRequest(text='{"error": "request body is not valid JSON"}',
+                                     content_type="application/json")
+        if not isinstance(body, dict):
+            raise web.HTTPBadRequest(text='{"error": "request body must be a JSON object"}',
+                                     content_type="application/json")
+        return body
+
+    async def h_generate(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json(request)
+        sp = body.get("sampling_params") or {}
+        r = self.submit(self._prompt_tokens(body), int(sp.get("max_new_tokens", 128)))
+        words: list[str] = []
+        ids: list[int] = []
+        if not body.get("stream"):
+            while True:
+                n, done = await r.out.get()
+                words += r.next_words(n)
+                if done:
+                    break
+            ids = [hash(w) % 50000 for w in words]
+            return web.json_response({"text": " ".join(words), "output_ids": ids,
+                                      "meta_info": self.meta(r, True)})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        try:
+            while True:
+                n, done = await r.out.get()
+                words += r.next_words(n)
+                ids += [hash(w) % 50000 for w in words[-n:]]
+                chunk = {"text": " ".join(words), "output_ids": ids, "meta_info": self.meta(r, done)}
+                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                if done:
+                    break
+            await resp.write(b"data: [DONE]\n\n")
+        except ConnectionResetError:
+            pass  # the client went away mid-stream; its request is dropped below
+        finally:
+            r.finished = True
+        return resp
+
+    async def h_completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._json(request)
+        r = self.submit(self._prompt_tokens(body), int(body.get("max_tokens", 16)))
+        created = int(time.time())
+        base = {"id": f"cmpl-{r.rid}", "object": "text_completion", "created": created,
+                "model": self.ns.served_model_name or self.ns.model_path}
+
+        def usage() -> dict:
+            return {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.produced,
+                    "total_tokens": r.prompt_tokens + r.produced}
+
+        if not body.get("stream"):
+            words: list[str] = []
+            while True:
+                n, done = await r.out.get()
+                words += r.next_words(n)
+                if done:
+                    break
+            return web.json_response({**base, "choices": [{"index": 0, "text": " ".join(words),
+                                      "finish_reason": "length"}], "usage": usage()})
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            while True:
+                n, done = await r.out.get()
+                delta = " " + " ".join(r.next_words(n))
+                chunk = {**base, "choices": [{"index": 0, "text": delta,
+                                              "finish_reason": "length" if done else None}],
+                         "usage": None}
+                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                if done:
+                    break
+            if include_usage:
+                await resp.write(b"data: " + json.dumps({**base, "choices": [], "usage": usage()}).encode()
+                                 + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+        except ConnectionResetError:
+            pass
+        finally:
+            r.finished = True
+        return resp
+
+    async def h_health(self, request: web.Request) -> web.Response:
+        if self.faults.health_hang:
+            await asyncio.sleep(3600)
+        return web.Response(status=200 if self.ready else 503)
+
+    def server_info(self) -> dict:
+        info = {k: v for k, v in vars(self.ns).items() if not k.startswith("sim_")}
+        state = {"last_gen_throughput": self.last_gen_throughput,
+                 "avg_spec_accept_length": (self.total_accept / self.total_verify
+                                            if self.total_verify else None)}
+        if self.record_step_time:
+            state["step_time_dict"] = {str(bs): list(v) for bs, v in self.step_times.items()}
+        info.update(version=VERSION, internal_states=[state], sim=self.expected(),
+                    status="ready" if self.ready else "starting")
+        return info
+
+    async def h_server_info(self, request: web.Request) -> web.Response:
+        return web.json_response(self.server_info())
+
+    async def h_model_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"model_path": self.ns.model_path,
+                                  "tokenizer_path": self.ns.tokenizer_path or self.ns.model_path,
+                                  "is_generation": True})
+
+    async def h_models(self, request: web.Request) -> web.Response:
+        name = self.ns.served_model_name or self.ns.model_path
+        return web.json_response({"object": "list", "data": [
+            {"id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
+             "root": name, "max_model_len": self.ns.context_length or 262144}]})
+
+    async def h_flush(self, request: web.Request) -> web.Response:
+        return web.Response(text="Cache flushed.\nPlease check backend logs for more details.\n")
+
+    async def h_metrics(self, request: web.Request) -> web.Response:
+        name = self.ns.served_model_name or self.ns.model_path
+        lbl = f'{{model_name="{name}"}}'
+        acc = self.total_accept / self.total_verify if self.total_verify else 0.0
+        rate = (acc - 1) / max(1, self.cfg.draft_tokens - 1) if self.cfg.speculative else 0.0
+        lines = []
+        for metric, kind, value in (
+                ("gen_throughput", "gauge", self.last_gen_throughput),
+                ("spec_accept_length", "gauge", acc),
+                ("spec_accept_rate", "gauge", rate),
+                ("num_running_reqs", "gauge", len(self.running)),
+                ("num_queue_reqs", "gauge", len(self.waiting)),
+                ("num_requests_total", "counter", self.num_requests_total),
+                ("generation_tokens_total", "counter", self.generation_tokens_total)):
+            lines += [f"# HELP sglang:{metric} {metric.replace('_', ' ')}",
+                      f"# TYPE sglang:{metric} {kind}", f"sglang:{metric}{lbl} {float(value)}"]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    def build_app(self) -> web.Application:
+        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app.router.add_get("/health", self.h_health)
+        app.router.add_get("/health_generate", self.h_health)
+        app.router.add_post("/generate", self.h_generate)
+        app.router.add_post("/v1/completions", self.h_completions)
+        app.router.add_get("/v1/models", self.h_models)
+        app.router.add_get("/server_info", self.h_server_info)
+        app.router.add_get("/get_server_info", self.h_server_info)
+        app.router.add_get("/get_model_info", self.h_model_info)
+        app.router.add_post("/flush_cache", self.h_flush)
+        app.router.add_get("/flush_cache", self.h_flush)
+        if self.ns.enable_metrics:
+            app.router.add_get("/metrics", self.h_metrics)
+        return app
+
+    # ---- main ----------------------------------------------------------------------------
+    async def crash_timer(self) -> None:
+        await self.sleep_sim(self.faults.crash_after)
+        self.traceback("RuntimeError: CUDA error: an illegal memory access was encountered\n"
+                       "CUDA kernel errors might be asynchronously reported at some other API call.")
+        self.kill_children()
+        os._exit(1)
+
+    def kill_children(self) -> None:
+        for c in self.children:
+            try:
+                c.kill()
+            except OSError:
+                pass
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            if sig == signal.SIGTERM and self.faults.hang_on_sigterm:
+                loop.add_signal_handler(sig, lambda: self.log.line("SIGTERM received; ignoring it "
+                                                                   "(sim fault hang-on-sigterm)"))
+            else:
+                loop.add_signal_handler(sig, self.stopping.set)
+        tasks = []
+        if self.faults.crash_after is not None:
+            tasks.append(asyncio.ensure_future(self.crash_timer()))
+        runner = None
+        try:
+            start = asyncio.ensure_future(self.startup())
+            stop = asyncio.ensure_future(self.stopping.wait())
+            await asyncio.wait({start, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if self.stopping.is_set():
+                start.cancel()
+                return 0
+            stop.cancel()
+            if not start.result():
+                return 1
+            runner = web.AppRunner(self.build_app(), access_log=None, handle_signals=False)
+            await runner.setup()
+            try:
+                site = web.TCPSite(runner, self.ns.host, self.ns.port, reuse_address=True)
+                await site.start()
+            except OSError as e:
+                self.log.line(f"ERROR:    [Errno {e.errno}] error while attempting to bind on address "
+                              f"({self.ns.host!r}, {self.ns.port}): {e.strerror.lower() if e.strerror else e}",
+                              rank=None, force=True)
+                return 1
+            self.log.line(f"INFO:     Started server process [{os.getpid()}]", rank=None)
+            self.log.line("INFO:     Waiting for application startup.", rank=None)
+            self.log.line("INFO:     Application startup complete.", rank=None)
+            self.log.line(f"INFO:     Uvicorn running on http://{self.ns.host}:{self.ns.port} "
+                          "(Press CTRL+C to quit)", rank=None)
+            tasks.append(asyncio.ensure_future(self.scheduler()))
+            await self.warmup()
+            await self.stopping.wait()
+            self.log.line("Received SIGTERM; shutting down.", rank=None)
+            return 0
+        finally:
+            for t in tasks:
+                t.cancel()
+            if runner is not None:
+                try:
+                    await asyncio.wait_for(runner.cleanup(), 1.0)
+                except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - exiting anyway
+                    pass
+            self.kill_children()
+
+    async def warmup(self) -> None:
+        self.log.line(f'INFO:     127.0.0.1:{40000 + os.getpid() % 20000} - "GET /get_model_info '
+                      'HTTP/1.1" 200 OK', rank=None)
+        r = self.submit(8, 1)
+        await r.out.get()
+        self.log.line(f'INFO:     127.0.0.1:{40001 + os.getpid() % 20000} - "POST /generate '
+                      'HTTP/1.1" 200 OK', rank=None)
+        await self.sleep_sim(max(0.05, self.ns.sim_load_seconds * 0.05))
+        self.ready = True
+        self.log.line("The server is fired up and ready to roll!", rank=None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = sim_args.build_parser()
+    ns = parser.parse_args(argv)
+    faults = sim_args.parse_faults(parser, ns.sim_fault)
+    acceptance = sim_args.parse_acceptance(parser, ns.sim_acceptance)
+    log = Log(ns.log_level)
+    try:
+        warnings = sim_args.resolve_speculative(ns)
+    except sim_args.ServerArgsError as e:
+        log.plain("Traceback (most recent call last):")
+        log.plain('  File "/usr/lib/python3/dist-packages/sglang/launch_server.py", line 11, in <module>')
+        log.plain("    server_args = prepare_server_args(sys.argv[1:])")
+        log.plain(f"ValueError: {e}")
+        return 1
+    sim = Simulator(ns, faults, acceptance, warnings)
+    try:
+        return asyncio.run(sim.run())
+    except KeyboardInterrupt:
+        return 0
