@@ -359,18 +359,18 @@ class Simulator:
                    f"#queue-req: {len(self.waiting)}"]
         self.log.line("Decode batch, " + ", ".join(fields))
         if spec and self.profile:
-            d, v, e, o = (win[k] / n * 1000 for k in ("draft", "verify", "extend", "other"))
+            d, v, e, o = (win[k] / n for k in ("draft", "verify", "extend", "other"))  # ms
             cycle = d + v + e + o
             s = sorted(verify_samples)
-            p50 = s[len(s) // 2] * 1000
-            p90 = s[min(len(s) - 1, int(len(s) * 0.9))] * 1000
+            p50 = s[len(s) // 2]
+            p90 = s[min(len(s) - 1, int(len(s) * 0.9))]
             eff = accept_len * bs / cycle * 1000
             self.log.line(
                 f"EAGLE3_PROFILE v=1 cycles={n} bs={bs} steps={self.cfg.steps} topk={self.cfg.topk} "
                 f"draft_tokens={self.cfg.draft_tokens} draft_ms={d:.3f} verify_ms={v:.3f} "
                 f"extend_ms={e:.3f} other_ms={o:.3f} cycle_ms={cycle:.3f} accept_len={accept_len:.3f} "
                 f"eff_tok_s={eff:.2f} p50_verify_ms={p50:.3f} p90_verify_ms={p90:.3f} "
-                f"max_verify_ms={win['verify_max'] * 1000:.3f} sync=sim")
+                f"max_verify_ms={win['verify_max']:.3f} sync=sim")
 
     def emit(self, r: Request, n: int) -> int:
         n = min(n, r.max_tokens - r.produced)

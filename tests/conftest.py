@@ -1,0 +1,171 @@
+"""Shared fixtures: free ports, the simulator as a real subprocess, a real OpenSSH sshd."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    """HTTP status of a GET, or None when nothing listens."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError):
+        return None
+
+
+def wait_for(cond, timeout: float = 15.0, interval: float = 0.05, what: str = "condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Sim:
+    """``python -m tuitune.sim`` as a subprocess, its log in a file."""
+
+    def __init__(self, tmp: Path, args: list[str], env: dict[str, str] | None = None):
+        self.port = free_port()
+        self.log = tmp / f"sim-{self.port}.log"
+        self.url = f"http://127.0.0.1:{self.port}"
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
+        full_env.update(env or {})
+        self.args = ["--port", str(self.port), *args]
+        with open(self.log, "wb") as f:
+            self.proc = subprocess.Popen([sys.executable, "-m", "tuitune.sim", *self.args],
+                                         stdout=f, stderr=subprocess.STDOUT, env=full_env,
+                                         start_new_session=True)
+
+    def text(self) -> str:
+        return self.log.read_bytes().decode("utf-8", "replace")
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        wait_for(lambda: http_status(self.url + "/health") == 200 or self.proc.poll() is not None,
+                 timeout, what="sim /health 200")
+        assert self.proc.poll() is None, f"sim exited: {self.text()[-2000:]}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(5)
+
+
+@pytest.fixture
+def sim_factory(tmp_path):
+    sims: list[Sim] = []
+
+    def make(*args: str, env: dict[str, str] | None = None) -> Sim:
+        s = Sim(tmp_path, list(args), env)
+        sims.append(s)
+        return s
+
+    yield make
+    for s in sims:
+        s.stop()
+
+
+SPEC2 = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d",
+         "--speculative-num-steps", "2", "--speculative-eagle-topk", "1"]
+SEED_ARGS = ["--tp-size", "8", "--mem-fraction-static", "0.88", "--num-continuous-decode-steps", "4",
+             "--disable-custom-all-reduce"]
+TUNED_NCCL = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS",
+              "NCCL_MAX_NCHANNELS": "16", "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
+
+
+# ---- a real OpenSSH sshd on loopback (TESTING.md recipe) ------------------------------------------
+
+
+class SshServer:
+    def __init__(self, root: Path):
+        import asyncssh
+
+        self.root = root
+        self.port = free_port()
+        host_key = asyncssh.generate_private_key("ssh-ed25519")
+        self.host_key_path = root / "host_key"
+        self.host_key_path.write_bytes(host_key.export_private_key())
+        os.chmod(self.host_key_path, 0o600)
+        self.host_public = host_key.export_public_key().decode().strip()
+        client_key = asyncssh.generate_private_key("ssh-ed25519")
+        self.client_key_path = root / "id_ed25519"
+        self.client_key_path.write_bytes(client_key.export_private_key())
+        os.chmod(self.client_key_path, 0o600)
+        (root / "authorized_keys").write_bytes(client_key.export_public_key())
+        self.known_hosts = root / "known_hosts"
+        self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {self.host_public}\n")
+        self.config = root / "sshd_config"
+        self.config.write_text("\n".join([
+            f"Port {self.port}", "ListenAddress 127.0.0.1", f"HostKey {self.host_key_path}",
+            f"PidFile {root / 'sshd.pid'}", f"AuthorizedKeysFile {root / 'authorized_keys'}",
+            "PermitRootLogin prohibit-password", "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no", "AllowTcpForwarding yes",
+            "Subsystem sftp internal-sftp", "MaxStartups 100:30:200", "LogLevel ERROR", ""]))
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(self.config)],
+                                     stdout=subprocess.DEVNULL, stderr=open(self.root / "sshd.err", "ab"))
+        wait_for(self._accepts, 10, what="sshd to accept TCP")
+
+    def _accepts(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(5)
+
+    def kill_connections(self) -> None:
+        """Kill the per-connection sshd children (the link drops; the listener stays)."""
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
+        for pid in out.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def target(self) -> dict:
+        return {"host": "127.0.0.1", "port": self.port, "user": "root",
+                "identity_file": str(self.client_key_path), "known_hosts": str(self.known_hosts)}
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory):
+    if not Path("/usr/sbin/sshd").exists() or shutil.which("ssh") is None:
+        pytest.skip("OpenSSH server not installed (.ci/run installs it)")
+    server = SshServer(tmp_path_factory.mktemp("sshd"))
+    server.start()
+    yield server
+    server.stop()

@@ -1,0 +1,149 @@
+"""Parser: golden lines for every documented format, fuzzing, the `tuitune parse` command."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+from hypothesis import given, settings, strategies as st
+
+from tuitune.events import from_dict
+from tuitune.parse import parse_line, parse_lines, summarize
+
+PROFILE_EXAMPLES = [
+    "[2026-11-29 16:02:11 TP0] EAGLE3_PROFILE v=1 cycles=40 bs=1 steps=2 topk=1 draft_tokens=3 "
+    "draft_ms=0.71 verify_ms=19.12 extend_ms=0.31 cycle_ms=20.14 accept_len=1.87 eff_tok_s=92.85 sync=event",
+    "[2026-11-29 16:02:11.513 DP0 TP0] EAGLE3_PROFILE cycles=1 draft_ms=0.9 verify_ms=21.7 extend_ms=0.2 accept_len=2",
+    "EAGLE3_PROFILE draft_ms=0.83 verify_ms=28.7 extend_ms=0.1 accept_len=1.73 p90_verify_ms=29.4 gpu=7",
+]
+
+
+def test_profile_examples():
+    a, b, c = map(parse_line, PROFILE_EXAMPLES)
+    assert a.kind == "profile" and a.ts == "2026-11-29 16:02:11" and a.rank == "TP0"
+    assert (a.cycles, a.bs, a.steps, a.topk, a.draft_tokens) == (40, 1, 2, 1, 3)
+    assert (a.draft_ms, a.verify_ms, a.extend_ms, a.cycle_ms, a.accept_len) == (0.71, 19.12, 0.31, 20.14, 1.87)
+    assert a.sync == "event" and a.eff_tok_s == 92.85
+    assert b.rank == "DP0 TP0" and b.ts.endswith(".513") and b.cycle_ms == 0.9 + 21.7 + 0.2 and b.v == 1
+    assert c.ts is None and c.extra == {"gpu": 7} and c.p90_verify_ms == 29.4 and c.cycles == 1
+
+
+def test_profile_malformed_and_nan():
+    bad = parse_line("[t] EAGLE3_PROFILE draft_ms=0.1 verify_ms=abc extend_ms=0.1 accept_len=2")
+    assert bad.kind == "malformed" and "verify_ms" in bad.reason
+    missing = parse_line("EAGLE3_PROFILE draft_ms=0.1 verify_ms=1")
+    assert missing.kind == "malformed" and "extend_ms" in missing.reason and "accept_len" in missing.reason
+    assert parse_line("x EAGLE3_PROFILE").kind == "malformed"
+    n = parse_line("EAGLE3_PROFILE draft_ms=nan verify_ms=1 extend_ms=0.1 accept_len=2")
+    assert n.kind == "profile" and math.isnan(n.draft_ms)
+    assert json.dumps(n.to_dict())  # NaN written as null, valid JSON
+
+
+DECODE_NEW = ("[2026-03-16 11:32:10 TP0] Decode batch, #running-req: 8, #token: 5120, token usage: 0.03, "
+              "accept len: 3.12, accept rate: 0.71, cuda graph: True, gen throughput (token/s): 812.40, #queue-req: 0")
+DECODE_OLD = ("[2025-10-22 10:27:57 TP0] Decode batch. #running-req: 1, #token: 186, token usage: 0.00, "
+              "accept len: 1.95, accept rate: 0.49, cuda graph: True, gen throughput (token/s): 178.86, #queue-req: 0, ")
+
+
+def test_decode_forms():
+    a, b = parse_line(DECODE_NEW), parse_line(DECODE_OLD)
+    assert a.kind == b.kind == "decode"
+    assert (a.running_req, a.token, a.accept_len, a.accept_rate, a.cuda_graph, a.gen_throughput, a.queue_req) == \
+        (8, 5120, 3.12, 0.71, True, 812.40, 0)
+    assert (b.accept_len, b.gen_throughput, b.queue_req, b.extra) == (1.95, 178.86, 0, {})
+    it = parse_line("[2026-03-16 11:32:10.120 TP0] Decode batch [1234], #running-req: 2, #token: 9, "
+                    "#cached-token: 3, token usage: 0.01, cap len: 7, cpu graph: False, "
+                    "gen throughput (token/s): 50.00, #queue-req: 1, est. decode TFLOPS/s (per GPU): 12.5")
+    assert it.iteration == 1234 and it.cuda_graph is False and it.accept_len is None
+    assert it.extra == {"cached_token": 3, "cap_len": 7, "est_decode_tflops_s_per_gpu": 12.5}
+    assert parse_line("[t TP0] Decode batch, #running-req: 1").kind == "malformed"
+
+
+def test_prefill_forms():
+    old = parse_line("[2025-10-22 10:27:56 TP0] Prefill batch. #new-seq: 1, #new-token: 28, #cached-token: 0, "
+                     "token usage: 0.00, #running-req: 0, #queue-req: 0, ")
+    new = parse_line("[2026-03-16 11:32:09 TP0] Prefill batch, #new-seq: 2, #new-token: 512, #cached-token: 0, "
+                     "token usage: 0.01, #running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, "
+                     "input throughput (token/s): 9000.50")
+    assert (old.new_seq, old.new_token, old.cached_token) == (1, 28, 0)
+    assert new.input_throughput == 9000.5 and new.extra["pending_token"] == 0 and new.extra["cuda_graph"] is False
+
+
+def test_startup_nccl_errors_vllm():
+    up = parse_line("[2026-03-16 11:30:00] INFO:     Uvicorn running on http://0.0.0.0:30000 (Press CTRL+C to quit)")
+    assert up.kind == "http_up" and up.url == "http://0.0.0.0:30000"
+    assert parse_line("[2026-03-16 11:30:05] The server is fired up and ready to roll!").kind == "ready"
+    env = parse_line("gpu-box:1234:1234 [0] NCCL INFO NCCL_BUFFSIZE set by environment to 16777216.")
+    assert (env.name, env.value) == ("NCCL_BUFFSIZE", "16777216")
+    proto = parse_line("gpu-box:1234:1234 [0] NCCL INFO NCCL_PROTO set by environment to LL")
+    assert proto.value == "LL"
+    algo = parse_line("gpu-box:1:1 [0] NCCL INFO AllReduce: 33554432 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..31}")
+    assert (algo.collective, algo.bytes, algo.algo, algo.proto, algo.channels) == ("AllReduce", 33554432, "RING", "SIMPLE", 32)
+    cases = {
+        "Traceback (most recent call last):": "traceback",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB": "oom",
+        "gpu-box:1:1 [0] NCCL WARN Invalid protocol 'lll' in NCCL_PROTO": "nccl",
+        "torch.distributed.DistBackendError: NCCL error in: x.cpp:1, invalid usage": "nccl",
+        "[2026-03-16 11:30:00] Initialization failed. warmup error: boom": "init_failed",
+        "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 30000): address already in use": "port_in_use",
+        "launch_server.py: error: unrecognized arguments: --bogus": "bad_argument",
+        "RuntimeError: CUDA error: an illegal memory access was encountered": "exception",
+    }
+    for line, cat in cases.items():
+        ev = parse_line(line)
+        assert ev is not None and ev.kind == "error" and ev.category == cat, line
+    v = parse_line("INFO 05-01 12:00:00 [metrics.py:1] SpecDecoding metrics: Mean acceptance length: 2.31, "
+                   "Accepted throughput: 41.20 tokens/s, Drafted throughput: 89.10 tokens/s, Accepted: 412 tokens, "
+                   "Drafted: 891 tokens, Per-position acceptance rate: 0.712, 0.455, 0.301, Avg Draft acceptance rate: 46.2%")
+    assert v.mean_accept_len == 2.31 and v.per_position == (0.712, 0.455, 0.301)
+    assert v.draft_acceptance_rate == 0.462 and (v.accepted, v.drafted) == (412, 891)
+    old = parse_line("SpecDecoding metrics: Draft acceptance rate: 46.2%, Accepted: 412 tokens, Drafted: 891 tokens")
+    assert old.draft_acceptance_rate == 0.462 and old.accepted == 412
+    assert parse_line("just some text") is None and parse_line("") is None
+
+
+def test_json_round_trip():
+    for line in PROFILE_EXAMPLES + [DECODE_NEW, DECODE_OLD]:
+        ev = parse_line(line)
+        assert from_dict(json.loads(json.dumps(ev.to_dict()))) == ev
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(max_size=300))
+def test_never_raises_on_text(s):
+    parse_line(s)
+    parse_line("EAGLE3_PROFILE " + s)
+    parse_line("[2026-01-01 00:00:00 TP0] Decode batch, " + s)
+    parse_line("Prefill batch, " + s)
+    parse_line("NCCL INFO " + s)
+    parse_line("SpecDecoding metrics: " + s)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=400))
+def test_never_raises_on_bytes(b):
+    parse_line(b.decode("utf-8", "replace"))
+
+
+def test_huge_line_and_empty_input():
+    assert parse_line("EAGLE3_PROFILE " + "x=1 " * 500_000).kind == "malformed"
+    assert parse_line("Decode batch, " + "a" * 5_000_000) is not None
+    assert list(parse_lines([])) == [] and summarize([])["counts"] == {}
+
+
+def test_parse_command(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_bytes(("\n".join(PROFILE_EXAMPLES + [DECODE_NEW, "noise"]) + "\n").encode() + b"\xff\xfe bad\n")
+    out = subprocess.run([sys.executable, "-m", "tuitune", "parse", str(log), "--json"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    objs = [json.loads(x) for x in out]
+    assert [o["kind"] for o in objs] == ["profile"] * 3 + ["decode"]
+    assert objs[0]["verify_ms"] == 19.12 and objs[0]["rank"] == "TP0" and isinstance(objs[0]["cycles"], int)
+    table = subprocess.run([sys.executable, "-m", "tuitune", "parse", "-"], input=log.read_bytes(),
+                           capture_output=True, check=True).stdout.decode()
+    assert "profile" in table and "3" in table and "verify_ms" in table
+    missing = subprocess.run([sys.executable, "-m", "tuitune", "parse", str(tmp_path / "nope")],
+                             capture_output=True, text=True)
+    assert missing.returncode == 2 and "cannot open" in missing.stderr and "Traceback" not in missing.stderr

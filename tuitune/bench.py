@@ -1,0 +1,359 @@
+"""Benchmark client: streamed requests against SGLang's native or OpenAI API, per-request timing.
+
+Figures per request (FACTS.md §5): TTFT, end-to-end latency, decode tok/s =
+(completion_tokens - 1) / (e2e - ttft), inter-token latency with a multi-token chunk's gap divided
+by its token count, accept length = completion_tokens / spec_verify_ct. Token counts come from the
+server (meta_info / usage), never from counting chunks. Every wait is bounded.
+
+Chunks are read as raw SSE bytes; intermediate chunks only need two integers, so they are read with
+a byte search instead of a full JSON decode (cumulative text makes native chunks grow to kilobytes);
+the last chunk is decoded fully.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from typing import Awaitable, Callable
+
+from . import stats
+from .metrics import quantile, summarize
+
+_COMPLETION = re.compile(rb'"completion_tokens":\s*(\d+)')
+_VERIFY = re.compile(rb'"spec_verify_ct":\s*(\d+)')
+
+
+def prompts() -> list[str]:
+    return json.loads(resources.files("tuitune").joinpath("data/prompts.json").read_text("utf-8"))
+
+
+@dataclass(slots=True)
+class RequestResult:
+    ok: bool
+    error: str | None = None
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    completion_tokens: int | None = None
+    spec_verify_ct: int | None = None
+    itl_ms_median: float | None = None
+    chunks: int = 0
+    client_cpu_s: float = 0.0
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        if not self.ok or not self.completion_tokens or self.completion_tokens < 2:
+            return None
+        span = (self.e2e_s or 0) - (self.ttft_s or 0)
+        return (self.completion_tokens - 1) / span if span > 0 else None
+
+    @property
+    def accept_len(self) -> float | None:
+        if self.spec_verify_ct and self.completion_tokens:
+            return self.completion_tokens / self.spec_verify_ct
+        return None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["decode_tok_s"] = self.decode_tok_s
+        d["accept_len"] = self.accept_len
+        return d
+
+
+@dataclass
+class BenchConfig:
+    url: str
+    requests: int = 10
+    warmup: int = 2
+    max_tokens: int = 500
+    concurrency: int = 1
+    api: str = "native"  # native | openai
+    timeout_s: float | None = None  # per request; default from max_tokens
+    connect_timeout_s: float = 10.0
+    label: str = ""
+
+    def request_timeout(self) -> float:
+        return self.timeout_s or max(30.0, self.max_tokens * 0.5)
+
+
+@dataclass
+class BenchRun:
+    config: BenchConfig
+    results: list[RequestResult] = field(default_factory=list)
+    server: dict = field(default_factory=dict)  # cross-check figures from /server_info
+    started: float = 0.0
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> list[RequestResult]:
+        return [r for r in self.results if r.ok]
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for r in self.results if not r.ok)
+
+    def tok_s(self) -> list[float]:
+        return [r.decode_tok_s for r in self.ok if r.decode_tok_s is not None]
+
+    def summary(self) -> dict:
+        vals = self.tok_s()
+        s = summarize(vals)
+        out: dict = {"label": self.config.label, "requests": len(self.results), "failed": self.failed,
+                     "errors": sorted({r.error for r in self.results if r.error})}
+        if s:
+            lo, hi = stats.bootstrap_median_ci(vals)
+            srt = sorted(vals)
+            out["tok_s"] = {**s.as_dict(), "p99": quantile(srt, 0.99), "ci95": [lo, hi]}
+        for name, getter in (("ttft_ms", lambda r: r.ttft_s * 1000 if r.ttft_s is not None else None),
+                             ("e2e_s", lambda r: r.e2e_s),
+                             ("itl_ms", lambda r: r.itl_ms_median),
+                             ("accept_len", lambda r: r.accept_len)):
+            vs = [v for v in map(getter, self.ok) if v is not None]
+            ss = summarize(vs)
+            if ss:
+                out[name] = {**ss.as_dict(), "p99": quantile(sorted(vs), 0.99)}
+        out["server"] = self.server
+        out["warnings"] = self.cross_check()
+        return out
+
+    def median_tok_s(self) -> float:
+        vals = self.tok_s()
+        return quantile(sorted(vals), 0.5) if vals else math.nan
+
+    def cross_check(self) -> list[str]:
+        """Client figures against the server's own, when it reports them (>10 % apart = warning)."""
+        out = []
+        med = self.median_tok_s()
+        srv = self.server.get("last_gen_throughput")
+        if srv and math.isfinite(med) and self.config.concurrency == 1:
+            if abs(srv - med) / med > 0.10:
+                out.append(f"client median {med:.1f} tok/s and server last_gen_throughput {srv:.1f} "
+                           f"differ by {abs(srv - med) / med:.0%}")
+        acc = [r.accept_len for r in self.ok if r.accept_len]
+        srv_acc = self.server.get("avg_spec_accept_length")
+        if acc and srv_acc:
+            mine = sum(acc) / len(acc)
+            if abs(srv_acc - mine) / mine > 0.10:
+                out.append(f"client accept length {mine:.2f} and server avg_spec_accept_length "
+                           f"{srv_acc:.2f} differ by {abs(srv_acc - mine) / mine:.0%}")
+        return out
+
+    def to_dict(self) -> dict:
+        return {"config": asdict(self.config), "summary": self.summary(),
+                "results": [r.to_dict() for r in self.results], "started": self.started,
+                "wall_s": self.wall_s}
+
+
+def _payload(api: str, prompt: str, max_tokens: int) -> tuple[str, dict]:
+    if api == "openai":
+        return "/v1/completions", {"model": "default", "prompt": prompt, "max_tokens": max_tokens,
+                                   "temperature": 0, "stream": True, "ignore_eos": True,
+                                   "stream_options": {"include_usage": True}}
+    return "/generate", {"text": prompt, "stream": True,
+                         "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0,
+                                             "ignore_eos": True}}
+
+
+async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
+    import aiohttp
+
+    path, body = _payload(cfg.api, prompt, cfg.max_tokens)
+    res = RequestResult(ok=False)
+    start = time.perf_counter()
+    cpu0 = time.process_time()
+    last_t = None
+    last_tokens = 0
+    itls: list[float] = []
+    final: dict | None = None
+    try:
+        timeout = aiohttp.ClientTimeout(total=cfg.request_timeout(), sock_connect=cfg.connect_timeout_s,
+                                        sock_read=min(60.0, cfg.request_timeout()))
+        async with session.post(cfg.url.rstrip("/") + path, json=body, timeout=timeout) as resp:
+            if resp.status != 200:
+                text = (await resp.text())[:200].strip()
+                res.error = f"HTTP {resp.status}" + (f": {text}" if text else "")
+                return res
+            buf = b""
+            async for data in resp.content.iter_any():
+                buf += data
+                while True:
+                    cut = buf.find(b"\n\n")
+                    if cut < 0:
+                        break
+                    event, buf = buf[:cut], buf[cut + 2:]
+                    if not event.startswith(b"data:"):
+                        continue
+                    payload = event[5:].strip()
+                    if payload == b"[DONE]":
+                        continue
+                    now = time.perf_counter()
+                    if cfg.api == "openai":
+                        # Text chunks carry "usage": null; only the last one is decoded fully.
+                        if b'"usage": null' not in payload and b'"usage":null' not in payload:
+                            final = json.loads(payload)
+                            if not (final.get("choices") or [{}])[0].get("text"):
+                                continue
+                        if last_t is None:
+                            res.ttft_s = now - start
+                        last_t = now
+                        res.chunks += 1
+                        continue
+                    m = _COMPLETION.search(payload)
+                    if m is None:
+                        continue
+                    tokens = int(m.group(1))
+                    if b'"finish_reason": null' not in payload and b'"finish_reason":null' not in payload:
+                        final = json.loads(payload)
+                    n = tokens - last_tokens
+                    if n <= 0:
+                        continue
+                    res.chunks += 1
+                    if last_t is None:
+                        res.ttft_s = now - start
+                    else:
+                        itls.append((now - last_t) * 1000 / n)
+                    last_t = now
+                    last_tokens = tokens
+        res.e2e_s = (last_t or time.perf_counter()) - start
+        if cfg.api == "openai":
+            usage = (final or {}).get("usage") or {}
+            res.completion_tokens = usage.get("completion_tokens")
+            if res.completion_tokens is None:
+                res.error = "stream ended without usage (completion tokens unknown)"
+                return res
+            if res.completion_tokens > 1 and res.ttft_s is not None:
+                # chunk sizes are unknown here: spread the decode span evenly over the tokens
+                itls = [(res.e2e_s - res.ttft_s) * 1000 / (res.completion_tokens - 1)]
+        else:
+            meta = (final or {}).get("meta_info") or {}
+            res.completion_tokens = meta.get("completion_tokens", last_tokens or None)
+            res.spec_verify_ct = meta.get("spec_verify_ct")
+            if final is None:
+                res.error = "stream ended before the last chunk (connection dropped?)"
+                return res
+        if itls:
+            itls.sort()
+            res.itl_ms_median = quantile(itls, 0.5)
+        res.ok = bool(res.completion_tokens)
+        if not res.ok:
+            res.error = "no tokens generated"
+    except asyncio.TimeoutError:
+        res.error = f"timed out after {cfg.request_timeout():.0f} s"
+    except aiohttp.ClientConnectorError as e:
+        res.error = f"cannot connect: {e.os_error.strerror if e.os_error else e}"
+    except aiohttp.ServerDisconnectedError:
+        res.error = "server disconnected (not ready yet, or it went away)"
+    except aiohttp.ClientPayloadError:
+        res.error = "connection dropped mid-stream"
+    except aiohttp.ClientError as e:
+        res.error = f"{type(e).__name__}: {e}"
+    except (json.JSONDecodeError, ValueError) as e:
+        res.error = f"bad response: {e}"
+    finally:
+        res.client_cpu_s = time.process_time() - cpu0
+    return res
+
+
+async def fetch_server_info(session, url: str, timeout: float = 5.0) -> dict:
+    """last_gen_throughput, avg_spec_accept_length, step_time_dict, version; {} if unavailable."""
+    import aiohttp
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            async with session.get(url.rstrip("/") + path,
+                                   timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                if resp.status != 200:
+                    continue
+                info = await resp.json(content_type=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            continue
+        if not isinstance(info, dict):
+            continue
+        state = (info.get("internal_states") or [{}])[0] or {}
+        out = {k: state[k] for k in ("last_gen_throughput", "avg_spec_accept_length") if state.get(k)}
+        if state.get("step_time_dict"):
+            steps = [s for v in state["step_time_dict"].values() for s in v]
+            if steps:
+                out["step_time_ms_median"] = quantile(sorted(steps), 0.5) * 1000
+        if info.get("version"):
+            out["version"] = info["version"]
+        if isinstance(info.get("sim"), dict):
+            out["sim"] = info["sim"]
+        return out
+    return {}
+
+
+async def run_bench(cfg: BenchConfig,
+                    on_result: Callable[[int, RequestResult], Awaitable[None] | None] | None = None,
+                    stop: asyncio.Event | None = None) -> BenchRun:
+    """Warm-up requests (discarded), then ``requests`` measured ones at ``concurrency``."""
+    import aiohttp
+
+    run = BenchRun(cfg, started=time.time())
+    ps = prompts()
+    t0 = time.perf_counter()
+    connector = aiohttp.TCPConnector(limit=max(4, cfg.concurrency * 2), force_close=False)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for i in range(cfg.warmup):
+            r = await run_request(session, cfg, ps[i % len(ps)])
+            if not r.ok and r.error and r.error.startswith(("cannot connect", "server disconnected")):
+                run.results.append(r)  # server not up: fail fast instead of timing out each request
+                run.wall_s = time.perf_counter() - t0
+                return run
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        for i in range(cfg.requests):
+            queue.put_nowait(i)
+
+        async def worker() -> None:
+            while not queue.empty() and not (stop and stop.is_set()):
+                i = queue.get_nowait()
+                r = await run_request(session, cfg, ps[(cfg.warmup + i) % len(ps)])
+                run.results.append(r)
+                if on_result is not None:
+                    maybe = on_result(i, r)
+                    if asyncio.iscoroutine(maybe):
+                        await maybe
+
+        await asyncio.gather(*(worker() for _ in range(min(cfg.concurrency, cfg.requests))))
+        run.server = await fetch_server_info(session, cfg.url)
+    run.wall_s = time.perf_counter() - t0
+    return run
+
+
+def format_summary(s: dict) -> str:
+    lines = []
+    tok = s.get("tok_s")
+    label = f"{s['label']}: " if s.get("label") else ""
+    if tok:
+        lo, hi = tok["ci95"]
+        lines.append(f"{label}decode {tok['median']:.1f} tok/s median (95% CI {lo:.1f}-{hi:.1f}), "
+                     f"mean {tok['mean']:.1f}, p90 {tok['p90']:.1f}, min {tok['min']:.1f}, max {tok['max']:.1f}")
+    else:
+        lines.append(f"{label}no successful request")
+    extra = []
+    if s.get("ttft_ms"):
+        extra.append(f"TTFT {s['ttft_ms']['median']:.0f} ms")
+    if s.get("itl_ms"):
+        extra.append(f"ITL {s['itl_ms']['median']:.2f} ms")
+    if s.get("accept_len"):
+        extra.append(f"accept length {s['accept_len']['mean']:.2f}")
+    extra.append(f"{s['requests'] - s['failed']}/{s['requests']} ok")
+    lines.append("  " + ", ".join(extra))
+    srv = s.get("server") or {}
+    if srv.get("last_gen_throughput") or srv.get("avg_spec_accept_length"):
+        bits = []
+        if srv.get("last_gen_throughput"):
+            bits.append(f"gen throughput {srv['last_gen_throughput']:.1f} tok/s")
+        if srv.get("avg_spec_accept_length"):
+            bits.append(f"accept length {srv['avg_spec_accept_length']:.2f}")
+        if srv.get("step_time_ms_median"):
+            bits.append(f"step {srv['step_time_ms_median']:.2f} ms")
+        lines.append("  server says: " + ", ".join(bits))
+    for e in s.get("errors", []):
+        lines.append(f"  error: {e}")
+    for w in s.get("warnings", []):
+        lines.append(f"  warning: {w}")
+    return "\n".join(lines)

@@ -1,0 +1,163 @@
+"""Metrics store: bounded time series per metric, summaries, memory flat however long it runs.
+
+A ``Series`` keeps at most ``capacity`` points (count window) and, when ``max_age_s`` is set,
+drops points older than that (time window). Appends are O(1) amortised: a ``deque`` with
+``maxlen`` for the count bound, popleft for the time bound. Summaries sort a copy on demand
+(windows are small: hundreds to a few thousand points).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterable
+
+from .events import DecodeStats, Event, ProfileWindow
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    n: int
+    mean: float
+    median: float
+    p90: float
+    min: float
+    max: float
+    last: float
+
+    def as_dict(self) -> dict:
+        return {"n": self.n, "mean": self.mean, "median": self.median, "p90": self.p90,
+                "min": self.min, "max": self.max, "last": self.last}
+
+
+def quantile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated quantile of an already sorted list (q in [0, 1])."""
+    if not sorted_values:
+        return math.nan
+    pos = (len(sorted_values) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def summarize(values: Iterable[float]) -> Summary | None:
+    vals = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    if not vals:
+        return None
+    s = sorted(vals)
+    return Summary(len(s), sum(s) / len(s), quantile(s, 0.5), quantile(s, 0.9), s[0], s[-1], vals[-1])
+
+
+class Series:
+    __slots__ = ("name", "unit", "capacity", "max_age_s", "_t", "_v", "lo", "hi")
+
+    def __init__(self, name: str, unit: str = "", capacity: int = 600, max_age_s: float | None = None,
+                 lo: float | None = None, hi: float | None = None):
+        self.name = name
+        self.unit = unit
+        self.capacity = capacity
+        self.max_age_s = max_age_s
+        self._t: deque[float] = deque(maxlen=capacity)
+        self._v: deque[float] = deque(maxlen=capacity)
+        self.lo, self.hi = lo, hi  # fixed display range (None = from the data)
+
+    def append(self, value: float, t: float | None = None) -> None:
+        if not math.isfinite(value):
+            return
+        t = time.monotonic() if t is None else t
+        self._t.append(t)
+        self._v.append(value)
+        if self.max_age_s is not None:
+            cutoff = t - self.max_age_s
+            while self._t and self._t[0] < cutoff:
+                self._t.popleft()
+                self._v.popleft()
+
+    def __len__(self) -> int:
+        return len(self._v)
+
+    def values(self) -> list[float]:
+        return list(self._v)
+
+    def times(self) -> list[float]:
+        return list(self._t)
+
+    def last(self) -> float | None:
+        return self._v[-1] if self._v else None
+
+    def summary(self, last_n: int | None = None) -> Summary | None:
+        vals = self.values()
+        return summarize(vals[-last_n:] if last_n else vals)
+
+    def display_range(self) -> tuple[float, float]:
+        """Fixed y-range when configured, else the data's, never empty."""
+        vals = self._v
+        lo = self.lo if self.lo is not None else (min(vals) if vals else 0.0)
+        hi = self.hi if self.hi is not None else (max(vals) if vals else 1.0)
+        if hi <= lo:
+            hi = lo + 1.0
+        return lo, hi
+
+    def clear(self) -> None:
+        self._t.clear()
+        self._v.clear()
+
+
+SERIES = {  # name: (unit, fixed display range)
+    "draft_ms": ("ms", None),
+    "verify_ms": ("ms", None),
+    "extend_ms": ("ms", None),
+    "cycle_ms": ("ms", None),
+    "accept_len": ("tok/cycle", (1.0, None)),
+    "tok_s": ("tok/s", (0.0, None)),
+    "gen_throughput": ("tok/s", (0.0, None)),
+    "decode_accept_len": ("tok/cycle", (1.0, None)),
+}
+
+
+class MetricsStore:
+    """One bounded series per metric, fed by events."""
+
+    def __init__(self, capacity: int = 600, max_age_s: float | None = None):
+        self.series: dict[str, Series] = {
+            name: Series(name, unit, capacity, max_age_s, *(rng or (None, None)))
+            for name, (unit, rng) in SERIES.items()}
+        self.profile_windows = 0
+        self.decode_lines = 0
+        self.malformed = 0
+        self.last_profile: ProfileWindow | None = None
+        self.last_decode: DecodeStats | None = None
+
+    def __getitem__(self, name: str) -> Series:
+        return self.series[name]
+
+    def feed(self, ev: Event, t: float | None = None) -> None:
+        if isinstance(ev, ProfileWindow):
+            self.profile_windows += 1
+            self.last_profile = ev
+            s = self.series
+            s["draft_ms"].append(ev.draft_ms, t)
+            s["verify_ms"].append(ev.verify_ms, t)
+            s["extend_ms"].append(ev.extend_ms, t)
+            s["cycle_ms"].append(ev.cycle_ms, t)
+            s["accept_len"].append(ev.accept_len, t)
+            s["tok_s"].append(ev.tok_s, t)
+        elif isinstance(ev, DecodeStats):
+            self.decode_lines += 1
+            self.last_decode = ev
+            self.series["gen_throughput"].append(ev.gen_throughput, t)
+            if ev.accept_len is not None:
+                self.series["decode_accept_len"].append(ev.accept_len, t)
+        elif ev.kind == "malformed":
+            self.malformed += 1
+
+    def clear(self) -> None:
+        for s in self.series.values():
+            s.clear()
+        self.last_profile = None
+        self.last_decode = None
+
+    def snapshot(self) -> dict:
+        return {name: (s.summary().as_dict() if s.summary() else None) for name, s in self.series.items()}
