@@ -169,3 +169,37 @@ def sshd(tmp_path_factory):
     server.start()
     yield server
     server.stop()
+
+
+def make_preset(tmp: Path, name: str = "t", target=None, args: dict | None = None, env: dict | None = None,
+                spec_steps: int | None = 2, port: int | None = None, profile: bool = True, **bench):
+    """A simulator preset that starts in a fraction of a second, its log under ``tmp``."""
+    from tuitune import preset as P
+    data = {
+        "name": name,
+        "target": target or "local",
+        "server": {"python": sys.executable, "module": "tuitune.sim", "log": str(tmp / f"{name}.log"),
+                   "port": port or free_port(),
+                   "args": {"sim-load-seconds": 0.3, "sim-speedup": 10, "decode-log-interval": 10,
+                            "tp-size": 2, **(args or {})}},
+        "env": env or {},
+        "profile": profile,
+        "bench": {"requests": 3, "warmup": 0, "max_tokens": 60, **bench},
+    }
+    if spec_steps:
+        data["speculative"] = {"algorithm": "EAGLE3", "draft_model_path": "/d", "num_steps": spec_steps,
+                               "eagle_topk": 1}
+    return P.from_dict(data)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any non-zombie process of this process group is left."""
+    out = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split()
+    for pid in out:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            return True
+    return False

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from conftest import SEED_ARGS, SPEC2, TUNED_NCCL, http_status, wait_for
+from conftest import SEED_ARGS, SPEC2, TUNED_NCCL, group_alive, http_status, wait_for
 from tuitune.bench import BenchConfig, run_bench
 from tuitune.parse import parse_line
 from tuitune.sim import model
@@ -183,8 +183,7 @@ def test_sigterm_clean_exit_within_2s(sim_factory):
     t = time.monotonic()
     sim.proc.send_signal(signal.SIGTERM)
     assert sim.proc.wait(2) == 0 and time.monotonic() - t < 2
-    wait_for(lambda: not subprocess.run(["pgrep", "-g", str(sim.proc.pid)], capture_output=True).stdout,
-             3, what="helpers to exit")
+    wait_for(lambda: not group_alive(sim.proc.pid), 3, what="helpers to exit")
 
 
 def test_hang_on_sigterm_needs_sigkill(sim_factory):
@@ -226,7 +225,7 @@ def test_port_in_use_is_a_clear_error():
 def test_bench_rate_matches_cost_model_within_2_percent(sim_factory):
     # Deterministic acceptance (every draft accepted) isolates timing accuracy from sampling noise.
     sim = sim_factory("--sim-load-seconds", "0.2", "--sim-speedup", "5", "--sim-acceptance", "1",
-                      "--sim-jitter", "0", *SPEC2, *SEED_ARGS, env=TUNED_NCCL)
+                      "--sim-jitter", "0", "--sim-launch-sigma", "0.03", *SPEC2, *SEED_ARGS, env=TUNED_NCCL)
     sim.wait_ready()
     run = asyncio.run(run_bench(BenchConfig(sim.url, requests=4, warmup=1, max_tokens=301)))
     expected = run.server["sim"]["expected_tok_s"]

@@ -210,6 +210,317 @@ def cmd_preset_schema(ns) -> int:
     return 0
 
 
+# ---- server control -------------------------------------------------------------------------------
+
+
+def _run_async(coro):
+    import asyncio
+    return asyncio.run(coro)
+
+
+def _errors():
+    """Exceptions of the core that become one clear sentence (exit 1 or their own code)."""
+    from .control import ControlError
+    from .transport import TransportError
+    return ControlError, TransportError
+
+
+def _link_printer(state: str, attempt: int, detail: str | None) -> None:
+    if state == "reconnecting":
+        print(f"tuitune: link lost, reconnecting ({attempt})", file=sys.stderr)
+    elif state == "lost":
+        print(f"tuitune: link lost for good: {detail}", file=sys.stderr)
+
+
+def _with_control(preset):
+    from .control import ServerControl
+    from .transport import for_preset
+    t = for_preset(preset)
+    t.on_link = _link_printer
+    return t, ServerControl(t, preset)
+
+
+async def _guarded(coro_fn, transport):
+    ControlError, TransportError = _errors()
+    try:
+        return await coro_fn()
+    except ControlError as e:
+        for line in e.log_tail:
+            print(f"  | {line}", file=sys.stderr)
+        raise CliError(str(e), e.code) from None
+    except TransportError as e:
+        raise CliError(str(e), 1) from None
+    finally:
+        await transport.close()
+
+
+@command("launch", "preflight, stop the old server, start, wait until ready")
+def _launch_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("preset")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for ready (default 900)")
+    p.add_argument("--no-wait", action="store_true", help="return once the process is started")
+    p.set_defaults(run=cmd_launch)
+
+
+async def _print_started(rec) -> None:
+    print(f"started pid {rec.pid}, log {rec.log}", flush=True)
+
+
+def cmd_launch(ns) -> int:
+    from .control import nccl_confirmation
+    p = _load_preset(ns.preset)
+    t, control = _with_control(p)
+
+    async def go():
+        if ns.no_wait:
+            current = await control.read_state()
+            await control.preflight(current)
+            if current is not None:
+                print(f"stopped: {await control.stop()}")
+            rec = await control.start()
+            print(f"started pid {rec.pid}, log {rec.log}")
+            return 0
+        rec, res = await control.relaunch(
+            ns.timeout, on_phase=lambda name, el: print(f"  {el:6.1f}s  {name}", flush=True),
+            after_start=_print_started, on_stopped=lambda msg: print(f"stopped: {msg}"))
+        print(f"ready in {res.elapsed_s:.1f}s")
+        conf = nccl_confirmation(p, res.nccl_env)
+        if res.nccl_env and conf:
+            for name, state, got in conf:
+                print(f"  {name}: {state}" + (f" (NCCL says {got})" if state == "different" else ""))
+        return 0
+
+    return _run_async(_guarded(go, t))
+
+
+@command("stop", "stop the server tuitune started for a preset (or --pid)")
+def _stop_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("preset")
+    p.add_argument("--pid", type=int, help="stop this process group instead (a server started by hand)")
+    p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
+    p.set_defaults(run=cmd_stop)
+
+
+def cmd_stop(ns) -> int:
+    p = _load_preset(ns.preset)
+    t, control = _with_control(p)
+
+    async def go():
+        print(await control.stop(ns.pid, ns.grace))
+        return 0
+
+    return _run_async(_guarded(go, t))
+
+
+@command("status", "is the server running, and does it run what the preset says (drift)")
+def _status_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("preset")
+    p.add_argument("--pid", type=int, help="inspect this process (a server started by hand)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=cmd_status)
+
+
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def cmd_status(ns) -> int:
+    p = _load_preset(ns.preset)
+    t, control = _with_control(p)
+
+    async def go():
+        st = await control.status(ns.pid)
+        if ns.json:
+            _print_json(st.to_dict())
+            return 0
+        if not st.running:
+            print(f"{p.name}: not running" + (f" ({st.note})" if st.note else ""))
+            return 0
+        rec = st.record
+        print(f"{p.name}: running, pid {rec.pid}, up {_duration(st.uptime_s)}, preset hash "
+              f"{rec.preset_hash or '?'}" + ("" if st.same_hash in (True, None) else
+                                             f" (preset now {p.hash()}: edited since launch)"))
+        if st.drift:
+            print(f"drift: {len(st.drift)} difference(s) between the running process and the preset")
+            for d in st.drift:
+                print(f"  {d}")
+        else:
+            print("no drift: environment and flags match the preset")
+        return 0
+
+    return _run_async(_guarded(go, t))
+
+
+@command("logs", "print the server's log (-f follows it)")
+def _logs_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("preset")
+    p.add_argument("-n", "--lines", type=int, default=40)
+    p.add_argument("-f", "--follow", action="store_true")
+    p.set_defaults(run=cmd_logs)
+
+
+def cmd_logs(ns) -> int:
+    from .preset import shell_path
+    from .tail import LogTail
+    p = _load_preset(ns.preset)
+    t, _ = _with_control(p)
+
+    async def go():
+        r = await t.run(f"tail -n {int(ns.lines)} {shell_path(p.server.log)}", timeout=60)
+        if not r.ok:
+            raise CliError(f"{t.label}: cannot read {p.server.log}: {r.stderr.strip()[:200]}", 1)
+        sys.stdout.write(r.stdout)
+        sys.stdout.flush()
+        if ns.follow:
+            size = await t.run(f"stat -c %s {shell_path(p.server.log)}", timeout=30)
+            tail = LogTail(t, p.server.log, offset=int(size.stdout.strip() or 0))
+            async for batch in tail.batches():
+                for line in batch.lines:
+                    print(line, flush=True)
+        return 0
+
+    return _run_async(_guarded(go, t))
+
+
+@command("trust", "fetch a host's SSH key, show its fingerprint, add it to known_hosts")
+def _trust_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--user")
+    p.add_argument("--known-hosts", help="file to append to (default ~/.ssh/known_hosts)")
+    p.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
+    p.set_defaults(run=cmd_trust)
+
+
+def cmd_trust(ns) -> int:
+    from pathlib import Path
+    from .transport import SshTarget, TransportError, fetch_host_key, known_hosts_has, trust_line
+    t = SshTarget(ns.host, ns.port, ns.user, None, ns.known_hosts)
+    try:
+        key = _run_async(fetch_host_key(t))
+    except TransportError as e:
+        raise CliError(str(e), 1) from None
+    path = Path(ns.known_hosts or "~/.ssh/known_hosts").expanduser()
+    print(f"{t.label()} presents {key.get_algorithm()} key {key.get_fingerprint('sha256')}")
+    if known_hosts_has(t):
+        raise CliError(f"{path} already has a key for {t.label()}; if it changed, remove the old line "
+                       f"yourself after checking why (tuitune never replaces a key)", 1)
+    if not ns.yes:
+        if not sys.stdin.isatty():
+            raise CliError("not a terminal: pass --yes to trust without asking", 2)
+        answer = input(f"add it to {path}? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            print("not trusted")
+            return 1
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(trust_line(t, key))
+    print(f"added to {path}")
+    return 0
+
+
+# ---- bench / ab ---------------------------------------------------------------------------------
+
+
+def _bench_overrides(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--requests", type=int)
+    p.add_argument("--warmup", type=int)
+    p.add_argument("--max-tokens", type=int)
+    p.add_argument("--concurrency", type=int)
+    p.add_argument("--api", choices=["native", "openai"])
+
+
+def _overrides(ns) -> dict:
+    return {k: v for k, v in (("requests", ns.requests), ("warmup", ns.warmup), ("max_tokens", ns.max_tokens),
+                              ("concurrency", ns.concurrency), ("api", ns.api)) if v is not None}
+
+
+@command("bench", "benchmark a running server (through the SSH forward for remote presets)")
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("preset", nargs="?")
+    g.add_argument("--url", help="benchmark this server URL instead of a preset's")
+    _bench_overrides(p)
+    p.add_argument("--json", metavar="OUT", help="write every request and the summary as JSON")
+    p.set_defaults(run=cmd_bench)
+
+
+def _write_json(path: str, obj) -> None:
+    import os
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=1, default=str)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise CliError(f"{path}: cannot write it ({e.strerror or e})", 1) from None
+
+
+def cmd_bench(ns) -> int:
+    from .bench import BenchConfig, format_summary, run_bench
+    ov = _overrides(ns)
+    for k, v in ov.items():
+        if isinstance(v, int) and v < (0 if k == "warmup" else 1):
+            raise CliError(f"--{k.replace('_', '-')} must be at least {0 if k == 'warmup' else 1} (got {v})", 2)
+
+    def report(run):
+        s = run.summary()
+        print(format_summary(s))
+        if ns.json:
+            _write_json(ns.json, run.to_dict())
+        return 0 if run.ok and not run.failed else 1
+
+    if ns.url:
+        cfg = BenchConfig(ns.url, **ov)
+        return report(_run_async(run_bench(cfg)))
+    p = _load_preset(ns.preset)
+    from .session import Session
+    session = Session(p)
+    session.transport.on_link = _link_printer
+
+    async def go():
+        await session.transport.connect()
+        return await session.bench(**ov)
+
+    return report(_run_async(_guarded(go, session.transport)))
+
+
+@command("ab", "interleaved relaunch + bench of two presets (A B A B …), with a verdict")
+def _ab_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("a", help="baseline preset")
+    p.add_argument("b", help="candidate preset")
+    p.add_argument("--rounds", type=int, default=4, help="launches per preset (default 4; 4 is the "
+                   "fewest with which the exact Mann-Whitney test can reach p < 0.05)")
+    p.add_argument("--min-effect", type=float, default=0.01, help="smallest ratio change that counts (0.01 = 1%%)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for each launch")
+    _bench_overrides(p)
+    p.add_argument("--json", metavar="OUT", help="write the launches, medians and verdict as JSON")
+    p.set_defaults(run=cmd_ab)
+
+
+def cmd_ab(ns) -> int:
+    from .ab import format_ab, run_ab
+    a, b = _load_preset(ns.a), _load_preset(ns.b)
+    if (a.target.label(), a.server.port) != (b.target.label(), b.server.port):
+        raise CliError(f"{a.name} and {b.name} must run on the same target and port to be interleaved", 2)
+    if ns.rounds < 1:
+        raise CliError(f"--rounds must be at least 1 (got {ns.rounds})", 2)
+    t, _ = _with_control(a)
+
+    async def go():
+        return await run_ab(t, a, b, ns.rounds, _overrides(ns), ns.min_effect, ns.timeout,
+                            progress=lambda msg: print(msg, flush=True))
+
+    result = _run_async(_guarded(go, t))
+    print(format_ab(result))
+    if ns.json:
+        _write_json(ns.json, result)
+    return 0 if result["verdict"]["verdict"] != "not comparable" else 1
+
+
 # ---- entry ---------------------------------------------------------------------------------------
 
 MAIN_USAGE = """tuitune [PRESET]                 interactive TUI for the preset's server

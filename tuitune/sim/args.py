@@ -53,7 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("simulator")
     g.add_argument("--sim-load-seconds", type=float, default=3.0,
                    help="simulated weight loading + graph capture time (default 3)")
-    g.add_argument("--sim-seed", type=int, default=0, help="random seed (acceptance, jitter)")
+    g.add_argument("--sim-seed", type=int, default=None,
+                   help="random seed (acceptance, jitter, launch speed); default: new every launch")
+    g.add_argument("--sim-launch-sigma", type=float, default=0.01,
+                   help="log-normal sigma of the per-launch speed factor (default 0.01)")
     g.add_argument("--sim-topology", choices=["pcie", "nvlink"], default="pcie")
     g.add_argument("--sim-acceptance", default="seed",
                    help="acceptance profile: " + ", ".join(model.ACCEPTANCE_PROFILES)

@@ -138,6 +138,7 @@ class SimConfig:
     draft_tokens: int = 0
     acceptance: tuple[float, ...] = ACCEPTANCE_PROFILES["seed"]
     env_factor: float = 1.0  # nccl_factor of the process environment
+    launch_factor: float = 1.0  # this launch's speed (clocks, placement): launches differ a little
 
     @property
     def speculative(self) -> bool:
@@ -172,11 +173,11 @@ def cycle_cost(cfg: SimConfig, bs: int = 1) -> CycleCost:
     other = SCHED_OVERHEAD / max(1, cfg.continuous_decode_steps)
     bs = max(1, bs)
     if not cfg.speculative:
-        step = BASE_COMPUTE + BASE_COMM * comm + BASE_PER_SEQ * (bs - 1)
+        step = (BASE_COMPUTE + BASE_COMM * comm + BASE_PER_SEQ * (bs - 1)) * cfg.launch_factor
         return CycleCost(0.0, step, 0.0, other)
     tokens = bs * cfg.draft_tokens
     verify = (VERIFY_FIXED_COMPUTE + VERIFY_FIXED_COMM * comm
-              + tokens * (VERIFY_TOKEN_COMPUTE + VERIFY_TOKEN_COMM * comm))
+              + tokens * (VERIFY_TOKEN_COMPUTE + VERIFY_TOKEN_COMM * comm)) * cfg.launch_factor
     draft = cfg.steps * (DRAFT_PER_STEP + DRAFT_TOPK_EXTRA * (cfg.topk - 1)) * (1 + 0.05 * (bs - 1))
     extend = EXTEND * (1 + 0.05 * (bs - 1))
     return CycleCost(draft, verify, extend, other)

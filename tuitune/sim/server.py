@@ -90,6 +90,8 @@ class Simulator:
         self.faults = faults
         self.log = Log(ns.log_level)
         self.speedup = max(1e-3, ns.sim_speedup)
+        if ns.sim_seed is None:
+            ns.sim_seed = random.SystemRandom().randrange(2 ** 31)
         self.rng = random.Random(ns.sim_seed)
         self.env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
         self.cfg = model.SimConfig(
@@ -103,6 +105,7 @@ class Simulator:
             draft_tokens=ns.speculative_num_draft_tokens or 0,
             acceptance=acceptance,
             env_factor=model.nccl_factor(self.env),
+            launch_factor=model.jitter(random.Random(ns.sim_seed + 7), ns.sim_launch_sigma),
         )
         self.warnings = warnings
         self.profile = os.environ.get("EAGLE3_PROFILE", "") not in ("", "0")
@@ -144,6 +147,7 @@ class Simulator:
             "expected_cycle_ms": cost.cycle_ms / self.speedup,
             "expected_verify_ms": cost.verify_ms / self.speedup,
             "nccl_factor": self.cfg.env_factor,
+            "launch_factor": self.cfg.launch_factor,
             "speedup": self.speedup,
         }
 

@@ -1,0 +1,336 @@
+"""Transports and server control with the real pieces: the simulator, a real sshd on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import group_alive, make_preset, wait_for
+from tuitune import preset as P
+from tuitune.control import ControlError, ServerControl, compute_drift, nccl_confirmation
+from tuitune.tail import LogTail
+from tuitune.transport import LocalTransport, SshTarget, SshTransport, TransportError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def ssh_transport(sshd, **over) -> SshTransport:
+    t = sshd.target()
+    t.update(over)
+    return SshTransport(SshTarget(**t))
+
+
+@pytest.fixture(params=["local", "ssh"])
+async def transport(request, sshd):
+    t = LocalTransport() if request.param == "local" else ssh_transport(sshd)
+    await t.connect()
+    yield t
+    await t.close()
+
+
+async def test_run_upload_and_decoding(transport, tmp_path):
+    r = await transport.run("echo out; echo err >&2; printf '\\xff\\xfe\\n'; exit 3")
+    assert r.exit_status == 3 and r.stdout.startswith("out\n") and "\ufffd" in r.stdout and r.stderr == "err\n"
+    await transport.upload(b"hello\x00world", str(tmp_path / "sub" / "f.bin"), 0o600)
+    assert (tmp_path / "sub" / "f.bin").read_bytes() == b"hello\x00world"
+    assert oct((tmp_path / "sub" / "f.bin").stat().st_mode & 0o777) == "0o600"
+    with pytest.raises(TransportError, match="timed out"):
+        await transport.run("sleep 5", timeout=0.5)
+
+
+async def test_launch_ready_status_stop(transport, tmp_path):
+    p = make_preset(tmp_path, env={"NCCL_PROTO": "LL", "NCCL_DEBUG": "INFO"})
+    c = ServerControl(transport, p, state_dir=str(tmp_path / "state"))
+    phases = []
+    rec, res = await c.relaunch(30, on_phase=lambda ph, el: phases.append(ph))
+    assert res.ok and phases[0] == "starting" and phases[-1] == "ready"
+    assert "loading weights" in phases and "http up" in phases
+    assert nccl_confirmation(p, res.nccl_env) == [("NCCL_PROTO", "applied", "LL")]
+    st = await c.status()
+    assert st.running and st.record.pid == rec.pid and st.drift == [] and st.same_hash
+    port = await transport.forward_port(p.server.port)
+    from tuitune.bench import BenchConfig, run_bench
+    run = await run_bench(BenchConfig(transport.url(port), requests=2, warmup=0, max_tokens=40))
+    assert run.failed == 0
+    msg = await c.stop()
+    assert "stopped" in msg and not await c.port_busy()
+    assert not (await c.status()).running
+    assert not group_alive(rec.pid)  # the whole process group is gone
+
+
+async def test_drift_of_a_server_started_by_hand(tmp_path):
+    p = make_preset(tmp_path, env={"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
+    env.update({"NCCL_PROTO": "LL", "NCCL_BUFFSIZE": "1048576", "EAGLE3_PROFILE": "1"})  # ALGO lost
+    argv = [a for a in p.flags()]
+    argv[argv.index("--speculative-num-steps") + 1] = "3"
+    argv[argv.index("--speculative-num-draft-tokens") + 1] = "4"
+    proc = subprocess.Popen([sys.executable, "-m", "tuitune.sim", *argv], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        t = LocalTransport()
+        c = ServerControl(t, p, state_dir=str(tmp_path / "state"))
+        for _ in range(200):
+            if await c.port_busy():
+                break
+            await asyncio.sleep(0.05)
+        st = await c.status(pid=proc.pid)
+        keys = {d.key: (d.running, d.preset) for d in st.drift}
+        assert keys["env.NCCL_ALGO"] == (None, "Ring")
+        assert keys["env.NCCL_BUFFSIZE"] == ("1048576", None)
+        assert keys["flag --speculative-num-steps"] == ("3", "2")
+        assert "env.NCCL_PROTO" not in keys
+        # a server tuitune did not start is never stopped without --pid
+        with pytest.raises(ControlError, match="in use by a process tuitune did not start"):
+            await c.preflight(None)
+        assert "no server started by tuitune" in await c.stop()
+        assert "stopped" in await c.stop(pid=proc.pid, grace_s=3)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_compute_drift_pure():
+    p = make_preset(Path("/tmp"), env={"NCCL_PROTO": "LL"}, port=8000)
+    argv = ["python", "-m", "tuitune.sim", *p.flags()]
+    assert compute_drift(p, argv, {"NCCL_PROTO": "LL", "EAGLE3_PROFILE": "1"}) == []
+    d = compute_drift(p, argv + ["--extra"], {"EAGLE3_PROFILE": "1", "NCCL_ALGO": "Tree"})
+    assert [x.key for x in d] == ["env.NCCL_PROTO", "env.NCCL_ALGO", "flag --extra"]
+
+
+async def test_unknown_flag_refused_without_stopping_the_running_server(tmp_path):
+    t = LocalTransport()
+    a = make_preset(tmp_path, "a")
+    c = ServerControl(t, a, state_dir=str(tmp_path / "state"))
+    rec, _ = await c.relaunch(30)
+    b = P.with_changes(a, {"server.args.no-such-flag": 1})
+    with pytest.raises(ControlError) as e:
+        await ServerControl(t, b, state_dir=str(tmp_path / "state")).relaunch(30)
+    assert e.value.code == 2 and "flag --no-such-flag is not accepted" in str(e.value)
+    assert await c.alive(rec.pid)
+    await c.stop()
+
+
+@pytest.mark.parametrize("args, env, cause, needle", [
+    ({"mem-fraction-static": 0.97}, {}, "oom", "CUDA out of memory"),
+    ({"sim-fault": "crash-after=0.5", "sim-load-seconds": 3, "sim-speedup": 1}, {}, "exception", "illegal memory"),
+])
+async def test_server_dying_at_start_is_classified(tmp_path, args, env, cause, needle):
+    t = LocalTransport()
+    p = make_preset(tmp_path, args=args, env=env)
+    with pytest.raises(ControlError) as e:
+        await ServerControl(t, p, state_dir=str(tmp_path / "state")).relaunch(30)
+    assert needle in str(e.value) and e.value.log_tail and "\n" not in str(e.value)
+    res_cause = str(e.value).split("(")[1].split(")")[0]
+    assert res_cause == {"oom": "out of memory", "exception": "exception"}[cause]
+
+
+async def test_nccl_failure_is_classified(tmp_path):
+    # valid for tuitune's catalogue (a legal name) but NCCL refuses unknown per-collective tokens: the
+    # simulator only knows allreduce-style lists, so force a bad token through a server.args-free env
+    t = LocalTransport()
+    p = make_preset(tmp_path)
+    c = ServerControl(t, p, state_dir=str(tmp_path / "state"))
+    rec = await c.start()
+    await c.stop()
+    # write a launch by hand with a bad NCCL_PROTO (validation would stop tuitune from rendering it)
+    cmd = P.launch_command(p).replace("setsid nohup env ", "setsid nohup env NCCL_PROTO=LLL ")
+    r = await t.run(cmd)
+    rec.pid = int(r.stdout.strip())
+    res = await c.wait_ready(rec, 20)
+    assert not res.ok and res.cause == "nccl" and "NCCL error" in res.message
+
+
+async def test_sigterm_ignored_is_killed_after_grace(tmp_path):
+    t = LocalTransport()
+    p = make_preset(tmp_path, args={"sim-fault": "hang-on-sigterm"})
+    c = ServerControl(t, p, state_dir=str(tmp_path / "state"))
+    rec, _ = await c.relaunch(30)
+    t0 = time.monotonic()
+    msg = await c.stop(grace_s=1.0)
+    assert "killed after the grace period" in msg and 0.9 < time.monotonic() - t0 < 8
+    assert not group_alive(rec.pid)
+
+
+async def test_ctrl_c_during_start_stops_the_server(tmp_path):
+    t = LocalTransport()
+    p = make_preset(tmp_path, args={"sim-load-seconds": 5, "sim-speedup": 1})
+    c = ServerControl(t, p, state_dir=str(tmp_path / "state"))
+    task = asyncio.ensure_future(c.relaunch(30))
+    await asyncio.sleep(1.0)
+    rec = await c.read_state()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not await c.alive(rec.pid) and await c.read_state() is None
+
+
+# ---- tail ------------------------------------------------------------------------------------------
+
+
+def test_tail_feed_pure():
+    tail = LogTail(LocalTransport(), "/x", max_line=10)
+    b = tail.feed(b"one\ntw")
+    assert b.lines == ["one"] and tail.offset == 4
+    b = tail.feed(b"o\nthree\n")
+    assert b.lines == ["two", "three"] and tail.offset == 14
+    b = tail.feed(b"tail: /x: file truncated\nnew\n")
+    assert b.reset and b.lines == ["new"] and tail.offset == 4
+    b = tail.feed(b"a" * 25 + b"\nok\n")
+    assert b.lines[0].startswith("a" * 10) and b.lines[0].endswith("[line truncated]") and b.lines[1] == "ok"
+    assert tail.offset == 4 + 26 + 3
+    assert tail.feed(b"\xff\xfe\n").lines == ["\ufffd\ufffd"]
+
+
+async def _collect(tail: LogTail, n: int, timeout: float = 30) -> list[str]:
+    got: list[str] = []
+
+    async def run():
+        async for batch in tail.batches():
+            got.extend(batch.lines)
+            if len(got) >= n:
+                return
+
+    await asyncio.wait_for(run(), timeout)
+    return got
+
+
+async def test_tail_survives_link_cut_exactly_once(sshd, tmp_path):
+    log = tmp_path / "live.log"
+    log.write_bytes(b"")
+    writer = subprocess.Popen([sys.executable, "-c", (
+        "import sys,time\n"
+        "f=open(sys.argv[1],'ab',buffering=0)\n"
+        "for i in range(600):\n"
+        "    f.write(b'line %05d ' % i + b'x'*50 + (b'\\xff' if i % 97 == 0 else b'') + b'\\n'); time.sleep(0.005)\n"),
+        str(log)])
+    t = ssh_transport(sshd)
+    states = []
+    t.on_link = lambda s, a, d: states.append((s, a))
+    await t.connect()
+    tail = LogTail(t, str(log))
+
+    async def cutter():
+        await asyncio.sleep(0.8)
+        sshd.kill_connections()
+        await asyncio.sleep(0.8)
+        sshd.kill_connections()
+
+    cut = asyncio.ensure_future(cutter())
+    try:
+        got = await _collect(tail, 600, 40)
+    finally:
+        cut.cancel()
+        tail.close()
+        writer.wait(10)
+        await t.close()
+    nums = [int(line.split()[1]) for line in got]
+    assert nums == list(range(600))  # every line exactly once, in order
+    assert ("reconnecting", 1) in states and states.count(("connected", 0)) >= 2
+
+
+async def test_tail_truncation_and_no_process_left(sshd, tmp_path):
+    log = tmp_path / "rot.log"
+    log.write_text("a1\na2\n")
+    t = ssh_transport(sshd)
+    await t.connect()
+    tail = LogTail(t, str(log))
+    got: list[str] = []
+    resets = 0
+
+    async def run():
+        nonlocal resets
+        async for batch in tail.batches():
+            resets += batch.reset
+            got.extend(batch.lines)
+            if got[-1:] == ["b2"]:
+                return
+
+    task = asyncio.ensure_future(run())
+    await asyncio.sleep(0.8)
+    log.write_text("")  # truncate
+    await asyncio.sleep(1.2)
+    with open(log, "a") as f:
+        f.write("b1\nb2\n")
+    await asyncio.wait_for(task, 20)
+    assert got == ["a1", "a2", "b1", "b2"] and resets == 1
+    tail.close()
+    await t.close()
+    wait_for(lambda: subprocess.run(["pgrep", "-f", f"tail -c \\+.* -F {log}"], capture_output=True).returncode == 1,
+             5, what="remote tail to exit")
+
+
+async def test_host_key_unknown_refused_then_trusted(sshd, tmp_path):
+    empty = tmp_path / "kh"
+    empty.write_text("")
+    t = ssh_transport(sshd, known_hosts=str(empty))
+    with pytest.raises(TransportError) as e:
+        await t.connect()
+    assert "host key is not trusted" in str(e.value) and "SHA256:" in str(e.value) and "tuitune trust" in str(e.value)
+    r = subprocess.run([sys.executable, "-m", "tuitune", "trust", "127.0.0.1", "--port", str(sshd.port),
+                        "--known-hosts", str(empty), "--yes"], capture_output=True, text=True)
+    assert r.returncode == 0 and "SHA256:" in r.stdout, r.stderr
+    t2 = ssh_transport(sshd, known_hosts=str(empty))
+    await t2.connect()
+    assert (await t2.run("echo ok")).stdout == "ok\n"
+    await t2.close()
+    # a second trust never replaces a key
+    r = subprocess.run([sys.executable, "-m", "tuitune", "trust", "127.0.0.1", "--port", str(sshd.port),
+                        "--known-hosts", str(empty), "--yes"], capture_output=True, text=True)
+    assert r.returncode == 1 and "already has a key" in r.stderr
+
+
+async def test_changed_host_key_refused_loudly(sshd, tmp_path):
+    import asyncssh
+    other = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
+    kh = tmp_path / "kh"
+    kh.write_text(f"[127.0.0.1]:{sshd.port} {other}\n")
+    with pytest.raises(TransportError, match="CHANGED"):
+        await ssh_transport(sshd, known_hosts=str(kh)).connect()
+
+
+async def test_dead_target_is_one_sentence(tmp_path):
+    from conftest import free_port
+    t = SshTransport(SshTarget("127.0.0.1", free_port(), "root", None, None), connect_timeout=3)
+    with pytest.raises(TransportError, match="cannot connect"):
+        await t.connect()
+
+
+def run_cli(*args, home=None):
+    env = dict(os.environ)
+    if home:
+        env["HOME"] = str(home)
+    return subprocess.run([sys.executable, "-m", "tuitune", *args], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=120)
+
+
+def test_cli_over_ssh_launch_status_logs_stop(sshd, tmp_path):
+    p = make_preset(tmp_path, "remote", target=sshd.target(), env={"NCCL_PROTO": "LL"})
+    path = P.save(p, tmp_path / "remote.yaml")
+    r = run_cli("launch", str(path), "--timeout", "30")
+    assert r.returncode == 0 and "ready in" in r.stdout, r.stderr
+    r = run_cli("status", str(path))
+    assert "running, pid" in r.stdout and "no drift" in r.stdout
+    r = run_cli("bench", str(path), "--requests", "2", "--json", str(tmp_path / "b.json"))
+    assert r.returncode == 0 and "tok/s median" in r.stdout and (tmp_path / "b.json").exists()
+    r = run_cli("logs", str(path), "-n", "5")
+    assert r.returncode == 0 and r.stdout.count("\n") == 5
+    r = run_cli("stop", str(path))
+    assert r.returncode == 0 and "free" in r.stdout
+    r = run_cli("status", str(path), "--json")
+    assert '"running": false' in r.stdout
+
+
+def test_cli_launch_failure_is_clear(tmp_path):
+    p = make_preset(tmp_path, "oom", args={"mem-fraction-static": 0.99})
+    path = P.save(p, tmp_path / "oom.yaml")
+    r = run_cli("launch", str(path), "--timeout", "30")
+    assert r.returncode == 1 and "out of memory" in r.stderr and "Traceback (most recent" not in r.stderr.splitlines()[-1]
+    assert r.stderr.strip().splitlines()[-1].startswith("tuitune: server exited during start")

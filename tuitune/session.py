@@ -1,0 +1,271 @@
+"""A session: one preset's server, seen as one stream of events, plus the controls.
+
+The session owns the transport, the server control, the log tail, the metrics store and the
+background load. Subscribers receive lists of events (one list per tail batch or state change),
+never one call per line. The TUI and the recorder are both just subscribers; a replayed capture
+feeds the same ``publish`` path, so nothing downstream can tell live from replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from . import preset as P
+from .bench import BenchConfig, BenchRun, RequestResult, prompts, run_bench, run_request
+from .control import ControlError, ReadyResult, ServerControl, Status, nccl_confirmation
+from .events import BenchSummary, Event, LinkState, LogLine, Marker, ServerState
+from .metrics import MetricsStore
+from .parse import parse_line
+from .tail import LogTail
+from .transport import Transport, TransportError, for_preset
+
+Subscriber = Callable[[list[Event]], None]
+ATTACH_BACKLOG = 256 * 1024  # bytes of an already-running server's log read on attach
+
+
+@dataclass
+class LoadState:
+    on: bool = False
+    concurrency: int = 1
+    requests: int = 0
+    failed: int = 0
+    last_error: str | None = None
+
+
+class Session:
+    def __init__(self, preset: P.Preset, transport: Transport | None = None,
+                 state_dir: str | None = None, ready_timeout_s: float = 900.0):
+        self.preset = preset
+        self.running_preset: P.Preset | None = None  # what the live server was launched from
+        self.transport = transport or for_preset(preset)
+        self.transport.on_link = self._on_link
+        self.control = ServerControl(self.transport, preset, **({"state_dir": state_dir} if state_dir else {}))
+        self.store = MetricsStore()
+        self.ready_timeout_s = ready_timeout_s
+        self.subscribers: list[Subscriber] = []
+        self.state = ServerState("stopped")
+        self.link = LinkState("connecting")
+        self.load = LoadState()
+        self.record = None
+        self.url: str | None = None
+        self.last_ready: ReadyResult | None = None
+        self._tail: LogTail | None = None
+        self._tail_task: asyncio.Task | None = None
+        self._load_task: asyncio.Task | None = None
+        self._load_stop = asyncio.Event()
+        self._relaunch_lock = asyncio.Lock()
+
+    # ---- events ---------------------------------------------------------------------------
+    def subscribe(self, fn: Subscriber) -> None:
+        self.subscribers.append(fn)
+
+    def publish(self, events: list[Event]) -> None:
+        now = time.monotonic()
+        for ev in events:
+            self.store.feed(ev, now)
+        for fn in list(self.subscribers):
+            fn(events)
+
+    def _set_state(self, state: str, phase: str | None = None, detail: str | None = None,
+                   pid: int | None = None, elapsed: float | None = None) -> None:
+        self.state = ServerState(state, phase, detail, pid, elapsed)
+        self.publish([self.state])
+
+    def _on_link(self, state: str, attempt: int, detail: str | None) -> None:
+        self.link = LinkState(state, attempt, detail)
+        self.publish([self.link])
+
+    # ---- attach / tail --------------------------------------------------------------------
+    async def connect(self) -> Status:
+        await self.transport.connect()
+        st = await self.control.status()
+        if st.running and st.record:
+            self.record = st.record
+            self.running_preset = self.preset if st.same_hash else None
+            await self._open_url()
+            self._set_state("ready", "attached", pid=st.record.pid)
+            await self.follow(from_end=True)
+        else:
+            self._set_state("stopped", detail=st.note)
+        return st
+
+    async def _open_url(self) -> None:
+        port = await self.transport.forward_port(self.preset.server.port)
+        self.url = self.transport.url(port)
+
+    async def follow(self, from_end: bool = False) -> None:
+        """(Re)start tailing the server's log."""
+        await self.stop_follow()
+        offset = 0
+        if from_end:
+            r = await self.transport.run(f"stat -c %s {P.shell_path(self.preset.server.log)} 2>/dev/null", timeout=30)
+            size = int(r.stdout.strip()) if r.ok and r.stdout.strip().isdigit() else 0
+            offset = max(0, size - ATTACH_BACKLOG)
+        self._tail = LogTail(self.transport, self.preset.server.log, offset=offset)
+        skip_first = offset > 0  # we started mid-line
+        tail = self._tail
+
+        async def run() -> None:
+            nonlocal skip_first
+            try:
+                async for batch in tail.batches():
+                    lines = batch.lines[1:] if skip_first else batch.lines
+                    skip_first = False
+                    events: list[Event] = []
+                    if batch.reset:
+                        events.append(Marker("log truncated or replaced; following the new file"))
+                    for line in lines:
+                        events.append(LogLine(line))
+                        ev = parse_line(line)
+                        if ev is not None:
+                            events.append(ev)
+                    if events:
+                        self.publish(events)
+            except TransportError as e:
+                self.link = LinkState("lost", 0, str(e))
+                self.publish([self.link])
+
+        self._tail_task = asyncio.ensure_future(run())
+
+    async def stop_follow(self) -> None:
+        if self._tail is not None:
+            self._tail.close()
+        if self._tail_task is not None:
+            self._tail_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._tail_task
+        self._tail = self._tail_task = None
+
+    # ---- relaunch -------------------------------------------------------------------------
+    async def relaunch(self, preset: P.Preset | None = None) -> ReadyResult:
+        """Preflight, stop, start, wait ready; raises ControlError/TransportError on failure.
+
+        A preflight refusal touches nothing: the old server keeps running and the old preset stays.
+        """
+        async with self._relaunch_lock:
+            new = preset or self.preset
+            control = ServerControl(self.transport, new, self.control.state_dir)
+            t0 = time.monotonic()
+            was_loaded = self.load.on
+            self._set_state("starting", "preflight")
+            self.publish([Marker(f"relaunch: {new.name}", new.name, new.hash())])
+
+            async def before_stop() -> None:
+                await self.set_load(False)
+                await self.stop_follow()
+                self._set_state("stopping")
+
+            async def after_start(rec) -> None:
+                self.preset, self.control, self.record = new, control, rec
+                self.store.clear()
+                self._set_state("starting", "launching", pid=rec.pid)
+                await self.follow()
+
+            try:
+                rec, res = await control.relaunch(
+                    self.ready_timeout_s, before_stop=before_stop, after_start=after_start,
+                    on_phase=lambda ph, el: self._set_state("starting", ph, pid=self.record.pid if self.record else None,
+                                                            elapsed=el))
+            except ControlError as e:
+                self.last_ready = None
+                self._set_state("failed", detail=str(e))
+                raise
+            except TransportError as e:
+                self._set_state("failed", detail=str(e))
+                raise
+            self.last_ready = res
+            self.running_preset = new
+            await self._open_url()
+            self._set_state("ready", "ready", pid=rec.pid, elapsed=time.monotonic() - t0)
+            if was_loaded:
+                await self.set_load(True, self.load.concurrency)
+            return res
+
+    async def stop_server(self) -> str:
+        await self.set_load(False)
+        msg = await self.control.stop()
+        self._set_state("stopped", detail=msg)
+        return msg
+
+    def nccl_report(self) -> list[tuple[str, str, str | None]]:
+        seen = self.last_ready.nccl_env if self.last_ready else {}
+        return nccl_confirmation(self.preset, seen)
+
+    # ---- benchmark and load ---------------------------------------------------------------
+    async def bench(self, label: str = "", on_result: Callable[[int, RequestResult], Awaitable[None] | None] | None = None,
+                    **overrides) -> BenchRun:
+        if self.url is None:
+            await self._open_url()
+        b = self.preset.bench
+        cfg = BenchConfig(self.url, requests=overrides.get("requests", b.requests),
+                          warmup=overrides.get("warmup", b.warmup),
+                          max_tokens=overrides.get("max_tokens", b.max_tokens),
+                          concurrency=overrides.get("concurrency", b.concurrency),
+                          api=overrides.get("api", b.api), label=label or self.preset.name)
+        was_loaded = self.load.on
+        await self.set_load(False)  # a benchmark measures alone
+        try:
+            run = await run_bench(cfg, on_result)
+        finally:
+            if was_loaded:
+                await self.set_load(True, self.load.concurrency)
+        s = run.summary()
+        tok = s.get("tok_s") or {}
+        acc = s.get("accept_len") or {}
+        ttft = s.get("ttft_ms") or {}
+        ci = tok.get("ci95", [float("nan")] * 2)
+        self.publish([BenchSummary(cfg.label, tok.get("median", float("nan")), ci[0], ci[1], acc.get("mean"),
+                                   ttft.get("median"), s["requests"], s["failed"])])
+        return run
+
+    async def set_load(self, on: bool, concurrency: int | None = None) -> None:
+        """Keep ``concurrency`` streams of requests running so that the server decodes."""
+        if concurrency:
+            self.load.concurrency = max(1, concurrency)
+        if self._load_task is not None:
+            self._load_stop.set()
+            self._load_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._load_task
+            self._load_task = None
+        self.load.on = on
+        if on:
+            self._load_stop = asyncio.Event()
+            self._load_task = asyncio.ensure_future(self._load_loop(self._load_stop))
+        self.publish([Marker(f"load {'on' if on else 'off'} ({self.load.concurrency} stream(s))")])
+
+    async def _load_loop(self, stop: asyncio.Event) -> None:
+        import aiohttp
+        ps = prompts()
+
+        async def stream(i: int) -> None:
+            async with aiohttp.ClientSession() as session:
+                n = i
+                while not stop.is_set():
+                    if self.url is None or self.state.state != "ready":
+                        await asyncio.sleep(0.5)
+                        continue
+                    cfg = BenchConfig(self.url, max_tokens=self.preset.bench.max_tokens,
+                                      api=self.preset.bench.api)
+                    r = await run_request(session, cfg, ps[n % len(ps)])
+                    n += 1
+                    self.load.requests += 1
+                    if not r.ok:
+                        self.load.failed += 1
+                        self.load.last_error = r.error
+                        await asyncio.sleep(1.0)  # a down server is not hammered
+
+        await asyncio.gather(*(stream(i) for i in range(self.load.concurrency)))
+
+    # ---- shutdown -------------------------------------------------------------------------
+    async def close(self, stop_server: bool = False) -> None:
+        await self.set_load(False)
+        await self.stop_follow()
+        if stop_server:
+            with contextlib.suppress(ControlError, TransportError):
+                await self.control.stop()
+        await self.transport.close()
