@@ -69,10 +69,11 @@ def cmd_parse(ns) -> int:
     from .parse import parse_line, summarize
     events = (ev for ev in map(parse_line, _open_lines(ns.file)) if ev is not None)
     if ns.json:
-        out = sys.stdout
-        dumps = json.dumps
+        import msgspec
+        encode = msgspec.json.Encoder().encode  # NaN becomes null; unset fields are left out
+        write = sys.stdout.buffer.write
         for ev in events:
-            out.write(dumps(ev.to_dict()) + "\n")
+            write(encode(ev) + b"\n")
         return 0
     s = summarize(events)
     if not s["counts"]:

@@ -8,8 +8,27 @@ Parsed log events carry ``ts`` (the log line's timestamp text, if any) and ``ran
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any
+
+import msgspec
+
+
+class Event(msgspec.Struct, frozen=True, tag_field="kind", omit_defaults=True):
+    """Base of every event; ``kind`` (the msgspec tag) names it in JSON."""
+
+    @property
+    def kind(self) -> str:
+        return type(self).__struct_config__.tag
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict: ``kind`` first, unset fields left out, NaN/inf as None."""
+        d: dict[str, Any] = {"kind": self.kind}
+        for n in self.__struct_fields__:
+            v = getattr(self, n)
+            if v is None or (n == "extra" and not v):
+                continue
+            d[n] = _clean(v)
+        return d
 
 
 def _clean(v: Any) -> Any:
@@ -22,39 +41,7 @@ def _clean(v: Any) -> Any:
     return v
 
 
-class Event:
-    """Base of every event; ``kind`` names it in JSON."""
-
-    __slots__ = ()
-    kind: ClassVar[str] = "event"
-    _names: ClassVar[tuple[str, ...]] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        names = type(self)._names or tuple(f.name for f in fields(self))  # type: ignore[arg-type]
-        d: dict[str, Any] = {"kind": self.kind}
-        for n in names:
-            v = getattr(self, n)
-            if v is None or (n == "extra" and not v):
-                continue
-            d[n] = _clean(v)
-        return d
-
-
-def _event(kind: str):
-    def wrap(cls):
-        cls = dataclass(frozen=True, slots=True)(cls)
-        cls.kind = kind
-        cls._names = tuple(f.name for f in fields(cls))
-        EVENT_TYPES[kind] = cls
-        return cls
-    return wrap
-
-
-EVENT_TYPES: dict[str, type] = {}
-
-
-@_event("profile")
-class ProfileWindow(Event):
+class ProfileWindow(Event, tag="profile"):
     draft_ms: float
     verify_ms: float
     extend_ms: float
@@ -72,7 +59,7 @@ class ProfileWindow(Event):
     p90_verify_ms: float | None = None
     max_verify_ms: float | None = None
     sync: str | None = None
-    extra: dict = field(default_factory=dict)
+    extra: dict = {}
     ts: str | None = None
     rank: str | None = None
 
@@ -84,8 +71,7 @@ class ProfileWindow(Event):
         return self.accept_len / self.cycle_ms * 1000.0 if self.cycle_ms > 0 else 0.0
 
 
-@_event("decode")
-class DecodeStats(Event):
+class DecodeStats(Event, tag="decode"):
     gen_throughput: float
     running_req: int | None = None
     token: int | None = None
@@ -95,13 +81,12 @@ class DecodeStats(Event):
     cuda_graph: bool | None = None
     queue_req: int | None = None
     iteration: int | None = None
-    extra: dict = field(default_factory=dict)
+    extra: dict = {}
     ts: str | None = None
     rank: str | None = None
 
 
-@_event("prefill")
-class PrefillStats(Event):
+class PrefillStats(Event, tag="prefill"):
     new_seq: int | None = None
     new_token: int | None = None
     cached_token: int | None = None
@@ -109,34 +94,30 @@ class PrefillStats(Event):
     running_req: int | None = None
     queue_req: int | None = None
     input_throughput: float | None = None
-    extra: dict = field(default_factory=dict)
+    extra: dict = {}
     ts: str | None = None
     rank: str | None = None
 
 
-@_event("http_up")
-class HttpUp(Event):
+class HttpUp(Event, tag="http_up"):
     url: str
     ts: str | None = None
     rank: str | None = None
 
 
-@_event("ready")
-class Ready(Event):
+class Ready(Event, tag="ready"):
     ts: str | None = None
     rank: str | None = None
 
 
-@_event("nccl_env")
-class NcclEnv(Event):
+class NcclEnv(Event, tag="nccl_env"):
     name: str
     value: str
     ts: str | None = None
     rank: str | None = None
 
 
-@_event("nccl_algo")
-class NcclAlgo(Event):
+class NcclAlgo(Event, tag="nccl_algo"):
     collective: str
     bytes: int
     algo: str
@@ -146,16 +127,14 @@ class NcclAlgo(Event):
     rank: str | None = None
 
 
-@_event("error")
-class ServerError(Event):
+class ServerError(Event, tag="error"):
     category: str  # traceback | exception | oom | nccl | init_failed | port_in_use | bad_argument
     message: str
     ts: str | None = None
     rank: str | None = None
 
 
-@_event("vllm_spec")
-class VllmSpec(Event):
+class VllmSpec(Event, tag="vllm_spec"):
     draft_acceptance_rate: float | None = None
     mean_accept_len: float | None = None
     accepted_tok_s: float | None = None
@@ -167,8 +146,7 @@ class VllmSpec(Event):
     rank: str | None = None
 
 
-@_event("malformed")
-class Malformed(Event):
+class Malformed(Event, tag="malformed"):
     marker: str
     reason: str
     line: str
@@ -179,13 +157,11 @@ class Malformed(Event):
 # ---- session events (made by the core, not parsed) ----------------------------------------
 
 
-@_event("log")
-class LogLine(Event):
+class LogLine(Event, tag="log"):
     text: str
 
 
-@_event("server_state")
-class ServerState(Event):
+class ServerState(Event, tag="server_state"):
     state: str  # stopped | starting | ready | failed | stopping
     phase: str | None = None  # starting | loading weights | capturing graphs | http up | ready
     detail: str | None = None
@@ -193,15 +169,13 @@ class ServerState(Event):
     elapsed_s: float | None = None
 
 
-@_event("link")
-class LinkState(Event):
+class LinkState(Event, tag="link"):
     state: str  # connected | reconnecting | closed
     attempt: int = 0
     detail: str | None = None
 
 
-@_event("bench")
-class BenchSummary(Event):
+class BenchSummary(Event, tag="bench"):
     label: str
     tok_s_median: float
     tok_s_ci_low: float
@@ -212,37 +186,34 @@ class BenchSummary(Event):
     failed: int
 
 
-@_event("marker")
-class Marker(Event):
+class Marker(Event, tag="marker"):
     """A note in the stream: a relaunch began, a config changed, load toggled…"""
     text: str
     preset: str | None = None
     preset_hash: str | None = None
 
 
+EVENT_TYPES: dict[str, type] = {c.__struct_config__.tag: c for c in Event.__subclasses__()}
 PARSED_KINDS = ("profile", "decode", "prefill", "http_up", "ready", "nccl_env", "nccl_algo",
                 "error", "vllm_spec", "malformed")
 
 
+_FLOAT_FIELDS = ("draft_ms", "verify_ms", "extend_ms", "accept_len", "cycle_ms")
+
+
 def from_dict(d: dict[str, Any]) -> Event | None:
-    """Rebuild an event from its JSON shape; unknown kinds or fields give None / are dropped."""
+    """Rebuild an event from its JSON shape; unknown kinds give None, unknown fields are dropped."""
     cls = EVENT_TYPES.get(d.get("kind", ""))
     if cls is None:
         return None
-    kw = {}
-    for n in cls._names:
-        if n in d:
-            v = d[n]
-            if n == "per_position" and isinstance(v, list):
-                v = tuple(v)
-            kw[n] = v
+    kw = {n: d[n] for n in cls.__struct_fields__ if n in d}
+    if "per_position" in kw and isinstance(kw["per_position"], list):
+        kw["per_position"] = tuple(kw["per_position"])
+    if cls is ProfileWindow:
+        for n in _FLOAT_FIELDS:  # NaN was written as null
+            if n in d and kw.get(n) is None:
+                kw[n] = math.nan
     try:
-        ev = cls(**kw)
+        return cls(**kw)
     except TypeError:
         return None
-    if isinstance(ev, ProfileWindow):
-        # NaN was written as null; restore it so that the record is still a number
-        for n in ("draft_ms", "verify_ms", "extend_ms", "accept_len", "cycle_ms"):
-            if getattr(ev, n) is None:
-                object.__setattr__(ev, n, math.nan)
-    return ev

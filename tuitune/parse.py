@@ -25,20 +25,7 @@ _UVICORN = re.compile(r"Uvicorn running on (\S+)")
 _VLLM_NUM = re.compile(r"([A-Za-z][A-Za-z -]*?): ([0-9.]+(?:, [0-9.]+)*)(%?)")
 
 PROFILE_REQUIRED = ("draft_ms", "verify_ms", "extend_ms", "accept_len")
-PROFILE_INTS = frozenset({"v", "cycles", "bs", "steps", "topk", "draft_tokens"})
-PROFILE_FIELDS = frozenset(ProfileWindow._names) - {"extra", "ts", "rank"}
 
-DECODE_NAMES = {
-    "#running-req": "running_req", "#token": "token", "token usage": "token_usage",
-    "accept len": "accept_len", "accept rate": "accept_rate", "cuda graph": "cuda_graph",
-    "cpu graph": "cuda_graph", "npu graph": "cuda_graph",
-    "gen throughput (token/s)": "gen_throughput", "#queue-req": "queue_req",
-}
-PREFILL_NAMES = {
-    "#new-seq": "new_seq", "#new-token": "new_token", "#cached-token": "cached_token",
-    "token usage": "token_usage", "#running-req": "running_req", "#queue-req": "queue_req",
-    "input throughput (token/s)": "input_throughput",
-}
 VLLM_NAMES = {
     "Mean acceptance length": "mean_accept_len", "Accepted throughput": "accepted_tok_s",
     "Drafted throughput": "drafted_tok_s", "Accepted": "accepted", "Drafted": "drafted",
@@ -49,19 +36,28 @@ VLLM_NAMES = {
 
 def _prefix(line: str, end: int) -> tuple[str | None, str | None]:
     """Timestamp and rank of the logger prefix before position ``end``."""
+    if line.startswith("[") and line[5:6] == "-" and line[14:15] == ":":
+        close = line.find("]", 1, end)
+        if close > 0:
+            inner = line[1:close]
+            cut = inner.find(" ", 11)
+            if cut < 0:
+                return inner, None
+            return inner[:cut], inner[cut + 1:] or None
     m = _PREFIX.search(line, 0, end)
     if m is None:
         return None, None
-    rank = m.group(2).strip() or None
-    return m.group(1), rank
+    return m.group(1), m.group(2).strip() or None
 
 
 def _number(text: str) -> int | float | None:
-    try:
+    if text.isdigit():
         return int(text)
+    try:
+        return float(text)
     except ValueError:
         try:
-            return float(text)
+            return int(text)  # "-3"
         except ValueError:
             return None
 
@@ -80,82 +76,123 @@ def _field_key(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
+def _int(v: str) -> int:
+    return int(v) if v.isdigit() else int(float(v))
+
+
+def _bool(v: str) -> bool:
+    if v == "True":
+        return True
+    if v == "False":
+        return False
+    raise ValueError(v)
+
+
+_PROFILE_CONV = {**{k: float for k in ("draft_ms", "verify_ms", "extend_ms", "accept_len", "cycle_ms", "other_ms",
+                                       "eff_tok_s", "p50_verify_ms", "p90_verify_ms", "max_verify_ms")},
+                 **{k: _int for k in ("v", "cycles", "bs", "steps", "topk", "draft_tokens")}, "sync": str}
+
+
+def _pairs(rest: str) -> dict[str, str]:
+    """``k=v k=v`` -> dict, with C-level splitting; tokens without '=' are ignored."""
+    flat = rest.replace("=", " ").split()
+    if len(flat) == 2 * rest.count("="):
+        return dict(zip(flat[::2], flat[1::2]))
+    out = {}
+    for tok in rest.split():
+        k, eq, v = tok.partition("=")
+        if eq:
+            out[k] = v
+    return out
+
+
 def _profile(line: str, at: int) -> Event:
     ts, rank = _prefix(line, at)
-    kv: dict = {}
+    kv = _pairs(line[at + 15:])
+    fields: dict = {}
     extra: dict = {}
-    for tok in line[at + len(PROFILE_MARKER):].split():
-        k, eq, v = tok.partition("=")
-        if not eq or not _KEY.match(k):
+    for k, v in kv.items():
+        conv = _PROFILE_CONV.get(k)
+        if conv is None:
+            if _KEY.match(k):
+                n = _number(v)
+                extra[k] = v if n is None else n
             continue
-        if k == "sync":
-            kv[k] = v
-            continue
-        n = _number(v)
-        if k in PROFILE_FIELDS:
-            if n is None:
-                if k in PROFILE_REQUIRED:
-                    return Malformed("EAGLE3_PROFILE", f"{k}={v!r} is not a number", line[:500], ts, rank)
-                continue
-            kv[k] = int(n) if k in PROFILE_INTS and n == int(n) else (n if k not in PROFILE_INTS else None)
-        else:
-            extra[k] = v if n is None else n
-    missing = [k for k in PROFILE_REQUIRED if k not in kv]
-    if missing:
+        try:
+            fields[k] = conv(v)
+        except ValueError:
+            if k in PROFILE_REQUIRED:
+                return Malformed("EAGLE3_PROFILE", f"{k}={v!r} is not a number", line[:500], ts, rank)
+    if "cycle_ms" not in fields:
+        missing = [k for k in PROFILE_REQUIRED if k not in fields]
+        if missing:
+            return Malformed("EAGLE3_PROFILE", "missing " + ", ".join(missing), line[:500], ts, rank)
+        fields["cycle_ms"] = (fields["draft_ms"] + fields["verify_ms"] + fields["extend_ms"]
+                              + (fields.get("other_ms") or 0.0))
+    elif len(fields) < 5 or any(k not in fields for k in PROFILE_REQUIRED):
+        missing = [k for k in PROFILE_REQUIRED if k not in fields]
         return Malformed("EAGLE3_PROFILE", "missing " + ", ".join(missing), line[:500], ts, rank)
-    if "cycle_ms" not in kv:
-        kv["cycle_ms"] = kv["draft_ms"] + kv["verify_ms"] + kv["extend_ms"] + (kv.get("other_ms") or 0.0)
-    kv = {k: v for k, v in kv.items() if v is not None}
-    for k in ("draft_ms", "verify_ms", "extend_ms", "accept_len", "cycle_ms"):
-        kv[k] = float(kv[k])
-    return ProfileWindow(**kv, extra=extra, ts=ts, rank=rank)
+    return ProfileWindow(**fields, extra=extra, ts=ts, rank=rank)
 
 
-def _fields(body: str, names: dict[str, str]) -> tuple[dict, dict]:
+def _fields(body: str, spec: dict) -> tuple[dict, dict]:
+    """``name: value, name: value`` -> (known fields converted, extra fields keyed by name)."""
+    body = body.rstrip().rstrip(",")
+    flat = body.replace(": ", ", ").split(", ")
+    if len(flat) % 2 == 0 and body.count(": ") * 2 == len(flat):
+        items = zip(flat[::2], flat[1::2])
+    else:
+        items = []
+        for part in body.split(", "):
+            name, sep, v = part.rpartition(": ")
+            if sep:
+                items.append((name, v))
     known: dict = {}
     extra: dict = {}
-    for part in body.split(", "):
-        name, sep, v = part.rpartition(": ")
-        if not sep:
-            continue
+    for name, v in items:
         name = name.strip()
-        v = v.strip().rstrip(",")
-        key = names.get(name)
-        if key is None:
-            extra[_field_key(name)] = _value(v)
-        else:
-            known[key] = _value(v)
+        s = spec.get(name)
+        if s is not None:
+            try:
+                known[s[0]] = s[1](v.strip())
+                continue
+            except ValueError:
+                pass
+        extra[_field_key(name)] = _value(v.strip())
     return known, extra
+
+
+_DECODE_SPEC = {"#running-req": ("running_req", _int), "#token": ("token", _int),
+                "token usage": ("token_usage", float), "accept len": ("accept_len", float),
+                "accept rate": ("accept_rate", float), "cuda graph": ("cuda_graph", _bool),
+                "cpu graph": ("cuda_graph", _bool), "npu graph": ("cuda_graph", _bool),
+                "gen throughput (token/s)": ("gen_throughput", float), "#queue-req": ("queue_req", _int)}
+_PREFILL_SPEC = {"#new-seq": ("new_seq", _int), "#new-token": ("new_token", _int),
+                 "#cached-token": ("cached_token", _int), "token usage": ("token_usage", float),
+                 "#running-req": ("running_req", _int), "#queue-req": ("queue_req", _int),
+                 "input throughput (token/s)": ("input_throughput", float)}
 
 
 def _decode(line: str, at: int) -> Event:
     ts, rank = _prefix(line, at)
-    rest = line[at + 12:]  # after "Decode batch"
+    rest = line[at + 12:]
     iteration = None
     if rest.startswith(" ["):
         close = rest.find("]")
-        iteration = _number(rest[2:close]) if close > 0 else None
-        rest = rest[close + 1:] if close > 0 else rest
-    known, extra = _fields(rest.lstrip(".,").strip(), DECODE_NAMES)
+        if close > 0:
+            n = _number(rest[2:close])
+            iteration = n if isinstance(n, int) else None
+            rest = rest[close + 1:]
+    known, extra = _fields(rest.lstrip(".,").strip(), _DECODE_SPEC)
     gen = known.pop("gen_throughput", None)
-    if not isinstance(gen, (int, float)) or isinstance(gen, bool):
+    if gen is None:
         return Malformed("Decode batch", "missing gen throughput", line[:500], ts, rank)
-    for k, v in list(known.items()):
-        if k == "cuda_graph":
-            if not isinstance(v, bool):
-                known[k] = None
-        elif not isinstance(v, (int, float)) or isinstance(v, bool):
-            extra[k] = known.pop(k)
-    return DecodeStats(gen_throughput=float(gen), iteration=iteration if isinstance(iteration, int) else None,
-                       extra=extra, ts=ts, rank=rank, **known)
+    return DecodeStats(gen, iteration=iteration, extra=extra, ts=ts, rank=rank, **known)
 
 
 def _prefill(line: str, at: int) -> Event:
     ts, rank = _prefix(line, at)
-    known, extra = _fields(line[at + 13:].lstrip(".,").strip(), PREFILL_NAMES)
-    for k, v in list(known.items()):
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
-            extra[k] = known.pop(k)
+    known, extra = _fields(line[at + 13:].lstrip(".,").strip(), _PREFILL_SPEC)
     return PrefillStats(extra=extra, ts=ts, rank=rank, **known)
 
 
