@@ -522,6 +522,61 @@ def cmd_ab(ns) -> int:
     return 0 if result["verdict"]["verdict"] != "not comparable" else 1
 
 
+# ---- TUI ----------------------------------------------------------------------------------------
+
+
+def _run_tui(session, **kw) -> int:
+    from .tui.app import TuituneApp
+    app = TuituneApp(session, **kw)
+    app.run()
+    return 0
+
+
+@command("demo", "the TUI against the built-in simulator (presets/demo.yaml), load on")
+def _demo_args(p: argparse.ArgumentParser) -> None:
+    p.set_defaults(run=cmd_demo)
+
+
+def cmd_demo(ns) -> int:
+    from . import preset as P
+    from .session import Session
+    path = P.shipped_dir() / "demo.yaml"
+    preset = _load_preset(str(path))
+    return _run_tui(Session(preset), autostart="launch-if-stopped", load_on_start=True, preset_path=path)
+
+
+def cmd_tui(ns) -> int:
+    from . import preset as P
+    from .session import Session
+    if ns.preset is None:
+        build_parser().print_help()
+        return 0
+    try:
+        path = P.find(ns.preset)
+    except P.PresetError as e:
+        raise CliError(str(e), 2) from None
+    preset = _load_preset(str(path))
+    return _run_tui(Session(preset), autostart="attach", preset_path=path)
+
+
+@command("replay", "the TUI, fed from a capture (space pauses, ←/→ seek, --speed)")
+def _replay_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("capture")
+    p.add_argument("--speed", type=float, default=1.0, help="playback speed (default 1; 10 = ten times faster)")
+    p.set_defaults(run=cmd_replay)
+
+
+def cmd_replay(ns) -> int:
+    from .capture import CaptureError, Replay, read_capture
+    if ns.speed <= 0:
+        raise CliError(f"--speed must be positive (got {ns.speed})", 2)
+    try:
+        cap = read_capture(ns.capture)
+    except CaptureError as e:
+        raise CliError(str(e), 2) from None
+    return _run_tui(Replay(cap, ns.speed))
+
+
 # ---- entry ---------------------------------------------------------------------------------------
 
 MAIN_USAGE = """tuitune [PRESET]                 interactive TUI for the preset's server
@@ -569,8 +624,54 @@ def main(argv: list[str] | None = None) -> int:
 def build_main_parser() -> argparse.ArgumentParser:
     p = build_parser()
     p.add_argument("preset", nargs="?", help=argparse.SUPPRESS)
-    p.set_defaults(run=lambda ns: build_parser().print_help() or 0)
+    g = p.add_argument_group("headless capture (--record)")
+    g.add_argument("--record", metavar="OUT", help="capture the live event stream to OUT (.jsonl or .jsonl.gz)")
+    stop = g.add_mutually_exclusive_group()
+    stop.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    stop.add_argument("--cycles", type=int, metavar="N", help="stop after N profiled cycles")
+    g.add_argument("--relaunch", action="store_true", help="relaunch the server first")
+    g.add_argument("--load", type=int, nargs="?", const=1, metavar="C",
+                   help="keep C concurrent request streams running (default 1)")
+    g.add_argument("--bench", type=int, metavar="N", help="run a benchmark of N requests at the start")
+    g.add_argument("--raw", action="store_true", help="keep the raw log lines too")
+    p.set_defaults(run=cmd_main)
     return p
+
+
+def cmd_main(ns) -> int:
+    if ns.record:
+        return cmd_record(ns)
+    for flag in ("duration", "cycles", "load", "bench"):
+        if getattr(ns, flag) is not None:
+            raise CliError(f"--{flag} only applies with --record OUT", 2)
+    if ns.relaunch or ns.raw:
+        raise CliError("--relaunch and --raw only apply with --record OUT", 2)
+    return cmd_tui(ns)
+
+
+def cmd_record(ns) -> int:
+    from .capture import CaptureError
+    from .record import RecordError, record
+    if ns.preset is None:
+        raise CliError("--record needs a PRESET", 2)
+    for flag in ("duration", "cycles", "load", "bench"):
+        v = getattr(ns, flag)
+        if v is not None and v <= 0:
+            raise CliError(f"--{flag} must be positive (got {v})", 2)
+    p = _load_preset(ns.preset)
+    ControlError, TransportError = _errors()
+    try:
+        stats = _run_async(record(p, ns.record, duration=ns.duration, cycles=ns.cycles, relaunch=ns.relaunch,
+                                  load=ns.load, bench=ns.bench, raw=ns.raw, progress=sys.stderr.isatty()))
+    except (RecordError, CaptureError, TransportError) as e:
+        raise CliError(str(e), 1) from None
+    except ControlError as e:
+        for line in e.log_tail:
+            print(f"  | {line}", file=sys.stderr)
+        raise CliError(str(e), e.code) from None
+    if sys.stderr.isatty():
+        print(f"{ns.record}: {stats['events']} events, {stats['bytes']} bytes, {stats['seconds']:.1f} s", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

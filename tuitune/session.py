@@ -37,6 +37,8 @@ class LoadState:
 
 
 class Session:
+    live = True
+
     def __init__(self, preset: P.Preset, transport: Transport | None = None,
                  state_dir: str | None = None, ready_timeout_s: float = 900.0):
         self.preset = preset

@@ -1,0 +1,100 @@
+"""Headless capture: the live event stream of a preset's server, written to a capture file.
+
+Same session pipeline as the TUI (so a replay shows what the TUI would have shown), no Textual.
+Stops after ``duration`` seconds, after ``cycles`` profiled cycles, or on Ctrl-C / SIGTERM, and
+always finishes the file cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+
+from . import preset as P
+from .bench import fetch_server_info
+from .capture import CaptureWriter, redacted_preset
+from .events import Event, LogLine, Marker, ProfileWindow
+from .session import Session
+
+
+class RecordError(Exception):
+    pass
+
+
+async def record(preset: P.Preset, out: str, *, duration: float | None = None, cycles: int | None = None,
+                 relaunch: bool = False, load: int | None = None, bench: int | None = None, raw: bool = False,
+                 progress: bool = False, session: Session | None = None) -> dict:
+    session = session or Session(preset)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    counted = {"cycles": 0}
+    writer: CaptureWriter | None = None
+    t0 = time.monotonic()
+    try:
+        status = await session.connect()
+        if not relaunch and not status.running:
+            raise RecordError(f"{preset.name}: server not running on {session.transport.label}; "
+                              f"pass --relaunch to start it")
+        info = await _server_info(session) if status.running else {}
+        meta = {"preset": redacted_preset(P.to_dict(preset)), "preset_hash": preset.hash(),
+                "target": preset.target.label(), "server_version": info.get("version"),
+                "raw": raw}
+        writer = CaptureWriter(out, meta)
+
+        def sink(events: list[Event]) -> None:
+            kept = events if raw else [e for e in events if not isinstance(e, LogLine)]
+            if kept:
+                writer.write(kept)
+            for e in events:
+                if isinstance(e, ProfileWindow):
+                    counted["cycles"] += e.cycles
+            if cycles is not None and counted["cycles"] >= cycles:
+                stop.set()
+
+        session.subscribe(sink)
+        writer.write([session.state])
+        if relaunch:
+            await session.relaunch()
+            version = (await _server_info(session)).get("version")
+            if version:
+                writer.write([Marker(f"server version {version}", preset.name, preset.hash())])
+        if load:
+            await session.set_load(True, load)
+        if bench:
+            await session.bench(requests=bench)
+        while not stop.is_set():
+            if duration is not None and time.monotonic() - t0 >= duration:
+                break
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.5)
+            if progress and writer is not None:
+                el = time.monotonic() - t0
+                sys.stderr.write(f"\rrecording {out}: {writer.events} events, {writer.events / max(el, 1e-9):.0f}/s, "
+                                 f"{el:.0f}s elapsed, {counted['cycles']} cycles   ")
+                sys.stderr.flush()
+    finally:
+        if writer is not None:
+            writer.close()
+        if progress:
+            sys.stderr.write("\n")
+        with contextlib.suppress(Exception):
+            await session.close(stop_server=False)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+    return {"events": writer.events if writer else 0, "bytes": writer.bytes if writer else 0,
+            "seconds": time.monotonic() - t0, "cycles": counted["cycles"]}
+
+
+async def _server_info(session: Session) -> dict:
+    import aiohttp
+    if session.url is None:
+        return {}
+    async with aiohttp.ClientSession() as http:
+        return await fetch_server_info(http, session.url)

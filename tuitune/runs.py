@@ -1,0 +1,131 @@
+"""The runs table's model: benchmark runs, the baseline, its staleness, deltas with significance.
+
+Inside the TUI a run is one benchmark against one launch, so its delta against the baseline is a
+request-level comparison (a quick check); `tuitune ab`, with launches as the unit, is the
+rigorous one. The baseline goes stale when the environment it was measured under differs from
+what runs now (the seeds' failure: NCCL variables lost after a restart) or when it is old.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from . import preset as P
+from . import stats
+
+
+@dataclass
+class Run:
+    id: int
+    label: str
+    preset: P.Preset
+    values: list[float]  # per-request decode tok/s
+    summary: dict
+    cycle_ms: float | None = None  # mean cycle time of the profile windows seen during the run
+    started: float = field(default_factory=time.time)
+
+    @property
+    def median(self) -> float:
+        tok = self.summary.get("tok_s") or {}
+        return tok.get("median", math.nan)
+
+    @property
+    def ci(self) -> tuple[float, float]:
+        tok = self.summary.get("tok_s") or {}
+        lo, hi = tok.get("ci95", [math.nan, math.nan])
+        return lo, hi
+
+    @property
+    def accept_len(self) -> float | None:
+        return (self.summary.get("accept_len") or {}).get("mean")
+
+    @property
+    def failed(self) -> int:
+        return self.summary.get("failed", 0)
+
+
+class RunBook:
+    def __init__(self, max_age_s: float = 1800.0, min_effect: float = 0.01):
+        self.runs: list[Run] = []
+        self.baseline_id: int | None = None
+        self.max_age_s = max_age_s
+        self.min_effect = min_effect
+
+    def add(self, label: str, preset: P.Preset, values: list[float], summary: dict,
+            cycle_ms: float | None = None, started: float | None = None) -> Run:
+        run = Run(len(self.runs) + 1, label, preset, list(values), summary, cycle_ms,
+                  started if started is not None else time.time())
+        self.runs.append(run)
+        if self.baseline_id is None:
+            self.baseline_id = run.id  # the first run is the baseline until one is marked
+        return run
+
+    def get(self, run_id: int) -> Run | None:
+        return next((r for r in self.runs if r.id == run_id), None)
+
+    @property
+    def baseline(self) -> Run | None:
+        return self.get(self.baseline_id) if self.baseline_id is not None else None
+
+    def mark_baseline(self, run_id: int) -> None:
+        if self.get(run_id) is None:
+            raise KeyError(run_id)
+        self.baseline_id = run_id
+
+    def stale_reason(self, running: P.Preset | None, now: float | None = None) -> str | None:
+        """Why the baseline can no longer be trusted, or None."""
+        base = self.baseline
+        if base is None:
+            return None
+        now = time.time() if now is None else now
+        if running is not None and running.env != base.preset.env:
+            changed = sorted(set(running.env.items()) ^ set(base.preset.env.items()))
+            names = sorted({k for k, _ in changed})
+            return f"environment changed since it was measured ({', '.join(names)})"
+        age = now - base.started
+        if age > self.max_age_s:
+            return f"measured {age / 60:.0f} min ago (older than {self.max_age_s / 60:.0f} min)"
+        return None
+
+    def config_summary(self, run: Run) -> str:
+        """What differs from the baseline's configuration, compactly."""
+        base = self.baseline
+        if base is None or base.id == run.id:
+            return "baseline" if base is not None and base.id == run.id else run.label
+        changes = [c for c in P.diff(base.preset, run.preset, include_bench=False) if c[0] != "server.log"]
+        parts = []
+        env_on = [k.split(".", 1)[1] for k, a, b in changes if k.startswith("env.") and a is None]
+        env_off = [k.split(".", 1)[1] for k, a, b in changes if k.startswith("env.") and b is None]
+        for names, verb in ((env_on, "set"), (env_off, "unset")):
+            if len(names) > 2:  # a whole group of variables: say so instead of listing them
+                parts.append(f"{len(names)} env vars {verb}")
+        for key, a, b in changes:
+            short = key.split(".")[-1]
+            if key.startswith("env.") and ((a is None and len(env_on) > 2) or (b is None and len(env_off) > 2)):
+                continue
+            if key == "speculative.num_draft_tokens" and any(k == "speculative.num_steps" for k, _, _ in changes):
+                continue  # follows from the steps
+            parts.append(f"{short} {'unset' if a is None else a}→{'unset' if b is None else b}")
+        return ", ".join(parts) if parts else "same config"
+
+    def delta(self, run: Run) -> dict | None:
+        """Ratio to the baseline with a significance verdict (None for the baseline itself)."""
+        base = self.baseline
+        if base is None or base.id == run.id:
+            return None
+        if base.failed or run.failed:
+            return {"verdict": "not comparable", "ratio": math.nan}
+        return stats.compare(base.values, run.values, self.min_effect)
+
+
+def delta_mark(delta: dict | None) -> str:
+    """A short text for the table: +5.9% ▲ (significant), +0.4% ≈ (not)."""
+    if delta is None:
+        return "—"
+    if delta["verdict"] == "not comparable":
+        return "n/c"
+    pct = (delta["ratio"] - 1) * 100
+    mark = {"faster": "▲", "slower": "▼"}.get(delta["verdict"], "≈")
+    return f"{pct:+.1f}% {mark}"

@@ -1,0 +1,509 @@
+"""The tuitune app: wires a session (live or replayed) to the panels. No domain logic here.
+
+Events from the session are buffered and the screen is refreshed from a 10 Hz timer, never once
+per log line. Connecting, relaunching, benchmarking run in workers; the UI never blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.command import Hit, Hits, Provider
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Footer, Input, TabbedContent, TabPane
+from textual.worker import Worker, WorkerState
+
+from .. import preset as P
+from ..control import ControlError
+from ..events import BenchSummary, Event, LogLine, ProfileWindow, ServerState
+from ..runs import RunBook, delta_mark
+from ..transport import TransportError
+from .chart import ChartPanel
+from .config import ConfigPanel
+from .cycle import CyclePanel
+from .header import StatusHeader
+from .logpane import LogPane
+from .runs import RunsTable
+from .screens import OpenScreen, QuitScreen, RelaunchScreen, SaveScreen
+
+REFRESH_S = 0.1
+
+
+@dataclass
+class UserConfig:
+    keymap: dict[str, str] = field(default_factory=dict)
+    baseline_max_age_min: float = 30.0
+    errors: list[str] = field(default_factory=list)
+
+
+def config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "tuitune" / "config.yaml"
+
+
+def load_user_config(path: Path | None = None) -> UserConfig:
+    """``keymap: {binding id: keys}`` and ``baseline_max_age_min``; problems become one notice each."""
+    path = path or config_path()
+    cfg = UserConfig()
+    if not path.exists():
+        return cfg
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        cfg.errors.append(f"{path}: cannot read it ({str(e).splitlines()[0]}); using defaults")
+        return cfg
+    if not isinstance(data, dict):
+        cfg.errors.append(f"{path}: expected a mapping; using defaults")
+        return cfg
+    km = data.get("keymap", {})
+    if isinstance(km, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in km.items()):
+        cfg.keymap = km
+    elif km:
+        cfg.errors.append(f"{path}: keymap must map binding ids to keys, e.g. tuitune.relaunch: ctrl+r")
+    age = data.get("baseline_max_age_min", cfg.baseline_max_age_min)
+    if isinstance(age, (int, float)) and age > 0:
+        cfg.baseline_max_age_min = float(age)
+    else:
+        cfg.errors.append(f"{path}: baseline_max_age_min must be a positive number of minutes")
+    unknown = set(data) - {"keymap", "baseline_max_age_min"}
+    if unknown:
+        cfg.errors.append(f"{path}: unknown key(s) {', '.join(sorted(unknown))}")
+    return cfg
+
+
+class TuituneCommands(Provider):
+    """Command palette entries for the rarer actions."""
+
+    COMMANDS = (("Stop the server", "stop_server"), ("Clear the runs table", "clear_runs"),
+                ("Switch chart (tok/s per run / phase times)", "chart"),
+                ("Show the log", "show_log"), ("Show the chart", "show_chart"),
+                ("Load: one more stream", "load_more"), ("Load: one stream fewer", "load_less"),
+                ("NCCL confirmation (what NCCL said it applied)", "nccl_report"),
+                ("Reload the preset from its file (discard edits)", "revert"),
+                ("Follow the log again", "follow_log"))
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for title, action in self.COMMANDS:
+            score = matcher.match(title)
+            if score > 0:
+                yield Hit(score, matcher.highlight(title), lambda a=action: self.app.run_action(a), help=title)
+
+
+class TuituneApp(App):
+    CSS = """
+    Screen { layout: vertical; }
+    #main { height: 1fr; }
+    #left { width: 1fr; }
+    TabbedContent { height: 1fr; }
+    TabPane { padding: 0; }
+    """
+    TITLE = "tuitune"
+    COMMANDS = App.COMMANDS | {TuituneCommands}
+    BINDINGS = [
+        Binding("r", "relaunch", "relaunch", id="tuitune.relaunch"),
+        Binding("b", "bench", "bench", id="tuitune.bench"),
+        Binding("m", "mark_baseline", "baseline", id="tuitune.mark_baseline"),
+        Binding("l", "toggle_load", "load", id="tuitune.load"),
+        Binding("plus", "load_more", "load +", show=False, id="tuitune.load_more"),
+        Binding("minus", "load_less", "load −", show=False, id="tuitune.load_less"),
+        Binding("s", "save", "save", id="tuitune.save"),
+        Binding("o", "open", "open", id="tuitune.open"),
+        Binding("c", "chart", "chart", id="tuitune.chart"),
+        Binding("g", "toggle_tab", "log/chart", id="tuitune.tab"),
+        Binding("slash", "focus_filter", "filter", id="tuitune.filter"),
+        Binding("e", "edit", "edit config", id="tuitune.edit"),
+        Binding("end", "follow_log", "follow", show=False, id="tuitune.follow"),
+        Binding("space", "pause", "pause", show=False, id="tuitune.pause"),
+        Binding("right", "seek(10)", "+10s", show=False, id="tuitune.seek_fwd"),
+        Binding("left", "seek(-10)", "−10s", show=False, id="tuitune.seek_back"),
+        Binding("question_mark", "help", "help", id="tuitune.help"),
+        Binding("q", "quit_app", "quit", id="tuitune.quit"),
+        Binding("escape", "leave_input", show=False, id="tuitune.escape"),
+    ]
+    LIVE_ONLY = {"relaunch", "bench", "toggle_load", "load_more", "load_less", "stop_server"}
+    REPLAY_ONLY = {"pause", "seek"}
+
+    def __init__(self, session, *, autostart: str | None = None, load_on_start: bool = False,
+                 user_config: UserConfig | None = None, preset_path: Path | None = None,
+                 clock=time.time):
+        super().__init__()
+        self.session = session
+        self.live = getattr(session, "live", True)
+        self.autostart = autostart  # "launch": (re)launch at start; "attach": attach, offer to launch
+        self.load_on_start = load_on_start
+        self.user_config = user_config or load_user_config()
+        self.preset_path = preset_path
+        self.clock = clock
+        self.loaded: P.Preset | None = session.preset  # as in the file
+        self.draft: P.Preset | None = session.preset  # with the operator's edits
+        self.draft_errors: dict[str, str] = {}
+        self.book = RunBook(max_age_s=self.user_config.baseline_max_age_min * 60)
+        self.pending: list[Event] = []
+        self.relaunch_screen: RelaunchScreen | None = None
+        self.relaunch_worker: Worker | None = None
+        self.bench_running = False
+        self._dirty_cycle = True
+        self._dirty_runs = True
+        self._last_chart = 0.0
+        self.messages: list[str] = []  # notifications shown, for tests and the log
+        session.subscribe(self.pending.extend)
+
+    # ---- layout ---------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield StatusHeader(id="header")
+        with Horizontal(id="main"):
+            with Vertical(id="left"):
+                yield CyclePanel(id="cycle")
+                yield RunsTable(id="runs")
+                with TabbedContent(id="tabs"):
+                    with TabPane("log", id="tab-log"):
+                        yield LogPane(id="logpane")
+                    with TabPane("chart", id="tab-chart"):
+                        yield ChartPanel(id="chart")
+            yield ConfigPanel(id="config")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        # the main screen's widgets (App.query_one would search whatever screen is on top)
+        self.header = self.query_one(StatusHeader)
+        self.cycle = self.query_one(CyclePanel)
+        self.runs_table = self.query_one(RunsTable)
+        self.logpane = self.query_one(LogPane)
+        self.chart = self.query_one(ChartPanel)
+        self.config = self.query_one(ConfigPanel)
+        self.tabs = self.query_one(TabbedContent)
+        if self.user_config.keymap:
+            self.set_keymap(self.user_config.keymap)
+        for err in self.user_config.errors:
+            self.say(err, "warning")
+        if self.draft is not None:
+            self.config.load(self.draft)
+        self.set_interval(REFRESH_S, self.refresh_views)
+        self.refresh_views()
+        self.start_session()
+
+    def say(self, message: str, severity: str = "information") -> None:
+        self.messages.append(message)
+        self.notify(message, severity=severity, timeout=6 if severity != "error" else 12)
+
+    def check_action(self, action: str, parameters) -> bool | None:
+        if not self.live and action in self.LIVE_ONLY:
+            return False
+        if self.live and action in self.REPLAY_ONLY:
+            return False
+        return True
+
+    # ---- session lifecycle ----------------------------------------------------------------
+    @work(exclusive=True, group="session")
+    async def start_session(self) -> None:
+        try:
+            status = await self.session.connect()
+        except (ControlError, TransportError) as e:
+            self.say(str(e), "error")
+            return
+        if not self.live:
+            return
+        running = bool(status and status.running)
+        if self.autostart == "launch" or (not running and self.autostart == "launch-if-stopped"):
+            self.action_relaunch()
+        elif not running:
+            self.say(f"{self.session.preset.name}: server not running — press r to launch it", "warning")
+        elif status.drift:
+            self.say(f"running server differs from the preset in {len(status.drift)} setting(s): "
+                     + "; ".join(str(d) for d in status.drift[:3]), "warning")
+        if self.load_on_start:
+            await self.session.set_load(True)
+
+    # ---- periodic refresh -----------------------------------------------------------------
+    def refresh_views(self) -> None:
+        events, self.pending[:] = list(self.pending), []
+        lines = [ev.text for ev in events if isinstance(ev, LogLine)]
+        if lines:
+            self.logpane.add(lines)
+            if self.relaunch_screen is not None and not self.relaunch_screen.finished:
+                self.relaunch_screen.add_lines(lines)
+        for ev in events:
+            if isinstance(ev, (ProfileWindow,)) or ev.kind == "decode":
+                self._dirty_cycle = True
+            elif isinstance(ev, ServerState) and self.relaunch_screen is not None \
+                    and not self.relaunch_screen.finished and ev.state == "starting":
+                self.relaunch_screen.set_phase(ev)
+        s = self.session
+        rec = getattr(s, "record", None)
+        self.header.show(
+            getattr(s, "label", None) or s.transport.label, self.draft.name if self.draft else "?",
+            self.modified, s.state, s.link, getattr(s, "load", None) if self.live else None,
+            rec.started if rec else None, self.clock())
+        if self._dirty_cycle:
+            self._dirty_cycle = False
+            self.cycle.refresh_from(s.store, bool(self.draft and self.draft.is_speculative))
+        if self._dirty_runs:
+            self._dirty_runs = False
+            self.runs_table.show(self.book, self.stale_reason())
+        now = time.monotonic()
+        if now - self._last_chart > 1.0 and self.tabs.active == "tab-chart":
+            self._last_chart = now
+            self.chart.draw(s.store, self.book)
+
+    def stale_reason(self) -> str | None:
+        return self.book.stale_reason(self.session.running_preset, self.clock())
+
+    @property
+    def modified(self) -> bool:
+        return bool(self.loaded and self.draft and P.diff(self.loaded, self.draft))
+
+    # ---- config edits ---------------------------------------------------------------------
+    def on_config_panel_edited(self, message: ConfigPanel.Edited) -> None:
+        panel = self.config
+        self.draft_errors = dict(message.errors)
+        if not message.errors:
+            try:
+                self.draft = P.with_changes(panel.base, message.changes)
+            except P.PresetError as e:
+                self.draft_errors["preset"] = str(e)
+        running = self.session.running_preset
+        lines = []
+        if running is not None and self.draft is not None:
+            lines = [f"{k}: {'(unset)' if a is None else a} → {'(unset)' if b is None else b}"
+                     for k, a, b in P.diff(running, self.draft, include_bench=False)]
+        panel.show_diff(lines)
+
+    # ---- actions --------------------------------------------------------------------------
+    def action_relaunch(self) -> None:
+        if self.draft_errors:
+            self.say("fix the configuration first: " + next(iter(self.draft_errors.values())), "error")
+            return
+        if self.relaunch_worker is not None and self.relaunch_worker.state == WorkerState.RUNNING:
+            self.say("a relaunch is already in progress", "warning")
+            return
+        self.relaunch_screen = RelaunchScreen(self.draft.name, P.launch_command(self.draft))
+        self.push_screen(self.relaunch_screen)
+        self.relaunch_worker = self.run_relaunch(self.draft)
+
+    @work(group="relaunch")
+    async def run_relaunch(self, preset: P.Preset) -> None:
+        screen = self.relaunch_screen
+        try:
+            await self.session.relaunch(preset)
+        except ControlError as e:
+            screen.done(False, str(e), e.log_tail)
+            self.say(str(e), "error")
+            return
+        except TransportError as e:
+            screen.done(False, str(e))
+            self.say(str(e), "error")
+            return
+        except asyncio.CancelledError:
+            self.say("relaunch cancelled; the half-started server was stopped", "warning")
+            if screen and not screen.finished:
+                screen.done(False, "cancelled")
+            raise
+        screen.done(True)
+        self.config.load(preset)
+        self.draft = preset
+        self._dirty_runs = True
+        self.say(f"{preset.name} ready")
+
+    def cancel_relaunch(self) -> None:
+        if self.relaunch_worker is not None:
+            self.relaunch_worker.cancel()
+
+    def action_bench(self) -> None:
+        if self.bench_running:
+            self.say("a benchmark is already running", "warning")
+            return
+        if self.session.state.state != "ready":
+            self.say("the server is not ready: relaunch (r) first", "warning")
+            return
+        self.run_bench()
+
+    @work(group="bench")
+    async def run_bench(self) -> None:
+        self.bench_running = True
+        preset = self.session.running_preset or self.session.preset
+        cycles: list[float] = []
+
+        def watch(events):
+            cycles.extend(ev.cycle_ms for ev in events if isinstance(ev, ProfileWindow))
+
+        self.session.subscribe(watch)
+        n = preset.bench.requests
+        self.say(f"benchmark: {n} requests of {preset.bench.max_tokens} tokens…")
+        try:
+            run = await self.session.bench(label=preset.name)
+        except (ControlError, TransportError) as e:
+            self.say(str(e), "error")
+            return
+        finally:
+            self.session.subscribers.remove(watch)
+            self.bench_running = False
+        finite = [c for c in cycles if math.isfinite(c)]
+        r = self.book.add(preset.name, preset, run.tok_s(), run.summary(),
+                          sum(finite) / len(finite) if finite else None, started=self.clock())
+        self._dirty_runs = True
+        mark = delta_mark(self.book.delta(r))
+        self.say(f"run #{r.id}: {r.median:.1f} tok/s" + ("" if mark == "—" else f", {mark} vs baseline")
+                 + (f", {r.failed} failed" if r.failed else ""),
+                 "error" if r.failed else "information")
+
+    def action_mark_baseline(self) -> None:
+        table = self.runs_table
+        if not self.book.runs:
+            self.say("no runs yet: press b to benchmark", "warning")
+            return
+        row = table.cursor_row if table.cursor_row is not None else len(self.book.runs) - 1
+        run = self.book.runs[max(0, min(row, len(self.book.runs) - 1))]
+        self.book.mark_baseline(run.id)
+        self._dirty_runs = True
+        self.say(f"run #{run.id} is the baseline")
+
+    async def action_toggle_load(self) -> None:
+        await self.session.set_load(not self.session.load.on)
+
+    async def action_load_more(self) -> None:
+        await self.session.set_load(True, self.session.load.concurrency + 1)
+
+    async def action_load_less(self) -> None:
+        await self.session.set_load(self.session.load.on, max(1, self.session.load.concurrency - 1))
+
+    def action_save(self) -> None:
+        if self.draft_errors:
+            self.say("fix the configuration first: " + next(iter(self.draft_errors.values())), "error")
+            return
+        default = str(self.preset_path) if self.preset_path and self.preset_path.parent != P.shipped_dir() \
+            else self.draft.name
+
+        def done(target: str | None) -> None:
+            if not target:
+                return
+            path = Path(target).expanduser()
+            if path.suffix not in (".yaml", ".yml"):
+                path = P.user_dir() / f"{target}.yaml"
+            try:
+                name = path.stem if path.stem != self.draft.name else self.draft.name
+                saved = P.save(P.with_changes(self.draft, {"name": name}), path)
+            except (OSError, P.PresetError) as e:
+                self.say(f"{path}: cannot save ({e})", "error")
+                return
+            self.loaded = P.load(saved)
+            self.draft = self.loaded
+            self.preset_path = saved
+            self.config.load(self.draft)
+            self.say(f"saved {saved}")
+
+        self.push_screen(SaveScreen(default), done)
+
+    def action_open(self) -> None:
+        def done(path: Path | None) -> None:
+            if path is None:
+                return
+            try:
+                p = P.load(path)
+            except P.PresetError as e:
+                self.say(str(e), "error")
+                return
+            if (p.target.label(), p.server.port) != (self.loaded.target.label(), self.loaded.server.port):
+                self.say(f"{p.name} runs on {p.target.label()}:{p.server.port}, not on this session's "
+                         f"target; start tuitune with it instead", "error")
+                return
+            self.loaded = self.draft = p
+            self.preset_path = path
+            self.config.load(p)
+            self.say(f"loaded {p.name}: press r to launch it")
+
+        self.push_screen(OpenScreen(self.draft), done)
+
+    def action_revert(self) -> None:
+        self.draft = self.loaded
+        self.config.load(self.loaded)
+
+    def action_chart(self) -> None:
+        chart = self.chart
+        tabs = self.tabs
+        if tabs.active == "tab-chart":
+            chart.toggle()
+        tabs.active = "tab-chart"
+        self._last_chart = 0.0
+
+    def action_toggle_tab(self) -> None:
+        tabs = self.tabs
+        tabs.active = "tab-log" if tabs.active == "tab-chart" else "tab-chart"
+        self._last_chart = 0.0
+
+    def action_show_log(self) -> None:
+        self.tabs.active = "tab-log"
+
+    def action_show_chart(self) -> None:
+        self.tabs.active = "tab-chart"
+        self._last_chart = 0.0
+
+    def action_focus_filter(self) -> None:
+        self.tabs.active = "tab-log"
+        self.logpane.query_one("#log-filter", Input).focus()
+
+    def action_edit(self) -> None:
+        self.config.query_one("#spec-algorithm").focus()
+
+    def action_leave_input(self) -> None:
+        self.set_focus(None)
+
+    def action_follow_log(self) -> None:
+        self.logpane.follow()
+
+    def action_clear_runs(self) -> None:
+        self.book = RunBook(max_age_s=self.book.max_age_s)
+        self._dirty_runs = True
+
+    def action_nccl_report(self) -> None:
+        rows = self.session.nccl_report() if self.live else []
+        if not rows:
+            self.say("no NCCL confirmation: set NCCL_DEBUG=INFO in the config and relaunch")
+            return
+        self.say("; ".join(f"{k}: {state}" for k, state, _ in rows))
+
+    async def action_stop_server(self) -> None:
+        try:
+            self.say(await self.session.stop_server())
+        except (ControlError, TransportError) as e:
+            self.say(str(e), "error")
+
+    def action_pause(self) -> None:
+        self.session.set_paused(not self.session.paused)
+
+    def action_seek(self, seconds: int) -> None:
+        self.session.seek(self.session.now + seconds)
+        self._dirty_cycle = True
+
+    def action_help(self) -> None:
+        if self.screen.query("HelpPanel"):
+            self.action_hide_help_panel()
+        else:
+            self.action_show_help_panel()
+
+    def action_quit_app(self) -> None:
+        if not self.live:
+            self.run_worker(self._close_session(False), group="quit")
+            return
+
+        def done(choice: str | None) -> None:
+            if choice in ("leave", "stop"):
+                self.run_worker(self._close_session(choice == "stop"), group="quit")
+
+        self.push_screen(QuitScreen(), done)
+
+    async def _close_session(self, stop_server: bool) -> None:
+        try:
+            await self.session.close(stop_server=stop_server)
+        except (ControlError, TransportError) as e:
+            self.messages.append(str(e))
+        self.exit()

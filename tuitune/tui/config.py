@@ -1,0 +1,239 @@
+"""Config panel: speculative settings, key server flags, every NCCL variable of the catalogue.
+
+The panel only collects values and shows inline errors; the rules live in the core
+(``nccl.check``, ``speculative.resolve``, ``preset.with_changes``). It posts ``Edited`` with the
+dotted-path changes against the preset it was loaded with.
+"""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.widgets import Checkbox, Input, Label, Select, Static
+
+from .. import nccl, speculative
+from ..preset import Preset
+
+ALGORITHMS = [("none (baseline)", "none")] + [(a, a) for a in speculative.ALGORITHMS]
+SERVER_FLAGS = (("num-continuous-decode-steps", "cont. decode steps", "int"),
+                ("mem-fraction-static", "mem fraction static", "float"))
+
+
+def _wid(name: str) -> str:
+    return name.replace("_", "-").lower()
+
+
+class ConfigPanel(VerticalScroll):
+    DEFAULT_CSS = """
+    ConfigPanel { border: round $primary; padding: 0 1; width: 50; }
+    ConfigPanel .section { text-style: bold; color: $accent; margin-top: 1; }
+    ConfigPanel .row { height: 1; margin-bottom: 0; }
+    ConfigPanel .row Label { width: 22; }
+    ConfigPanel Input { width: 1fr; height: 1; border: none; padding: 0 1; }
+    ConfigPanel Select { width: 1fr; height: 1; }
+    ConfigPanel Select > SelectCurrent { border: none; height: 1; padding: 0 1; }
+    ConfigPanel Select > SelectOverlay { max-height: 10; }
+    ConfigPanel .nccl { height: auto; }
+    ConfigPanel Checkbox { border: none; padding: 0; height: 1; }
+    ConfigPanel .nccl Checkbox { width: 22; }
+    ConfigPanel .help { color: $text-muted; height: auto; }
+    ConfigPanel .error { color: $error; height: auto; }
+    ConfigPanel .error.-empty { display: none; }
+    ConfigPanel .derived { color: $text-muted; height: auto; }
+    ConfigPanel #diff { color: $warning; height: auto; }
+    """
+
+    class Edited(Message):
+        def __init__(self, changes: dict, errors: dict[str, str]):
+            super().__init__()
+            self.changes = changes
+            self.errors = errors
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.base: Preset | None = None
+        self.errors: dict[str, str] = {}
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="diff")
+        yield Static("speculative", classes="section")
+        with Horizontal(classes="row"):
+            yield Label("algorithm")
+            yield Select(ALGORITHMS, allow_blank=False, value="none", id="spec-algorithm")
+        for key, label in (("num_steps", "steps"), ("eagle_topk", "topk"), ("num_draft_tokens", "draft tokens")):
+            with Horizontal(classes="row"):
+                yield Label(label)
+                yield Input(id=f"spec-{_wid(key)}", type="integer")
+        yield Static("", id="spec-derived", classes="derived")
+        yield Static("", id="spec-error", classes="error -empty")
+        yield Static("server", classes="section")
+        for flag, label, kind in SERVER_FLAGS:
+            with Horizontal(classes="row"):
+                yield Label(label)
+                yield Input(id=f"flag-{flag}", type="integer" if kind == "int" else "number")
+        yield Checkbox("disable custom all-reduce", id="flag-disable-custom-all-reduce")
+        yield Static("", id="flag-error", classes="error -empty")
+        yield Static("NCCL (checked = set)", classes="section")
+        for var in nccl.CATALOGUE.values():
+            w = _wid(var.name)
+            with Vertical(classes="nccl"):
+                with Horizontal(classes="row"):
+                    yield Checkbox(var.name.removeprefix("NCCL_"), id=f"set-{w}")
+                    if var.kind in ("bool", "enum", "level"):
+                        yield Select([(c, c) for c in var.choices], allow_blank=True, id=f"val-{w}")
+                    else:
+                        yield Input(placeholder=f"default: {var.default}", id=f"val-{w}")
+                yield Static(var.help + (f" (deprecated: {var.deprecated_by})" if var.deprecated_by else ""),
+                             classes="help")
+                yield Static("", id=f"err-{w}", classes="error -empty")
+
+    def on_mount(self) -> None:
+        self.border_title = "config"
+
+    # ---- load ---------------------------------------------------------------------------
+    def load(self, preset: Preset) -> None:
+        """Show ``preset``; edits are reported relative to it."""
+        self.base = preset
+        with self.prevent(Input.Changed, Select.Changed, Checkbox.Changed):
+            sp = preset.speculative if preset.is_speculative else None
+            self.query_one("#spec-algorithm", Select).value = sp.algorithm if sp else "none"
+            for key in ("num_steps", "eagle_topk", "num_draft_tokens"):
+                v = getattr(sp, key) if sp else None
+                self.query_one(f"#spec-{_wid(key)}", Input).value = "" if v is None else str(v)
+            args = preset.server.args
+            for flag, _, _ in SERVER_FLAGS:
+                v = args.get(flag)
+                self.query_one(f"#flag-{flag}", Input).value = "" if v is None else str(v)
+            self.query_one("#flag-disable-custom-all-reduce", Checkbox).value = bool(
+                args.get("disable-custom-all-reduce", False))
+            for var in nccl.CATALOGUE.values():
+                w = _wid(var.name)
+                value = preset.env.get(var.name)
+                self.query_one(f"#set-{w}", Checkbox).value = value is not None
+                widget = self.query_one(f"#val-{w}")
+                if isinstance(widget, Select):
+                    if value in var.choices:
+                        widget.value = value
+                    else:
+                        widget.clear()
+                else:
+                    widget.value = value or ""
+                self._error(f"#err-{w}", "")
+        self.errors = {}
+        self._error("#spec-error", "")
+        self._error("#flag-error", "")
+        self._show_derived()
+
+    # ---- collect ------------------------------------------------------------------------
+    def _int(self, wid: str) -> int | None:
+        text = self.query_one(wid, Input).value.strip()
+        return int(text) if text.lstrip("-").isdigit() else None
+
+    def collect(self) -> tuple[dict, dict[str, str]]:
+        """(changes against the base preset, errors by field) from the widgets."""
+        assert self.base is not None
+        base = self.base
+        changes: dict = {}
+        errors: dict[str, str] = {}
+        algo = self.query_one("#spec-algorithm", Select).value
+        steps, topk, draft = (self._int(f"#spec-{_wid(k)}") for k in ("num_steps", "eagle_topk", "num_draft_tokens"))
+        sp = base.speculative if base.is_speculative else None
+        if algo == "none":
+            if sp is not None:
+                changes["speculative"] = None
+        else:
+            draft_path = sp.draft_model_path if sp else None
+            try:
+                speculative.resolve(algo, steps, topk, draft, draft_path)
+                want = {"algorithm": algo, "num_steps": steps, "eagle_topk": topk, "num_draft_tokens": draft}
+                have = {k: getattr(sp, k) if sp else None for k in want}
+                for k, v in want.items():
+                    if v != have[k]:
+                        changes[f"speculative.{k}"] = v
+            except ValueError as e:
+                errors["speculative"] = str(e)
+        for flag, _, kind in SERVER_FLAGS:
+            text = self.query_one(f"#flag-{flag}", Input).value.strip()
+            value = None
+            if text:
+                try:
+                    value = int(text) if kind == "int" else float(text)
+                except ValueError:
+                    errors[flag] = f"{flag}: {text!r} is not a number"
+                    continue
+            if value != base.server.args.get(flag):
+                changes[f"server.args.{flag}"] = value
+        dcar = self.query_one("#flag-disable-custom-all-reduce", Checkbox).value
+        if dcar != bool(base.server.args.get("disable-custom-all-reduce", False)):
+            changes["server.args.disable-custom-all-reduce"] = True if dcar else None
+        for var in nccl.CATALOGUE.values():
+            w = _wid(var.name)
+            on = self.query_one(f"#set-{w}", Checkbox).value
+            widget = self.query_one(f"#val-{w}")
+            if isinstance(widget, Select):
+                value = "" if widget.is_blank() else str(widget.value)
+            else:
+                value = widget.value.strip()
+            if on:
+                if not value:
+                    errors[var.name] = "choose a value, or uncheck to leave it unset"
+                    continue
+                errs, _ = nccl.check(var.name, str(value))
+                if errs:
+                    errors[var.name] = errs[0]
+                    continue
+                if base.env.get(var.name) != str(value):
+                    changes[f"env.{var.name}"] = str(value)
+            elif var.name in base.env:
+                changes[f"env.{var.name}"] = None
+        return changes, errors
+
+    def _show_derived(self) -> None:
+        topk = self._int("#spec-eagle-topk")
+        steps = self._int("#spec-num-steps")
+        algo = self.query_one("#spec-algorithm", Select).value
+        note = ""
+        if algo != "none" and topk == 1 and steps:
+            note = f"draft tokens = steps + 1 = {steps + 1} (derived: topk is 1)"
+        self.query_one("#spec-derived", Static).update(note)
+
+    def _error(self, wid: str, text: str) -> None:
+        w = self.query_one(wid, Static)
+        w.update(text)
+        w.set_class(not text, "-empty")
+
+    def _report(self) -> None:
+        if self.base is None:
+            return
+        changes, errors = self.collect()
+        self.errors = errors
+        self._error("#spec-error", errors.get("speculative", ""))
+        self._error("#flag-error", " ".join(v for k, v in errors.items() if k in {f for f, _, _ in SERVER_FLAGS}))
+        for var in nccl.CATALOGUE.values():
+            self._error(f"#err-{_wid(var.name)}", errors.get(var.name, ""))
+        self._show_derived()
+        self.post_message(self.Edited(changes, errors))
+
+    def show_diff(self, lines: list[str]) -> None:
+        self.query_one("#diff", Static).update(
+            ("differs from the running server:\n" + "\n".join(lines)) if lines else "")
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        self._report()
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        event.stop()
+        self._report()
+
+    def on_checkbox_changed(self, event: Checkbox.Changed) -> None:
+        event.stop()
+        w = (event.checkbox.id or "").removeprefix("set-")
+        if event.checkbox.value and event.checkbox.id and event.checkbox.id.startswith("set-"):
+            widget = self.query_one(f"#val-{w}")
+            var = next(v for v in nccl.CATALOGUE.values() if _wid(v.name) == w)
+            if isinstance(widget, Select) and widget.is_blank() and var.choices:
+                with self.prevent(Select.Changed):
+                    widget.value = var.choices[-1] if var.kind == "level" else var.choices[0]
+        self._report()

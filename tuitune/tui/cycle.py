@@ -1,0 +1,99 @@
+"""Cycle panel: draft / verify / extend bars for the current window, and fixed-range sparklines."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Static
+
+from ..metrics import MetricsStore
+
+BAR_WIDTH = 36
+BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], lo: float, hi: float, width: int) -> str:
+    """One character per value (the last ``width``), scaled to the fixed range [lo, hi]."""
+    span = hi - lo if hi > lo else 1.0
+    out = []
+    for v in values[-width:]:
+        frac = min(1.0, max(0.0, (v - lo) / span))
+        out.append(BLOCKS[min(len(BLOCKS) - 1, int(frac * len(BLOCKS)))])
+    return "".join(out)
+SPARKS = (("accept_len", "accept len", "{:.2f}"), ("tok_s", "tok/s", "{:.1f}"), ("verify_ms", "verify ms", "{:.2f}"))
+
+
+def phase_bars(draft: float, verify: float, extend: float, cycle: float, width: int = BAR_WIDTH) -> Text:
+    t = Text()
+    for name, value, style in (("draft", draft, "cyan"), ("verify", verify, "magenta"), ("extend", extend, "yellow")):
+        share = value / cycle if cycle > 0 else 0.0
+        cells = share * width
+        full = int(cells)
+        bar = "█" * full + (" ▏▎▍▌▋▊▉"[int((cells - full) * 8)] if full < width else "")
+        t.append(f"{name:<7}", style="bold")
+        t.append(f"{bar:<{width + 1}}", style=style)
+        t.append(f"{value:8.2f} ms {share:6.1%}\n")
+    return t
+
+
+class CyclePanel(Vertical):
+    DEFAULT_CSS = """
+    CyclePanel { height: auto; border: round $primary; padding: 0 1; }
+    CyclePanel #bars { height: auto; }
+    CyclePanel .spark-row { height: 1; }
+    CyclePanel .spark-label { width: 12; }
+    CyclePanel .spark { width: 1fr; color: $accent; }
+    CyclePanel .spark-range { width: 26; text-align: right; color: $text-muted; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static("waiting for the first profile window…", id="bars")
+        for key, label, _ in SPARKS:
+            with Horizontal(classes="spark-row"):
+                yield Static(label, classes="spark-label")
+                yield Static("", id=f"spark-{key}", classes="spark")
+                yield Static("", id=f"range-{key}", classes="spark-range")
+
+    def on_mount(self) -> None:
+        self.border_title = "cycle"
+
+    def refresh_from(self, store: MetricsStore, speculative: bool) -> None:
+        bars = self.query_one("#bars", Static)
+        p = store.last_profile
+        d = store.last_decode
+        if p is not None:
+            text = phase_bars(p.draft_ms, p.verify_ms, p.extend_ms, p.cycle_ms)
+            text.append(f"cycle {p.cycle_ms:.2f} ms   ", style="bold")
+            text.append(f"accept len {p.accept_len:.2f}   ", style="bold")
+            text.append(f"{p.tok_s:.1f} tok/s", style="bold green")
+            extra = [f"{p.cycles} cycles"] + ([f"bs {p.bs}"] if p.bs else []) + \
+                ([f"steps {p.steps} topk {p.topk}"] if p.steps is not None else [])
+            text.append(f"   ({', '.join(extra)})", style="dim")
+            bars.update(text)
+            self.border_title = "cycle (EAGLE3_PROFILE)"
+        elif d is not None:
+            t = Text()
+            t.append(f"decode {d.gen_throughput:.1f} tok/s", style="bold green")
+            if d.accept_len is not None:
+                t.append(f"   accept len {d.accept_len:.2f}")
+                if d.accept_rate is not None:
+                    t.append(f"   accept rate {d.accept_rate:.2f}")
+                t.append("\nno EAGLE3_PROFILE lines: set `profile: true` in the preset (the probe) for "
+                         "draft / verify / extend times", style="dim")
+            else:
+                t.append("\nbaseline server (no speculation): decode throughput only", style="dim")
+            bars.update(t)
+            self.border_title = "cycle (SGLang decode lines)"
+        for key, _, fmt in SPARKS:
+            series = store[key] if p is not None or key not in ("accept_len", "tok_s") else \
+                store["decode_accept_len" if key == "accept_len" else "gen_throughput"]
+            values = series.values()
+            spark = self.query_one(f"#spark-{key}", Static)
+            lo, hi = series.display_range()
+            spark.update(sparkline(values, lo, hi, max(8, spark.size.width or 60)))
+            rng = self.query_one(f"#range-{key}", Static)
+            if values:
+                rng.update(f"{fmt.format(values[-1])}  [{fmt.format(lo)} … {fmt.format(hi)}]")
+            else:
+                rng.update("—")

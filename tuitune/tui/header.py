@@ -1,0 +1,54 @@
+"""Status line: target, preset (modified?), server state, link state, load."""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+from textual.widgets import Static
+
+STATE_STYLE = {"ready": "bold green", "starting": "bold yellow", "stopping": "yellow", "failed": "bold red",
+               "stopped": "dim", "replay": "bold cyan"}
+
+
+def _dur(s: float) -> str:
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+class StatusHeader(Static):
+    DEFAULT_CSS = "StatusHeader { height: 1; background: $boost; padding: 0 1; }"
+
+    def show(self, target: str, preset: str, modified: bool, state, link, load, started: float | None,
+             now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        t = Text()
+        t.append("tuitune ", style="bold")
+        t.append(f"{target} ", style="cyan")
+        t.append("│ ")
+        t.append(preset, style="bold")
+        if modified:
+            t.append(" (modified)", style="bold magenta")
+        t.append(" │ ")
+        st = state.state
+        t.append(st, style=STATE_STYLE.get(st, ""))
+        if st == "starting" and state.phase:
+            t.append(f": {state.phase}")
+            if state.elapsed_s is not None:
+                t.append(f" {state.elapsed_s:.1f}s")
+        elif st == "ready" and state.pid:
+            t.append(f" · pid {state.pid}")
+            if started:
+                t.append(f" · up {_dur(now - started)}")
+        elif st == "failed" and (state.phase or state.detail):
+            t.append(f": {state.phase or ''}", style="red")
+        elif st == "replay" and state.phase == "end":
+            t.append(" (end)")
+        t.append(" │ link ")
+        ls = link.state
+        t.append(f"{ls}" + (f" ({link.attempt})" if ls == "reconnecting" else ""),
+                 style="green" if ls in ("connected", "replay") else ("yellow" if ls == "reconnecting" else "red"))
+        if load is not None:
+            t.append(" │ load ")
+            t.append(f"on ×{load.concurrency}" if load.on else "off", style="green" if load.on else "dim")
+        self.update(t)

@@ -1,0 +1,42 @@
+"""Runs table: one row per benchmark, Δ against the baseline with a significance mark."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from ..runs import RunBook, delta_mark
+
+COLUMNS = ("#", "tok/s", "95% CI", "Δ vs base", "accept", "cycle ms", "failed", "config (vs baseline)")
+
+
+class RunsTable(DataTable):
+    DEFAULT_CSS = "RunsTable { height: auto; max-height: 12; border: round $primary; }"
+
+    def on_mount(self) -> None:
+        self.cursor_type = "row"
+        self.zebra_stripes = True
+        self.add_columns(*COLUMNS)
+        self.border_title = "runs (b bench, m mark baseline)"
+
+    def show(self, book: RunBook, stale: str | None) -> None:
+        keep = self.cursor_row
+        self.clear()
+        for run in book.runs:
+            base = run.id == book.baseline_id
+            lo, hi = run.ci
+            mark = delta_mark(book.delta(run))
+            style = "green" if "▲" in mark else ("red" if "▼" in mark else "")
+            summary = book.config_summary(run)
+            self.add_row(
+                Text(f"{run.id}{' ★' if base else ''}", style="bold" if base else ""),
+                f"{run.median:.1f}", f"{lo:.1f}–{hi:.1f}", Text(mark, style=style),
+                f"{run.accept_len:.2f}" if run.accept_len else "—",
+                f"{run.cycle_ms:.2f}" if run.cycle_ms else "—",
+                str(run.failed) if run.failed else "",
+                Text(summary if len(summary) <= 48 else summary[:47] + "…"),
+                key=str(run.id))
+        if book.runs:
+            self.move_cursor(row=min(max(keep, 0), len(book.runs) - 1))
+        self.border_subtitle = f"baseline STALE: {stale}" if stale else ""
+        self.styles.border_subtitle_color = "red" if stale else None

@@ -1,0 +1,95 @@
+"""Deterministic scenes of the TUI, from a committed capture: `make screenshots` and the snapshot
+tests both build them here. ``python -m tuitune.tui.screenshots DIR`` writes one SVG per scene."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+from pathlib import Path
+
+from .. import preset as P
+from ..capture import Replay, read_capture
+from ..events import ServerState
+from .app import TuituneApp, UserConfig
+from .screens import RelaunchScreen
+
+CAPTURE = Path(__file__).resolve().parent.parent.parent / "tests" / "data" / "demo-capture.jsonl"
+SIZE = (140, 44)
+SCENES = ("main", "relaunch", "runs", "config", "failure")
+CLOCK = 1795971100.0  # fixed wall clock: no ticking ages in the pictures
+
+
+def scene_app(capture: Path = CAPTURE) -> TuituneApp:
+    replay = Replay(read_capture(capture), play=False)
+    app = TuituneApp(replay, user_config=UserConfig(), clock=lambda: CLOCK)
+    replay.publish_until(replay.duration)
+    return app
+
+
+def _runs(app: TuituneApp) -> None:
+    """Three benchmark runs drawn around the capture's own profile throughput (seeded)."""
+    base = app.session.preset
+    rate = app.session.store["tok_s"].summary().median
+    rng = random.Random(7)
+    untuned = P.with_changes(base, {f"env.{k}": None for k in base.env if k.startswith("NCCL_")})
+    five = P.with_changes(base, {"speculative.num_steps": 5})
+    for preset, scale in ((base, 1.0), (untuned, 0.76), (five, 0.93)):
+        values = [rate * scale * rng.gauss(1.0, 0.01) for _ in range(10)]
+        from ..stats import bootstrap_median_ci
+        from ..metrics import summarize
+        s = summarize(values)
+        summary = {"tok_s": {**s.as_dict(), "ci95": list(bootstrap_median_ci(values))}, "failed": 0,
+                   "requests": 10, "accept_len": {"mean": 1.9 if preset is not five else 2.0}}
+        app.book.add(preset.name, preset, values, summary, cycle_ms=20.1 / scale, started=CLOCK - 60)
+    app._dirty_runs = True
+
+
+async def prepare(app: TuituneApp, pilot, scene: str) -> None:
+    await pilot.pause()
+    app.set_focus(None)
+    if scene == "relaunch":
+        screen = RelaunchScreen(app.draft.name, P.launch_command(app.draft))
+        app.relaunch_screen = screen
+        await app.push_screen(screen)
+        screen.set_phase(ServerState("starting", "capturing graphs", elapsed_s=2.4))
+        screen.add_lines([ln for ln in app.logpane.lines if "Capture" in ln or "Load" in ln][:12])
+    elif scene == "runs":
+        _runs(app)
+        app.book.mark_baseline(2)
+    elif scene == "config":
+        panel = app.config
+        panel.query_one("#spec-num-steps").value = "5"
+        panel.query_one("#val-nccl-proto").value = "LLL"
+        await pilot.pause()
+        app.set_focus(None)
+    elif scene == "failure":
+        screen = RelaunchScreen(app.draft.name, P.launch_command(app.draft))
+        app.relaunch_screen = screen
+        await app.push_screen(screen)
+        screen.done(False, "server exited during start (out of memory): CUDA out of memory. Tried to "
+                           "allocate 3.50 GiB. GPU 0 has a total capacity of 94.97 GiB of which 1.12 GiB is free.",
+                    ["[2026-11-29 16:02:01 TP0] Load weight begin. avail mem=93.62 GB",
+                     "[2026-11-29 16:02:02 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+                     '  File "/usr/lib/python3/dist-packages/sglang/srt/managers/scheduler.py", line 2870',
+                     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB."])
+    app.refresh_views()
+    await pilot.pause()
+
+
+async def save_all(out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for scene in SCENES:
+        app = scene_app()
+        async with app.run_test(size=SIZE) as pilot:
+            await prepare(app, pilot, scene)
+            path = out / f"{scene}.svg"
+            app.save_screenshot(str(path))
+            paths.append(path)
+    return paths
+
+
+if __name__ == "__main__":
+    for p in asyncio.run(save_all(Path(sys.argv[1] if len(sys.argv) > 1 else "screenshots"))):
+        print(p)
