@@ -154,6 +154,7 @@ class TuituneApp(App):
         self.bench_running = False
         self._dirty_cycle = True
         self._dirty_runs = True
+        self._last_stale: str | None = None
         self._last_chart = 0.0
         self.messages: list[str] = []  # notifications shown, for tests and the log
         session.subscribe(self.pending.extend)
@@ -247,9 +248,11 @@ class TuituneApp(App):
         if self._dirty_cycle:
             self._dirty_cycle = False
             self.cycle.refresh_from(s.store, bool(self.draft and self.draft.is_speculative))
-        if self._dirty_runs:
+        stale = self.stale_reason()
+        if self._dirty_runs or stale != self._last_stale:
             self._dirty_runs = False
-            self.runs_table.show(self.book, self.stale_reason())
+            self._last_stale = stale
+            self.runs_table.show(self.book, stale)
         now = time.monotonic()
         if now - self._last_chart > 1.0 and self.tabs.active == "tab-chart":
             self._last_chart = now

@@ -1,0 +1,232 @@
+"""The TUI: Pilot tests against the live simulator, SVG snapshots of deterministic scenes, replay."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from conftest import group_alive, make_preset
+from tuitune import preset as P
+from tuitune.capture import Replay, read_capture
+from tuitune.session import Session
+from tuitune.tui.app import TuituneApp, UserConfig, load_user_config
+from tuitune.tui.screens import RelaunchScreen
+from tuitune.tui.screenshots import CAPTURE, SCENES, SIZE, prepare, scene_app
+
+SIZE_LIVE = (140, 44)
+
+
+async def until(pilot, cond, timeout: float = 20.0, what: str = "condition"):
+    for _ in range(int(timeout / 0.05)):
+        if cond():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def live_app(tmp_path, **preset_kw) -> tuple[TuituneApp, Session]:
+    p = make_preset(tmp_path, "tui", **preset_kw)
+    session = Session(p, state_dir=str(tmp_path / "state"))
+    return TuituneApp(session, autostart="launch", user_config=UserConfig()), session
+
+
+async def wait_ready(app, pilot, session):
+    await until(pilot, lambda: session.state.state == "ready" and not isinstance(app.screen, RelaunchScreen),
+                30, "server ready")
+
+
+async def test_edit_steps_relaunch_and_new_numbers(tmp_path):
+    app, s = live_app(tmp_path)
+    async with app.run_test(size=SIZE_LIVE) as pilot:
+        await wait_ready(app, pilot, s)
+        await s.set_load(True)
+        await until(pilot, lambda: s.store.last_profile is not None and s.store.last_profile.steps == 2,
+                    15, "profile windows with 2 steps")
+        first_pid = s.state.pid
+        app.config.query_one("#spec-num-steps").value = "4"
+        await pilot.pause()
+        assert app.draft.speculative.num_steps == 4 and app.modified
+        assert "speculative.num_steps: 2 → 4" in str(app.config.query_one("#diff").render())
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, RelaunchScreen), 5, "the relaunch view")
+        await wait_ready(app, pilot, s)
+        assert s.state.pid != first_pid and s.running_preset.speculative.num_steps == 4
+        await until(pilot, lambda: s.store.last_profile is not None and s.store.last_profile.steps == 4,
+                    15, "profile windows with 4 steps")
+        assert s.load.on  # the load survives a relaunch
+        assert "steps 4" in str(app.cycle.query_one("#bars").render())
+        await s.close(stop_server=True)
+
+
+async def test_invalid_nccl_value_rejected_inline(tmp_path):
+    app, s = live_app(tmp_path)
+    app.autostart = None
+    async with app.run_test(size=SIZE_LIVE) as pilot:
+        await pilot.pause()
+        app.config.query_one("#set-nccl-proto").value = True
+        app.config.query_one("#val-nccl-proto").value = "LLL"
+        await pilot.pause()
+        err = str(app.config.query_one("#err-nccl-proto").render())
+        assert "'LLL' is not one of LL, LL128, Simple" in err
+        assert "NCCL_PROTO" in app.draft_errors and "NCCL_PROTO" not in app.draft.env
+        await pilot.press("r")
+        await pilot.pause()
+        assert not isinstance(app.screen, RelaunchScreen) and s.state.state == "stopped"
+        assert any("fix the configuration first" in m for m in app.messages)
+        app.config.query_one("#val-nccl-proto").value = "LL128"
+        await pilot.pause()
+        assert not app.draft_errors and app.draft.env["NCCL_PROTO"] == "LL128"
+        await s.close()
+
+
+async def test_bench_rows_verdict_and_baseline_staleness(tmp_path):
+    app, s = live_app(tmp_path, requests=6, max_tokens=80)
+    now = [1000.0]
+    app.clock = lambda: now[0]
+    async with app.run_test(size=SIZE_LIVE) as pilot:
+        await wait_ready(app, pilot, s)
+        await pilot.press("b")
+        await until(pilot, lambda: len(app.book.runs) == 1 and not app.bench_running, 30, "first run")
+        await pilot.press("b")
+        await until(pilot, lambda: len(app.book.runs) == 2 and not app.bench_running, 30, "second run")
+        await pilot.pause(0.2)
+        table = app.runs_table
+        assert table.row_count == 2
+        delta = str(table.get_row_at(1)[3])
+        assert "%" in delta and delta[-1] in "▲▼≈"
+        assert app.book.baseline_id == 1 and app.stale_reason() is None
+        # mark the second run as the baseline
+        table.move_cursor(row=1)
+        await pilot.press("m")
+        assert app.book.baseline_id == 2
+        # age: older than the configured limit
+        now[0] += app.book.max_age_s + 60
+        await pilot.pause(0.2)
+        assert "min ago" in app.stale_reason()
+        assert "STALE" in str(table.border_subtitle)
+        now[0] -= app.book.max_age_s + 60
+        # environment: relaunch with an NCCL variable changed
+        app.config.query_one("#set-nccl-buffsize").value = True
+        app.config.query_one("#val-nccl-buffsize").value = "8388608"
+        await pilot.pause()
+        await pilot.press("r")
+        await wait_ready(app, pilot, s)
+        assert "NCCL_BUFFSIZE" in app.stale_reason()
+        await s.close(stop_server=True)
+
+
+async def test_save_and_reopen_preset(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    app, s = live_app(tmp_path)
+    app.autostart = None
+    async with app.run_test(size=SIZE_LIVE) as pilot:
+        await pilot.pause()
+        app.config.query_one("#spec-num-steps").value = "5"
+        await pilot.pause()
+        await pilot.press("s")
+        await pilot.pause()
+        inp = app.screen.query_one("#save-path")
+        inp.value = "my-five-steps"
+        await pilot.press("enter")
+        await pilot.pause()
+        saved = tmp_path / "cfg" / "tuitune" / "presets" / "my-five-steps.yaml"
+        assert saved.exists() and P.load(saved).speculative.num_steps == 5
+        assert P.load(saved).name == "my-five-steps" and not app.modified
+        # change it again, then reopen the saved file: the diff preview and the values come back
+        app.config.query_one("#spec-num-steps").value = "3"
+        await pilot.pause()
+        await pilot.press("o")
+        await pilot.pause()
+        options = app.screen.query_one("#presets")
+        idx = next(i for i, e in enumerate(app.screen.entries) if e[1] == saved)
+        options.highlighted = idx
+        await pilot.pause()
+        assert "num_steps: 3 → 5" in str(app.screen.query_one("#preview").render())
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.draft.speculative.num_steps == 5
+        assert app.config.query_one("#spec-num-steps").value == "5"
+        await s.close()
+
+
+async def test_server_crash_during_start_shows_cause(tmp_path):
+    app, s = live_app(tmp_path, args={"mem-fraction-static": 0.97})
+    async with app.run_test(size=SIZE_LIVE) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, RelaunchScreen) and app.screen.failed, 30,
+                    "the relaunch to fail")
+        text = str(app.screen.query_one("#error").render())
+        assert "out of memory" in text and "CUDA out of memory" in text
+        assert "OutOfMemoryError" in str(app.screen.query_one("#lines").render())
+        assert s.state.state == "failed"
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, RelaunchScreen)
+        assert app.draft.server.args["mem-fraction-static"] == 0.97  # the config stays loaded
+        await s.close()
+
+
+async def test_quit_leaves_the_server_running_by_default(tmp_path):
+    app, s = live_app(tmp_path)
+    async with app.run_test(size=SIZE_LIVE) as pilot:
+        await wait_ready(app, pilot, s)
+        pid = s.state.pid
+        await pilot.press("q")
+        await pilot.pause()
+        await pilot.press("enter")
+        await until(pilot, lambda: not app.is_running, 10, "the app to exit")
+    assert group_alive(pid)
+    from tuitune.control import ServerControl
+    from tuitune.transport import LocalTransport
+    await ServerControl(LocalTransport(), s.preset, s.control.state_dir).stop()
+
+
+async def test_keymap_log_filter_and_load_keys(tmp_path, monkeypatch):
+    cfg = tmp_path / "cfg" / "tuitune"
+    cfg.mkdir(parents=True)
+    (cfg / "config.yaml").write_text("keymap:\n  tuitune.load: x\nbaseline_max_age_min: 5\n")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    uc = load_user_config()
+    assert uc.keymap == {"tuitune.load": "x"} and uc.baseline_max_age_min == 5 and not uc.errors
+    p = make_preset(tmp_path, "keys")
+    s = Session(p, state_dir=str(tmp_path / "state"))
+    app = TuituneApp(s, autostart="launch", user_config=uc)
+    async with app.run_test(size=SIZE_LIVE) as pilot:
+        await wait_ready(app, pilot, s)
+        await pilot.press("x")
+        await until(pilot, lambda: s.load.on, 5, "load on")
+        await pilot.press("plus")
+        await until(pilot, lambda: s.load.concurrency == 2, 5, "two streams")
+        await until(pilot, lambda: any("EAGLE3_PROFILE" in ln for ln in app.logpane.lines), 10, "profile lines")
+        app.logpane.set_filter("Decode batch")
+        log = app.logpane.query_one("#log")
+        assert log.line_count > 0 and all("Decode batch" in ln for ln in log.lines)
+        assert app.book.max_age_s == 300
+        await s.close(stop_server=True)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("keymap: [1, 2]\nsurprise: 1\n")
+    errs = load_user_config(bad).errors
+    assert any("keymap must map" in e for e in errs) and any("surprise" in e for e in errs)
+
+
+async def test_replay_drives_the_tui_to_the_same_numbers_as_live():
+    cap = read_capture(CAPTURE)
+    replay = Replay(cap, speed=50.0)
+    app = TuituneApp(replay, user_config=UserConfig())
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: replay.position == len(cap.records), 20, "the replay to finish")
+        await pilot.pause(0.2)
+        last = [r.event for r in cap.records if r.event.kind == "profile"][-1]
+        assert replay.store.last_profile == last
+        bars = str(app.cycle.query_one("#bars").render())
+        assert f"{last.verify_ms:.2f} ms" in bars and f"accept len {last.accept_len:.2f}" in bars
+        assert app.logpane.lines and replay.state.state == "replay"
+        await pilot.press("r")  # no relaunch in a replay
+        assert not isinstance(app.screen, RelaunchScreen)
+
+
+@pytest.mark.parametrize("scene", SCENES)
+def test_snapshots(scene, snap_compare):
+    app = scene_app()
+    assert snap_compare(app, terminal_size=SIZE, run_before=lambda pilot: prepare(app, pilot, scene))
