@@ -368,16 +368,20 @@ class TuituneApp(App):
         run = self.book.runs[max(0, min(row, len(self.book.runs) - 1))]
         self.book.mark_baseline(run.id)
         self._dirty_runs = True
+        self.refresh_views()
         self.say(f"run #{run.id} is the baseline")
 
     async def action_toggle_load(self) -> None:
         await self.session.set_load(not self.session.load.on)
+        self.refresh_views()  # show the effect of a key now, not at the next tick
 
     async def action_load_more(self) -> None:
         await self.session.set_load(True, self.session.load.concurrency + 1)
+        self.refresh_views()
 
     async def action_load_less(self) -> None:
         await self.session.set_load(self.session.load.on, max(1, self.session.load.concurrency - 1))
+        self.refresh_views()
 
     def action_save(self) -> None:
         if self.draft_errors:
