@@ -41,6 +41,7 @@ class RequestResult:
     completion_tokens: int | None = None
     spec_verify_ct: int | None = None
     itl_ms_median: float | None = None
+    server_e2e_s: float | None = None  # the server's own e2e_latency, when it reports one
     chunks: int = 0
     client_cpu_s: float = 0.0
 
@@ -232,6 +233,7 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
             meta = (final or {}).get("meta_info") or {}
             res.completion_tokens = meta.get("completion_tokens", last_tokens or None)
             res.spec_verify_ct = meta.get("spec_verify_ct")
+            res.server_e2e_s = meta.get("e2e_latency")
             if final is None:
                 res.error = "stream ended before the last chunk (connection dropped?)"
                 return res

@@ -173,14 +173,15 @@ def cycle_cost(cfg: SimConfig, bs: int = 1) -> CycleCost:
     other = SCHED_OVERHEAD / max(1, cfg.continuous_decode_steps)
     bs = max(1, bs)
     if not cfg.speculative:
-        step = (BASE_COMPUTE + BASE_COMM * comm + BASE_PER_SEQ * (bs - 1)) * cfg.launch_factor
-        return CycleCost(0.0, step, 0.0, other)
+        step = BASE_COMPUTE + BASE_COMM * comm + BASE_PER_SEQ * (bs - 1)
+        return CycleCost(0.0, step * cfg.launch_factor, 0.0, other * cfg.launch_factor)
     tokens = bs * cfg.draft_tokens
     verify = (VERIFY_FIXED_COMPUTE + VERIFY_FIXED_COMM * comm
-              + tokens * (VERIFY_TOKEN_COMPUTE + VERIFY_TOKEN_COMM * comm)) * cfg.launch_factor
+              + tokens * (VERIFY_TOKEN_COMPUTE + VERIFY_TOKEN_COMM * comm))
     draft = cfg.steps * (DRAFT_PER_STEP + DRAFT_TOPK_EXTRA * (cfg.topk - 1)) * (1 + 0.05 * (bs - 1))
     extend = EXTEND * (1 + 0.05 * (bs - 1))
-    return CycleCost(draft, verify, extend, other)
+    f = cfg.launch_factor
+    return CycleCost(draft * f, verify * f, extend * f, other * f)
 
 
 def position_acceptance(cfg: SimConfig) -> list[float]:

@@ -105,7 +105,7 @@ class Simulator:
             draft_tokens=ns.speculative_num_draft_tokens or 0,
             acceptance=acceptance,
             env_factor=model.nccl_factor(self.env),
-            launch_factor=model.jitter(random.Random(ns.sim_seed + 7), ns.sim_launch_sigma),
+            launch_factor=ns.sim_scale * model.jitter(random.Random(ns.sim_seed + 7), ns.sim_launch_sigma),
         )
         self.warnings = warnings
         self.profile = os.environ.get("EAGLE3_PROFILE", "") not in ("", "0")

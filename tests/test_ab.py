@@ -1,0 +1,60 @@
+"""`tuitune ab` on the simulator's twins of the seed presets reproduces the seeds' conclusions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import free_port
+from tuitune import preset as P
+from tuitune.ab import run_ab
+from tuitune.transport import LocalTransport
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def twin(name: str, tmp: Path, port: int) -> P.Preset:
+    """A shipped simulator twin, sped up 20x, its log and state under tmp."""
+    return P.with_changes(P.resolve(name), {
+        "server.log": str(tmp / f"{name}.log"), "server.port": port, "profile": False,
+        "server.args.sim-speedup": 20, "server.args.sim-load-seconds": 0.2,
+        "bench.requests": 4, "bench.warmup": 0, "bench.max_tokens": 300})
+
+
+def test_ab_cli_two_step_eagle3_beats_the_nccl_baseline(tmp_path):
+    port = free_port()
+    files = []
+    for name in ("sim-c2-baseline-nccl", "sim-c4-eagle3-2step-nccl"):
+        files.append(P.save(twin(name, tmp_path, port), tmp_path / f"{name}.yaml"))
+    out = tmp_path / "ab.json"
+    r = subprocess.run([sys.executable, "-m", "tuitune", "ab", str(files[0]), str(files[1]), "--rounds", "4",
+                        "--json", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                       env={**__import__("os").environ, "HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert "verdict: sim-c4-eagle3-2step-nccl is faster" in r.stdout, r.stdout
+    result = json.loads(out.read_text())
+    assert len(result["launches"]) == 8
+    assert [x["preset"] for x in result["launches"][:4]] == ["sim-c2-baseline-nccl", "sim-c4-eagle3-2step-nccl"] * 2
+    assert 1.02 < result["verdict"]["ratio"] < 1.10  # seeds: +5.9 %
+
+
+async def test_ab_untuned_baseline_is_far_slower(tmp_path):
+    port = free_port()
+    tuned, untuned = twin("sim-c2-baseline-nccl", tmp_path, port), twin("sim-c1-baseline-untuned", tmp_path, port)
+    result = await run_ab(LocalTransport(), tuned, untuned, 4, {})
+    v = result["verdict"]
+    assert v["verdict"] == "slower" and 0.65 < v["ratio"] < 0.78  # seeds: 62.9 / 88.8 = 0.71
+
+
+async def test_ab_with_failed_requests_is_not_comparable(tmp_path):
+    port = free_port()
+    a = twin("sim-c2-baseline-nccl", tmp_path, port)
+    # ready after ~0.3 s real, then the crash 1.5 s real (30 simulated s at 20x) into its life,
+    # in the middle of 40 requests of ~0.16 s each
+    b = P.with_changes(a, {"name": "b", "server.args.sim-fault": "crash-after=30", "bench.requests": 40})
+    result = await run_ab(LocalTransport(), a, b, 1, {})
+    assert result["launches"][1]["failed"] > 0
+    assert result["verdict"]["verdict"] == "not comparable"
+    assert "failed requests" in result["verdict"]["reason"]
