@@ -522,6 +522,62 @@ def cmd_ab(ns) -> int:
     return 0 if result["verdict"]["verdict"] != "not comparable" else 1
 
 
+# ---- nccl-bench ---------------------------------------------------------------------------------
+
+
+@command("nccl-bench", "rank NCCL settings with an all-reduce micro-benchmark at decode sizes")
+def _ncclbench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("preset")
+    p.add_argument("--grid", action="append", default=[], metavar="env.VAR=V1,V2,...",
+                   help="a grid axis (repeatable); 'unset' leaves the variable out")
+    p.add_argument("--sizes", help="message sizes in bytes, comma-separated (default: decode all-reduces "
+                                   "from the model's hidden size)")
+    p.add_argument("--hidden-size", type=int, help="the model's hidden size when config.json is not readable")
+    p.add_argument("--graph", action="store_true", help="replay the all-reduces in a CUDA graph, as SGLang decode does")
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--world-size", type=int, help="processes (default: the preset's tp-size)")
+    p.add_argument("--backend", choices=["nccl", "gloo"], default="nccl", help="gloo: CPU, for trying it out")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
+    p.add_argument("--json", metavar="OUT")
+    p.set_defaults(run=cmd_ncclbench)
+
+
+def cmd_ncclbench(ns) -> int:
+    from . import grid as G
+    from . import ncclbench as NB
+    p = _load_preset(ns.preset)
+    try:
+        grid = G.parse(ns.grid)
+        NB.validate_grid(grid)
+        sizes = [int(x) for x in ns.sizes.split(",")] if ns.sizes else None
+    except G.GridError as e:
+        raise CliError(str(e), 2) from None
+    except NB.NcclBenchError as e:
+        raise CliError(str(e), e.code) from None
+    except ValueError:
+        raise CliError(f"--sizes {ns.sizes!r}: expected bytes, comma-separated (e.g. 14336,43008)", 2) from None
+    for flag in ("iters", "hidden_size", "world_size"):
+        v = getattr(ns, flag)
+        if v is not None and v < 1:
+            raise CliError(f"--{flag.replace('_', '-')} must be at least 1 (got {v})", 2)
+    t, _ = _with_control(p)
+
+    async def go():
+        try:
+            return await NB.run(t, p, grid, sizes=sizes, hidden_size=ns.hidden_size, graph=ns.graph, iters=ns.iters,
+                                warmup=ns.warmup, world_size=ns.world_size, backend=ns.backend, timeout_s=ns.timeout,
+                                progress=lambda m: print(m, file=sys.stderr, flush=True))
+        except NB.NcclBenchError as e:
+            raise CliError(str(e), e.code) from None
+
+    report = _run_async(_guarded(go, t))
+    print(NB.format_table(report))
+    if ns.json:
+        _write_json(ns.json, report)
+    return 0 if report["ranking"] else 1
+
+
 # ---- TUI ----------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,72 @@
+"""``KEY=V1,V2,...`` grids over preset paths (for `sweep` and `nccl-bench`).
+
+KEY is a dotted preset path (``speculative.num_steps``, ``env.NCCL_PROTO``,
+``server.args.num-continuous-decode-steps``); values are read as YAML scalars (``2`` is a number,
+``true`` a boolean) except under ``env.``, where they stay text; ``unset`` removes the key.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import yaml
+
+from . import preset as P
+
+UNSET = "unset"
+
+
+class GridError(ValueError):
+    pass
+
+
+def parse_axis(spec: str) -> tuple[str, list[Any]]:
+    key, eq, values = spec.partition("=")
+    key = key.strip()
+    if not eq or not key or not values.strip():
+        raise GridError(f"--grid {spec!r}: expected KEY=V1,V2,... (e.g. speculative.num_steps=1,2,3)")
+    if key.split(".")[0] not in ("server", "speculative", "env", "profile", "bench"):
+        raise GridError(f"--grid {spec!r}: {key} is not a preset path (server.…, speculative.…, env.…)")
+    out: list[Any] = []
+    for raw in values.split(","):
+        raw = raw.strip()
+        if raw == UNSET:
+            out.append(None)
+        elif key.startswith("env."):
+            out.append(raw)
+        else:
+            try:
+                out.append(yaml.safe_load(raw))
+            except yaml.YAMLError:
+                out.append(raw)
+    if len(set(map(repr, out))) != len(out):
+        raise GridError(f"--grid {spec!r}: a value is repeated")
+    return key, out
+
+
+def parse(specs: list[str]) -> dict[str, list[Any]]:
+    grid: dict[str, list[Any]] = {}
+    for spec in specs:
+        key, values = parse_axis(spec)
+        if key in grid:
+            raise GridError(f"--grid: {key} is given twice")
+        grid[key] = values
+    return grid
+
+
+def combinations(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    keys = list(grid)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def label(changes: dict[str, Any]) -> str:
+    return " ".join(f"{k.split('.')[-1]}={UNSET if v is None else v}" for k, v in changes.items()) or "preset"
+
+
+def apply(base: P.Preset, changes: dict[str, Any]) -> tuple[P.Preset | None, str | None]:
+    """The preset with ``changes``, or (None, reason) for a combination the rules refuse."""
+    try:
+        return P.with_changes(base, changes), None
+    except P.PresetError as e:
+        return None, str(e).split(": ", 1)[-1]
