@@ -10,6 +10,7 @@ replayed, as SGLang's decode does. Rank 0 prints one ``NCCL_BENCH_RESULT {json}`
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import socket
 import statistics
@@ -48,6 +49,8 @@ def _run(rank: int, args: argparse.Namespace, port: int) -> None:
                             world_size=args.world_size)
     results = []
     for size in args.sizes:
+        # a stage that stalls (a hung collective) dumps every thread's stack and fails this run
+        faulthandler.dump_traceback_later(args.stall_s, exit=True)
         n = max(1, size // elem)
         check = torch.ones(n, dtype=dtype, device=device)
         dist.all_reduce(check)
@@ -68,7 +71,8 @@ def _run(rank: int, args: argparse.Namespace, port: int) -> None:
                         dist.all_reduce(x)
                 torch.cuda.current_stream().wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
+                # thread_local: NCCL's watchdog thread queries events while this thread captures
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                     for _ in range(args.per_graph):
                         dist.all_reduce(x)
                 graph.replay()
@@ -94,6 +98,7 @@ def _run(rank: int, args: argparse.Namespace, port: int) -> None:
         results.append({"bytes": n * elem, "median_us": statistics.median(times_us),
                         "p99_us": _pct(times_us, 0.99), "min_us": min(times_us),
                         "mean_us": statistics.fmean(times_us), "iters": len(times_us)})
+    faulthandler.cancel_dump_traceback_later()
     if rank == 0:
         info = {"backend": args.backend, "world_size": args.world_size, "graph": bool(args.graph and nccl),
                 "torch": torch.__version__, "results": results}
@@ -115,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--graph", action="store_true")
     p.add_argument("--per-graph", type=int, default=20, help="all-reduces captured per graph")
+    p.add_argument("--stall-s", type=float, default=60.0, help="give up on a size after this long")
     args = p.parse_args(argv)
     import torch.multiprocessing as mp
     port = _free_port()

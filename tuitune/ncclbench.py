@@ -143,7 +143,7 @@ async def run(t: Transport, preset: P.Preset, grid: dict, *, sizes: list[int] | 
         row["nccl_env"] = out["nccl_env"]
         row["algos"] = {str(k): v for k, v in out["algos"].items()}
         want = {k: v for k, v in entry["env"].items() if k.startswith("NCCL_") and k not in DEBUG_ENV}
-        row["confirmed"] = {k: ("applied" if out["nccl_env"].get(k) == v else "missing") for k in want} \
+        row["confirmed"] = {k: ("applied" if out["nccl_env"].get(k) == want[k] else "missing") for k in want} \
             if backend == "nccl" else {}
         if out["result"] is None or r.exit_status != 0:
             cause = classify(out["errors"])
