@@ -84,4 +84,20 @@ def test_nccl_world_size_1_on_a_gpu(tmp_path):
     ok = [r for r in report["rows"] if "results" in r]
     assert len(ok) == 2, report
     assert all(r["info"]["backend"] == "nccl" and r["info"]["device"] for r in ok)
-    assert ok[0]["confirmed"].get("NCCL_PROTO") == "applied"  # NCCL echoed the variable
+    assert all(0 < x["median_us"] < 10_000 for r in ok for x in r["results"])
+    assert "world size 1: PyTorch creates no NCCL communicator" in NB.format_table(report)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_nccl_world_size_2_confirms_settings_in_eager_and_graph_mode(tmp_path):
+    p = preset(tmp_path)
+    for graph in (False, True):
+        report = asyncio.run(NB.run(LocalTransport(), p, G.parse(["env.NCCL_PROTO=LL,Simple"]), hidden_size=7168,
+                                    world_size=2, iters=50, warmup=5, graph=graph, timeout_s=120))
+        ok = [r for r in report["rows"] if "results" in r]
+        assert len(ok) == 2, report
+        for r in ok:
+            assert r["confirmed"] == {"NCCL_PROTO": "applied"}  # NCCL echoed what it was given
+            proto = r["changes"]["env.NCCL_PROTO"].upper()
+            assert r["algos"] and all(v.endswith("/" + proto) for v in r["algos"].values())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import json
+import os
 import socket
 import statistics
 import sys
@@ -106,6 +107,10 @@ def _run(rank: int, args: argparse.Namespace, port: int) -> None:
             info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
             info["device"] = torch.cuda.get_device_name(0)
         print("NCCL_BENCH_RESULT " + json.dumps(info), flush=True)
+    sys.stdout.flush()
+    if args.graph and nccl:
+        # tearing down a communicator that a live CUDA graph captured can hang; the work is done
+        os._exit(0)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -22,7 +22,7 @@ from . import preset as P
 from .control import STATE_DIR, classify
 from .events import NcclAlgo, NcclEnv, ServerError
 from .parse import parse_line
-from .transport import Transport
+from .transport import Transport, TransportError
 
 DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING"}
 
@@ -137,7 +137,14 @@ async def run(t: Transport, preset: P.Preset, grid: dict, *, sizes: list[int] | 
         if progress:
             progress(f"running {entry['label']} ({world} process(es), {len(sizes)} size(s))")
         t0 = time.monotonic()
-        r = await t.run(cmd, timeout=timeout_s)
+        try:
+            r = await t.run(cmd, timeout=timeout_s)
+        except TransportError as e:
+            if "timed out" not in str(e):
+                raise
+            row["error"] = f"timed out after {timeout_s:.0f} s (a hung collective?)"
+            rows.append(row)
+            continue
         out = parse_output(r.stdout + r.stderr)
         row["seconds"] = time.monotonic() - t0
         row["nccl_env"] = out["nccl_env"]
@@ -198,6 +205,9 @@ def format_table(report: dict) -> str:
         note = f"  (not echoed by NCCL: {', '.join(missing)})" if missing else ""
         lines.append(f"{order[row['label']] + 1:>4}  {name:<{w}}{cells}  {chose}{note}")
     lines.append("* = the preset's current setting")
+    if report["world_size"] == 1 and report["backend"] == "nccl":
+        lines.append("world size 1: PyTorch creates no NCCL communicator, so NCCL variables are not exercised "
+                     "(a smoke test of the GPU path)")
     return "\n".join(lines)
 
 
