@@ -6,7 +6,7 @@ find the difference in at least 90 %). Each comparison is `run_ab` with 4 rounds
 launches differ by the simulator's per-launch speed factor (1 %) and their own acceptance draws.
 The simulator runs 50x faster than real time to keep this to minutes.
 
-    python benchmarks/ab_accuracy.py [--comparisons 40] [--rounds 4]
+    python benchmarks/ab_accuracy.py [--comparisons 40] [--rounds 4] [--max-tokens 500] [--requests 10]
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from tuitune.ab import run_ab  # noqa: E402
 from tuitune.transport import LocalTransport  # noqa: E402
 
 
-async def main(n: int, rounds: int) -> None:
+async def main(n: int, rounds: int, max_tokens: int, requests: int) -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         a = make_preset(tmp, "a", args={"sim-speedup": 50, "sim-load-seconds": 0.05, "tp-size": 1},
-                        profile=False, requests=10, max_tokens=300)
+                        profile=False, requests=requests, max_tokens=max_tokens)
         a2 = P.with_changes(a, {"name": "a-again"})
         b = P.with_changes(a, {"name": "b-5pct", "server.args.sim-scale": 0.95})
         t = LocalTransport()
@@ -45,7 +45,8 @@ async def main(n: int, rounds: int) -> None:
                 print(f"  {label} #{i + 1}: {r['verdict']['verdict']} (ratio {r['verdict'].get('ratio', float('nan')):.4f}, "
                       f"p {r['verdict'].get('p_value', float('nan')):.3f})", flush=True)
             results[label] = (sum(v == want for v in verdicts), len(verdicts), want)
-    print(f"\n{n} comparisons each, {rounds} rounds (launches per arm), {time.perf_counter() - t0:.0f} s")
+    print(f"\n{n} comparisons each, {rounds} rounds (launches per arm), {requests} requests of {max_tokens} tokens "
+          f"per launch, {time.perf_counter() - t0:.0f} s")
     for label, (ok, total, want) in results.items():
         print(f"{label}: verdict '{want}' in {ok}/{total} = {ok / total:.0%}")
 
@@ -54,5 +55,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--comparisons", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=500, help="per request (the preset default)")
+    ap.add_argument("--requests", type=int, default=10, help="per launch (the preset default)")
     ns = ap.parse_args()
-    asyncio.run(main(ns.comparisons, ns.rounds))
+    asyncio.run(main(ns.comparisons, ns.rounds, ns.max_tokens, ns.requests))
