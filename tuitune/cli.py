@@ -578,6 +578,83 @@ def cmd_ncclbench(ns) -> int:
     return 0 if report["ranking"] else 1
 
 
+# ---- report / sweep -----------------------------------------------------------------------------
+
+
+@command("report", "summaries of captures (phase times, accept length, tok/s), side by side with deltas")
+def _report_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("captures", nargs="+")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-chart", action="store_true", help="leave out the terminal chart")
+    p.set_defaults(run=cmd_report)
+
+
+def cmd_report(ns) -> int:
+    from .capture import CaptureError
+    from .report import chart, format_report, summarize_capture
+    try:
+        reports = [summarize_capture(c) for c in ns.captures]
+    except CaptureError as e:
+        raise CliError(str(e), 2) from None
+    if ns.json:
+        _print_json([{k: v for k, v in r.items() if not k.startswith("_")} for r in reports])
+        return 0
+    print(format_report(reports))
+    if not ns.no_chart:
+        import shutil
+        cols = shutil.get_terminal_size((100, 24)).columns
+        print()
+        print(chart(reports, width=min(cols, 120)))
+    return 0
+
+
+@command("sweep", "relaunch, bench and record every configuration of a grid, against a baseline")
+def _sweep_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("preset")
+    p.add_argument("--grid", action="append", required=True, metavar="KEY=V1,V2,...",
+                   help="a preset path and its values (repeatable): speculative.num_steps=1,2,3, "
+                        "env.NCCL_PROTO=LL,unset, env=@tuned-preset,@untuned-preset")
+    p.add_argument("--baseline", help="baseline preset (default: PRESET itself)")
+    p.add_argument("--repeats", type=int, default=1, help="launches per configuration (default 1)")
+    p.add_argument("--baseline-every", type=int, default=4, help="re-measure the baseline every N trials")
+    p.add_argument("--out", default="sweep-out", help="directory for results and captures (default sweep-out)")
+    p.add_argument("--resume", action="store_true", help="skip the trials already in OUT/results.jsonl")
+    _bench_overrides(p)
+    p.add_argument("--no-plot", action="store_true")
+    p.set_defaults(run=cmd_sweep)
+
+
+def cmd_sweep(ns) -> int:
+    from pathlib import Path
+    from . import grid as G
+    from .sweep import SweepError, format_table, plot, sweep
+    base = _load_preset(ns.preset)
+    baseline = _load_preset(ns.baseline) if ns.baseline else None
+    if ns.repeats < 1 or ns.baseline_every < 0:
+        raise CliError("--repeats must be at least 1 and --baseline-every at least 0", 2)
+    try:
+        grid = G.parse(ns.grid)
+    except G.GridError as e:
+        raise CliError(str(e), 2) from None
+    ControlError, TransportError = _errors()
+    try:
+        result = _run_async(sweep(base, grid, Path(ns.out), baseline=baseline, repeats=ns.repeats,
+                                  baseline_every=ns.baseline_every, resume=ns.resume, overrides=_overrides(ns),
+                                  progress=lambda m: print(m, flush=True)))
+    except SweepError as e:
+        raise CliError(str(e), 2) from None
+    except (ControlError, TransportError) as e:
+        raise CliError(str(e), 1) from None
+    print()
+    print(format_table(result))
+    if not ns.no_plot:
+        chart = plot(result)
+        if chart:
+            print()
+            print(chart)
+    return 0 if result.get("best") else 1
+
+
 # ---- TUI ----------------------------------------------------------------------------------------
 
 

@@ -3,6 +3,8 @@
 KEY is a dotted preset path (``speculative.num_steps``, ``env.NCCL_PROTO``,
 ``server.args.num-continuous-decode-steps``); values are read as YAML scalars (``2`` is a number,
 ``true`` a boolean) except under ``env.``, where they stay text; ``unset`` removes the key.
+``env=@PRESET,@PRESET`` swaps the whole environment block for another preset's (e.g. the seeds'
+tuned and untuned NCCL sets).
 """
 
 from __future__ import annotations
@@ -17,6 +19,14 @@ from . import preset as P
 UNSET = "unset"
 
 
+class EnvOf(dict):
+    """The environment block of another preset, remembered by its name for labels."""
+
+    def __init__(self, name: str, env: dict[str, str]):
+        super().__init__(env)
+        self.name = name
+
+
 class GridError(ValueError):
     pass
 
@@ -26,6 +36,18 @@ def parse_axis(spec: str) -> tuple[str, list[Any]]:
     key = key.strip()
     if not eq or not key or not values.strip():
         raise GridError(f"--grid {spec!r}: expected KEY=V1,V2,... (e.g. speculative.num_steps=1,2,3)")
+    if key == "env":
+        out_env: list = []
+        for raw in values.split(","):
+            raw = raw.strip()
+            if not raw.startswith("@"):
+                raise GridError(f"--grid {spec!r}: env takes @PRESET values (another preset's environment)")
+            try:
+                other = P.resolve(raw[1:])
+                out_env.append(EnvOf(other.name, other.env))
+            except P.PresetError as e:
+                raise GridError(f"--grid {spec!r}: {e}") from None
+        return key, out_env
     if key.split(".")[0] not in ("server", "speculative", "env", "profile", "bench"):
         raise GridError(f"--grid {spec!r}: {key} is not a preset path (server.…, speculative.…, env.…)")
     out: list[Any] = []
@@ -60,8 +82,14 @@ def combinations(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
 
 
+def _show(v: Any) -> str:
+    if isinstance(v, EnvOf):
+        return f"@{v.name}"
+    return UNSET if v is None else str(v)
+
+
 def label(changes: dict[str, Any]) -> str:
-    return " ".join(f"{k.split('.')[-1]}={UNSET if v is None else v}" for k, v in changes.items()) or "preset"
+    return " ".join(f"{k.split('.')[-1]}={_show(v)}" for k, v in changes.items()) or "preset"
 
 
 def apply(base: P.Preset, changes: dict[str, Any]) -> tuple[P.Preset | None, str | None]:

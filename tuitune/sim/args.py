@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the simulated clock runs N times faster (rates ×N, latencies ÷N)")
     g.add_argument("--sim-scale", type=float, default=1.0,
                    help="multiply every cost by F (0.95 = a config 5%% faster; for A/B accuracy tests)")
+    g.add_argument("--sim-draws", choices=["random", "quasi"], default="random",
+                   help="acceptance draws: random (default) or quasi (low-discrepancy: low-noise comparisons)")
     g.add_argument("--sim-jitter", type=float, default=0.02,
                    help="log-normal sigma of per-cycle timing noise (default 0.02)")
     return p

@@ -93,6 +93,10 @@ class Simulator:
         if ns.sim_seed is None:
             ns.sim_seed = random.SystemRandom().randrange(2 ** 31)
         self.rng = random.Random(ns.sim_seed)
+        if ns.sim_draws == "quasi":
+            self.accept = model.QuasiDraws(ns.sim_seed)
+        else:
+            self.accept = lambda i, a: self.rng.random() < a
         self.env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
         self.cfg = model.SimConfig(
             tp_size=ns.tp_size,
@@ -320,7 +324,7 @@ class Simulator:
                 await asyncio.sleep(0)
             produced = 0
             for r in list(self.running):
-                n = model.draw_accepted(self.cfg, self.rng)
+                n = model.draw_accepted(self.cfg, self.accept)
                 r.verify_ct += 1
                 self.total_accept += n
                 self.total_verify += 1

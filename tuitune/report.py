@@ -1,0 +1,111 @@
+"""`tuitune report`: summary tables and terminal charts of captures, side by side with deltas.
+
+Captures are streamed (never loaded whole): one pass collects the series that the summary needs.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from .capture import iter_capture
+from .events import DecodeStats, Marker, ProfileWindow, ServerError, ServerState
+from .metrics import summarize
+
+PHASES = ("draft_ms", "verify_ms", "extend_ms", "cycle_ms")
+ROWS = (*PHASES, "accept_len", "tok_s", "gen_throughput")
+
+
+def summarize_capture(path: str | Path, keep_series: bool = True) -> dict:
+    meta, records, stats = iter_capture(path)
+    series: dict[str, list[float]] = {k: [] for k in ROWS}
+    times: list[float] = []
+    errors: list[str] = []
+    relaunches = 0
+    events = 0
+    first_m = last_m = None
+    for rec in records:
+        events += 1
+        ev = rec.event
+        first_m = rec.m if first_m is None else first_m
+        last_m = rec.m
+        if isinstance(ev, ProfileWindow):
+            for k in PHASES:
+                series[k].append(getattr(ev, k))
+            series["accept_len"].append(ev.accept_len)
+            series["tok_s"].append(ev.tok_s)
+            times.append(rec.m)
+        elif isinstance(ev, DecodeStats):
+            series["gen_throughput"].append(ev.gen_throughput)
+        elif isinstance(ev, ServerError):
+            errors.append(f"{ev.category}: {ev.message}")
+        elif isinstance(ev, Marker) and ev.text.startswith("relaunch"):
+            relaunches += 1
+        elif isinstance(ev, ServerState) and ev.state == "failed":
+            errors.append(f"server failed: {ev.detail or ev.phase}")
+    out = {
+        "path": str(path), "preset": (meta.get("preset") or {}).get("name"), "preset_hash": meta.get("preset_hash"),
+        "target": meta.get("target"), "server_version": meta.get("server_version"), "schema": meta.get("schema"),
+        "events": events, "duration_s": (last_m - first_m) if first_m is not None else 0.0,
+        "truncated": stats["truncated"], "skipped": stats["skipped"], "relaunches": relaunches,
+        "errors": errors[:20], "error_count": len(errors),
+        "stats": {k: (s.as_dict() if (s := summarize(v)) else None) for k, v in series.items()},
+    }
+    if keep_series:
+        out["_series"] = {"m": times, "tok_s": series["tok_s"], "verify_ms": series["verify_ms"]}
+    return out
+
+
+def _fmt(v: float | None, digits: int = 2) -> str:
+    return "—" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{digits}f}"
+
+
+def format_report(reports: list[dict]) -> str:
+    lines = []
+    for i, r in enumerate(reports):
+        lines.append(f"[{i + 1}] {r['path']}: {r['preset'] or '?'} on {r['target'] or '?'}"
+                     + (f", server {r['server_version']}" if r.get("server_version") else "")
+                     + f", {r['events']} events over {r['duration_s']:.0f} s, {r['relaunches']} relaunch(es), "
+                       f"{r['error_count']} error(s)" + (", last record truncated" if r["truncated"] else ""))
+        for e in r["errors"][:3]:
+            lines.append(f"    error: {e}")
+    lines.append("")
+    head = f"{'metric':<16}" + "".join(f" {f'[{i + 1}] mean':>11} {'median':>8} {'p90':>8}" for i in range(len(reports)))
+    if len(reports) > 1:
+        head += "".join(f" {f'Δ[{i + 1}]':>8}" for i in range(1, len(reports)))
+    lines.append(head)
+    for key in ROWS:
+        stats = [r["stats"].get(key) for r in reports]
+        if not any(stats):
+            continue
+        row = f"{key:<16}"
+        for s in stats:
+            row += (f" {_fmt(s['mean']):>11} {_fmt(s['median']):>8} {_fmt(s['p90']):>8}" if s
+                    else f" {'—':>11} {'—':>8} {'—':>8}")
+        base = stats[0]
+        for s in stats[1:]:
+            if base and s and base["median"]:
+                row += f" {(s['median'] - base['median']) / base['median']:>+8.1%}"
+            else:
+                row += f" {'—':>8}"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def chart(reports: list[dict], width: int = 100, height: int = 18) -> str:
+    """tok/s per profile window over the capture's time, one line per capture."""
+    import plotext as plt
+    plt.clear_figure()
+    plt.plotsize(width, height)
+    plt.theme("clear")
+    drawn = False
+    for i, r in enumerate(reports):
+        s = r.get("_series") or {}
+        if s.get("tok_s"):
+            plt.plot(s["m"], s["tok_s"], label=f"[{i + 1}] {r['preset'] or ''}")
+            drawn = True
+    if not drawn:
+        return "(no profile windows to chart)"
+    plt.title("tok/s per profile window")
+    plt.xlabel("seconds since the capture started")
+    return plt.build()
