@@ -284,6 +284,8 @@ def cmd_launch(ns) -> int:
         rec, res = await control.relaunch(
             ns.timeout, on_phase=lambda name, el: print(f"  {el:6.1f}s  {name}", flush=True),
             after_start=_print_started, on_stopped=lambda msg: print(f"stopped: {msg}"))
+        for w in control.warnings:
+            print(f"warning: {w}")
         print(f"ready in {res.elapsed_s:.1f}s")
         conf = nccl_confirmation(p, res.nccl_env)
         if res.nccl_env and conf:
@@ -653,6 +655,44 @@ def cmd_sweep(ns) -> int:
             print()
             print(chart)
     return 0 if result.get("best") else 1
+
+
+# ---- probe --------------------------------------------------------------------------------------
+
+
+@command("probe", "the EAGLE3_PROFILE probe: which phases it can patch in an SGLang release")
+def _probe_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    s = sub.add_parser("check", help="read SGLang's source (ast, no import, no GPU) and report the patchable phases")
+    s.add_argument("--sglang-path", help="the sglang package directory (default: the one this python finds)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(run=cmd_probe_check)
+
+
+def cmd_probe_check(ns) -> int:
+    import os
+    from .probe import check
+    if ns.sglang_path and not os.path.isdir(ns.sglang_path):
+        raise CliError(f"{ns.sglang_path}: not a directory (give the sglang package directory)", 2)
+    try:
+        report = check(ns.sglang_path)
+    except (OSError, SyntaxError, UnicodeDecodeError) as e:
+        raise CliError(f"cannot read SGLang's source: {e}", 1) from None
+    if ns.json:
+        _print_json(report)
+        return 0 if report.get("ok") else 1
+    if report.get("error"):
+        raise CliError(report["error"], 1)
+    print(f"SGLang {report.get('version') or '(version unknown)'} at {report['sglang']}")
+    if not report["modules"]:
+        print("  no EAGLE worker module found (neither v1 eagle_worker.py nor v2 eagle_worker_v2.py)")
+    for module, entries in report["modules"].items():
+        print(f"  {module}")
+        for name, e in entries.items():
+            print(f"    {'ok     ' if e['found'] else 'MISSING'} {name} ({e['phase']})")
+    print("patchable phases: " + (", ".join(report["phases"]) or "none")
+          + ("" if report["ok"] else "  -> the server would run unprofiled"))
+    return 0 if report["ok"] else 1
 
 
 # ---- TUI ----------------------------------------------------------------------------------------

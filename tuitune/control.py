@@ -158,6 +158,7 @@ class ServerControl:
         self.preset = preset
         self.state_dir = state_dir
         self._help_flags: set[str] | None = None
+        self.warnings: list[str] = []
 
     # ---- state ---------------------------------------------------------------------------
     @property
@@ -202,6 +203,18 @@ class ServerControl:
             self._help_flags = set(re.findall(r"(--[A-Za-z0-9][A-Za-z0-9_-]*)", r.stdout))
         return self._help_flags
 
+    async def install_probe(self) -> dict:
+        """Upload the probe to the target and check, from SGLang's source, what it can patch."""
+        from . import probe
+        for name, data in probe.files().items():
+            await self.t.upload(data, f"{probe.REMOTE_DIR}/{name}")
+        r = await self.t.run(f"{P.shell_path(self.preset.python())} {P.shell_path(probe.REMOTE_DIR + '/eagle3_probe.py')} "
+                             "--check", timeout=60)
+        try:
+            return json.loads(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return {"ok": False, "error": (r.stderr or r.stdout).strip()[-200:] or f"exit {r.exit_status}"}
+
     async def preflight(self, replacing: ServerRecord | None) -> None:
         """Refuse a relaunch that cannot work, before anything running is touched."""
         p = self.preset
@@ -220,6 +233,14 @@ class ServerControl:
         if unknown:
             raise ControlError(f"flag {unknown[0]} is not accepted by {p.server.module} on {self.t.label} "
                                f"(not in its --help); refusing to relaunch", 2)
+        self.warnings = []
+        if p.uses_probe:
+            report = await self.install_probe()
+            if not report.get("ok"):
+                why = report.get("error") or (f"SGLang {report.get('version') or '?'} lacks "
+                                              f"{', '.join(sorted(set(('draft', 'verify', 'extend')) - set(report.get('phases', []))))}")
+                self.warnings.append(f"profile: the probe cannot time every phase here ({why}); "
+                                     "the server will log SGLang's decode lines only")
         if await self.port_busy():
             ours = replacing is not None and replacing.port == p.server.port and await self.alive(replacing.pid)
             if not ours:

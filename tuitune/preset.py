@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import nccl, speculative
+from .probe import REMOTE_DIR as PROBE_DIR
 
 SIM_MODULE = "tuitune.sim"
 FLAG_RE = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
@@ -208,6 +209,11 @@ class Preset(_Model):
             env["EAGLE3_PROFILE"] = "1"
         return env
 
+    @property
+    def uses_probe(self) -> bool:
+        """A real SGLang server needs tuitune's probe for profile lines (the simulator prints its own)."""
+        return self.profile and self.server.module != SIM_MODULE
+
     def flags(self) -> list[str]:
         """The server's argv after ``-m MODULE``."""
         out: list[str] = []
@@ -265,6 +271,8 @@ def server_argv(preset: Preset, extra_env: dict[str, str] | None = None) -> str:
     if extra_env:
         env.update(extra_env)
     parts = ["env"] + [shlex.quote(f"{k}={v}") for k, v in env.items()]
+    if preset.uses_probe:  # the probe's sitecustomize first on the path, any existing path kept
+        parts.append(f'PYTHONPATH="$HOME/{PROBE_DIR[2:]}${{PYTHONPATH:+:$PYTHONPATH}}"')
     parts += [shell_path(preset.python()), "-m", shlex.quote(preset.server.module)]
     parts += [shlex.quote(a) for a in preset.flags()]
     return " ".join(parts)

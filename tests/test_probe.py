@@ -1,0 +1,116 @@
+"""The profiling probe: import hook, patching and line format against stand-in SGLang classes
+(no GPU: the host clock), sitecustomize chaining, `probe check` against the real SGLang source."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from fake_sglang import DRIVER, make_tree
+from tuitune import preset as P
+from tuitune.parse import parse_line
+from tuitune.probe import FILES, check
+
+PROBE_DIR = Path(__file__).resolve().parent.parent / "tuitune" / "probe"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_driver(tmp: Path, layout: str, cycles: int = 20, rank: int = 0, env: dict | None = None,
+               extra_path: list[Path] | None = None) -> subprocess.CompletedProcess:
+    probe = tmp / "probe"
+    probe.mkdir(exist_ok=True)
+    for name in FILES:  # as the launch does: the probe files alone in a directory
+        (probe / name).write_bytes((PROBE_DIR / name).read_bytes())
+    driver = tmp / "driver.py"
+    driver.write_text(DRIVER)
+    path = [str(probe), *(str(p) for p in extra_path or []), str(tmp / "fake")]
+    full = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3_")}
+    full.update({"PYTHONPATH": os.pathsep.join(path), "EAGLE3_PROFILE_WINDOW": "5", **(env or {})})
+    return subprocess.run([sys.executable, str(driver), layout, str(cycles), str(rank)], capture_output=True,
+                          text=True, timeout=60, env=full, cwd=tmp)
+
+
+@pytest.mark.parametrize("layout", ["v1", "v2"])
+def test_probe_times_each_phase_and_prints_parsable_lines(tmp_path, layout):
+    make_tree(tmp_path / "fake", layout)
+    r = run_driver(tmp_path, layout, env={"EAGLE3_PROFILE": "1"})
+    assert r.returncode == 0, r.stderr
+    events = [parse_line(x) for x in r.stdout.splitlines() if "EAGLE3_PROFILE" in x]
+    assert len(events) == 4  # 20 cycles, window 5 (host timing logs each window when it closes)
+    for ev in events:
+        assert ev.kind == "profile" and ev.rank == "TP0" and ev.cycles == 5 and ev.bs == 1
+        assert (ev.steps, ev.topk, ev.draft_tokens) == (2, 1, 3)
+        assert ev.sync == "host"  # no CUDA here: host clock
+        assert 1.8 < ev.draft_ms < 6 and 4.5 < ev.verify_ms < 12 and 0.9 < ev.extend_ms < 5
+        assert ev.accept_len == pytest.approx(2.0, abs=0.21)
+        assert ev.cycle_ms == pytest.approx(ev.draft_ms + ev.verify_ms + ev.extend_ms, abs=0.01)
+    assert "patched: True" in r.stdout
+
+
+def test_probe_off_does_nothing_and_other_ranks_stay_quiet(tmp_path):
+    make_tree(tmp_path / "fake", "v2")
+    off = run_driver(tmp_path, "v2")
+    assert off.returncode == 0 and "EAGLE3_PROFILE" not in off.stdout and "patched: False" in off.stdout
+    rank1 = run_driver(tmp_path, "v2", rank=1, env={"EAGLE3_PROFILE": "1"})
+    assert "EAGLE3_PROFILE" not in rank1.stdout and "patched: True" in rank1.stdout
+    chosen = run_driver(tmp_path, "v2", rank=1, env={"EAGLE3_PROFILE": "1", "EAGLE3_PROFILE_RANK": "1"})
+    assert chosen.stdout.count("EAGLE3_PROFILE v=1") == 4
+
+
+def test_unknown_layout_warns_once_and_runs_unprofiled(tmp_path):
+    make_tree(tmp_path / "fake", "v2", drop="verify")
+    r = run_driver(tmp_path, "v2", env={"EAGLE3_PROFILE": "1"})
+    warnings = [x for x in r.stdout.splitlines() if "not found" in x]
+    assert len(warnings) == 1 and "EAGLEWorkerV2.verify" in warnings[0] and "unprofiled" in warnings[0]
+    assert "EAGLE3_PROFILE v=1" not in r.stdout
+
+
+def test_sitecustomize_chains_to_an_existing_one(tmp_path):
+    make_tree(tmp_path / "fake", "v2")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import os\nprint('OTHER SITECUSTOMIZE RAN')\n")
+    for env in ({}, {"EAGLE3_PROFILE": "1"}):
+        r = run_driver(tmp_path, "v2", env=env, extra_path=[other])
+        assert "OTHER SITECUSTOMIZE RAN" in r.stdout
+
+
+def test_check_reads_the_source_without_importing(tmp_path):
+    make_tree(tmp_path / "fake", "v1")
+    make_tree(tmp_path / "fake", "v2", drop="draft")
+    report = check(str(tmp_path / "fake" / "sglang"))
+    assert report["version"] == "0.5.99.fake" and report["ok"] is True  # v1 complete; v2 lacks draft
+    assert report["modules"]["sglang.srt.speculative.eagle_worker_v2"]["EagleDraftWorker.draft"]["found"] is False
+    assert "sglang.srt.speculative.eagle_worker" in report["usable"]
+    r = subprocess.run([sys.executable, "-m", "tuitune", "probe", "check", "--sglang-path",
+                        str(tmp_path / "fake" / "sglang")], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0 and "MISSING EagleDraftWorker.draft" in r.stdout and "patchable phases: draft, extend, verify" in r.stdout
+
+
+def test_check_against_the_real_sglang_release(tmp_path):
+    dl = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                         "--python-version", "3.11", "-d", str(tmp_path), "sglang==0.5.23"],
+                        capture_output=True, text=True, timeout=240)
+    wheels = list(tmp_path.glob("sglang-*.whl"))
+    if dl.returncode != 0 or not wheels:
+        pytest.skip(f"the package registry is not reachable here: {dl.stderr.strip()[-200:]}")
+    with zipfile.ZipFile(wheels[0]) as z:
+        z.extractall(tmp_path / "site", [n for n in z.namelist() if n.startswith(("sglang/srt/speculative/", "sglang-"))])
+    report = check(str(tmp_path / "site" / "sglang"))
+    assert report["version"] == "0.5.23" and report["ok"]
+    assert report["usable"] == ["sglang.srt.speculative.eagle_worker_v2"]
+
+
+def test_launch_command_puts_the_probe_first_on_pythonpath(tmp_path):
+    p = P.resolve("c4-eagle3-2step-nccl")
+    cmd = P.launch_command(p)
+    assert 'EAGLE3_PROFILE=1 PYTHONPATH="$HOME/.cache/tuitune/probe${PYTHONPATH:+:$PYTHONPATH}"' in cmd
+    assert "PYTHONPATH" not in P.launch_command(P.resolve("demo"))  # the simulator prints its own lines
+    out = subprocess.run(["bash", "-c", 'HOME=/h; PYTHONPATH=/a; echo "$HOME/.cache/tuitune/probe${PYTHONPATH:+:$PYTHONPATH}"'],
+                         capture_output=True, text=True).stdout.strip()
+    assert out == "/h/.cache/tuitune/probe:/a"

@@ -1,0 +1,348 @@
+"""EAGLE-3 phase timing inside a stock SGLang server (stdlib; torch only inside the server).
+
+Loaded by ``sitecustomize`` when ``EAGLE3_PROFILE=1``. An import hook waits for SGLang's EAGLE
+worker module and wraps its phases (no edits to SGLang's files):
+
+* v1 worker (``sglang.srt.speculative.eagle_worker``): ``EAGLEWorker.draft``, ``.verify``,
+  ``.forward_draft_extend_after_decode``;
+* v2 worker (``sglang.srt.speculative.eagle_worker_v2``, SGLang 0.5.2x):
+  ``EagleDraftWorker.draft``, ``EAGLEWorkerV2.verify``, ``EagleDraftWorker._draft_extend_for_decode``.
+
+Timing (``EAGLE3_PROFILE_SYNC``): ``event`` (default) records CUDA events around each phase on the
+current stream and reads a window's events only when the next window is complete, so the server
+never waits for the GPU; ``host`` synchronises around each phase (exact, but it serialises the
+CPU with the GPU; for comparison). Without CUDA, phases are timed on the host clock.
+One line per ``EAGLE3_PROFILE_WINDOW`` cycles (default 40), from rank ``EAGLE3_PROFILE_RANK``
+(default 0), through the worker module's own logger so the prefix matches SGLang's.
+
+``python eagle3_probe.py --check [--sglang-path DIR]`` reads SGLang's source with ``ast`` (no
+import, no GPU) and reports which phases it can patch.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import logging
+import math
+import os
+import sys
+import time
+
+TARGETS = {
+    "sglang.srt.speculative.eagle_worker": {
+        "EAGLEWorker": {"draft": "draft", "verify": "verify", "forward_draft_extend_after_decode": "extend"},
+    },
+    "sglang.srt.speculative.eagle_worker_v2": {
+        "EagleDraftWorker": {"draft": "draft", "_draft_extend_for_decode": "extend"},
+        "EAGLEWorkerV2": {"verify": "verify"},
+    },
+}
+PHASES = ("draft", "verify", "extend")
+
+
+def _sglang_version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("sglang")
+    except Exception:  # noqa: BLE001 - a version is only for the message
+        return "unknown"
+
+
+class Recorder:
+    """Collects phase timings of one process and logs a line per window (on the chosen rank)."""
+
+    def __init__(self, window: int, sync: str):
+        self.window = max(1, window)
+        self.sync = sync
+        self.torch = None
+        self.cuda = False
+        self.logger: logging.Logger | None = None
+        self.enabled: bool | None = None  # decided at the first call (the rank is known by then)
+        self.cycle: dict = self._new_cycle()
+        self.cycles: list[dict] = []  # closed cycles of the current window
+        self.pending: list[dict] | None = None  # the previous window, read when this one closes
+        self.meta: dict = {}
+
+    @staticmethod
+    def _new_cycle() -> dict:
+        return {"draft": [], "verify": [], "extend": [], "accept": [], "bs": None, "t0": None}
+
+    def _setup(self, worker) -> None:
+        try:
+            import torch
+            self.torch = torch
+            self.cuda = torch.cuda.is_available()
+        except ImportError:
+            self.cuda = False
+        if self.sync == "event" and not self.cuda:
+            self.sync = "host"
+        want = int(os.environ.get("EAGLE3_PROFILE_RANK", "0"))
+        rank = getattr(worker, "tp_rank", None)
+        if rank is None and self.torch is not None and self.torch.distributed.is_available() \
+                and self.torch.distributed.is_initialized():
+            rank = self.torch.distributed.get_rank()
+        self.enabled = (rank or 0) == want
+        for attr, key in (("speculative_num_steps", "steps"), ("topk", "topk"),
+                          ("speculative_num_draft_tokens", "draft_tokens")):
+            v = getattr(worker, attr, None)
+            if isinstance(v, int):
+                self.meta[key] = v
+
+    # ---- timing ---------------------------------------------------------------------------
+    def start(self, phase: str, worker):
+        if self.enabled is None:
+            self._setup(worker)
+            self.logger = logging.getLogger(type(worker).__module__)
+        if not self.enabled:
+            return None
+        if phase == "draft" and self.cycle["verify"]:
+            self._close_cycle()
+        if self.cycle["t0"] is None:
+            self.cycle["t0"] = time.perf_counter()
+        if self.sync == "event":
+            e = self.torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        if self.cuda:
+            self.torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def stop(self, phase: str, token, worker, args, result) -> None:
+        if token is None:
+            return
+        if self.sync == "event":
+            e = self.torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.cycle[phase].append((token, e))
+        else:
+            if self.cuda:
+                self.torch.cuda.synchronize()
+            self.cycle[phase].append((time.perf_counter() - token) * 1000.0)
+        if phase == "verify":
+            self._accept(result)
+            batch = args[0] if args else None
+            bs = getattr(batch, "batch_size", None)
+            bs = bs() if callable(bs) else bs
+            if bs is None and hasattr(batch, "reqs"):
+                bs = len(batch.reqs)
+            self.cycle["bs"] = bs
+        if phase == "extend":
+            self._close_cycle()
+
+    def _accept(self, result) -> None:
+        """Accept length, bonus token included, from a verify result of either worker version."""
+        for obj in (result, *(result if isinstance(result, (tuple, list)) else ())):
+            lens = getattr(obj, "accept_lens", None)
+            if lens is not None:
+                if self.torch is not None and isinstance(lens, self.torch.Tensor):
+                    # an async reduction: read with the window's events, never waited for here
+                    self.cycle["accept"].append((lens.float().sum(), lens.numel()))
+                else:
+                    self.cycle["accept"].append((float(sum(lens)), len(lens)))
+                return
+            per_req = getattr(obj, "accept_length_per_req_cpu", None)
+            if per_req is not None:  # v1 counts accepted drafts only
+                self.cycle["accept"].append((float(sum(per_req)) + len(per_req), len(per_req)))
+                return
+
+    def _close_cycle(self) -> None:
+        c = self.cycle
+        if c["verify"]:
+            c["wall_ms"] = (time.perf_counter() - c["t0"]) * 1000.0 if c["t0"] else math.nan
+            self.cycles.append(c)
+        self.cycle = self._new_cycle()
+        if len(self.cycles) >= self.window:
+            window, self.cycles = self.cycles, []
+            if self.sync == "event":
+                # this window's events are still in flight: log the previous one, now surely done
+                if self.pending is not None:
+                    self._log(self.pending)
+                self.pending = window
+            else:
+                self._log(window)
+
+    # ---- output ---------------------------------------------------------------------------
+    def _ms(self, item) -> float:
+        if isinstance(item, tuple):
+            start, end = item
+            end.synchronize()  # complete a window ago: returns at once
+            return start.elapsed_time(end)
+        return item
+
+    def _value(self, v) -> float:
+        return float(v.item()) if hasattr(v, "item") else float(v)
+
+    def _log(self, window: list[dict]) -> None:
+        sums = {p: 0.0 for p in PHASES}
+        verifies: list[float] = []
+        acc_total, acc_n, bs_total = 0.0, 0, 0
+        for c in window:
+            for p in PHASES:
+                ms = sum(self._ms(x) for x in c[p])
+                sums[p] += ms
+                if p == "verify":
+                    verifies.append(ms)
+            for total, n in c["accept"]:
+                acc_total += self._value(total)
+                acc_n += n
+            bs_total += c["bs"] or 0
+        n = len(window)
+        d, v, e = (sums[p] / n for p in PHASES)
+        cycle = d + v + e
+        accept = acc_total / acc_n if acc_n else math.nan
+        bs = round(bs_total / n) if bs_total else None
+        verifies.sort()
+        fields = [("v", 1), ("cycles", n)] + ([("bs", bs)] if bs else []) + \
+            [(k, self.meta[k]) for k in ("steps", "topk", "draft_tokens") if k in self.meta] + \
+            [("draft_ms", f"{d:.3f}"), ("verify_ms", f"{v:.3f}"), ("extend_ms", f"{e:.3f}"),
+             ("cycle_ms", f"{cycle:.3f}"), ("accept_len", f"{accept:.3f}")]
+        if bs and cycle > 0 and not math.isnan(accept):
+            fields.append(("eff_tok_s", f"{accept * bs / cycle * 1000:.2f}"))
+        fields += [("p50_verify_ms", f"{verifies[len(verifies) // 2]:.3f}"),
+                   ("p90_verify_ms", f"{verifies[min(n - 1, int(n * 0.9))]:.3f}"),
+                   ("max_verify_ms", f"{verifies[-1]:.3f}"), ("sync", self.sync)]
+        line = "EAGLE3_PROFILE " + " ".join(f"{k}={val}" for k, val in fields)
+        (self.logger or logging.getLogger("sglang")).info(line)
+
+
+RECORDER: Recorder | None = None
+
+
+def _wrap(cls, name: str, phase: str) -> None:
+    original = getattr(cls, name)
+    if getattr(original, "__eagle3_probe__", False):
+        return
+
+    def wrapper(self, *args, **kwargs):
+        token = RECORDER.start(phase, self)
+        result = original(self, *args, **kwargs)
+        RECORDER.stop(phase, token, self, args, result)
+        return result
+
+    wrapper.__eagle3_probe__ = True
+    wrapper.__wrapped__ = original
+    wrapper.__name__ = original.__name__
+    wrapper.__doc__ = original.__doc__
+    setattr(cls, name, wrapper)
+
+
+def patch_module(module) -> list[str]:
+    """Wrap the phases this module defines; return what was expected but not found."""
+    missing = []
+    for cls_name, methods in TARGETS.get(module.__name__, {}).items():
+        cls = getattr(module, cls_name, None)
+        if cls is None:
+            missing.append(cls_name)
+            continue
+        for meth, phase in methods.items():
+            if callable(getattr(cls, meth, None)):
+                _wrap(cls, meth, phase)
+            else:
+                missing.append(f"{cls_name}.{meth}")
+    if missing:
+        logging.getLogger(module.__name__).warning(
+            "EAGLE3_PROFILE: SGLang %s: %s not found in %s; the server runs unprofiled",
+            _sglang_version(), ", ".join(missing), module.__name__)
+        _unpatch(module)
+    return missing
+
+
+def _unpatch(module) -> None:
+    for cls_name, methods in TARGETS.get(module.__name__, {}).items():
+        cls = getattr(module, cls_name, None)
+        for meth in methods:
+            fn = getattr(cls, meth, None) if cls is not None else None
+            if getattr(fn, "__eagle3_probe__", False):
+                setattr(cls, meth, fn.__wrapped__)
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner):
+        self.inner = inner
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module):
+        self.inner.exec_module(module)
+        patch_module(module)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in TARGETS:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _Loader(spec.loader)
+        return spec
+
+
+def install() -> None:
+    """Called from sitecustomize in every process that starts with EAGLE3_PROFILE set."""
+    global RECORDER
+    if RECORDER is not None:
+        return
+    sync = os.environ.get("EAGLE3_PROFILE_SYNC", "event").lower()
+    RECORDER = Recorder(int(os.environ.get("EAGLE3_PROFILE_WINDOW", "40")), "host" if sync == "host" else "event")
+    sys.meta_path.insert(0, _Finder())
+    for name in TARGETS:  # already imported (e.g. installed late): patch in place
+        if name in sys.modules:
+            patch_module(sys.modules[name])
+
+
+# ---- check ---------------------------------------------------------------------------------------
+
+
+def check(sglang_path: str | None = None) -> dict:
+    """Which phases this SGLang source tree allows patching (read with ast, nothing imported)."""
+    if sglang_path is None:
+        spec = importlib.util.find_spec("sglang")
+        if spec is None or not spec.submodule_search_locations:
+            return {"sglang": None, "error": "sglang is not installed for this python", "phases": {}}
+        sglang_path = list(spec.submodule_search_locations)[0]
+    root = sglang_path
+    version = None
+    vfile = os.path.join(root, "_version.py")
+    if os.path.exists(vfile):
+        for node in ast.walk(ast.parse(open(vfile, encoding="utf-8").read())):
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") in ("__version__", "version")
+                                                    for t in node.targets):
+                if isinstance(node.value, ast.Constant):
+                    version = node.value.value
+    if version is None:  # an installed wheel: the dist-info beside the package says it
+        parent = os.path.dirname(os.path.abspath(root))
+        for entry in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
+            if entry.startswith("sglang-") and entry.endswith(".dist-info"):
+                version = entry[len("sglang-"):-len(".dist-info")]
+    found: dict[str, dict] = {}
+    for module, classes in TARGETS.items():
+        rel = module.split(".", 1)[1].replace(".", os.sep) + ".py"
+        path = os.path.join(root, rel)
+        if not os.path.exists(path):
+            continue
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        defined = {n.name: {m.name for m in n.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
+                   for n in tree.body if isinstance(n, ast.ClassDef)}
+        for cls, methods in classes.items():
+            for meth, phase in methods.items():
+                ok = meth in defined.get(cls, set())
+                found.setdefault(module, {})[f"{cls}.{meth}"] = {"phase": phase, "found": ok}
+    usable = [m for m, entries in found.items() if all(e["found"] for e in entries.values())]
+    phases = sorted({e["phase"] for m in usable for e in found[m].values()})
+    return {"sglang": root, "version": version, "modules": found, "usable": usable, "phases": phases,
+            "ok": set(phases) == set(PHASES)}
+
+
+if __name__ == "__main__":
+    import argparse
+    ap = argparse.ArgumentParser(description="check which EAGLE phases the probe can patch")
+    ap.add_argument("--check", action="store_true", required=True)
+    ap.add_argument("--sglang-path")
+    ns = ap.parse_args()
+    print(json.dumps(check(ns.sglang_path)))
