@@ -114,3 +114,20 @@ def test_launch_command_puts_the_probe_first_on_pythonpath(tmp_path):
     out = subprocess.run(["bash", "-c", 'HOME=/h; PYTHONPATH=/a; echo "$HOME/.cache/tuitune/probe${PYTHONPATH:+:$PYTHONPATH}"'],
                          capture_output=True, text=True).stdout.strip()
     assert out == "/h/.cache/tuitune/probe:/a"
+
+
+@pytest.mark.gpu
+def test_event_timing_on_a_gpu(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU here (CI never has one)")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import probe_overhead as po
+    make_tree(tmp_path / "fake", "v2", work=po.GPU_WORK)
+    (tmp_path / "probe").mkdir()
+    for name in FILES:
+        (tmp_path / "probe" / name).write_bytes((PROBE_DIR / name).read_bytes())
+    (tmp_path / "harness.py").write_text(po.HARNESS)
+    out, lines = po.run(tmp_path, "timed", {"EAGLE3_PROFILE": "1"})
+    assert len(lines) >= 8 and all(e.sync == "event" and e.verify_ms > e.draft_ms > 0 for e in lines)
+    assert all(e.accept_len == pytest.approx(2.0) for e in lines)  # read from the GPU tensor, a window late

@@ -1,0 +1,140 @@
+"""The probe's cost on a GPU: a synthetic EAGLE-shaped workload under no probe, sync=event and
+sync=host, and its phase times against torch.profiler's kernel times.
+
+The workload lives in a stand-in SGLang tree (module, class and method names of SGLang's v2
+worker), so the probe patches it exactly as it patches SGLang: draft = `steps` small matmuls
+(1 × 7168 by 7168 × 7168, bf16), verify = 48 large ones (3 × 7168 by 7168 × 14336, about 10 GB of
+weights read, memory bound like a real verify), extend = one small matmul; accept lengths come back
+as a GPU tensor, as SGLang's do. Cycle time = wall time of 400 cycles / 400 (one synchronize at the
+end). Needs CUDA; run it on the GPU machine.
+
+    python benchmarks/probe_overhead.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from fake_sglang import make_tree  # noqa: E402
+from tuitune.parse import parse_line  # noqa: E402
+from tuitune.probe import FILES  # noqa: E402
+
+GPU_WORK = '''
+import torch
+from torch.profiler import record_function
+H, LAYERS = 7168, 48
+dev = "cuda"
+torch.manual_seed(0)
+W_small = torch.randn(H, H, dtype=torch.bfloat16, device=dev) * 0.01
+W_big = [torch.randn(H, 2 * H, dtype=torch.bfloat16, device=dev) * 0.01 for _ in range(LAYERS)]
+x1 = torch.randn(1, H, dtype=torch.bfloat16, device=dev)
+x3 = torch.randn(3, H, dtype=torch.bfloat16, device=dev)
+def draft(steps):
+    with record_function("phase_draft"):
+        for _ in range(steps):
+            torch.matmul(x1, W_small)
+def verify(batch):
+    with record_function("phase_verify"):
+        for W in W_big:
+            torch.matmul(x3, W)
+        return torch.full((len(batch.reqs),), 2, dtype=torch.int32, device=dev)
+def extend():
+    with record_function("phase_extend"):
+        torch.matmul(x3, W_small)
+'''
+
+HARNESS = '''
+import json, logging, sys, time, torch
+logging.basicConfig(level=logging.INFO, format="[%(asctime)s TP0] %(message)s", stream=sys.stdout)
+from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+profile = sys.argv[1] == "profiler"
+class Batch:
+    reqs = [object()]
+d, v, b = EagleDraftWorker(0), EAGLEWorkerV2(0), Batch()
+def cycles(n):
+    for _ in range(n):
+        d.draft(b)
+        r = v.verify(b)
+        d._draft_extend_for_decode(b, r)
+cycles(100)
+torch.cuda.synchronize()
+if profile:
+    from torch.profiler import ProfilerActivity, profile as prof_ctx
+    with prof_ctx(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        cycles(200)
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        if e.key.startswith("phase_"):
+            dev_total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+            out[e.key] = dev_total / max(1, e.count) / 1000.0  # ms per call
+    print("PROFILER " + json.dumps(out))
+else:
+    t0 = time.perf_counter()
+    cycles(400)
+    torch.cuda.synchronize()
+    print("CYCLE_MS %.6f" % ((time.perf_counter() - t0) / 400 * 1000))
+'''
+
+
+def run(tmp: Path, mode: str, extra_env: dict | None = None) -> tuple[str, list]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp / "probe"), str(tmp / "fake")])
+    env.update(extra_env or {})
+    r = subprocess.run([sys.executable, str(tmp / "harness.py"), mode], capture_output=True, text=True, env=env,
+                       timeout=300)
+    if r.returncode != 0:
+        raise SystemExit(r.stderr[-2000:])
+    lines = [parse_line(x) for x in r.stdout.splitlines() if "EAGLE3_PROFILE" in x]
+    return r.stdout, [e for e in lines if e is not None and e.kind == "profile"]
+
+
+def main() -> None:
+    import torch
+    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        make_tree(tmp / "fake", "v2", work=GPU_WORK)
+        (tmp / "probe").mkdir()
+        for name in FILES:
+            (tmp / "probe" / name).write_bytes((ROOT / "tuitune" / "probe" / name).read_bytes())
+        (tmp / "harness.py").write_text(HARNESS)
+        results = {}
+        for rep in range(3):  # interleaved, three rounds
+            for mode, env in (("none", {}), ("event", {"EAGLE3_PROFILE": "1"}),
+                              ("host", {"EAGLE3_PROFILE": "1", "EAGLE3_PROFILE_SYNC": "host"})):
+                out, lines = run(tmp, "timed", env)
+                ms = float(next(x for x in out.splitlines() if x.startswith("CYCLE_MS")).split()[1])
+                results.setdefault(mode, []).append((ms, lines))
+        base = sorted(m for m, _ in results["none"])[1]
+        print(f"{'mode':<6} {'cycle ms (median of 3 runs)':>28} {'overhead':>9}   probe's phase means (last run)")
+        for mode in ("none", "event", "host"):
+            ms = sorted(m for m, _ in results[mode])[1]
+            lines = results[mode][-1][1]
+            phases = ""
+            if lines:
+                n = len(lines)
+                phases = "draft %.3f verify %.3f extend %.3f ms (%d windows, sync=%s)" % (
+                    sum(e.draft_ms for e in lines) / n, sum(e.verify_ms for e in lines) / n,
+                    sum(e.extend_ms for e in lines) / n, n, lines[0].sync)
+            print(f"{mode:<6} {ms:>28.4f} {(ms - base) / base:>+9.2%}   {phases}")
+        out, lines = run(tmp, "profiler", {"EAGLE3_PROFILE": "1"})
+        prof = json.loads(next(x for x in out.splitlines() if x.startswith("PROFILER"))[len("PROFILER "):])
+        print("\nphase    probe (sync=event) ms   torch.profiler device ms   difference")
+        for phase in ("draft", "verify", "extend"):
+            mine = sum(getattr(e, f"{phase}_ms") for e in lines) / len(lines)
+            theirs = prof.get(f"phase_{phase}")
+            print(f"{phase:<8} {mine:>21.4f} {theirs:>26.4f} {(mine - theirs) / theirs:>+12.1%}")
+        print(json.dumps({"cycle_ms": {m: [x for x, _ in v] for m, v in results.items()}, "profiler": prof}))
+
+
+if __name__ == "__main__":
+    main()
