@@ -118,7 +118,7 @@ def main() -> None:
         print(f"{'mode':<6} {'cycle ms (median of 3 runs)':>28} {'overhead':>9}   probe's phase means (last run)")
         for mode in ("none", "event", "host"):
             ms = sorted(m for m, _ in results[mode])[1]
-            lines = results[mode][-1][1]
+            lines = results[mode][-1][1][1:]  # the first window of a process is cold (CUDA/cuBLAS start-up)
             phases = ""
             if lines:
                 n = len(lines)
@@ -128,11 +128,16 @@ def main() -> None:
             print(f"{mode:<6} {ms:>28.4f} {(ms - base) / base:>+9.2%}   {phases}")
         out, lines = run(tmp, "profiler", {"EAGLE3_PROFILE": "1"})
         prof = json.loads(next(x for x in out.splitlines() if x.startswith("PROFILER"))[len("PROFILER "):])
-        print("\nphase    probe (sync=event) ms   torch.profiler device ms   difference")
+        # 100 warm-up cycles, then 200 under the profiler: windows of 40 from the 4th on lie inside it
+        inside = lines[3:]
+        print(f"\nphase    probe (sync=event) ms   torch.profiler device ms   difference   ({len(inside)} windows "
+              "inside the profiled span)")
         for phase in ("draft", "verify", "extend"):
-            mine = sum(getattr(e, f"{phase}_ms") for e in lines) / len(lines)
+            mine = sum(getattr(e, f"{phase}_ms") for e in inside) / len(inside)
             theirs = prof.get(f"phase_{phase}")
             print(f"{phase:<8} {mine:>21.4f} {theirs:>26.4f} {(mine - theirs) / theirs:>+12.1%}")
+        print("draft ms per window (event):", [round(e.draft_ms, 3) for e in results["event"][-1][1]])
+        print("draft ms per window (profiler run):", [round(e.draft_ms, 3) for e in lines])
         print(json.dumps({"cycle_ms": {m: [x for x, _ in v] for m, v in results.items()}, "profiler": prof}))
 
 

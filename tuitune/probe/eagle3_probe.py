@@ -66,6 +66,8 @@ class Recorder:
         self.cycles: list[dict] = []  # closed cycles of the current window
         self.pending: list[dict] | None = None  # the previous window, read when this one closes
         self.meta: dict = {}
+        self.host_acc = None  # pinned slots for accept-length sums, copied without blocking
+        self.slot = 0
 
     @staticmethod
     def _new_cycle() -> dict:
@@ -138,9 +140,19 @@ class Recorder:
         for obj in (result, *(result if isinstance(result, (tuple, list)) else ())):
             lens = getattr(obj, "accept_lens", None)
             if lens is not None:
-                if self.torch is not None and isinstance(lens, self.torch.Tensor):
-                    # an async reduction: read with the window's events, never waited for here
-                    self.cycle["accept"].append((lens.float().sum(), lens.numel()))
+                if self.torch is not None and isinstance(lens, self.torch.Tensor) and lens.is_cuda:
+                    # reduce on the GPU and copy into a pinned slot without blocking; the slot is read
+                    # a window later, after the window's events completed (an .item() here would
+                    # drain the whole stream)
+                    if self.host_acc is None:
+                        self.host_acc = self.torch.zeros(4 * self.window + 8, dtype=self.torch.float32,
+                                                         pin_memory=True)
+                    slot = self.host_acc[self.slot % len(self.host_acc)]
+                    self.slot += 1
+                    slot.copy_(lens.float().sum(), non_blocking=True)
+                    self.cycle["accept"].append((slot, lens.numel()))
+                elif self.torch is not None and isinstance(lens, self.torch.Tensor):
+                    self.cycle["accept"].append((float(lens.float().sum()), lens.numel()))
                 else:
                     self.cycle["accept"].append((float(sum(lens)), len(lens)))
                 return
