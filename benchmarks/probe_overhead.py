@@ -98,7 +98,13 @@ def run(tmp: Path, mode: str, extra_env: dict | None = None) -> tuple[str, list]
 
 
 def main() -> None:
-    import torch
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is None or not torch.cuda.is_available():
+        print("probe_overhead: needs a CUDA GPU (see the README for the H200 figures); skipped")
+        return
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)

@@ -181,6 +181,8 @@ class Session:
                 raise
             self.last_ready = res
             self.running_preset = new
+            if control.warnings:
+                self.publish([Marker(f"warning: {w}", new.name, new.hash()) for w in control.warnings])
             await self._open_url()
             self._set_state("ready", "ready", pid=rec.pid, elapsed=time.monotonic() - t0)
             if was_loaded:

@@ -24,7 +24,7 @@ from textual.worker import Worker, WorkerState
 
 from .. import preset as P
 from ..control import ControlError
-from ..events import BenchSummary, Event, LogLine, ProfileWindow, ServerState
+from ..events import Event, LogLine, Marker, ProfileWindow, ServerState
 from ..runs import RunBook, delta_mark
 from ..transport import TransportError
 from .chart import ChartPanel
@@ -236,6 +236,8 @@ class TuituneApp(App):
         for ev in events:
             if isinstance(ev, (ProfileWindow,)) or ev.kind == "decode":
                 self._dirty_cycle = True
+            elif isinstance(ev, Marker) and ev.text.startswith("warning: "):
+                self.say(ev.text.removeprefix("warning: "), "warning")
             elif isinstance(ev, ServerState) and self.relaunch_screen is not None \
                     and not self.relaunch_screen.finished and ev.state == "starting":
                 self.relaunch_screen.set_phase(ev)

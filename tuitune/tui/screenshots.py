@@ -11,6 +11,8 @@ from pathlib import Path
 from .. import preset as P
 from ..capture import Replay, read_capture
 from ..events import ServerState
+from ..metrics import summarize
+from ..stats import bootstrap_median_ci
 from .app import TuituneApp, UserConfig
 from .screens import RelaunchScreen
 
@@ -36,8 +38,6 @@ def _runs(app: TuituneApp) -> None:
     five = P.with_changes(base, {"speculative.num_steps": 5})
     for preset, scale in ((base, 1.0), (untuned, 0.76), (five, 0.93)):
         values = [rate * scale * rng.gauss(1.0, 0.01) for _ in range(10)]
-        from ..stats import bootstrap_median_ci
-        from ..metrics import summarize
         s = summarize(values)
         summary = {"tok_s": {**s.as_dict(), "ci95": list(bootstrap_median_ci(values))}, "failed": 0,
                    "requests": 10, "accept_len": {"mean": 1.9 if preset is not five else 2.0}}
@@ -45,13 +45,18 @@ def _runs(app: TuituneApp) -> None:
     app._dirty_runs = True
 
 
+async def _relaunch_view(app: TuituneApp) -> RelaunchScreen:
+    screen = RelaunchScreen(app.draft.name, P.launch_command(app.draft))
+    app.relaunch_screen = screen
+    await app.push_screen(screen)
+    return screen
+
+
 async def prepare(app: TuituneApp, pilot, scene: str) -> None:
     await pilot.pause()
     app.set_focus(None)
     if scene == "relaunch":
-        screen = RelaunchScreen(app.draft.name, P.launch_command(app.draft))
-        app.relaunch_screen = screen
-        await app.push_screen(screen)
+        screen = await _relaunch_view(app)
         screen.set_phase(ServerState("starting", "capturing graphs", elapsed_s=2.4))
         screen.add_lines([ln for ln in app.logpane.lines if "Capture" in ln or "Load" in ln][:12])
     elif scene == "runs":
@@ -64,9 +69,7 @@ async def prepare(app: TuituneApp, pilot, scene: str) -> None:
         await pilot.pause()
         app.set_focus(None)
     elif scene == "failure":
-        screen = RelaunchScreen(app.draft.name, P.launch_command(app.draft))
-        app.relaunch_screen = screen
-        await app.push_screen(screen)
+        screen = await _relaunch_view(app)
         screen.done(False, "server exited during start (out of memory): CUDA out of memory. Tried to "
                            "allocate 3.50 GiB. GPU 0 has a total capacity of 94.97 GiB of which 1.12 GiB is free.",
                     ["[2026-11-29 16:02:01 TP0] Load weight begin. avail mem=93.62 GB",
