@@ -37,7 +37,7 @@ def test_ab_cli_two_step_eagle3_beats_the_nccl_baseline(tmp_path):
     result = json.loads(out.read_text())
     assert len(result["launches"]) == 8
     assert [x["preset"] for x in result["launches"][:4]] == ["sim-c2-baseline-nccl", "sim-c4-eagle3-2step-nccl"] * 2
-    assert 1.02 < result["verdict"]["ratio"] < 1.10  # seeds: +5.9 %
+    assert 1.02 < result["verdict"]["ratio"] < 1.15  # seeds: +5.9 %; the model: +8.4 %; short launches: ±3 %
 
 
 async def test_ab_untuned_baseline_is_far_slower(tmp_path):
