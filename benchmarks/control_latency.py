@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import statistics
 import subprocess
 import sys
 import tempfile

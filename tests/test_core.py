@@ -7,7 +7,6 @@ import math
 import random
 import subprocess
 import sys
-import time
 import tracemalloc
 from pathlib import Path
 

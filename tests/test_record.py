@@ -8,7 +8,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from conftest import free_port, make_preset, wait_for

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shlex
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -368,7 +367,3 @@ def for_preset(preset) -> Transport:
     if t.is_local:
         return LocalTransport()
     return SshTransport(SshTarget(t.host, t.port, t.user, t.identity_file, t.known_hosts))
-
-
-def quote(s: str) -> str:
-    return shlex.quote(s)
