@@ -54,7 +54,8 @@ async def test_edit_steps_relaunch_and_new_numbers(tmp_path):
         await until(pilot, lambda: s.store.last_profile is not None and s.store.last_profile.steps == 4,
                     15, "profile windows with 4 steps")
         assert s.load.on  # the load survives a relaunch
-        assert "steps 4" in str(app.cycle.query_one("#bars").render())
+        await until(pilot, lambda: "steps 4" in str(app.cycle.query_one("#bars").render()), 2,
+                    "the panel's next refresh")
         await s.close(stop_server=True)
 
 
