@@ -203,3 +203,24 @@ def group_alive(pgid: int) -> bool:
         if state != "Z":
             return True
     return False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_server_left_behind(tmp_path_factory):
+    """A failing test must not leave a simulator running: at the end, kill every simulator whose log
+    lies under this run's temporary directory (with its process group)."""
+    yield
+    base = str(tmp_path_factory.getbasetemp())
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+            out = os.readlink(proc / "fd" / "1")
+        except OSError:
+            continue
+        if b"tuitune.sim" in cmd and out.startswith(base):
+            try:
+                os.killpg(int(proc.name), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass

@@ -42,6 +42,7 @@ class RequestResult:
     spec_verify_ct: int | None = None
     itl_ms_median: float | None = None
     server_e2e_s: float | None = None  # the server's own e2e_latency, when it reports one
+    client_lag_ms: float | None = None  # latency the client adds (simulator only: it stamps both ends)
     chunks: int = 0
     client_cpu_s: float = 0.0
 
@@ -164,12 +165,14 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
 
     path, body = _payload(cfg.api, prompt, cfg.max_tokens)
     res = RequestResult(ok=False)
+    start_wall = time.time()
     start = time.perf_counter()
     cpu0 = time.process_time()
     last_t = None
     last_tokens = 0
     itls: list[float] = []
     final: dict | None = None
+    final_recv_wall = 0.0
     try:
         timeout = aiohttp.ClientTimeout(total=cfg.request_timeout(), sock_connect=cfg.connect_timeout_s,
                                         sock_read=min(60.0, cfg.request_timeout()))
@@ -209,6 +212,7 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
                     tokens = int(m.group(1))
                     if b'"finish_reason": null' not in payload and b'"finish_reason":null' not in payload:
                         final = json.loads(payload)
+                        final_recv_wall = time.time() - (time.perf_counter() - now)
                     n = tokens - last_tokens
                     if n <= 0:
                         continue
@@ -234,6 +238,10 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
             res.completion_tokens = meta.get("completion_tokens", last_tokens or None)
             res.spec_verify_ct = meta.get("spec_verify_ct")
             res.server_e2e_s = meta.get("e2e_latency")
+            if meta.get("sim_received_wall") and meta.get("sim_sent_wall"):
+                # request: client start -> handler; last chunk: written -> timestamped by the client
+                res.client_lag_ms = ((meta["sim_received_wall"] - start_wall)
+                                     + (final_recv_wall - meta["sim_sent_wall"])) * 1000
             if final is None:
                 res.error = "stream ended before the last chunk (connection dropped?)"
                 return res

@@ -79,6 +79,7 @@ class Request:
     verify_ct: int = 0
     first_token_time: float | None = None
     finished: bool = False
+    received_wall: float = 0.0
 
     def next_words(self, n: int) -> list[str]:
         return [self.rng.choice(WORDS) for _ in range(n)]
@@ -405,7 +406,10 @@ class Simulator:
     def meta(self, r: Request, finish: bool) -> dict:
         m = {"id": r.rid, "finish_reason": {"type": "length", "length": r.max_tokens} if finish else None,
              "prompt_tokens": r.prompt_tokens, "completion_tokens": r.produced, "cached_tokens": 0,
-             "e2e_latency": time.monotonic() - r.arrival}
+             "e2e_latency": time.monotonic() - r.arrival,
+             # sim-only: wall clock when the handler got the request and when this chunk is written,
+             # so a client on the same machine can measure the latency it adds itself
+             "sim_received_wall": r.received_wall, "sim_sent_wall": time.time()}
         if self.cfg.speculative:
             m["spec_verify_ct"] = r.verify_ct
         return m
@@ -432,9 +436,11 @@ class Simulator:
         return body
 
     async def h_generate(self, request: web.Request) -> web.StreamResponse:
+        received = time.time()
         body = await self._json(request)
         sp = body.get("sampling_params") or {}
         r = self.submit(self._prompt_tokens(body), int(sp.get("max_new_tokens", 128)))
+        r.received_wall = received
         words: list[str] = []
         ids: list[int] = []
         if not body.get("stream"):
