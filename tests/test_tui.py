@@ -229,3 +229,17 @@ async def test_replay_drives_the_tui_to_the_same_numbers_as_live():
 def test_snapshots(scene, snap_compare):
     app = scene_app()
     assert snap_compare(app, terminal_size=SIZE, run_before=lambda pilot: prepare(app, pilot, scene))
+
+
+async def test_relaunch_view_takes_updates_before_it_is_composed():
+    # the 10 Hz refresh may reach the view between push_screen and its compose: it must not crash
+    from tuitune.events import ServerState
+    app = scene_app()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = RelaunchScreen("x", "cmd")
+        app.push_screen(screen)  # not awaited: not composed yet
+        screen.set_phase(ServerState("starting", "loading weights", elapsed_s=1.5))
+        screen.add_lines(["Load weight begin"])
+        await pilot.pause()
+        assert "loading weights  (1.5 s)" in str(screen.query_one("#phase").render())
+        assert "Load weight begin" in str(screen.query_one("#lines").render())

@@ -34,27 +34,41 @@ class RelaunchScreen(ModalScreen[None]):
         self.lines: list[str] = []
         self.finished = False
         self.failed = False
+        # what the view shows, kept as data: updates may arrive before the widgets are composed
+        self.phase_text = "preflight…"
+        self.error_text = ""
+        self.hint_text = "Esc: cancel the start (stops the half-started server)"
 
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(f"relaunching {self.preset_name}", id="title")
-            yield Static("preflight…", id="phase")
-            yield Static("", id="error")
+            yield Static(self.phase_text, id="phase")
+            yield Static(self.error_text, id="error")
             yield Static("", id="lines")
-            yield Static("Esc: cancel the start (stops the half-started server)", id="hint")
+            yield Static(self.hint_text, id="hint")
 
     def on_mount(self) -> None:
         self.query_one(Vertical).border_title = "relaunch"
+        self._draw()
+
+    def _draw(self) -> None:
+        if not self.query("#phase"):
+            return  # not composed yet: on_mount draws
+        self.query_one("#phase", Static).update(self.phase_text)
+        self.query_one("#error", Static).update(self.error_text)
+        self.query_one("#lines", Static).update(Text("\n".join(ln[:150] for ln in self.lines)))
+        self.query_one("#hint", Static).update(self.hint_text)
 
     def set_phase(self, state) -> None:
         text = state.phase or state.state
         if state.elapsed_s is not None:
             text += f"  ({state.elapsed_s:.1f} s)"
-        self.query_one("#phase", Static).update(text)
+        self.phase_text = text
+        self._draw()
 
     def add_lines(self, lines: list[str]) -> None:
         self.lines = (self.lines + lines)[-14:]
-        self.query_one("#lines", Static).update(Text("\n".join(ln[:150] for ln in self.lines)))
+        self._draw()
 
     def done(self, ok: bool, message: str = "", log_tail: list[str] | None = None) -> None:
         self.finished = True
@@ -62,19 +76,20 @@ class RelaunchScreen(ModalScreen[None]):
         if ok:
             self.dismiss(None)
             return
-        self.query_one("#phase", Static).update("failed")
-        self.query_one("#error", Static).update(message)
+        self.phase_text = "failed"
+        self.error_text = message
         if log_tail:
-            self.lines = []
-            self.add_lines(log_tail[-14:])
-        self.query_one("#hint", Static).update("Esc: close (the previous configuration stays loaded)")
+            self.lines = log_tail[-14:]
+        self.hint_text = "Esc: close (the previous configuration stays loaded)"
+        self._draw()
 
     def action_cancel(self) -> None:
         if self.finished:
             self.dismiss(None)
         else:
             self.app.cancel_relaunch()
-            self.query_one("#phase", Static).update("cancelling: stopping the half-started server…")
+            self.phase_text = "cancelling: stopping the half-started server…"
+            self._draw()
 
 
 class SaveScreen(ModalScreen[str | None]):
