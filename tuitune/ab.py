@@ -26,12 +26,7 @@ async def bench_launch(t: Transport, p: Preset, overrides: dict, timeout_s: floa
     control = ServerControl(t, p)
     rec, ready = await control.relaunch(timeout_s)
     port = await t.forward_port(p.server.port)
-    b = p.bench
-    cfg = BenchConfig(t.url(port), requests=overrides.get("requests", b.requests),
-                      warmup=overrides.get("warmup", b.warmup), max_tokens=overrides.get("max_tokens", b.max_tokens),
-                      concurrency=overrides.get("concurrency", b.concurrency), api=overrides.get("api", b.api),
-                      label=p.name)
-    run = await run_bench(cfg)
+    run = await run_bench(BenchConfig.for_preset(t.url(port), p, overrides))
     s = run.summary()
     tok = s.get("tok_s") or {}
     return {"preset": p.name, "hash": p.hash(), "pid": rec.pid, "ready_s": ready.elapsed_s,

@@ -81,6 +81,13 @@ class BenchConfig:
     def request_timeout(self) -> float:
         return self.timeout_s or max(30.0, self.max_tokens * 0.5)
 
+    @classmethod
+    def for_preset(cls, url: str, preset, overrides: dict | None = None, label: str = "") -> "BenchConfig":
+        """The preset's bench settings, with command-line overrides (requests, warmup, …) on top."""
+        b = {**preset.bench.model_dump(), **(overrides or {})}
+        return cls(url, requests=b["requests"], warmup=b["warmup"], max_tokens=b["max_tokens"],
+                   concurrency=b["concurrency"], api=b["api"], label=label or preset.name)
+
 
 @dataclass
 class BenchRun:
@@ -89,6 +96,7 @@ class BenchRun:
     server: dict = field(default_factory=dict)  # cross-check figures from /server_info
     started: float = 0.0
     wall_s: float = 0.0
+    cycle_ms: float | None = None  # mean cycle of the profile windows the server logged meanwhile
 
     @property
     def ok(self) -> list[RequestResult]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
@@ -17,7 +18,7 @@ from typing import Awaitable, Callable
 from . import preset as P
 from .bench import BenchConfig, BenchRun, RequestResult, prompts, run_bench, run_request
 from .control import ControlError, ReadyResult, ServerControl, Status, nccl_confirmation
-from .events import BenchSummary, Event, LinkState, LogLine, Marker, ServerState
+from .events import BenchSummary, Event, LinkState, LogLine, Marker, ProfileWindow, ServerState
 from .metrics import MetricsStore
 from .parse import parse_line
 from .tail import LogTail
@@ -58,7 +59,6 @@ class Session:
         self._tail: LogTail | None = None
         self._tail_task: asyncio.Task | None = None
         self._load_task: asyncio.Task | None = None
-        self._load_stop = asyncio.Event()
         self._relaunch_lock = asyncio.Lock()
 
     # ---- events ---------------------------------------------------------------------------
@@ -157,7 +157,8 @@ class Session:
             self.publish([Marker(f"relaunch: {new.name}", new.name, new.hash())])
 
             async def before_stop() -> None:
-                await self.set_load(False)
+                if self.load.on:
+                    await self.set_load(False)
                 await self.stop_follow()
                 self._set_state("stopping")
 
@@ -172,11 +173,8 @@ class Session:
                     self.ready_timeout_s, before_stop=before_stop, after_start=after_start,
                     on_phase=lambda ph, el: self._set_state("starting", ph, pid=self.record.pid if self.record else None,
                                                             elapsed=el))
-            except ControlError as e:
+            except (ControlError, TransportError) as e:
                 self.last_ready = None
-                self._set_state("failed", detail=str(e))
-                raise
-            except TransportError as e:
                 self._set_state("failed", detail=str(e))
                 raise
             self.last_ready = res
@@ -204,19 +202,23 @@ class Session:
                     **overrides) -> BenchRun:
         if self.url is None:
             await self._open_url()
-        b = self.preset.bench
-        cfg = BenchConfig(self.url, requests=overrides.get("requests", b.requests),
-                          warmup=overrides.get("warmup", b.warmup),
-                          max_tokens=overrides.get("max_tokens", b.max_tokens),
-                          concurrency=overrides.get("concurrency", b.concurrency),
-                          api=overrides.get("api", b.api), label=label or self.preset.name)
+        cfg = BenchConfig.for_preset(self.url, self.preset, overrides, label)
         was_loaded = self.load.on
-        await self.set_load(False)  # a benchmark measures alone
+        if was_loaded:
+            await self.set_load(False)  # a benchmark measures alone
+        cycles: list[float] = []
+
+        def collect(events: list[Event]) -> None:
+            cycles.extend(e.cycle_ms for e in events if isinstance(e, ProfileWindow) and math.isfinite(e.cycle_ms))
+
+        self.subscribe(collect)
         try:
             run = await run_bench(cfg, on_result)
         finally:
+            self.subscribers.remove(collect)
             if was_loaded:
                 await self.set_load(True, self.load.concurrency)
+        run.cycle_ms = sum(cycles) / len(cycles) if cycles else None
         s = run.summary()
         tok = s.get("tok_s") or {}
         acc = s.get("accept_len") or {}
@@ -231,25 +233,23 @@ class Session:
         if concurrency:
             self.load.concurrency = max(1, concurrency)
         if self._load_task is not None:
-            self._load_stop.set()
             self._load_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._load_task
             self._load_task = None
         self.load.on = on
         if on:
-            self._load_stop = asyncio.Event()
-            self._load_task = asyncio.ensure_future(self._load_loop(self._load_stop))
+            self._load_task = asyncio.ensure_future(self._load_loop())
         self.publish([Marker(f"load {'on' if on else 'off'} ({self.load.concurrency} stream(s))")])
 
-    async def _load_loop(self, stop: asyncio.Event) -> None:
+    async def _load_loop(self) -> None:
         import aiohttp
         ps = prompts()
 
         async def stream(i: int) -> None:
             async with aiohttp.ClientSession() as session:
                 n = i
-                while not stop.is_set():
+                while True:  # until set_load cancels it
                     if self.url is None or self.state.state != "ready":
                         await asyncio.sleep(0.5)
                         continue

@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -23,7 +22,6 @@ from . import preset as P
 from . import stats
 from .capture import CaptureWriter, redacted_preset
 from .control import ControlError
-from .events import ProfileWindow
 from .metrics import quantile
 from .session import Session
 from .transport import TransportError
@@ -104,23 +102,14 @@ async def run_trial(session: Session, trial: dict, out: Path, overrides: dict) -
     writer = CaptureWriter(out / "captures" / f"{trial['id']}.jsonl.gz",
                            {"preset": redacted_preset(P.to_dict(p)), "preset_hash": p.hash(),
                             "target": p.target.label(), "trial": trial["id"]})
-    cycles: list[float] = []
-    measuring = False  # profile windows count only once this trial's server is up
-
-    def sink(events) -> None:
-        writer.write(events)
-        if measuring:
-            cycles.extend(e.cycle_ms for e in events if isinstance(e, ProfileWindow) and math.isfinite(e.cycle_ms))
-
-    session.subscribe(sink)
+    session.subscribe(writer.write)
     try:
         await session.relaunch(p)
-        measuring = True
         run = await session.bench(label=trial["label"], **overrides)
     except (ControlError, TransportError) as e:
         return {**row, "status": "failed", "reason": str(e)}
     finally:
-        session.subscribers.remove(sink)
+        session.subscribers.remove(writer.write)
         writer.close()
     s = run.summary()
     tok = s.get("tok_s") or {}
@@ -129,7 +118,7 @@ async def run_trial(session: Session, trial: dict, out: Path, overrides: dict) -
             "reason": "; ".join(s["errors"]) if run.failed else None,
             "tok_s_median": tok.get("median"), "ci_low": ci[0], "ci_high": ci[1],
             "accept_len": (s.get("accept_len") or {}).get("mean"),
-            "cycle_ms": sum(cycles) / len(cycles) if cycles else None,
+            "cycle_ms": run.cycle_ms,
             "requests": s["requests"], "failed": s["failed"], "values": run.tok_s()}
 
 

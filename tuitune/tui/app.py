@@ -7,7 +7,6 @@ per log line. Connecting, relaunching, benchmarking run in workers; the UI never
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -336,12 +335,6 @@ class TuituneApp(App):
     async def run_bench(self) -> None:
         self.bench_running = True
         preset = self.session.running_preset or self.session.preset
-        cycles: list[float] = []
-
-        def watch(events):
-            cycles.extend(ev.cycle_ms for ev in events if isinstance(ev, ProfileWindow))
-
-        self.session.subscribe(watch)
         n = preset.bench.requests
         self.say(f"benchmark: {n} requests of {preset.bench.max_tokens} tokens…")
         try:
@@ -350,11 +343,8 @@ class TuituneApp(App):
             self.say(str(e), "error")
             return
         finally:
-            self.session.subscribers.remove(watch)
             self.bench_running = False
-        finite = [c for c in cycles if math.isfinite(c)]
-        r = self.book.add(preset.name, preset, run.tok_s(), run.summary(),
-                          sum(finite) / len(finite) if finite else None, started=self.clock())
+        r = self.book.add(preset.name, preset, run.tok_s(), run.summary(), run.cycle_ms, started=self.clock())
         self._dirty_runs = True
         mark = delta_mark(self.book.delta(r))
         self.say(f"run #{r.id}: {r.median:.1f} tok/s" + ("" if mark == "—" else f", {mark} vs baseline")
