@@ -334,3 +334,13 @@ def test_cli_launch_failure_is_clear(tmp_path):
     r = run_cli("launch", str(path), "--timeout", "30")
     assert r.returncode == 1 and "out of memory" in r.stderr and "Traceback (most recent" not in r.stderr.splitlines()[-1]
     assert r.stderr.strip().splitlines()[-1].startswith("tuitune: server exited during start")
+
+
+def test_cli_launch_no_wait_returns_once_started(tmp_path):
+    p = make_preset(tmp_path, "nowait", args={"sim-load-seconds": 2, "sim-speedup": 1})
+    path = P.save(p, tmp_path / "nowait.yaml")
+    r = run_cli("launch", str(path), "--no-wait")
+    assert r.returncode == 0 and "started pid" in r.stdout and "ready in" not in r.stdout, r.stderr
+    assert "fired up" not in Path(p.server.log).read_text()  # returned while the 2 s load still ran
+    assert "running, pid" in run_cli("status", str(path)).stdout
+    assert run_cli("stop", str(path)).returncode == 0

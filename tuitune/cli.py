@@ -273,19 +273,13 @@ def cmd_launch(ns) -> int:
     t, control = _with_control(p)
 
     async def go():
-        if ns.no_wait:
-            current = await control.read_state()
-            await control.preflight(current)
-            if current is not None:
-                print(f"stopped: {await control.stop()}")
-            rec = await control.start()
-            print(f"started pid {rec.pid}, log {rec.log}")
-            return 0
         rec, res = await control.relaunch(
-            ns.timeout, on_phase=lambda name, el: print(f"  {el:6.1f}s  {name}", flush=True),
+            ns.timeout, wait=not ns.no_wait, on_phase=lambda name, el: print(f"  {el:6.1f}s  {name}", flush=True),
             after_start=_print_started, on_stopped=lambda msg: print(f"stopped: {msg}"))
         for w in control.warnings:
             print(f"warning: {w}")
+        if res is None:
+            return 0
         print(f"ready in {res.elapsed_s:.1f}s")
         conf = nccl_confirmation(p, res.nccl_env)
         if res.nccl_env and conf:
@@ -367,7 +361,7 @@ def _logs_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_logs(ns) -> int:
     from .preset import shell_path
-    from .tail import LogTail
+    from .tail import LogTail, file_size
     p = _load_preset(ns.preset)
     t, _ = _with_control(p)
 
@@ -378,8 +372,7 @@ def cmd_logs(ns) -> int:
         sys.stdout.write(r.stdout)
         sys.stdout.flush()
         if ns.follow:
-            size = await t.run(f"stat -c %s {shell_path(p.server.log)}", timeout=30)
-            tail = LogTail(t, p.server.log, offset=int(size.stdout.strip() or 0))
+            tail = LogTail(t, p.server.log, offset=await file_size(t, p.server.log))
             async for batch in tail.batches():
                 for line in batch.lines:
                     print(line, flush=True)

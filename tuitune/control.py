@@ -27,6 +27,8 @@ from .transport import Transport, TransportError
 STATE_DIR = "~/.cache/tuitune"
 PHASES = (("Load weight begin", "loading weights"), ("Capture cuda graph begin", "capturing graphs"),
           ("Capture draft cuda graph begin", "capturing draft graphs"))
+# true when process $p exists and is not a zombie (a zombie only waits for its parent to reap it)
+LIVE_SH = "s=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -c1); [ -n \"$s\" ] && [ \"$s\" != Z ]"
 CAUSE_ORDER = ("oom", "nccl", "bad_argument", "port_in_use", "init_failed", "exception", "traceback")
 CAUSE_TEXT = {"oom": "out of memory", "nccl": "NCCL error", "bad_argument": "bad argument",
               "port_in_use": "port in use", "init_failed": "initialization failed",
@@ -182,8 +184,7 @@ class ServerControl:
         await self.t.run(f"rm -f {P.shell_path(self.state_path)}", timeout=30)
 
     async def alive(self, pid: int) -> bool:
-        r = await self.t.run(f"s=$(sed 's/.*) //' /proc/{int(pid)}/stat 2>/dev/null | cut -c1); "
-                             f"[ -n \"$s\" ] && [ \"$s\" != Z ]", timeout=30)
+        r = await self.t.run(f"p={int(pid)}; {LIVE_SH}", timeout=30)
         return r.ok
 
     async def port_busy(self, port: int | None = None) -> bool:
@@ -271,10 +272,9 @@ class ServerControl:
             await self.clear_state()
             return f"server {rec.pid} was not running (state cleared)"
         steps = max(1, int(grace_s / 0.1))
-        # a group is alive while any member is not a zombie (zombies wait for a parent to reap them)
+        # a group is alive while any of its members is (LIVE_SH)
         script = (f"g={int(target)}; alive() {{ for p in $(pgrep -g $g 2>/dev/null) $g; do "
-                  f"s=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -c1); "
-                  f"[ -n \"$s\" ] && [ \"$s\" != Z ] && return 0; done; return 1; }}; "
+                  f"{LIVE_SH} && return 0; done; return 1; }}; "
                   f"kill -TERM -- -$g 2>/dev/null || kill -TERM $g 2>/dev/null; "
                   f"for i in $(seq {steps}); do alive || exit 0; sleep 0.1; done; "
                   f"kill -KILL -- -$g 2>/dev/null; kill -KILL $g 2>/dev/null; "
@@ -391,12 +391,13 @@ class ServerControl:
             set_phase("failed")
         return res
 
-    async def relaunch(self, timeout_s: float = 900.0,
+    async def relaunch(self, timeout_s: float = 900.0, wait: bool = True,
                        on_phase: Callable[[str, float], None] | None = None,
                        before_stop: Callable[[], Awaitable[None]] | None = None,
                        after_start: Callable[[ServerRecord], Awaitable[None]] | None = None,
-                       on_stopped: Callable[[str], None] | None = None) -> tuple[ServerRecord, ReadyResult]:
-        """Preflight (nothing touched if it refuses), stop what runs, start, wait until ready.
+                       on_stopped: Callable[[str], None] | None = None) -> tuple[ServerRecord, ReadyResult | None]:
+        """Preflight (nothing touched if it refuses), stop what runs, start, wait until ready
+        (unless ``wait`` is false: then the result is None once the process is started).
 
         Raises ControlError when the server does not become ready (the log tail attached); a
         cancellation during the start stops the half-started server before propagating.
@@ -412,6 +413,8 @@ class ServerControl:
         rec = await self.start()
         if after_start is not None:
             await after_start(rec)
+        if not wait:
+            return rec, None
         try:
             res = await self.wait_ready(rec, timeout_s, on_phase=on_phase)
         except asyncio.CancelledError:

@@ -21,7 +21,7 @@ from .control import ControlError, ReadyResult, ServerControl, Status, nccl_conf
 from .events import BenchSummary, Event, LinkState, LogLine, Marker, ProfileWindow, ServerState
 from .metrics import MetricsStore
 from .parse import parse_line
-from .tail import LogTail
+from .tail import LogTail, file_size
 from .transport import Transport, TransportError, for_preset
 
 Subscriber = Callable[[list[Event]], None]
@@ -104,9 +104,7 @@ class Session:
         await self.stop_follow()
         offset = 0
         if from_end:
-            r = await self.transport.run(f"stat -c %s {P.shell_path(self.preset.server.log)} 2>/dev/null", timeout=30)
-            size = int(r.stdout.strip()) if r.ok and r.stdout.strip().isdigit() else 0
-            offset = max(0, size - ATTACH_BACKLOG)
+            offset = max(0, await file_size(self.transport, self.preset.server.log) - ATTACH_BACKLOG)
         self._tail = LogTail(self.transport, self.preset.server.log, offset=offset)
         skip_first = offset > 0  # we started mid-line
         tail = self._tail

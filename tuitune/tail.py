@@ -24,6 +24,13 @@ _RESETS = (b"file truncated", b"has been replaced", b"has appeared")
 MAX_LINE = 1024 * 1024
 
 
+async def file_size(t: Transport, path: str) -> int:
+    """Size of a file on the target in bytes (0 when it does not exist yet)."""
+    r = await t.run(f"stat -c %s {shell_path(path)} 2>/dev/null", timeout=30)
+    text = r.stdout.strip()
+    return int(text) if r.ok and text.isdigit() else 0
+
+
 @dataclass(frozen=True, slots=True)
 class TailBatch:
     lines: list[str]
