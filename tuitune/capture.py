@@ -25,7 +25,7 @@ import msgspec
 
 from . import __version__
 from .events import Event, LinkState, ServerState, from_dict
-from .metrics import MetricsStore
+from .stream import EventStream
 
 SCHEMA = 1
 SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.I)
@@ -180,20 +180,19 @@ def read_capture(path: str | Path) -> Capture:
     return cap
 
 
-class Replay:
+class Replay(EventStream):
     """A capture played back through the session interface the TUI uses (no controls)."""
 
     live = False
 
     def __init__(self, capture: Capture, speed: float = 1.0, play: bool = True):
         from . import preset as P
+        super().__init__()
         self.capture = capture
         self.speed = speed
         self.play = play
         self.paused = False
         self.position = 0  # index of the next record
-        self.store = MetricsStore()
-        self.subscribers: list = []
         self.state = ServerState("replay", detail=str(capture.path))
         self.link = LinkState("replay")
         self.url = None
@@ -215,18 +214,13 @@ class Replay:
         recs = self.capture.records
         return recs[self.position - 1].m if 0 < self.position <= len(recs) else 0.0
 
-    def subscribe(self, fn) -> None:
-        self.subscribers.append(fn)
-
     def publish(self, events: list[Event]) -> None:
-        for ev in events:
-            self.store.feed(ev)
+        for ev in events:  # a live session sets these itself; a replay learns them from the record
             if isinstance(ev, ServerState):
                 self.state = ev
             elif isinstance(ev, LinkState):
                 self.link = ev
-        for fn in list(self.subscribers):
-            fn(events)
+        super().publish(events)
 
     def publish_until(self, m: float) -> None:
         """Publish every record up to capture time ``m`` at once (used by seek and by tests)."""

@@ -194,8 +194,6 @@ class Marker(Event, tag="marker"):
 
 
 EVENT_TYPES: dict[str, type] = {c.__struct_config__.tag: c for c in Event.__subclasses__()}
-PARSED_KINDS = ("profile", "decode", "prefill", "http_up", "ready", "nccl_env", "nccl_algo",
-                "error", "vllm_spec", "malformed")
 
 
 _FLOAT_FIELDS = ("draft_ms", "verify_ms", "extend_ms", "accept_len", "cycle_ms")

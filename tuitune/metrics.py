@@ -81,9 +81,6 @@ class Series:
     def values(self) -> list[float]:
         return list(self._v)
 
-    def times(self) -> list[float]:
-        return list(self._t)
-
     def last(self) -> float | None:
         return self._v[-1] if self._v else None
 
@@ -158,6 +155,3 @@ class MetricsStore:
             s.clear()
         self.last_profile = None
         self.last_decode = None
-
-    def snapshot(self) -> dict:
-        return {name: (s.summary().as_dict() if s.summary() else None) for name, s in self.series.items()}

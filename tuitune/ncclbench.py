@@ -167,8 +167,7 @@ async def run(t: Transport, preset: P.Preset, grid: dict, *, sizes: list[int] | 
             row["info"] = {k: v for k, v in out["result"].items() if k != "results"}
         rows.append(row)
     decode_bytes = max(sizes)
-    ranked = sorted((x for x in rows if "results" in x),
-                    key=lambda x: _at(x, decode_bytes)["median_us"] if _at(x, decode_bytes) else float("inf"))
+    ranked = sorted((x for x in rows if "results" in x), key=lambda x: _at(x, decode_bytes)["median_us"])
     return {"preset": preset.name, "world_size": world, "backend": backend, "graph": graph, "sizes": sizes,
             "decode_bytes": decode_bytes, "rows": rows, "ranking": [x["label"] for x in ranked]}
 

@@ -312,11 +312,6 @@ def parse_lines(lines: Iterable[str]) -> Iterator[Event]:
             yield ev
 
 
-def decode_bytes(data: bytes) -> str:
-    """Log bytes -> text; invalid UTF-8 becomes U+FFFD, never an error."""
-    return data.decode("utf-8", "replace")
-
-
 def summarize(events: Iterable[Event]) -> dict:
     """Counts per kind and the phase means of profile windows (the text form of `tuitune parse`)."""
     counts: dict[str, int] = {}

@@ -19,12 +19,11 @@ from . import preset as P
 from .bench import BenchConfig, BenchRun, RequestResult, prompts, run_bench, run_request
 from .control import ControlError, ReadyResult, ServerControl, Status, nccl_confirmation
 from .events import BenchSummary, Event, LinkState, LogLine, Marker, ProfileWindow, ServerState
-from .metrics import MetricsStore
+from .stream import EventStream
 from .parse import parse_line
 from .tail import LogTail, file_size
 from .transport import Transport, TransportError, for_preset
 
-Subscriber = Callable[[list[Event]], None]
 ATTACH_BACKLOG = 256 * 1024  # bytes of an already-running server's log read on attach
 
 
@@ -37,19 +36,18 @@ class LoadState:
     last_error: str | None = None
 
 
-class Session:
+class Session(EventStream):
     live = True
 
     def __init__(self, preset: P.Preset, transport: Transport | None = None,
                  state_dir: str | None = None, ready_timeout_s: float = 900.0):
+        super().__init__()
         self.preset = preset
         self.running_preset: P.Preset | None = None  # what the live server was launched from
         self.transport = transport or for_preset(preset)
         self.transport.on_link = self._on_link
         self.control = ServerControl(self.transport, preset, **({"state_dir": state_dir} if state_dir else {}))
-        self.store = MetricsStore()
         self.ready_timeout_s = ready_timeout_s
-        self.subscribers: list[Subscriber] = []
         self.state = ServerState("stopped")
         self.link = LinkState("connecting")
         self.load = LoadState()
@@ -62,16 +60,6 @@ class Session:
         self._relaunch_lock = asyncio.Lock()
 
     # ---- events ---------------------------------------------------------------------------
-    def subscribe(self, fn: Subscriber) -> None:
-        self.subscribers.append(fn)
-
-    def publish(self, events: list[Event]) -> None:
-        now = time.monotonic()
-        for ev in events:
-            self.store.feed(ev, now)
-        for fn in list(self.subscribers):
-            fn(events)
-
     def _set_state(self, state: str, phase: str | None = None, detail: str | None = None,
                    pid: int | None = None, elapsed: float | None = None) -> None:
         self.state = ServerState(state, phase, detail, pid, elapsed)

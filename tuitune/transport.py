@@ -347,9 +347,6 @@ class SshTransport(Transport):
                 listener = await self._conn.forward_local_port("127.0.0.1", 0, host, rport)
             self._forwards[(host, rport)] = (listener.get_port(), listener)
 
-    def is_alive(self) -> bool:
-        return self._conn is not None
-
     async def close(self) -> None:
         self._closed = True
         if self._conn is not None:

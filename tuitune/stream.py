@@ -1,0 +1,28 @@
+"""An event stream: what the TUI and the recorder subscribe to, live (Session) or replayed (Replay)."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from .events import Event
+from .metrics import MetricsStore
+
+Subscriber = Callable[[list[Event]], None]
+
+
+class EventStream:
+    def __init__(self) -> None:
+        self.store = MetricsStore()
+        self.subscribers: list[Subscriber] = []
+
+    def subscribe(self, fn: Subscriber) -> None:
+        self.subscribers.append(fn)
+
+    def publish(self, events: list[Event]) -> None:
+        """Feed the metrics store, then every subscriber (one call per batch, never per event)."""
+        now = time.monotonic()
+        for ev in events:
+            self.store.feed(ev, now)
+        for fn in list(self.subscribers):
+            fn(events)
