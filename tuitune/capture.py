@@ -183,8 +183,6 @@ def read_capture(path: str | Path) -> Capture:
 class Replay(EventStream):
     """A capture played back through the session interface the TUI uses (no controls)."""
 
-    live = False
-
     def __init__(self, capture: Capture, speed: float = 1.0, play: bool = True):
         from . import preset as P
         super().__init__()

@@ -59,6 +59,10 @@ class Session(EventStream):
         self._load_task: asyncio.Task | None = None
         self._relaunch_lock = asyncio.Lock()
 
+    @property
+    def label(self) -> str:
+        return self.transport.label
+
     # ---- events ---------------------------------------------------------------------------
     def _set_state(self, state: str, phase: str | None = None, detail: str | None = None,
                    pid: int | None = None, elapsed: float | None = None) -> None:

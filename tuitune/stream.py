@@ -12,6 +12,11 @@ Subscriber = Callable[[list[Event]], None]
 
 
 class EventStream:
+    live = False  # a live stream can relaunch, benchmark and load its server
+    label = "?"  # where the events come from, for the header
+    record = None  # the running server's record, when there is one
+    load = None  # background load state, for live streams
+
     def __init__(self) -> None:
         self.store = MetricsStore()
         self.subscribers: list[Subscriber] = []

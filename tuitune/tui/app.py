@@ -137,7 +137,7 @@ class TuituneApp(App):
                  clock=time.time):
         super().__init__()
         self.session = session
-        self.live = getattr(session, "live", True)
+        self.live = session.live
         self.autostart = autostart  # "launch": (re)launch at start; "attach": attach, offer to launch
         self.load_on_start = load_on_start
         self.user_config = user_config or load_user_config()
@@ -241,11 +241,9 @@ class TuituneApp(App):
                     and not self.relaunch_screen.finished and ev.state == "starting":
                 self.relaunch_screen.set_phase(ev)
         s = self.session
-        rec = getattr(s, "record", None)
         self.header.show(
-            getattr(s, "label", None) or s.transport.label, self.draft.name if self.draft else "?",
-            self.modified, s.state, s.link, getattr(s, "load", None) if self.live else None,
-            rec.started if rec else None, self.clock())
+            s.label, self.draft.name if self.draft else "?", self.modified, s.state, s.link, s.load,
+            s.record.started if s.record else None, self.clock())
         if self._dirty_cycle:
             self._dirty_cycle = False
             self.cycle.refresh_from(s.store, bool(self.draft and self.draft.is_speculative))
