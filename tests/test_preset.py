@@ -163,3 +163,7 @@ def test_preset_commands(tmp_path):
     assert "custom all-reduce" not in run_cli("preset", "lint", "c4-eagle3-2step-nccl").stdout
     r = run_cli("preset", "bogus")
     assert r.returncode == 2
+    for cmd in (["bench", "--url", "http://127.0.0.1:1", "--requests", "0"], ["ab", "demo", "demo", "--warmup", "-1"],
+                ["sweep", "demo", "--grid", "speculative.num_steps=1", "--max-tokens", "1"]):
+        r = run_cli(*cmd)
+        assert r.returncode == 2 and "must be at least" in r.stderr, (cmd, r.stderr)

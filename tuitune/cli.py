@@ -430,8 +430,14 @@ def _bench_overrides(p: argparse.ArgumentParser) -> None:
 
 
 def _overrides(ns) -> dict:
-    return {k: v for k, v in (("requests", ns.requests), ("warmup", ns.warmup), ("max_tokens", ns.max_tokens),
-                              ("concurrency", ns.concurrency), ("api", ns.api)) if v is not None}
+    """The bench flags given on the command line, checked (bench, ab and sweep share them)."""
+    ov = {k: v for k, v in (("requests", ns.requests), ("warmup", ns.warmup), ("max_tokens", ns.max_tokens),
+                            ("concurrency", ns.concurrency), ("api", ns.api)) if v is not None}
+    for k, v in ov.items():
+        least = 0 if k == "warmup" else (2 if k == "max_tokens" else 1)
+        if isinstance(v, int) and v < least:
+            raise CliError(f"--{k.replace('_', '-')} must be at least {least} (got {v})", 2)
+    return ov
 
 
 @command("bench", "benchmark a running server (through the SSH forward for remote presets)")
@@ -458,9 +464,6 @@ def _write_json(path: str, obj) -> None:
 def cmd_bench(ns) -> int:
     from .bench import BenchConfig, format_summary, run_bench
     ov = _overrides(ns)
-    for k, v in ov.items():
-        if isinstance(v, int) and v < (0 if k == "warmup" else 1):
-            raise CliError(f"--{k.replace('_', '-')} must be at least {0 if k == 'warmup' else 1} (got {v})", 2)
 
     def report(run):
         s = run.summary()
@@ -504,10 +507,11 @@ def cmd_ab(ns) -> int:
         raise CliError(f"{a.name} and {b.name} must run on the same target and port to be interleaved", 2)
     if ns.rounds < 1:
         raise CliError(f"--rounds must be at least 1 (got {ns.rounds})", 2)
+    ov = _overrides(ns)
     t, _ = _with_control(a)
 
     async def go():
-        return await run_ab(t, a, b, ns.rounds, _overrides(ns), ns.min_effect, ns.timeout,
+        return await run_ab(t, a, b, ns.rounds, ov, ns.min_effect, ns.timeout,
                             progress=lambda msg: print(msg, flush=True))
 
     result = _run_async(_guarded(go, t))
