@@ -107,7 +107,7 @@ def test_sweep_finds_the_seeds_answer_and_resumes(tmp_path):
     c4, c2, c1 = twin("sim-c4-eagle3-2step-nccl"), twin("sim-c2-baseline-nccl"), twin("sim-c1-baseline-untuned")
     out = tmp_path / "out"
     args = ["sweep", str(c4), "--grid", "speculative.num_steps=1,2,3,4,5,6", "--grid", f"env=@{c2},@{c1}",
-            "--baseline", str(c2), "--out", str(out), "--no-plot"]
+            "--baseline", str(c2), "--out", str(out)]
     proc = subprocess.Popen([sys.executable, "-m", "tuitune", *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env={**os.environ, "HOME": str(tmp_path)})
     wait_for(lambda: (out / "results.jsonl").exists() and len((out / "results.jsonl").read_text().splitlines()) >= 5,
@@ -130,5 +130,7 @@ def test_sweep_finds_the_seeds_answer_and_resumes(tmp_path):
     assert "▲" in best_line  # beats the NCCL baseline
     untuned = [x for x in table.splitlines() if x.startswith("num_steps=") and "env=@sim-c1-baseline-untuned" in x]
     assert len(untuned) == 6 and all("▼" in x for x in untuned)
+    assert "tok/s against speculative steps" in table
+    assert "env=@sim-c2-baseline-nccl" in table.split("tok/s against speculative steps")[1]  # legend, after resume
     best = P.load(out / "best.yaml")
     assert best.speculative.num_steps == 2 and best.env.get("NCCL_PROTO") == "LL"

@@ -82,14 +82,15 @@ def combinations(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
 
 
-def _show(v: Any) -> str:
+def show(v: Any) -> str:
+    """A grid value as text: @PRESET for a swapped environment, unset for None."""
     if isinstance(v, EnvOf):
         return f"@{v.name}"
     return UNSET if v is None else str(v)
 
 
 def label(changes: dict[str, Any]) -> str:
-    return " ".join(f"{k.split('.')[-1]}={_show(v)}" for k, v in changes.items()) or "preset"
+    return " ".join(f"{k.split('.')[-1]}={show(v)}" for k, v in changes.items()) or "preset"
 
 
 def apply(base: P.Preset, changes: dict[str, Any]) -> tuple[P.Preset | None, str | None]:

@@ -94,7 +94,8 @@ def _append(out: Path, row: dict) -> None:
 async def run_trial(session: Session, trial: dict, out: Path, overrides: dict) -> dict:
     p: P.Preset = trial["preset"]
     row = {"trial": trial["id"], "kind": trial["kind"], "label": trial["label"], "repeat": trial["repeat"],
-           "changes": trial["changes"], "time": time.time()}
+           "changes": trial["changes"], "axes": {k: G.show(v) for k, v in trial["changes"].items()},
+           "time": time.time()}
     if p is None:
         return {**row, "status": "skipped", "reason": trial.get("reason")}
     row["preset_hash"] = p.hash()
@@ -161,6 +162,7 @@ def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict
     groups: dict[str, dict] = {}
     for r in rows:
         g = groups.setdefault(r["label"], {"label": r["label"], "kind": r["kind"], "changes": r.get("changes", {}),
+                                           "axes": r.get("axes", {}),
                                            "launches": [], "values": [], "accept": [], "cycle": [],
                                            "skipped": None, "failed": 0})
         if r["status"] == "skipped":
@@ -181,7 +183,8 @@ def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict
             table.append({"label": g["label"], "kind": g["kind"], "skipped": g["skipped"], "failed": g["failed"]})
             continue
         launches = sorted(g["launches"])
-        entry = {"label": g["label"], "kind": g["kind"], "changes": g["changes"], "launches": len(launches),
+        entry = {"label": g["label"], "kind": g["kind"], "changes": g["changes"], "axes": g["axes"],
+                 "launches": len(launches),
                  "tok_s": quantile(launches, 0.5), "ci95": list(stats.bootstrap_median_ci(g["values"])),
                  "accept_len": sum(g["accept"]) / len(g["accept"]) if g["accept"] else None,
                  "cycle_ms": sum(g["cycle"]) / len(g["cycle"]) if g["cycle"] else None, "failed": g["failed"]}
@@ -240,8 +243,8 @@ def plot(result: dict, width: int = 100, height: int = 18) -> str | None:
     import plotext as plt
     lines: dict[str, list[tuple[int, float]]] = {}
     for t in rows:
-        rest = {k: v for k, v in t["changes"].items() if k != "speculative.num_steps"}
-        lines.setdefault(G.label(rest), []).append((t["changes"]["speculative.num_steps"], t["tok_s"]))
+        rest = " ".join(f"{k.split('.')[-1]}={v}" for k, v in t["axes"].items() if k != "speculative.num_steps")
+        lines.setdefault(rest or "preset", []).append((t["changes"]["speculative.num_steps"], t["tok_s"]))
     plt.clear_figure()
     plt.plotsize(width, height)
     plt.theme("clear")
