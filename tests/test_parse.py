@@ -9,6 +9,7 @@ import sys
 
 from hypothesis import given, settings, strategies as st
 
+from tuitune import parse
 from tuitune.events import from_dict
 from tuitune.parse import parse_line, parse_lines, summarize
 
@@ -68,7 +69,7 @@ def test_prefill_forms():
                      "token usage: 0.01, #running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, "
                      "input throughput (token/s): 9000.50")
     assert (old.new_seq, old.new_token, old.cached_token) == (1, 28, 0)
-    assert new.input_throughput == 9000.5 and new.extra["pending_token"] == 0 and new.extra["cuda_graph"] is False
+    assert new.input_throughput == 9000.5 and new.pending_token == 0 and new.cuda_graph is False and not new.extra
 
 
 def test_startup_nccl_errors_vllm():
@@ -110,21 +111,81 @@ def test_json_round_trip():
         assert from_dict(json.loads(json.dumps(ev.to_dict()))) == ev
 
 
+def _no_parser_bug(ev):
+    assert not (ev is not None and ev.kind == "malformed" and ev.marker == "?"), ev  # "parser error: ..."
+
+
 @settings(max_examples=400, deadline=None)
 @given(st.text(max_size=300))
 def test_never_raises_on_text(s):
-    parse_line(s)
-    parse_line("EAGLE3_PROFILE " + s)
-    parse_line("[2026-01-01 00:00:00 TP0] Decode batch, " + s)
-    parse_line("Prefill batch, " + s)
-    parse_line("NCCL INFO " + s)
-    parse_line("SpecDecoding metrics: " + s)
+    for line in (s, "EAGLE3_PROFILE " + s, "[2026-01-01 00:00:00 TP0] Decode batch, " + s, "Prefill batch, " + s,
+                 "NCCL INFO " + s, "SpecDecoding metrics: " + s):
+        _no_parser_bug(parse_line(line))
+
+
+# ---- the fast path (JSON + msgspec) must agree with the exact field-by-field parser -------------
+
+# values that parse differently in Python and in msgspec's lax mode, or not at all
+TRICKY = ["nan", "NaN", "-nan", "inf", "-inf", "Infinity", "1e400", "1e3", "1E-2", "-0", "-0.0", "+1", ".5", "5.",
+          "1_0", " 1", "1 ", "٣", "0x10", "null", "true", "True", "TRUE", "False", "false", "1", "0", "2", "01",
+          "12.0", "12.5", "99999999999999999999", "", "a b", "x,y", "1:2", "event", "é", "{}", "[1]"]
+VALUE = st.one_of(st.sampled_from(TRICKY), st.from_regex(r"-?[0-9]{1,22}(\.[0-9]{0,8})?([eE][-+]?[0-9]{1,3})?", fullmatch=True),
+                  st.text(alphabet="0123456789.-+eE naifTrueFls,:=[]{}_", max_size=8))
+PROFILE_KEYS = list(parse._PROFILE_CONV) + ["gpu", "ts", "rank", "kind", "extra", "X", "a-b"]
+DECODE_NAMES = list(parse._DECODE_SPEC) + ["#cached-token", "cap len", "ts", "iteration", "extra"]
+PREFILL_NAMES = list(parse._PREFILL_SPEC) + ["est. x", "ts", "rank"]
+PREFIXES = ["", "[2026-11-29 16:02:11 TP0] ", "[2026-11-29 16:02:11.513 DP0 TP0] ", "[2026-11-29 16:02:11] ", "x "]
+
+
+def _same(a, b):
+    assert type(a) is type(b) and json.dumps(a.to_dict(), sort_keys=True) == json.dumps(b.to_dict(), sort_keys=True), (a, b)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.sampled_from(PREFIXES), st.lists(st.tuples(st.sampled_from(PROFILE_KEYS), VALUE), max_size=16),
+       st.sampled_from([" ", "  ", " \t"]))
+def test_profile_fast_path_agrees_with_exact(prefix, pairs, sep):
+    line = prefix + "EAGLE3_PROFILE " + sep.join(f"{k}={v}" for k, v in pairs)
+    at = line.find("EAGLE3_PROFILE")
+    _same(parse._profile(line, at), parse._profile(line, at, fast=False))
+
+
+def _canonical_profile(pairs):
+    required = dict(draft_ms="0.5", verify_ms="19.5", extend_ms="0.2", accept_len="1.9", cycle_ms="20.2")
+    return " ".join(f"{k}={v}" for k, v in {**required, **dict(pairs)}.items())
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.sampled_from(PREFIXES), st.sampled_from(["Decode batch", "Decode batch [1234]", "Prefill batch"]),
+       st.sampled_from([", ", ". ", ",", " "]), st.lists(st.tuples(st.sampled_from(DECODE_NAMES + PREFILL_NAMES), VALUE),
+                                                        max_size=12), st.sampled_from(["", ", ", ",", " "]))
+def test_stats_fast_path_agrees_with_exact(prefix, marker, sep, pairs, tail):
+    line = prefix + marker + sep + ", ".join(f"{k}: {v}" for k, v in pairs) + tail
+    fn = parse._prefill if marker.startswith("Prefill") else parse._decode
+    at = line.find(marker[:12])
+    _same(fn(line, at), fn(line, at, fast=False))
+
+
+def test_fast_paths_take_the_lines_servers_print():
+    """The canonical lines do go the fast way (so the benchmark measures what users get)."""
+    assert parse._fast_decode(DECODE_NEW.split("Decode batch, ")[1]) is not None
+    assert parse._fast_prefill("#new-seq: 1, #new-token: 28, #cached-token: 0, token usage: 0.00, #running-req: 0, "
+                               "#queue-req: 0, #pending-token: 0, cuda graph: False, input throughput (token/s): 1.5") \
+        is not None
+    line = PROFILE_EXAMPLES[0]
+    prefix, rest = line.split("EAGLE3_PROFILE ")
+    assert parse._decode_profile('{"' + rest.replace("=", '":"').replace(" ", '","') + '"}').sync == "event"
+    # and lines the fast path refuses still parse, exactly
+    ev = parse_line('[2026-11-29 16:02:11 TP0] EAGLE3_PROFILE draft_ms=1 verify_ms=2 extend_ms=3 accept_len=1.5 '
+                    'cycle_ms=6 ts=7 note="x"')
+    assert ev.ts == "2026-11-29 16:02:11" and ev.extra == {"ts": 7, "note": '"x"'} and ev.cycle_ms == 6.0
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=400))
 def test_never_raises_on_bytes(b):
-    parse_line(b.decode("utf-8", "replace"))
+    _no_parser_bug(parse_line(b.decode("utf-8", "replace")))
+    _no_parser_bug(parse_line("EAGLE3_PROFILE draft_ms=" + b.decode("utf-8", "surrogateescape")))
 
 
 def test_huge_line_and_empty_input():

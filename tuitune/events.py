@@ -41,7 +41,9 @@ def _clean(v: Any) -> Any:
     return v
 
 
-class ProfileWindow(Event, tag="profile"):
+class ProfileWindow(Event, tag="profile", forbid_unknown_fields=True):
+    # forbid_unknown_fields: the parser's fast path decodes straight into this type and must fail
+    # (and fall back to the exact path, which keeps unknown keys in ``extra``) on any other key.
     draft_ms: float
     verify_ms: float
     extend_ms: float
@@ -93,6 +95,8 @@ class PrefillStats(Event, tag="prefill"):
     token_usage: float | None = None
     running_req: int | None = None
     queue_req: int | None = None
+    pending_token: int | None = None
+    cuda_graph: bool | None = None
     input_throughput: float | None = None
     extra: dict = {}
     ts: str | None = None

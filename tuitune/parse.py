@@ -3,13 +3,23 @@
 Formats (FACTS.md §2-§4, profile-format.md) change between releases, so fields are read by name,
 never by position, and unknown fields are kept in ``extra``. A cheap substring test picks the
 parser for a line before any regular expression runs: most lines of a busy log match nothing.
+
+The three lines a busy server prints most (EAGLE3_PROFILE, Decode batch, Prefill batch) take a
+fast path first: the line is rewritten into a JSON object of strings with C-level string
+operations and decoded by msgspec straight into the event type (lax mode turns "19.5" into
+19.5). Anything unusual about a line (a quote or backslash, an unknown or repeated field, a value
+msgspec would read differently) makes the fast path give up, and the exact field-by-field parser
+below decides; tests check that both paths agree on every line the fast path accepts.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import typing
 from typing import Iterable, Iterator
+
+import msgspec
 
 from .events import (DecodeStats, Event, HttpUp, Malformed, NcclAlgo, NcclEnv, PrefillStats,
                      ProfileWindow, Ready, ServerError, VllmSpec)
@@ -34,20 +44,33 @@ VLLM_NAMES = {
 }
 
 
+_last_key = ""
+_last_prefix: tuple[str | None, str | None] = (None, None)
+
+
 def _prefix(line: str, end: int) -> tuple[str | None, str | None]:
-    """Timestamp and rank of the logger prefix before position ``end``."""
-    if line.startswith("[") and line[5:6] == "-" and line[14:15] == ":":
+    """Timestamp and rank of the logger prefix before position ``end``.
+
+    Consecutive lines of a busy log mostly share their prefix (SGLang stamps to the second, and
+    one rank prints the stats lines), so the last answer is kept and reused when this line starts
+    with the same text; consecutive events then also share their ts and rank strings. With
+    millisecond stamps (SGLANG_LOG_MS) prefixes rarely repeat, and the check costs one compare.
+    """
+    global _last_key, _last_prefix
+    if len(_last_key) == end and line.startswith(_last_key):
+        return _last_prefix
+    found: tuple[str | None, str | None] | None = None
+    if line[14:15] == ":" and line[:1] == "[" and line[5:6] == "-":
         close = line.find("]", 1, end)
         if close > 0:
-            inner = line[1:close]
-            cut = inner.find(" ", 11)
-            if cut < 0:
-                return inner, None
-            return inner[:cut], inner[cut + 1:] or None
-    m = _PREFIX.search(line, 0, end)
-    if m is None:
-        return None, None
-    return m.group(1), m.group(2).strip() or None
+            cut = line.find(" ", 12, close)
+            found = (line[1:close], None) if cut < 0 else (line[1:cut], line[cut + 1:close] or None)
+    if found is None:
+        m = _PREFIX.search(line, 0, end)
+        found = (None, None) if m is None else (m.group(1), m.group(2).strip() or None)
+    if end > 15:  # the checks above read line[14] and line[5]: inside line[:end], the key
+        _last_key, _last_prefix = line[:end], found
+    return found
 
 
 def _number(text: str) -> int | float | None:
@@ -76,19 +99,33 @@ def _field_key(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
+def _float(v: str) -> float:
+    """float(), except that "-0" reads as 0.0, as the fast path (msgspec) reads an integer zero."""
+    return 0.0 if v == "-0" else float(v)
+
+
 def _int(v: str) -> int:
-    return int(v) if v.isdigit() else int(float(v))
+    if v.isdigit():
+        return int(v)
+    try:
+        return int(float(v))
+    except OverflowError:  # "inf"
+        raise ValueError(v) from None
+
+
+_BOOLS = {"true": True, "1": True, "false": False, "0": False, "-0": False}
 
 
 def _bool(v: str) -> bool:
-    if v == "True":
-        return True
-    if v == "False":
-        return False
-    raise ValueError(v)
+    """True/False as SGLang prints them; also what msgspec's lax mode (the fast path) takes as a
+    bool: any case, 1, 0 and -0."""
+    b = _BOOLS.get(v.lower())
+    if b is None:
+        raise ValueError(v)
+    return b
 
 
-_PROFILE_CONV = {**{k: float for k in ("draft_ms", "verify_ms", "extend_ms", "accept_len", "cycle_ms", "other_ms",
+_PROFILE_CONV = {**{k: _float for k in ("draft_ms", "verify_ms", "extend_ms", "accept_len", "cycle_ms", "other_ms",
                                        "eff_tok_s", "p50_verify_ms", "p90_verify_ms", "max_verify_ms")},
                  **{k: _int for k in ("v", "cycles", "bs", "steps", "topk", "draft_tokens")}, "sync": str}
 
@@ -106,9 +143,30 @@ def _pairs(rest: str) -> dict[str, str]:
     return out
 
 
-def _profile(line: str, at: int) -> Event:
+_decode_profile = msgspec.json.Decoder(ProfileWindow, strict=False).decode
+_force_setattr = msgspec.structs.force_setattr
+
+
+def _profile(line: str, at: int, fast: bool = True) -> Event:
     ts, rank = _prefix(line, at)
-    kv = _pairs(line[at + 15:])
+    rest = line[at + 15:]
+    # Fast path: k=v k=v -> {"k":"v","k":"v"}. ts and rank are fields of the event, not of the
+    # line: a line that sets them (the exact path keeps such keys in ``extra``) takes the exact
+    # path, as do kind= and extra= (msgspec rejects them: the tag or the dict would be wrong).
+    if fast and '"' not in rest and "\\" not in rest:
+        try:
+            ev = _decode_profile('{"' + rest.replace("=", '":"').replace(" ", '","') + '"}')
+        except Exception:  # noqa: BLE001 - any doubt: the exact parser below decides
+            ev = None
+        if ev is not None and ev.ts is None and ev.rank is None:
+            _force_setattr(ev, "ts", ts)  # the event is frozen once returned
+            _force_setattr(ev, "rank", rank)
+            return ev
+    return _profile_exact(line, rest, ts, rank)
+
+
+def _profile_exact(line: str, rest: str, ts: str | None, rank: str | None) -> Event:
+    kv = _pairs(rest)
     fields: dict = {}
     extra: dict = {}
     for k, v in kv.items():
@@ -120,7 +178,7 @@ def _profile(line: str, at: int) -> Event:
             continue
         try:
             fields[k] = conv(v)
-        except ValueError:
+        except (ValueError, OverflowError):
             if k in PROFILE_REQUIRED:
                 return Malformed("EAGLE3_PROFILE", f"{k}={v!r} is not a number", line[:500], ts, rank)
     if "cycle_ms" not in fields:
@@ -156,24 +214,71 @@ def _fields(body: str, spec: dict) -> tuple[dict, dict]:
             try:
                 known[s[0]] = s[1](v.strip())
                 continue
-            except ValueError:
+            except (ValueError, OverflowError):
                 pass
         extra[_field_key(name)] = _value(v.strip())
     return known, extra
 
 
 _DECODE_SPEC = {"#running-req": ("running_req", _int), "#token": ("token", _int),
-                "token usage": ("token_usage", float), "accept len": ("accept_len", float),
-                "accept rate": ("accept_rate", float), "cuda graph": ("cuda_graph", _bool),
+                "token usage": ("token_usage", _float), "accept len": ("accept_len", _float),
+                "accept rate": ("accept_rate", _float), "cuda graph": ("cuda_graph", _bool),
                 "cpu graph": ("cuda_graph", _bool), "npu graph": ("cuda_graph", _bool),
-                "gen throughput (token/s)": ("gen_throughput", float), "#queue-req": ("queue_req", _int)}
+                "gen throughput (token/s)": ("gen_throughput", _float), "#queue-req": ("queue_req", _int)}
 _PREFILL_SPEC = {"#new-seq": ("new_seq", _int), "#new-token": ("new_token", _int),
-                 "#cached-token": ("cached_token", _int), "token usage": ("token_usage", float),
+                 "#cached-token": ("cached_token", _int), "token usage": ("token_usage", _float),
                  "#running-req": ("running_req", _int), "#queue-req": ("queue_req", _int),
-                 "input throughput (token/s)": ("input_throughput", float)}
+                 "#pending-token": ("pending_token", _int), "cuda graph": ("cuda_graph", _bool),
+                 "cpu graph": ("cuda_graph", _bool), "npu graph": ("cuda_graph", _bool),
+                 "input throughput (token/s)": ("input_throughput", _float)}
 
 
-def _decode(line: str, at: int) -> Event:
+def _required(t):
+    """``int | None`` -> ``int``."""
+    args = [a for a in typing.get_args(t) if a is not type(None)]
+    return args[0] if len(args) == 1 else t
+
+
+class _Fast:
+    """Fast path for ``name: value, name: value`` lines of one event type.
+
+    The body becomes ``{" name":"value"," name":"value",...}`` through two C-level replaces ("," is
+    the cheaper pattern to replace than ", ", so each name keeps its leading space), and msgspec
+    decodes it into a wire struct whose field names are the log's names; an unknown name is an
+    error, so such lines go to the exact parser, which keeps them in ``extra``. The wire struct holds the
+    event's leading fields (those with a log name) in the event's order; ``__call__`` gives their
+    values as a tuple for the event's constructor, or None when the exact parser must decide.
+    """
+
+    def __init__(self, cls: type, spec: dict, own: tuple[str, ...]):
+        names: dict[str, str] = {}
+        for log_name, (field, _conv) in spec.items():
+            names.setdefault(field, log_name)  # "cpu graph"/"npu graph" take the exact path
+        fields = msgspec.structs.fields(cls)
+        logged = fields[:len(fields) - len(own)]
+        if tuple(f.name for f in fields[len(logged):]) != own or any(f.name not in names for f in logged):
+            raise ValueError(f"{cls.__name__}: fields with a log name must come first, then {own}")
+        # Types without their "| None": lax mode would read the text "null" as None.
+        wire = msgspec.defstruct("_Wire" + cls.__name__,
+                                 [(f.name, _required(f.type), f.default) for f in logged],
+                                 rename={f.name: " " + names[f.name] for f in logged}, forbid_unknown_fields=True)
+        self.decode = msgspec.json.Decoder(wire, strict=False).decode
+
+    def __call__(self, body: str) -> tuple | None:
+        if '"' in body or "\\" in body:
+            return None
+        try:
+            return _astuple(self.decode('{" ' + body.replace(",", '","').replace(": ", '":"') + '"}'))
+        except Exception:  # noqa: BLE001 - any doubt: the exact parser decides
+            return None
+
+
+_astuple = msgspec.structs.astuple
+_fast_decode = _Fast(DecodeStats, _DECODE_SPEC, ("iteration", "extra", "ts", "rank"))
+_fast_prefill = _Fast(PrefillStats, _PREFILL_SPEC, ("extra", "ts", "rank"))
+
+
+def _decode(line: str, at: int, fast: bool = True) -> Event:
     ts, rank = _prefix(line, at)
     rest = line[at + 12:]
     iteration = None
@@ -183,16 +288,24 @@ def _decode(line: str, at: int) -> Event:
             n = _number(rest[2:close])
             iteration = n if isinstance(n, int) else None
             rest = rest[close + 1:]
-    known, extra = _fields(rest.lstrip(".,").strip(), _DECODE_SPEC)
+    body = rest.lstrip(".,").strip().rstrip(",")
+    values = _fast_decode(body) if fast else None
+    if values is not None:
+        return DecodeStats(*values, iteration, {}, ts, rank)
+    known, extra = _fields(body, _DECODE_SPEC)
     gen = known.pop("gen_throughput", None)
     if gen is None:
         return Malformed("Decode batch", "missing gen throughput", line[:500], ts, rank)
     return DecodeStats(gen, iteration=iteration, extra=extra, ts=ts, rank=rank, **known)
 
 
-def _prefill(line: str, at: int) -> Event:
+def _prefill(line: str, at: int, fast: bool = True) -> Event:
     ts, rank = _prefix(line, at)
-    known, extra = _fields(line[at + 13:].lstrip(".,").strip(), _PREFILL_SPEC)
+    body = line[at + 13:].lstrip(".,").strip().rstrip(",")
+    values = _fast_prefill(body) if fast else None
+    if values is not None:
+        return PrefillStats(*values, {}, ts, rank)
+    known, extra = _fields(body, _PREFILL_SPEC)
     return PrefillStats(extra=extra, ts=ts, rank=rank, **known)
 
 
@@ -223,44 +336,37 @@ def _error(line: str, category: str, message: str, at: int = 0) -> ServerError:
 
 def parse_line(line: str) -> Event | None:
     """The event one log line describes, or None. Never raises."""
+    # `in` before `find`: most lines carry no marker, and `in` is the cheaper question.
     try:
-        return _parse(line)
+        if "EAGLE3_PROFILE" in line:
+            at = line.find("EAGLE3_PROFILE")
+            if line.startswith(" ", at + 14):
+                return _profile(line, at)
+            if not line[at + 14:].strip():
+                ts, rank = _prefix(line, at)
+                return Malformed("EAGLE3_PROFILE", "marker without key=value pairs", line[:500], ts, rank)
+        if "Decode batch" in line:
+            return _decode(line, line.find("Decode batch"))
+        if "Prefill batch" in line:
+            return _prefill(line, line.find("Prefill batch"))
+        if "NCCL" in line:
+            return _nccl(line)
+        if "Uvicorn running on" in line:
+            at = line.find("Uvicorn running on")
+            m = _UVICORN.search(line, at)
+            ts, rank = _prefix(line, at)
+            return HttpUp(m.group(1), ts, rank) if m else None
+        if "fired up and ready to roll" in line:
+            ts, rank = _prefix(line, line.find("fired up and ready to roll"))
+            return Ready(ts, rank)
+        if "SpecDecoding metrics: " in line:
+            return _vllm(line, line.find("SpecDecoding metrics: "))
+        if "rror" in line or "raceback" in line or "out of memory" in line or "ailed" in line \
+                or "in use" in line:
+            return _errorish(line)
+        return None
     except Exception as e:  # noqa: BLE001 - a parser bug must not stop a tail; report it instead
         return Malformed("?", f"parser error: {type(e).__name__}", line[:500])
-
-
-def _parse(line: str) -> Event | None:
-    at = line.find("EAGLE3_PROFILE")
-    if at >= 0:
-        if line.startswith(" ", at + 14):
-            return _profile(line, at)
-        if not line[at + 14:].strip():
-            ts, rank = _prefix(line, at)
-            return Malformed("EAGLE3_PROFILE", "marker without key=value pairs", line[:500], ts, rank)
-    at = line.find("Decode batch")
-    if at >= 0:
-        return _decode(line, at)
-    at = line.find("Prefill batch")
-    if at >= 0:
-        return _prefill(line, at)
-    if "NCCL" in line:
-        return _nccl(line)
-    at = line.find("Uvicorn running on")
-    if at >= 0:
-        m = _UVICORN.search(line, at)
-        ts, rank = _prefix(line, at)
-        return HttpUp(m.group(1), ts, rank) if m else None
-    at = line.find("fired up and ready to roll")
-    if at >= 0:
-        ts, rank = _prefix(line, at)
-        return Ready(ts, rank)
-    at = line.find("SpecDecoding metrics: ")
-    if at >= 0:
-        return _vllm(line, at)
-    if "rror" in line or "raceback" in line or "out of memory" in line or "ailed" in line \
-            or "in use" in line:
-        return _errorish(line)
-    return None
 
 
 def _nccl(line: str) -> Event | None:
