@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from conftest import SEED_ARGS, SPEC2, TUNED_NCCL, group_alive, http_status, wait_for
-from tuitune.bench import BenchConfig, run_bench
+from tuitune.bench import BenchConfig, client_session, run_bench, run_request
 from tuitune.parse import parse_line
 from tuitune.sim import model
 
@@ -233,6 +233,31 @@ def test_bench_rate_matches_cost_model_within_2_percent(sim_factory):
     run = asyncio.run(run_bench(BenchConfig(sim.url, requests=4, warmup=1, max_tokens=301)))
     expected = run.server["sim"]["expected_tok_s"]
     assert run.median_tok_s() == pytest.approx(expected, rel=0.02)
+    # every request's clock started when it was on the wire (the trace signal fired), and the
+    # simulator saw it after that: its handler's wall stamp is later than the client's start
+    assert all(r.send_ms is not None and 0 < r.send_ms < 1000 for r in run.ok)
+    assert all(r.client_lag_ms is not None and r.client_lag_ms > 0 for r in run.ok)
+    assert "t0" not in run.ok[0].to_dict()
+
+
+def test_bench_clock_starts_when_the_request_is_on_the_wire(sim_factory):
+    """With a session that lacks the trace signal the clock starts before the request is built;
+    with ``client_session`` it starts later, when the last byte was handed to the socket."""
+    import aiohttp
+    sim = sim_factory("--sim-load-seconds", "0.2", "--sim-speedup", "5")
+    sim.wait_ready()
+    cfg = BenchConfig(sim.url, max_tokens=8)
+
+    async def one(traced: bool):
+        async with (client_session() if traced else aiohttp.ClientSession()) as session:
+            t_call = time.perf_counter()
+            r = await run_request(session, cfg, "hello")
+            return t_call, r
+
+    t_call, plain = asyncio.run(one(False))
+    assert plain.ok and plain.send_ms is None and t_call <= plain.t0 < t_call + 0.01
+    t_call, traced = asyncio.run(one(True))
+    assert traced.ok and traced.send_ms > 0 and traced.t0 >= t_call + traced.send_ms / 1000 - 1e-4
 
 
 CALIBRATION = [  # (name, steps or None, tuned, seed tok/s)

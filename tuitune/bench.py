@@ -8,6 +8,11 @@ server (meta_info / usage), never from counting chunks. Every wait is bounded.
 Chunks are read as raw SSE bytes; intermediate chunks only need two integers, so they are read with
 a byte search instead of a full JSON decode (cumulative text makes native chunks grow to kilobytes);
 the last chunk is decoded fully.
+
+Where the clock starts and stops: a request's clock starts when its last byte has been handed to
+the socket (aiohttp's request-sent trace signal, in the sessions ``client_session`` makes), not
+when the client begins building it, so the client's own work before sending stays out of TTFT
+and end-to-end latency. A chunk is timestamped as soon as its bytes are read, before any parsing.
 """
 
 from __future__ import annotations
@@ -42,7 +47,9 @@ class RequestResult:
     spec_verify_ct: int | None = None
     itl_ms_median: float | None = None
     server_e2e_s: float | None = None  # the server's own e2e_latency, when it reports one
-    client_lag_ms: float | None = None  # latency the client adds (simulator only: it stamps both ends)
+    client_lag_ms: float | None = None  # request on the wire -> handler + last chunk written -> stamped (sim only)
+    send_ms: float | None = None  # the client's work before the request was on the wire (outside the figures)
+    t0: float = field(default=0.0, repr=False)  # perf_counter() when the clock started (this process only)
     chunks: int = 0
     client_cpu_s: float = 0.0
 
@@ -61,6 +68,7 @@ class RequestResult:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        del d["t0"]
         d["decode_tok_s"] = self.decode_tok_s
         d["accept_len"] = self.accept_len
         return d
@@ -158,6 +166,31 @@ class BenchRun:
                 "wall_s": self.wall_s}
 
 
+class _Sent:
+    """Filled by the trace signal: when the request's last byte was handed to the socket."""
+    __slots__ = ("t",)
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+
+def client_session(**kw):
+    """An aiohttp session whose requests report when they are on the wire (see the module doc)."""
+    import aiohttp
+
+    async def sent(_session, ctx, _params) -> None:
+        if isinstance(ctx.trace_request_ctx, _Sent):
+            ctx.trace_request_ctx.t = time.perf_counter()
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_headers_sent.append(sent)
+    trace.on_request_chunk_sent.append(sent)  # the body follows the headers: the last one wins
+    return aiohttp.ClientSession(trace_configs=[trace], **kw)
+
+
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+
 def _payload(api: str, prompt: str, max_tokens: int) -> tuple[str, dict]:
     if api == "openai":
         return "/v1/completions", {"model": "default", "prompt": prompt, "max_tokens": max_tokens,
@@ -172,9 +205,11 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
     import aiohttp
 
     path, body = _payload(cfg.api, prompt, cfg.max_tokens)
+    data = json.dumps(body).encode()
     res = RequestResult(ok=False)
-    start_wall = time.time()
+    sent = _Sent()
     start = time.perf_counter()
+    start_wall = time.time()
     cpu0 = time.process_time()
     last_t = None
     last_tokens = 0
@@ -184,14 +219,21 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
     try:
         timeout = aiohttp.ClientTimeout(total=cfg.request_timeout(), sock_connect=cfg.connect_timeout_s,
                                         sock_read=min(60.0, cfg.request_timeout()))
-        async with session.post(cfg.url.rstrip("/") + path, json=body, timeout=timeout) as resp:
+        async with session.post(cfg.url.rstrip("/") + path, data=data, headers=_JSON_HEADERS, timeout=timeout,
+                                trace_request_ctx=sent) as resp:
+            if sent.t:  # the clock starts when the request is on the wire
+                res.send_ms = (sent.t - start) * 1000
+                start_wall += sent.t - start
+                start = sent.t
+            res.t0 = start
             if resp.status != 200:
                 text = (await resp.text())[:200].strip()
                 res.error = f"HTTP {resp.status}" + (f": {text}" if text else "")
                 return res
             buf = b""
-            async for data in resp.content.iter_any():
-                buf += data
+            async for chunk in resp.content.iter_any():
+                now = time.perf_counter()  # every event completed by these bytes arrived now
+                buf += chunk
                 while True:
                     cut = buf.find(b"\n\n")
                     if cut < 0:
@@ -202,7 +244,6 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
                     payload = event[5:].strip()
                     if payload == b"[DONE]":
                         continue
-                    now = time.perf_counter()
                     if cfg.api == "openai":
                         # Text chunks carry "usage": null; only the last one is decoded fully.
                         if b'"usage": null' not in payload and b'"usage":null' not in payload:
@@ -314,7 +355,7 @@ async def run_bench(cfg: BenchConfig,
     ps = prompts()
     t0 = time.perf_counter()
     connector = aiohttp.TCPConnector(limit=max(4, cfg.concurrency * 2), force_close=False)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with client_session(connector=connector) as session:
         for i in range(cfg.warmup):
             r = await run_request(session, cfg, ps[i % len(ps)])
             if not r.ok and r.error and r.error.startswith(("cannot connect", "server disconnected")):

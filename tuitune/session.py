@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from . import preset as P
-from .bench import BenchConfig, BenchRun, RequestResult, prompts, run_bench, run_request
+from .bench import BenchConfig, BenchRun, RequestResult, client_session, prompts, run_bench, run_request
 from .control import ControlError, ReadyResult, ServerControl, Status, nccl_confirmation
 from .events import BenchSummary, Event, LinkState, LogLine, Marker, ProfileWindow, ServerState
 from .stream import EventStream
@@ -233,11 +233,10 @@ class Session(EventStream):
         self.publish([Marker(f"load {'on' if on else 'off'} ({self.load.concurrency} stream(s))")])
 
     async def _load_loop(self) -> None:
-        import aiohttp
         ps = prompts()
 
         async def stream(i: int) -> None:
-            async with aiohttp.ClientSession() as session:
+            async with client_session() as session:
                 n = i
                 while True:  # until set_load cancels it
                     if self.url is None or self.state.state != "ready":
