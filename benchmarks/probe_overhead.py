@@ -2,13 +2,19 @@
 sync=host, and its phase times against torch.profiler's kernel times.
 
 The workload lives in a stand-in SGLang tree (module, class and method names of SGLang's v2
-worker), so the probe patches it exactly as it patches SGLang: draft = `steps` small matmuls
-(1 × 7168 by 7168 × 7168, bf16), verify = 48 large ones (3 × 7168 by 7168 × 14336, about 10 GB of
-weights read, memory bound like a real verify), extend = one small matmul; accept lengths come back
-as a GPU tensor, as SGLang's do. Cycle time = wall time of 400 cycles / 400 (one synchronize at the
-end). Needs CUDA; run it on the GPU machine.
+worker), so the probe patches it exactly as it patches SGLang. Its phases have the shapes and the
+sizes the seeds measured (FACTS.md: draft about 0.2 ms a step, extend about 0.2 ms, verify far
+larger): a draft-model pass is one decoder-layer-like block plus an LM head (7168 -> 7168 ->
+14336 -> 7168 -> 32000, bf16, four memory-bound matmuls, about 1 GB of weights); draft = `steps`
+passes over one token, extend = one pass over the 3 verified tokens, verify = 48 large matmuls
+(3 × 7168 by 7168 × 14336, about 10 GB of weights read, memory bound like a real verify). Accept
+lengths come back as a GPU tensor, as SGLang's do. Cycle time = wall time of 400 cycles / 400
+(one synchronize at the end). `--tiny-extend` makes extend a single 7168 × 7168 matmul (about
+25 µs) instead, the first version of this workload: there the fixed few microseconds between a
+CUDA event and the kernel it brackets, which the profiler's kernel time leaves out, are a large
+share of the phase. Needs CUDA; run it on the GPU machine.
 
-    python benchmarks/probe_overhead.py
+    python benchmarks/probe_overhead.py [--tiny-extend]
 """
 
 from __future__ import annotations
@@ -28,19 +34,27 @@ from tuitune.parse import parse_line  # noqa: E402
 from tuitune.probe import FILES  # noqa: E402
 
 GPU_WORK = '''
+import os
 import torch
 from torch.profiler import record_function
-H, LAYERS = 7168, 48
+H, LAYERS, VOCAB = 7168, 48, 32000
 dev = "cuda"
 torch.manual_seed(0)
-W_small = torch.randn(H, H, dtype=torch.bfloat16, device=dev) * 0.01
-W_big = [torch.randn(H, 2 * H, dtype=torch.bfloat16, device=dev) * 0.01 for _ in range(LAYERS)]
+def w(rows, cols):
+    return torch.randn(rows, cols, dtype=torch.bfloat16, device=dev) * 0.01
+DRAFT = [w(H, H), w(H, 2 * H), w(2 * H, H), w(H, VOCAB)]  # attention-, up-, down-projection, LM head
+W_big = [w(H, 2 * H) for _ in range(LAYERS)]
 x1 = torch.randn(1, H, dtype=torch.bfloat16, device=dev)
 x3 = torch.randn(3, H, dtype=torch.bfloat16, device=dev)
+TINY_EXTEND = os.environ.get("TINY_EXTEND") == "1"
+def draft_pass(x):
+    for W in DRAFT:
+        x = torch.matmul(x, W)
+    return x
 def draft(steps):
     with record_function("phase_draft"):
         for _ in range(steps):
-            torch.matmul(x1, W_small)
+            draft_pass(x1)
 def verify(batch):
     with record_function("phase_verify"):
         for W in W_big:
@@ -48,7 +62,10 @@ def verify(batch):
         return torch.full((len(batch.reqs),), 2, dtype=torch.int32, device=dev)
 def extend():
     with record_function("phase_extend"):
-        torch.matmul(x3, W_small)
+        if TINY_EXTEND:
+            torch.matmul(x3, DRAFT[0])
+        else:
+            draft_pass(x3)
 '''
 
 HARNESS = '''
@@ -98,6 +115,9 @@ def run(tmp: Path, mode: str, extra_env: dict | None = None) -> tuple[str, list]
 
 
 def main() -> None:
+    tiny = "--tiny-extend" in sys.argv[1:]
+    if tiny:
+        os.environ["TINY_EXTEND"] = "1"
     try:
         import torch
     except ImportError:
@@ -105,7 +125,8 @@ def main() -> None:
     if torch is None or not torch.cuda.is_available():
         print("probe_overhead: needs a CUDA GPU (see the README for the H200 figures); skipped")
         return
-    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+          + (", extend = one small matmul (--tiny-extend)" if tiny else ""))
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         make_tree(tmp / "fake", "v2", work=GPU_WORK)
