@@ -44,8 +44,7 @@ VLLM_NAMES = {
 }
 
 
-_last_key = ""
-_last_prefix: tuple[str | None, str | None] = (None, None)
+_last: tuple[str, tuple[str | None, str | None]] = ("", (None, None))  # one object: threads read it whole
 
 
 def _prefix(line: str, end: int) -> tuple[str | None, str | None]:
@@ -56,9 +55,10 @@ def _prefix(line: str, end: int) -> tuple[str | None, str | None]:
     with the same text; consecutive events then also share their ts and rank strings. With
     millisecond stamps (SGLANG_LOG_MS) prefixes rarely repeat, and the check costs one compare.
     """
-    global _last_key, _last_prefix
-    if len(_last_key) == end and line.startswith(_last_key):
-        return _last_prefix
+    global _last
+    key, hit = _last
+    if len(key) == end and line.startswith(key):
+        return hit
     found: tuple[str | None, str | None] | None = None
     if line[14:15] == ":" and line[:1] == "[" and line[5:6] == "-":
         close = line.find("]", 1, end)
@@ -69,7 +69,7 @@ def _prefix(line: str, end: int) -> tuple[str | None, str | None]:
         m = _PREFIX.search(line, 0, end)
         found = (None, None) if m is None else (m.group(1), m.group(2).strip() or None)
     if end > 15:  # the checks above read line[14] and line[5]: inside line[:end], the key
-        _last_key, _last_prefix = line[:end], found
+        _last = (line[:end], found)
     return found
 
 
