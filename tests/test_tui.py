@@ -47,9 +47,14 @@ async def test_edit_steps_relaunch_and_new_numbers(tmp_path):
         await pilot.pause()
         assert app.draft.speculative.num_steps == 4 and app.modified
         assert "speculative.num_steps: 2 → 4" in str(app.config.query_one("#diff").render())
+        before = app.relaunch_screen
         await pilot.press("r")
-        await until(pilot, lambda: isinstance(app.screen, RelaunchScreen), 5, "the relaunch view")
+        # The view closes by itself once the server is ready, which on the simulator can be sooner
+        # than a poll comes round: wait for a new view to have been opened, not for it to be open.
+        await until(pilot, lambda: isinstance(app.relaunch_screen, RelaunchScreen) and app.relaunch_screen is not before,
+                    5, "the relaunch view")
         await wait_ready(app, pilot, s)
+        assert app.relaunch_screen.finished
         assert s.state.pid != first_pid and s.running_preset.speculative.num_steps == 4
         await until(pilot, lambda: s.store.last_profile is not None and s.store.last_profile.steps == 4,
                     15, "profile windows with 4 steps")
