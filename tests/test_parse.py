@@ -166,15 +166,20 @@ def test_stats_fast_path_agrees_with_exact(prefix, marker, sep, pairs, tail):
     _same(fn(line, at), fn(line, at, fast=False))
 
 
-def test_fast_paths_take_the_lines_servers_print():
-    """The canonical lines do go the fast way (so the benchmark measures what users get)."""
-    assert parse._fast_decode(DECODE_NEW.split("Decode batch, ")[1]) is not None
-    assert parse._fast_prefill("#new-seq: 1, #new-token: 28, #cached-token: 0, token usage: 0.00, #running-req: 0, "
-                               "#queue-req: 0, #pending-token: 0, cuda graph: False, input throughput (token/s): 1.5") \
-        is not None
-    line = PROFILE_EXAMPLES[0]
-    prefix, rest = line.split("EAGLE3_PROFILE ")
-    assert parse._decode_profile('{"' + rest.replace("=", '":"').replace(" ", '","') + '"}').sync == "event"
+def test_fast_paths_take_the_lines_servers_print(monkeypatch):
+    """The canonical lines do go the fast way (so the benchmark measures what users get): with the
+    exact paths made to fail, they still parse."""
+    def exact(*_a, **_k):
+        raise AssertionError("the exact path ran")
+    monkeypatch.setattr(parse, "_profile_exact", exact)
+    monkeypatch.setattr(parse, "_fields", exact)
+    prefill = ("[2026-03-16 11:32:09 TP0] Prefill batch, #new-seq: 2, #new-token: 512, #cached-token: 0, "
+               "token usage: 0.01, #running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, "
+               "input throughput (token/s): 9000.50")
+    for line in [PROFILE_EXAMPLES[0], DECODE_NEW, DECODE_OLD, prefill]:
+        ev = parse_line(line)
+        assert ev.kind in ("profile", "decode", "prefill") and ev.ts and ev.rank == "TP0", ev
+    monkeypatch.undo()
     # and lines the fast path refuses still parse, exactly
     ev = parse_line('[2026-11-29 16:02:11 TP0] EAGLE3_PROFILE draft_ms=1 verify_ms=2 extend_ms=3 accept_len=1.5 '
                     'cycle_ms=6 ts=7 note="x"')

@@ -194,8 +194,7 @@ def _profile_exact(line: str, rest: str, ts: str | None, rank: str | None) -> Ev
 
 
 def _fields(body: str, spec: dict) -> tuple[dict, dict]:
-    """``name: value, name: value`` -> (known fields converted, extra fields keyed by name)."""
-    body = body.rstrip().rstrip(",")
+    """``name: value, name: value`` (a ``_stats_body``) -> (known fields converted, extra fields by name)."""
     flat = body.replace(": ", ", ").split(", ")
     if len(flat) % 2 == 0 and body.count(": ") * 2 == len(flat):
         items = zip(flat[::2], flat[1::2])
@@ -278,6 +277,12 @@ _fast_decode = _Fast(DecodeStats, _DECODE_SPEC, ("iteration", "extra", "ts", "ra
 _fast_prefill = _Fast(PrefillStats, _PREFILL_SPEC, ("extra", "ts", "rank"))
 
 
+def _stats_body(text: str) -> str:
+    """The fields of a Decode/Prefill batch line: without the ", " or ". " after the marker and
+    the trailing ", " of older releases. Both the fast and the exact path read this."""
+    return text.lstrip(".,").strip().rstrip(",").rstrip().rstrip(",")
+
+
 def _decode(line: str, at: int, fast: bool = True) -> Event:
     ts, rank = _prefix(line, at)
     rest = line[at + 12:]
@@ -288,7 +293,7 @@ def _decode(line: str, at: int, fast: bool = True) -> Event:
             n = _number(rest[2:close])
             iteration = n if isinstance(n, int) else None
             rest = rest[close + 1:]
-    body = rest.lstrip(".,").strip().rstrip(",")
+    body = _stats_body(rest)
     values = _fast_decode(body) if fast else None
     if values is not None:
         return DecodeStats(*values, iteration, {}, ts, rank)
@@ -301,7 +306,7 @@ def _decode(line: str, at: int, fast: bool = True) -> Event:
 
 def _prefill(line: str, at: int, fast: bool = True) -> Event:
     ts, rank = _prefix(line, at)
-    body = line[at + 13:].lstrip(".,").strip().rstrip(",")
+    body = _stats_body(line[at + 13:])
     values = _fast_prefill(body) if fast else None
     if values is not None:
         return PrefillStats(*values, {}, ts, rank)
