@@ -7,6 +7,7 @@ Exit status: 0 done, 1 the work failed, 2 bad usage or bad input.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Callable
@@ -241,16 +242,24 @@ def _with_control(preset):
     return t, ServerControl(t, preset)
 
 
-async def _guarded(coro_fn, transport):
+@contextlib.contextmanager
+def _core_errors():
+    """A failed server or link becomes one sentence (and the server log's last lines)."""
     ControlError, TransportError = _errors()
     try:
-        return await coro_fn()
+        yield
     except ControlError as e:
         for line in e.log_tail:
             print(f"  | {line}", file=sys.stderr)
         raise CliError(str(e), e.code) from None
     except TransportError as e:
         raise CliError(str(e), 1) from None
+
+
+async def _guarded(coro_fn, transport):
+    try:
+        with _core_errors():
+            return await coro_fn()
     finally:
         await transport.close()
 
@@ -590,18 +599,12 @@ def cmd_crossover(ns) -> int:
         raise CliError(f"--plot {ns.plot}: the file must end in .png or .svg", 2)
     ov = _overrides(ns, level=levels[0])
     ov.pop("concurrency", None)
-    ControlError, TransportError = _errors()
     try:
-        result = _run_async(crossover(p, sorted(levels), ov, rounds=ns.rounds, min_effect=ns.min_effect,
-                                      progress=lambda m: print(m, flush=True)))
+        with _core_errors():
+            result = _run_async(crossover(p, sorted(levels), ov, rounds=ns.rounds, min_effect=ns.min_effect,
+                                          progress=lambda m: print(m, flush=True)))
     except CrossoverError as e:
         raise CliError(str(e), 2) from None
-    except ControlError as e:
-        for line in e.log_tail:
-            print(f"  | {line}", file=sys.stderr)
-        raise CliError(str(e), e.code) from None
-    except TransportError as e:
-        raise CliError(str(e), 1) from None
     print()
     print(format_result(result))
     if not ns.no_plot:
