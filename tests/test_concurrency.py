@@ -127,3 +127,24 @@ def test_concurrency_64_bench_on_a_small_machine(sim_factory):
     expected = M.expected_goodput("h100-llama8b", {"algorithm": "EAGLE3", "num_steps": 3, "context_tokens": 65}, 64)
     # below the steady state: new requests' prefills interrupt the batch, as on a real server
     assert 0.6 * expected < run.goodput()["tok_s"] < 1.1 * expected
+
+
+def test_sweep_over_concurrency_and_ab_at_a_concurrency(tmp_path):
+    preset = sim_preset(tmp_path, "sim-h100-llama8b-eagle3", speedup=2, requests=2, max_tokens=60)
+    out = tmp_path / "out"
+    r = tuitune("sweep", str(preset), "--grid", "bench.concurrency=1,4", "--baseline-every", "0", "--no-plot",
+                "--out", str(out), tmp=tmp_path)
+    assert r.returncode == 0, r.stderr + r.stdout
+    rows = {json.loads(x)["label"]: json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()}
+    assert rows["concurrency=4"]["concurrency"] == 4 and rows["concurrency=4"]["requests"] == 8
+    assert rows["concurrency=4"]["goodput"] > 2.5 * rows["concurrency=1"]["goodput"]
+    four = next(x for x in r.stdout.splitlines() if x.startswith("concurrency=4"))
+    assert "n/c (other concurrency)" in four  # the baseline ran one stream
+    assert "best: concurrency=1" in r.stdout
+    off = P.save(P.with_changes(P.load(preset), {"speculative": None, "name": "off"}), tmp_path / "off.yaml")
+    r = tuitune("ab", str(off), str(preset), "--rounds", "1", "--concurrency", "4", "--json",
+                str(tmp_path / "ab.json"), tmp=tmp_path)
+    result = json.loads((tmp_path / "ab.json").read_text())
+    assert r.returncode == 0 and result["verdict"]["metric"] == "goodput"
+    assert "medians of goodputs at concurrency 4" in r.stdout
+    assert all(x["concurrency"] == 4 for x in result["launches"])
