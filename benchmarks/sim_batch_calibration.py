@@ -16,14 +16,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import socket
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
 
+from simproc import running_sim
 from tuitune.bench import BenchConfig, run_bench
 from tuitune.sim import model as M
 
@@ -38,33 +33,12 @@ SEEDS = [("C1", None, False, 62.9), ("C2", None, True, 88.8), ("C3", 5, True, 86
 CHAIN3 = {"algorithm": "EAGLE3", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def measured_goodput(spec: bool, bs: int, max_tokens: int) -> float:
     """Goodput of a real simulator process (h100-llama8b) at concurrency bs, by tuitune's client."""
-    port = free_port()
     args = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d",
             "--speculative-num-steps", "3", "--speculative-eagle-topk", "1"] if spec else []
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tuitune.sim", "--port", str(port), "--sim-machine",
-                                 "h100-llama8b", "--sim-load-seconds", "0.2", "--sim-seed", str(bs), "--sim-draws", "quasi", *args],
-                                stdout=log, stderr=subprocess.STDOUT)
-        try:
-            for _ in range(200):
-                try:
-                    if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).status == 200:
-                        break
-                except OSError:
-                    time.sleep(0.05)
-            cfg = BenchConfig(f"http://127.0.0.1:{port}", requests=1, warmup=1, max_tokens=max_tokens).at_level(bs)
-            run = asyncio.run(run_bench(cfg))
-        finally:
-            proc.terminate()
-            proc.wait(5)
+    with running_sim("--sim-machine", "h100-llama8b", "--sim-seed", str(bs), "--sim-draws", "quasi", *args) as url:
+        run = asyncio.run(run_bench(BenchConfig(url, requests=1, warmup=1, max_tokens=max_tokens).at_level(bs)))
     return run.goodput()["tok_s"]
 
 

@@ -15,42 +15,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
 
+from simproc import running_sim
 from tuitune.bench import BenchConfig, run_bench
 
 SPEEDUPS = (0.5, 1, 2, 3, 4, 6)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def measure(speedup: float, streams: int, max_tokens: int):
-    port = free_port()
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tuitune.sim", "--port", str(port), "--sim-machine",
-                                 "h200-llama8b", "--sim-load-seconds", "0.2", "--sim-speedup", str(speedup)],
-                                stdout=log, stderr=subprocess.STDOUT)
-        try:
-            for _ in range(200):
-                try:
-                    if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).status == 200:
-                        break
-                except OSError:
-                    time.sleep(0.05)
-            cfg = BenchConfig(f"http://127.0.0.1:{port}", requests=1, warmup=1, max_tokens=max_tokens)
-            run = asyncio.run(run_bench(cfg.at_level(streams)))
-        finally:
-            proc.terminate()
-            proc.wait(5)
+    with running_sim("--sim-machine", "h200-llama8b", "--sim-speedup", str(speedup)) as url:
+        run = asyncio.run(run_bench(BenchConfig(url, requests=1, warmup=1, max_tokens=max_tokens).at_level(streams)))
     sim = run.server.get("sim") or {}
     late = sim.get("cycles_late", 0) / max(1, sim.get("cycles", 1))
     return run.goodput()["tok_s"], late, run.failed
