@@ -20,15 +20,13 @@ import sys
 from simproc import running_sim
 from tuitune.bench import BenchConfig, run_bench
 
-SPEEDUPS = (0.5, 1, 2, 3, 4, 6)
+SPEEDUPS = (0.125, 0.25, 0.5, 1, 2, 4)
 
 
 def measure(speedup: float, streams: int, max_tokens: int):
     with running_sim("--sim-machine", "h200-llama8b", "--sim-speedup", str(speedup)) as url:
         run = asyncio.run(run_bench(BenchConfig(url, requests=1, warmup=1, max_tokens=max_tokens).at_level(streams)))
-    sim = run.server.get("sim") or {}
-    late = sim.get("cycles_late", 0) / max(1, sim.get("cycles", 1))
-    return run.goodput()["tok_s"], late, run.failed
+    return run.goodput()["tok_s"], run.sim_late_share or 0.0, run.failed
 
 
 def main() -> int:

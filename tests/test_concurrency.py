@@ -89,7 +89,7 @@ def test_bench_cli_over_levels_reports_a_goodput_curve(tmp_path):
 
 
 def test_crossover_found_on_the_seeds_box(tmp_path):
-    preset = sim_preset(tmp_path, "sim-c4-eagle3-2step-nccl", speedup=10)
+    preset = sim_preset(tmp_path, "sim-c4-eagle3-2step-nccl", speedup=4)
     out = tmp_path / "x.json"
     r = tuitune("crossover", str(preset), "--concurrency", "1,4", "--json", str(out), "--plot",
                 str(tmp_path / "x.svg"), tmp=tmp_path)
