@@ -153,8 +153,7 @@ def plot_text(result: dict, width: int = 100, height: int = 20) -> str:
         plt.plot(xs, ys, label=name, marker="dot")
     if result["crossover"] is not None:
         plt.vertical_line(result["crossover"])
-    plt.title(f"goodput (tok/s) against concurrency: {result['preset']}"
-              + (" (vertical line: crossover)" if result["crossover"] is not None else ""))
+    plt.title("goodput (tok/s) against concurrency" + (", | = crossover" if result["crossover"] is not None else ""))
     plt.xlabel("concurrent requests")
     return plt.build()
 
