@@ -148,3 +148,16 @@ def test_sweep_over_concurrency_and_ab_at_a_concurrency(tmp_path):
     assert r.returncode == 0 and result["verdict"]["metric"] == "goodput"
     assert "medians of goodputs at concurrency 4" in r.stdout
     assert all(x["concurrency"] == 4 for x in result["launches"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["bench", "sim-c4-eagle3-2step-nccl", "--concurrency", "1,x"], "invalid concurrency list"),
+    (["bench", "sim-c4-eagle3-2step-nccl", "--concurrency", "4,4"], "invalid concurrency list"),
+    (["bench", "sim-c4-eagle3-2step-nccl", "--concurrency", "0"], "invalid concurrency list"),
+    (["ab", "sim-c2-baseline-nccl", "sim-c4-eagle3-2step-nccl", "--concurrency", "1,4"],
+     "--concurrency takes one level here (got 2)"),
+    (["crossover", "sim-c4-eagle3-2step-nccl", "--plot", "out.pdf"], "the file must end in .png or .svg"),
+])
+def test_concurrency_flags_are_checked_before_anything_starts(tmp_path, args, message):
+    r = tuitune(*args, tmp=tmp_path, timeout=30)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
