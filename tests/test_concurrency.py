@@ -161,3 +161,13 @@ def test_sweep_over_concurrency_and_ab_at_a_concurrency(tmp_path):
 def test_concurrency_flags_are_checked_before_anything_starts(tmp_path, args, message):
     r = tuitune(*args, tmp=tmp_path, timeout=30)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_stream_interval_sends_a_chunk_every_n_cycles(sim_factory):
+    sim = sim_factory("--sim-load-seconds", "0.2", "--sim-speedup", "10", "--stream-interval", "4")
+    sim.wait_ready()
+    run = asyncio.run(run_bench(BenchConfig(sim.url, requests=1, warmup=0, max_tokens=101)))
+    r = run.results[0]
+    assert r.ok and r.completion_tokens == 101 and r.chunks == 26  # the first token, then 100 in fours
+    assert subprocess.run([sys.executable, "-m", "tuitune.sim", "--stream-interval", "0"], capture_output=True,
+                          text=True, timeout=30).returncode == 2
