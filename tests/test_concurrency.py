@@ -72,6 +72,10 @@ def test_bench_cli_over_levels_reports_a_goodput_curve(tmp_path):
     preset = sim_preset(tmp_path, "sim-h100-llama8b-eagle3", speedup=2)
     assert tuitune("launch", str(preset), tmp=tmp_path).returncode == 0
     try:
+        # four streams before: their decode lines are in the log the bench attaches to (its backlog)
+        url = f"http://127.0.0.1:{P.load(preset).server.port}"
+        assert not asyncio.run(run_bench(BenchConfig(url, requests=8, warmup=0, max_tokens=200,
+                                                     concurrency=4))).failed
         out = tmp_path / "b.json"
         r = tuitune("bench", str(preset), "--concurrency", "1,4", "--json", str(out), tmp=tmp_path)
     finally:
