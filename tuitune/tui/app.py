@@ -92,6 +92,7 @@ class TuituneCommands(Provider):
 
     COMMANDS = (("Stop the server", "stop_server"), ("Clear the runs table", "clear_runs"),
                 ("Bench over concurrency levels (goodput curve)", "bench_levels"),
+                ("Bench at the load's concurrency (its number of streams)", "bench_at_load"),
                 ("Switch chart (tok/s per run / phase times)", "chart"),
                 ("Show the log", "show_log"), ("Show the chart", "show_chart"),
                 ("Load: one more stream", "load_more"), ("Load: one stream fewer", "load_less"),
@@ -139,7 +140,7 @@ class TuituneApp(App):
         Binding("q", "quit_app", "quit", id="tuitune.quit"),
         Binding("escape", "leave_input", show=False, id="tuitune.escape"),
     ]
-    LIVE_ONLY = {"relaunch", "bench", "bench_levels", "toggle_load", "load_more", "load_less", "stop_server"}
+    LIVE_ONLY = {"relaunch", "bench", "bench_levels", "bench_at_load", "toggle_load", "load_more", "load_less", "stop_server"}
     REPLAY_ONLY = {"pause", "seek"}
 
     def __init__(self, session, *, autostart: str | None = None, load_on_start: bool = False,
@@ -335,6 +336,9 @@ class TuituneApp(App):
 
     def action_bench_levels(self) -> None:
         self._start_bench(self.user_config.bench_levels)
+
+    def action_bench_at_load(self) -> None:
+        self._start_bench([self.session.load.concurrency])
 
     def _start_bench(self, levels: list[int] | None) -> None:
         if self.bench_running:
