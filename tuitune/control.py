@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Awaitable, Callable
 
 from . import preset as P
+from . import redact
 from .events import Event, ServerError
 from .parse import parse_line
 from .tail import LogTail
@@ -66,10 +67,16 @@ class Drift:
     running: str | None
     preset: str | None
 
+    def shown(self) -> "Drift":
+        """This difference as it may be printed: a secret's values masked, whether they differ said."""
+        r, p, note = redact.pair(self.key, self.running, self.preset)
+        return Drift(self.key, r, p + note if note and p is not None else p)
+
     def __str__(self) -> str:
-        r = "(unset)" if self.running is None else self.running
-        p = "(unset)" if self.preset is None else self.preset
-        return f"{self.key}: running {r}, preset {p}"
+        d = self.shown()
+        r = "(unset)" if d.running is None else d.running
+        p = "(unset)" if d.preset is None else d.preset
+        return f"{d.key}: running {r}, preset {p}"
 
 
 @dataclass
@@ -82,9 +89,12 @@ class Status:
     note: str | None = None
 
     def to_dict(self) -> dict:
-        return {"running": self.running, "record": asdict(self.record) if self.record else None,
+        rec = asdict(self.record) if self.record else None
+        if rec is not None:
+            rec["argv"], rec["env"] = redact.argv(rec["argv"]), redact.env(rec["env"])
+        return {"running": self.running, "record": rec,
                 "uptime_s": self.uptime_s, "same_hash": self.same_hash, "note": self.note,
-                "drift": [asdict(d) for d in self.drift]}
+                "drift": [asdict(d.shown()) for d in self.drift]}
 
 
 @dataclass
@@ -314,11 +324,12 @@ class ServerControl:
 
         set_phase("starting")
         tail = LogTail(self.t, rec.log)
+        shown = redact.Redactor(self.preset)
 
         async def follow() -> None:
             async for batch in tail.batches():
                 for line in batch.lines:
-                    lines.append(line)
+                    lines.append(shown(line))
                     if len(lines) > 200:
                         del lines[:100]
                     ev = parse_line(line)
@@ -387,7 +398,7 @@ class ServerControl:
         elif res.cause is None:
             found = classify(res.errors)
             res.cause, detail = found if found else ("exited", "the process exited without an error line")
-            res.message = f"server exited during start ({CAUSE_TEXT.get(res.cause, res.cause)}): {detail}"[:400]
+            res.message = shown(f"server exited during start ({CAUSE_TEXT.get(res.cause, res.cause)}): {detail}")[:400]
             set_phase("failed")
         return res
 

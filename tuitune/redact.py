@@ -23,13 +23,16 @@ import json
 import re
 from typing import Any, Iterable
 
+import msgspec
+
+from .parse import clip
+
 MASK = "••••"
 _BENIGN = re.compile(r"TOKENIZERS?|TOKENS|BYPASS|PASSTHROUGH|KEYBOARD|COMPASS")
 _SECRET_ENV = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASS|CREDENTIAL")
 _SECRET_FLAG = re.compile(r"(?:\A|-)(?:token|key)\Z|secret|password|passwd|credential")
 _NOT_A_VALUE = {"", "None", "null", "none", MASK}
-# a quick test before the full patterns: most log lines mention none of these
-_HINT = re.compile(r"(?i)key|token|secret|pass|credential|bearer")
+_HINTS = ("key", "secret", "pass", "credential", "bearer")
 _VALUE = r"'[^'\n]{0,512}'|\"[^\"\n]{0,512}\"|[^\s'\",;)}\]]{1,512}"
 _TEXT = re.compile(
     # --flag VALUE / --flag=VALUE
@@ -152,16 +155,43 @@ def text(s: str, values: Iterable[str] = ()) -> str:
     for v in values:
         if v in s:
             s = s.replace(v, MASK)
-    if _HINT.search(s) is None:
+    if not _hinted(s.lower()):
         return s
     return _TEXT.sub(_sub, s)
 
 
+def _hinted(low: str) -> bool:
+    """Whether a lower-cased line may hold a secret assignment: the cheap test before the
+    patterns, so that the lines a server prints most (which say "#token: 5120", "token usage",
+    "draft_tokens=3", "(token/s)") cost a few string searches."""
+    for h in _HINTS:
+        if h in low:
+            return True
+    at = low.find("token")
+    while at >= 0:
+        nxt = low[at + 5:at + 6]
+        if nxt in ("=", '"', "'", "_") or nxt == " " and low[at - 1:at] == "-":
+            return True  # HF_TOKEN=, "hf_token": , hf_token=', --hf-token X
+        at = low.find("token", at + 5)
+    return False
+
+
 class Redactor:
-    """``text`` bound to one preset's secret values (what a session or a launch applies to lines)."""
+    """A log line as it may be shown or written: clipped to ``parse.MAX_LINE`` characters (marked
+    when cut, so that no line costs more than a bounded amount downstream), then ``text`` with one
+    preset's secret values. What a session and a launch apply to every line they pass on."""
 
     def __init__(self, preset=None):
         self.values = secret_values(preset) if preset is not None else []
 
     def __call__(self, s: str) -> str:
-        return text(s, self.values)
+        return text(clip(s), self.values)
+
+    def event(self, ev):
+        """A parsed event with the log text it carries masked (error messages, malformed lines)."""
+        from .events import Malformed, ServerError
+        if isinstance(ev, ServerError):
+            return msgspec.structs.replace(ev, message=self(ev.message))
+        if isinstance(ev, Malformed):
+            return msgspec.structs.replace(ev, line=self(ev.line))
+        return ev
