@@ -30,6 +30,18 @@ PHASES = (("Load weight begin", "loading weights"), ("Capture cuda graph begin",
           ("Capture draft cuda graph begin", "capturing draft graphs"))
 # true when process $p exists and is not a zombie (a zombie only waits for its parent to reap it)
 LIVE_SH = "s=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -c1); [ -n \"$s\" ] && [ \"$s\" != Z ]"
+# exit 0: the module is there; 3: it (or its package: find_spec raises for "sglang.x" without
+# sglang) is not installed; 5: its package fails to import, the reason on stderr
+FIND_MODULE_PY = """import importlib.util, sys
+try:
+    found = importlib.util.find_spec(sys.argv[1]) is not None
+except ImportError:
+    found = False
+except Exception as e:
+    print(f"{type(e).__name__}: {e}", file=sys.stderr)
+    sys.exit(5)
+sys.exit(0 if found else 3)
+"""
 CAUSE_ORDER = ("oom", "nccl", "bad_argument", "port_in_use", "init_failed", "exception", "traceback")
 CAUSE_TEXT = {"oom": "out of memory", "nccl": "NCCL error", "bad_argument": "bad argument",
               "port_in_use": "port in use", "init_failed": "initialization failed",
@@ -231,12 +243,15 @@ class ServerControl:
         p = self.preset
         py = P.shell_path(p.python())
         r = await self.t.run(f"command -v {py} >/dev/null || [ -x {py} ] || exit 4; {py} -c "
-                             "'import importlib.util,sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 3)' "
-                             f"{shlex.quote(p.server.module)}", timeout=60)
+                             f"{shlex.quote(FIND_MODULE_PY)} {shlex.quote(p.server.module)}", timeout=60)
         if r.exit_status == 4:
             raise ControlError(f"{self.t.label}: server.python {p.python()} does not exist", 2)
         if r.exit_status == 3:
             raise ControlError(f"{self.t.label}: module {p.server.module} is not installed for {p.python()}", 2)
+        if r.exit_status == 5:
+            why = (r.stderr.strip().splitlines() or ["no message"])[-1][:200]
+            raise ControlError(f"{self.t.label}: module {p.server.module} cannot be imported with {p.python()} "
+                               f"({why})", 2)
         if not r.ok:
             raise ControlError(f"{self.t.label}: cannot run {p.python()}: {r.stderr.strip()[:200]}", 2)
         known = await self.server_flags()
