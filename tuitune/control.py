@@ -80,15 +80,15 @@ class Drift:
     preset: str | None
 
     def shown(self) -> "Drift":
-        """This difference as it may be printed: a secret's values masked, whether they differ said."""
-        r, p, note = redact.pair(self.key, self.running, self.preset)
-        return Drift(self.key, r, p + note if note and p is not None else p)
+        """This difference as it may be printed or written: a secret's values masked."""
+        r, p, _ = redact.pair(self.key, self.running, self.preset)
+        return Drift(self.key, r, p)
 
     def __str__(self) -> str:
-        d = self.shown()
-        r = "(unset)" if d.running is None else d.running
-        p = "(unset)" if d.preset is None else d.preset
-        return f"{d.key}: running {r}, preset {p}"
+        r, p, note = redact.pair(self.key, self.running, self.preset)
+        r = "(unset)" if r is None else r
+        p = "(unset)" if p is None else p
+        return f"{self.key}: running {r}, preset {p}{note}"
 
 
 @dataclass

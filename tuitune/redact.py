@@ -34,13 +34,16 @@ _SECRET_FLAG = re.compile(r"(?:\A|-)(?:token|key)\Z|secret|password|passwd|crede
 _NOT_A_VALUE = {"", "None", "null", "none", MASK}
 _HINTS = ("key", "secret", "pass", "credential", "bearer")
 _VALUE = r"'[^'\n]{0,512}'|\"[^\"\n]{0,512}\"|[^\s'\",;)}\]]{1,512}"
+# names that may be secret (the predicates above decide): only these may match, so that a
+# harmless assignment never swallows the text after it ("server_args=ServerArgs(api_key=...")
+_WORD = r"(?i:token|key|secret|pass|credential)"
 _TEXT = re.compile(
     # --flag VALUE / --flag=VALUE
-    rf"(?<![\w-])--(?P<flag>[A-Za-z0-9][A-Za-z0-9-]{{0,63}})(?P<fsep>[ =])(?P<fval>{_VALUE})"
+    rf"(?<![\w-])--(?P<flag>[A-Za-z0-9-]{{0,40}}{_WORD}[A-Za-z0-9-]{{0,40}})(?P<fsep>[ =])(?P<fval>{_VALUE})"
     # NAME=VALUE and name='value' (shell, Python reprs such as SGLang's ServerArgs)
-    rf"|(?<![\w-])(?P<name>[A-Za-z_][A-Za-z0-9_]{{0,63}})=(?P<nval>{_VALUE})"
+    rf"|(?<![\w-])(?P<name>[A-Za-z0-9_]{{0,40}}{_WORD}[A-Za-z0-9_]{{0,40}})=(?P<nval>{_VALUE})"
     # "name": "value" (JSON; only quoted: "#token: 5120" in a Decode line is a count, not a secret)
-    rf"|\"(?P<jname>[A-Za-z_][A-Za-z0-9_-]{{0,63}})\": ?(?P<jval>\"[^\"\n]{{0,512}}\")"
+    rf"|\"(?P<jname>[A-Za-z0-9_-]{{0,40}}{_WORD}[A-Za-z0-9_-]{{0,40}})\": ?(?P<jval>\"[^\"\n]{{0,512}}\")"
     # Authorization: Bearer VALUE
     r"|(?P<bearer>(?i:bearer) )(?P<bval>[^\s'\",]{1,512})")
 
