@@ -9,6 +9,7 @@ import re
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -266,3 +267,48 @@ async def test_tui_turns_worker_errors_into_notifications(sshd, tmp_path):
                 await pilot.pause(0.05)
             assert any(needle in m for m in app.messages), app.messages
             assert app.is_running
+
+
+# ---- parsing never stalls the event loop ---------------------------------------------------------
+
+
+async def test_hostile_log_lines_never_stall_the_session(tmp_path):
+    """A log full of long adversarial lines (one 80 k-character vLLM line used to stall --record for
+    30 s): the session's loop keeps ticking, long lines arrive cut and marked, the rest parses."""
+    import asyncio
+
+    from tuitune.events import LogLine
+    from tuitune.parse import TRUNCATED
+    from tuitune.session import Session
+    p = make_preset(tmp_path, "hostile")
+    hostile = ["SpecDecoding metrics: " + "a" * 80_000, "SpecDecoding metrics: Per-position acceptance rate: " + "0.5, " * 40_000,
+               "tail: " * 40_000, "EAGLE3_PROFILE " + "x=1 " * 60_000, "Decode batch, " + "a: " * 60_000,
+               "--api-key " * 20_000, "HF_TOKEN=" * 20_000]
+    Path(p.server.log).write_text("\n".join(hostile * 4) + "\n[2026-01-01 00:00:00] The server is fired up and ready to roll!\n")
+    session = Session(p, state_dir=str(tmp_path / "state"))
+    got: list = []
+    session.subscribe(got.extend)
+    gaps = []
+
+    async def ticker():
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    tick = asyncio.ensure_future(ticker())
+    try:
+        await session.follow()
+        for _ in range(600):
+            if any(e.kind == "ready" for e in got):
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        tick.cancel()
+        await session.close()
+    assert any(e.kind == "ready" for e in got), "the tail never got through the hostile lines"
+    lines = [e.text for e in got if isinstance(e, LogLine)]
+    assert len(lines) == len(hostile) * 4 + 1 and sum(x.endswith(TRUNCATED) for x in lines) == len(hostile) * 4
+    assert max(gaps) < 1.0, f"the event loop stalled for {max(gaps):.2f} s"  # ~0.05 s here; minutes before
