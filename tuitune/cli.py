@@ -67,7 +67,9 @@ def _open_lines(path: str):
 
 def cmd_parse(ns) -> int:
     from .parse import parse_line, summarize
-    events = (ev for ev in map(parse_line, _open_lines(ns.file)) if ev is not None)
+    from .redact import Redactor
+    masked = Redactor().event  # error messages and malformed lines quote the log: mask what looks secret
+    events = (masked(ev) for ev in map(parse_line, _open_lines(ns.file)) if ev is not None)
     if ns.json:
         import msgspec
         encode = msgspec.json.Encoder().encode  # NaN becomes null; unset fields are left out
