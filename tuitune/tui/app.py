@@ -284,8 +284,9 @@ class TuituneApp(App):
         running = self.session.running_preset
         lines = []
         if running is not None and self.draft is not None:
-            lines = [f"{k}: {'(unset)' if a is None else a} → {'(unset)' if b is None else b}"
-                     for k, a, b in P.diff(running, self.draft, include_bench=False)]
+            for k, a, b in P.diff(running, self.draft, include_bench=False):
+                a, b, note = redact.pair(k, a, b)
+                lines.append(f"{k}: {'(unset)' if a is None else a} → {'(unset)' if b is None else b}{note}")
         panel.show_diff(lines)
 
     # ---- actions --------------------------------------------------------------------------
