@@ -312,3 +312,19 @@ async def test_hostile_log_lines_never_stall_the_session(tmp_path):
     lines = [e.text for e in got if isinstance(e, LogLine)]
     assert len(lines) == len(hostile) * 4 + 1 and sum(x.endswith(TRUNCATED) for x in lines) == len(hostile) * 4
     assert max(gaps) < 1.0, f"the event loop stalled for {max(gaps):.2f} s"  # ~0.05 s here; minutes before
+
+
+def test_a_saved_preset_holding_a_secret_is_private(tmp_path):
+    p = make_preset(tmp_path, env={"NCCL_PROTO": "LL"})
+    assert mode(P.save(p, tmp_path / "plain.yaml")) == 0o666 & ~_umask()
+    secret = P.with_changes(p, {"server.args.api-key": "sk1"})
+    (tmp_path / "s.yaml").write_text("old")
+    os.chmod(tmp_path / "s.yaml", 0o644)
+    saved = P.save(secret, tmp_path / "s.yaml")
+    assert mode(saved) == 0o600 and P.load(saved).server.args["api-key"] == "sk1"
+
+
+def _umask() -> int:
+    old = os.umask(0)
+    os.umask(old)
+    return old

@@ -419,10 +419,17 @@ def dumps(preset: Preset) -> str:
 
 
 def save(preset: Preset, path: str | Path) -> Path:
+    """Write atomically; a preset that holds a secret (a token, a key) is mode 0600."""
+    from .redact import has_secret
     path = Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(dumps(preset), encoding="utf-8")
+    secret = has_secret(preset)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if secret else 0o666)
+    if secret:
+        os.fchmod(fd, 0o600)  # a .tmp left by an interrupted save may be older and wider
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(dumps(preset))
     os.replace(tmp, path)
     return path
 

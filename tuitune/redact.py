@@ -123,6 +123,10 @@ def preset_dict(d: dict) -> dict:
     return d
 
 
+def has_secret(preset) -> bool:
+    return any(map(secret_env, preset.env)) or any(map(secret_flag, preset.server.args))
+
+
 def secret_values(preset) -> list[str]:
     """The preset's secret values, longest first (so that one value inside another is masked whole).
     Values shorter than 4 characters are left to the patterns: masking every "1" would garble text."""
