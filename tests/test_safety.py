@@ -190,6 +190,8 @@ def test_grid_keys_are_checked_against_the_schema(tmp_path):
         G.parse(["server.port.x=1,2"])
     with pytest.raises(G.GridError, match="unknown key server.bogus"):
         G.parse(["server.bogus=1"])
+    with pytest.raises(G.GridError, match="nested too deeply"):
+        G.parse(["server.args.tp-size=" + "[" * 3000])
     assert G.parse(["server.args.tp-size=1,2", "env.NCCL_PROTO=LL,unset"])
     r = cli("sweep", "demo", "--grid", "server.port.x=1,2", "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and "server.port is a value, not a section" in r.stderr and "Traceback" not in r.stderr

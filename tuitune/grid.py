@@ -67,6 +67,8 @@ def parse_axis(spec: str) -> tuple[str, list[Any]]:
                 out.append(yaml.safe_load(raw))
             except yaml.YAMLError:
                 out.append(raw)
+            except RecursionError:
+                raise GridError(f"--grid {key}: a value is nested too deeply to be a setting") from None
     if len(set(map(repr, out))) != len(out):
         raise GridError(f"--grid {spec!r}: a value is repeated")
     return key, out
