@@ -66,6 +66,16 @@ def test_secret_names_and_masks():
     assert redact.text("loaded with hunter22 as the password", ["hunter22"]) == "loaded with •••• as the password"
 
 
+def test_parse_command_masks_secrets_in_error_text(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("ValueError: invalid ServerArgs(api_key='sk-live-9', port=1)\n"
+                   "EAGLE3_PROFILE draft_ms=x verify_ms=1 extend_ms=1 accept_len=1 HF_TOKEN=hf_leak\n")
+    r = cli("parse", str(log), "--json")
+    assert r.returncode == 0 and "sk-live-9" not in r.stdout and "hf_leak" not in r.stdout
+    kinds = [json.loads(x)["kind"] for x in r.stdout.splitlines()]
+    assert kinds == ["error", "malformed"] and r.stdout.count("••••") == 2
+
+
 def test_status_drift_and_capture_meta_mask_secrets():
     p = make_preset(Path("/tmp"), env={"HF_TOKEN": "running-value", "NCCL_PROTO": "LL"},
                     args={"api-key": "sk-live-1"})
