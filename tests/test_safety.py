@@ -334,6 +334,11 @@ def test_a_saved_preset_holding_a_secret_is_private(tmp_path):
     os.chmod(tmp_path / "s.yaml", 0o644)
     saved = P.save(secret, tmp_path / "s.yaml")
     assert mode(saved) == 0o600 and P.load(saved).server.args["api-key"] == "sk1"
+    assert "warning" not in cli("preset", "validate", str(saved)).stdout
+    os.chmod(saved, 0o644)  # made readable by hand: validate and lint say so
+    for action in ("validate", "lint"):
+        out = cli("preset", action, str(saved)).stdout
+        assert "holds a secret and other users can read it (mode 644); chmod 600 it" in out, out
 
 
 def _umask() -> int:

@@ -172,10 +172,11 @@ def cmd_preset_validate(ns) -> int:
     from . import preset as P
     for name in ns.presets:
         try:
-            p = P.resolve(name)
+            path = P.find(name)
+            p = P.load(path)
         except P.PresetError as e:
             raise CliError(str(e), 2) from None
-        ws = P.warnings(p)
+        ws = P.warnings(p) + P.file_warnings(path, p)
         print(f"{name}: ok ({p.name}, hash {p.hash()})" + (f", {len(ws)} warning(s)" if ws else ""))
         for w in ws:
             print(f"  warning: {w}")
@@ -205,7 +206,7 @@ def cmd_preset_diff(ns) -> int:
 def cmd_preset_lint(ns) -> int:
     from . import preset as P
     p = _load_preset(ns.preset)
-    advice = P.lint(p)
+    advice = P.lint(p) + P.file_warnings(P.find(ns.preset), p)
     if not advice:
         print(f"{p.name}: no advice")
     for a in advice:

@@ -544,6 +544,18 @@ def warnings(preset: Preset) -> list[str]:
     return out
 
 
+def file_warnings(path: Path, preset: Preset) -> list[str]:
+    """A preset file holding a secret (a token, a key) that other users can read."""
+    from .redact import has_secret
+    try:
+        mode = path.stat().st_mode & 0o777
+    except OSError:
+        return []
+    if not has_secret(preset) or not mode & 0o077:
+        return []
+    return [f"{path} holds a secret and other users can read it (mode {mode:o}); chmod 600 it"]
+
+
 def lint(preset: Preset) -> list[str]:
     """Cross-setting advice, beyond what validation checks."""
     advice = warnings(preset)
