@@ -342,11 +342,13 @@ class TuituneApp(App):
             return
         finally:
             self.bench_running = False
-        r = self.book.add(preset.name, preset, run.tok_s(), run.summary(), run.cycle_ms, started=self.clock())
+        r = self.book.add(preset.name, preset, run.tok_s(), run.summary(), run.cycle_ms, started=self.clock(),
+                          gpu_note=run.gpu_note)
         self._dirty_runs = True
         mark = delta_mark(self.book.delta(r))
         self.say(f"run #{r.id}: {r.median:.1f} tok/s" + ("" if mark == "—" else f", {mark} vs baseline")
-                 + (f", {r.failed} failed" if r.failed else ""),
+                 + (f", {r.failed} failed" if r.failed else "")
+                 + (f"; GPUs held back: {r.gpu_note}" if r.gpu_note else ""),
                  "error" if r.failed else "information")
 
     def action_mark_baseline(self) -> None:
