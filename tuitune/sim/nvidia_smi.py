@@ -90,7 +90,7 @@ class Box:
         self.gpus = opts["gpus"]
         self.rng = random.Random(opts["seed"])
         self.uuids = [f"GPU-{uuid.UUID(int=self.rng.getrandbits(128))}" for _ in range(self.gpus)]
-        self.temp = [IDLE_TEMP] * self.gpus
+        self.temp: list[float | None] = [None] * self.gpus  # a new process starts at the steady state
         self.last = time.monotonic()
 
     def control(self) -> dict:
@@ -129,7 +129,8 @@ class Box:
                 power, clock, reasons = POWER_LIMIT - 15 * r(), 1440 + 15 * self.rng.randrange(8), REASON["power"]
             elif cap == "thermal":
                 clock, target, reasons = 1200 + 15 * self.rng.randrange(12), HOT_TEMP, REASON["thermal"]
-            self.temp[i] += (target - self.temp[i]) * lag
+            prev = self.temp[i]
+            self.temp[i] = target if prev is None else prev + (target - prev) * lag
             out.append({
                 "timestamp": stamp, "index": i, "name": NAME, "uuid": self.uuids[i],
                 "utilization.gpu": round(util), "utilization.memory": round(util * 0.23),
