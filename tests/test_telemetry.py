@@ -18,7 +18,7 @@ from tuitune import gpus as G
 from tuitune import smi
 from tuitune.events import GpuSample, TelemetryState
 from tuitune.metrics import GpuStore
-from tuitune.telemetry import CaptureThrottle, Collector, RunWatch, command_prefix, gpu_flags
+from tuitune.telemetry import CaptureThrottle, Collector, RunWatch, command_prefix, gpu_flags, stop
 from tuitune.transport import LocalTransport, SshTarget, SshTransport
 
 DATA = Path("/work/shared/data/nvidia-smi")
@@ -275,12 +275,7 @@ async def run_collector(c: Collector, until, timeout: float = 30.0) -> None:
                 break
             await asyncio.sleep(0.05)
     finally:
-        c.close()
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
+        await stop(c, task)
 
 
 async def test_nvidia_smi_absent_is_one_notice():
@@ -326,12 +321,7 @@ async def test_collector_over_ssh_survives_a_link_drop(sshd):
                 break
             await asyncio.sleep(0.05)
     finally:
-        c.close()
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
+        await stop(c, task)
         await t.close()
     assert "reconnecting" in states, states  # the link did drop
     assert any(isinstance(e, TelemetryState) and e.state == "interrupted" for e in out)
@@ -429,3 +419,20 @@ def test_gpus_command_on_a_simulator_preset(tmp_path):
     r = subprocess.run([sys.executable, "-m", "tuitune", "gpus", str(path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and r.stderr.strip() == \
         "tuitune: tuitune-no-such-nvidia-smi not found on local: no GPU telemetry there"
+
+
+def test_gpus_watch_streams_one_object_per_tick(tmp_path):
+    from tuitune import preset as P
+    p = P.with_changes(make_preset(tmp_path, "w"), {"telemetry": {
+        "command": "{python} -m tuitune.sim.nvidia_smi --sim-gpus 2", "period_ms": 200}})
+    path = P.save(p, tmp_path / "w.yaml")
+    proc = subprocess.Popen([sys.executable, "-m", "tuitune", "gpus", str(path), "--watch", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        ticks = [json.loads(proc.stdout.readline()) for _ in range(3)]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert [t["seq"] for t in ticks] == [0, 1, 2]
+    assert [[g["index"] for g in t["gpus"]] for t in ticks] == [[0, 1]] * 3
+    assert "Traceback" not in proc.stderr.read()
