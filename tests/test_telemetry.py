@@ -330,6 +330,7 @@ async def test_collector_over_ssh_survives_a_link_drop(sshd):
     assert seqs == list(range(len(seqs))) and len(seqs) >= before + 10  # resumed, numbering without gaps
     for seq in seqs:  # every tick whole, every GPU once
         assert sorted(s.index for s in got if s.seq == seq) == list(range(8))
+    assert any(s.pcie_rx is not None for s in got)  # the second stream, dmon -s t, feeds PCIe throughput
     stamps = [next(s.stamp for s in got if s.seq == seq and s.index == 0) for seq in seqs]
     assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)  # no sample twice
 

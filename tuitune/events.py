@@ -215,6 +215,8 @@ class GpuSample(Event, tag="gpu"):
     reasons: int | None = None  # clock event reasons bitmask (smi.decode_reasons)
     pcie_gen: int | None = None
     pcie_width: int | None = None
+    pcie_rx: float | None = None  # MB/s, from `nvidia-smi dmon -s t` where it works (latest second)
+    pcie_tx: float | None = None
     name: str | None = None
     stamp: str | None = None  # nvidia-smi's own timestamp of the sample
 

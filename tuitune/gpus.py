@@ -46,6 +46,14 @@ async def snapshot(t: Transport, prefix: str, known: set[str] | None = None, wit
     if not r.ok or not table.rows:
         said = (table.malformed or (r.stderr.strip() or f"exit status {r.exit_status}").splitlines())[0]
         raise GpusError(f"{shlex.split(prefix)[0]} on {t.label} gave no GPU: {said[:200]}")
+    r = await _run(t, f"{prefix} dmon -s t -c 1")  # PCIe throughput: no query field reports it
+    try:
+        pcie = {row["gpu"]: row for row in smi.parse_dmon(r.stdout)} if r.ok else {}
+    except smi.SmiParseError:
+        pcie = {}
+    for g in table.rows:
+        if g["index"] in pcie:
+            g["pcie_rx"], g["pcie_tx"] = pcie[g["index"]].get("rxpci"), pcie[g["index"]].get("txpci")
     out = {"gpus": table.rows, "dropped_fields": [f for f in SNAPSHOT_FIELDS if f not in fields],
            "processes": await processes(t, prefix, table.rows)}
     if with_topology:
@@ -77,8 +85,10 @@ def _n(v, fmt: str = "{:.0f}") -> str:
 
 def format_gpus(gpus: list[dict], procs: list[dict] | None = None, flags: dict[int, list[str]] | None = None) -> str:
     """One row per GPU: utilisation, memory, power, SM clock, temperature, PCIe, reasons, processes."""
+    rxtx = any(g.get("pcie_rx") is not None for g in gpus)
     head = (f"{'gpu':<3} {'name':<20} {'util':>5} {'memory used/total':>19} {'power/limit':>13} "
-            f"{'SM/max MHz':>11} {'temp':>5} {'PCIe':>5}  flags / processes")
+            f"{'SM/max MHz':>11} {'temp':>5} {'PCIe':>5}" + (f" {'rx/tx MB/s':>11}" if rxtx else "")
+            + "  flags / processes")
     lines = [head]
     for g in gpus:
         mem = f"{_n(g.get('mem_used') and g['mem_used'] / 1024, '{:.1f}')}/" \
@@ -93,8 +103,9 @@ def format_gpus(gpus: list[dict], procs: list[dict] | None = None, flags: dict[i
         name = (g.get("name") or "?")[:20]
         temp = f"{_n(g.get('temp'))}C"
         util = f"{_n(g.get('util'))}%"
+        pcie = f"{pcie:>5}" + (f" {_n(g.get('pcie_rx')) + '/' + _n(g.get('pcie_tx')):>11}" if rxtx else "")
         lines.append(f"{_n(g.get('index'), '{}'):<3} {name:<20} {util:>5} {mem:>19} {pw:>13} {clk:>11} "
-                     f"{temp:>5} {pcie:>5}  {' '.join(['[' + ', '.join(dict.fromkeys(words)) + ']'] if words else [])}"
+                     f"{temp:>5} {pcie}  {' '.join(['[' + ', '.join(dict.fromkeys(words)) + ']'] if words else [])}"
                      f"{' ' if words and apps else ''}{' '.join(apps)}".rstrip())
     unplaced = [p for p in procs or [] if p.get("gpu") is None]
     for p in unplaced:

@@ -7,6 +7,8 @@ A tick is emitted only once it is complete (every GPU of the previous tick seen,
 started), so a link drop mid-tick loses that tick instead of publishing half of it; after the
 reconnect a new stream starts and ``seq`` keeps counting. nvidia-smi's own ``timestamp`` column
 drops any tick not newer than the last one published (no duplicate samples, whatever the link does).
+PCIe throughput has no query field: a second stream, ``nvidia-smi dmon -s t``, keeps the latest
+receive / transmit rate per GPU, attached to the next tick; where dmon fails, it is left out.
 """
 
 from __future__ import annotations
@@ -166,6 +168,8 @@ class Collector:
         self.last_error: str | None = None
         self.duplicates = 0  # ticks dropped as not newer than the last one
         self.malformed = 0
+        self.pcie: dict[int, tuple[float | None, float | None]] = {}  # GPU -> (rx, tx) MB/s, from dmon
+        self.throughput_error: str | None = None
         self._expected = 0
         self._tick: list[dict] = []
         self._partial = b""
@@ -180,7 +184,13 @@ class Collector:
         try:
             if not await self._probe():
                 return
-            await self._stream()
+            dmon = asyncio.ensure_future(self._throughput())
+            try:
+                await self._stream()
+            finally:
+                dmon.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await dmon  # let its stream kill the remote process before the loop goes
         except TransportError as e:
             self._set("stopped", str(e))
 
@@ -236,6 +246,41 @@ class Collector:
             self._set("interrupted", f"{self.last_error or 'nvidia-smi exited'}; retrying in {self.retry_s:.0f} s")
             await asyncio.sleep(self.retry_s)
 
+    async def _throughput(self) -> None:
+        """``dmon -s t`` (one line per GPU per second) -> ``self.pcie``; given up when it yields no row."""
+        cols: list[str] = []
+        partial = b""
+        while not self._closed:
+            rows = 0
+            try:
+                async for chunk in self.transport.stream(f"{self.prefix} dmon -s t -d 1"):
+                    lines = (partial + chunk).split(b"\n")
+                    partial = lines.pop()
+                    for raw in lines:
+                        text = raw.decode("utf-8", "replace")
+                        if text.startswith("#"):
+                            cols = cols or text.lstrip("#").split()
+                            continue
+                        cells = text.split()
+                        if cols and len(cells) == len(cols) and cells[0].isdigit():
+                            r = dict(zip(cols, cells))
+                            self.pcie[int(cells[0])] = (smi.value(r.get("rxpci", ""), "num"),
+                                                        smi.value(r.get("txpci", ""), "num"))
+                            rows += 1
+                        elif text.strip():
+                            self.throughput_error = text.strip()[:200]
+            except LinkLost:
+                await asyncio.sleep(1.0)  # the query stream reconnects the transport
+                partial = b""
+                continue
+            except TransportError as e:
+                self.throughput_error = str(e)
+                return
+            if not rows:
+                return  # this nvidia-smi cannot report PCIe throughput
+            partial = b""
+            await asyncio.sleep(self.retry_s)
+
     def close(self) -> None:
         self._closed = True
 
@@ -283,7 +328,9 @@ class Collector:
         if self.state != "on":
             self.state = "on"
             events.append(TelemetryState("on", f"{len(tick)} GPU(s), every {self.period_ms} ms", len(tick)))
-        events += [GpuSample(seq=self.seq, **{k: v for k, v in r.items() if k in SAMPLE_KEYS}) for r in tick]
+        events += [GpuSample(seq=self.seq, **{k: v for k, v in r.items() if k in SAMPLE_KEYS},
+                             **dict(zip(("pcie_rx", "pcie_tx"), self.pcie.get(r["index"], ()))))
+                   for r in tick]
         self.publish(events)
 
 

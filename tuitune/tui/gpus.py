@@ -64,6 +64,9 @@ def summary_line(gpus: list, flags: dict[int, list[str]]) -> Text:
     t.append(f"{len(samples)} GPU(s)  ", style="bold")
     t.append(f"util {sum(utils) / len(utils):.0f}% avg (min {min(utils):.0f}%)  " if utils else "util —  ")
     t.append(f"power {power:.0f} W  ")
+    rx = [s.pcie_rx + (s.pcie_tx or 0) for s in samples if s.pcie_rx is not None]
+    if rx:
+        t.append(f"PCIe {sum(rx) / 1000:.1f} GB/s  ")
     marked: dict[str, list[int]] = {}
     for i, fs in flags.items():
         for f in fs:
