@@ -107,6 +107,15 @@ def test_clock_event_reasons_decoded_to_words():
     assert smi.capping(0x80) == "power" and smi.capping(0x40) == "thermal" and smi.capping(0x24) == "power+thermal"
 
 
+def test_an_older_driver_is_asked_under_its_own_names():
+    old = smi.parse_help('"index"\nIndex.\n\n"clocks_throttle_reasons.active"\nWhy clocks are low.\n\n'
+                         '"clocks.current.sm" or "clocks.sm"\nSM clock.\n')
+    fields = smi.supported(("index", "clocks_event_reasons.active", "clocks.sm", "power.draw"), old)
+    assert fields == ["index", "clocks_throttle_reasons.active", "clocks.sm"]
+    assert smi.parse_query("0, 0x0000000000000004, 1410\n", fields).rows == [
+        {"index": 0, "reasons": 0x4, "sm_clock": 1410.0}]
+
+
 def test_topo_matrix():
     text = ("\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
             "GPU0\t X \tNV18\tPIX\t0-47\t0\t\tN/A\nGPU1\tNV18\t X \tSYS\t48-95\t1\t\tN/A\n"

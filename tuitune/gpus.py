@@ -40,7 +40,7 @@ async def known_fields(t: Transport, prefix: str) -> set[str]:
 async def snapshot(t: Transport, prefix: str, known: set[str] | None = None, with_topology: bool = True) -> dict:
     """One query of every GPU, the compute processes on them and (once) the link matrix."""
     known = known if known is not None else await known_fields(t, prefix)
-    fields = [f for f in SNAPSHOT_FIELDS if f in known or smi.ALIASES.get(f, f) in known]
+    fields = smi.supported(SNAPSHOT_FIELDS, known)
     r = await _run(t, f"{prefix} --query-gpu={','.join(fields)} --format=csv,noheader,nounits")
     table = smi.parse_query(r.stdout, fields)
     if not r.ok or not table.rows:
@@ -54,7 +54,8 @@ async def snapshot(t: Transport, prefix: str, known: set[str] | None = None, wit
     for g in table.rows:
         if g["index"] in pcie:
             g["pcie_rx"], g["pcie_tx"] = pcie[g["index"]].get("rxpci"), pcie[g["index"]].get("txpci")
-    out = {"gpus": table.rows, "dropped_fields": [f for f in SNAPSHOT_FIELDS if f not in fields],
+    have = {smi.ALIASES.get(f, f) for f in fields}
+    out = {"gpus": table.rows, "dropped_fields": [f for f in SNAPSHOT_FIELDS if f not in have],
            "processes": await processes(t, prefix, table.rows)}
     if with_topology:
         r = await _run(t, f"{prefix} topo -m")

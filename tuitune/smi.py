@@ -113,7 +113,7 @@ def split_row(line: str, n: int, fields: list[str]) -> list[str] | None:
 def row(fields: list[str], cells: list[str]) -> dict:
     out = {}
     for f, cell in zip(fields, cells):
-        key, kind = KEYS.get(f, (f, "str"))
+        key, kind = KEYS.get(ALIASES.get(f, f), (f, "str"))
         out[key] = value(cell, kind)
     return out
 
@@ -143,6 +143,15 @@ def parse_query(text: str, fields: list[str] | tuple[str, ...] | None = None) ->
         else:
             table.rows.append(row(table.fields, cells))
     return table
+
+
+def supported(fields, known: set[str]) -> list[str]:
+    """The fields a driver knows, each under the name it knows (an older driver's alias if need be)."""
+    out = []
+    for f in fields:
+        names = [f] + [a for a, c in ALIASES.items() if c == f]
+        out += [n for n in names if n in known][:1]
+    return out
 
 
 def parse_help(text: str) -> set[str]:

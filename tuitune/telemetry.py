@@ -213,11 +213,12 @@ class Collector:
             self._set("unavailable", f"{name} on {self.transport.label} failed: "
                                      f"{said[0][:200] if said else f'exit status {r.exit_status}'}")
             return False
-        self.fields = [f for f in self.wanted if f in known or smi.ALIASES.get(f, f) in known]
+        self.fields = smi.supported(self.wanted, known)
         if "index" not in self.fields:
             self._set("unavailable", f"{name} on {self.transport.label} cannot report GPU indexes")
             return False
-        dropped = [f for f in self.wanted if f not in self.fields]
+        have = {smi.ALIASES.get(f, f) for f in self.fields}
+        dropped = [f for f in self.wanted if f not in have]
         if dropped:
             self._set("starting", f"this {name} lacks {', '.join(dropped)}: left out")
         return True

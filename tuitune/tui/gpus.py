@@ -103,6 +103,8 @@ class GpuPanel(Static):
         for ev in events:
             if isinstance(ev, TelemetryState):
                 self.state = ev
+            elif self.state is None and isinstance(ev, GpuSample):  # a capture that starts mid-stream
+                self.state = TelemetryState("on")
         if self.state is None or self.state.state == "unavailable":
             self.display = False
             return
