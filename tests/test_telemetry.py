@@ -378,7 +378,7 @@ async def test_bench_during_simulated_capping_is_marked_in_capture_report_and_ru
     assert book.delta(b)["verdict"] == "not comparable" and delta_mark(book.delta(b)) == "n/c"
     assert "measured while GPUs were held back" in " ".join(capped.summary()["warnings"])
     from tuitune.tui.runs import gpu_mark
-    assert gpu_mark(b.gpu_note) == "⚠ power" and gpu_mark(a.gpu_note) == ""
+    assert gpu_mark(b.gpu_note) == "⚠ power" and gpu_mark("thermal cap GPU 3; straggler GPU 5") == "⚠ thermal +1" and gpu_mark(a.gpu_note) == ""
 
     # headless capture of a capped run: telemetry recorded at its own rate, the run marked in report
     out = tmp_path / "cap.jsonl"

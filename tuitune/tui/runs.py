@@ -14,8 +14,8 @@ def gpu_mark(note: str | None) -> str:
     """The telemetry warning of a run, short: ⚠ power cap / ⚠ straggler."""
     if not note:
         return ""
-    words = [w for w in ("power", "thermal", "HW slowdown", "straggler") if w in note]
-    return "⚠ " + "+".join(words or ["held back"])
+    words = [w for w in ("power", "thermal", "HW slowdown", "straggler") if w in note] or ["held back"]
+    return "⚠ " + words[0] + (f" +{len(words) - 1}" if len(words) > 1 else "")  # the column stays narrow
 
 
 class RunsTable(DataTable):
