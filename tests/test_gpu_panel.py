@@ -76,3 +76,19 @@ async def test_telemetry_unavailable_is_one_notice_and_no_panel(tmp_path):
         await pilot.pause(0.3)
         assert not app.gpu_panel.display
         assert app.messages.count("nvidia-smi not found on local: GPU telemetry is off") == 1
+
+
+async def test_a_recorded_capture_replays_into_the_panel(tmp_path):
+    from tuitune.capture import CaptureWriter, read_capture
+    w = CaptureWriter(tmp_path / "t.jsonl", {"preset": {}})
+    w.write([TelemetryState("on", None, 8)], m=0.0)
+    for seq in range(5):
+        w.write(tick(seq, capped=2), m=seq * 0.5)
+    w.close()
+    stream = Replay(read_capture(tmp_path / "t.jsonl"), play=False)
+    app = TuituneApp(stream, user_config=UserConfig())
+    async with app.run_test(size=(120, 40)) as pilot:
+        stream.publish_until(stream.duration)
+        await pilot.pause(0.3)
+        assert app.gpu_panel.rows == 8 and app.gpu_panel.flags[2] == ["power cap"]
+        assert stream.store.gpus.seq == 4 and len(stream.store.gpus.gpus[0].series["util"]) == 5
