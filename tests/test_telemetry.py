@@ -446,3 +446,19 @@ def test_gpus_watch_streams_one_object_per_tick(tmp_path):
     assert [t["seq"] for t in ticks] == [0, 1, 2]
     assert [[g["index"] for g in t["gpus"]] for t in ticks] == [[0, 1]] * 3
     assert "Traceback" not in proc.stderr.read()
+
+
+def test_preset_telemetry_key():
+    from tuitune import preset as P
+    base = "name: x\nserver: {log: /tmp/x.log}\n"
+    assert P.loads(base).telemetry.command is None and "telemetry" not in P.to_dict(P.loads(base))
+    p = P.loads(base + "telemetry: {command: '{python} -m tuitune.sim.nvidia_smi --sim-port {port}', period_ms: 250}")
+    assert P.to_dict(p)["telemetry"] == {"command": "{python} -m tuitune.sim.nvidia_smi --sim-port {port}",
+                                         "period_ms": 250}
+    for bad, says in (("{period_ms: 10}", "telemetry.period_ms"), ("{command: \"'open\"}", "not a list of shell words"),
+                      ("{command: ''}", "command is empty"), ("{rate: 1}", "telemetry.rate: unknown key")):
+        with pytest.raises(P.PresetError, match=re.escape(says)):
+            P.loads(base + f"telemetry: {bad}", "p.yaml")
+    for name in ("demo", "sim-c1-baseline-untuned", "sim-c4-eagle3-2step-nccl"):  # simulator presets: the companion
+        assert "tuitune.sim.nvidia_smi" in P.resolve(name).telemetry.command
+    assert P.resolve("c4-eagle3-2step-nccl").telemetry.command is None  # real ones: nvidia-smi
