@@ -8,6 +8,9 @@ import shlex
 from dataclasses import asdict
 
 from . import smi
+from .events import GpuSample
+from .metrics import GpuStore
+from .telemetry import SAMPLE_KEYS, gpu_flags
 from .transport import LinkLost, Transport
 
 SNAPSHOT_FIELDS = (*smi.GPU_FIELDS, "uuid")
@@ -55,7 +58,11 @@ async def snapshot(t: Transport, prefix: str, known: set[str] | None = None, wit
         if g["index"] in pcie:
             g["pcie_rx"], g["pcie_tx"] = pcie[g["index"]].get("rxpci"), pcie[g["index"]].get("txpci")
     have = {smi.ALIASES.get(f, f) for f in fields}
+    store = GpuStore()
+    for g in table.rows:
+        store.feed(GpuSample(seq=0, **{k: v for k, v in g.items() if k in SAMPLE_KEYS}))
     out = {"gpus": table.rows, "dropped_fields": [f for f in SNAPSHOT_FIELDS if f not in have],
+           "flags": {str(i): f for i, f in gpu_flags(store, load_on=False).items() if f},
            "processes": await processes(t, prefix, table.rows)}
     if with_topology:
         r = await _run(t, f"{prefix} topo -m")
@@ -128,7 +135,8 @@ def format_topology(topo: dict | None) -> str:
     return "\n".join(lines)
 
 
-def format_snapshot(snap: dict, flags: dict[int, list[str]] | None = None) -> str:
+def format_snapshot(snap: dict) -> str:
+    flags = {int(i): f for i, f in snap.get("flags", {}).items()}
     out = [format_gpus(snap["gpus"], snap.get("processes"), flags)]
     if snap.get("dropped_fields"):
         out.append(f"(this nvidia-smi lacks {', '.join(snap['dropped_fields'])})")
