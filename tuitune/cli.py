@@ -695,7 +695,7 @@ def cmd_probe_check(ns) -> int:
 # ---- gpus ---------------------------------------------------------------------------------------
 
 
-@command("gpus", "what every GPU of a preset's target is doing (like gpustat); --parse FILE reads saved nvidia-smi output")
+@command("gpus", "every GPU of the target, live (like gpustat); --parse reads saved nvidia-smi output")
 def _gpus_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("preset", nargs="?")
