@@ -20,7 +20,7 @@ import statistics
 import time
 from typing import Callable
 
-from . import smi
+from . import redact, smi
 from .events import Event, GpuSample, TelemetryState
 from .metrics import GpuStore
 from .transport import LinkLost, Transport, TransportError
@@ -177,7 +177,8 @@ class Collector:
 
     def _set(self, state: str, detail: str | None = None, gpus: int | None = None) -> None:
         self.state = state
-        self.publish([TelemetryState(state, detail, gpus)])
+        # the detail may quote the telemetry command or its output: masked like every other text
+        self.publish([TelemetryState(state, redact.text(detail) if detail else None, gpus)])
 
     async def run(self) -> None:
         """Probe, then stream until closed; a link that is lost for good ends it with a notice."""
