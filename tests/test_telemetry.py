@@ -21,9 +21,7 @@ from tuitune.metrics import GpuStore
 from tuitune.telemetry import CaptureThrottle, Collector, RunWatch, command_prefix, gpu_flags, stop
 from tuitune.transport import LocalTransport, SshTarget, SshTransport
 
-DATA = Path("/work/shared/data/nvidia-smi")
-if not DATA.is_dir():
-    DATA = ROOT / "tests" / "data" / "nvidia-smi"
+DATA = ROOT / "tests" / "data" / "nvidia-smi"  # shared/data/nvidia-smi plus captures of our own (README there)
 COMPANION = f"{sys.executable} -m tuitune.sim.nvidia_smi"
 # over SSH the login shell does not inherit this process's PYTHONPATH: name this tree's package
 COMPANION_SSH = f"env PYTHONPATH={ROOT} {COMPANION}"
@@ -85,7 +83,10 @@ def test_compute_apps_table_and_nvlink():
 def test_every_shared_file_is_recognised_by_gpus_parse():
     kinds = {f.name: G.parse_file(f.read_text())["kind"] for f in sorted(DATA.iterdir()) if f.name != "README.md"}
     assert kinds == {"compute-apps.csv": "apps", "nvlink-status.txt": "nvlink", "query-idle-header.csv": "query",
-                     "query-load-stream.csv": "query", "smi-idle.txt": "table"}
+                     "query-load-stream.csv": "query", "smi-idle.txt": "table",
+                     "h200-topo-m-1gpu.txt": "topo", "h200x2-topo-m.txt": "topo", "h200x2-dmon-t.txt": "dmon",
+                     "h200-dmon-pucvmt.txt": "dmon", "h200x2-nvlink-s.txt": "nvlink",
+                     "h200-help-query-gpu.txt": "help"}
 
 
 def test_values_nvidia_smi_cannot_give_are_none_not_zero():
@@ -125,6 +126,27 @@ def test_topo_matrix():
     assert topo.devices == ["GPU0", "GPU1", "NIC0"]
     assert topo.links["GPU0"] == {"GPU0": "X", "GPU1": "NV18", "NIC0": "PIX"}
     assert topo.affinity["GPU1"] == {"CPU Affinity": "48-95", "NUMA Affinity": "1", "GPU NUMA ID": "N/A"}
+
+
+def test_real_topo_with_terminal_escapes():
+    """A real H200's ``topo -m`` underlines its header with ANSI codes, also into a file."""
+    assert "\x1b[4m" in read("h200x2-topo-m.txt")
+    topo = smi.parse_topo(read("h200x2-topo-m.txt"))
+    assert topo.devices == ["GPU0", "GPU1"]
+    assert topo.links["GPU0"] == {"GPU0": "X", "GPU1": "NV18"} and topo.links["GPU1"]["GPU0"] == "NV18"
+    assert topo.affinity["GPU0"] == {"CPU Affinity": "0-31", "NUMA Affinity": "0", "GPU NUMA ID": "N/A"}
+    assert smi.parse_topo(read("h200-topo-m-1gpu.txt")).links == {"GPU0": {"GPU0": "X"}}
+
+
+def test_real_dmon_nvlink_and_help():
+    rows = smi.parse_dmon(read("h200x2-dmon-t.txt"))
+    assert [r["gpu"] for r in rows[:4]] == [0, 1, 0, 1] and rows[6] == {"gpu": 0, "rxpci": 0, "txpci": 1}
+    wide = smi.parse_dmon(read("h200-dmon-pucvmt.txt"))
+    assert len(wide) == 4 and wide[0]["pclk"] == 345 and wide[0]["mclk"] == 3201 and wide[0]["pwr"] == 78
+    links = smi.parse_nvlink(read("h200x2-nvlink-s.txt"))
+    assert sorted(links) == [0, 1] and len(links[1]["links"]) == 18 and links[0]["links"][0] == 26.562
+    help_fields = smi.parse_help(read("h200-help-query-gpu.txt"))
+    assert {"clocks_event_reasons.active", "pcie.link.gen.current", "power.draw"} <= set(help_fields)
 
 
 # ---- the simulator's companion answers in the real formats ----------------------------------------

@@ -234,9 +234,17 @@ class Topology:
     affinity: dict[str, dict[str, str]]  # row device -> CPU Affinity / NUMA Affinity / GPU NUMA ID
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _plain(text: str) -> str:
+    """Text without terminal escapes: ``topo -m`` underlines its header even into a file or pipe."""
+    return _ANSI.sub("", text) if "\x1b" in text else text
+
+
 def parse_topo(text: str) -> Topology:
     """``nvidia-smi topo -m``: a tab-separated matrix, then a legend (ignored)."""
-    lines = [ln.rstrip() for ln in text.splitlines()]
+    lines = [ln.rstrip() for ln in _plain(text).splitlines()]
     head = next((ln for ln in lines if re.match(r"\s+GPU0\b", ln)), None)
     if head is None:
         raise SmiParseError("not `nvidia-smi topo -m` output (no header line naming GPU0)")
@@ -291,6 +299,7 @@ def parse_dmon(text: str) -> list[dict]:
 
 def detect(text: str) -> str:
     """Which nvidia-smi output this is: table, topo, nvlink, dmon, help or csv."""
+    text = _plain(text)
     if "Driver Version:" in text and "NVIDIA-SMI" in text:
         return "table"
     if re.search(r"^\s+GPU0\b", text, re.M) and ("Legend" in text or "\tGPU0" in text):
@@ -299,6 +308,6 @@ def detect(text: str) -> str:
         return "nvlink"
     if text.lstrip().startswith("# gpu"):
         return "dmon"
-    if "--query-gpu=" in text and "List of valid properties" in text:
+    if "List of valid properties to query" in text:  # real: 'for the switch "--query-gpu":'
         return "help"
     return "csv"
