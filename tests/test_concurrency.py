@@ -107,7 +107,7 @@ def test_crossover_found_on_the_seeds_box(tmp_path):
 
 
 def test_crossover_not_in_range_for_the_papers_chain(tmp_path):
-    preset = sim_preset(tmp_path, "sim-h100-llama8b-eagle3", speedup=2)
+    preset = sim_preset(tmp_path, "sim-h100-llama8b-eagle3", speedup=1, max_tokens=80)  # real time: keeps up
     r = tuitune("crossover", str(preset), "--concurrency", "1,8", "--no-plot", tmp=tmp_path)
     assert r.returncode == 0, r.stderr + r.stdout
     assert "crossover: not within the tested range" in r.stdout, r.stdout
