@@ -366,13 +366,13 @@ def cmd_logs(ns) -> int:
     t, _ = _with_control(p)
 
     async def go():
-        r = await t.run(f"tail -n {int(ns.lines)} {shell_path(p.server.log)}", timeout=60)
+        r = await t.run(f"tail -n {int(ns.lines)} -- {shell_path(p.server.log)}", timeout=60)
         if not r.ok:
             raise CliError(f"{t.label}: cannot read {p.server.log}: {r.stderr.strip()[:200]}", 1)
         sys.stdout.write(r.stdout)
         sys.stdout.flush()
         if ns.follow:
-            tail = LogTail(t, p.server.log, offset=await file_size(t, p.server.log))
+            tail = LogTail(t, p.server.log, offset=await file_size(t, p.server.log), python=p.python())
             async for batch in tail.batches():
                 for line in batch.lines:
                     print(line, flush=True)

@@ -37,7 +37,7 @@ async def model_hidden_size(t: Transport, preset: P.Preset) -> int | None:
     path = preset.server.args.get("model-path") or preset.server.args.get("model")
     if not isinstance(path, str):
         return None
-    r = await t.run(f"cat {P.shell_path(path.rstrip('/') + '/config.json')} 2>/dev/null", timeout=30)
+    r = await t.run(f"cat -- {P.shell_path(path.rstrip('/') + '/config.json')} 2>/dev/null", timeout=30)
     if not r.ok:
         return None
     try:
@@ -130,7 +130,7 @@ async def run(t: Transport, preset: P.Preset, grid: dict, *, sizes: list[int] | 
         env = {k: v for k, v in entry["env"].items()}
         if backend == "nccl":
             env.update({k: v for k, v in DEBUG_ENV.items() if k not in env})
-        cmd = (f"env {' '.join(shlex.quote(f'{k}={v}') for k, v in env.items())} "
+        cmd = (f"env -- {' '.join(shlex.quote(f'{k}={v}') for k, v in env.items())} "
                f"{P.shell_path(preset.python())} {P.shell_path(worker)} --backend {backend} --world-size {world} "
                f"--sizes {','.join(map(str, sizes))} --iters {iters} --warmup {warmup} --dtype-bytes {dtype_bytes}"
                + (" --graph" if graph else "") + " 2>&1")

@@ -56,6 +56,7 @@ class Session(EventStream):
         self.last_ready: ReadyResult | None = None
         self._tail: LogTail | None = None
         self._tail_task: asyncio.Task | None = None
+        self.tail_state = "stopped"  # the live tail: following, reconnecting, closed, or stopped: WHY
         self._load_task: asyncio.Task | None = None
         self._relaunch_lock = asyncio.Lock()
 
@@ -91,21 +92,24 @@ class Session(EventStream):
         port = await self.transport.forward_port(self.preset.server.port)
         self.url = self.transport.url(port)
 
-    async def follow(self, from_end: bool = False) -> None:
-        """(Re)start tailing the server's log."""
+    async def follow(self, from_end: bool = False, backlog: int = ATTACH_BACKLOG) -> None:
+        """(Re)start tailing the server's log; with ``from_end``, only the last ``backlog`` bytes
+        of what is already there are read. Link losses are retried forever (``tail_state`` says
+        "reconnecting" meanwhile); only an error that retrying cannot fix ends the tail."""
         await self.stop_follow()
         offset = 0
         if from_end:
-            offset = max(0, await file_size(self.transport, self.preset.server.log) - ATTACH_BACKLOG)
-        self._tail = LogTail(self.transport, self.preset.server.log, offset=offset)
-        skip_first = offset > 0  # we started mid-line
+            offset = max(0, await file_size(self.transport, self.preset.server.log) - backlog)
+        self._tail = LogTail(self.transport, self.preset.server.log, offset=offset, python=self.preset.python(),
+                             reconnect_forever=True, on_state=self._on_tail_state)
+        skip_first = offset > 0 and backlog > 0  # we started mid-line
         tail = self._tail
 
         async def run() -> None:
             nonlocal skip_first
             try:
                 async for batch in tail.batches():
-                    lines = batch.lines[1:] if skip_first else batch.lines
+                    lines = batch.lines[1:] if skip_first and not batch.reset else batch.lines
                     skip_first = False
                     events: list[Event] = []
                     if batch.reset:
@@ -118,10 +122,19 @@ class Session(EventStream):
                     if events:
                         self.publish(events)
             except TransportError as e:
+                self.tail_state = f"stopped: {e}"
                 self.link = LinkState("lost", 0, str(e))
                 self.publish([self.link])
 
         self._tail_task = asyncio.ensure_future(run())
+
+    def _on_tail_state(self, state: str) -> None:
+        self.tail_state = state
+
+    @property
+    def tail_running(self) -> bool:
+        """Whether the live tail is still following (or reconnecting); "follow again" restarts it if not."""
+        return self._tail_task is not None and not self._tail_task.done()
 
     async def stop_follow(self) -> None:
         if self._tail is not None:

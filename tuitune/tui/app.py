@@ -456,6 +456,9 @@ class TuituneApp(App):
 
     def action_follow_log(self) -> None:
         self.logpane.follow()
+        if self.live and self.session.record is not None and not self.session.tail_running:
+            self.run_worker(self.session.follow(from_end=True), exclusive=True, group="follow")
+            self.say("following the log again")
 
     def action_clear_runs(self) -> None:
         self.book = RunBook(max_age_s=self.book.max_age_s)
