@@ -255,11 +255,46 @@ async def _guarded(coro_fn, transport):
         await transport.close()
 
 
+def _any_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--any", action="store_true",
+                   help="act on the server on the preset's port even if another preset started it")
+
+
+def _run_signalled(go, transport, what: str, cleanup: Callable[[], str | None] = lambda: None):
+    """Run a command whose interruption must clean up: SIGINT and SIGTERM cancel it (the core
+    stops what it half-started; ``cleanup`` then says what it did), then it ends in one sentence
+    with 130 or 143."""
+    import asyncio
+    import signal
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        got: list[int] = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, lambda s=sig: (got.append(s), task.cancel()))
+        try:
+            return await _guarded(go, transport)
+        except asyncio.CancelledError:
+            if not got:
+                raise
+            done = cleanup()
+            raise CliError(f"{what} interrupted by {signal.Signals(got[0]).name}" + (f"; {done}" if done else ""),
+                           128 + got[0]) from None
+
+    return _run_async(main())
+
+
 @command("launch", "preflight, stop the old server, start, wait until ready")
 def _launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("preset")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for ready (default 900)")
+    p.add_argument("--health-timeout", type=float, default=120.0,
+                   help="seconds /health may take to answer 200 once HTTP is up (default 120)")
     p.add_argument("--no-wait", action="store_true", help="return once the process is started")
+    p.add_argument("--keep-on-failure", action="store_true",
+                   help="leave a server that failed to become ready running (to inspect it)")
+    _any_arg(p)
     p.set_defaults(run=cmd_launch)
 
 
@@ -268,26 +303,42 @@ async def _print_started(rec) -> None:
 
 
 def cmd_launch(ns) -> int:
-    from .control import nccl_confirmation
     p = _load_preset(ns.preset)
     t, control = _with_control(p)
 
     async def go():
-        rec, res = await control.relaunch(
-            ns.timeout, wait=not ns.no_wait, on_phase=lambda name, el: print(f"  {el:6.1f}s  {name}", flush=True),
-            after_start=_print_started, on_stopped=lambda msg: print(f"stopped: {msg}"))
-        for w in control.warnings:
-            print(f"warning: {w}")
+        try:
+            rec, res = await control.relaunch(
+                ns.timeout, wait=not ns.no_wait, on_phase=lambda name, el: print(f"  {el:6.1f}s  {name}", flush=True),
+                after_start=_print_started, on_stopped=lambda msg: print(f"stopped: {msg}"),
+                allow_any=ns.any, keep_on_failure=ns.keep_on_failure, health_timeout_s=ns.health_timeout)
+        finally:
+            _print_warnings(control)
         if res is None:
             return 0
         print(f"ready in {res.elapsed_s:.1f}s")
-        conf = nccl_confirmation(p, res.nccl_env)
-        if res.nccl_env and conf:
-            for name, state, got in conf:
-                print(f"  {name}: {state}" + (f" (NCCL says {got})" if state == "different" else ""))
+        _print_nccl(p, res.nccl_env)
         return 0
 
-    return _run_async(_guarded(go, t))
+    return _run_signalled(go, t, "launch", lambda: control.cleanup)
+
+
+def _print_warnings(control) -> None:
+    for w in control.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    control.warnings = []
+
+
+def _print_nccl(p, seen: dict) -> None:
+    """NCCL's own confirmation of the preset's NCCL variables, or why there is none."""
+    from .control import nccl_confirmation, nccl_note
+    for name, state, got in nccl_confirmation(p, seen):
+        if state == "unconfirmed":
+            continue  # the note says why
+        print(f"  {name}: {state}" + (f" (NCCL says {got})" if state == "different" else ""))
+    note = nccl_note(p, seen)
+    if note:
+        print(f"warning: {note}", file=sys.stderr)
 
 
 @command("stop", "stop the server tuitune started for a preset (or --pid)")
@@ -295,6 +346,7 @@ def _stop_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("preset")
     p.add_argument("--pid", type=int, help="stop this process group instead (a server started by hand)")
     p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
+    _any_arg(p)
     p.set_defaults(run=cmd_stop)
 
 
@@ -303,7 +355,10 @@ def cmd_stop(ns) -> int:
     t, control = _with_control(p)
 
     async def go():
-        print(await control.stop(ns.pid, ns.grace))
+        try:
+            print(await control.stop(ns.pid, ns.grace, allow_any=ns.any))
+        finally:
+            _print_warnings(control)
         return 0
 
     return _run_async(_guarded(go, t))
@@ -314,6 +369,7 @@ def _status_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("preset")
     p.add_argument("--pid", type=int, help="inspect this process (a server started by hand)")
     p.add_argument("--json", action="store_true")
+    _any_arg(p)
     p.set_defaults(run=cmd_status)
 
 
@@ -330,6 +386,9 @@ def cmd_status(ns) -> int:
 
     async def go():
         st = await control.status(ns.pid)
+        _print_warnings(control)
+        if st.running and ns.pid is None and not ns.any and (why := control.foreign(st.record)):
+            raise CliError(why, 2)
         if ns.json:
             _print_json(st.to_dict())
             return 0
@@ -447,6 +506,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--url", help="benchmark this server URL instead of a preset's")
     _bench_overrides(p)
     p.add_argument("--json", metavar="OUT", help="write every request and the summary as JSON")
+    _any_arg(p)
     p.set_defaults(run=cmd_bench)
 
 
@@ -482,6 +542,10 @@ def cmd_bench(ns) -> int:
 
     async def go():
         await session.transport.connect()
+        st = await session.control.status()
+        _print_warnings(session.control)
+        if st.running and not ns.any and (why := session.control.foreign(st.record)):
+            raise CliError(why, 2)
         return await session.bench(**ov)
 
     return report(_run_async(_guarded(go, session.transport)))
@@ -497,22 +561,25 @@ def _ab_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for each launch")
     _bench_overrides(p)
     p.add_argument("--json", metavar="OUT", help="write the launches, medians and verdict as JSON")
+    _any_arg(p)
     p.set_defaults(run=cmd_ab)
 
 
 def cmd_ab(ns) -> int:
-    from .ab import format_ab, run_ab
+    from .ab import ab_notes, format_ab, run_ab
     a, b = _load_preset(ns.a), _load_preset(ns.b)
-    if (a.target.label(), a.server.port) != (b.target.label(), b.server.port):
-        raise CliError(f"{a.name} and {b.name} must run on the same target and port to be interleaved", 2)
+    if a.target.label() != b.target.label():
+        raise CliError(f"{a.name} and {b.name} must run on the same target to be interleaved", 2)
     if ns.rounds < 1:
         raise CliError(f"--rounds must be at least 1 (got {ns.rounds})", 2)
+    for note in ab_notes(a, b, ns.rounds):
+        print(f"note: {note}", file=sys.stderr)
     ov = _overrides(ns)
     t, _ = _with_control(a)
 
     async def go():
         return await run_ab(t, a, b, ns.rounds, ov, ns.min_effect, ns.timeout,
-                            progress=lambda msg: print(msg, flush=True))
+                            progress=lambda msg: print(msg, flush=True), allow_any=ns.any)
 
     result = _run_async(_guarded(go, t))
     print(format_ab(result))
@@ -804,6 +871,8 @@ def build_main_parser() -> argparse.ArgumentParser:
                    help="keep C concurrent request streams running (default 1)")
     g.add_argument("--bench", type=int, metavar="N", help="run a benchmark of N requests at the start")
     g.add_argument("--raw", action="store_true", help="keep the raw log lines too")
+    g.add_argument("--from-start", action="store_true",
+                   help="on a running server, record its whole log so far too (default: from now on)")
     p.set_defaults(run=cmd_main)
     return p
 
@@ -814,8 +883,8 @@ def cmd_main(ns) -> int:
     for flag in ("duration", "cycles", "load", "bench"):
         if getattr(ns, flag) is not None:
             raise CliError(f"--{flag} only applies with --record OUT", 2)
-    if ns.relaunch or ns.raw:
-        raise CliError("--relaunch and --raw only apply with --record OUT", 2)
+    if ns.relaunch or ns.raw or ns.from_start:
+        raise CliError("--relaunch, --raw and --from-start only apply with --record OUT", 2)
     return cmd_tui(ns)
 
 
@@ -832,7 +901,8 @@ def cmd_record(ns) -> int:
     ControlError, TransportError = _errors()
     try:
         stats = _run_async(record(p, ns.record, duration=ns.duration, cycles=ns.cycles, relaunch=ns.relaunch,
-                                  load=ns.load, bench=ns.bench, raw=ns.raw, progress=sys.stderr.isatty()))
+                                  load=ns.load, bench=ns.bench, raw=ns.raw, progress=sys.stderr.isatty(),
+                                  from_start=ns.from_start))
     except (RecordError, CaptureError, TransportError) as e:
         raise CliError(str(e), 1) from None
     except ControlError as e:

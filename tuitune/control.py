@@ -602,13 +602,39 @@ class ServerControl:
         return st
 
 
+NCCL_ECHO_LEVELS = ("INFO", "TRACE")  # NCCL prints the variables it applied only at these levels
+
+
+def _nccl_vars(preset: P.Preset) -> dict[str, str]:
+    return {k: v for k, v in preset.env.items()
+            if k.startswith("NCCL_") and k not in ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS")}
+
+
 def nccl_confirmation(preset: P.Preset, seen: dict[str, str]) -> list[tuple[str, str, str | None]]:
-    """(variable, applied | missing | different, value NCCL echoed) for each NCCL_* in the preset."""
+    """(variable, applied | missing | different | unconfirmed, value NCCL echoed) for each NCCL_*
+    in the preset; "unconfirmed" when NCCL_DEBUG is not INFO, since NCCL then echoes nothing."""
+    echoes = str(preset.env.get("NCCL_DEBUG", "")).upper() in NCCL_ECHO_LEVELS
     out = []
-    for k, v in preset.env.items():
-        if not k.startswith("NCCL_") or k in ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS"):
-            continue
+    for k, v in _nccl_vars(preset).items():
         got = seen.get(k)
-        state = "missing" if got is None else ("applied" if got.strip() == v.strip() else "different")
+        if not echoes:
+            state = "unconfirmed"
+        else:
+            state = "missing" if got is None else ("applied" if got.strip() == v.strip() else "different")
         out.append((k, state, got))
     return out
+
+
+def nccl_note(preset: P.Preset, seen: dict[str, str]) -> str | None:
+    """One sentence when NCCL's confirmation is impossible or suspiciously absent, else None."""
+    want = _nccl_vars(preset)
+    if not want:
+        return None
+    if str(preset.env.get("NCCL_DEBUG", "")).upper() not in NCCL_ECHO_LEVELS:
+        return (f"NCCL_DEBUG=INFO is needed to confirm that NCCL applied the preset's {len(want)} NCCL "
+                f"variable(s); add it to the preset's env")
+    if not seen:
+        return (f"NCCL echoed none of the preset's {len(want)} NCCL variable(s) although NCCL_DEBUG=INFO is "
+                f"set: they may not have reached the server (see `tuitune status` for drift), or no NCCL "
+                f"communicator was created")
+    return None

@@ -17,7 +17,7 @@ from typing import Awaitable, Callable
 
 from . import preset as P
 from .bench import BenchConfig, BenchRun, RequestResult, client_session, prompts, run_bench, run_request
-from .control import ControlError, ReadyResult, ServerControl, Status, nccl_confirmation
+from .control import ControlError, ReadyResult, ServerControl, Status, nccl_confirmation, nccl_note
 from .events import BenchSummary, Event, LinkState, LogLine, Marker, ProfileWindow, ServerState
 from .stream import EventStream
 from .parse import parse_line
@@ -75,15 +75,21 @@ class Session(EventStream):
         self.publish([self.link])
 
     # ---- attach / tail --------------------------------------------------------------------
-    async def connect(self) -> Status:
+    async def connect(self, backlog: int | None = ATTACH_BACKLOG) -> Status:
+        """Attach to the preset's running server (reading the last ``backlog`` bytes of its log
+        first, None: all of it), or
+        see that there is none; a server that another preset started is left alone."""
         await self.transport.connect()
         st = await self.control.status()
-        if st.running and st.record:
+        foreign = self.control.foreign(st.record) if st.running else None
+        if foreign:
+            self._set_state("stopped", detail=foreign.split("; pass --any")[0])
+        elif st.running and st.record:
             self.record = st.record
             self.running_preset = self.preset if st.same_hash else None
             await self._open_url()
             self._set_state("ready", "attached", pid=st.record.pid)
-            await self.follow(from_end=True)
+            await self.follow(from_end=True, backlog=backlog)
         else:
             self._set_state("stopped", detail=st.note)
         return st
@@ -92,17 +98,17 @@ class Session(EventStream):
         port = await self.transport.forward_port(self.preset.server.port)
         self.url = self.transport.url(port)
 
-    async def follow(self, from_end: bool = False, backlog: int = ATTACH_BACKLOG) -> None:
+    async def follow(self, from_end: bool = False, backlog: int | None = ATTACH_BACKLOG) -> None:
         """(Re)start tailing the server's log; with ``from_end``, only the last ``backlog`` bytes
         of what is already there are read. Link losses are retried forever (``tail_state`` says
         "reconnecting" meanwhile); only an error that retrying cannot fix ends the tail."""
         await self.stop_follow()
         offset = 0
-        if from_end:
+        if from_end and backlog is not None:
             offset = max(0, await file_size(self.transport, self.preset.server.log) - backlog)
         self._tail = LogTail(self.transport, self.preset.server.log, offset=offset, python=self.preset.python(),
                              reconnect_forever=True, on_state=self._on_tail_state)
-        skip_first = offset > 0 and backlog > 0  # we started mid-line
+        skip_first = offset > 0 and bool(backlog)  # we started mid-line
         tail = self._tail
 
         async def run() -> None:
@@ -174,6 +180,7 @@ class Session(EventStream):
             try:
                 rec, res = await control.relaunch(
                     self.ready_timeout_s, before_stop=before_stop, after_start=after_start,
+                    allowed={self.preset.name, new.name},
                     on_phase=lambda ph, el: self._set_state("starting", ph, pid=self.record.pid if self.record else None,
                                                             elapsed=el))
             except (ControlError, TransportError) as e:
@@ -196,9 +203,10 @@ class Session(EventStream):
         self._set_state("stopped", detail=msg)
         return msg
 
-    def nccl_report(self) -> list[tuple[str, str, str | None]]:
+    def nccl_report(self) -> tuple[list[tuple[str, str, str | None]], str | None]:
+        """NCCL's confirmation of the preset's NCCL variables, and a sentence when it cannot be trusted."""
         seen = self.last_ready.nccl_env if self.last_ready else {}
-        return nccl_confirmation(self.preset, seen)
+        return nccl_confirmation(self.preset, seen), nccl_note(self.preset, seen)
 
     # ---- benchmark and load ---------------------------------------------------------------
     async def bench(self, label: str = "", on_result: Callable[[int, RequestResult], Awaitable[None] | None] | None = None,

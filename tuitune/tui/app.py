@@ -465,11 +465,12 @@ class TuituneApp(App):
         self._dirty_runs = True
 
     def action_nccl_report(self) -> None:
-        rows = self.session.nccl_report() if self.live else []
+        rows, note = self.session.nccl_report() if self.live else ([], None)
         if not rows:
-            self.say("no NCCL confirmation: set NCCL_DEBUG=INFO in the config and relaunch")
+            self.say("no NCCL variables in this preset to confirm")
             return
-        self.say("; ".join(f"{k}: {state}" for k, state, _ in rows))
+        self.say("; ".join(f"{k}: {state}" for k, state, _ in rows) + (f" ({note})" if note else ""),
+                 "warning" if note else "information")
 
     async def action_stop_server(self) -> None:
         try:
