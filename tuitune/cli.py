@@ -599,11 +599,16 @@ def _ncclbench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", help="message sizes in bytes, comma-separated (default: decode all-reduces "
                                    "from the model's hidden size)")
     p.add_argument("--hidden-size", type=int, help="the model's hidden size when config.json is not readable")
-    p.add_argument("--graph", action="store_true", help="replay the all-reduces in a CUDA graph, as SGLang decode does")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--graph", action="store_true", default=True,
+                      help="replay the all-reduces in a CUDA graph, as SGLang decode does (the default)")
+    mode.add_argument("--eager", dest="graph", action="store_false",
+                      help="time eager all-reduces instead (they can rank protocols differently from decode)")
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--world-size", type=int, help="processes (default: the preset's tp-size)")
-    p.add_argument("--backend", choices=["nccl", "gloo"], default="nccl", help="gloo: CPU, for trying it out")
+    p.add_argument("--backend", choices=["nccl", "gloo"], default="nccl",
+                   help="gloo: CPU, for trying the tool out (NCCL variables are not exercised)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
     p.add_argument("--json", metavar="OUT")
     p.set_defaults(run=cmd_ncclbench)

@@ -249,11 +249,11 @@ class ServerControl:
         stream = self.t.stream(self._remote("lock", path, info))
         try:
             head = b""
-            async for chunk in stream:
+            async for chunk in stream:  # one line: LOCKED, BUSY …, ERROR …, or the shell's complaint
                 head += chunk
                 if b"\n" in head:
                     break
-            line = head.decode("utf-8", "replace").strip()
+            line = head.decode("utf-8", "replace").split("\n", 1)[0].strip()
             if not line.startswith("LOCKED"):
                 raise ControlError(self._busy_message(line), 1)
             yield
@@ -263,7 +263,7 @@ class ServerControl:
     def _busy_message(self, line: str) -> str:
         port = self.preset.server.port
         if not line.startswith("BUSY"):
-            return f"{self.t.label}: cannot take the lock for port {port}: {line[-200:] or 'no answer'}"
+            return f"{self.t.label}: cannot take the lock for port {port}: {line[-300:] or 'no answer'}"
         try:
             h = json.loads(line[4:])
             who = f"tuitune {h['action']} of {h['preset']} by {h['client']} (since {h['since']})"

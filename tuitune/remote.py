@@ -73,7 +73,11 @@ def owner(port):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "lock":
-        lock(sys.argv[2], sys.argv[3])
-    elif sys.argv[1] == "owner":
-        owner(int(sys.argv[2]))
+    try:
+        if sys.argv[1] == "lock":
+            lock(sys.argv[2], sys.argv[3])
+        elif sys.argv[1] == "owner":
+            owner(int(sys.argv[2]))
+    except Exception as e:  # one line for tuitune, which reads one line
+        print("ERROR %s: %s" % (type(e).__name__, e), flush=True)
+        sys.exit(1)

@@ -230,6 +230,7 @@ class Session(EventStream):
             if was_loaded:
                 await self.set_load(True, self.load.concurrency)
         run.cycle_ms = sum(cycles) / len(cycles) if cycles else None
+        run.env_drift = await self._env_drift()
         s = run.summary()
         tok = s.get("tok_s") or {}
         acc = s.get("accept_len") or {}
@@ -238,6 +239,15 @@ class Session(EventStream):
         self.publish([BenchSummary(cfg.label, tok.get("median", float("nan")), ci[0], ci[1], acc.get("mean"),
                                    ttft.get("median"), s["requests"], s["failed"])])
         return run
+
+    async def _env_drift(self) -> list[str] | None:
+        """The variables in which the measured server's real environment differs from its preset
+        (the seeds' silent failure), or None when it cannot be read."""
+        with contextlib.suppress(ControlError, TransportError):
+            st = await self.control.status()
+            if st.running:
+                return [d.key.removeprefix("env.") for d in st.drift if d.key.startswith("env.")]
+        return None
 
     async def set_load(self, on: bool, concurrency: int | None = None) -> None:
         """Keep ``concurrency`` streams of requests running so that the server decodes."""

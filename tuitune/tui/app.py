@@ -258,7 +258,7 @@ class TuituneApp(App):
             self.chart.draw(s.store, self.book)
 
     def stale_reason(self) -> str | None:
-        return self.book.stale_reason(self.session.running_preset, self.clock())
+        return self.book.stale_reason(self.clock())
 
     @property
     def modified(self) -> bool:
@@ -342,7 +342,8 @@ class TuituneApp(App):
             return
         finally:
             self.bench_running = False
-        r = self.book.add(preset.name, preset, run.tok_s(), run.summary(), run.cycle_ms, started=self.clock())
+        r = self.book.add(preset.name, preset, run.tok_s(), run.summary(), run.cycle_ms, started=self.clock(),
+                          env_drift=run.env_drift)
         self._dirty_runs = True
         mark = delta_mark(self.book.delta(r))
         self.say(f"run #{r.id}: {r.median:.1f} tok/s" + ("" if mark == "—" else f", {mark} vs baseline")
@@ -356,7 +357,11 @@ class TuituneApp(App):
             return
         row = table.cursor_row if table.cursor_row is not None else len(self.book.runs) - 1
         run = self.book.runs[max(0, min(row, len(self.book.runs) - 1))]
-        self.book.mark_baseline(run.id)
+        try:
+            self.book.mark_baseline(run.id)
+        except ValueError as e:
+            self.say(str(e), "warning")
+            return
         self._dirty_runs = True
         self.refresh_views()
         self.say(f"run #{run.id} is the baseline")
