@@ -277,3 +277,62 @@ def test_ready_without_log_lines_at_log_level_warning(tmp_path):
     # item 13: NCCL cannot confirm without NCCL_DEBUG=INFO, and says so
     assert "NCCL_DEBUG=INFO is needed to confirm" in r.stderr
     assert cli("stop", str(path), env={"HOME": str(tmp_path)}).returncode == 0
+
+
+# ---- the tail (item 8) -------------------------------------------------------------------------------------
+
+
+async def test_tail_rotated_while_the_link_is_down_restarts_at_zero(sshd, tmp_path):
+    """A log rotated during an outage and regrown past the old size is read from byte 0, and log lines
+    that read like tail's notices are content."""
+    log = tmp_path / "rot.log"
+    log.write_text("".join(f"old {i:04d}\n" for i in range(200)))
+    t = SshTransport(SshTarget(**sshd.target()))
+    await t.connect()
+    tail = LogTail(t, str(log), python=sys.executable)
+    got: list[str] = []
+    resets = 0
+
+    async def read(n: int) -> None:
+        nonlocal resets
+        async for batch in tail.batches():
+            resets += batch.reset
+            got.extend(batch.lines)
+            if len(got) >= n:
+                return
+
+    await asyncio.wait_for(read(200), 30)
+    # the link goes down: no new connection is accepted and the current one dies
+    children = subprocess.run(["pgrep", "-P", str(sshd.proc.pid)], capture_output=True, text=True).stdout.split()
+    sshd.stop()
+    for pid in children:
+        with __import__("contextlib").suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+    reader = asyncio.ensure_future(read(200 + 401))
+    await asyncio.sleep(1.0)
+    log.rename(tmp_path / "rot.log.1")
+    log.write_text("tail: x: file truncated\n" + "".join(f"new {i:04d}\n" for i in range(400)))
+    sshd.start()
+    try:
+        await asyncio.wait_for(reader, 60)
+    finally:
+        tail.close()
+        await t.close()
+    assert got[:200] == [f"old {i:04d}" for i in range(200)]
+    assert got[200:] == ["tail: x: file truncated"] + [f"new {i:04d}" for i in range(400)] and resets == 1
+
+
+async def test_follow_again_restarts_a_stopped_tail(tmp_path):
+    from tuitune.session import Session
+    p = make_preset(tmp_path, "fol")
+    s = Session(p, LocalTransport(), state_dir=str(tmp_path / "state"))
+    await s.transport.connect()
+    await s.relaunch()
+    try:
+        assert s.tail_running and s.tail_state == "following"
+        await s.stop_follow()
+        assert not s.tail_running
+        await s.follow(from_end=True)
+        assert s.tail_running
+    finally:
+        await s.close(stop_server=True)
