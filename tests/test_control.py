@@ -164,8 +164,10 @@ async def test_ctrl_c_during_start_stops_the_server(tmp_path):
     p = make_preset(tmp_path, args={"sim-load-seconds": 5, "sim-speedup": 1})
     c = ServerControl(t, p, state_dir=str(tmp_path / "state"))
     task = asyncio.ensure_future(c.relaunch(30))
-    await asyncio.sleep(1.0)
-    rec = await c.read_state()
+    for _ in range(200):  # until the server has been started (a loaded machine takes its time)
+        await asyncio.sleep(0.1)
+        if (rec := await c.read_state()) is not None:
+            break
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -336,3 +336,20 @@ async def test_follow_again_restarts_a_stopped_tail(tmp_path):
         assert s.tail_running
     finally:
         await s.close(stop_server=True)
+
+
+async def test_a_reused_pid_is_never_stopped(tmp_path):
+    """Same class as item 6: the recorded pid died unseen and now belongs to an unrelated program."""
+    from tuitune.control import ServerRecord
+    p = make_preset(tmp_path, "reuse")
+    c = ServerControl(LocalTransport(), p, state_dir=str(tmp_path / "state"))
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        await c.write_state(ServerRecord(other.pid, p.server.port, p.name, p.hash(), time.time(), p.server.log))
+        st = await c.status()
+        assert not st.running and "now runs another program" in st.note
+        assert "nothing stopped" in await c.stop()
+        assert other.poll() is None and await c.read_state() is None
+    finally:
+        other.kill()
+        other.wait()

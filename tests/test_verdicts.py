@@ -118,3 +118,17 @@ def test_nccl_bench_defaults_to_graphs_and_says_so_without_cuda(tmp_path):
     assert r.returncode == 1 and len(err) == 1 and "no CUDA device(s)" in err[0], r.stderr
     assert "Traceback" not in r.stderr and "ProcessRaisedException" not in r.stderr
     assert took < 60 and math.isfinite(took)
+
+
+async def test_sweep_refuses_two_configurations_that_read_the_same(tmp_path, monkeypatch):
+    """Same class as item 10: results are keyed by label, so two presets named alike would merge."""
+    import pytest
+    from tuitune import grid as G
+    from tuitune.sweep import SweepError, sweep
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    base = make_preset(tmp_path, "sw", port=free_port())
+    one = P.save(P.with_changes(base, {"name": "twin", "env.NCCL_PROTO": "LL"}), tmp_path / "one.yaml")
+    two = P.save(P.with_changes(base, {"name": "twin", "env.NCCL_PROTO": "Simple"}), tmp_path / "two.yaml")
+    grid = G.parse([f"env=@{one},@{two}"])
+    with pytest.raises(SweepError, match="read the same"):
+        await sweep(base, grid, tmp_path / "out")

@@ -373,6 +373,9 @@ class ServerControl:
         if pid is None and rec and not await self.alive(rec.pid):
             await self.clear_state()
             return f"server {rec.pid} was not running (state cleared)"
+        if pid is None and rec and not await self.still_ours(rec):
+            await self.clear_state()
+            return f"server {rec.pid} is gone and its pid now runs another program (state cleared, nothing stopped)"
         steps = max(1, int(grace_s / 0.1))
         # a group is alive while any of its members is (LIVE_SH)
         script = (f"g={int(target)}; alive() {{ for p in $(pgrep -g $g 2>/dev/null) $g; do "
@@ -583,6 +586,16 @@ class ServerControl:
             return None
         return argv, dict(e.split("=", 1) for e in env_items if "=" in e)
 
+    async def still_ours(self, rec: ServerRecord) -> bool:
+        """Whether ``rec.pid`` still runs a server for ``rec.port`` (a pid can be reused after the
+        server died unseen; stopping that pid's group would kill an unrelated program)."""
+        view = await self.process_view(rec.pid)
+        if view is None:
+            return True  # not readable (another user's process): the alive check has to do
+        argv = view[0]
+        return any(a == f"--port={rec.port}" or (a == "--port" and argv[i + 1:i + 2] == [str(rec.port)])
+                   for i, a in enumerate(argv))
+
     async def status(self, pid: int | None = None) -> Status:
         rec = await self.read_state()
         if pid is not None and (rec is None or rec.pid != pid):
@@ -594,6 +607,8 @@ class ServerControl:
                                       f"start" if busy else None)
         if not await self.alive(rec.pid):
             return Status(False, rec, note=f"server {rec.pid} recorded but not running")
+        if pid is None and not await self.still_ours(rec):
+            return Status(False, rec, note=f"server {rec.pid} recorded, but that pid now runs another program")
         view = await self.process_view(rec.pid)
         st = Status(True, rec, uptime_s=time.time() - rec.started if rec.started else None,
                     same_hash=rec.preset_hash == self.preset.hash() if rec.preset_hash else None)

@@ -134,9 +134,17 @@ async def sweep(base: P.Preset, grid: dict, out: Path, *, baseline: P.Preset | N
     if done_rows and not resume:
         raise SweepError(f"{out} already holds results; pass --resume to continue, or choose another --out")
     done = {r["trial"] for r in done_rows}
+    labels = [G.label(c) for c in G.combinations(grid)]
+    twins = sorted({x for x in labels if labels.count(x) > 1})
+    if twins:  # trials and results are keyed by label: two configurations must never share one
+        raise SweepError(f"two grid configurations read the same ({twins[0]}); give the presets distinct names")
     trials = plan(base, grid, baseline, repeats, baseline_every)
     session = session or Session(base)
-    await session.connect()
+    status = await session.connect()
+    foreign = session.control.foreign(status.record, {base.name, baseline.name}) if status.running else None
+    if foreign:
+        await session.close()
+        raise SweepError(foreign.replace("pass --any to act on it anyway", "stop it first (`tuitune stop PRESET --any`)"))
     try:
         for i, trial in enumerate(trials, 1):
             if trial["id"] in done:
