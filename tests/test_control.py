@@ -273,7 +273,11 @@ async def test_tail_truncation_and_no_process_left(sshd, tmp_path):
                 return
 
     task = asyncio.ensure_future(run())
-    await asyncio.sleep(0.8)
+    for _ in range(300):  # until the first lines arrived (the remote side takes a moment to start)
+        if len(got) >= 2:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
     log.write_text("")  # truncate
     await asyncio.sleep(1.2)
     with open(log, "a") as f:

@@ -198,7 +198,7 @@ class ServerControl:
         what = "empty" if not text.strip() else "corrupt"
         port = self.preset.server.port
         ours = [o for o in await self.port_owners()
-                if f"--port" in o["argv"] and str(port) in o["argv"] and self.preset.server.module in o["argv"]]
+                if "--port" in o["argv"] and str(port) in o["argv"] and self.preset.server.module in o["argv"]]
         if not ours:
             await self.clear_state()
             self.warnings.append(f"state file {self.state_path} was {what} and no {self.preset.server.module} "
@@ -209,10 +209,11 @@ class ServerControl:
         view = await self.process_view(pid)
         argv, env = view if view is not None else (leader["argv"], {})
         same = not compute_drift(self.preset, argv, env)
+        flags = argv[argv.index("-m") + 2:] if "-m" in argv else argv[1:]  # as start() records them
         rec = ServerRecord(pid=pid, port=port, preset=self.preset.name if same else "(recovered)",
                            preset_hash=self.preset.hash() if same else "", started=time.time(),
-                           log=self.preset.server.log, argv=argv, env={k: v for k, v in env.items()
-                                                                       if k in self.preset.launch_env()})
+                           log=self.preset.server.log, argv=flags, env={k: v for k, v in env.items()
+                                                                        if k in self.preset.launch_env()})
         await self.write_state(rec)
         self.warnings.append(f"state file {self.state_path} was {what}; recovered server {pid} from port {port} "
                              f"and its command line" + ("" if same else " (it does not match this preset)"))
