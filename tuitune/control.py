@@ -378,24 +378,24 @@ class ServerControl:
             await self.clear_state()
             return f"server {rec.pid} is gone and its pid now runs another program (state cleared, nothing stopped)"
         steps = max(1, int(grace_s / 0.1))
-        # a group is alive while any of its members is (LIVE_SH)
+        port = int(self.preset.server.port)
+        clear = f"rm -f -- {P.shell_path(self.state_path)}; " if rec and rec.pid == target else ""
+        # one round trip: TERM, wait, KILL, wait for the port, clear the state. A group is alive
+        # while any of its members is (LIVE_SH); exit 0 stopped, 10 killed, 3 survived, 4 port busy
         script = (f"g={int(target)}; alive() {{ for p in $(pgrep -g $g 2>/dev/null) $g; do "
                   f"{LIVE_SH} && return 0; done; return 1; }}; "
+                  f"free() {{ ! (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null; }}; how=0; "
                   f"kill -TERM -- -$g 2>/dev/null || kill -TERM $g 2>/dev/null; "
-                  f"for i in $(seq {steps}); do alive || exit 0; sleep 0.1; done; "
-                  f"kill -KILL -- -$g 2>/dev/null; kill -KILL $g 2>/dev/null; "
-                  f"for i in $(seq 30); do alive || exit 10; sleep 0.1; done; exit 3")
+                  f"for i in $(seq {steps}); do alive || break; sleep 0.1; done; "
+                  f"if alive; then how=10; kill -KILL -- -$g 2>/dev/null; kill -KILL $g 2>/dev/null; "
+                  f"for i in $(seq 30); do alive || break; sleep 0.1; done; alive && exit 3; fi; "
+                  f"for i in $(seq 100); do free && break; sleep 0.1; done; free || exit 4; "
+                  f"{clear}exit $how")
         r = await self.t.run(script, timeout=grace_s + 30)
         if r.exit_status == 3:
             raise ControlError(f"process group {target} on {self.t.label} survived SIGKILL")
-        for _ in range(100):
-            if not await self.port_busy():
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise ControlError(f"server {target} stopped but port {self.preset.server.port} is still in use")
-        if rec and rec.pid == target:
-            await self.clear_state()
+        if r.exit_status == 4:
+            raise ControlError(f"server {target} stopped but port {port} is still in use")
         how = "killed after the grace period" if r.exit_status == 10 else "stopped"
         return f"server {target} {how}; port {self.preset.server.port} free"
 
@@ -466,22 +466,30 @@ class ServerControl:
         async def watch() -> None:
             http_since: float | None = None
             last: int | None = None
+            owned = False  # a listening socket on the port belongs to rec.pid or its children
             async with aiohttp.ClientSession() as session:
                 while not done.is_set():
                     waiter = asyncio.ensure_future(ready_line.wait())
                     await asyncio.wait({waiter}, timeout=0.5)
                     waiter.cancel()
-                    status = await health(session)
+                    if owned:  # our process holds the listening socket: only /health is left
+                        status = await health(session)
+                        if status == 200:
+                            res.ok = True
+                            return
+                        living = await self.alive(rec.pid)
+                    else:  # one round trip per poll: the checks on the target run side by side
+                        status, owned, living = await asyncio.gather(
+                            health(session), self.owns_port(rec.pid), self.alive(rec.pid))
+                        if status == 200 and owned:
+                            res.ok = True
+                            return
                     last = status if status is not None else last
-                    if status == 200 and await self.owns_port(rec.pid):
-                        res.ok = True
-                        return
-                    if http_since is None and (status is not None or http_up.is_set()
-                                               or await self.owns_port(rec.pid)):
+                    if http_since is None and (status is not None or http_up.is_set() or owned):
                         http_since = time.monotonic()
-                        if res.phase not in ("http up",):
+                        if res.phase != "http up":
                             set_phase("http up")
-                    if not await self.alive(rec.pid):
+                    if not living:
                         await asyncio.sleep(0.3)  # let the last lines of the log arrive
                         return
                     now = time.monotonic()
