@@ -1,13 +1,12 @@
-"""Issue 13: shell quoting, atomic state, the target lock, ownership of the port, other presets'
-servers and failed starts, with the real pieces (the simulator as a process, sshd on loopback)."""
+"""Secrets, file modes and hostile input (issue 13: items 2, 16, 17), with the real pieces: the
+simulator as a process, the command line as a subprocess, real files, a real sshd."""
 
 from __future__ import annotations
 
-import asyncio
-import glob
 import json
 import os
-import signal
+import re
+import stat
 import subprocess
 import sys
 import time
@@ -15,341 +14,334 @@ from pathlib import Path
 
 import pytest
 
-from conftest import group_alive, make_preset, wait_for
-from tuitune import ncclbench as NB
+from conftest import make_preset, wait_for
+from tuitune import grid as G
 from tuitune import preset as P
-from tuitune.control import ControlError, ServerControl
-from tuitune.tail import LogTail, file_size
-from tuitune.transport import LocalTransport, SshTarget, SshTransport
+from tuitune import redact
+from tuitune.control import ControlError, ServerControl, ServerRecord, Status, compute_drift
+from tuitune.transport import LocalTransport, SshTarget, SshTransport, TransportError
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# every way a value could break out of a shell word; {m} is the marker file that must never appear
-CORPUS = ['x"; touch {m}; echo "', "x'; touch {m}; echo '", "x`touch {m}`", "x$(touch {m})", "x; touch {m}",
-          'x\\"; touch {m}; #', "-x; touch {m}", "x\ntouch {m}", "x|touch {m}", "x&&touch {m}", "$(touch {m})",
-          '/x/i06"; fi; touch {m}; if false; then echo ".log']
+TOKEN = "hf_secret_4711"
 
 
 def cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tuitune", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "tuitune", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full, cwd=ROOT)
 
 
-async def _first_batch_or_nothing(tail: LogTail, seconds: float = 1.0) -> None:
-    async def one():
-        async for _ in tail.batches():
-            return
-    try:
-        await asyncio.wait_for(one(), seconds)
-    except asyncio.TimeoutError:
-        pass
-    tail.close()
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
 
 
-async def _every_snippet(t, tmp: Path, value: str) -> None:
-    """Run every remote snippet that takes a preset string, with ``value`` in that string."""
-    sub = tmp / "v"
-    sub.mkdir(parents=True, exist_ok=True)
-    path = f"{sub}/{value}"  # (not sub / value: a value starting with / would leave tmp)
-    await _first_batch_or_nothing(LogTail(t, path, python=sys.executable))
-    await file_size(t, path)
-    await t.upload(b"{}", path, 0o600)
-    if "\n" in value:  # presets refuse it (item 16); the snippets above took it as data
-        return
-    p = P.from_dict({"name": "q", "server": {"python": "/bin/true", "module": "tuitune.sim", "log": path,
-                                             "workdir": str(sub), "port": 1,
-                                             "args": {"model-path": value, "served-model-name": value}},
-                     "env": {"NCCL_SOCKET_IFNAME": value, "MY_VAR": value}, "profile": False})
-    c = ServerControl(t, P.with_changes(p, {"server.python": sys.executable}), state_dir=f"{sub}/st/{value}")
-    await c.read_state()
-    await c.clear_state()
-    await c.port_owners()
-    async with c.locked("test"):
-        pass
-    await t.run(P.launch_command(p), timeout=30)
-    await ServerControl(t, p, state_dir=f"{sub}/st/{value}").start()
-    await NB.model_hidden_size(t, p)
-    await t.run(NB.worker_command(p, {"NCCL_SOCKET_IFNAME": value}, "/bin/true", "gloo", 1, [8], 1, 0, 2, False),
-                timeout=30)
-    p2 = P.with_changes(p, {"server.python": path})  # a python path with the value in it
-    with pytest.raises(ControlError):
-        await ServerControl(t, p2, state_dir=str(sub / "s2")).preflight(None)
+# ---- which names are secret, and text masking ----------------------------------------------------
 
 
-async def test_no_snippet_runs_a_metacharacter_value(tmp_path):
-    """Issue 13 item 1: the log path used to be pasted inside double quotes in the tail command."""
-    t = LocalTransport()
-    for i, template in enumerate(CORPUS):
-        marker = tmp_path / f"PWNED{i}"
-        await _every_snippet(t, tmp_path / f"c{i}", template.format(m=marker))
-        await asyncio.sleep(0.2)
-        assert not marker.exists(), f"value {template!r} ran a command"
-    assert not glob.glob(str(tmp_path / "PWNED*"))
+def test_secret_names_and_masks():
+    for name in ("HF_TOKEN", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "PGPASS", "GCP_CREDENTIALS"):
+        assert redact.secret_env(name), name
+    for name in ("TOKENIZERS_PARALLELISM", "NCCL_PROTO", "MAX_TOKENS", "CUDA_VISIBLE_DEVICES"):
+        assert not redact.secret_env(name), name
+    for flag in ("api-key", "admin-api-key", "hf-token", "token", "ssl-keyfile-password", "client-secret"):
+        assert redact.secret_flag(flag), flag
+    for flag in ("max-total-tokens", "speculative-num-draft-tokens", "speculative-token-map", "tokenizer-path"):
+        assert not redact.secret_flag(flag), flag
+    assert redact.argv(["-m", "x", "--api-key", "sk-1", "--api-key=sk-2", "--port", "1"]) == \
+        ["-m", "x", "--api-key", "••••", "--api-key=••••", "--port", "1"]
+    cases = {
+        "server_args=ServerArgs(api_key='sk-live-1', admin_api_key=None, tokenizer_path='/t')":
+            "server_args=ServerArgs(api_key='••••', admin_api_key=None, tokenizer_path='/t')",
+        "launch --hf-token hf_x --max-total-tokens 4096": "launch --hf-token •••• --max-total-tokens 4096",
+        "env 'HF_TOKEN=hf_y' 'NCCL_PROTO=LL'": "env 'HF_TOKEN=••••' 'NCCL_PROTO=LL'",
+        '{"api_key": "sk-z", "port": 1}': '{"api_key": "••••", "port": 1}',
+        "Authorization: Bearer abc.def": "Authorization: Bearer ••••",
+    }
+    for line, want in cases.items():
+        assert redact.text(line) == want
+    # the lines a server prints most are left exactly as they are
+    decode = ("[2026-03-16 11:32:10 TP0] Decode batch, #running-req: 8, #token: 5120, token usage: 0.03, "
+              "gen throughput (token/s): 812.40, #queue-req: 0")
+    assert redact.text(decode) == decode
+    assert redact.text("loaded with hunter22 as the password", ["hunter22"]) == "loaded with •••• as the password"
 
 
-async def test_no_snippet_runs_a_metacharacter_value_over_ssh(sshd, tmp_path):
-    t = SshTransport(SshTarget(**sshd.target()))
-    await t.connect()
-    try:
-        marker = tmp_path / "PWNED"
-        for template in (CORPUS[0], CORPUS[3], CORPUS[-1]):
-            await _every_snippet(t, tmp_path, template.format(m=marker))
-    finally:
-        await t.close()
-    assert not marker.exists()
+def test_parse_command_masks_secrets_in_error_text(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("ValueError: invalid ServerArgs(api_key='sk-live-9', port=1)\n"
+                   "EAGLE3_PROFILE draft_ms=x verify_ms=1 extend_ms=1 accept_len=1 HF_TOKEN=hf_leak\n")
+    r = cli("parse", str(log), "--json")
+    assert r.returncode == 0 and "sk-live-9" not in r.stdout and "hf_leak" not in r.stdout
+    kinds = [json.loads(x)["kind"] for x in r.stdout.splitlines()]
+    assert kinds == ["error", "malformed"] and r.stdout.count("••••") == 2
 
 
-def test_cli_logs_with_an_injecting_log_path(tmp_path):
-    marker = tmp_path / "PWNED"
-    log = tmp_path / "d" / CORPUS[-1].format(m=marker)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    Path(str(log)).parent.mkdir(parents=True, exist_ok=True)
-    Path(str(log)).write_text("one\ntwo\n")
-    p = make_preset(tmp_path, "inj")
-    path = P.save(P.with_changes(p, {"server.log": str(log)}), tmp_path / "inj.yaml")
-    r = cli("logs", str(path), "-n", "5")
-    assert r.returncode == 0 and r.stdout == "one\ntwo\n", r.stderr
-    assert not marker.exists()
+def test_status_drift_and_capture_meta_mask_secrets():
+    p = make_preset(Path("/tmp"), env={"HF_TOKEN": "running-value", "NCCL_PROTO": "LL"},
+                    args={"api-key": "sk-live-1"})
+    drift = compute_drift(P.with_changes(p, {"env.HF_TOKEN": "preset-value"}), ["python", "-m", "x", *p.flags()],
+                          {"HF_TOKEN": "running-value", "NCCL_PROTO": "LL", "EAGLE3_PROFILE": "1"})
+    assert [str(d) for d in drift] == ["env.HF_TOKEN: running ••••, preset •••• (values differ)"]
+    rec = ServerRecord(1, 2, "t", "h", 0.0, "/l", argv=p.flags(), env=p.launch_env())
+    text = json.dumps(Status(True, rec, drift=drift).to_dict())
+    assert "running-value" not in text and "preset-value" not in text and "sk-live-1" not in text
+    meta = redact.preset_dict(P.to_dict(p))
+    assert meta["env"]["HF_TOKEN"] == "••••" and meta["server"]["args"]["api-key"] == "••••"
+    assert meta["env"]["NCCL_PROTO"] == "LL"
 
 
-# ---- atomic state (item 4) ---------------------------------------------------------------------------
+# ---- everything printed or written by a live session, end to end ---------------------------------
 
 
-def test_upload_killed_midway_leaves_the_old_file(tmp_path):
-    target = tmp_path / "state.json"
-    target.write_text('{"old": true}')
-    code = ("import asyncio,sys\nfrom tuitune.transport import LocalTransport\n"
-            "async def slow():\n"
-            "    t = LocalTransport()\n"
-            "    await t.upload(b'x' * (400 * 1024 * 1024), sys.argv[1], 0o600)\n"
-            "asyncio.run(slow())\n")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(target)], cwd=ROOT)
-    wait_for(lambda: glob.glob(str(target) + ".tuitune-tmp-*"), 30, what="the upload to start")
-    proc.kill()
-    proc.wait(10)
-    wait_for(lambda: not glob.glob(str(target) + ".tuitune-tmp-*"), 20, what="the partial copy to be removed")
-    assert target.read_text() == '{"old": true}'
-
-
-async def test_empty_state_file_is_recovered_from_the_port(tmp_path):
-    t = LocalTransport()
-    p = make_preset(tmp_path, "rec")
-    c = ServerControl(t, p, state_dir=str(tmp_path / "state"))
-    rec, _ = await c.relaunch(30)
-    Path(c.state_path.replace("~", str(Path.home()), 1)).write_bytes(b"")  # what a kill -9 left before
-    c2 = ServerControl(t, p, state_dir=str(tmp_path / "state"))
-    st = await c2.status()
-    assert st.running and st.record.pid == rec.pid and st.record.preset == p.name
-    assert any("was empty; recovered server" in w for w in c2.warnings)
-    assert "stopped" in await c2.stop()
-    assert not group_alive(rec.pid)
-
-
-# ---- the lock and the owner of the port (item 5) -------------------------------------------------------
-
-
-async def test_concurrent_launches_one_wins_the_other_names_the_holder(tmp_path):
-    t1, t2 = LocalTransport(), LocalTransport()
-    p = make_preset(tmp_path, "race", args={"sim-load-seconds": 1.0})
-    c1 = ServerControl(t1, p, state_dir=str(tmp_path / "state"))
-    c2 = ServerControl(t2, p, state_dir=str(tmp_path / "state"))
-    results = await asyncio.gather(c1.relaunch(30), c2.relaunch(30), return_exceptions=True)
-    ok = [r for r in results if not isinstance(r, Exception)]
-    failed = [r for r in results if isinstance(r, Exception)]
-    assert len(ok) == 1 and len(failed) == 1, results
-    assert isinstance(failed[0], ControlError) and "is busy: tuitune launch of race by" in str(failed[0])
-    rec = ok[0][0]
-    assert (await c1.read_state()).pid == rec.pid and await c1.owns_port(rec.pid)
-    await c1.stop()
-    # the lock went with its holder: a later launch takes it at once
-    rec, _ = await c2.relaunch(30)
-    await c2.stop()
-
-
-async def test_health_of_another_process_on_the_port_is_not_ready(tmp_path, sim_factory):
-    other = sim_factory("--sim-load-seconds", "0.1")
-    other.wait_ready()
-    p = make_preset(tmp_path, "own", port=other.port)
-    c = ServerControl(LocalTransport(), p, state_dir=str(tmp_path / "state"))
-    sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
-    try:
-        from tuitune.control import ServerRecord
-        rec = ServerRecord(sleeper.pid, other.port, p.name, p.hash(), time.time(), str(other.log))
-        res = await c.wait_ready(rec, timeout_s=3)
-        assert not res.ok and res.cause in ("timeout", "unhealthy")
-    finally:
-        sleeper.kill()
-        sleeper.wait()
-
-
-# ---- another preset's server (item 6) -------------------------------------------------------------------
-
-
-def test_other_presets_server_is_refused_by_name(tmp_path):
-    a = make_preset(tmp_path, "alpha")
-    b = P.with_changes(make_preset(tmp_path, "beta"), {"server.port": a.server.port})
-    pa, pb = P.save(a, tmp_path / "alpha.yaml"), P.save(b, tmp_path / "beta.yaml")
-    env = {"HOME": str(tmp_path)}
-    r = cli("launch", str(pa), env=env)
+def test_no_secret_in_status_drift_logs_record_or_preset_show(tmp_path):
+    p = make_preset(tmp_path, "sec", env={"HF_TOKEN": TOKEN, "NCCL_PROTO": "LL"})
+    yaml_a = P.save(p, tmp_path / "a.yaml")
+    yaml_b = P.save(P.with_changes(p, {"env.HF_TOKEN": TOKEN + "x"}), tmp_path / "b.yaml")
+    r = cli("launch", str(yaml_a))
     assert r.returncode == 0, r.stderr
-    for cmd in (["status", str(pb)], ["stop", str(pb)], ["bench", str(pb)], ["launch", str(pb)]):
-        r = cli(*cmd, env=env)
-        assert r.returncode == 2, (cmd, r.stdout, r.stderr)
-        assert "started by preset alpha, not beta" in r.stderr and r.stderr.count("\n") == 1, r.stderr
-    r = cli("status", str(pa), env=env)
-    assert r.returncode == 0 and "alpha: running" in r.stdout
-    r = cli("stop", str(pb), "--any", env=env)
-    assert r.returncode == 0 and "stopped" in r.stdout, r.stderr
-
-
-def test_shipped_presets_have_distinct_ports():
-    ports: dict[int, str] = {}
-    for origin, path, name, _ in P.listing():
-        if origin != "shipped":
-            continue
-        port = P.load(path).server.port
-        assert port not in ports, f"{name} and {ports[port]} share port {port}"
-        ports[port] = name
-
-
-# ---- failed starts (item 7) -------------------------------------------------------------------------------
-
-
-def _launch(tmp_path, name: str, args: dict, env: dict | None = None):
-    p = make_preset(tmp_path, name, args=args, env=env)
-    path = P.save(p, tmp_path / f"{name}.yaml")
-    return p, path
-
-
-def _state_pid(tmp_path, p) -> int | None:
-    f = tmp_path / ".cache" / "tuitune" / "servers" / f"{p.server.port}.json"
     try:
-        return json.loads(f.read_text())["pid"]
-    except (OSError, ValueError):
-        return None
+        out = []
+        for args in (("status", str(yaml_b)), ("status", str(yaml_b), "--json"), ("logs", str(yaml_a), "-n", "200"),
+                     ("preset", "show", str(yaml_a)), ("preset", "show", str(yaml_a), "--json"),
+                     ("preset", "show", str(yaml_a), "--command"), ("preset", "diff", str(yaml_a), str(yaml_b))):
+            r = cli(*args)
+            assert r.returncode == 0, (args, r.stderr)
+            out.append(r.stdout + r.stderr)
+        assert all(TOKEN not in o for o in out), [o for o in out if TOKEN in o][0]
+        assert "env.HF_TOKEN: running ••••, preset •••• (values differ)" in out[0]
+        assert json.loads(out[1])["drift"] == [{"key": "env.HF_TOKEN", "running": "••••", "preset": "••••"}]
+        assert re.search(r"env\.HF_TOKEN +••••", out[3]) and " HF_TOKEN=•••• " in out[5]
+        assert "•••• -> •••• (values differ)" in out[6]
+        assert TOKEN in cli("preset", "show", str(yaml_a), "--reveal").stdout  # the owner asks for it
 
+        # a capture: created 0644 by someone before, then recorded with --raw while the server logs
+        # a line that carries the token (as a server printing its environment would)
+        cap = tmp_path / "cap.jsonl"
+        cap.write_text("old\n")
+        os.chmod(cap, 0o644)
+        rec = subprocess.Popen([sys.executable, "-m", "tuitune", str(yaml_a), "--record", str(cap), "--raw",
+                                "--duration", "6"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        log = Path(p.server.log)
 
-def test_launch_timeout_stops_the_half_started_server(tmp_path):
-    p, path = _launch(tmp_path, "slow", {"sim-load-seconds": 60, "sim-speedup": 1})
-    r = cli("launch", str(path), "--timeout", "2", env={"HOME": str(tmp_path)})
-    assert r.returncode == 1
-    err = [x for x in r.stderr.splitlines() if x.startswith("tuitune:")]
-    assert len(err) == 1 and "not ready after 2 s" in err[0] and "half-started server" in err[0] and "was stopped" in err[0]
-    pid = int(r.stdout.split("started pid ")[1].split(",")[0])
-    assert not group_alive(pid)
-    r = cli("launch", str(path), "--timeout", "2", "--keep-on-failure", env={"HOME": str(tmp_path)})
-    pid = int(r.stdout.split("started pid ")[1].split(",")[0])
-    assert r.returncode == 1 and "left running (--keep-on-failure)" in r.stderr and group_alive(pid)
-    assert cli("stop", str(path), env={"HOME": str(tmp_path)}).returncode == 0
-    assert not group_alive(pid)
-
-
-@pytest.mark.parametrize("sig, code, name", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "SIGINT")])
-def test_signal_during_launch_stops_the_server_and_says_so(tmp_path, sig, code, name):
-    p, path = _launch(tmp_path, "sig", {"sim-load-seconds": 60, "sim-speedup": 1})
-    proc = subprocess.Popen([sys.executable, "-m", "tuitune", "launch", str(path)], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "HOME": str(tmp_path)})
-    wait_for(lambda: _state_pid(tmp_path, p), 30, what="the server to start")
-    pid = _state_pid(tmp_path, p)
-    time.sleep(0.5)
-    proc.send_signal(sig)
-    out, err = proc.communicate(timeout=30)
-    assert proc.returncode == code, err
-    assert err.strip().splitlines()[-1] == f"tuitune: launch interrupted by {name}; the half-started server {pid} was stopped"
-    assert "Traceback" not in err and not group_alive(pid)
-
-
-def test_http_up_but_never_healthy_fails_within_the_phase_limit(tmp_path):
-    p, path = _launch(tmp_path, "sick", {"sim-fault": "health-hang"})
-    t0 = time.monotonic()
-    r = cli("launch", str(path), "--health-timeout", "2", env={"HOME": str(tmp_path)})
-    took = time.monotonic() - t0
-    assert r.returncode == 1 and "/health never answered 200" in r.stderr, r.stderr
-    assert took < 60  # far below the 900 s overall limit
-    pid = int(r.stdout.split("started pid ")[1].split(",")[0])
-    assert not group_alive(pid)
-
-
-def test_ready_without_log_lines_at_log_level_warning(tmp_path):
-    p, path = _launch(tmp_path, "quiet", {"log-level": "warning"}, env={"NCCL_PROTO": "LL"})
-    r = cli("launch", str(path), env={"HOME": str(tmp_path)})
-    assert r.returncode == 0 and "ready in" in r.stdout, r.stderr
-    # item 13: NCCL cannot confirm without NCCL_DEBUG=INFO, and says so
-    assert "NCCL_DEBUG=INFO is needed to confirm" in r.stderr
-    assert cli("stop", str(path), env={"HOME": str(tmp_path)}).returncode == 0
-
-
-# ---- the tail (item 8) -------------------------------------------------------------------------------------
-
-
-async def test_tail_rotated_while_the_link_is_down_restarts_at_zero(sshd, tmp_path):
-    """A log rotated during an outage and regrown past the old size is read from byte 0, and log lines
-    that read like tail's notices are content."""
-    log = tmp_path / "rot.log"
-    log.write_text("".join(f"old {i:04d}\n" for i in range(200)))
-    t = SshTransport(SshTarget(**sshd.target()))
-    await t.connect()
-    tail = LogTail(t, str(log), python=sys.executable)
-    got: list[str] = []
-    resets = 0
-
-    async def read(n: int) -> None:
-        nonlocal resets
-        async for batch in tail.batches():
-            resets += batch.reset
-            got.extend(batch.lines)
-            if len(got) >= n:
-                return
-
-    await asyncio.wait_for(read(200), 30)
-    # the link goes down: no new connection is accepted and the current one dies
-    children = subprocess.run(["pgrep", "-P", str(sshd.proc.pid)], capture_output=True, text=True).stdout.split()
-    sshd.stop()
-    for pid in children:
-        with __import__("contextlib").suppress(ProcessLookupError):
-            os.kill(int(pid), signal.SIGKILL)
-    reader = asyncio.ensure_future(read(200 + 401))
-    await asyncio.sleep(1.0)
-    log.rename(tmp_path / "rot.log.1")
-    log.write_text("tail: x: file truncated\n" + "".join(f"new {i:04d}\n" for i in range(400)))
-    sshd.start()
-    try:
-        await asyncio.wait_for(reader, 60)
+        # the idle server writes nothing more, so lines appended once the recorder's tail runs stay
+        wait_for(lambda: subprocess.run(["pgrep", "-f", f"tail .*{log}"]).returncode == 0, 30,
+                 what="the recorder to follow the log")
+        with open(log, "a") as f:
+            f.write(f"environment: HF_TOKEN={TOKEN} NCCL_PROTO=LL\nValueError: token {TOKEN} rejected\n")
+        _, err = rec.communicate(timeout=60)
+        assert rec.returncode == 0, err
+        data = cap.read_text()
+        assert mode(cap) == 0o600 and TOKEN not in data
+        assert "environment: HF_TOKEN=•••• NCCL_PROTO=LL" in data and "token •••• rejected" in data
     finally:
-        tail.close()
-        await t.close()
-    assert got[:200] == [f"old {i:04d}" for i in range(200)]
-    assert got[200:] == ["tail: x: file truncated"] + [f"new {i:04d}" for i in range(400)] and resets == 1
+        cli("stop", str(yaml_a))
 
 
-async def test_follow_again_restarts_a_stopped_tail(tmp_path):
+def test_sweep_results_mask_secret_grid_values(tmp_path):
+    p = make_preset(tmp_path, "sw", spec_steps=None, profile=False)
+    base = P.save(p, tmp_path / "sw.yaml")
+    out = tmp_path / "out"
+    r = cli("sweep", str(base), "--grid", "env.HF_TOKEN=tokA_1111,tokB_2222", "--baseline-every", "0",
+            "--requests", "2", "--max-tokens", "20", "--out", str(out), "--no-plot", timeout=240)
+    assert r.returncode in (0, 1), r.stderr
+    written = (out / "results.jsonl").read_text() + (out / "results.csv").read_text() + r.stdout + r.stderr
+    assert "tokA_1111" not in written and "tokB_2222" not in written
+    labels = {json.loads(x)["label"] for x in (out / "results.jsonl").read_text().splitlines()}
+    assert {"HF_TOKEN=••••#1", "HF_TOKEN=••••#2"} <= labels  # two tokens, still two configurations
+    best = out / "best.yaml"
+    if best.exists():  # a preset to launch: it holds the real value, never the mask
+        assert P.load(best).env["HF_TOKEN"] in ("tokA_1111", "tokB_2222")
+
+
+# ---- file modes ------------------------------------------------------------------------------------
+
+
+def test_trust_creates_ssh_dir_0700_and_known_hosts_0600(sshd, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    r = cli("trust", "127.0.0.1", "--port", str(sshd.port), "--yes", env={"HOME": str(home)}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert mode(home / ".ssh") == 0o700 and mode(home / ".ssh" / "known_hosts") == 0o600
+
+
+# ---- presets: strict input ---------------------------------------------------------------------------
+
+MIN = "name: x\nserver:\n  log: /tmp/x.log\n"
+
+
+@pytest.mark.parametrize("text, message", [
+    (MIN + "  port: 1\n  port: 2\n", "key 'port' appears twice (lines 4 and 5)"),
+    ("name: x\nenv:\n  NCCL_PROTO: LL\n  NCCL_ALGO: Ring\n  NCCL_PROTO: Simple\nserver: {log: /x}\n",
+     "key 'NCCL_PROTO' appears twice (lines 3 and 5)"),
+    (MIN + "  port: true\n", "server.port: True: Input should be a valid integer"),
+    (MIN + "profile: 1\n", "profile: 1: Input should be a valid boolean"),
+    (MIN + "  args: {tp-size: [1, 2]}\n", "server.args.tp-size: expected true/false, a number or text, not a list"),
+    ("name: x\nserver: 5\n", "server: expected a mapping (a YAML section of keys), not an integer"),
+    ("name: x\nserver:\n  log: '-n1 /etc/shadow'\n", "server.log: '-n1 /etc/shadow' is not an absolute path"),
+    ("name: x\nserver:\n  log: x.log\n", "server.log: 'x.log' is not an absolute path"),
+    (MIN + "  python: -c\n", "server.python: '-c' is not a command"),
+    ("name: x\nserver: " + "[" * 500 + "]" * 500 + "\n", "nested too deeply"),
+    ("name: x\nserver:\n" + "".join("  " * i + "- \n" for i in range(1, 600)), "nested too deeply"),
+], ids=["duplicate", "duplicate-env", "bool-port", "int-bool", "list-flag", "not-a-section", "log-option",
+        "log-relative", "python-option", "deep-flow", "deep-block"])  # short ids: the test id goes into the environment
+def test_preset_input_is_refused_in_one_sentence(tmp_path, text, message):
+    with pytest.raises(P.PresetError) as e:
+        P.loads(text, "p.yaml")
+    assert message in str(e.value) and str(e.value).startswith("p.yaml: ") and "\n" not in str(e.value)
+    f = tmp_path / "p.yaml"
+    f.write_text(text)
+    r = cli("preset", "validate", str(f))
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_grid_keys_are_checked_against_the_schema(tmp_path):
+    with pytest.raises(G.GridError, match="server.port is a value, not a section"):
+        G.parse(["server.port.x=1,2"])
+    with pytest.raises(G.GridError, match="unknown key server.bogus"):
+        G.parse(["server.bogus=1"])
+    with pytest.raises(G.GridError, match="nested too deeply"):
+        G.parse(["server.args.tp-size=" + "[" * 3000])
+    assert G.parse(["server.args.tp-size=1,2", "env.NCCL_PROTO=LL,unset"])
+    r = cli("sweep", "demo", "--grid", "server.port.x=1,2", "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "server.port is a value, not a section" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---- one sentence instead of a traceback -------------------------------------------------------------
+
+
+def test_report_skips_and_counts_damaged_records(tmp_path):
+    good = {"kind": "profile", "draft_ms": 1, "verify_ms": 20, "extend_ms": 1, "accept_len": 2, "cycle_ms": 22}
+    lines = [{"kind": "meta", "schema": 1, "preset": "not a mapping"},
+             {**good, "t": None, "m": 1.0}, {**good, "t": "x", "m": 1.0}, {**good, "draft_ms": "abc", "t": 1.0, "m": 1.0},
+             {"kind": "decode", "gen_throughput": [1], "t": 1.0, "m": 1.0}, {**good, "t": 1.0, "m": 2.0}]
+    cap = tmp_path / "bad.jsonl"
+    cap.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    r = cli("report", str(cap), "--no-chart")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "1 events" in r.stdout and "4 record(s) skipped" in r.stdout and "22.00" in r.stdout
+    j = json.loads(cli("report", str(cap), "--json").stdout)
+    assert j[0]["skipped"] == 4 and j[0]["events"] == 1
+
+
+async def test_missing_or_broken_server_package_is_one_sentence(tmp_path, monkeypatch):
+    """find_spec("sglang.launch_server") raises when sglang itself is missing; a package whose
+    __init__ fails says why."""
+    p = make_preset(tmp_path, args={}, env={})
+    t = LocalTransport()
+    missing = P.with_changes(p, {"server.module": "sglang.launch_server"})
+    with pytest.raises(ControlError, match="module sglang.launch_server is not installed for"):
+        await ServerControl(t, missing, state_dir=str(tmp_path / "st")).preflight(None)
+    pkg = tmp_path / "lib" / "brokenpkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise RuntimeError('CUDA driver too old')\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'lib'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    broken = P.with_changes(p, {"server.module": "brokenpkg.server"})
+    with pytest.raises(ControlError, match=r"brokenpkg.server cannot be imported .*RuntimeError: CUDA driver too old"):
+        await ServerControl(t, broken, state_dir=str(tmp_path / "st")).preflight(None)
+
+
+@pytest.mark.parametrize("which", ["pub", "missing", "garbage"])
+async def test_bad_identity_file_is_one_sentence(sshd, tmp_path, which):
+    path = {"pub": tmp_path / "id.pub", "missing": tmp_path / "nope", "garbage": tmp_path / "id"}[which]
+    if which == "pub":
+        path.write_bytes((sshd.root / "authorized_keys").read_bytes())  # the client's public key
+    elif which == "garbage":
+        path.write_text("not a key\n")
+    t = SshTransport(SshTarget(**{**sshd.target(), "identity_file": str(path)}))
+    with pytest.raises(TransportError) as e:
+        await t.connect()
+    msg = str(e.value)
+    assert f"identity_file {path}" in msg and "\n" not in msg
+    if which == "pub":
+        assert "public key" in msg
+
+
+async def test_tui_turns_worker_errors_into_notifications(sshd, tmp_path):
+    """A .pub identity_file (an error the transport names) and an error nobody expected: the TUI
+    stays up and shows each as a notification instead of exiting with WorkerFailed."""
     from tuitune.session import Session
-    p = make_preset(tmp_path, "fol")
-    s = Session(p, LocalTransport(), state_dir=str(tmp_path / "state"))
-    await s.transport.connect()
-    await s.relaunch()
-    try:
-        assert s.tail_running and s.tail_state == "following"
-        await s.stop_follow()
-        assert not s.tail_running
-        await s.follow(from_end=True)
-        assert s.tail_running
-    finally:
-        await s.close(stop_server=True)
+    from tuitune.tui.app import TuituneApp, UserConfig
+    pub = tmp_path / "id.pub"
+    pub.write_bytes((sshd.root / "authorized_keys").read_bytes())
+    p = make_preset(tmp_path, target={**sshd.target(), "identity_file": str(pub)})
+
+    class Unlucky(Session):
+        async def connect(self):
+            raise RuntimeError("something nobody planned for")
+
+    for session, needle in ((Session(p), "public key"), (Unlucky(p), "something nobody planned for")):
+        app = TuituneApp(session, autostart="attach", user_config=UserConfig())
+        async with app.run_test(size=(120, 40)) as pilot:
+            for _ in range(200):
+                if any(needle in m for m in app.messages):
+                    break
+                await pilot.pause(0.05)
+            assert any(needle in m for m in app.messages), app.messages
+            assert app.is_running
 
 
-async def test_a_reused_pid_is_never_stopped(tmp_path):
-    """Same class as item 6: the recorded pid died unseen and now belongs to an unrelated program."""
-    from tuitune.control import ServerRecord
-    p = make_preset(tmp_path, "reuse")
-    c = ServerControl(LocalTransport(), p, state_dir=str(tmp_path / "state"))
-    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+# ---- parsing never stalls the event loop ---------------------------------------------------------
+
+
+async def test_hostile_log_lines_never_stall_the_session(tmp_path):
+    """A log full of long adversarial lines (one 80 k-character vLLM line used to stall --record for
+    30 s): the session's loop keeps ticking, long lines arrive cut and marked, the rest parses."""
+    import asyncio
+
+    from tuitune.events import LogLine
+    from tuitune.parse import TRUNCATED
+    from tuitune.session import Session
+    p = make_preset(tmp_path, "hostile")
+    hostile = ["SpecDecoding metrics: " + "a" * 80_000, "SpecDecoding metrics: Per-position acceptance rate: " + "0.5, " * 40_000,
+               "tail: " * 40_000, "EAGLE3_PROFILE " + "x=1 " * 60_000, "Decode batch, " + "a: " * 60_000,
+               "--api-key " * 20_000, "HF_TOKEN=" * 20_000]
+    Path(p.server.log).write_text("\n".join(hostile * 4) + "\n[2026-01-01 00:00:00] The server is fired up and ready to roll!\n")
+    session = Session(p, state_dir=str(tmp_path / "state"))
+    got: list = []
+    session.subscribe(got.extend)
+    gaps = []
+
+    async def ticker():
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    tick = asyncio.ensure_future(ticker())
     try:
-        await c.write_state(ServerRecord(other.pid, p.server.port, p.name, p.hash(), time.time(), p.server.log))
-        st = await c.status()
-        assert not st.running and "now runs another program" in st.note
-        assert "nothing stopped" in await c.stop()
-        assert other.poll() is None and await c.read_state() is None
+        await session.follow()
+        for _ in range(600):
+            if any(e.kind == "ready" for e in got):
+                break
+            await asyncio.sleep(0.05)
     finally:
-        other.kill()
-        other.wait()
+        tick.cancel()
+        await session.close()
+    assert any(e.kind == "ready" for e in got), "the tail never got through the hostile lines"
+    lines = [e.text for e in got if isinstance(e, LogLine)]
+    assert len(lines) == len(hostile) * 4 + 1 and sum(x.endswith(TRUNCATED) for x in lines) == len(hostile) * 4
+    assert max(gaps) < 1.0, f"the event loop stalled for {max(gaps):.2f} s"  # ~0.05 s here; minutes before
+
+
+def test_a_saved_preset_holding_a_secret_is_private(tmp_path):
+    p = make_preset(tmp_path, env={"NCCL_PROTO": "LL"})
+    assert mode(P.save(p, tmp_path / "plain.yaml")) == 0o666 & ~_umask()
+    secret = P.with_changes(p, {"server.args.api-key": "sk1"})
+    (tmp_path / "s.yaml").write_text("old")
+    os.chmod(tmp_path / "s.yaml", 0o644)
+    saved = P.save(secret, tmp_path / "s.yaml")
+    assert mode(saved) == 0o600 and P.load(saved).server.args["api-key"] == "sk1"
+    assert "warning" not in cli("preset", "validate", str(saved)).stdout
+    os.chmod(saved, 0o644)  # made readable by hand: validate and lint say so
+    for action in ("validate", "lint"):
+        out = cli("preset", action, str(saved)).stdout
+        assert "holds a secret and other users can read it (mode 644); chmod 600 it" in out, out
+
+
+def _umask() -> int:
+    old = os.umask(0)
+    os.umask(old)
+    return old

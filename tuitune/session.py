@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from . import preset as P
+from . import redact
 from .bench import BenchConfig, BenchRun, RequestResult, client_session, prompts, run_bench, run_request
 from .control import ControlError, ReadyResult, ServerControl, Status, nccl_confirmation, nccl_note
 from .events import BenchSummary, Event, LinkState, LogLine, Marker, ProfileWindow, ServerState
@@ -110,6 +111,7 @@ class Session(EventStream):
                              reconnect_forever=True, on_state=self._on_tail_state)
         skip_first = offset > 0 and bool(backlog)  # we started mid-line
         tail = self._tail
+        shown = redact.Redactor(self.preset)
 
         async def run() -> None:
             nonlocal skip_first
@@ -121,10 +123,10 @@ class Session(EventStream):
                     if batch.reset:
                         events.append(Marker("log truncated or replaced; following the new file"))
                     for line in lines:
-                        events.append(LogLine(line))
+                        events.append(LogLine(shown(line)))
                         ev = parse_line(line)
                         if ev is not None:
-                            events.append(ev)
+                            events.append(shown.event(ev))
                     if events:
                         self.publish(events)
             except TransportError as e:

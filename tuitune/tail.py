@@ -140,8 +140,10 @@ class LogTail:
                 self._need -= take
                 pos += take
                 continue
-            nl = buf.find(b"\n", pos)
+            nl = buf.find(b"\n", pos, pos + 4096)
             if nl < 0:
+                if len(buf) - pos > 4096:  # no record header is this long: remote noise, dropped
+                    pos = len(buf)
                 break
             kind, _, arg = bytes(buf[pos:nl]).decode("utf-8", "replace").partition(" ")
             pos = nl + 1
