@@ -134,7 +134,7 @@ async def sweep(base: P.Preset, grid: dict, out: Path, *, baseline: P.Preset | N
     if done_rows and not resume:
         raise SweepError(f"{out} already holds results; pass --resume to continue, or choose another --out")
     done = {r["trial"] for r in done_rows}
-    labels = [G.label(c) for c in G.combinations(grid)]
+    labels = [G.label(c, grid) for c in G.combinations(grid)]
     twins = sorted({x for x in labels if labels.count(x) > 1})
     if twins:  # trials and results are keyed by label: two configurations must never share one
         raise SweepError(f"two grid configurations read the same ({twins[0]}); give the presets distinct names")
