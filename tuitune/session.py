@@ -23,6 +23,7 @@ from .events import BenchSummary, Event, LinkState, LogLine, Marker, ProfileWind
 from .stream import EventStream
 from .parse import parse_line
 from .tail import LogTail, file_size
+from . import telemetry
 from .transport import Transport, TransportError, for_preset
 
 ATTACH_BACKLOG = 256 * 1024  # bytes of an already-running server's log read on attach
@@ -59,6 +60,8 @@ class Session(EventStream):
         self._tail_task: asyncio.Task | None = None
         self.tail_state = "stopped"  # the live tail: following, reconnecting, closed, or stopped: WHY
         self._load_task: asyncio.Task | None = None
+        self.telemetry: telemetry.Collector | None = None
+        self._telemetry_task: asyncio.Task | None = None
         self._relaunch_lock = asyncio.Lock()
 
     @property
@@ -81,6 +84,7 @@ class Session(EventStream):
         first, None: all of it), or
         see that there is none; a server that another preset started is left alone."""
         await self.transport.connect()
+        self.start_telemetry()
         st = await self.control.status()
         foreign = self.control.foreign(st.record) if st.running else None
         if foreign:
@@ -143,6 +147,15 @@ class Session(EventStream):
     def tail_running(self) -> bool:
         """Whether the live tail is still following (or reconnecting); "follow again" restarts it if not."""
         return self._tail_task is not None and not self._tail_task.done()
+
+    def start_telemetry(self) -> None:
+        """GPU telemetry beside the log (idempotent); its events flow like every other event."""
+        tel = self.preset.telemetry
+        if not tel.enabled or self._telemetry_task is not None:
+            return
+        self.telemetry = telemetry.Collector(self.transport, telemetry.for_preset(self.preset), self.publish,
+                                             period_ms=tel.period_ms)
+        self._telemetry_task = asyncio.ensure_future(self.telemetry.run())
 
     async def stop_follow(self) -> None:
         if self._tail is not None:
@@ -220,9 +233,12 @@ class Session(EventStream):
         if was_loaded:
             await self.set_load(False)  # a benchmark measures alone
         cycles: list[float] = []
+        self.start_telemetry()
+        gpus = telemetry.RunWatch()  # capping / straggler state while the run measures
 
         def collect(events: list[Event]) -> None:
             cycles.extend(e.cycle_ms for e in events if isinstance(e, ProfileWindow) and math.isfinite(e.cycle_ms))
+            gpus.feed(events)
 
         self.subscribe(collect)
         try:
@@ -233,13 +249,14 @@ class Session(EventStream):
                 await self.set_load(True, self.load.concurrency)
         run.cycle_ms = sum(cycles) / len(cycles) if cycles else None
         run.env_drift = await self._env_drift()
+        run.gpu_note = gpus.note()
         s = run.summary()
         tok = s.get("tok_s") or {}
         acc = s.get("accept_len") or {}
         ttft = s.get("ttft_ms") or {}
         ci = tok.get("ci95", [float("nan")] * 2)
         self.publish([BenchSummary(cfg.label, tok.get("median", float("nan")), ci[0], ci[1], acc.get("mean"),
-                                   ttft.get("median"), s["requests"], s["failed"])])
+                                   ttft.get("median"), s["requests"], s["failed"], run.gpu_note)])
         return run
 
     async def _env_drift(self) -> list[str] | None:
@@ -291,6 +308,8 @@ class Session(EventStream):
     async def close(self, stop_server: bool = False) -> None:
         await self.set_load(False)
         await self.stop_follow()
+        await telemetry.stop(self.telemetry, self._telemetry_task)
+        self.telemetry = self._telemetry_task = None
         if stop_server:
             with contextlib.suppress(ControlError, TransportError):
                 await self.control.stop()
