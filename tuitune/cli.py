@@ -1,7 +1,8 @@
 """Command line. Imports are lazy: `tuitune --help` loads no heavy module, and the headless
 commands never import Textual.
 
-Exit status: 0 done, 1 the work failed, 2 bad usage or bad input.
+Exit status: 0 done, 1 the work failed, 2 bad usage or bad input; `status` adds 3 (not running)
+and 4 (running, but not what the preset says: drift, or the preset was edited since the launch).
 """
 
 from __future__ import annotations
@@ -309,7 +310,12 @@ def cmd_stop(ns) -> int:
     return _run_async(_guarded(go, t))
 
 
-@command("status", "is the server running, and does it run what the preset says (drift)")
+STATUS_NOT_RUNNING = 3
+STATUS_DRIFT = 4
+
+
+@command("status", "is the server running, and does it run what the preset says (drift); "
+                   "exit 0 yes, 3 not running, 4 running but differs")
 def _status_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("preset")
     p.add_argument("--pid", type=int, help="inspect this process (a server started by hand)")
@@ -330,12 +336,14 @@ def cmd_status(ns) -> int:
 
     async def go():
         st = await control.status(ns.pid)
+        code = STATUS_NOT_RUNNING if not st.running else (
+            STATUS_DRIFT if st.drift or st.same_hash is False else 0)
         if ns.json:
             _print_json(st.to_dict())
-            return 0
+            return code
         if not st.running:
             print(f"{p.name}: not running" + (f" ({st.note})" if st.note else ""))
-            return 0
+            return code
         rec = st.record
         print(f"{p.name}: running, pid {rec.pid}, up {_duration(st.uptime_s)}, preset hash "
               f"{rec.preset_hash or '?'}" + ("" if st.same_hash in (True, None) else
@@ -346,7 +354,7 @@ def cmd_status(ns) -> int:
                 print(f"  {d}")
         else:
             print("no drift: environment and flags match the preset")
-        return 0
+        return code
 
     return _run_async(_guarded(go, t))
 
@@ -381,40 +389,48 @@ def cmd_logs(ns) -> int:
     return _run_async(_guarded(go, t))
 
 
-@command("trust", "fetch a host's SSH key, show its fingerprint, add it to known_hosts")
+@command("trust", "fetch the SSH host keys of a preset's target (and its jump hosts), show them, add them to known_hosts")
 def _trust_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("host")
+    p.add_argument("target", metavar="PRESET|HOST", help="a preset, or a host / ~/.ssh/config alias")
     p.add_argument("--port", type=int)
     p.add_argument("--user")
-    p.add_argument("--known-hosts", help="file to append to (default ~/.ssh/known_hosts)")
+    p.add_argument("--known-hosts", help="file to append to (default: the preset's, else ~/.ssh/known_hosts)")
     p.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
     p.set_defaults(run=cmd_trust)
 
 
-def cmd_trust(ns) -> int:
-    from pathlib import Path
-    from .transport import SshTarget, TransportError, fetch_host_key, known_hosts_has, trust_line
-    t = SshTarget(ns.host, ns.port, ns.user, None, ns.known_hosts)
+def _trust_target(ns):
+    """The SSH target of a preset of that name or path, else the host as given."""
+    from . import preset as P
+    from .transport import SshTarget
     try:
-        key = _run_async(fetch_host_key(t))
-    except TransportError as e:
-        raise CliError(str(e), 1) from None
-    path = Path(ns.known_hosts or "~/.ssh/known_hosts").expanduser()
-    print(f"{t.label()} presents {key.get_algorithm()} key {key.get_fingerprint('sha256')}")
-    if known_hosts_has(t):
-        raise CliError(f"{path} already has a key for {t.label()}; if it changed, remove the old line "
-                       f"yourself after checking why (tuitune never replaces a key)", 1)
-    if not ns.yes:
+        path = P.find(ns.target)
+    except P.PresetError:
+        return SshTarget(ns.target, ns.port, ns.user, None, ns.known_hosts)
+    t = _load_preset(str(path)).target
+    if t.is_local:
+        raise CliError(f"{ns.target}: the preset runs on this machine; there is no host key to trust", 2)
+    return SshTarget(t.host, ns.port or t.port, ns.user or t.user, None, ns.known_hosts or t.known_hosts)
+
+
+def cmd_trust(ns) -> int:
+    from .transport import TransportError, trust_route
+
+    def confirm(hop, key) -> bool:
+        if ns.yes:
+            return True
         if not sys.stdin.isatty():
             raise CliError("not a terminal: pass --yes to trust without asking", 2)
-        answer = input(f"add it to {path}? [y/N] ").strip().lower()
-        if answer not in ("y", "yes"):
-            print("not trusted")
-            return 1
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(trust_line(t, key))
-    print(f"added to {path}")
+        return input(f"  trust it as {hop.known_hosts_name}? [y/N] ").strip().lower() in ("y", "yes")
+
+    t = _trust_target(ns)
+    try:
+        ok = _run_async(trust_route(t, confirm, print))
+    except TransportError as e:
+        raise CliError(str(e), 1) from None
+    if not ok:
+        print("not trusted")
+        return 1
     return 0
 
 
