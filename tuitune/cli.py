@@ -720,6 +720,8 @@ def _run_tui(session, **kw) -> int:
 
 @command("demo", "the TUI against the built-in simulator (presets/demo.yaml), load on")
 def _demo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--port", type=int, help="serve the simulator on this port instead of the preset's 30123 "
+                                            "(two demos side by side; tests)")
     p.set_defaults(run=cmd_demo)
 
 
@@ -728,7 +730,14 @@ def cmd_demo(ns) -> int:
     from .session import Session
     path = P.shipped_dir() / "demo.yaml"
     preset = _load_preset(str(path))
-    return _run_tui(Session(preset), autostart="launch-if-stopped", load_on_start=True, preset_path=path)
+    if ns.port is not None:
+        if not 1 <= ns.port <= 65535:
+            raise CliError(f"--port must be between 1 and 65535 (got {ns.port})", 2)
+        preset = P.with_changes(preset, {"server.port": ns.port,
+                                         "server.log": f"~/.cache/tuitune/logs/demo-{ns.port}.log"})
+    # the demo owns the simulator it starts: quitting stops it unless asked otherwise
+    return _run_tui(Session(preset), autostart="launch-if-stopped", load_on_start=True, preset_path=path,
+                    stop_on_quit=True)
 
 
 def cmd_tui(ns) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.text import Text
+from textual.binding import Binding
 from textual.widgets import DataTable
 
 from ..runs import RunBook, delta_mark
@@ -11,7 +12,12 @@ COLUMNS = ("#", "tok/s", "95% CI", "Δ vs base", "accept", "cycle ms", "failed",
 
 
 class RunsTable(DataTable):
-    DEFAULT_CSS = "RunsTable { height: auto; max-height: 12; border: round $primary; }"
+    # at least three rows once there are runs (border 2 + header 1 + 3), whatever the terminal height
+    DEFAULT_CSS = """
+    RunsTable { height: auto; max-height: 12; border: round $primary; }
+    RunsTable.-has-runs { min-height: 6; }
+    """
+    BINDINGS = [Binding("j", "cursor_down", show=False), Binding("k", "cursor_up", show=False)]
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
@@ -36,6 +42,7 @@ class RunsTable(DataTable):
                 str(run.failed) if run.failed else "",
                 Text(summary if len(summary) <= 48 else summary[:47] + "…"),
                 key=str(run.id))
+        self.set_class(bool(book.runs), "-has-runs")
         if book.runs:
             self.move_cursor(row=min(max(keep, 0), len(book.runs) - 1))
         self.border_subtitle = f"baseline STALE: {stale}" if stale else ""
