@@ -98,14 +98,16 @@ def cmd_parse(ns) -> int:
 def _preset_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     s = sub.add_parser("list", help="shipped presets and yours (~/.config/tuitune/presets)")
+    s.add_argument("--json", action="store_true", help="origin, name, path, description (or error) of each")
     s.set_defaults(run=cmd_preset_list)
     s = sub.add_parser("show", help="the resolved preset (derived values marked), or its command")
     s.add_argument("preset")
     s.add_argument("--command", action="store_true", help="print the launch command only")
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_preset_show)
-    s = sub.add_parser("validate", help="check presets; exit 2 on the first invalid one")
+    s = sub.add_parser("validate", help="check presets; exit 2 if any is invalid")
     s.add_argument("presets", nargs="+")
+    s.add_argument("--json", action="store_true", help="one result per preset: ok, hash, warnings or error")
     s.set_defaults(run=cmd_preset_validate)
     s = sub.add_parser("diff", help="changed keys between two presets")
     s.add_argument("a")
@@ -122,6 +124,11 @@ def _preset_args(p: argparse.ArgumentParser) -> None:
 def cmd_preset_list(ns) -> int:
     from . import preset as P
     rows = P.listing()
+    if ns.json:
+        _print_json([{"origin": o, "name": None if n == "(invalid)" else n, "path": str(path),
+                      "valid": n != "(invalid)", ("error" if n == "(invalid)" else "description"): d}
+                     for o, path, n, d in rows])
+        return 0
     if not rows:
         print(f"no presets in {P.user_dir()} or {P.shipped_dir()}")
         return 0
@@ -166,16 +173,30 @@ def cmd_preset_show(ns) -> int:
 
 def cmd_preset_validate(ns) -> int:
     from . import preset as P
+    if ns.json:
+        out, bad = [], False
+        for name in ns.presets:
+            try:
+                p = P.resolve(name)
+                out.append({"preset": name, "ok": True, "name": p.name, "hash": p.hash(), "warnings": P.warnings(p)})
+            except P.PresetError as e:
+                bad = True
+                out.append({"preset": name, "ok": False, "error": str(e)})
+        _print_json(out)
+        return 2 if bad else 0
+    bad = 0
     for name in ns.presets:
         try:
             p = P.resolve(name)
         except P.PresetError as e:
-            raise CliError(str(e), 2) from None
+            print(f"tuitune: {e}", file=sys.stderr)
+            bad += 1
+            continue
         ws = P.warnings(p)
         print(f"{name}: ok ({p.name}, hash {p.hash()})" + (f", {len(ws)} warning(s)" if ws else ""))
         for w in ws:
             print(f"  warning: {w}")
-    return 0
+    return 2 if bad else 0
 
 
 def cmd_preset_diff(ns) -> int:
@@ -462,12 +483,18 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("preset", nargs="?")
     g.add_argument("--url", help="benchmark this server URL instead of a preset's")
     _bench_overrides(p)
-    p.add_argument("--json", metavar="OUT", help="write every request and the summary as JSON")
+    p.add_argument("--json", metavar="OUT", help="write every request and the summary as JSON (- for standard "
+                                                 "output; the human summary then goes to standard error)")
     p.set_defaults(run=cmd_bench)
 
 
 def _write_json(path: str, obj) -> None:
+    """Atomically to a file, or to standard output for ``-``."""
     import os
+    if path == "-":
+        json.dump(obj, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+        return
     tmp = f"{path}.tmp"
     try:
         with open(tmp, "w") as f:
@@ -477,28 +504,64 @@ def _write_json(path: str, obj) -> None:
         raise CliError(f"{path}: cannot write it ({e.strerror or e})", 1) from None
 
 
+def _bench_url(url: str) -> str:
+    """``host:port`` means http://host:port (what people paste from a server's log)."""
+    from urllib.parse import urlsplit
+    url = url.strip().rstrip("/")
+    if "://" not in url:
+        url = "http://" + url
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise CliError(f"--url {url!r}: expected http://HOST:PORT (or HOST:PORT)", 2)
+    return url
+
+
+class _BenchProgress:
+    """Requests done / total and the median rate so far, on standard error: one line rewritten on
+    a terminal, a line every few requests otherwise (logs stay short)."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.rates = total, 0, []
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, _i, r) -> None:
+        self.done += 1
+        if r.ok and r.decode_tok_s is not None:
+            self.rates.append(r.decode_tok_s)
+        med = sorted(self.rates)[len(self.rates) // 2] if self.rates else None
+        line = f"bench: {self.done}/{self.total} requests" + (f" · {med:.1f} tok/s median so far" if med else "")
+        if self.tty:
+            print(f"\r{line}\x1b[K", end="" if self.done < self.total else "\n", file=sys.stderr, flush=True)
+        elif self.done == self.total or self.done % max(1, self.total // 5) == 0:
+            print(line, file=sys.stderr, flush=True)
+
+
 def cmd_bench(ns) -> int:
     from .bench import BenchConfig, format_summary, run_bench
     ov = _overrides(ns)
 
     def report(run):
         s = run.summary()
-        print(format_summary(s))
+        print(format_summary(s), file=sys.stderr if ns.json == "-" else sys.stdout)
         if ns.json:
             _write_json(ns.json, run.to_dict())
         return 0 if run.ok and not run.failed else 1
 
     if ns.url:
-        cfg = BenchConfig(ns.url, **ov)
-        return report(_run_async(run_bench(cfg)))
+        cfg = BenchConfig(_bench_url(ns.url), **ov)
+        print(f"bench: {cfg.warmup} warm-up + {cfg.requests} requests against {cfg.url}…", file=sys.stderr)
+        return report(_run_async(run_bench(cfg, _BenchProgress(cfg.requests))))
     p = _load_preset(ns.preset)
     from .session import Session
     session = Session(p)
     session.transport.on_link = _link_printer
 
+    n = ov.get("requests", p.bench.requests)
+    print(f"bench: {ov.get('warmup', p.bench.warmup)} warm-up + {n} requests on {session.label}…", file=sys.stderr)
+
     async def go():
         await session.transport.connect()
-        return await session.bench(**ov)
+        return await session.bench(on_result=_BenchProgress(n), **ov)
 
     return report(_run_async(_guarded(go, session.transport)))
 
@@ -606,7 +669,7 @@ def _report_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_report(ns) -> int:
     from .capture import CaptureError
-    from .report import chart, format_report, summarize_capture
+    from .report import chart, colour_wanted, format_report, summarize_capture
     try:
         reports = [summarize_capture(c) for c in ns.captures]
     except CaptureError as e:
@@ -619,7 +682,7 @@ def cmd_report(ns) -> int:
         import shutil
         cols = shutil.get_terminal_size((100, 24)).columns
         print()
-        print(chart(reports, width=min(cols, 120)))
+        print(chart(reports, width=min(cols, 120), colour=colour_wanted()))
     return 0
 
 
@@ -642,6 +705,7 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
 def cmd_sweep(ns) -> int:
     from pathlib import Path
     from . import grid as G
+    from .report import colour_wanted
     from .sweep import SweepError, format_table, plot, sweep
     base = _load_preset(ns.preset)
     baseline = _load_preset(ns.baseline) if ns.baseline else None
@@ -663,7 +727,7 @@ def cmd_sweep(ns) -> int:
     print()
     print(format_table(result))
     if not ns.no_plot:
-        chart = plot(result)
+        chart = plot(result, colour=colour_wanted())
         if chart:
             print()
             print(chart)
@@ -772,6 +836,60 @@ def cmd_replay(ns) -> int:
     return _run_tui(Replay(cap, ns.speed))
 
 
+# ---- shell completion ---------------------------------------------------------------------------
+
+
+@command("completion", "print the shell code that completes tuitune's commands, presets and grid keys")
+def _completion_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("shell", nargs="?", default="bash", choices=["bash", "zsh", "fish", "tcsh"])
+    p.set_defaults(run=cmd_completion)
+
+
+def cmd_completion(ns) -> int:
+    import argcomplete
+    sys.stdout.write(argcomplete.shellcode(["tuitune"], shell=ns.shell))
+    return 0
+
+
+def _complete_presets(prefix, **_):
+    from . import preset as P
+    return sorted({name for _, _, name, _ in P.listing() if name != "(invalid)" and name.startswith(prefix)})
+
+
+def _complete_grid(prefix, **_):
+    """``KEY=`` for the settable preset paths (flattened keys of the demo preset, plus env.NCCL_*)."""
+    from . import nccl
+    from . import preset as P
+    if "=" in prefix:
+        return []
+    keys = set(P.flatten(P.load(P.shipped_dir() / "demo.yaml")))
+    keys |= {f"env.{name}" for name in nccl.CATALOGUE}
+    keys |= {"speculative.num_steps", "speculative.eagle_topk", "speculative.num_draft_tokens", "env"}
+    return sorted(f"{k}=" for k in keys if k.startswith(prefix))
+
+
+def _completion_parser() -> argparse.ArgumentParser:
+    """One parser with every command, for argcomplete (main() parses a command's own parser)."""
+    p = build_parser()  # not the main parser: its optional PRESET positional would take the command word
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (help_, fn) in COMMANDS.items():
+        fn(sub.add_parser(name, help=help_))
+    for action in _walk_actions(p):
+        if action.dest in ("preset", "a", "b", "baseline", "presets", "target"):
+            action.completer = _complete_presets
+        elif action.dest == "grid":
+            action.completer = _complete_grid
+    return p
+
+
+def _walk_actions(parser: argparse.ArgumentParser):
+    for action in parser._actions:
+        yield action
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _walk_actions(sub)
+
+
 # ---- entry ---------------------------------------------------------------------------------------
 
 MAIN_USAGE = """tuitune [PRESET]                 interactive TUI for the preset's server
@@ -799,6 +917,10 @@ def build_command_parser(name: str) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import os
+    if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions: answer and exit
+        import argcomplete
+        argcomplete.autocomplete(_completion_parser())
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in COMMANDS:

@@ -151,9 +151,10 @@ class TuituneApp(App):
     #left { width: 1fr; }
     TabbedContent { height: 1fr; min-height: 4; }
     TabPane { padding: 0; }
-    /* collapsed: hidden unless asked for, then over the right side */
+    /* collapsed: hidden unless asked for, then laid over the right side (the panels keep their width) */
+    #main { layers: base overlay; }
     .-narrow #config { display: none; }
-    .-narrow.-show-config #config { display: block; width: 52; max-width: 70%; }
+    .-narrow.-show-config #config { display: block; layer: overlay; dock: right; width: 52; max-width: 80%; }
     """
     TITLE = "tuitune"
     COMMANDS = App.COMMANDS | {TuituneCommands}

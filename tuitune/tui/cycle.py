@@ -62,6 +62,9 @@ class CyclePanel(Vertical):
     def on_mount(self) -> None:
         self.border_title = "cycle"
 
+    def on_resize(self) -> None:
+        self.app._dirty_cycle = True  # bar widths follow the panel's width
+
     def _waiting(self) -> Text:
         t = Text(WAITING)
         if self.hint:
@@ -72,7 +75,7 @@ class CyclePanel(Vertical):
         bars = self.query_one("#bars", Static)
         p = store.last_profile
         d = store.last_decode
-        room = (bars.size.width or self.size.width - 4 or 100)
+        room = bars.size.width or (self.size.width - 4 if self.size.width > 4 else 100)
         if p is not None:
             text = phase_bars(p.draft_ms, p.verify_ms, p.extend_ms, p.cycle_ms,
                               max(8, min(BAR_WIDTH, room - BAR_TEXT)))

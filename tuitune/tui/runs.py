@@ -14,7 +14,7 @@ COLUMNS = ("#", "tok/s", "95% CI", "Δ vs base", "accept", "cycle ms", "failed",
 class RunsTable(DataTable):
     # at least three rows once there are runs (border 2 + header 1 + 3), whatever the terminal height
     DEFAULT_CSS = """
-    RunsTable { height: auto; max-height: 12; border: round $primary; }
+    RunsTable { height: auto; max-height: 12; border: round $primary; scrollbar-size-horizontal: 0; }
     RunsTable.-has-runs { min-height: 6; }
     """
     BINDINGS = [Binding("j", "cursor_down", show=False), Binding("k", "cursor_up", show=False)]
