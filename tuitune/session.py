@@ -209,24 +209,24 @@ class Session(EventStream):
     async def _watch_loop(self) -> None:
         """While ready: notice that the process died (with the cause the log gave) or that someone
         else (another tuitune, `tuitune launch` from a shell) replaced it, instead of showing a
-        frozen "ready"."""
-        while self.state.state == "ready" and self.record is not None:
+        frozen "ready". After an exit it keeps looking: a relaunch elsewhere is picked up."""
+        while self.record is not None and self.state.state in ("ready", "exited"):
             await asyncio.sleep(WATCH_S)
             if self._relaunch_lock.locked():
                 return  # our own relaunch: it watches again once ready
             try:
                 rec = await self.control.read_state()
                 alive = await self.control.alive(self.record.pid)
+                replaced = rec is not None and rec.pid != self.record.pid and await self.control.alive(rec.pid)
             except TransportError:
                 continue  # the link state says why; check again once it is back
-            if self._relaunch_lock.locked() or self.state.state != "ready":
+            if self._relaunch_lock.locked() or self.state.state not in ("ready", "exited"):
                 return
-            if rec is not None and rec.pid != self.record.pid and await self.control.alive(rec.pid):
+            if replaced:
                 await self._adopt(rec)
-            elif not alive:
+            elif not alive and self.state.state == "ready":
                 await asyncio.sleep(0.3)  # let the last lines of its log arrive
                 self._exited(stopped_elsewhere=rec is None)
-                return
 
     def _exited(self, stopped_elsewhere: bool) -> None:
         found = classify(self._errors)

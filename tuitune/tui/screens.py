@@ -12,6 +12,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.content import Content  # plain text: "[s]" in a label is a key, not markup
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
@@ -223,14 +224,14 @@ class QuitScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             if self.starting:
-                yield Label(f"Quit tuitune. {self.preset} is still starting: quitting stops it.")
+                yield Label(Content(f"Quit tuitune. {self.preset} is still starting: quitting stops it."))
             else:
-                yield Label(f"Quit tuitune. The server of {self.preset} is running: leave it running?")
+                yield Label(Content(f"Quit tuitune. The server of {self.preset} is running: leave it running?"))
             with Horizontal():
                 if not self.starting:
-                    yield Button("Leave it running [y]" + (" ⏎" if not self.default_stop else ""), id="leave",
+                    yield Button(Content("Leave it running [y]" + (" ⏎" if not self.default_stop else "")), id="leave",
                                  variant="default" if self.default_stop else "primary")
-                yield Button("Stop the server [s]" + (" ⏎" if self.default_stop else ""), id="stop",
+                yield Button(Content("Stop the server [s]" + (" ⏎" if self.default_stop else "")), id="stop",
                              variant="error")
             yield Label("Esc: back to tuitune", classes="hint")
 
@@ -274,10 +275,10 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(self.question)
+            yield Label(Content(self.question))
             with Horizontal():
-                yield Button("Cancel [Esc]", id="no", variant="primary")
-                yield Button(self.yes_label, id="yes", variant="error")
+                yield Button(Content("Cancel [Esc]"), id="no", variant="primary")
+                yield Button(Content(self.yes_label), id="yes", variant="error")
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()
