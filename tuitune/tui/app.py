@@ -428,8 +428,9 @@ class TuituneApp(App):
                 screen.done(False, "cancelled")
             raise
         screen.done(True)
-        self.config.load(preset)
-        self.draft = preset
+        if self.draft == preset:  # else the user edited while it started: keep the newer edits
+            self.config.load(preset)
+            self.draft = preset
         self._dirty_runs = True
         self.say(f"{preset.name} ready")
 

@@ -108,6 +108,7 @@ class SaveScreen(ModalScreen[tuple[str, str] | None]):
     SaveScreen > Vertical { width: 90; max-width: 100%; height: auto; max-height: 100%; border: thick $primary;
                             background: $surface; padding: 0 1; }
     SaveScreen Input { margin-bottom: 1; }
+    SaveScreen Label { width: 100%; }
     SaveScreen #save-stale { color: $warning; height: auto; }
     """
 
@@ -211,6 +212,7 @@ class QuitScreen(ModalScreen[str | None]):
     QuitScreen { align: center middle; }
     QuitScreen > Vertical { width: 64; max-width: 100%; height: auto; max-height: 100%; border: thick $primary;
                             background: $surface; padding: 0 1; }
+    QuitScreen Label { width: 100%; }
     QuitScreen Horizontal { height: auto; }
     QuitScreen Button { margin: 1 1 0 0; }
     """
@@ -263,6 +265,7 @@ class ConfirmScreen(ModalScreen[bool]):
     ConfirmScreen { align: center middle; }
     ConfirmScreen > Vertical { width: 64; max-width: 100%; height: auto; max-height: 100%; border: thick $error;
                                background: $surface; padding: 0 1; }
+    ConfirmScreen Label { width: 100%; }
     ConfirmScreen Horizontal { height: auto; }
     ConfirmScreen Button { margin: 1 1 0 0; }
     """
