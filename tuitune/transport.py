@@ -69,8 +69,9 @@ class Transport:
         try:
             return await asyncio.wait_for(self._run(command, input), timeout)
         except asyncio.TimeoutError:
+            from .redact import text
             raise TransportError(f"{self.label}: command timed out after {timeout:.0f} s: "
-                                 f"{command.splitlines()[0][:120]}") from None
+                                 f"{text(command.splitlines()[0])[:120]}") from None
 
     async def _run(self, command: str, input: bytes | None) -> RunResult:
         raise NotImplementedError
@@ -346,8 +347,10 @@ async def trust_route(target: SshTarget, confirm: Callable[[SshHop, object], boo
             elif not confirm(hop, key):
                 return False
             else:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with open(path, "a") as f:
+                if not path.parent.is_dir():  # as ssh wants ~/.ssh: 0700 whatever the umask
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    os.chmod(path.parent, 0o700)
+                with os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a") as f:
                     f.write(trust_line(hop, key))
                 say(f"  added to {path} as {hop.known_hosts_name}")
             if not last:
@@ -380,7 +383,7 @@ class SshTransport(Transport):
         try:
             for i, hop in enumerate(hops):
                 last = i == len(hops) - 1
-                keys = [str(Path(t.identity_file).expanduser())] if last and t.identity_file else None
+                keys = [self._identity()] if last and t.identity_file else None
                 conn = await connect_hop(hop, conn, _known_hosts_path(t), self.trust_hint,
                                          self.label if last else f"{self.label}: jump host {hop.describe()}",
                                          self.connect_timeout, keys)
@@ -395,6 +398,23 @@ class SshTransport(Transport):
         for c in reversed(self._jumps):
             c.abort()
         self._jumps = []
+
+    def _identity(self):
+        """The identity_file's private key, or one sentence on why it cannot be used (read here,
+        not inside connect, where a bad file would raise a ValueError from deep in asyncssh)."""
+        import asyncssh
+        path = Path(self.target.identity_file).expanduser()
+        try:
+            return asyncssh.read_private_key(str(path))
+        except OSError as e:
+            raise TransportError(f"{self.label}: identity_file {path}: cannot read it ({e.strerror or e})") from None
+        except asyncssh.KeyEncryptionError:
+            raise TransportError(f"{self.label}: identity_file {path} is protected by a passphrase; "
+                                 f"load it into ssh-agent and leave identity_file out") from None
+        except (asyncssh.KeyImportError, ValueError) as e:
+            hint = " (that is the public key; give the private one, without .pub)" if path.suffix == ".pub" else ""
+            raise TransportError(f"{self.label}: identity_file {path} is not a private key we can read "
+                                 f"({_reason(e)}){hint}") from None
 
     async def connect(self) -> None:
         async with self._lock:
