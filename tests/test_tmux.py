@@ -72,18 +72,21 @@ class Term:
 
     def close(self) -> None:
         self.tmux("kill-server")
-        subprocess.run([sys.executable, "-m", "tuitune", "stop", "demo"], capture_output=True, timeout=60,
-                       env={**os.environ, "HOME": str(self.home)})  # only if a failure left it running
+        self.cli("stop")  # whatever the test left running on its port
+
+    def cli(self, command: str) -> int:
+        """`tuitune COMMAND` for the demo as this test runs it (its port and log)."""
+        from tuitune import preset as P
+        p = P.with_changes(P.resolve("demo"), {"server.port": self.port,
+                                                "server.log": f"~/.cache/tuitune/logs/demo-{self.port}.log"})
+        path = P.save(p, self.home / "demo-here.yaml")
+        return subprocess.run([sys.executable, "-m", "tuitune", command, str(path)], capture_output=True,
+                              timeout=60, env={**os.environ, "HOME": str(self.home)}).returncode
 
 
 def demo_status(term: Term) -> int:
     """`tuitune status` of the demo on this test's port (3: not running)."""
-    from tuitune import preset as P
-    p = P.with_changes(P.resolve("demo"), {"server.port": term.port,
-                                            "server.log": f"~/.cache/tuitune/logs/demo-{term.port}.log"})
-    path = P.save(p, term.home / "demo-here.yaml")
-    return subprocess.run([sys.executable, "-m", "tuitune", "status", str(path)], capture_output=True, timeout=60,
-                          env={**os.environ, "HOME": str(term.home)}).returncode
+    return term.cli("status")
 
 
 def test_demo_in_tmux_change_steps_and_relaunch(tmp_path):
