@@ -47,7 +47,7 @@ def test_no_throughput_warning_on_a_short_run():
 def test_preset_list_and_validate_json(tmp_path):
     env = {"XDG_CONFIG_HOME": str(tmp_path)}
     (tmp_path / "tuitune" / "presets").mkdir(parents=True)
-    (tmp_path / "tuitune" / "presets" / "broken.yaml").write_text("name: broken\nserver: {log: x, port: 0}\n")
+    (tmp_path / "tuitune" / "presets" / "broken.yaml").write_text("name: broken\nserver: {log: /tmp/x.log, port: 0}\n")
     r = tuitune("preset", "list", "--json", env=env)
     rows = json.loads(r.stdout)
     demo = next(x for x in rows if x["name"] == "demo")

@@ -273,4 +273,5 @@ async def test_screenshot_scenes_tell_the_truth(size):
     async with app.run_test(size=size) as pilot:
         await prepare(app, pilot, "failure")
         assert app.session.state.state == "failed"
-        assert "failed" in str(app.header.render()) and "ready" not in str(app.header.render())
+        head = str(app.header.render())
+        assert "failed: server exited during start (out of memory)" in head and "ready" not in head
