@@ -2,7 +2,7 @@
 
 The simulator is launched through a Session (locally, and through a real sshd on loopback), then
 SIGKILLed; the time from the kill to the session's state turning "exited" is measured, 10 times
-each. Target: within 2 s (the watcher polls every 0.75 s).
+each. Target: within 2 s (the watcher polls every 0.5 s).
 
     python benchmarks/exit_detection.py
 """

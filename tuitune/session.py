@@ -26,7 +26,7 @@ from .tail import LogTail, file_size
 from .transport import Transport, TransportError, for_preset
 
 ATTACH_BACKLOG = 256 * 1024  # bytes of an already-running server's log read on attach
-WATCH_S = 0.75  # how often a ready server is checked (alive? relaunched elsewhere?): seen within 2 s
+WATCH_S = 0.5  # how often a ready server is checked (alive? relaunched elsewhere?): seen within 2 s
 
 
 @dataclass
@@ -217,8 +217,7 @@ class Session(EventStream):
             if self._relaunch_lock.locked():
                 return  # our own relaunch: it watches again once ready
             try:
-                rec = await self.control.read_state()
-                alive = await self.control.alive(self.record.pid)
+                rec, alive = await asyncio.gather(self.control.read_state(), self.control.alive(self.record.pid))
                 replaced = rec is not None and rec.pid != self.record.pid and await self.control.alive(rec.pid)
             except TransportError:
                 continue  # the link state says why; check again once it is back
@@ -227,7 +226,7 @@ class Session(EventStream):
             if replaced:
                 await self._adopt(rec)
             elif not alive and self.state.state == "ready":
-                await asyncio.sleep(0.3)  # let the last lines of its log arrive
+                await asyncio.sleep(0.2)  # let the last lines of its log arrive (for the cause)
                 self._exited(stopped_elsewhere=rec is None)
 
     def _exited(self, stopped_elsewhere: bool) -> None:
