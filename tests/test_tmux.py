@@ -94,6 +94,12 @@ def test_demo_in_tmux_change_steps_and_relaunch(tmp_path):
     try:
         t.wait("steps 2 topk 1")  # the simulator is up, under load, profiling with 2 steps
         t.wait("load on")
+        shown = t.wait("gpus · 8 × NVIDIA H200")  # the GPU panel, fed by the simulator's nvidia-smi
+        end = time.monotonic() + 20
+        while shown.count("/1980") < 8 and time.monotonic() < end:  # one row per GPU, SM clock vs max
+            time.sleep(0.2)
+            shown = t.screen()
+        assert shown.count("/1980") == 8, shown
         # focus the config panel (algorithm) -> steps (text selected on focus) -> 3, leave the panel
         t.until(("e", "Tab", "3", "Escape"), "(modified)", gap=1.0)
         time.sleep(0.6)  # ESC then a key at once reads as Alt+key

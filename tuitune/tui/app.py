@@ -26,12 +26,13 @@ from textual.worker import Worker, WorkerState
 from .. import preset as P
 from .. import redact
 from ..control import ControlError
-from ..events import Event, LogLine, Marker, ProfileWindow, ServerState
+from ..events import Event, GpuSample, LogLine, Marker, ProfileWindow, ServerState, TelemetryState
 from ..runs import RunBook, delta_mark
 from ..transport import TransportError
 from .chart import ChartPanel
 from .config import ConfigPanel
 from .cycle import CyclePanel
+from .gpus import GpuPanel
 from .header import StatusHeader
 from .logpane import LogPane
 from .runs import RunsTable
@@ -143,6 +144,7 @@ class TuituneCommands(Provider):
 
 
 NARROW_COLS = 140  # below this the config panel collapses (e shows it) so the left side stays readable
+SHORT_ROWS = 30  # below this the cycle panel drops its sparklines (bars, runs and log keep their rows)
 
 
 class TuituneApp(App):
@@ -156,6 +158,8 @@ class TuituneApp(App):
     #main { layers: base overlay; }
     .-narrow #config { display: none; }
     .-narrow.-show-config #config { display: block; layer: overlay; dock: right; width: 52; max-width: 80%; }
+    /* a short terminal keeps the bars, the runs and the log; the sparklines make room */
+    .-short CyclePanel .spark-row { display: none; }
     """
     TITLE = "tuitune"
     COMMANDS = App.COMMANDS | {TuituneCommands}
@@ -176,6 +180,7 @@ class TuituneApp(App):
         Binding("g", "toggle_tab", "log/chart", id="tuitune.tab"),
         Binding("slash", "focus_filter", "filter", id="tuitune.filter"),
         Binding("e", "edit", "edit config", id="tuitune.edit"),
+        Binding("t", "toggle_gpus", "gpus", id="tuitune.gpus"),
         # End and G follow the log from any focus (an input keeps End for its own cursor)
         Binding("end", "follow_log", "follow", show=False, priority=True, id="tuitune.follow_end"),
         Binding("G", "follow_log", "follow", show=False, id="tuitune.follow"),
@@ -223,6 +228,7 @@ class TuituneApp(App):
         with Horizontal(id="main"):
             with Vertical(id="left"):
                 yield CyclePanel(id="cycle")
+                yield GpuPanel(id="gpus")
                 yield RunsTable(id="runs")
                 with TabbedContent(id="tabs"):
                     with TabPane("log", id="tab-log"):
@@ -236,6 +242,7 @@ class TuituneApp(App):
         # the main screen's widgets (App.query_one would search whatever screen is on top)
         self.header = self.query_one(StatusHeader)
         self.cycle = self.query_one(CyclePanel)
+        self.gpu_panel = self.query_one(GpuPanel)
         self.runs_table = self.query_one(RunsTable)
         self.logpane = self.query_one(LogPane)
         self.chart = self.query_one(ChartPanel)
@@ -296,6 +303,7 @@ class TuituneApp(App):
         # the help panel takes the right side too: the config panel makes room for it
         narrow = width < NARROW_COLS or bool(self.screen_stack[0].query("HelpPanel"))
         self.set_class(narrow, "-narrow")
+        self.set_class(self.size.height < SHORT_ROWS, "-short")
 
     def say(self, message: str, severity: str = "information") -> None:
         self.messages.append(message)
@@ -357,6 +365,12 @@ class TuituneApp(App):
             elif isinstance(ev, ServerState) and ev.state == "exited":
                 self.say(f"server {ev.pid} exited: {ev.detail}; r relaunches it", "error")
         s = self.session
+        telemetry = [ev for ev in events if isinstance(ev, (GpuSample, TelemetryState))]
+        if telemetry:
+            self.gpu_panel.update_from(s.store.gpus, bool(s.load and s.load.on), telemetry)
+            for ev in telemetry:
+                if isinstance(ev, TelemetryState) and ev.state in ("unavailable", "stopped") and ev.detail:
+                    self.say(ev.detail, "warning")
         self.header.show(
             s.label, self.draft.name if self.draft else "?", self.modified, s.state, s.link, s.load,
             s.record.started if s.record else None, self.clock(), bench=self.bench_progress)
@@ -485,11 +499,13 @@ class TuituneApp(App):
             self.say(f"benchmark: no request succeeded ({'; '.join(run.summary()['errors'])[:200]}); "
                      f"no row added", "error")
             return
-        r = self.book.add(preset.name, preset, run.tok_s(), run.summary(), run.cycle_ms, started=self.clock())
+        r = self.book.add(preset.name, preset, run.tok_s(), run.summary(), run.cycle_ms, started=self.clock(),
+                          gpu_note=run.gpu_note)
         self._dirty_runs = True
         mark = delta_mark(self.book.delta(r))
         self.say(f"run #{r.id}: {r.median:.1f} tok/s" + ("" if mark == "—" else f", {mark} vs baseline")
-                 + (f", {r.failed} failed" if r.failed else ""),
+                 + (f", {r.failed} failed" if r.failed else "")
+                 + (f"; GPUs held back: {r.gpu_note}" if r.gpu_note else ""),
                  "error" if r.failed else "information")
 
     def action_mark_baseline(self) -> None:
@@ -610,6 +626,9 @@ class TuituneApp(App):
             self.set_focus(None)
         else:
             self.action_edit()
+
+    def action_toggle_gpus(self) -> None:
+        self.say(f"GPU panel: {self.gpu_panel.cycle_mode()}")
 
     def action_leave_input(self) -> None:
         self.remove_class("-show-config")  # a collapsed panel goes away again
