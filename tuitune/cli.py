@@ -630,7 +630,6 @@ def cmd_bench(ns) -> int:
     session.transport.on_link = _link_printer
 
     n = ov.get("requests", p.bench.requests)
-    print(f"bench: {ov.get('warmup', p.bench.warmup)} warm-up + {n} requests on {session.label}…", file=sys.stderr)
 
     async def go():
         await session.transport.connect()
@@ -638,6 +637,8 @@ def cmd_bench(ns) -> int:
         _print_warnings(session.control)
         if st.running and not ns.any and (why := session.control.foreign(st.record)):
             raise CliError(why, 2)
+        print(f"bench: {ov.get('warmup', p.bench.warmup)} warm-up + {n} requests on {session.label}…",
+              file=sys.stderr)
         return await session.bench(on_result=_BenchProgress(n), **ov)
 
     return report(_run_async(_guarded(go, session.transport)))
