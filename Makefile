@@ -1,29 +1,38 @@
 # Two commands on a fresh machine: `make demo` and `make test`.
+# The demo installs tuitune alone (~100 MB); the tests add pytest & co. and torch's CPU build
+# (nccl-bench's orchestration tests run it with the gloo backend).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: demo test setup screenshots bench clean
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
-	touch $(STAMP)
 
-setup: $(STAMP)
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
 
-demo: $(STAMP)
+$(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
+	$(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/pip install -q torch --index-url $(TORCH_INDEX)
+	$(BIN)/pip install -q -e '.[test,nccl]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: $(VENV)/.installed
 	$(BIN)/tuitune demo
 
-test: $(STAMP)
+test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
-screenshots: $(STAMP)
+screenshots: $(VENV)/.installed-test
 	$(BIN)/python -m tuitune.tui.screenshots screenshots
 
-bench: $(STAMP)
+bench: $(VENV)/.installed-test
 	for f in benchmarks/*.py; do $(BIN)/python $$f || exit 1; done
 
 clean:

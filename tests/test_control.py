@@ -304,10 +304,16 @@ async def test_host_key_unknown_refused_then_trusted(sshd, tmp_path):
     await t2.connect()
     assert (await t2.run("echo ok")).stdout == "ok\n"
     await t2.close()
-    # a second trust never replaces a key
+    # trusting again is a no-op; a different recorded key is never replaced
     r = subprocess.run([sys.executable, "-m", "tuitune", "trust", "127.0.0.1", "--port", str(sshd.port),
                         "--known-hosts", str(empty), "--yes"], capture_output=True, text=True)
-    assert r.returncode == 1 and "already has a key" in r.stderr
+    assert r.returncode == 0 and "already trusted" in r.stdout, r.stderr
+    import asyncssh
+    other = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
+    empty.write_text(f"[127.0.0.1]:{sshd.port} {other}\n")
+    r = subprocess.run([sys.executable, "-m", "tuitune", "trust", "127.0.0.1", "--port", str(sshd.port),
+                        "--known-hosts", str(empty), "--yes"], capture_output=True, text=True)
+    assert r.returncode == 1 and "already has a different key" in r.stderr
 
 
 async def test_changed_host_key_refused_loudly(sshd, tmp_path):
@@ -340,7 +346,10 @@ def test_cli_over_ssh_launch_status_logs_stop(sshd, tmp_path):
     r = run_cli("launch", str(path), "--timeout", "30")
     assert r.returncode == 0 and "ready in" in r.stdout, r.stderr
     r = run_cli("status", str(path))
-    assert "running, pid" in r.stdout and "no drift" in r.stdout
+    assert "running, pid" in r.stdout and "no drift" in r.stdout and r.returncode == 0
+    drifted = P.save(P.with_changes(p, {"env.NCCL_PROTO": "Simple"}), tmp_path / "drifted.yaml")
+    r = run_cli("status", str(drifted))
+    assert r.returncode == 4 and "env.NCCL_PROTO: running LL, preset Simple" in r.stdout, r.stdout
     r = run_cli("bench", str(path), "--requests", "2", "--json", str(tmp_path / "b.json"))
     assert r.returncode == 0 and "tok/s median" in r.stdout and (tmp_path / "b.json").exists()
     r = run_cli("logs", str(path), "-n", "5")
@@ -348,7 +357,7 @@ def test_cli_over_ssh_launch_status_logs_stop(sshd, tmp_path):
     r = run_cli("stop", str(path))
     assert r.returncode == 0 and "free" in r.stdout
     r = run_cli("status", str(path), "--json")
-    assert '"running": false' in r.stdout
+    assert '"running": false' in r.stdout and r.returncode == 3
 
 
 def test_cli_launch_failure_is_clear(tmp_path):

@@ -1,71 +1,131 @@
-"""The real `tuitune demo` in a real terminal (tmux): change the steps with keys, relaunch, see it."""
+"""The real `tuitune demo` in a real terminal (tmux): change the steps with keys, relaunch, see it;
+and at 80×24 the cycle bars, the log and the footer's `?` and `q` are all on screen.
+
+Each test has its own tmux socket (-L, unique name), HOME and simulator port (`demo --port`), so it
+never meets another test run's demo."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
+from conftest import free_port
+
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed (.ci/run installs it)")
 
 
-def test_demo_in_tmux_change_steps_and_relaunch(tmp_path):
-    sock = f"tt-{os.getpid()}"
-    exe = Path(sys.executable).parent / "tuitune"
-    cmd = f"{exe} demo" if exe.exists() else f"{sys.executable} -m tuitune demo"
-    # tmux may hand the pane COLUMNS/LINES from the test process; the pty has the real size
-    env = f"env -u COLUMNS -u LINES HOME={tmp_path} XDG_CONFIG_HOME={tmp_path}/cfg TERM=xterm-256color"
+class Term:
+    def __init__(self, tmp_path: Path, cols: int, rows: int):
+        self.sock = f"tt-{uuid.uuid4().hex[:12]}"
+        self.home = tmp_path
+        self.port = free_port()
+        exe = Path(sys.executable).parent / "tuitune"
+        cmd = f"{exe} demo" if exe.exists() else f"{sys.executable} -m tuitune demo"
+        # tmux may hand the pane COLUMNS/LINES from the test process; the pty has the real size
+        env = f"env -u COLUMNS -u LINES HOME={tmp_path} XDG_CONFIG_HOME={tmp_path}/cfg TERM=xterm-256color"
+        self.tmux("new-session", "-d", "-s", "app", "-x", str(cols), "-y", str(rows),
+                  f"{env} {cmd} --port {self.port}; echo EXITED=$?; sleep 30")
+        size = self.tmux("display", "-p", "-t", "app", "#{window_width}x#{window_height}").strip()
+        assert size == f"{cols}x{rows}", size
 
-    def tmux(*args: str) -> str:
-        return subprocess.run(["tmux", "-L", sock, "-f", "/dev/null", *args], capture_output=True,
+    def tmux(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.sock, "-f", "/dev/null", *args], capture_output=True,
                               text=True, timeout=10).stdout
 
-    def screen() -> str:
-        return tmux("capture-pane", "-p", "-J", "-t", "app")
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-t", "app")
 
-    def wait(text: str, timeout: float = 40.0) -> str:
+    def keys(self, *keys: str, gap: float = 0.3) -> None:
+        for k in keys:
+            self.tmux("send-keys", "-t", "app", k)
+            time.sleep(gap)
+
+    def until(self, keys: tuple[str, ...], what: str, tries: int = 3, timeout: float = 8.0, gap: float = 0.3) -> str:
+        """Send keys until ``what`` shows: on a loaded machine a key can land before the focus it
+        was meant for has moved (the terminal, not tuitune, decides when bytes arrive)."""
+        for attempt in range(tries):
+            self.keys(*keys, gap=gap)
+            try:
+                return self.wait(what, timeout)
+            except AssertionError:
+                if attempt == tries - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def wait(self, what, timeout: float = 40.0) -> str:
+        test = what if callable(what) else (lambda s: what in s)
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            s = screen()
-            if text in s:
+            s = self.screen()
+            if test(s):
                 return s
             time.sleep(0.2)
-        raise AssertionError(f"{text!r} never appeared on screen:\n{screen()}")
+        raise AssertionError(f"{what!r} never appeared on screen:\n{self.screen()}")
 
-    tmux("new-session", "-d", "-s", "app", "-x", "140", "-y", "44", f"{env} {cmd}; echo EXITED=$?; sleep 30")
+    def close(self) -> None:
+        self.tmux("kill-server")
+        self.cli("stop")  # whatever the test left running on its port
+
+    def cli(self, command: str) -> int:
+        """`tuitune COMMAND` for the demo as this test runs it (its port and log)."""
+        from tuitune import preset as P
+        p = P.with_changes(P.resolve("demo"), {"server.port": self.port,
+                                                "server.log": f"~/.cache/tuitune/logs/demo-{self.port}.log"})
+        path = P.save(p, self.home / "demo-here.yaml")
+        return subprocess.run([sys.executable, "-m", "tuitune", command, str(path)], capture_output=True,
+                              timeout=60, env={**os.environ, "HOME": str(self.home)}).returncode
+
+
+def demo_status(term: Term) -> int:
+    """`tuitune status` of the demo on this test's port (3: not running)."""
+    return term.cli("status")
+
+
+def test_demo_in_tmux_change_steps_and_relaunch(tmp_path):
+    t = Term(tmp_path, 160, 44)
     try:
-        size = tmux("display", "-p", "-t", "app", "#{window_width}x#{window_height}").strip()
-        assert size == "140x44", size
-        wait("steps 2 topk 1")  # the simulator is up, under load, profiling with 2 steps
-        wait("load on")
-        shown = wait("gpus · 8 × NVIDIA H200")  # the GPU panel, fed by the simulator's nvidia-smi
+        t.wait("steps 2 topk 1")  # the simulator is up, under load, profiling with 2 steps
+        t.wait("load on")
+        shown = t.wait("gpus · 8 × NVIDIA H200")  # the GPU panel, fed by the simulator's nvidia-smi
         end = time.monotonic() + 20
         while shown.count("/1980") < 8 and time.monotonic() < end:  # one row per GPU, SM clock vs max
             time.sleep(0.2)
-            shown = screen()
+            shown = t.screen()
         assert shown.count("/1980") == 8, shown
-        tmux("send-keys", "-t", "app", "e")  # focus the config panel (algorithm)
-        time.sleep(0.3)
-        tmux("send-keys", "-t", "app", "Tab")  # -> steps (its text is selected on focus)
-        time.sleep(0.3)
-        tmux("send-keys", "-t", "app", "3")
-        time.sleep(0.3)
-        tmux("send-keys", "-t", "app", "Escape")
-        wait("(modified)")
+        # focus the config panel (algorithm) -> steps (text selected on focus) -> 3, leave the panel
+        t.until(("e", "Tab", "3", "Escape"), "(modified)", gap=1.0)
         time.sleep(0.6)  # ESC then a key at once reads as Alt+key
-        tmux("send-keys", "-t", "app", "r")
-        wait("steps 3 topk 1", 60)  # new numbers from the relaunched server
-        assert "ready" in screen()
-        tmux("send-keys", "-t", "app", "q")
-        wait("Leave the server running?")
-        tmux("send-keys", "-t", "app", "s")  # stop it: tests leave nothing behind
-        wait("EXITED=0", 20)
+        t.keys("r")
+        t.wait("steps 3 topk 1", 60)  # new numbers from the relaunched server
+        assert "ready" in t.screen()
+        t.until(("q",), "Leave it running [y]")
+        t.until(("y",), "EXITED=0", timeout=20)  # leave it: the next start attaches to it
+        assert demo_status(t) == 4  # running, and not what the shipped demo says (steps 3)
     finally:
-        tmux("kill-server")
-        subprocess.run([sys.executable, "-m", "tuitune", "stop", "demo"], env={**os.environ, "HOME": str(tmp_path)},
-                       capture_output=True, timeout=60)
+        t.close()
+
+
+def test_demo_at_80x24_shows_bars_log_and_footer_then_quit_stops_it(tmp_path):
+    t = Term(tmp_path, 80, 24)
+    try:
+        # the numbers, and a whole log line (not under a notification, which fades after a few seconds)
+        s = t.wait(lambda s: re.search(r"accept len \d", s) and "EAGLE3_PROFILE v=1" in s, 60)
+        lines = s.splitlines()
+        assert len(lines) <= 24
+        assert any(ln.startswith("│ verify █") for ln in lines), s  # a bar, on one line
+        assert any("EAGLE3_PROFILE v=1" in ln for ln in lines), s  # the log pane has rows
+        footer = lines[-1]
+        assert "? help" in footer and "q quit" in footer, footer
+        t.until(("q",), "Stop the server [s] ⏎")  # the demo's default: stop the simulator it started
+        t.until(("Enter",), "EXITED=0", timeout=30)
+        assert demo_status(t) == 3  # nothing left behind
+    finally:
+        t.close()

@@ -231,10 +231,11 @@ async def test_replay_drives_the_tui_to_the_same_numbers_as_live():
         assert not isinstance(app.screen, RelaunchScreen)
 
 
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
 @pytest.mark.parametrize("scene", SCENES)
-def test_snapshots(scene, snap_compare):
+def test_snapshots(scene, size, snap_compare):
     app = scene_app()
-    assert snap_compare(app, terminal_size=SIZE, run_before=lambda pilot: prepare(app, pilot, scene))
+    assert snap_compare(app, terminal_size=size, run_before=lambda pilot: prepare(app, pilot, scene))
 
 
 async def test_relaunch_view_takes_updates_before_it_is_composed():

@@ -187,18 +187,15 @@ class BenchRun:
         return quantile(sorted(vals), 0.5) if vals else math.nan
 
     def cross_check(self) -> list[str]:
-        """Client figures against the server's own, when it reports them (>10 % apart = warning)."""
+        """Client figures against the server's own, when they measure the same thing (>10 % apart =
+        warning). Throughput is not compared: the server's last_gen_throughput is its last log
+        interval, which on a short run also counts idle time and other clients' requests, so the
+        two disagree without anything being wrong (the "server says" line still shows it)."""
         out = []
         if self.sim_late_share is not None and self.sim_late_share > SIM_LATE_LIMIT:
             out.append(f"the simulator fell behind its clock ({self.sim_late_share:.0%} of its cycles started late): "
                        f"this machine cannot serve {self.config.concurrency} streams at this --sim-speedup, so the "
                        f"figures are too slow; lower --sim-speedup")
-        med = self.median_tok_s()
-        srv = self.server.get("last_gen_throughput")
-        if srv and math.isfinite(med) and self.config.concurrency == 1:
-            if abs(srv - med) / med > 0.10:
-                out.append(f"client median {med:.1f} tok/s and server last_gen_throughput {srv:.1f} "
-                           f"differ by {abs(srv - med) / med:.0%}")
         acc = [r.accept_len for r in self.ok if r.accept_len]
         srv_acc = self.server.get("avg_spec_accept_length")
         if acc and srv_acc:

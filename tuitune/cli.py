@@ -1,7 +1,8 @@
 """Command line. Imports are lazy: `tuitune --help` loads no heavy module, and the headless
 commands never import Textual.
 
-Exit status: 0 done, 1 the work failed, 2 bad usage or bad input.
+Exit status: 0 done, 1 the work failed, 2 bad usage or bad input; `status` adds 3 (not running)
+and 4 (running, but not what the preset says: drift, or the preset was edited since the launch).
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ def cmd_parse(ns) -> int:
 def _preset_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     s = sub.add_parser("list", help="shipped presets and yours (~/.config/tuitune/presets)")
+    s.add_argument("--json", action="store_true", help="origin, name, path, description (or error) of each")
     s.set_defaults(run=cmd_preset_list)
     s = sub.add_parser("show", help="the resolved preset (derived values marked), or its command")
     s.add_argument("preset")
@@ -108,8 +110,9 @@ def _preset_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--json", action="store_true")
     s.add_argument("--reveal", action="store_true", help="show secret values (tokens, keys, passwords) in clear")
     s.set_defaults(run=cmd_preset_show)
-    s = sub.add_parser("validate", help="check presets; exit 2 on the first invalid one")
+    s = sub.add_parser("validate", help="check presets; exit 2 if any is invalid")
     s.add_argument("presets", nargs="+")
+    s.add_argument("--json", action="store_true", help="one result per preset: ok, hash, warnings or error")
     s.set_defaults(run=cmd_preset_validate)
     s = sub.add_parser("diff", help="changed keys between two presets")
     s.add_argument("a")
@@ -126,6 +129,11 @@ def _preset_args(p: argparse.ArgumentParser) -> None:
 def cmd_preset_list(ns) -> int:
     from . import preset as P
     rows = P.listing()
+    if ns.json:
+        _print_json([{"origin": o, "name": None if n == "(invalid)" else n, "path": str(path),
+                      "valid": n != "(invalid)", ("error" if n == "(invalid)" else "description"): d}
+                     for o, path, n, d in rows])
+        return 0
     if not rows:
         print(f"no presets in {P.user_dir()} or {P.shipped_dir()}")
         return 0
@@ -172,17 +180,33 @@ def cmd_preset_show(ns) -> int:
 
 def cmd_preset_validate(ns) -> int:
     from . import preset as P
+    if ns.json:
+        out, bad = [], False
+        for name in ns.presets:
+            try:
+                path = P.find(name)
+                p = P.load(path)
+                out.append({"preset": name, "ok": True, "name": p.name, "hash": p.hash(),
+                            "warnings": P.warnings(p) + P.file_warnings(path, p)})
+            except P.PresetError as e:
+                bad = True
+                out.append({"preset": name, "ok": False, "error": str(e)})
+        _print_json(out)
+        return 2 if bad else 0
+    bad = 0
     for name in ns.presets:
         try:
             path = P.find(name)
             p = P.load(path)
         except P.PresetError as e:
-            raise CliError(str(e), 2) from None
+            print(f"tuitune: {e}", file=sys.stderr)
+            bad += 1
+            continue
         ws = P.warnings(p) + P.file_warnings(path, p)
         print(f"{name}: ok ({p.name}, hash {p.hash()})" + (f", {len(ws)} warning(s)" if ws else ""))
         for w in ws:
             print(f"  warning: {w}")
-    return 0
+    return 2 if bad else 0
 
 
 def cmd_preset_diff(ns) -> int:
@@ -383,7 +407,12 @@ def cmd_stop(ns) -> int:
     return _run_async(_guarded(go, t))
 
 
-@command("status", "is the server running, and does it run what the preset says (drift)")
+STATUS_NOT_RUNNING = 3
+STATUS_DRIFT = 4
+
+
+@command("status", "is the server running, and does it run what the preset says (drift); "
+                   "exit 0 yes, 3 not running, 4 running but differs")
 def _status_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("preset")
     p.add_argument("--pid", type=int, help="inspect this process (a server started by hand)")
@@ -408,12 +437,14 @@ def cmd_status(ns) -> int:
         _print_warnings(control)
         if st.running and ns.pid is None and not ns.any and (why := control.foreign(st.record)):
             raise CliError(why, 2)
+        code = STATUS_NOT_RUNNING if not st.running else (
+            STATUS_DRIFT if st.drift or st.same_hash is False else 0)
         if ns.json:
             _print_json(st.to_dict())
-            return 0
+            return code
         if not st.running:
             print(f"{p.name}: not running" + (f" ({st.note})" if st.note else ""))
-            return 0
+            return code
         rec = st.record
         print(f"{p.name}: running, pid {rec.pid}, up {_duration(st.uptime_s)}, preset hash "
               f"{rec.preset_hash or '?'}" + ("" if st.same_hash in (True, None) else
@@ -424,7 +455,7 @@ def cmd_status(ns) -> int:
                 print(f"  {d}")
         else:
             print("no drift: environment and flags match the preset")
-        return 0
+        return code
 
     return _run_async(_guarded(go, t))
 
@@ -461,50 +492,48 @@ def cmd_logs(ns) -> int:
     return _run_async(_guarded(go, t))
 
 
-@command("trust", "fetch a host's SSH key, show its fingerprint, add it to known_hosts")
+@command("trust", "fetch the SSH host keys of a preset's target (and its jump hosts), show them, add them to known_hosts")
 def _trust_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("host")
+    p.add_argument("target", metavar="PRESET|HOST", help="a preset, or a host / ~/.ssh/config alias")
     p.add_argument("--port", type=int)
     p.add_argument("--user")
-    p.add_argument("--known-hosts", help="file to append to (default ~/.ssh/known_hosts)")
+    p.add_argument("--known-hosts", help="file to append to (default: the preset's, else ~/.ssh/known_hosts)")
     p.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
     p.set_defaults(run=cmd_trust)
 
 
-def _private_dir(d) -> None:
-    """Create a directory (and its parents) as ssh wants ~/.ssh: mode 0700, whatever the umask."""
-    import os
-    if not d.is_dir():
-        d.mkdir(parents=True, exist_ok=True)
-        os.chmod(d, 0o700)
+def _trust_target(ns):
+    """The SSH target of a preset of that name or path, else the host as given."""
+    from . import preset as P
+    from .transport import SshTarget
+    try:
+        path = P.find(ns.target)
+    except P.PresetError:
+        return SshTarget(ns.target, ns.port, ns.user, None, ns.known_hosts)
+    t = _load_preset(str(path)).target
+    if t.is_local:
+        raise CliError(f"{ns.target}: the preset runs on this machine; there is no host key to trust", 2)
+    return SshTarget(t.host, ns.port or t.port, ns.user or t.user, None, ns.known_hosts or t.known_hosts)
 
 
 def cmd_trust(ns) -> int:
-    import os
-    from pathlib import Path
-    from .transport import SshTarget, TransportError, fetch_host_key, known_hosts_has, trust_line
-    t = SshTarget(ns.host, ns.port, ns.user, None, ns.known_hosts)
-    try:
-        key = _run_async(fetch_host_key(t))
-    except TransportError as e:
-        raise CliError(str(e), 1) from None
-    path = Path(ns.known_hosts or "~/.ssh/known_hosts").expanduser()
-    print(f"{t.label()} presents {key.get_algorithm()} key {key.get_fingerprint('sha256')}")
-    if known_hosts_has(t):
-        raise CliError(f"{path} already has a key for {t.label()}; if it changed, remove the old line "
-                       f"yourself after checking why (tuitune never replaces a key)", 1)
-    if not ns.yes:
+    from .transport import TransportError, trust_route
+
+    def confirm(hop, key) -> bool:
+        if ns.yes:
+            return True
         if not sys.stdin.isatty():
             raise CliError("not a terminal: pass --yes to trust without asking", 2)
-        answer = input(f"add it to {path}? [y/N] ").strip().lower()
-        if answer not in ("y", "yes"):
-            print("not trusted")
-            return 1
-    _private_dir(path.parent)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    with os.fdopen(fd, "a") as f:
-        f.write(trust_line(t, key))
-    print(f"added to {path}")
+        return input(f"  trust it as {hop.known_hosts_name}? [y/N] ").strip().lower() in ("y", "yes")
+
+    t = _trust_target(ns)
+    try:
+        ok = _run_async(trust_route(t, confirm, print))
+    except TransportError as e:
+        raise CliError(str(e), 1) from None
+    if not ok:
+        print("not trusted")
+        return 1
     return 0
 
 
@@ -559,13 +588,19 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("preset", nargs="?")
     g.add_argument("--url", help="benchmark this server URL instead of a preset's")
     _bench_overrides(p, levels=True)
-    p.add_argument("--json", metavar="OUT", help="write every request and the summary (per level) as JSON")
+    p.add_argument("--json", metavar="OUT", help="write every request and the summary (per level) as JSON (- for "
+                                                 "standard output; the human summary then goes to standard error)")
     _any_arg(p)
     p.set_defaults(run=cmd_bench)
 
 
 def _write_json(path: str, obj) -> None:
+    """Atomically to a file, or to standard output for ``-``."""
     import os
+    if path == "-":
+        json.dump(obj, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+        return
     tmp = f"{path}.tmp"
     try:
         with open(tmp, "w") as f:
@@ -575,6 +610,38 @@ def _write_json(path: str, obj) -> None:
         raise CliError(f"{path}: cannot write it ({e.strerror or e})", 1) from None
 
 
+def _bench_url(url: str) -> str:
+    """``host:port`` means http://host:port (what people paste from a server's log)."""
+    from urllib.parse import urlsplit
+    url = url.strip().rstrip("/")
+    if "://" not in url:
+        url = "http://" + url
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise CliError(f"--url {url!r}: expected http://HOST:PORT (or HOST:PORT)", 2)
+    return url
+
+
+class _BenchProgress:
+    """Requests done / total and the median rate so far, on standard error: one line rewritten on
+    a terminal, a line every few requests otherwise (logs stay short)."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.rates = total, 0, []
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, _i, r) -> None:
+        self.done += 1
+        if r.ok and r.decode_tok_s is not None:
+            self.rates.append(r.decode_tok_s)
+        med = sorted(self.rates)[len(self.rates) // 2] if self.rates else None
+        line = f"bench: {self.done}/{self.total} requests" + (f" · {med:.1f} tok/s median so far" if med else "")
+        if self.tty:
+            print(f"\r{line}\x1b[K", end="" if self.done < self.total else "\n", file=sys.stderr, flush=True)
+        elif self.done == self.total or self.done % max(1, self.total // 5) == 0:
+            print(line, file=sys.stderr, flush=True)
+
+
 def cmd_bench(ns) -> int:
     from .bench import BenchConfig, format_levels, format_summary, level_row, run_bench
     levels = ns.concurrency or [None]
@@ -582,10 +649,8 @@ def cmd_bench(ns) -> int:
 
     def report(runs):
         summaries = [r.summary() for r in runs]
-        if len(runs) == 1:
-            print(format_summary(summaries[0]))
-        else:
-            print(format_levels(summaries))
+        human = format_summary(summaries[0]) if len(runs) == 1 else format_levels(summaries)
+        print(human, file=sys.stderr if ns.json == "-" else sys.stdout)
         if ns.json:
             _write_json(ns.json, runs[0].to_dict() if len(runs) == 1 else
                         {"levels": [r.to_dict() for r in runs], "curve": [level_row(s) for s in summaries]})
@@ -600,8 +665,10 @@ def cmd_bench(ns) -> int:
             runs = []
             for c in levels:
                 progress(c)
-                cfg = BenchConfig(ns.url, **_overrides(ns, level=c))
-                runs.append(await run_bench(cfg.at_level(cfg.concurrency)))
+                cfg = BenchConfig(_bench_url(ns.url), **_overrides(ns, level=c))
+                cfg = cfg.at_level(cfg.concurrency)
+                print(f"bench: {cfg.warmup} warm-up + {cfg.requests} requests against {cfg.url}…", file=sys.stderr)
+                runs.append(await run_bench(cfg, _BenchProgress(cfg.requests)))
             return runs
         return report(_run_async(go_url()))
     p = _load_preset(ns.preset)
@@ -616,8 +683,13 @@ def cmd_bench(ns) -> int:
             raise CliError(why, 2)
         runs = []
         for c in levels:
-            progress(c or p.bench.concurrency)
-            runs.append(await session.bench(**_overrides(ns, level=c)))
+            conc = c or p.bench.concurrency
+            progress(conc)
+            ov = _overrides(ns, level=c)
+            n = BenchConfig.for_preset("", p, ov).requests  # at least two requests per stream
+            print(f"bench: {ov.get('warmup', p.bench.warmup)} warm-up + {n} requests on {session.label}…",
+                  file=sys.stderr)
+            runs.append(await session.bench(on_result=_BenchProgress(n), **ov))
         return runs
 
     return report(_run_async(_guarded(go, session.transport)))
@@ -785,7 +857,7 @@ def _report_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_report(ns) -> int:
     from .capture import CaptureError
-    from .report import chart, format_report, summarize_capture
+    from .report import chart, colour_wanted, format_report, summarize_capture
     try:
         reports = [summarize_capture(c) for c in ns.captures]
     except CaptureError as e:
@@ -798,7 +870,7 @@ def cmd_report(ns) -> int:
         import shutil
         cols = shutil.get_terminal_size((100, 24)).columns
         print()
-        print(chart(reports, width=min(cols, 120)))
+        print(chart(reports, width=min(cols, 120), colour=colour_wanted()))
     return 0
 
 
@@ -821,6 +893,7 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
 def cmd_sweep(ns) -> int:
     from pathlib import Path
     from . import grid as G
+    from .report import colour_wanted
     from .sweep import SweepError, format_table, plot, sweep
     base = _load_preset(ns.preset)
     baseline = _load_preset(ns.baseline) if ns.baseline else None
@@ -842,7 +915,7 @@ def cmd_sweep(ns) -> int:
     print()
     print(format_table(result))
     if not ns.no_plot:
-        chart = plot(result)
+        chart = plot(result, colour=colour_wanted())
         if chart:
             print()
             print(chart)
@@ -998,6 +1071,8 @@ def _run_tui(session, **kw) -> int:
 
 @command("demo", "the TUI against the built-in simulator (presets/demo.yaml), load on")
 def _demo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--port", type=int, help="serve the simulator on this port instead of the preset's 30123 "
+                                            "(two demos side by side; tests)")
     p.set_defaults(run=cmd_demo)
 
 
@@ -1006,7 +1081,14 @@ def cmd_demo(ns) -> int:
     from .session import Session
     path = P.shipped_dir() / "demo.yaml"
     preset = _load_preset(str(path))
-    return _run_tui(Session(preset), autostart="launch-if-stopped", load_on_start=True, preset_path=path)
+    if ns.port is not None:
+        if not 1 <= ns.port <= 65535:
+            raise CliError(f"--port must be between 1 and 65535 (got {ns.port})", 2)
+        preset = P.with_changes(preset, {"server.port": ns.port,
+                                         "server.log": f"~/.cache/tuitune/logs/demo-{ns.port}.log"})
+    # the demo owns the simulator it starts: quitting stops it unless asked otherwise
+    return _run_tui(Session(preset), autostart="launch-if-stopped", load_on_start=True, preset_path=path,
+                    stop_on_quit=True)
 
 
 def cmd_tui(ns) -> int:
@@ -1041,6 +1123,60 @@ def cmd_replay(ns) -> int:
     return _run_tui(Replay(cap, ns.speed))
 
 
+# ---- shell completion ---------------------------------------------------------------------------
+
+
+@command("completion", "print the shell code that completes tuitune's commands, presets and grid keys")
+def _completion_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("shell", nargs="?", default="bash", choices=["bash", "zsh", "fish", "tcsh"])
+    p.set_defaults(run=cmd_completion)
+
+
+def cmd_completion(ns) -> int:
+    import argcomplete
+    sys.stdout.write(argcomplete.shellcode(["tuitune"], shell=ns.shell))
+    return 0
+
+
+def _complete_presets(prefix, **_):
+    from . import preset as P
+    return sorted({name for _, _, name, _ in P.listing() if name != "(invalid)" and name.startswith(prefix)})
+
+
+def _complete_grid(prefix, **_):
+    """``KEY=`` for the settable preset paths (flattened keys of the demo preset, plus env.NCCL_*)."""
+    from . import nccl
+    from . import preset as P
+    if "=" in prefix:
+        return []
+    keys = set(P.flatten(P.load(P.shipped_dir() / "demo.yaml")))
+    keys |= {f"env.{name}" for name in nccl.CATALOGUE}
+    keys |= {"speculative.num_steps", "speculative.eagle_topk", "speculative.num_draft_tokens", "env"}
+    return sorted(f"{k}=" for k in keys if k.startswith(prefix))
+
+
+def _completion_parser() -> argparse.ArgumentParser:
+    """One parser with every command, for argcomplete (main() parses a command's own parser)."""
+    p = build_parser()  # not the main parser: its optional PRESET positional would take the command word
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (help_, fn) in COMMANDS.items():
+        fn(sub.add_parser(name, help=help_))
+    for action in _walk_actions(p):
+        if action.dest in ("preset", "a", "b", "baseline", "presets", "target"):
+            action.completer = _complete_presets
+        elif action.dest == "grid":
+            action.completer = _complete_grid
+    return p
+
+
+def _walk_actions(parser: argparse.ArgumentParser):
+    for action in parser._actions:
+        yield action
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _walk_actions(sub)
+
+
 # ---- entry ---------------------------------------------------------------------------------------
 
 MAIN_USAGE = """tuitune [PRESET]                 interactive TUI for the preset's server
@@ -1068,6 +1204,10 @@ def build_command_parser(name: str) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import os
+    if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions: answer and exit
+        import argcomplete
+        argcomplete.autocomplete(_completion_parser())
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in COMMANDS:

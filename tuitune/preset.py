@@ -612,7 +612,10 @@ def lint(preset: Preset) -> list[str]:
 
 
 def shipped_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "presets"
+    """An installed package holds the presets as tuitune/presets; a source checkout at the top level."""
+    here = Path(__file__).resolve().parent
+    installed = here / "presets"
+    return installed if installed.is_dir() else here.parent / "presets"
 
 
 def user_dir() -> Path:

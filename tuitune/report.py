@@ -6,6 +6,8 @@ Captures are streamed (never loaded whole): one pass collects the series that th
 from __future__ import annotations
 
 import math
+import os
+import sys
 from pathlib import Path
 
 from .capture import iter_capture
@@ -162,7 +164,21 @@ def format_gpus(n: int, gpus: dict) -> list[str]:
     return out
 
 
-def chart(reports: list[dict], width: int = 100, height: int = 18) -> str:
+def colour_wanted(stream=None) -> bool:
+    """ANSI colour only on a terminal, and never with NO_COLOR set (https://no-color.org)."""
+    stream = stream or sys.stdout
+    return not os.environ.get("NO_COLOR") and hasattr(stream, "isatty") and stream.isatty()
+
+
+def finish_chart(text: str, colour: bool) -> str:
+    """A built plotext chart, its ANSI codes removed unless colour is wanted."""
+    if colour:
+        return text
+    import plotext as plt
+    return "\n".join(line.rstrip() for line in plt.uncolorize(text).splitlines())
+
+
+def chart(reports: list[dict], width: int = 100, height: int = 18, colour: bool = True) -> str:
     """tok/s per profile window over the capture's time, one line per capture."""
     import plotext as plt
     plt.clear_figure()
@@ -178,4 +194,4 @@ def chart(reports: list[dict], width: int = 100, height: int = 18) -> str:
         return "(no profile windows to chart)"
     plt.title("tok/s per profile window")
     plt.xlabel("seconds since the capture started")
-    return plt.build()
+    return finish_chart(plt.build(), colour)

@@ -18,8 +18,9 @@ from typing import Awaitable, Callable
 from . import preset as P
 from . import redact
 from .bench import BenchConfig, BenchRun, RequestResult, client_session, prompts, run_bench, run_request
-from .control import ControlError, ReadyResult, ServerControl, Status, nccl_confirmation, nccl_note
-from .events import BenchSummary, DecodeStats, Event, LinkState, LogLine, Marker, ProfileWindow, ServerState
+from .control import (CAUSE_TEXT, ControlError, ReadyResult, ServerControl, Status, classify, nccl_confirmation,
+                      nccl_note)
+from .events import BenchSummary, DecodeStats, Event, LinkState, LogLine, Marker, ProfileWindow, ServerError, ServerState
 from .stream import EventStream
 from .parse import parse_line
 from .tail import LogTail, file_size
@@ -27,6 +28,7 @@ from . import telemetry
 from .transport import Transport, TransportError, for_preset
 
 ATTACH_BACKLOG = 256 * 1024  # bytes of an already-running server's log read on attach
+WATCH_S = 0.5  # how often a ready server is checked (alive? relaunched elsewhere?): seen within 2 s
 
 
 @dataclass
@@ -60,6 +62,8 @@ class Session(EventStream):
         self._tail_task: asyncio.Task | None = None
         self.tail_state = "stopped"  # the live tail: following, reconnecting, closed, or stopped: WHY
         self._load_task: asyncio.Task | None = None
+        self._watch_task: asyncio.Task | None = None
+        self._errors: list[ServerError] = []  # error lines since the server became ready
         self.telemetry: telemetry.Collector | None = None
         self._telemetry_task: asyncio.Task | None = None
         self._relaunch_lock = asyncio.Lock()
@@ -95,6 +99,7 @@ class Session(EventStream):
             await self._open_url()
             self._set_state("ready", "attached", pid=st.record.pid)
             await self.follow(from_end=True, backlog=backlog)
+            self._watch()
         else:
             self._set_state("stopped", detail=st.note)
         return st
@@ -131,6 +136,8 @@ class Session(EventStream):
                         ev = parse_line(line)
                         if ev is not None:
                             events.append(shown.event(ev))
+                            if isinstance(ev, ServerError):
+                                self._errors = [*self._errors[-19:], events[-1]]
                     if events:
                         self.publish(events)
             except TransportError as e:
@@ -180,6 +187,8 @@ class Session(EventStream):
             self._set_state("starting", "preflight")
             self.publish([Marker(f"relaunch: {new.name}", new.name, new.hash())])
 
+            await self._unwatch()
+
             async def before_stop() -> None:
                 if self.load.on:
                     await self.set_load(False)
@@ -208,15 +217,74 @@ class Session(EventStream):
                 self.publish([Marker(f"warning: {w}", new.name, new.hash()) for w in control.warnings])
             await self._open_url()
             self._set_state("ready", "ready", pid=rec.pid, elapsed=time.monotonic() - t0)
+            self._watch()
             if was_loaded:
                 await self.set_load(True, self.load.concurrency)
             return res
 
     async def stop_server(self) -> str:
+        await self._unwatch()
         await self.set_load(False)
         msg = await self.control.stop()
         self._set_state("stopped", detail=msg)
         return msg
+
+    # ---- watching a ready server ------------------------------------------------------------
+    def _watch(self) -> None:
+        self._errors = []
+        if self._watch_task is None or self._watch_task.done():
+            self._watch_task = asyncio.ensure_future(self._watch_loop())
+
+    async def _unwatch(self) -> None:
+        task, self._watch_task = self._watch_task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _watch_loop(self) -> None:
+        """While ready: notice that the process died (with the cause the log gave) or that someone
+        else (another tuitune, `tuitune launch` from a shell) replaced it, instead of showing a
+        frozen "ready". After an exit it keeps looking: a relaunch elsewhere is picked up."""
+        while self.record is not None and self.state.state in ("ready", "exited"):
+            await asyncio.sleep(WATCH_S)
+            if self._relaunch_lock.locked():
+                return  # our own relaunch: it watches again once ready
+            try:
+                rec, alive = await asyncio.gather(self.control.read_state(), self.control.alive(self.record.pid))
+                replaced = rec is not None and rec.pid != self.record.pid and await self.control.alive(rec.pid)
+            except TransportError:
+                continue  # the link state says why; check again once it is back
+            if self._relaunch_lock.locked() or self.state.state not in ("ready", "exited"):
+                return
+            if replaced:
+                await self._adopt(rec)
+            elif not alive and self.state.state == "ready":
+                await asyncio.sleep(0.2)  # let the last lines of its log arrive (for the cause)
+                self._exited(stopped_elsewhere=rec is None)
+
+    def _exited(self, stopped_elsewhere: bool) -> None:
+        found = classify(self._errors)
+        cause = (f"{CAUSE_TEXT.get(found[0], found[0])}: {found[1]}" if found
+                 else "stopped by another tuitune or `tuitune stop`" if stopped_elsewhere
+                 else "killed, or exited without an error line in the log")
+        self.publish([Marker(f"server {self.record.pid} exited ({cause})", self.preset.name, self.preset.hash())])
+        self._set_state("exited", "exited", detail=cause[:300], pid=self.record.pid)
+        self.running_preset = None
+
+    async def _adopt(self, rec) -> None:
+        """Another client relaunched the server on our port: follow the new one and say so."""
+        old = self.record.pid
+        same = rec.preset_hash == self.preset.hash()
+        self.record = rec
+        self.running_preset = self.preset if same else None
+        who = getattr(rec, "client", None) or "another tuitune or a `tuitune launch`"
+        msg = (f"server relaunched by {who}: pid {old} → {rec.pid}, preset {rec.preset}"
+               + ("" if same else " (not this configuration: the differences are unknown until you relaunch)"))
+        self.publish([Marker(f"warning: {msg}", rec.preset, rec.preset_hash)])
+        self.store.clear()
+        await self.follow()
+        self._set_state("ready", "relaunched elsewhere", detail=msg, pid=rec.pid)
 
     def nccl_report(self) -> tuple[list[tuple[str, str, str | None]], str | None]:
         """NCCL's confirmation of the preset's NCCL variables, and a sentence when it cannot be trusted."""
@@ -323,6 +391,7 @@ class Session(EventStream):
 
     # ---- shutdown -------------------------------------------------------------------------
     async def close(self, stop_server: bool = False) -> None:
+        await self._unwatch()
         await self.set_load(False)
         await self.stop_follow()
         await telemetry.stop(self.telemetry, self._telemetry_task)

@@ -272,7 +272,7 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(result: dict, width: int = 100, height: int = 18) -> str | None:
+def plot(result: dict, width: int = 100, height: int = 18, colour: bool = True) -> str | None:
     """tok/s against steps, one line per other setting (when the grid has speculative.num_steps)."""
     rows = [t for t in result["table"] if t.get("kind") == "config" and "tok_s" in t
             and "speculative.num_steps" in (t.get("changes") or {})]
@@ -294,4 +294,5 @@ def plot(result: dict, width: int = 100, height: int = 18) -> str | None:
         plt.horizontal_line(base["tok_s"])
     plt.title("tok/s against speculative steps" + (" (horizontal line: baseline)" if base else ""))
     plt.xlabel("speculative.num_steps")
-    return plt.build()
+    from .report import finish_chart
+    return finish_chart(plt.build(), colour)

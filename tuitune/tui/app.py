@@ -7,7 +7,9 @@ per log line. Connecting, relaunching, benchmarking run in workers; the UI never
 from __future__ import annotations
 
 import asyncio
+import difflib
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,14 +18,14 @@ import yaml
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.command import Hit, Hits, Provider
+from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Input, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState
 
 from .. import preset as P
 from .. import redact
-from ..bench import level_row
+from ..bench import BenchConfig, level_row
 from ..control import ControlError
 from ..events import Event, GpuSample, LogLine, Marker, ProfileWindow, ServerState, TelemetryState
 from ..runs import RunBook, delta_mark
@@ -35,7 +37,7 @@ from .gpus import GpuPanel
 from .header import StatusHeader
 from .logpane import LogPane
 from .runs import RunsTable
-from .screens import OpenScreen, QuitScreen, RelaunchScreen, SaveScreen
+from .screens import ConfirmScreen, OpenScreen, QuitScreen, RelaunchScreen, SaveScreen
 
 REFRESH_S = 0.1
 
@@ -45,7 +47,12 @@ class UserConfig:
     keymap: dict[str, str] = field(default_factory=dict)
     baseline_max_age_min: float = 30.0
     bench_levels: list[int] = field(default_factory=lambda: [1, 4, 16, 64])  # what B measures
+    theme: str | None = None
     errors: list[str] = field(default_factory=list)
+    path: Path | None = None  # where a theme chosen in the UI is remembered (None: not remembered)
+
+
+CONFIG_KEYS = ("keymap", "baseline_max_age_min", "bench_levels", "theme")
 
 
 def config_path() -> Path:
@@ -57,7 +64,7 @@ def load_user_config(path: Path | None = None) -> UserConfig:
     """``keymap: {binding id: keys}``, ``baseline_max_age_min`` and ``bench_levels``; problems
     become one notice each."""
     path = path or config_path()
-    cfg = UserConfig()
+    cfg = UserConfig(path=path)
     if not path.exists():
         return cfg
     try:
@@ -83,31 +90,71 @@ def load_user_config(path: Path | None = None) -> UserConfig:
         cfg.bench_levels = sorted(set(levels))
     else:
         cfg.errors.append(f"{path}: bench_levels must be a list of concurrency levels, e.g. [1, 4, 16, 64]")
-    unknown = set(data) - {"keymap", "baseline_max_age_min", "bench_levels"}
-    if unknown:
-        cfg.errors.append(f"{path}: unknown key(s) {', '.join(sorted(unknown))}")
+    theme = data.get("theme")
+    if theme is not None:
+        if isinstance(theme, str) and theme:
+            cfg.theme = theme  # checked against the app's themes once it runs
+        else:
+            cfg.errors.append(f"{path}: theme must be a theme name, e.g. theme: nord")
+    for key in sorted(set(map(str, data)) - set(CONFIG_KEYS)):
+        cfg.errors.append(f"{path}: unknown key {key!r}{_did_you_mean(key, CONFIG_KEYS)}; it is ignored")
     return cfg
 
 
-class TuituneCommands(Provider):
-    """Command palette entries for the rarer actions."""
+def _did_you_mean(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
 
-    COMMANDS = (("Stop the server", "stop_server"), ("Clear the runs table", "clear_runs"),
-                ("Bench over concurrency levels (goodput curve)", "bench_levels"),
-                ("Bench at the load's concurrency (its number of streams)", "bench_at_load"),
-                ("Switch chart (tok/s per run / phase times)", "chart"),
-                ("Show the log", "show_log"), ("Show the chart", "show_chart"),
-                ("Load: one more stream", "load_more"), ("Load: one stream fewer", "load_less"),
-                ("NCCL confirmation (what NCCL said it applied)", "nccl_report"),
-                ("Reload the preset from its file (discard edits)", "revert"),
-                ("Follow the log again", "follow_log"))
+
+def remember_theme(path: Path, theme: str) -> None:
+    """Set ``theme:`` in the config file, keeping the user's other lines and comments as they are."""
+    text = path.read_text() if path.exists() else ""
+    line = f"theme: {theme}"
+    new, n = re.subn(r"(?m)^theme:.*$", line, text)
+    if not n:
+        new = text + ("" if not text or text.endswith("\n") else "\n") + line + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(new)
+    os.replace(tmp, path)
+
+
+class TuituneCommands(Provider):
+    """Command palette entries for the rarer actions, listed as soon as the palette opens."""
+
+    COMMANDS = (("Stop the server…", "confirm_stop_server", "asks first; the session stays open"),
+                ("Clear the runs table", "clear_runs", "forget every benchmark row"),
+                ("Bench over concurrency levels", "bench_levels", "the goodput curve (B)"),
+                ("Bench at the load's concurrency", "bench_at_load", "as many streams as the load runs"),
+                ("Switch chart", "chart", "tok/s per run / phase times / goodput curve (c)"),
+                ("Show the log", "show_log", "the log tab (g toggles)"),
+                ("Show the chart", "show_chart", "the chart tab (g toggles)"),
+                ("Show or hide the config panel", "toggle_config", "e edits it"),
+                ("Load: one more stream", "load_more", "+"), ("Load: one stream fewer", "load_less", "−"),
+                ("NCCL confirmation", "nccl_report", "what NCCL said it applied"),
+                ("Reload the preset from its file", "revert", "discard the edits"),
+                ("Follow the log again", "follow_log", "End or G"))
+
+    def _available(self):
+        app = self.app
+        for title, action, help_ in self.COMMANDS:
+            if app.check_action(action, ()) is not False:
+                yield title, action, help_
+
+    async def discover(self) -> Hits:
+        for title, action, help_ in self._available():
+            yield DiscoveryHit(title, lambda a=action: self.app.run_action(a), help=help_)
 
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
-        for title, action in self.COMMANDS:
+        for title, action, help_ in self._available():
             score = matcher.match(title)
             if score > 0:
-                yield Hit(score, matcher.highlight(title), lambda a=action: self.app.run_action(a), help=title)
+                yield Hit(score, matcher.highlight(title), lambda a=action: self.app.run_action(a), help=help_)
+
+
+NARROW_COLS = 140  # below this the config panel collapses (e shows it) so the left side stays readable
+SHORT_ROWS = 30  # below this the cycle panel drops its sparklines (bars, runs and log keep their rows)
 
 
 class TuituneApp(App):
@@ -115,12 +162,22 @@ class TuituneApp(App):
     Screen { layout: vertical; }
     #main { height: 1fr; }
     #left { width: 1fr; }
-    TabbedContent { height: 1fr; }
+    TabbedContent { height: 1fr; min-height: 4; }
     TabPane { padding: 0; }
+    /* collapsed: hidden unless asked for, then laid over the right side (the panels keep their width) */
+    #main { layers: base overlay; }
+    .-narrow #config { display: none; }
+    .-narrow.-show-config #config { display: block; layer: overlay; dock: right; width: 52; max-width: 80%; }
+    /* a short terminal keeps the bars, the runs and the log; the sparklines make room */
+    .-short CyclePanel .spark-row { display: none; }
     """
     TITLE = "tuitune"
     COMMANDS = App.COMMANDS | {TuituneCommands}
+    # `?` and `q` first: the footer drops what does not fit from the end, and these two must stay
     BINDINGS = [
+        Binding("question_mark", "help", "help", id="tuitune.help"),
+        Binding("q", "quit_app", "quit", id="tuitune.quit"),
+        Binding("ctrl+q", "quit_app", "quit", show=False, priority=True, id="tuitune.quit_ctrl"),
         Binding("r", "relaunch", "relaunch", id="tuitune.relaunch"),
         Binding("b", "bench", "bench", id="tuitune.bench"),
         Binding("B", "bench_levels", "bench levels", show=False, id="tuitune.bench_levels"),
@@ -135,21 +192,23 @@ class TuituneApp(App):
         Binding("slash", "focus_filter", "filter", id="tuitune.filter"),
         Binding("e", "edit", "edit config", id="tuitune.edit"),
         Binding("t", "toggle_gpus", "gpus", id="tuitune.gpus"),
-        Binding("end", "follow_log", "follow", show=False, id="tuitune.follow"),
+        # End and G follow the log from any focus (an input keeps End for its own cursor)
+        Binding("end", "follow_log", "follow", show=False, priority=True, id="tuitune.follow_end"),
+        Binding("G", "follow_log", "follow", show=False, id="tuitune.follow"),
         Binding("space", "pause", "pause", show=False, id="tuitune.pause"),
         Binding("right", "seek(10)", "+10s", show=False, id="tuitune.seek_fwd"),
         Binding("left", "seek(-10)", "−10s", show=False, id="tuitune.seek_back"),
-        Binding("question_mark", "help", "help", id="tuitune.help"),
-        Binding("q", "quit_app", "quit", id="tuitune.quit"),
         Binding("escape", "leave_input", show=False, id="tuitune.escape"),
     ]
-    LIVE_ONLY = {"relaunch", "bench", "bench_levels", "bench_at_load", "toggle_load", "load_more", "load_less", "stop_server"}
+    LIVE_ONLY = {"relaunch", "bench", "bench_levels", "bench_at_load", "toggle_load", "load_more", "load_less",
+                 "stop_server", "confirm_stop_server"}
     REPLAY_ONLY = {"pause", "seek"}
 
     def __init__(self, session, *, autostart: str | None = None, load_on_start: bool = False,
                  user_config: UserConfig | None = None, preset_path: Path | None = None,
-                 clock=time.time):
+                 clock=time.time, stop_on_quit: bool = False):
         super().__init__()
+        self.stop_on_quit = stop_on_quit  # the quit dialog's default (the demo owns its simulator)
         self.session = session
         self.live = session.live
         self.autostart = autostart  # "launch": (re)launch at start; "attach": attach, offer to launch
@@ -165,6 +224,8 @@ class TuituneApp(App):
         self.relaunch_screen: RelaunchScreen | None = None
         self.relaunch_worker: Worker | None = None
         self.bench_running = False
+        self.bench_progress: tuple[int, int, float | None] | None = None  # done, total, median tok/s so far
+        self._diff_for: tuple | None = None  # (running preset, draft) the diff was drawn for
         self._dirty_cycle = True
         self._dirty_runs = True
         self._last_stale: str | None = None
@@ -198,15 +259,62 @@ class TuituneApp(App):
         self.chart = self.query_one(ChartPanel)
         self.config = self.query_one(ConfigPanel)
         self.tabs = self.query_one(TabbedContent)
-        if self.user_config.keymap:
-            self.set_keymap(self.user_config.keymap)
-        for err in self.user_config.errors:
-            self.say(err, "warning")
+        self._apply_user_config()
+        self.cycle.hint = "l load · b bench · r relaunch" if self.live else "space play/pause · ←/→ seek"
         if self.draft is not None:
             self.config.load(self.draft)
+        self._layout_for(self.size.width)
         self.set_interval(REFRESH_S, self.refresh_views)
         self.refresh_views()
         self.start_session()
+
+    def _apply_user_config(self) -> None:
+        cfg = self.user_config
+        errors = list(cfg.errors)
+        if cfg.keymap:
+            known = self._binding_ids()
+            for bid in cfg.keymap:
+                if bid not in known:
+                    errors.append(f"{cfg.path or 'config'}: keymap: no binding with id {bid!r}"
+                                  f"{_did_you_mean(bid, known)}; it is ignored")
+            self.set_keymap({k: v for k, v in cfg.keymap.items() if k in known})
+        if cfg.theme:
+            if cfg.theme in self.available_themes:
+                self.theme = cfg.theme
+            else:
+                errors.append(f"{cfg.path or 'config'}: theme {cfg.theme!r} is not a theme"
+                              f"{_did_you_mean(cfg.theme, self.available_themes)}; using {self.theme}")
+        for err in errors:
+            self.say(err, "warning")
+        self._theme_ready = True
+
+    def _binding_ids(self) -> set[str]:
+        from . import screens
+        ids = {b.id for b in self.BINDINGS if isinstance(b, Binding) and b.id}
+        for cls in (screens.RelaunchScreen, screens.SaveScreen, screens.OpenScreen, screens.QuitScreen,
+                    screens.ConfirmScreen):
+            ids |= {b.id for b in cls.BINDINGS if isinstance(b, Binding) and b.id}
+        return ids
+
+    _theme_ready = False
+
+    def watch_theme(self, theme: str) -> None:
+        """Remember a theme chosen in the UI (palette: "Change theme") for the next start."""
+        if self._theme_ready and self.user_config.path is not None and theme != self.user_config.theme:
+            self.user_config.theme = theme
+            try:
+                remember_theme(self.user_config.path, theme)
+            except OSError as e:
+                self.say(f"{self.user_config.path}: cannot remember the theme ({e.strerror or e})", "warning")
+
+    def on_resize(self, event) -> None:
+        self._layout_for(event.size.width)
+
+    def _layout_for(self, width: int) -> None:
+        # the help panel takes the right side too: the config panel makes room for it
+        narrow = width < NARROW_COLS or bool(self.screen_stack[0].query("HelpPanel"))
+        self.set_class(narrow, "-narrow")
+        self.set_class(self.size.height < SHORT_ROWS, "-short")
 
     def say(self, message: str, severity: str = "information") -> None:
         self.messages.append(message)
@@ -256,6 +364,8 @@ class TuituneApp(App):
             if self.relaunch_screen is not None and not self.relaunch_screen.finished:
                 self.relaunch_screen.add_lines(lines)
         for ev in events:
+            if isinstance(ev, ServerState):
+                self._dirty_cycle = True  # the store may have been cleared (a relaunch here or elsewhere)
             if isinstance(ev, (ProfileWindow,)) or ev.kind == "decode":
                 self._dirty_cycle = True
             elif isinstance(ev, Marker) and ev.text.startswith("warning: "):
@@ -263,6 +373,8 @@ class TuituneApp(App):
             elif isinstance(ev, ServerState) and self.relaunch_screen is not None \
                     and not self.relaunch_screen.finished and ev.state == "starting":
                 self.relaunch_screen.set_phase(ev)
+            elif isinstance(ev, ServerState) and ev.state == "exited":
+                self.say(f"server {ev.pid} exited: {ev.detail}; r relaunches it", "error")
         s = self.session
         telemetry = [ev for ev in events if isinstance(ev, (GpuSample, TelemetryState))]
         if telemetry:
@@ -272,7 +384,10 @@ class TuituneApp(App):
                     self.say(ev.detail, "warning")
         self.header.show(
             s.label, self.draft.name if self.draft else "?", self.modified, s.state, s.link, s.load,
-            s.record.started if s.record else None, self.clock())
+            s.record.started if s.record else None, self.clock(), bench=self.bench_progress)
+        if self._diff_for is None or self._diff_for[0] is not s.running_preset \
+                or self._diff_for[1] is not self.draft:
+            self.update_diff()
         if self._dirty_cycle:
             self._dirty_cycle = False
             self.cycle.refresh_from(s.store, bool(self.draft and self.draft.is_speculative))
@@ -302,13 +417,19 @@ class TuituneApp(App):
                 self.draft = P.with_changes(panel.base, message.changes)
             except P.PresetError as e:
                 self.draft_errors["preset"] = str(e)
-        running = self.session.running_preset
+        self.update_diff()
+
+    def update_diff(self) -> None:
+        """"Differs from the running server": running → draft, redrawn whenever either changes
+        (an edit, a relaunch here or elsewhere, open, revert, save)."""
+        running, draft = self.session.running_preset, self.draft
+        self._diff_for = (running, draft)
         lines = []
-        if running is not None and self.draft is not None:
-            for k, a, b in P.diff(running, self.draft, include_bench=False):
+        if running is not None and draft is not None:
+            for k, a, b in P.diff(running, draft, include_bench=False):
                 a, b, note = redact.pair(k, a, b)
                 lines.append(f"{k}: {'(unset)' if a is None else a} → {'(unset)' if b is None else b}{note}")
-        panel.show_diff(lines)
+        self.config.show_diff(lines)
 
     # ---- actions --------------------------------------------------------------------------
     def action_relaunch(self) -> None:
@@ -341,8 +462,9 @@ class TuituneApp(App):
                 screen.done(False, "cancelled")
             raise
         screen.done(True)
-        self.config.load(preset)
-        self.draft = preset
+        if self.draft == preset:  # else the user edited while it started: keep the newer edits
+            self.config.load(preset)
+            self.draft = preset
         self._dirty_runs = True
         self.say(f"{preset.name} ready")
 
@@ -363,8 +485,10 @@ class TuituneApp(App):
         if self.bench_running:
             self.say("a benchmark is already running", "warning")
             return
-        if self.session.state.state != "ready":
-            self.say("the server is not ready: relaunch (r) first", "warning")
+        st = self.session.state
+        if st.state != "ready":
+            why = f"{st.state}: {st.detail}" if st.detail else st.state
+            self.say(f"the server is not ready ({why[:160]}): relaunch (r) first", "warning")
             return
         self.run_bench(levels)
 
@@ -374,17 +498,33 @@ class TuituneApp(App):
         self.bench_running = True
         preset = self.session.running_preset or self.session.preset
         levels = levels or [preset.bench.concurrency]
-        self.say(f"benchmark: {preset.bench.requests} requests of {preset.bench.max_tokens} tokens at "
+        cfgs = [BenchConfig.for_preset("", preset, {"concurrency": c}) for c in levels]
+        n = sum(c.requests for c in cfgs)  # at least two requests per stream at each level
+        done: list[float] = []
+        self.bench_progress = (0, n, None)
+        self.say(f"benchmark: {preset.bench.warmup} warm-up + {n} requests of {preset.bench.max_tokens} tokens at "
                  f"concurrency {', '.join(map(str, levels))}…")
+
+        def progress(_i: int, r) -> None:
+            if r.ok and r.decode_tok_s is not None:
+                done.append(r.decode_tok_s)
+            med = sorted(done)[len(done) // 2] if done else None
+            self.bench_progress = (self.bench_progress[0] + 1, n, med)
+
         runs = []
         try:
             for c in levels:
-                runs.append(await self.session.bench(label=preset.name, concurrency=c))
+                runs.append(await self.session.bench(label=preset.name, concurrency=c, on_result=progress))
         except (ControlError, TransportError) as e:
             self.say(str(e), "error")
             return
         finally:
             self.bench_running = False
+            self.bench_progress = None
+        if not any(run.ok for run in runs):
+            errors = "; ".join(e for run in runs for e in run.summary()["errors"])
+            self.say(f"benchmark: no request succeeded ({errors[:200]}); no row added", "error")
+            return
         first = runs[0]
         r = self.book.add(preset.name, preset, first.tok_s(), first.summary(), first.cycle_ms, started=self.clock(),
                           env_drift=first.env_drift, gpu_note=next((run.gpu_note for run in runs if run.gpu_note), None),
@@ -433,15 +573,16 @@ class TuituneApp(App):
         default = str(self.preset_path) if self.preset_path and self.preset_path.parent != P.shipped_dir() \
             else self.draft.name
 
-        def done(target: str | None) -> None:
-            if not target:
+        def done(answer: tuple[str, str] | None) -> None:
+            if not answer:
                 return
+            target, description = answer
             path = Path(target).expanduser()
             if path.suffix not in (".yaml", ".yml"):
                 path = P.user_dir() / f"{target}.yaml"
             try:
                 name = path.stem if path.stem != self.draft.name else self.draft.name
-                saved = P.save(P.with_changes(self.draft, {"name": name}), path)
+                saved = P.save(P.with_changes(self.draft, {"name": name, "description": description or None}), path)
             except (OSError, P.PresetError) as e:
                 self.say(f"{path}: cannot save ({e})", "error")
                 return
@@ -451,7 +592,8 @@ class TuituneApp(App):
             self.config.load(self.draft)
             self.say(f"saved {saved}")
 
-        self.push_screen(SaveScreen(default), done)
+        self.push_screen(SaveScreen(default, self.draft.description or "",
+                                    stale_description(self.loaded, self.draft)), done)
 
     def action_open(self) -> None:
         def done(path: Path | None) -> None:
@@ -462,20 +604,27 @@ class TuituneApp(App):
             except P.PresetError as e:
                 self.say(str(e), "error")
                 return
-            if (p.target.label(), p.server.port) != (self.loaded.target.label(), self.loaded.server.port):
-                self.say(f"{p.name} runs on {p.target.label()}:{p.server.port}, not on this session's "
-                         f"target; start tuitune with it instead", "error")
+            here = (self.loaded.target.label(), self.loaded.server.port)
+            if (p.target.label(), p.server.port) != here:
+                # a session follows one server (its port's state file, log and forward): loading a
+                # preset for another one here would leave that server untracked
+                self.say(f"{p.name} runs on {p.target.label()} port {p.server.port}; this session follows "
+                         f"{here[0]} port {here[1]}. Quit and run `tuitune {path}` to work on it, or "
+                         f"change its port to {here[1]} to try it here", "error")
                 return
             self.loaded = self.draft = p
             self.preset_path = path
             self.config.load(p)
+            self.update_diff()
             self.say(f"loaded {p.name}: press r to launch it")
 
-        self.push_screen(OpenScreen(self.draft), done)
+        self.push_screen(OpenScreen(self.draft, (self.loaded.target.label(), self.loaded.server.port)), done)
 
     def action_revert(self) -> None:
         self.draft = self.loaded
+        self.draft_errors = {}
         self.config.load(self.loaded)
+        self.update_diff()
 
     def action_chart(self) -> None:
         chart = self.chart
@@ -502,15 +651,27 @@ class TuituneApp(App):
         self.logpane.query_one("#log-filter", Input).focus()
 
     def action_edit(self) -> None:
+        self.add_class("-show-config")
         self.config.query_one("#spec-algorithm").focus()
+
+    def action_toggle_config(self) -> None:
+        if self.has_class("-show-config"):
+            self.remove_class("-show-config")
+            self.set_focus(None)
+        else:
+            self.action_edit()
 
     def action_toggle_gpus(self) -> None:
         self.say(f"GPU panel: {self.gpu_panel.cycle_mode()}")
 
     def action_leave_input(self) -> None:
+        self.remove_class("-show-config")  # a collapsed panel goes away again
         self.set_focus(None)
 
     def action_follow_log(self) -> None:
+        if isinstance(self.focused, Input):
+            self.focused.action_end()  # End in an input moves its cursor (G is typed: not a binding there)
+            return
         self.logpane.follow()
         if self.live and self.session.record is not None and not self.session.tail_running:
             self.run_worker(self.session.follow(from_end=True), exclusive=True, group="follow")
@@ -527,6 +688,14 @@ class TuituneApp(App):
             return
         self.say("; ".join(f"{k}: {state}" for k, state, _ in rows) + (f" ({note})" if note else ""),
                  "warning" if note else "information")
+
+    def action_confirm_stop_server(self) -> None:
+        def done(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(self.action_stop_server(), group="stop", exit_on_error=False)
+
+        self.push_screen(ConfirmScreen(f"Stop the server of {self.session.preset.name} "
+                                       f"(pid {self.session.state.pid or '?'})?", "Stop it [s]", "s"), done)
 
     async def action_stop_server(self) -> None:
         try:
@@ -546,9 +715,16 @@ class TuituneApp(App):
             self.action_hide_help_panel()
         else:
             self.action_show_help_panel()
+        self.call_after_refresh(self._layout_for, self.size.width)
+
+    async def action_quit(self) -> None:
+        self.action_quit_app()  # the palette's "Quit" too goes through the dialog
 
     def action_quit_app(self) -> None:
-        if not self.live:
+        if isinstance(self.screen, QuitScreen):
+            return
+        st = self.session.state.state if self.live else None
+        if st not in ("ready", "starting"):  # nothing of ours runs: nothing to ask
             self.run_worker(self._close_session(False), group="quit", exit_on_error=False)
             return
 
@@ -556,11 +732,25 @@ class TuituneApp(App):
             if choice in ("leave", "stop"):
                 self.run_worker(self._close_session(choice == "stop"), group="quit", exit_on_error=False)
 
-        self.push_screen(QuitScreen(), done)
+        self.push_screen(QuitScreen(self.session.preset.name, starting=st == "starting",
+                                    default_stop=self.stop_on_quit), done)
 
     async def _close_session(self, stop_server: bool) -> None:
+        self.cancel_relaunch()  # a start in progress is stopped, never left half-started
         try:
             await self.session.close(stop_server=stop_server)
         except (ControlError, TransportError) as e:
             self.messages.append(str(e))
         self.exit()
+
+
+def stale_description(loaded: P.Preset | None, draft: P.Preset) -> str:
+    """Why the description may no longer match: a changed setting whose old value it mentions."""
+    desc = draft.description or ""
+    if not desc or loaded is None:
+        return ""
+    for key, old, new in P.diff(loaded, draft):
+        if old is not None and re.search(rf"(?<![\w.]){re.escape(str(old))}(?![\w.])", desc):
+            return (f"the description mentions {old}, but {key} is now "
+                    f"{'(unset)' if new is None else new}: update it?")
+    return ""

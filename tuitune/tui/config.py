@@ -24,6 +24,14 @@ def _wid(name: str) -> str:
     return name.replace("_", "-").lower()
 
 
+class GlyphCheckbox(Checkbox):
+    """A checkbox whose state reads without colour too (NO_COLOR, monochrome terminals)."""
+
+    @property
+    def BUTTON_INNER(self) -> str:  # noqa: N802 - Textual's name
+        return "X" if self.value else " "
+
+
 class ConfigPanel(VerticalScroll):
     DEFAULT_CSS = """
     ConfigPanel { border: round $primary; padding: 0 1; width: 50; }
@@ -31,11 +39,16 @@ class ConfigPanel(VerticalScroll):
     ConfigPanel .row { height: 1; margin-bottom: 0; }
     ConfigPanel .row Label { width: 22; }
     ConfigPanel Input { width: 1fr; height: 1; border: none; padding: 0 1; }
+    /* one row high: a focus border would hide the value, so focus is a background */
+    ConfigPanel Input:focus { border: none; background: $accent 35%; text-style: bold; }
+    ConfigPanel Input.-invalid { border: none; }
+    ConfigPanel Checkbox:focus { border: none; background: $accent 35%; }
     ConfigPanel Select { width: 1fr; height: 1; }
     ConfigPanel Select > SelectCurrent { border: none; height: 1; padding: 0 1; }
     ConfigPanel Select > SelectOverlay { max-height: 10; }
     ConfigPanel .nccl { height: auto; }
     ConfigPanel Checkbox { border: none; padding: 0; height: 1; }
+    ConfigPanel Select:focus > SelectCurrent { border: none; background: $accent 35%; }
     ConfigPanel .nccl Checkbox { width: 22; }
     ConfigPanel .help { color: $text-muted; height: auto; }
     ConfigPanel .error { color: $error; height: auto; }
@@ -64,22 +77,23 @@ class ConfigPanel(VerticalScroll):
         for key, label in (("num_steps", "steps"), ("eagle_topk", "topk"), ("num_draft_tokens", "draft tokens")):
             with Horizontal(classes="row"):
                 yield Label(label)
-                yield Input(id=f"spec-{_wid(key)}", type="integer")
+                # empty is valid (derived or unset): not an error colour after Tab
+                yield Input(id=f"spec-{_wid(key)}", type="integer", valid_empty=True)
         yield Static("", id="spec-derived", classes="derived")
         yield Static("", id="spec-error", classes="error -empty")
         yield Static("server", classes="section")
         for flag, label, kind in SERVER_FLAGS:
             with Horizontal(classes="row"):
                 yield Label(label)
-                yield Input(id=f"flag-{flag}", type="integer" if kind == "int" else "number")
-        yield Checkbox("disable custom all-reduce", id="flag-disable-custom-all-reduce")
+                yield Input(id=f"flag-{flag}", type="integer" if kind == "int" else "number", valid_empty=True)
+        yield GlyphCheckbox("disable custom all-reduce", id="flag-disable-custom-all-reduce")
         yield Static("", id="flag-error", classes="error -empty")
         yield Static("NCCL (checked = set)", classes="section")
         for var in nccl.CATALOGUE.values():
             w = _wid(var.name)
             with Vertical(classes="nccl"):
                 with Horizontal(classes="row"):
-                    yield Checkbox(var.name.removeprefix("NCCL_"), id=f"set-{w}")
+                    yield GlyphCheckbox(var.name.removeprefix("NCCL_"), id=f"set-{w}")
                     if var.kind in ("bool", "enum", "level"):
                         yield Select([(c, c) for c in var.choices], allow_blank=True, id=f"val-{w}")
                     else:
@@ -194,8 +208,10 @@ class ConfigPanel(VerticalScroll):
         steps = self._int("#spec-num-steps")
         algo = self.query_one("#spec-algorithm", Select).value
         note = ""
+        draft = self.query_one("#spec-num-draft-tokens", Input)
         if algo != "none" and topk == 1 and steps:
             note = f"draft tokens = steps + 1 = {steps + 1} (derived: topk is 1)"
+        draft.placeholder = f"derived: {steps + 1}" if note else ""
         self.query_one("#spec-derived", Static).update(note)
 
     def _error(self, wid: str, text: str) -> None:

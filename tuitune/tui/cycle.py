@@ -9,7 +9,9 @@ from textual.widgets import Static
 
 from ..metrics import MetricsStore
 
-BAR_WIDTH = 36
+BAR_WIDTH = 36  # at most; narrower terminals get shorter bars, never wrapped ones
+BAR_TEXT = 7 + 21  # the name before a bar, the figures after it
+WAITING = "waiting for the first profile window…"
 BLOCKS = "▁▂▃▄▅▆▇█"
 
 
@@ -66,8 +68,10 @@ class CyclePanel(Vertical):
     CyclePanel .spark-range { width: 26; text-align: right; color: $text-muted; }
     """
 
+    hint = ""  # the first-run hint, shown until the first profile window arrives
+
     def compose(self) -> ComposeResult:
-        yield Static("waiting for the first profile window…", id="bars")
+        yield Static(self._waiting(), id="bars")
         for key, label, _ in SPARKS:
             with Horizontal(classes="spark-row"):
                 yield Static(label, classes="spark-label")
@@ -77,18 +81,35 @@ class CyclePanel(Vertical):
     def on_mount(self) -> None:
         self.border_title = "cycle"
 
+    def on_resize(self) -> None:
+        self.app._dirty_cycle = True  # bar widths follow the panel's width
+
+    def _waiting(self) -> Text:
+        t = Text(WAITING)
+        if self.hint:
+            t.append(f"  {self.hint}", style="bold")
+        return t
+
     def refresh_from(self, store: MetricsStore, speculative: bool) -> None:
         bars = self.query_one("#bars", Static)
         p = store.last_profile
         d = store.last_decode
+        room = bars.size.width or (self.size.width - 4 if self.size.width > 4 else 100)
         if p is not None:
-            text = phase_bars(p.draft_ms, p.verify_ms, p.extend_ms, p.cycle_ms)
-            text.append(f"cycle {p.cycle_ms:.2f} ms   ", style="bold")
-            text.append(f"accept len {p.accept_len:.2f}   ", style="bold")
+            text = phase_bars(p.draft_ms, p.verify_ms, p.extend_ms, p.cycle_ms,
+                              max(8, min(BAR_WIDTH, room - BAR_TEXT)))
+            summary = f"cycle {p.cycle_ms:.2f} ms · accept len {p.accept_len:.2f} · "
+            text.append(summary, style="bold")
             text.append(f"{p.tok_s:.1f} tok/s", style="bold green")
-            extra = [f"{p.cycles} cycles"] + ([f"bs {p.bs}"] if p.bs else []) + \
-                ([f"steps {p.steps} topk {p.topk}"] if p.steps is not None else [])
-            text.append(f"   ({', '.join(extra)})", style="dim")
+            used = len(summary) + len(f"{p.tok_s:.1f} tok/s")
+            # the most telling extras first; what does not fit on the line is left out
+            extra: list[str] = []
+            for item in ([f"steps {p.steps} topk {p.topk}"] if p.steps is not None else []) + \
+                    ([f"bs {p.bs}"] if p.bs else []) + [f"{p.cycles} cycles"]:
+                if used + len(", ".join([*extra, item])) + 3 <= room:
+                    extra.append(item)
+            if extra:
+                text.append(f" ({', '.join(extra)})", style="dim")
             dist = batch_distribution(p.extra.get("bs_hist"))
             if dist:
                 text.append("\nbatch sizes ", style="bold")
@@ -108,6 +129,8 @@ class CyclePanel(Vertical):
                 t.append("\nbaseline server (no speculation): decode throughput only", style="dim")
             bars.update(t)
             self.border_title = "cycle (SGLang decode lines)"
+        else:
+            bars.update(self._waiting())
         for key, _, fmt in SPARKS:
             series = store[key] if p is not None or key not in ("accept_len", "tok_s") else \
                 store["decode_accept_len" if key == "accept_len" else "gen_throughput"]

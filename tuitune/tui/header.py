@@ -8,7 +8,10 @@ from rich.text import Text
 from textual.widgets import Static
 
 STATE_STYLE = {"ready": "bold green", "starting": "bold yellow", "stopping": "yellow", "failed": "bold red",
-               "stopped": "dim", "replay": "bold cyan"}
+               "exited": "bold red", "stopped": "dim", "replay": "bold cyan"}
+
+
+CAUSE_MAX = 70  # of the header line; the whole message is in the notification and the log
 
 
 def _dur(s: float) -> str:
@@ -20,7 +23,7 @@ class StatusHeader(Static):
     DEFAULT_CSS = "StatusHeader { height: 1; background: $boost; padding: 0 1; }"
 
     def show(self, target: str, preset: str, modified: bool, state, link, load, started: float | None,
-             now: float | None = None) -> None:
+             now: float | None = None, bench: tuple[int, int, float | None] | None = None) -> None:
         now = time.time() if now is None else now
         t = Text()
         t.append("tuitune ", style="bold")
@@ -40,15 +43,20 @@ class StatusHeader(Static):
             t.append(f" · pid {state.pid}")
             if started:
                 t.append(f" · up {_dur(now - started)}")
-        elif st == "failed" and (state.phase or state.detail):
-            t.append(f": {state.phase or ''}", style="red")
+        elif st in ("failed", "exited") and state.detail:
+            cause = state.detail if len(state.detail) <= CAUSE_MAX else state.detail[:CAUSE_MAX - 1] + "…"
+            t.append(f": {cause}", style="red")
         elif st == "replay" and state.phase == "end":
             t.append(" (end)")
         t.append(" │ link ")
         ls = link.state
         t.append(f"{ls}" + (f" ({link.attempt})" if ls == "reconnecting" else ""),
                  style="green" if ls in ("connected", "replay") else ("yellow" if ls == "reconnecting" else "red"))
-        if load is not None:
+        if bench is not None:
+            done, total, med = bench
+            t.append(" │ bench ")
+            t.append(f"{done}/{total}" + (f" · {med:.1f} tok/s" if med is not None else ""), style="bold yellow")
+        elif load is not None:
             t.append(" │ load ")
             t.append(f"on ×{load.concurrency}" if load.on else "off", style="green" if load.on else "dim")
         self.update(t)

@@ -1,36 +1,91 @@
-"""Log pane: bounded, substring filter, pauses following when scrolled up and counts new lines."""
+"""Log pane: bounded, substring filter, follows the end unless the user scrolled away.
+
+Following is explicit state, changed only by what the user does (scrolling up pauses; End, G or
+scrolling back to the end resumes), never inferred from scroll positions: a resize, a rebuilt
+filter or a panel growing above moves the scroll position without the user asking to stop.
+"""
 
 from __future__ import annotations
 
 from collections import deque
 
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical
+from textual.message import Message
 from textual.widgets import Input, Log
 
 MAX_LINES = 5000
+FILTER_HINT = "filter (substring)…  / to focus, Esc to leave"
 
 
 class FollowLog(Log):
-    """A Log that knows whether the user scrolled away from the end (then it stops following)."""
+    BINDINGS = [Binding("k", "scroll_up", show=False), Binding("j", "scroll_down", show=False)]
+    following = True
 
-    paused = False
-    _resetting = False
+    class Moved(Message):
+        """The user paused or resumed following."""
 
-    def watch_scroll_y(self, old: float, new: float) -> None:
-        super().watch_scroll_y(old, new)
-        if new < old and not self._resetting:
-            self.paused = True  # only a user scrolls up: writing only ever moves down
-        elif new >= self.max_scroll_y - 1:
-            self.paused = False
-        self.auto_scroll = not self.paused
+    def _set_following(self, on: bool) -> None:
+        if on != self.following:
+            self.following = on
+            self.auto_scroll = on
+            self.post_message(self.Moved())
+
+    def _user_up(self) -> None:
+        if self.max_scroll_y > 0:
+            self._set_following(False)
+
+    def _user_down(self) -> None:
+        if self.scroll_target_y >= self.max_scroll_y:
+            self._set_following(True)
+
+    def action_scroll_up(self) -> None:
+        self._user_up()
+        super().action_scroll_up()
+
+    def action_page_up(self) -> None:
+        self._user_up()
+        super().action_page_up()
+
+    def action_scroll_home(self) -> None:
+        self._user_up()
+        super().action_scroll_home()
+
+    def _on_mouse_scroll_up(self, event) -> None:
+        self._user_up()
+        super()._on_mouse_scroll_up(event)
+
+    def action_scroll_down(self) -> None:
+        super().action_scroll_down()
+        self._user_down()
+
+    def action_page_down(self) -> None:
+        super().action_page_down()
+        self._user_down()
+
+    def _on_mouse_scroll_down(self, event) -> None:
+        super()._on_mouse_scroll_down(event)
+        self._user_down()
+
+    def action_scroll_end(self) -> None:
+        self.follow()
+
+    def follow(self) -> None:
+        self._set_following(True)
+        self.scroll_end(animate=False, immediate=True)
+
+    def on_resize(self) -> None:
+        if self.following:
+            self.scroll_end(animate=False)
 
 
 class LogPane(Vertical):
     DEFAULT_CSS = """
     LogPane { height: 1fr; }
     LogPane Input { height: 1; border: none; padding: 0 1; background: $boost; }
-    LogPane Log { height: 1fr; }
+    LogPane Input:focus { border: none; background: $accent 30%; }
+    LogPane Log { height: 1fr; overflow-x: hidden; }
     """
 
     def __init__(self, **kw):
@@ -40,13 +95,12 @@ class LogPane(Vertical):
         self.new_while_paused = 0
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder="filter (substring)…  / to focus, Esc to leave", id="log-filter")
+        yield Input(placeholder=FILTER_HINT, id="log-filter")
         yield FollowLog(max_lines=MAX_LINES, auto_scroll=True, id="log")
-
 
     @property
     def following(self) -> bool:
-        return not self.query_one(FollowLog).paused
+        return self.query_one(FollowLog).following
 
     def add(self, lines: list[str]) -> None:
         self.lines.extend(lines)
@@ -54,42 +108,41 @@ class LogPane(Vertical):
         if not shown:
             return
         log = self.query_one(FollowLog)
-        follow = self.following
         log.write_lines(shown)
-        if follow:
-            self.new_while_paused = 0
+        if log.following:
+            log.scroll_end(animate=False)
         else:
             self.new_while_paused += len(shown)
         self._subtitle()
 
     @property
     def status(self) -> str:
-        if self.new_while_paused:
-            return f"paused: {self.new_while_paused} new line(s), End to follow"
-        return f"filter: {self.filter}" if self.filter else ""
+        if not self.following:
+            return f"paused · {self.new_while_paused} new · End/G to follow"
+        return f"filter: {self.filter}" if self.filter else "following"
 
     def _subtitle(self) -> None:
-        self.query_one(Input).placeholder = self.status or "filter (substring)…  / to focus, Esc to leave"
         self.query_one(FollowLog).border_subtitle = self.status
+        self.query_one(Input).placeholder = FILTER_HINT if self.following else self.status
 
     def set_filter(self, text: str) -> None:
         self.filter = text
         log = self.query_one(FollowLog)
-        log._resetting = True
         log.clear()
-        log.paused = False
-        log.auto_scroll = True
         log.write_lines([ln for ln in self.lines if text in ln] if text else list(self.lines))
-        log._resetting = False
-        self.new_while_paused = 0
+        if log.following:
+            log.scroll_end(animate=False)
         self._subtitle()
 
     def follow(self) -> None:
-        log = self.query_one(FollowLog)
-        log.paused = False
-        log.auto_scroll = True
-        log.scroll_end(animate=False)
+        self.query_one(FollowLog).follow()
         self.new_while_paused = 0
+        self._subtitle()
+
+    def on_follow_log_moved(self, event: FollowLog.Moved) -> None:
+        event.stop()
+        if self.following:
+            self.new_while_paused = 0
         self._subtitle()
 
     def on_input_changed(self, event: Input.Changed) -> None:

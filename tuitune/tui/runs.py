@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.text import Text
+from textual.binding import Binding
 from textual.widgets import DataTable
 
 from ..runs import RunBook, delta_mark
@@ -19,7 +20,12 @@ def gpu_mark(note: str | None) -> str:
 
 
 class RunsTable(DataTable):
-    DEFAULT_CSS = "RunsTable { height: auto; max-height: 12; border: round $primary; }"
+    # at least three rows once there are runs (border 2 + header 1 + 3), whatever the terminal height
+    DEFAULT_CSS = """
+    RunsTable { height: auto; max-height: 12; border: round $primary; scrollbar-size-horizontal: 0; }
+    RunsTable.-has-runs { min-height: 6; }
+    """
+    BINDINGS = [Binding("j", "cursor_down", show=False), Binding("k", "cursor_up", show=False)]
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
@@ -45,6 +51,7 @@ class RunsTable(DataTable):
                 Text(gpu_mark(run.gpu_note), style="bold yellow"),
                 Text(summary if len(summary) <= 48 else summary[:47] + "…"),
                 key=str(run.id))
+        self.set_class(bool(book.runs), "-has-runs")
         if book.runs:
             self.move_cursor(row=min(max(keep, 0), len(book.runs) - 1))
         self.border_subtitle = f"baseline STALE: {stale}" if stale else ""

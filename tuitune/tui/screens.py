@@ -1,4 +1,8 @@
-"""Modal screens: relaunch progress, save a preset, open a preset (with a diff), quit."""
+"""Modal screens: relaunch progress, save a preset, open a preset (with a diff), quit, confirm.
+
+Every dialog fits its content (height auto, capped by the terminal), so nothing is clipped at
+80×24; `q` reaches the quit dialog from the views that are not text entry.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,8 @@ from pathlib import Path
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Horizontal, Vertical
+from textual.content import Content  # plain text: "[s]" in a label is a key, not markup
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
@@ -19,10 +24,12 @@ from .. import redact
 class RelaunchScreen(ModalScreen[None]):
     """Phase, elapsed time and the last log lines of a relaunch; Esc cancels a start."""
 
-    BINDINGS = [Binding("escape", "cancel", "cancel / close", id="relaunch.cancel")]
+    BINDINGS = [Binding("escape", "cancel", "cancel / close", id="relaunch.cancel"),
+                Binding("q", "app.quit_app", "quit", id="relaunch.quit")]
     DEFAULT_CSS = """
     RelaunchScreen { align: center middle; }
-    RelaunchScreen > Vertical { width: 110; height: 26; border: thick $primary; background: $surface; padding: 0 1; }
+    RelaunchScreen > Vertical { width: 110; max-width: 100%; height: 26; max-height: 100%; border: thick $primary;
+                                background: $surface; padding: 0 1; }
     RelaunchScreen #phase { text-style: bold; height: 2; }
     RelaunchScreen #error { color: $error; height: auto; }
     RelaunchScreen #lines { height: 1fr; color: $text-muted; }
@@ -93,25 +100,41 @@ class RelaunchScreen(ModalScreen[None]):
             self._draw()
 
 
-class SaveScreen(ModalScreen[str | None]):
+class SaveScreen(ModalScreen[tuple[str, str] | None]):
+    """Where to save, and the description (flagged when it mentions a value that changed)."""
+
     BINDINGS = [Binding("escape", "cancel", "cancel", id="save.cancel")]
     DEFAULT_CSS = """
     SaveScreen { align: center middle; }
-    SaveScreen > Vertical { width: 90; height: 9; border: thick $primary; background: $surface; padding: 0 1; }
+    SaveScreen > Vertical { width: 90; max-width: 100%; height: auto; max-height: 100%; border: thick $primary;
+                            background: $surface; padding: 0 1; }
+    SaveScreen Input { margin-bottom: 1; }
+    SaveScreen Label { width: 100%; }
+    SaveScreen #save-stale { color: $warning; height: auto; }
     """
 
-    def __init__(self, default_path: str):
+    def __init__(self, default_path: str, description: str = "", stale: str = ""):
         super().__init__()
         self.default_path = default_path
+        self.description = description
+        self.stale = stale
 
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label("save the current configuration as (a name goes to your presets directory):")
             yield Input(value=self.default_path, id="save-path")
-            yield Static("", id="save-error")
+            yield Label("description:")
+            yield Static(f"⚠ {self.stale}" if self.stale else "", id="save-stale")
+            yield Input(value=self.description, id="save-description")
+            yield Label("Enter saves · Tab moves · Esc cancels", classes="hint")
+
+    def on_mount(self) -> None:
+        if self.stale:
+            self.query_one("#save-description", Input).focus()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        self.dismiss(event.value.strip() or None)
+        path = self.query_one("#save-path", Input).value.strip()
+        self.dismiss((path, self.query_one("#save-description", Input).value.strip()) if path else None)
 
     def action_cancel(self) -> None:
         self.dismiss(None)
@@ -120,25 +143,38 @@ class SaveScreen(ModalScreen[str | None]):
 class OpenScreen(ModalScreen[Path | None]):
     """Pick a preset; the diff against the current configuration is shown before loading."""
 
-    BINDINGS = [Binding("escape", "cancel", "cancel", id="open.cancel")]
+    BINDINGS = [Binding("escape", "cancel", "cancel", id="open.cancel"),
+                Binding("q", "app.quit_app", "quit", id="open.quit")]
     DEFAULT_CSS = """
     OpenScreen { align: center middle; }
-    OpenScreen > Vertical { width: 120; height: 32; border: thick $primary; background: $surface; padding: 0 1; }
-    OpenScreen OptionList { height: 12; }
+    OpenScreen > Vertical { width: 120; max-width: 100%; height: 32; max-height: 100%; border: thick $primary;
+                            background: $surface; padding: 0 1; }
+    OpenScreen OptionList { height: 12; max-height: 45%; }
     OpenScreen #preview { height: 1fr; }
     """
 
-    def __init__(self, current: P.Preset):
+    def __init__(self, current: P.Preset, here: tuple[str, int] | None = None):
         super().__init__()
         self.current = current
+        self.here = here  # (target, port) this session follows: other presets are marked
         self.entries = P.listing()
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label("open a preset (Enter loads it; it is not launched until you press r)")
-            yield OptionList(*[Option(f"{origin:<8} {name:<28} {desc[:70]}", id=str(i))
-                               for i, (origin, _, name, desc) in enumerate(self.entries)], id="presets")
+            yield Label("open a preset: Enter loads one for this server (not launched until you press r); "
+                        "one marked ≠ runs on another target or port")
+            yield OptionList(*[Option(f"{self._mark(path)} {origin:<8} {name:<28} {desc[:70]}", id=str(i))
+                               for i, (origin, path, name, desc) in enumerate(self.entries)], id="presets")
             yield Static("", id="preview")
+
+    def _mark(self, path: Path) -> str:
+        if self.here is None:
+            return " "
+        try:
+            p = P.load(path)
+        except P.PresetError:
+            return "!"
+        return " " if (p.target.label(), p.server.port) == self.here else "≠"
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
         origin, path, name, desc = self.entries[int(event.option.id)]
@@ -168,34 +204,98 @@ class OpenScreen(ModalScreen[Path | None]):
 
 
 class QuitScreen(ModalScreen[str | None]):
-    """Quit: leave the server running (default) or stop it."""
+    """Quit while a server of ours runs: leave it running or stop it. The default (Enter) is to
+    leave a real server running and to stop the demo's simulator (``default_stop``)."""
 
     BINDINGS = [Binding("escape", "cancel", "cancel", id="quit.cancel"),
-                Binding("y,enter", "leave", "leave running", id="quit.leave"),
+                Binding("enter", "default", "default", show=False, id="quit.default"),
+                Binding("y", "leave", "leave running", id="quit.leave"),
                 Binding("s", "stop", "stop server", id="quit.stop")]
     DEFAULT_CSS = """
     QuitScreen { align: center middle; }
-    QuitScreen > Vertical { width: 64; height: 9; border: thick $primary; background: $surface; padding: 0 1; }
+    QuitScreen > Vertical { width: 64; max-width: 100%; height: auto; max-height: 100%; border: thick $primary;
+                            background: $surface; padding: 0 1; }
+    QuitScreen Label { width: 100%; }
+    QuitScreen Horizontal { height: auto; }
     QuitScreen Button { margin: 1 1 0 0; }
     """
 
+    def __init__(self, preset: str = "", starting: bool = False, default_stop: bool = False):
+        super().__init__()
+        self.preset = preset
+        self.starting = starting
+        self.default_stop = default_stop or starting  # a start is never left half-done
+
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label("Quit tuitune. Leave the server running?")
-            yield Button("Leave it running [Y/Enter]", id="leave", variant="primary")
-            yield Button("Stop the server [s]", id="stop", variant="error")
+            if self.starting:
+                yield Label(Content(f"Quit tuitune. {self.preset} is still starting: quitting stops it."))
+            else:
+                yield Label(Content(f"Quit tuitune. The server of {self.preset} is running: leave it running?"))
+            with Horizontal():
+                if not self.starting:
+                    yield Button(Content("Leave it running [y]" + (" ⏎" if not self.default_stop else "")), id="leave",
+                                 variant="default" if self.default_stop else "primary")
+                yield Button(Content("Stop the server [s]" + (" ⏎" if self.default_stop else "")), id="stop",
+                             variant="error")
+            yield Label("Esc: back to tuitune", classes="hint")
 
     def on_mount(self) -> None:
-        self.query_one("#leave", Button).focus()
+        self.query_one("#stop" if self.default_stop else "#leave", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id)
 
+    def action_default(self) -> None:
+        self.dismiss("stop" if self.default_stop else "leave")
+
     def action_leave(self) -> None:
-        self.dismiss("leave")
+        if not self.starting:
+            self.dismiss("leave")
 
     def action_stop(self) -> None:
         self.dismiss("stop")
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """A yes/no question for an action that cannot be undone (Esc or n: no)."""
+
+    BINDINGS = [Binding("escape,n", "no", "no", id="confirm.no")]
+    DEFAULT_CSS = """
+    ConfirmScreen { align: center middle; }
+    ConfirmScreen > Vertical { width: 64; max-width: 100%; height: auto; max-height: 100%; border: thick $error;
+                               background: $surface; padding: 0 1; }
+    ConfirmScreen Label { width: 100%; }
+    ConfirmScreen Horizontal { height: auto; }
+    ConfirmScreen Button { margin: 1 1 0 0; }
+    """
+
+    def __init__(self, question: str, yes_label: str, yes_key: str):
+        super().__init__()
+        self.question = question
+        self.yes_label = yes_label
+        self.yes_key = yes_key
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(Content(self.question))
+            with Horizontal():
+                yield Button(Content("Cancel [Esc]"), id="no", variant="primary")
+                yield Button(Content(self.yes_label), id="yes", variant="error")
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
+
+    def on_key(self, event) -> None:
+        if event.key == self.yes_key:
+            event.stop()
+            self.dismiss(True)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_no(self) -> None:
+        self.dismiss(False)

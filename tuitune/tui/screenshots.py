@@ -1,5 +1,6 @@
 """Deterministic scenes of the TUI, from a committed capture: `make screenshots` and the snapshot
-tests both build them here. ``python -m tuitune.tui.screenshots DIR`` writes one SVG per scene."""
+tests both build them here. ``python -m tuitune.tui.screenshots DIR`` writes one SVG per scene and
+size: ``main.svg`` at the wide size, ``main-120x40.svg`` and ``main-80x24.svg`` at the common ones."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from .app import TuituneApp, UserConfig
 from .screens import RelaunchScreen
 
 CAPTURE = Path(__file__).resolve().parent.parent.parent / "tests" / "data" / "demo-capture.jsonl"
-SIZE = (140, 44)
+SIZE = (140, 44)  # wide: the config panel stays open beside the panels
+SIZES = ((140, 44), (120, 40), (80, 24))  # 120×40 is what most users have; 80×24 must still work
 SCENES = ("main", "relaunch", "runs", "config", "failure", "gpus")
 CLOCK = 1795971100.0  # fixed wall clock: no ticking ages in the pictures
 
@@ -77,7 +79,9 @@ async def _relaunch_view(app: TuituneApp) -> RelaunchScreen:
 async def prepare(app: TuituneApp, pilot, scene: str) -> None:
     await pilot.pause()
     app.set_focus(None)
-    if scene == "relaunch":
+    if scene == "main":
+        _runs(app)  # the main screen as it looks after a few benchmarks
+    elif scene == "relaunch":
         screen = await _relaunch_view(app)
         screen.set_phase(ServerState("starting", "capturing graphs", elapsed_s=2.4))
         screen.add_lines([ln for ln in app.logpane.lines if "Capture" in ln or "Load" in ln][:12])
@@ -87,15 +91,18 @@ async def prepare(app: TuituneApp, pilot, scene: str) -> None:
     elif scene == "gpus":
         _gpus(app)
     elif scene == "config":
+        app.add_class("-show-config")  # collapsed below 140 columns: shown as `e` shows it
         panel = app.config
         panel.query_one("#spec-num-steps").value = "5"
         panel.query_one("#val-nccl-proto").value = "LLL"
         await pilot.pause()
         app.set_focus(None)
     elif scene == "failure":
+        message = ("server exited during start (out of memory): CUDA out of memory. Tried to allocate 3.50 GiB. "
+                   "GPU 0 has a total capacity of 94.97 GiB of which 1.12 GiB is free.")
+        app.session.state = ServerState("failed", "failed", message)  # what the header shows behind it
         screen = await _relaunch_view(app)
-        screen.done(False, "server exited during start (out of memory): CUDA out of memory. Tried to "
-                           "allocate 3.50 GiB. GPU 0 has a total capacity of 94.97 GiB of which 1.12 GiB is free.",
+        screen.done(False, message,
                     ["[2026-11-29 16:02:01 TP0] Load weight begin. avail mem=93.62 GB",
                      "[2026-11-29 16:02:02 TP0] Scheduler hit an exception: Traceback (most recent call last):",
                      '  File "/usr/lib/python3/dist-packages/sglang/srt/managers/scheduler.py", line 2870',
@@ -104,16 +111,21 @@ async def prepare(app: TuituneApp, pilot, scene: str) -> None:
     await pilot.pause()
 
 
+def file_name(scene: str, size: tuple[int, int]) -> str:
+    return f"{scene}.svg" if size == SIZE else f"{scene}-{size[0]}x{size[1]}.svg"
+
+
 async def save_all(out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for scene in SCENES:
-        app = scene_app()
-        async with app.run_test(size=SIZE) as pilot:
-            await prepare(app, pilot, scene)
-            path = out / f"{scene}.svg"
-            app.save_screenshot(str(path))
-            paths.append(path)
+    for size in SIZES:
+        for scene in SCENES:
+            app = scene_app()
+            async with app.run_test(size=size) as pilot:
+                await prepare(app, pilot, scene)
+                path = out / file_name(scene, size)
+                app.save_screenshot(str(path))
+                paths.append(path)
     return paths
 
 

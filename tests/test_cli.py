@@ -1,0 +1,113 @@
+"""Command line details a new user hits first: bench output and URLs, JSON listings, plain charts,
+shell completion."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tuitune.bench import BenchConfig, BenchRun, RequestResult
+
+ROOT = Path(__file__).resolve().parent.parent
+CAPTURE = ROOT / "tests" / "data" / "demo-capture.jsonl"
+
+
+def tuitune(*args, env=None, cwd=None):
+    return subprocess.run([sys.executable, "-m", "tuitune", *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})}, cwd=cwd)
+
+
+def test_bench_url_without_scheme_json_to_stdout_and_progress(sim_factory, tmp_path):
+    sim = sim_factory("--tp-size", "2", "--sim-load-seconds", "0.2", "--sim-speedup", "10")
+    sim.wait_ready()
+    r = tuitune("bench", "--url", f"127.0.0.1:{sim.port}", "--requests", "3", "--warmup", "0",
+                "--max-tokens", "40", "--json", "-", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)  # stdout is the JSON alone
+    assert len(data["results"]) == 3 and data["summary"]["requests"] == 3
+    assert not (tmp_path / "-").exists()
+    assert "bench: 3/3 requests" in r.stderr and "decode" in r.stderr  # progress and summary on stderr
+    r = tuitune("bench", "--url", "ftp://x:1")
+    assert r.returncode == 2 and "expected http://HOST:PORT" in r.stderr
+
+
+def test_no_throughput_warning_on_a_short_run():
+    """The server's last log interval is not the client's per-request rate: never compared."""
+    run = BenchRun(BenchConfig("http://x"), results=[RequestResult(ok=True, ttft_s=0.1, e2e_s=1.09, completion_tokens=100,
+                                                            spec_verify_ct=50)],
+                   server={"last_gen_throughput": 236.0, "avg_spec_accept_length": 2.05})
+    assert run.cross_check() == []
+    run.server["avg_spec_accept_length"] = 3.0  # like for like: still checked
+    assert "accept length" in run.cross_check()[0]
+
+
+def test_preset_list_and_validate_json(tmp_path):
+    env = {"XDG_CONFIG_HOME": str(tmp_path)}
+    (tmp_path / "tuitune" / "presets").mkdir(parents=True)
+    (tmp_path / "tuitune" / "presets" / "broken.yaml").write_text("name: broken\nserver: {log: /tmp/x.log, port: 0}\n")
+    r = tuitune("preset", "list", "--json", env=env)
+    rows = json.loads(r.stdout)
+    demo = next(x for x in rows if x["name"] == "demo")
+    assert demo["origin"] == "shipped" and demo["valid"] and demo["path"].endswith("demo.yaml")
+    bad = next(x for x in rows if x["path"].endswith("broken.yaml"))
+    assert not bad["valid"] and "port" in bad["error"]
+    r = tuitune("preset", "validate", "demo", "broken", "--json", env=env)
+    out = json.loads(r.stdout)
+    assert r.returncode == 2 and [x["ok"] for x in out] == [True, False] and out[0]["hash"]
+    r = tuitune("preset", "validate", "broken", "demo", env=env)  # plain: every preset is checked
+    assert r.returncode == 2 and "demo: ok" in r.stdout
+
+
+def test_charts_are_plain_text_when_piped_or_no_color():
+    r = tuitune("report", str(CAPTURE))  # stdout is a pipe here
+    assert r.returncode == 0 and "tok/s per profile window" in r.stdout and "\x1b" not in r.stdout
+    from tuitune.report import chart, summarize_capture
+    rep = summarize_capture(str(CAPTURE))
+    assert "\x1b" in chart([rep], colour=True) and "\x1b" not in chart([rep], colour=False)
+    from tuitune.report import colour_wanted
+
+    class Tty:
+        def isatty(self):
+            return True
+
+    os.environ["NO_COLOR"] = "1"
+    try:
+        assert not colour_wanted(Tty())
+    finally:
+        del os.environ["NO_COLOR"]
+    assert colour_wanted(Tty())
+
+
+def test_sweep_plot_plain():
+    from tuitune.sweep import plot
+    result = {"table": [{"kind": "config", "tok_s": 100 + s, "changes": {"speculative.num_steps": s},
+                         "axes": {"speculative.num_steps": s}} for s in (1, 2, 3)]}
+    assert "\x1b" not in plot(result, colour=False) and "\x1b" in plot(result, colour=True)
+
+
+def complete(line: str, env=None) -> list[str]:
+    r = subprocess.run([sys.executable, "-m", "tuitune.cli"], env={
+        **os.environ, **(env or {}), "_ARGCOMPLETE": "1", "COMP_LINE": line, "COMP_POINT": str(len(line)),
+        "_ARGCOMPLETE_IFS": "\n"}, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        close_fds=False, preexec_fn=lambda: os.dup2(1, 8))  # argcomplete answers on fd 8
+    return r.stdout.split("\n")
+
+
+def test_shell_completion_of_commands_presets_and_grid_keys(tmp_path):
+    assert "status" in [c.strip() for c in complete("tuitune sta")]
+    presets = [c.strip() for c in complete("tuitune status sim-c", env={"XDG_CONFIG_HOME": str(tmp_path)})]
+    assert "sim-c1-baseline-untuned" in presets and all(p.startswith("sim-c") for p in presets if p)
+    grid = [c.strip() for c in complete("tuitune sweep demo --grid speculative.num")]
+    assert "speculative.num_steps=" in grid and "speculative.num_draft_tokens=" in grid
+    nccl = [c.strip() for c in complete("tuitune sweep demo --grid env.NCCL_PR")]
+    assert "env.NCCL_PROTO=" in nccl
+    r = tuitune("completion", "bash")
+    assert r.returncode == 0 and "complete" in r.stdout and "tuitune" in r.stdout
+
+
+def test_demo_port_option_is_checked():
+    r = tuitune("demo", "--port", "0")
+    assert r.returncode == 2 and "--port must be between 1 and 65535" in r.stderr
