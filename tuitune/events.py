@@ -61,6 +61,9 @@ class ProfileWindow(Event, tag="profile", forbid_unknown_fields=True):
     p90_verify_ms: float | None = None
     max_verify_ms: float | None = None
     sync: str | None = None
+    # format v2: cycles (request-cycles when bs > 1) per accepted length, index 0 = length 1
+    accept_hist: tuple[int, ...] | None = None
+    verify_tokens: int | None = None  # tokens in one verify forward: bs x draft tokens
     extra: dict = {}
     ts: str | None = None
     rank: str | None = None
@@ -209,8 +212,9 @@ def from_dict(d: dict[str, Any]) -> Event | None:
     if cls is None:
         return None
     kw = {n: d[n] for n in cls.__struct_fields__ if n in d}
-    if "per_position" in kw and isinstance(kw["per_position"], list):
-        kw["per_position"] = tuple(kw["per_position"])
+    for n in ("per_position", "accept_hist"):
+        if isinstance(kw.get(n), list):
+            kw[n] = tuple(kw[n])
     if cls is ProfileWindow:
         for n in _FLOAT_FIELDS:  # NaN was written as null
             if n in d and kw.get(n) is None:

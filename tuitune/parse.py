@@ -125,9 +125,27 @@ def _bool(v: str) -> bool:
     return b
 
 
+MAX_ACCEPT = 64  # longest accepted length a histogram may name (steps are at most a few dozen)
+
+
+def _hist(v: str) -> tuple[int, ...]:
+    """``1:12,2:20,3:8`` (cycles per accepted length) -> counts indexed by length - 1."""
+    counts: dict[int, int] = {}
+    for part in v.split(","):
+        length, sep, n = part.partition(":")
+        if not sep or not length.isdigit() or not n.isdigit():
+            raise ValueError(v)
+        k = int(length)
+        if not 1 <= k <= MAX_ACCEPT or k in counts:
+            raise ValueError(v)
+        counts[k] = int(n)
+    return tuple(counts.get(k, 0) for k in range(1, max(counts) + 1))
+
+
 _PROFILE_CONV = {**{k: _float for k in ("draft_ms", "verify_ms", "extend_ms", "accept_len", "cycle_ms", "other_ms",
                                        "eff_tok_s", "p50_verify_ms", "p90_verify_ms", "max_verify_ms")},
-                 **{k: _int for k in ("v", "cycles", "bs", "steps", "topk", "draft_tokens")}, "sync": str}
+                 **{k: _int for k in ("v", "cycles", "bs", "steps", "topk", "draft_tokens", "verify_tokens")},
+                 "sync": str, "accept_hist": _hist}
 
 
 def _pairs(rest: str) -> dict[str, str]:
@@ -153,6 +171,20 @@ def _profile(line: str, at: int, fast: bool = True) -> Event:
     # Fast path: k=v k=v -> {"k":"v","k":"v"}. ts and rank are fields of the event, not of the
     # line: a line that sets them (the exact path keeps such keys in ``extra``) takes the exact
     # path, as do kind= and extra= (msgspec rejects them: the tag or the dict would be wrong).
+    hist = None
+    if fast and "accept_hist" in rest:
+        # msgspec cannot read "1:12,2:20" into a tuple: the one accept_hist pair is cut out and read
+        # here; anything unusual (repeated, inside another pair) leaves the line to the exact path
+        toks = rest.split()
+        hits = [t for t in toks if "accept_hist" in t]
+        if len(hits) == 1 and hits[0].startswith("accept_hist="):
+            try:
+                hist = _hist(hits[0][12:])
+            except ValueError:
+                pass  # dropped, as the exact path drops an optional key it cannot read
+            rest = " ".join(t for t in toks if t is not hits[0])
+        else:
+            fast = False
     if fast and '"' not in rest and "\\" not in rest:
         try:
             ev = _decode_profile('{"' + rest.replace("=", '":"').replace(" ", '","') + '"}')
@@ -161,8 +193,10 @@ def _profile(line: str, at: int, fast: bool = True) -> Event:
         if ev is not None and ev.ts is None and ev.rank is None:
             _force_setattr(ev, "ts", ts)  # the event is frozen once returned
             _force_setattr(ev, "rank", rank)
+            if hist is not None:
+                _force_setattr(ev, "accept_hist", hist)
             return ev
-    return _profile_exact(line, rest, ts, rank)
+    return _profile_exact(line, line[at + 15:], ts, rank)
 
 
 def _profile_exact(line: str, rest: str, ts: str | None, rank: str | None) -> Event:
