@@ -64,6 +64,7 @@ class ProfileWindow(Event, tag="profile", forbid_unknown_fields=True):
     # format v2: cycles (request-cycles when bs > 1) per accepted length, index 0 = length 1
     accept_hist: tuple[int, ...] | None = None
     verify_tokens: int | None = None  # tokens in one verify forward: bs x draft tokens
+    bs_hist: tuple[tuple[int, int], ...] | None = None  # (batch size, cycles) pairs of the window
     extra: dict = {}
     ts: str | None = None
     rank: str | None = None
@@ -215,6 +216,8 @@ def from_dict(d: dict[str, Any]) -> Event | None:
     for n in ("per_position", "accept_hist"):
         if isinstance(kw.get(n), list):
             kw[n] = tuple(kw[n])
+    if isinstance(kw.get("bs_hist"), list):
+        kw["bs_hist"] = tuple(tuple(x) for x in kw["bs_hist"] if isinstance(x, list) and len(x) == 2)
     if cls is ProfileWindow:
         for n in _FLOAT_FIELDS:  # NaN was written as null
             if n in d and kw.get(n) is None:

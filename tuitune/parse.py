@@ -128,24 +128,36 @@ def _bool(v: str) -> bool:
 MAX_ACCEPT = 64  # longest accepted length a histogram may name (steps are at most a few dozen)
 
 
-def _hist(v: str) -> tuple[int, ...]:
-    """``1:12,2:20,3:8`` (cycles per accepted length) -> counts indexed by length - 1."""
+def _counts(v: str, limit: int) -> dict[int, int]:
+    """``1:12,2:20,3:8`` -> {1: 12, 2: 20, 3: 8}; keys in 1..limit, each once."""
     counts: dict[int, int] = {}
     for part in v.split(","):
-        length, sep, n = part.partition(":")
-        if not sep or not length.isdigit() or not n.isdigit():
+        key, sep, n = part.partition(":")
+        if not sep or not key.isdigit() or not n.isdigit():
             raise ValueError(v)
-        k = int(length)
-        if not 1 <= k <= MAX_ACCEPT or k in counts:
+        k = int(key)
+        if not 1 <= k <= limit or k in counts:
             raise ValueError(v)
         counts[k] = int(n)
+    return counts
+
+
+def _hist(v: str) -> tuple[int, ...]:
+    """accept_hist (cycles per accepted length) -> counts indexed by length - 1."""
+    counts = _counts(v, MAX_ACCEPT)
     return tuple(counts.get(k, 0) for k in range(1, max(counts) + 1))
+
+
+def _bs_hist(v: str) -> tuple[tuple[int, int], ...]:
+    """bs_hist (cycles per batch size) -> (batch size, cycles) pairs, by batch size."""
+    return tuple(sorted(_counts(v, 1 << 20).items()))
 
 
 _PROFILE_CONV = {**{k: _float for k in ("draft_ms", "verify_ms", "extend_ms", "accept_len", "cycle_ms", "other_ms",
                                        "eff_tok_s", "p50_verify_ms", "p90_verify_ms", "max_verify_ms")},
                  **{k: _int for k in ("v", "cycles", "bs", "steps", "topk", "draft_tokens", "verify_tokens")},
-                 "sync": str, "accept_hist": _hist}
+                 "sync": str, "accept_hist": _hist, "bs_hist": _bs_hist}
+_HISTS = ("accept_hist", "bs_hist")  # values msgspec cannot decode from text: the fast path reads them
 
 
 def _pairs(rest: str) -> dict[str, str]:
@@ -171,20 +183,23 @@ def _profile(line: str, at: int, fast: bool = True) -> Event:
     # Fast path: k=v k=v -> {"k":"v","k":"v"}. ts and rank are fields of the event, not of the
     # line: a line that sets them (the exact path keeps such keys in ``extra``) takes the exact
     # path, as do kind= and extra= (msgspec rejects them: the tag or the dict would be wrong).
-    hist = None
-    if fast and "accept_hist" in rest:
-        # msgspec cannot read "1:12,2:20" into a tuple: the one accept_hist pair is cut out and read
-        # here; anything unusual (repeated, inside another pair) leaves the line to the exact path
-        toks = rest.split()
-        hits = [t for t in toks if "accept_hist" in t]
-        if len(hits) == 1 and hits[0].startswith("accept_hist="):
+    hists: dict = {}
+    for key in _HISTS:
+        if fast and key in rest:
+            # "1:12,2:20" is no JSON scalar: the one such pair is cut out and read here; anything
+            # unusual (repeated, inside another pair, odd whitespace) leaves the line to the exact path
+            i = rest.find(key + "=")
+            j = rest.find(" ", i)
+            j = len(rest) if j < 0 else j
+            value = rest[i + len(key) + 1:j]
+            if i < 0 or (i and rest[i - 1] != " ") or rest.count(key) != 1 or any(ch.isspace() for ch in value):
+                fast = False
+                break
             try:
-                hist = _hist(hits[0][12:])
+                hists[key] = _PROFILE_CONV[key](value)
             except ValueError:
                 pass  # dropped, as the exact path drops an optional key it cannot read
-            rest = " ".join(t for t in toks if t is not hits[0])
-        else:
-            fast = False
+            rest = rest[:i] + rest[j + 1:] if j < len(rest) else rest[:i].rstrip(" ")
     if fast and '"' not in rest and "\\" not in rest:
         try:
             ev = _decode_profile('{"' + rest.replace("=", '":"').replace(" ", '","') + '"}')
@@ -193,8 +208,8 @@ def _profile(line: str, at: int, fast: bool = True) -> Event:
         if ev is not None and ev.ts is None and ev.rank is None:
             _force_setattr(ev, "ts", ts)  # the event is frozen once returned
             _force_setattr(ev, "rank", rank)
-            if hist is not None:
-                _force_setattr(ev, "accept_hist", hist)
+            for key, value in hists.items():
+                _force_setattr(ev, key, value)
             return ev
     return _profile_exact(line, line[at + 15:], ts, rank)
 

@@ -1,0 +1,379 @@
+"""`tuitune tune`: measure, fit, advise, relaunch the predicted best, re-fit … then prove it.
+
+The loop (``tune_loop``) is independent of where measurements come from: a ``Source`` launches a
+configuration and returns what the launch showed (profile windows, decode lines, goodput per load
+level). ``SessionSource`` does it for real: relaunch through the session, benchmark a few load
+levels (the target concurrency and two others, so that one launch puts several verify token
+counts on the curve), record everything to a capture. ``tune`` wraps the loop with the JSONL log,
+``--resume``, and the final interleaved A/B (start vs chosen) that decides whether ``best.yaml``
+is written.
+
+Each round: fit the model to every launch so far; if the predicted best unmeasured configuration
+beats the best measured goodput by more than the noise, launch it; otherwise launch the
+configuration whose interval reaches highest above the best measured (it could still win); stop
+when nothing can beat the best by more than the noise, or the relaunch budget is spent. The
+choice is the best *measured* configuration: a prediction is never the final word.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+from . import preset as P
+from .advise import Advice, advise, space
+from .costmodel import OFF, Config, FitError, Launch, fit
+
+NOISE = 0.02  # gains below this are inside launch-to-launch noise (FACTS §7: published gains are ~1-4 %)
+
+
+class TuneError(Exception):
+    """Tuning cannot start or continue (one sentence)."""
+
+
+class Source(Protocol):
+    async def measure(self, config: Config, levels: list[int]) -> Launch: ...
+
+
+def levels_for(concurrency: int) -> list[int]:
+    """Load levels benchmarked in one launch: the target and two more, spreading bs × tokens."""
+    c = max(1, concurrency)
+    return sorted({max(1, c // 4), c, min(2 * c if c > 1 else 4, 256)})
+
+
+def config_of(p: P.Preset) -> Config:
+    if not p.is_speculative:
+        return OFF
+    r = p.speculative.resolved()
+    if r.num_steps is None:
+        raise TuneError(f"{p.name}: speculative.num_steps is unset (SGLang picks it at start); set it so that "
+                        f"tune knows where it starts")
+    return Config(r.num_steps, r.eagle_topk, r.num_draft_tokens)
+
+
+def preset_for(base: P.Preset, c: Config, spec_section: dict | None) -> P.Preset:
+    """``base`` running configuration ``c`` (a static one: any adaptive schedule is dropped)."""
+    if not c.speculative:
+        return P.with_changes(base, {"speculative": None})
+    if spec_section is None:
+        raise TuneError(f"{base.name} has no speculative section: tune needs its algorithm and draft model "
+                        f"(speculative.draft_model_path) to try speculative configurations")
+    return P.with_changes(base, {"speculative": {**spec_section, "num_steps": c.steps, "eagle_topk": c.topk,
+                                                 "num_draft_tokens": c.draft_tokens, "adaptive_config": None}})
+
+
+@dataclass
+class Step:
+    round: int
+    config: Config
+    reason: str
+    predicted: dict | None  # the prediction that chose it (None for the start)
+    goodput: dict[int, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"kind": "launch", "round": self.round, "config": self.config.to_dict(), "label": self.config.label,
+                "reason": self.reason, "predicted": self.predicted,
+                "goodput": {str(k): v for k, v in self.goodput.items()}, "time": time.time()}
+
+
+@dataclass
+class TuneResult:
+    start: Config
+    chosen: Config
+    concurrency: int
+    steps: list[Step]
+    launches: list[Launch]
+    stop_reason: str
+    advice: Advice | None
+
+    @property
+    def relaunches(self) -> int:
+        return max(0, len(self.steps) - 1)
+
+    def measured(self) -> dict[Config, float]:
+        out: dict[Config, list[float]] = {}
+        for ln in self.launches:
+            if self.concurrency in ln.goodput:
+                out.setdefault(ln.config, []).append(ln.goodput[self.concurrency])
+        return {c: sum(v) / len(v) for c, v in out.items()}
+
+
+def _best_measured(launches: list[Launch], concurrency: int) -> tuple[Config, float]:
+    vals: dict[Config, list[float]] = {}
+    for ln in launches:
+        g = ln.goodput.get(concurrency)
+        if g is not None and math.isfinite(g) and g > 0:
+            vals.setdefault(ln.config, []).append(g)
+    if not vals:
+        raise TuneError("no launch measured any goodput (every benchmark failed)")
+    # ties within the noise go to the simpler configuration (fewer steps, smaller tree)
+    mean = {c: sum(v) / len(v) for c, v in vals.items()}
+    top = max(mean.values())
+    near = [c for c, g in mean.items() if g >= top * (1 - NOISE / 4)]
+    c = min(near, key=lambda x: (x.steps, x.topk, x.draft_tokens))
+    return c, mean[c]
+
+
+def decide(launches: list[Launch], concurrency: int, configs: list[Config] | None = None,
+           noise: float = NOISE) -> tuple[Config | None, str, Advice | None]:
+    """The next configuration to launch and why; None when tuning should stop."""
+    try:
+        model = fit(launches)
+    except FitError as e:
+        # a baseline start has no profile windows: the first speculative try is the engines' default
+        if all(not ln.config.speculative for ln in launches):
+            return Config.chain(3), f"no speculative data yet ({e}); trying SGLang's usual chain of 3", None
+        raise TuneError(str(e)) from None
+    seen = {ln.config for ln in launches}
+    adv = advise(model, concurrency, launches[-1].config if launches else None, configs)
+    _, best = _best_measured(launches, concurrency)
+    open_ = [p for p in adv.ranking if p.config not in seen]
+    if not open_:
+        return None, "every configuration has been measured", adv
+    top = open_[0]
+    if top.goodput.mean > best * (1 + noise):
+        return top.config, (f"predicted best: {top.goodput.mean:.1f} tok/s vs {best:.1f} measured "
+                            f"({top.goodput.mean / best - 1:+.1%})"), adv
+    reach = [p for p in open_ if p.goodput.hi > best * (1 + noise)]
+    if reach:
+        p = max(reach, key=lambda x: x.goodput.hi)
+        return p.config, (f"could still win: predicted {p.goodput.mean:.1f}, interval up to {p.goodput.hi:.1f} "
+                          f"vs {best:.1f} measured"), adv
+    return None, (f"predicted gain inside the noise: the best unmeasured, {top.config.label}, is predicted at "
+                  f"{top.goodput.mean:.1f} vs {best:.1f} measured"), adv
+
+
+async def tune_loop(source: Source, start: Config, budget: int, concurrency: int,
+                    levels: list[int] | None = None, configs: list[Config] | None = None,
+                    prior: list[tuple[Step, Launch]] | None = None,
+                    on_step: Callable[[Step, Launch], None] | None = None,
+                    progress: Callable[[str], None] | None = None) -> TuneResult:
+    """Measure ``start``, then up to ``budget`` relaunches chosen by the fitted model."""
+    levels = levels or levels_for(concurrency)
+    if concurrency not in levels:
+        levels = sorted({*levels, concurrency})
+    steps = [s for s, _ in prior or []]
+    launches = [ln for _, ln in prior or []]
+
+    async def run(c: Config, reason: str, predicted: dict | None) -> None:
+        if progress:
+            progress(f"launch {len(steps)}: {c.label} ({reason})")
+        ln = await source.measure(c, levels)
+        st = Step(len(steps), c, reason, predicted, dict(ln.goodput))
+        steps.append(st)
+        launches.append(ln)
+        if on_step:
+            on_step(st, ln)
+        if progress:
+            g = ln.goodput.get(concurrency)
+            progress(f"  goodput at concurrency {concurrency}: " + (f"{g:.1f} tok/s" if g else "not measured"))
+
+    if not steps:
+        await run(start, "the starting configuration", None)
+    stop = "relaunch budget spent"
+    adv = None
+    while len(steps) - 1 < budget:
+        nxt, why, adv = decide(launches, concurrency, configs)
+        if nxt is None:
+            stop = why
+            break
+        pred = None
+        if adv is not None:
+            p = next((x for x in adv.ranking if x.config == nxt), None)
+            pred = p.goodput.to_dict() if p else None
+        await run(nxt, why, pred)
+    else:
+        try:
+            _, _, adv = decide(launches, concurrency, configs)
+        except TuneError:
+            adv = None
+    chosen, _ = _best_measured(launches, concurrency)
+    return TuneResult(start, chosen, concurrency, steps, launches, stop, adv)
+
+
+# ---- the real thing: a session, captures, the JSONL log, the A/B ---------------------------------
+
+
+def goodput_of(run) -> float:
+    """Output tok/s of all measured requests together: tokens over the span from the first
+    request's start to the last one's end (warm-up requests are not in ``run.results``)."""
+    ok = [r for r in run.ok if r.completion_tokens and r.e2e_s is not None and r.t0]
+    if not ok:
+        return math.nan
+    t0 = min(r.t0 for r in ok)
+    t1 = max(r.t0 + r.e2e_s for r in ok)
+    return sum(r.completion_tokens for r in ok) / (t1 - t0) if t1 > t0 else math.nan
+
+
+class SessionSource:
+    """Relaunch a preset's server with each configuration and benchmark it at a few load levels."""
+
+    def __init__(self, session, base: P.Preset, out: Path, overrides: dict | None = None,
+                 settle_s: float = 0.5):
+        from .capture import CaptureWriter, redacted_preset
+        self._writer_cls, self._redact = CaptureWriter, redacted_preset
+        self.session = session
+        self.base = base
+        self.spec = base.speculative.model_dump() if base.is_speculative else None
+        self.out = out
+        self.overrides = overrides or {}
+        self.settle_s = settle_s
+        self.count = 0
+
+    def preset(self, c: Config) -> P.Preset:
+        return preset_for(self.base, c, self.spec)
+
+    async def measure(self, config: Config, levels: list[int]) -> Launch:
+        from .events import DecodeStats, LogLine, ProfileWindow
+        p = self.preset(config)
+        (self.out / "captures").mkdir(parents=True, exist_ok=True)
+        path = self.out / "captures" / f"launch-{self.count:02d}-{config.short.replace('/', '-')}.jsonl.gz"
+        self.count += 1
+        writer = self._writer_cls(path, {"preset": self._redact(P.to_dict(p)), "preset_hash": p.hash(),
+                                         "target": p.target.label(), "tune_config": config.to_dict()})
+        launch = Launch(config, label=str(path))
+        level_of: list[int] = [0]
+
+        def sink(events) -> None:
+            writer.write([e for e in events if not isinstance(e, LogLine)])
+            for e in events:
+                if isinstance(e, ProfileWindow):
+                    launch.windows.append(e)
+                elif isinstance(e, DecodeStats) and level_of[0]:
+                    launch.decodes.append(e)
+
+        self.session.subscribe(sink)
+        try:
+            await self.session.relaunch(p)
+            for level in levels:
+                level_of[0] = level
+                b = {**self.overrides, "concurrency": level}
+                b["requests"] = max(int(b.get("requests") or p.bench.requests), 2 * level)
+                run = await self.session.bench(label=f"{config.short} c={level}", **b)
+                if not run.failed:
+                    launch.goodput[level] = goodput_of(run)
+            await asyncio.sleep(self.settle_s)  # the tail's last batch (windows logged at the end)
+        finally:
+            self.session.subscribers.remove(sink)
+            writer.close()
+        return launch
+
+
+def load_log(out: Path) -> list[dict]:
+    path = out / "tune.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue  # cut short by an interruption: that launch runs again
+    return rows
+
+
+def _append(out: Path, row: dict) -> None:
+    with open(out / "tune.jsonl", "a") as f:
+        f.write(json.dumps(row, default=str) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _replay_prior(rows: list[dict]) -> list[tuple[Step, Launch]]:
+    """Launches of an earlier run, rebuilt from the log and their captures (for --resume)."""
+    from .capture import CaptureError, read_capture
+    from .events import DecodeStats, ProfileWindow
+    prior = []
+    for r in rows:
+        if r.get("kind") != "launch":
+            continue
+        c = Config(**r["config"])
+        ln = Launch(c, goodput={int(k): v for k, v in (r.get("goodput") or {}).items()}, label=r.get("capture", ""))
+        try:
+            cap = read_capture(r["capture"])
+        except (CaptureError, KeyError):
+            continue  # its capture is gone: that launch runs again
+        ln.windows = [x.event for x in cap.records if isinstance(x.event, ProfileWindow)]
+        ln.decodes = [x.event for x in cap.records if isinstance(x.event, DecodeStats)]
+        st = Step(r["round"], c, r.get("reason", ""), r.get("predicted"), dict(ln.goodput))
+        prior.append((st, ln))
+    return prior
+
+
+async def tune(base: P.Preset, budget: int, concurrency: int, out: Path, *, resume: bool = False,
+               levels: list[int] | None = None, overrides: dict | None = None, ab_rounds: int = 4,
+               configs: list[Config] | None = None, progress: Callable[[str], None] | None = None,
+               session=None) -> dict:
+    from .ab import run_ab
+    from .session import Session
+    start = config_of(base)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = load_log(out)
+    if rows and not resume:
+        raise TuneError(f"{out} already holds a tune log; pass --resume to continue, or choose another --out")
+    prior = _replay_prior(rows) if resume else []
+    session = session or Session(base)
+    await session.connect()
+    source = SessionSource(session, base, out, overrides)
+    source.count = len(prior)
+    try:
+        def on_step(st: Step, ln: Launch) -> None:
+            _append(out, {**st.to_dict(), "capture": ln.label})
+
+        result = await tune_loop(source, start, budget, concurrency, levels, configs or space(), prior,
+                                 on_step, progress)
+        measured = result.measured()
+        summary = {"kind": "result", "start": start.to_dict(), "chosen": result.chosen.to_dict(),
+                   "chosen_label": result.chosen.label, "concurrency": concurrency, "relaunches": result.relaunches,
+                   "stop_reason": result.stop_reason,
+                   "measured": {c.label: g for c, g in measured.items()}}
+        if result.advice is not None:
+            summary["advice"] = result.advice.to_dict(full=False)
+        if result.chosen == start:
+            summary["verdict"] = {"verdict": "start is already best",
+                                  "reason": f"no configuration measured faster than {start.label}"}
+        else:
+            a, b = source.preset(start), source.preset(result.chosen)
+            b = P.with_changes(b, {"name": f"{base.name}-tuned",
+                                   "description": f"tuitune tune at concurrency {concurrency}: {result.chosen.label}"})
+            if progress:
+                progress(f"A/B: {a.name} ({start.label}) vs {result.chosen.label}, {ab_rounds} rounds each")
+            ab_over = {**(overrides or {}), "concurrency": concurrency,
+                       "requests": max(int((overrides or {}).get("requests") or base.bench.requests), 2 * concurrency)}
+            await session.stop_follow()
+            ab = await run_ab(session.transport, a, b, ab_rounds, ab_over, progress=progress)
+            summary["ab"] = ab
+            v = ab["verdict"]
+            summary["verdict"] = v
+            if v.get("verdict") == "faster":
+                summary["best_preset"] = str(P.save(b, out / "best.yaml"))
+            else:
+                summary["verdict"] = {**v, "note": f"the start ({start.label}) stays: the A/B did not show "
+                                                   f"{result.chosen.label} faster"}
+        _append(out, summary)
+        return summary
+    finally:
+        await session.close()
+
+
+def format_result(r: dict) -> str:
+    lines = [f"tuned at concurrency {r['concurrency']}: {r['relaunches']} relaunch(es); stopped: {r['stop_reason']}"]
+    for label, g in sorted(r["measured"].items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {label:<32} {g:>10.1f} tok/s measured")
+    v = r["verdict"]
+    if v.get("verdict") == "start is already best":
+        lines.append(f"verdict: the start is already best ({v['reason']})")
+    elif v.get("verdict") == "faster":
+        lines.append(f"verdict: {r['chosen_label']} is faster than the start (ratio {v['ratio']:.4f}, "
+                     f"95% CI {v['ratio_ci'][0]:.4f}-{v['ratio_ci'][1]:.4f}, p = {v['p_value']:.3f}); "
+                     f"written to {r.get('best_preset')}")
+    else:
+        why = v.get("reason") or v.get("verdict")
+        lines.append(f"verdict: {why}; the start is kept (no best.yaml)")
+    return "\n".join(lines)
