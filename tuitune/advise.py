@@ -189,7 +189,7 @@ def _pct(x: float | None) -> str:
     return "" if x is None else f"{x:+.1%}"
 
 
-def format_advice(model: CostModel, advices: list[Advice]) -> str:
+def format_advice(model: CostModel, advices: list[Advice], top: int = 5) -> str:
     s = model.summary()
     v = s["verify"]
     acc = s["acceptance"]
@@ -203,7 +203,7 @@ def format_advice(model: CostModel, advices: list[Advice]) -> str:
         lines.append("")
         lines.append(f"concurrency {a.concurrency}:")
         lines.append(f"  {'#':>2} {'configuration':<30} {'goodput tok/s':>14} {'95% interval':>21} {'gain':>7}  accept")
-        rows = a.top()
+        rows = a.top(top)
         if a.running is not None and a.running not in rows:
             rows = rows + [a.running]
         for i, p in enumerate(rows):

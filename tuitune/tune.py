@@ -306,9 +306,30 @@ def _replay_prior(rows: list[dict]) -> list[tuple[Step, Launch]]:
     return prior
 
 
+NCCL_GRID = ("env.NCCL_PROTO=LL,LL128,Simple,unset", "env.NCCL_ALGO=Ring,Tree,unset")
+
+
+async def _nccl_screen(session, base: P.Preset, backend: str, hidden_size: int | None,
+                       progress: Callable[[str], None] | None) -> tuple[dict, dict]:
+    """nccl-bench's ranking of NCCL_PROTO x NCCL_ALGO at decode sizes: (changes of the winner, report)."""
+    from . import grid as G
+    from . import ncclbench as NB
+    grid = G.parse(list(NCCL_GRID))
+    try:
+        report = await NB.run(session.transport, base, grid, hidden_size=hidden_size, backend=backend,
+                              progress=progress)
+    except NB.NcclBenchError as e:
+        raise TuneError(f"--nccl: {e}") from None
+    if not report["ranking"]:
+        raise TuneError("--nccl: no NCCL setting could be measured (see `tuitune nccl-bench` for the errors)")
+    row = next(r for r in report["rows"] if r["label"] == report["ranking"][0])
+    return ({} if row.get("current") else row["changes"]), report
+
+
 async def tune(base: P.Preset, budget: int, concurrency: int, out: Path, *, resume: bool = False,
                levels: list[int] | None = None, overrides: dict | None = None, ab_rounds: int = 4,
-               configs: list[Config] | None = None, progress: Callable[[str], None] | None = None,
+               configs: list[Config] | None = None, nccl: bool = False, nccl_backend: str = "nccl",
+               hidden_size: int | None = None, progress: Callable[[str], None] | None = None,
                session=None) -> dict:
     from .ab import run_ab
     from .session import Session
@@ -317,45 +338,86 @@ async def tune(base: P.Preset, budget: int, concurrency: int, out: Path, *, resu
     rows = load_log(out)
     if rows and not resume:
         raise TuneError(f"{out} already holds a tune log; pass --resume to continue, or choose another --out")
-    prior = _replay_prior(rows) if resume else []
     session = session or Session(base)
     await session.connect()
-    source = SessionSource(session, base, out, overrides)
-    source.count = len(prior)
+    original = base
     try:
-        def on_step(st: Step, ln: Launch) -> None:
-            _append(out, {**st.to_dict(), "capture": ln.label})
+        screen = next((r for r in rows if r.get("kind") == "nccl"), None)
+        if nccl and screen is None:
+            changes, report = await _nccl_screen(session, base, nccl_backend, hidden_size, progress)
+            screen = {"kind": "nccl", "changes": changes, "ranking": report["ranking"], "resolved": False}
+            _append(out, screen)
+        env_label = ""
+        if screen is not None and screen["changes"]:
+            # one launch of the start with the winner's variables decides whether they stay
+            env_label = " ".join(f"{k.split('.', 1)[1]}={v if v is not None else 'unset'}"
+                                 for k, v in screen["changes"].items())
+            rows = load_log(out)
+            decided = next((r for r in rows if r.get("kind") == "nccl_decision"), None)
+            if decided is None:
+                cand = P.with_changes(base, screen["changes"])
+                cur_src = SessionSource(session, base, out, overrides)
+                cur_src.count = sum(1 for r in rows if r.get("kind") == "launch")
+                lv = sorted({*(levels or levels_for(concurrency)), concurrency})
+                if progress:
+                    progress(f"NCCL: nccl-bench ranks {env_label} first; measuring the start with and without it")
+                now = await cur_src.measure(start, lv)
+                _append(out, {**Step(0, start, "the starting configuration", None, dict(now.goodput)).to_dict(),
+                              "capture": now.label, "env": ""})
+                cand_src = SessionSource(session, cand, out, overrides)
+                cand_src.count = cur_src.count
+                new = await cand_src.measure(start, lv)
+                _append(out, {**Step(0, start, f"NCCL {env_label}", None, dict(new.goodput)).to_dict(),
+                              "capture": new.label, "env": env_label})
+                keep = new.goodput.get(concurrency, 0.0) > now.goodput.get(concurrency, 0.0) * (1 + NOISE)
+                decided = {"kind": "nccl_decision", "env": env_label if keep else "",
+                           "goodput": {"current": now.goodput.get(concurrency), "candidate": new.goodput.get(concurrency)}}
+                _append(out, decided)
+                if progress:
+                    progress(f"NCCL: {'keeping' if keep else 'dropping'} {env_label}")
+            budget -= 1  # the launch with the screened variables
+            if decided["env"]:
+                base = P.with_changes(base, screen["changes"])
+            else:
+                env_label = ""
+        rows = load_log(out)
+        prior = _replay_prior([r for r in rows if r.get("kind") == "launch" and r.get("env", "") == env_label])
+        source = SessionSource(session, base, out, overrides)
+        source.count = sum(1 for r in rows if r.get("kind") == "launch")
 
-        result = await tune_loop(source, start, budget, concurrency, levels, configs or space(), prior,
+        def on_step(st: Step, ln: Launch) -> None:
+            _append(out, {**st.to_dict(), "capture": ln.label, "env": env_label})
+
+        result = await tune_loop(source, start, max(0, budget), concurrency, levels, configs or space(), prior,
                                  on_step, progress)
         measured = result.measured()
         summary = {"kind": "result", "start": start.to_dict(), "chosen": result.chosen.to_dict(),
-                   "chosen_label": result.chosen.label, "concurrency": concurrency, "relaunches": result.relaunches,
-                   "stop_reason": result.stop_reason,
+                   "chosen_label": result.chosen.label + (f" with {env_label}" if env_label else ""),
+                   "concurrency": concurrency, "relaunches": sum(1 for r in load_log(out) if r.get("kind") == "launch") - 1,
+                   "stop_reason": result.stop_reason, "nccl": env_label or None,
                    "measured": {c.label: g for c, g in measured.items()}}
         if result.advice is not None:
             summary["advice"] = result.advice.to_dict(full=False)
-        if result.chosen == start:
+        start_preset = preset_for(original, start, source.spec)
+        chosen_preset = source.preset(result.chosen)
+        if chosen_preset.hash() == start_preset.hash():
             summary["verdict"] = {"verdict": "start is already best",
                                   "reason": f"no configuration measured faster than {start.label}"}
         else:
-            a, b = source.preset(start), source.preset(result.chosen)
-            b = P.with_changes(b, {"name": f"{base.name}-tuned",
-                                   "description": f"tuitune tune at concurrency {concurrency}: {result.chosen.label}"})
+            b = P.with_changes(chosen_preset, {"name": f"{original.name}-tuned",
+                                               "description": f"tuitune tune at concurrency {concurrency}: "
+                                                              f"{summary['chosen_label']}"})
             if progress:
-                progress(f"A/B: {a.name} ({start.label}) vs {result.chosen.label}, {ab_rounds} rounds each")
+                progress(f"A/B: {start_preset.name} ({start.label}) vs {summary['chosen_label']}, {ab_rounds} rounds each")
             ab_over = {**(overrides or {}), "concurrency": concurrency,
                        "requests": max(int((overrides or {}).get("requests") or base.bench.requests), 2 * concurrency)}
             await session.stop_follow()
-            ab = await run_ab(session.transport, a, b, ab_rounds, ab_over, progress=progress)
+            ab = await run_ab(session.transport, start_preset, b, ab_rounds, ab_over, progress=progress)
             summary["ab"] = ab
             v = ab["verdict"]
             summary["verdict"] = v
             if v.get("verdict") == "faster":
                 summary["best_preset"] = str(P.save(b, out / "best.yaml"))
-            else:
-                summary["verdict"] = {**v, "note": f"the start ({start.label}) stays: the A/B did not show "
-                                                   f"{result.chosen.label} faster"}
         _append(out, summary)
         return summary
     finally:
