@@ -690,6 +690,7 @@ def cmd_advise(ns) -> int:
     if ns.top < 1:
         raise CliError(f"--top must be at least 1 (got {ns.top})", 2)
     buckets = _int_list(ns.buckets, "--buckets") if ns.buckets else list(A.ADAPTIVE_BUCKETS)
+    wanted = _int_list(ns.concurrency, "--concurrency") if ns.concurrency else None
     ControlError, TransportError = _errors()
     try:
         launches, running, load = _run_async(launches_from(ns.sources))
@@ -697,7 +698,7 @@ def cmd_advise(ns) -> int:
         raise CliError(str(e), e.code) from None
     except (ControlError, TransportError) as e:
         raise CliError(str(e), 1) from None
-    levels = _int_list(ns.concurrency, "--concurrency") if ns.concurrency else [load]
+    levels = wanted or [load]
     try:
         model = fit(launches)
     except FitError as e:

@@ -334,6 +334,9 @@ async def tune(base: P.Preset, budget: int, concurrency: int, out: Path, *, resu
     from .ab import run_ab
     from .session import Session
     start = config_of(base)
+    if not base.is_speculative:
+        raise TuneError(f"{base.name} has no speculative section: tune needs the algorithm and draft model "
+                        f"(speculative.draft_model_path) to try configurations; start from a speculative preset")
     out.mkdir(parents=True, exist_ok=True)
     rows = load_log(out)
     if rows and not resume:
