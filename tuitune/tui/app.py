@@ -26,6 +26,7 @@ from ..control import ControlError
 from ..events import Event, LogLine, Marker, ProfileWindow, ServerState
 from ..runs import RunBook, delta_mark
 from ..transport import TransportError
+from .advisor import AdvisorPanel, apply_to_config
 from .chart import ChartPanel
 from .config import ConfigPanel
 from .cycle import CyclePanel
@@ -121,6 +122,7 @@ class TuituneApp(App):
         Binding("g", "toggle_tab", "log/chart", id="tuitune.tab"),
         Binding("slash", "focus_filter", "filter", id="tuitune.filter"),
         Binding("e", "edit", "edit config", id="tuitune.edit"),
+        Binding("a", "apply_advice", "apply advice", id="tuitune.apply_advice"),
         Binding("end", "follow_log", "follow", show=False, id="tuitune.follow"),
         Binding("space", "pause", "pause", show=False, id="tuitune.pause"),
         Binding("right", "seek(10)", "+10s", show=False, id="tuitune.seek_fwd"),
@@ -170,6 +172,8 @@ class TuituneApp(App):
                         yield LogPane(id="logpane")
                     with TabPane("chart", id="tab-chart"):
                         yield ChartPanel(id="chart")
+                    with TabPane("advisor", id="tab-advisor"):
+                        yield AdvisorPanel(id="advisor")
             yield ConfigPanel(id="config")
         yield Footer()
 
@@ -180,6 +184,7 @@ class TuituneApp(App):
         self.runs_table = self.query_one(RunsTable)
         self.logpane = self.query_one(LogPane)
         self.chart = self.query_one(ChartPanel)
+        self.advisor = self.query_one(AdvisorPanel)
         self.config = self.query_one(ConfigPanel)
         self.tabs = self.query_one(TabbedContent)
         if self.user_config.keymap:
@@ -241,6 +246,8 @@ class TuituneApp(App):
                     and not self.relaunch_screen.finished and ev.state == "starting":
                 self.relaunch_screen.set_phase(ev)
         s = self.session
+        self.advisor.feed(events)
+        self.advisor.refresh_model(s.load.concurrency if s.load is not None and s.load.on else None)
         self.header.show(
             s.label, self.draft.name if self.draft else "?", self.modified, s.state, s.link, s.load,
             s.record.started if s.record else None, self.clock())
@@ -319,6 +326,14 @@ class TuituneApp(App):
     def cancel_relaunch(self) -> None:
         if self.relaunch_worker is not None:
             self.relaunch_worker.cancel()
+
+    def action_apply_advice(self) -> None:
+        best = self.advisor.top()
+        if best is None:
+            self.say("no advice yet: the advisor needs profile windows of the running server", "warning")
+            return
+        apply_to_config(self.config, best)
+        self.say(f"config panel set to {best.label}: press r to relaunch with it")
 
     def action_bench(self) -> None:
         if self.bench_running:

@@ -18,7 +18,7 @@ from .screens import RelaunchScreen
 
 CAPTURE = Path(__file__).resolve().parent.parent.parent / "tests" / "data" / "demo-capture.jsonl"
 SIZE = (140, 44)
-SCENES = ("main", "relaunch", "runs", "config", "failure")
+SCENES = ("main", "relaunch", "runs", "config", "failure", "advisor")
 CLOCK = 1795971100.0  # fixed wall clock: no ticking ages in the pictures
 
 
@@ -68,6 +68,10 @@ async def prepare(app: TuituneApp, pilot, scene: str) -> None:
         panel.query_one("#val-nccl-proto").value = "LLL"
         await pilot.pause()
         app.set_focus(None)
+    elif scene == "advisor":
+        app.tabs.active = "tab-advisor"
+        app.refresh_views()
+        app.advisor.refresh_model(force=True)
     elif scene == "failure":
         screen = await _relaunch_view(app)
         screen.done(False, "server exited during start (out of memory): CUDA out of memory. Tried to "
