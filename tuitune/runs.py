@@ -25,6 +25,17 @@ class Run:
     summary: dict
     cycle_ms: float | None = None  # mean cycle time of the profile windows seen during the run
     started: float = field(default_factory=time.time)
+    levels: list[dict] = field(default_factory=list)  # bench.level_row per concurrency, for a curve
+
+    @property
+    def concurrency(self) -> int:
+        return self.summary.get("concurrency", 1)
+
+    @property
+    def concurrency_text(self) -> str:
+        if len(self.levels) > 1:
+            return f"{self.levels[0]['concurrency']}–{self.levels[-1]['concurrency']}"
+        return str(self.concurrency)
 
     @property
     def median(self) -> float:
@@ -54,9 +65,9 @@ class RunBook:
         self.min_effect = min_effect
 
     def add(self, label: str, preset: P.Preset, values: list[float], summary: dict,
-            cycle_ms: float | None = None, started: float | None = None) -> Run:
+            cycle_ms: float | None = None, started: float | None = None, levels: list[dict] | None = None) -> Run:
         run = Run(len(self.runs) + 1, label, preset, list(values), summary, cycle_ms,
-                  started if started is not None else time.time())
+                  started if started is not None else time.time(), list(levels or []))
         self.runs.append(run)
         if self.baseline_id is None:
             self.baseline_id = run.id  # the first run is the baseline until one is marked
@@ -117,6 +128,9 @@ class RunBook:
             return None
         if base.failed or run.failed:
             return {"verdict": "not comparable", "ratio": math.nan}
+        if base.concurrency != run.concurrency:  # per-request speed falls as the batch grows
+            return {"verdict": "not comparable", "ratio": math.nan,
+                    "reason": f"concurrency {run.concurrency} vs the baseline's {base.concurrency}"}
         return stats.compare(base.values, run.values, self.min_effect)
 
 

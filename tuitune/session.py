@@ -18,7 +18,7 @@ from typing import Awaitable, Callable
 from . import preset as P
 from .bench import BenchConfig, BenchRun, RequestResult, client_session, prompts, run_bench, run_request
 from .control import ControlError, ReadyResult, ServerControl, Status, nccl_confirmation
-from .events import BenchSummary, Event, LinkState, LogLine, Marker, ProfileWindow, ServerState
+from .events import BenchSummary, DecodeStats, Event, LinkState, LogLine, Marker, ProfileWindow, ServerState
 from .stream import EventStream
 from .parse import parse_line
 from .tail import LogTail, file_size
@@ -197,9 +197,11 @@ class Session(EventStream):
         if was_loaded:
             await self.set_load(False)  # a benchmark measures alone
         cycles: list[float] = []
+        batch: list[int] = []
 
         def collect(events: list[Event]) -> None:
             cycles.extend(e.cycle_ms for e in events if isinstance(e, ProfileWindow) and math.isfinite(e.cycle_ms))
+            batch.extend(e.running_req for e in events if isinstance(e, DecodeStats) and e.running_req)
 
         self.subscribe(collect)
         try:
@@ -209,6 +211,7 @@ class Session(EventStream):
             if was_loaded:
                 await self.set_load(True, self.load.concurrency)
         run.cycle_ms = sum(cycles) / len(cycles) if cycles else None
+        run.batch_sizes = batch
         s = run.summary()
         tok = s.get("tok_s") or {}
         acc = s.get("accept_len") or {}

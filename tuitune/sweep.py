@@ -26,8 +26,8 @@ from .metrics import quantile
 from .session import Session
 from .transport import TransportError
 
-CSV_FIELDS = ("trial", "kind", "label", "repeat", "status", "tok_s_median", "ci_low", "ci_high", "accept_len",
-              "cycle_ms", "requests", "failed", "reason", "preset_hash", "time")
+CSV_FIELDS = ("trial", "kind", "label", "repeat", "status", "concurrency", "tok_s_median", "ci_low", "ci_high",
+              "goodput", "accept_len", "cycle_ms", "requests", "failed", "reason", "preset_hash", "time")
 
 
 class SweepError(Exception):
@@ -117,6 +117,7 @@ async def run_trial(session: Session, trial: dict, out: Path, overrides: dict) -
     ci = tok.get("ci95") or [None, None]
     return {**row, "status": "ok" if not run.failed else "failed",
             "reason": "; ".join(s["errors"]) if run.failed else None,
+            "concurrency": run.config.concurrency, "goodput": (s.get("goodput") or {}).get("tok_s"),
             "tok_s_median": tok.get("median"), "ci_low": ci[0], "ci_high": ci[1],
             "accept_len": (s.get("accept_len") or {}).get("mean"),
             "cycle_ms": run.cycle_ms,
@@ -164,6 +165,7 @@ def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict
         g = groups.setdefault(r["label"], {"label": r["label"], "kind": r["kind"], "changes": r.get("changes", {}),
                                            "axes": r.get("axes", {}),
                                            "launches": [], "values": [], "accept": [], "cycle": [],
+                                           "goodput": [], "concurrency": r.get("concurrency", 1),
                                            "skipped": None, "failed": 0})
         if r["status"] == "skipped":
             g["skipped"] = r.get("reason")
@@ -174,6 +176,8 @@ def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict
                 g["accept"].append(r["accept_len"])
             if r.get("cycle_ms"):
                 g["cycle"].append(r["cycle_ms"])
+            if r.get("goodput"):
+                g["goodput"].append(r["goodput"])
         else:
             g["failed"] += 1
     base_g = groups.get("baseline")
@@ -187,8 +191,14 @@ def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict
                  "launches": len(launches),
                  "tok_s": quantile(launches, 0.5), "ci95": list(stats.bootstrap_median_ci(g["values"])),
                  "accept_len": sum(g["accept"]) / len(g["accept"]) if g["accept"] else None,
-                 "cycle_ms": sum(g["cycle"]) / len(g["cycle"]) if g["cycle"] else None, "failed": g["failed"]}
-        if base_g and base_g["launches"] and g is not base_g:
+                 "cycle_ms": sum(g["cycle"]) / len(g["cycle"]) if g["cycle"] else None, "failed": g["failed"],
+                 "concurrency": g["concurrency"],
+                 "goodput": quantile(sorted(g["goodput"]), 0.5) if g["goodput"] else None}
+        if base_g and g is not base_g and g["concurrency"] != base_g["concurrency"]:
+            # per-request speed falls as the batch grows: no comparison with another concurrency
+            entry["delta"] = {"ratio": float("nan"), "ratio_ci": [float("nan")] * 2, "p_value": float("nan"),
+                              "verdict": "not comparable"}
+        elif base_g and base_g["launches"] and g is not base_g:
             # launches are the unit once both sides have 4; before that, a request-level check
             if len(g["launches"]) >= 4 and len(base_g["launches"]) >= 4:
                 cmp = stats.compare(base_g["launches"], g["launches"])
@@ -199,7 +209,8 @@ def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict
             entry["delta"] = {k: cmp[k] for k in ("ratio", "ratio_ci", "p_value", "verdict")}
         table.append(entry)
     ranked = sorted([t for t in table if "tok_s" in t], key=lambda t: -t["tok_s"])
-    best = next((t for t in ranked if t["kind"] == "config"), None)
+    best = next((t for t in ranked if t["kind"] == "config"
+                 and (t.get("delta") or {}).get("verdict") != "not comparable"), None)
     result = {"preset": base.name, "table": ranked + [t for t in table if "tok_s" not in t],
               "best": best["label"] if best else None}
     if best and out is not None:
@@ -213,7 +224,8 @@ def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict
 
 
 def format_table(result: dict) -> str:
-    lines = [f"{'config':<40} {'tok/s':>8} {'95% CI':>17} {'launches':>8} {'accept':>7} {'cycle ms':>9} {'Δ vs baseline':>22}"]
+    lines = [f"{'config':<40} {'conc':>4} {'tok/s':>8} {'95% CI':>17} {'goodput':>9} {'launches':>8} {'accept':>7} "
+             f"{'cycle ms':>9} {'Δ vs baseline':>22}"]
     for t in result["table"]:
         if "tok_s" not in t:
             why = f"skipped: {t['skipped']}" if t.get("skipped") else f"{t['failed']} failed launch(es)"
@@ -221,14 +233,18 @@ def format_table(result: dict) -> str:
             continue
         lo, hi = t["ci95"]
         d = t.get("delta")
-        if d:
+        if d and d["verdict"] == "not comparable":
+            delta = "n/c (other concurrency)"
+        elif d:
             mark = {"faster": "▲", "slower": "▼"}.get(d["verdict"], "≈")
             delta = f"{(d['ratio'] - 1) * 100:+.1f}% {mark} p={d['p_value']:.3f}"
         else:
             delta = "—"
         acc = f"{t['accept_len']:.2f}" if t.get("accept_len") else "—"
         cyc = f"{t['cycle_ms']:.2f}" if t.get("cycle_ms") else "—"
-        lines.append(f"{t['label']:<40} {t['tok_s']:>8.2f} {lo:>8.2f}-{hi:<8.2f} {t['launches']:>8} {acc:>7} {cyc:>9} {delta:>22}")
+        gp = f"{t['goodput']:.1f}" if t.get("goodput") else "—"
+        lines.append(f"{t['label']:<40} {t.get('concurrency', 1):>4} {t['tok_s']:>8.2f} {lo:>8.2f}-{hi:<8.2f} {gp:>9} "
+                     f"{t['launches']:>8} {acc:>7} {cyc:>9} {delta:>22}")
     if result.get("best"):
         lines.append(f"\nbest: {result['best']}" + (f" (written to {result['best_preset']})" if result.get("best_preset") else ""))
     return "\n".join(lines)

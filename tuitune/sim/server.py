@@ -85,6 +85,15 @@ class Request:
     def next_words(self, n: int) -> list[str]:
         return [self.rng.choice(WORDS) for _ in range(n)]
 
+    async def take(self) -> tuple[int, bool]:
+        """Tokens emitted since the last call (waits for one emission at least). A reader that
+        fell behind gets them in one chunk, as a server coalesces a slow stream."""
+        n, done = await self.out.get()
+        while not done and not self.out.empty():
+            more, done = self.out.get_nowait()
+            n += more
+        return n, done
+
 
 class Window:
     """One EAGLE3_PROFILE window: phase sums, batch sizes and accepted lengths of its cycles."""
@@ -175,6 +184,8 @@ class Simulator:
         self.step_times: dict[int, deque] = {}
         self.num_requests_total = 0
         self.generation_tokens_total = 0
+        self.cycles_total = self.cycles_late = 0
+        self.lag_warned = False
         self.children: list[subprocess.Popen] = []
 
     # ---- helpers -------------------------------------------------------------------------
@@ -200,6 +211,8 @@ class Simulator:
             "launch_factor": self.cfg.launch_factor,
             "speedup": self.speedup,
             "machine": self.machine.name,
+            "cycles": self.cycles_total,
+            "cycles_late": self.cycles_late,  # started more than a cycle late: the host was too slow
         }
 
     # ---- start-up ------------------------------------------------------------------------
@@ -365,6 +378,7 @@ class Simulator:
             deadline += self.scaled(cycle)
             delay = deadline - loop.time()
             await asyncio.sleep(max(0.0, delay))
+            self.note_lag(-delay, self.scaled(cycle))
             accepted = []
             for r in self.running:
                 n = model.draw_accepted(self.cfg, self.uniform)  # per request, position by position
@@ -385,6 +399,17 @@ class Simulator:
             if win.cycles >= self.ns.decode_log_interval:
                 self.report_window(win, loop.time())
                 win = Window(loop.time())
+
+    def note_lag(self, late_s: float, cycle_s: float) -> None:
+        """Count cycles that started late: a CPU-bound simulator decodes slower than its model."""
+        self.cycles_total += 1
+        if late_s > max(0.002, cycle_s):
+            self.cycles_late += 1
+            if not self.lag_warned and self.cycles_late >= 50:
+                self.lag_warned = True
+                self.log.line(f"WARNING: simulator is {late_s * 1000:.1f} ms behind its clock (CPU-bound at "
+                              f"{len(self.running)} running requests): its figures are too slow; lower --sim-speedup",
+                              force=True)
 
     def report_window(self, win: "Window", now: float) -> None:
         elapsed = max(now - win.start, 1e-9)
@@ -464,11 +489,10 @@ class Simulator:
         sp = body.get("sampling_params") or {}
         r = self.submit(self._prompt_tokens(body), int(sp.get("max_new_tokens", 128)))
         r.received_wall = received
-        words: list[str] = []
-        ids: list[int] = []
         if not body.get("stream"):
+            words: list[str] = []
             while True:
-                n, done = await r.out.get()
+                n, done = await r.take()
                 words += r.next_words(n)
                 if done:
                     break
@@ -478,13 +502,17 @@ class Simulator:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
+        # Cumulative text and ids, as SGLang's native stream sends them, kept as JSON text that
+        # grows by appending: re-encoding the whole lists per chunk made 64 streams CPU-bound.
+        text = ids_json = ""
         try:
             while True:
-                n, done = await r.out.get()
-                words += r.next_words(n)
-                ids += [hash(w) % 50000 for w in words[-n:]]
-                chunk = {"text": " ".join(words), "output_ids": ids, "meta_info": self.meta(r, done)}
-                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                n, done = await r.take()
+                words = r.next_words(n)  # plain ASCII words: nothing to escape
+                text += (" " if text else "") + " ".join(words)
+                ids_json += ("," if ids_json else "") + ",".join(str(hash(w) % 50000) for w in words)
+                await resp.write(f'data: {{"text": "{text}", "output_ids": [{ids_json}], "meta_info": '
+                                 f'{json.dumps(self.meta(r, done))}}}\n\n'.encode())
                 if done:
                     break
             await resp.write(b"data: [DONE]\n\n")
@@ -508,7 +536,7 @@ class Simulator:
         if not body.get("stream"):
             words: list[str] = []
             while True:
-                n, done = await r.out.get()
+                n, done = await r.take()
                 words += r.next_words(n)
                 if done:
                     break
@@ -519,7 +547,7 @@ class Simulator:
         await resp.prepare(request)
         try:
             while True:
-                n, done = await r.out.get()
+                n, done = await r.take()
                 delta = " " + " ".join(r.next_words(n))
                 chunk = {**base, "choices": [{"index": 0, "text": delta,
                                               "finish_reason": "length" if done else None}],
