@@ -200,17 +200,6 @@ async def tune_loop(source: Source, start: Config, budget: int, concurrency: int
 # ---- the real thing: a session, captures, the JSONL log, the A/B ---------------------------------
 
 
-def goodput_of(run) -> float:
-    """Output tok/s of all measured requests together: tokens over the span from the first
-    request's start to the last one's end (warm-up requests are not in ``run.results``)."""
-    ok = [r for r in run.ok if r.completion_tokens and r.e2e_s is not None and r.t0]
-    if not ok:
-        return math.nan
-    t0 = min(r.t0 for r in ok)
-    t1 = max(r.t0 + r.e2e_s for r in ok)
-    return sum(r.completion_tokens for r in ok) / (t1 - t0) if t1 > t0 else math.nan
-
-
 class SessionSource:
     """Relaunch a preset's server with each configuration and benchmark it at a few load levels."""
 
@@ -256,8 +245,9 @@ class SessionSource:
                 b = {**self.overrides, "concurrency": level}
                 b["requests"] = max(int(b.get("requests") or p.bench.requests), 2 * level)
                 run = await self.session.bench(label=f"{config.short} c={level}", **b)
-                if not run.failed:
-                    launch.goodput[level] = goodput_of(run)
+                gp = run.goodput() if not run.failed else None
+                if gp:
+                    launch.goodput[level] = gp["tok_s"]
             await asyncio.sleep(self.settle_s)  # the tail's last batch (windows logged at the end)
         finally:
             self.session.subscribers.remove(sink)
