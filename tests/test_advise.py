@@ -272,3 +272,46 @@ def test_cli_errors_are_one_sentence(tmp_path):
     assert r.returncode == 2 and "--budget" in r.stderr
     r = tuitune(tmp_path, "tune", str(base), "--budget", "2", "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and "no speculative section" in r.stderr and not (tmp_path / "o" / "tune.jsonl").exists()
+
+
+# ---- SGLang's adaptive mode on the simulator ---------------------------------------------------
+
+
+async def test_adaptive_schedule_runs_on_the_sim_and_windows_never_mix_steps(tmp_path, sim_factory):
+    """A schedule as `advise --emit` writes it, served by the simulator's --speculative-adaptive:
+    the steps change while it runs (1 -> 3 at batch size 1, where h100-llama8b's drafter accepts
+    ~0.7 drafts a cycle; 0 or 1 at batch size 8), each profile window names the steps of all its
+    cycles, and the cost model fits from such a mix."""
+    from tuitune.bench import BenchConfig, run_bench
+    from tuitune.parse import parse_line
+    cfg = {"1": {"candidate_steps": [1, 3]}, "8": {"candidate_steps": [0, 1]}}
+    A.check_adaptive(cfg)
+    path = tmp_path / "adaptive.json"
+    A.write_adaptive(str(path), cfg)
+    sim = sim_factory("--sim-machine", "h100-llama8b", "--speculative-algorithm", "EAGLE3",
+                      "--speculative-draft-model-path", "/d", "--speculative-num-steps", "1",
+                      "--speculative-eagle-topk", "1", "--speculative-adaptive", "--speculative-adaptive-config",
+                      str(path), "--sim-speedup", "10", "--sim-load-seconds", "0.1", "--decode-log-interval", "10",
+                      env={"EAGLE3_PROFILE": "1"})
+    sim.wait_ready()
+    await run_bench(BenchConfig(sim.url, requests=3, warmup=0, max_tokens=200, concurrency=1))
+    await run_bench(BenchConfig(sim.url, requests=16, warmup=0, max_tokens=200, concurrency=8))
+    text = sim.text()
+    assert "Adaptive speculative steps 1 -> 3 at batch size 1" in text
+    wins = [e for e in map(parse_line, text.splitlines()) if e is not None and e.kind == "profile"]
+    assert {(w.steps, w.draft_tokens) for w in wins if w.bs == 1} >= {(3, 4)}
+    assert {w.steps for w in wins if w.bs == 8} <= {0, 1}
+    for w in wins:  # one configuration per window: its histogram fits its steps
+        assert len(w.accept_hist) <= w.steps + 1 and w.verify_tokens == w.bs * (w.steps + 1)
+    model = fit([Launch(Config.chain(1), wins)])
+    assert model.acceptance.measured >= 3
+    assert model.acceptance.mean[0] == pytest.approx(S.load_machine("h100-llama8b").acceptance[0], abs=0.06)
+
+
+def test_sim_refuses_an_adaptive_config_sglang_would_refuse(tmp_path, sim_factory):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"1": {"candidate_steps": [-1]}}))
+    sim = sim_factory("--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d",
+                      "--speculative-num-steps", "2", "--speculative-adaptive", "--speculative-adaptive-config", str(bad))
+    assert sim.proc.wait(20) == 1
+    assert "ValueError: batch size 1: candidate_steps must be a non-empty list" in sim.text()
