@@ -315,3 +315,30 @@ def test_sim_refuses_an_adaptive_config_sglang_would_refuse(tmp_path, sim_factor
                       "--speculative-num-steps", "2", "--speculative-adaptive", "--speculative-adaptive-config", str(bad))
     assert sim.proc.wait(20) == 1
     assert "ValueError: batch size 1: candidate_steps must be a non-empty list" in sim.text()
+
+
+def test_tune_nccl_screens_then_keeps_the_variable_that_wins(tmp_path):
+    """--nccl: nccl-bench (gloo here: CPU) ranks the grid; the start is measured with and without
+    the winner; on the simulator's PCIe box NCCL_PROTO=LL cuts the all-reduces, so it stays."""
+    import yaml
+    machine = yaml.safe_load((S.machine_path("seed-pcie8")).read_text())
+    machine.update(name="pcie2", tp_size=2)  # the seeds' box on two GPUs: its all-reduces, two ranks
+    (tmp_path / "pcie2.yaml").write_text(yaml.safe_dump(machine))
+    p = P.with_changes(P.resolve(str(sim_preset(tmp_path))), {
+        "server.args.tp-size": 2, "server.args.sim-machine": str(tmp_path / "pcie2.yaml"),
+        **{f"env.{k}": None for k in P.resolve("sim-c4-eagle3-2step-nccl").env}})
+    path = P.save(p, tmp_path / "untuned.yaml")
+    out = tmp_path / "out"
+    r = tuitune(tmp_path, "tune", str(path), "--budget", "1", "--concurrency", "1", "--levels", "1,2",
+                "--nccl-grid", "env.NCCL_PROTO=LL", "--nccl-backend", "gloo", "--hidden-size", "256",
+                "--out", str(out), "--ab-rounds", "1", "--json", str(tmp_path / "r.json"))
+    assert r.returncode in (0, 1), r.stderr
+    rows = [json.loads(x) for x in (out / "tune.jsonl").read_text().splitlines()]
+    screen = next(x for x in rows if x["kind"] == "nccl")
+    decision = next(x for x in rows if x["kind"] == "nccl_decision")
+    assert screen["ranking"] == ["NCCL_PROTO=LL"] and decision["env"] == "NCCL_PROTO=LL"
+    assert decision["goodput"]["candidate"] > 1.05 * decision["goodput"]["current"]
+    launched = [x for x in rows if x["kind"] == "launch"]
+    assert [x["env"] for x in launched[:2]] == ["", "NCCL_PROTO=LL"] and len(launched) == 2  # budget 1: the NCCL try
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["nccl"] == "NCCL_PROTO=LL" and "with NCCL_PROTO=LL" in result["chosen_label"]

@@ -837,8 +837,11 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run logged in OUT/tune.jsonl")
     p.add_argument("--levels", help="load levels benchmarked per launch (default: concurrency/4, concurrency, 2 x concurrency)")
     p.add_argument("--ab-rounds", type=int, default=4, help="launches per arm of the final A/B (default 4)")
-    p.add_argument("--nccl", action="store_true", help="first rank NCCL settings with nccl-bench and try the best one")
-    p.add_argument("--nccl-backend", choices=["nccl", "gloo"], default="nccl", help=argparse.SUPPRESS)
+    p.add_argument("--nccl", action="store_true", help="first rank NCCL settings with nccl-bench (seconds) and "
+                                                        "measure the start with the winner (one relaunch)")
+    p.add_argument("--nccl-grid", action="append", default=[], metavar="env.VAR=V1,V2,...",
+                   help="the NCCL settings --nccl ranks (repeatable; default NCCL_PROTO x NCCL_ALGO)")
+    p.add_argument("--nccl-backend", choices=["nccl", "gloo"], default="nccl", help="gloo: CPU, for trying it out")
     p.add_argument("--hidden-size", type=int, help="the model's hidden size for --nccl when config.json is not readable")
     p.add_argument("--requests", type=int)
     p.add_argument("--warmup", type=int)
@@ -864,7 +867,8 @@ def cmd_tune(ns) -> int:
     ControlError, TransportError = _errors()
     try:
         result = _run_async(tune(base, ns.budget, conc, Path(ns.out), resume=ns.resume, levels=levels, overrides=ov,
-                                 ab_rounds=ns.ab_rounds, nccl=ns.nccl, nccl_backend=ns.nccl_backend,
+                                 ab_rounds=ns.ab_rounds, nccl=ns.nccl or bool(ns.nccl_grid),
+                                 nccl_backend=ns.nccl_backend, nccl_grid=ns.nccl_grid,
                                  hidden_size=ns.hidden_size, progress=lambda m: print(m, flush=True)))
     except TuneError as e:
         raise CliError(str(e), 2 if "already holds" in str(e) or "has no speculative" in str(e) else 1) from None

@@ -299,12 +299,17 @@ def _replay_prior(rows: list[dict]) -> list[tuple[Step, Launch]]:
 NCCL_GRID = ("env.NCCL_PROTO=LL,LL128,Simple,unset", "env.NCCL_ALGO=Ring,Tree,unset")
 
 
-async def _nccl_screen(session, base: P.Preset, backend: str, hidden_size: int | None,
+async def _nccl_screen(session, base: P.Preset, specs: list[str], backend: str, hidden_size: int | None,
                        progress: Callable[[str], None] | None) -> tuple[dict, dict]:
-    """nccl-bench's ranking of NCCL_PROTO x NCCL_ALGO at decode sizes: (changes of the winner, report)."""
+    """nccl-bench's ranking of a grid (default NCCL_PROTO x NCCL_ALGO) at decode sizes:
+    (changes of the winner, {} when the current setting wins; the report)."""
     from . import grid as G
     from . import ncclbench as NB
-    grid = G.parse(list(NCCL_GRID))
+    try:
+        grid = G.parse(specs or list(NCCL_GRID))
+        NB.validate_grid(grid)
+    except (G.GridError, NB.NcclBenchError) as e:
+        raise TuneError(f"--nccl-grid: {e}") from None
     try:
         report = await NB.run(session.transport, base, grid, hidden_size=hidden_size, backend=backend,
                               progress=progress)
@@ -319,7 +324,7 @@ async def _nccl_screen(session, base: P.Preset, backend: str, hidden_size: int |
 async def tune(base: P.Preset, budget: int, concurrency: int, out: Path, *, resume: bool = False,
                levels: list[int] | None = None, overrides: dict | None = None, ab_rounds: int = 4,
                configs: list[Config] | None = None, nccl: bool = False, nccl_backend: str = "nccl",
-               hidden_size: int | None = None, progress: Callable[[str], None] | None = None,
+               nccl_grid: list[str] | None = None, hidden_size: int | None = None, progress: Callable[[str], None] | None = None,
                session=None) -> dict:
     from .ab import run_ab
     from .session import Session
@@ -337,7 +342,7 @@ async def tune(base: P.Preset, budget: int, concurrency: int, out: Path, *, resu
     try:
         screen = next((r for r in rows if r.get("kind") == "nccl"), None)
         if nccl and screen is None:
-            changes, report = await _nccl_screen(session, base, nccl_backend, hidden_size, progress)
+            changes, report = await _nccl_screen(session, base, nccl_grid or [], nccl_backend, hidden_size, progress)
             screen = {"kind": "nccl", "changes": changes, "ranking": report["ranking"], "resolved": False}
             _append(out, screen)
         env_label = ""
