@@ -27,6 +27,7 @@ from .events import (DecodeStats, Event, HttpUp, Malformed, NcclAlgo, NcclEnv, P
 PROFILE_MARKER = "EAGLE3_PROFILE "
 _PREFIX = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?)((?: [A-Z]+\d+)*)\]")
 _KEY = re.compile(r"[a-z0-9_]+\Z")
+_SPACE = re.compile(r"\s")
 _NCCL_ENV = re.compile(r"NCCL INFO (NCCL_[A-Z0-9_]+) set by environment to (.*)$")
 _NCCL_ALGO = re.compile(r"NCCL INFO (\w+): (\d+) Bytes -> Algo (\w+) proto (\w+)"
                         r"(?: channel\{Lo\.\.Hi\}=\{(\d+)\.\.(\d+)\})?")
@@ -128,24 +129,41 @@ def _bool(v: str) -> bool:
 MAX_ACCEPT = 64  # longest accepted length a histogram may name (steps are at most a few dozen)
 
 
+_decode_pairs = msgspec.json.Decoder(list[tuple[int, int]]).decode
+
+
 def _counts(v: str, limit: int) -> dict[int, int]:
-    """``1:12,2:20,3:8`` -> {1: 12, 2: 20, 3: 8}; keys in 1..limit, each once."""
-    counts: dict[int, int] = {}
-    for part in v.split(","):
-        key, sep, n = part.partition(":")
-        if not sep or not key.isdigit() or not n.isdigit():
-            raise ValueError(v)
-        k = int(key)
-        if not 1 <= k <= limit or k in counts:
-            raise ValueError(v)
-        counts[k] = int(n)
+    """``1:12,2:20,3:8`` -> {1: 12, 2: 20, 3: 8}; keys in 1..limit, each once, counts >= 0.
+
+    msgspec reads it as JSON pairs (``[[1,12],[2,20],[3,8]]``, a pair of exactly two integers
+    each) when it holds no sign; what JSON refuses (leading zeros, other digits) is read field by
+    field, with the same meaning."""
+    pairs = None
+    if "-" not in v and "+" not in v:
+        try:
+            pairs = _decode_pairs("[[" + v.replace(",", "],[").replace(":", ",") + "]]")
+        except msgspec.DecodeError:
+            pairs = None
+    if pairs is None:
+        pairs = []
+        for part in v.split(","):
+            key, sep, n = part.partition(":")
+            if not sep or not key.isdigit() or not n.isdigit():
+                raise ValueError(v)
+            pairs.append((int(key), int(n)))
+    counts = dict(pairs)
+    if len(counts) != len(pairs) or not counts or min(counts) < 1 or max(counts) > limit:
+        raise ValueError(v)
     return counts
 
 
 def _hist(v: str) -> tuple[int, ...]:
     """accept_hist (cycles per accepted length) -> counts indexed by length - 1."""
     counts = _counts(v, MAX_ACCEPT)
-    return tuple(counts.get(k, 0) for k in range(1, max(counts) + 1))
+    out = [0] * max(counts)
+    for k, n in counts.items():
+        out[k - 1] = n
+    return tuple(out)
 
 
 def _bs_hist(v: str) -> tuple[tuple[int, int], ...]:
@@ -192,7 +210,7 @@ def _profile(line: str, at: int, fast: bool = True) -> Event:
             j = rest.find(" ", i)
             j = len(rest) if j < 0 else j
             value = rest[i + len(key) + 1:j]
-            if i < 0 or (i and rest[i - 1] != " ") or rest.count(key) != 1 or any(ch.isspace() for ch in value):
+            if i < 0 or (i and rest[i - 1] != " ") or rest.count(key) != 1 or _SPACE.search(value):
                 fast = False
                 break
             try:
