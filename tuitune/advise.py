@@ -176,9 +176,8 @@ def check_adaptive(cfg) -> dict[int, list[int]]:
 def write_adaptive(path: str, cfg: dict) -> None:
     import os
     tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(cfg, f, indent=2)
-        f.write("\n")
+    with open(tmp, "w") as f:  # one batch-size key a line: reads and diffs well
+        f.write("{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in cfg.items()) + "\n}\n")
     os.replace(tmp, path)
 
 
