@@ -18,9 +18,7 @@ choice is the best *measured* configuration: a prediction is never the final wor
 from __future__ import annotations
 
 import asyncio
-import json
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +27,7 @@ from typing import Callable, Protocol
 from . import preset as P
 from .advise import Advice, advise, space
 from .costmodel import OFF, Config, FitError, Launch, fit
+from .jsonl import append_row, read_rows
 
 NOISE = 0.02  # gains below this are inside launch-to-launch noise (FACTS §7: published gains are ~1-4 %)
 
@@ -256,23 +255,11 @@ class SessionSource:
 
 
 def load_log(out: Path) -> list[dict]:
-    path = out / "tune.jsonl"
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue  # cut short by an interruption: that launch runs again
-    return rows
+    return read_rows(out / "tune.jsonl")
 
 
 def _append(out: Path, row: dict) -> None:
-    with open(out / "tune.jsonl", "a") as f:
-        f.write(json.dumps(row, default=str) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    append_row(out / "tune.jsonl", row)
 
 
 def _replay_prior(rows: list[dict]) -> list[tuple[Step, Launch]]:
