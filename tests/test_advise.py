@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import importlib.util
 import json
 import os
 import random
@@ -124,30 +123,31 @@ def test_advice_ranks_names_the_next_measurement_and_gains():
 # ---- SGLang's adaptive schedule ---------------------------------------------------------------
 
 
-def _real_loader():
-    """SGLang's own _load_adaptive_config, read from its source (the module's other imports need a
-    GPU build, so the function is lifted out with ast: it uses only json). None without SGLang."""
-    src = os.environ.get("TUITUNE_SGLANG_SRC")
-    if src is None:
-        spec = importlib.util.find_spec("sglang")
-        if spec is None or not spec.submodule_search_locations:
-            return None
-        src = list(spec.submodule_search_locations)[0]
-    path = Path(src) / "srt" / "speculative" / "adaptive_spec_params.py"
-    if not path.is_file():
-        return None
+def _real_loader(package: Path):
+    """SGLang's own _load_adaptive_config, read from the release's source: the module's other
+    imports need a GPU build, so the function (it uses only json) is lifted out with ast."""
+    path = package / "srt" / "speculative" / "adaptive_spec_params.py"
     tree = ast.parse(path.read_text())
     keep = [n for n in tree.body if (isinstance(n, ast.FunctionDef) and n.name == "_load_adaptive_config")
             or (isinstance(n, (ast.Assign, ast.AnnAssign)) and "DEFAULT_ADAPTIVE_CONFIG" in ast.unparse(n))]
+    assert len(keep) == 2, "SGLang moved its adaptive loader"
     ns: dict = {"json": json}
     exec(compile(ast.Module(body=keep, type_ignores=[]), str(path), "exec"), ns)
     return ns["_load_adaptive_config"]
 
 
-def test_emitted_schedule_follows_sglangs_loader_rules(tmp_path):
+def _schedule(tmp_path):
     m = S.load_machine("h100-llama8b")
     model = fit(launches(m, [Config.chain(3)], [2, 16, 64]))
     cfg, why = A.adaptive_schedule(model)
+    path = tmp_path / "adaptive.json"
+    A.write_adaptive(str(path), cfg)
+    return cfg, why, path
+
+
+def test_emitted_schedule_follows_sglangs_loader_rules(tmp_path):
+    cfg, why, path = _schedule(tmp_path)
+    assert json.loads(path.read_text()) == cfg
     assert sorted(int(k) for k in cfg) == list(A.ADAPTIVE_BUCKETS)
     for key, entry in cfg.items():
         steps = entry["candidate_steps"]
@@ -157,26 +157,29 @@ def test_emitted_schedule_follows_sglangs_loader_rules(tmp_path):
     for w in why:
         best = max(w["predicted"].values())
         assert w["candidates"] == sorted(s for s, g in w["predicted"].items() if g >= best * 0.98)
-    path = tmp_path / "adaptive.json"
-    A.write_adaptive(str(path), cfg)
-    loader = _real_loader()
-    if loader is not None:
-        raw, entries = loader(str(path))
-        assert {k: v["candidate_steps"] for k, v in entries.items()} == {int(k): v["candidate_steps"] for k, v in cfg.items()}
 
 
-@pytest.mark.parametrize("bad", [[1, 2], {"x": {"candidate_steps": [1]}}, {"1": {"candidate_steps": []}},
-                                 {"1": {"candidate_steps": [-1]}}, {"1": {"candidate_steps": [1.0]}},
-                                 {"1": {"candidate_steps": "1,2"}}, {"8": {}}])
-def test_check_adaptive_refuses_what_sglang_refuses(bad, tmp_path):
+BAD_SCHEDULES = [[1, 2], {"x": {"candidate_steps": [1]}}, {"1": {"candidate_steps": []}},
+                 {"1": {"candidate_steps": [-1]}}, {"1": {"candidate_steps": [1.0]}},
+                 {"1": {"candidate_steps": "1,2"}}, {"8": {}}]
+
+
+@pytest.mark.parametrize("bad", BAD_SCHEDULES)
+def test_check_adaptive_refuses_what_sglang_refuses(bad):
     with pytest.raises(ValueError):
         A.check_adaptive(bad)
-    loader = _real_loader()
-    if loader is not None and isinstance(bad, dict):
-        path = tmp_path / "bad.json"
-        path.write_text(json.dumps(bad))
-        with pytest.raises((ValueError, AttributeError)):
-            loader(str(path))
+
+
+def test_sglang_0_5_23s_own_loader_takes_the_emitted_schedule(tmp_path, sglang_release):
+    loader = _real_loader(sglang_release)
+    cfg, _, path = _schedule(tmp_path)
+    raw, entries = loader(str(path))
+    assert {k: v["candidate_steps"] for k, v in entries.items()} == {int(k): v["candidate_steps"] for k, v in cfg.items()}
+    for i, bad in enumerate(b for b in BAD_SCHEDULES if isinstance(b, dict)):  # and refuses what we refuse
+        p = tmp_path / f"bad{i}.json"
+        p.write_text(json.dumps(bad))
+        with pytest.raises(ValueError):
+            loader(str(p))
 
 
 def test_preset_carries_the_schedule_into_the_command():
