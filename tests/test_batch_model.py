@@ -190,6 +190,11 @@ def test_crossover_order_and_verdicts():
     assert same["verdict"] == "no significant difference"
     broken = level_verdict([run_of(4, 100, 1.0, failed=1)], [run_of(4, 100, 1.0)], 4, 0.02)
     assert broken["verdict"] == "not comparable" and "1 request(s) failed" in broken["reason"]
+    behind = run_of(4, 100, 1.0)
+    behind.sim_late_share = 0.4
+    late = level_verdict([behind], [run_of(4, 100, 1.5)], 4, 0.02)
+    assert late["verdict"] == "not comparable" and "fell behind its clock (40% of cycles late)" in late["reason"]
+    assert any("fell behind" in w for w in behind.cross_check())
     short = run_of(64, 100, 1.0)
     short.batch_sizes = [20, 22]
     noted = level_verdict([short], [run_of(64, 100, 1.0)], 64, 0.02)

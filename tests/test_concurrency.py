@@ -89,7 +89,7 @@ def test_bench_cli_over_levels_reports_a_goodput_curve(tmp_path):
 
 
 def test_crossover_found_on_the_seeds_box(tmp_path):
-    preset = sim_preset(tmp_path, "sim-c4-eagle3-2step-nccl", speedup=10)
+    preset = sim_preset(tmp_path, "sim-c4-eagle3-2step-nccl", speedup=4)
     out = tmp_path / "x.json"
     r = tuitune("crossover", str(preset), "--concurrency", "1,4", "--json", str(out), "--plot",
                 str(tmp_path / "x.svg"), tmp=tmp_path)
@@ -98,7 +98,7 @@ def test_crossover_found_on_the_seeds_box(tmp_path):
     result = json.loads(out.read_text())
     four = result["levels"][1]
     assert four["verdict"] == "slower" and 0.6 < four["speedup"] < 0.85  # the model: 0.72
-    assert "concurrent requests" in r.stdout  # the terminal plot
+    assert "goodput (tok/s) against concurrency" in r.stdout and "\x1b" not in r.stdout  # the terminal plot
     assert (tmp_path / "x.svg").read_text().lstrip().startswith("<?xml")
 
 
@@ -148,3 +148,16 @@ def test_sweep_over_concurrency_and_ab_at_a_concurrency(tmp_path):
     assert r.returncode == 0 and result["verdict"]["metric"] == "goodput"
     assert "medians of goodputs at concurrency 4" in r.stdout
     assert all(x["concurrency"] == 4 for x in result["launches"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["bench", "sim-c4-eagle3-2step-nccl", "--concurrency", "1,x"], "invalid concurrency list"),
+    (["bench", "sim-c4-eagle3-2step-nccl", "--concurrency", "4,4"], "invalid concurrency list"),
+    (["bench", "sim-c4-eagle3-2step-nccl", "--concurrency", "0"], "invalid concurrency list"),
+    (["ab", "sim-c2-baseline-nccl", "sim-c4-eagle3-2step-nccl", "--concurrency", "1,4"],
+     "--concurrency takes one level here (got 2)"),
+    (["crossover", "sim-c4-eagle3-2step-nccl", "--plot", "out.pdf"], "the file must end in .png or .svg"),
+])
+def test_concurrency_flags_are_checked_before_anything_starts(tmp_path, args, message):
+    r = tuitune(*args, tmp=tmp_path, timeout=30)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr

@@ -29,6 +29,7 @@ from typing import Awaitable, Callable
 from . import stats
 from .metrics import quantile, summarize
 
+SIM_LATE_LIMIT = 0.10  # above this share of late cycles a simulator's figures are not its model's
 _COMPLETION = re.compile(rb'"completion_tokens":\s*(\d+)')
 _VERIFY = re.compile(rb'"spec_verify_ct":\s*(\d+)')
 
@@ -123,6 +124,7 @@ class BenchRun:
     measured_s: float = 0.0  # wall time of the measured requests alone (warm-up excluded)
     cycle_ms: float | None = None  # mean cycle of the profile windows the server logged meanwhile
     batch_sizes: list[int] = field(default_factory=list)  # #running-req of the server's decode lines meanwhile
+    sim_late_share: float | None = None  # simulator only: share of its cycles that started late meanwhile
 
     @property
     def ok(self) -> list[RequestResult]:
@@ -182,6 +184,10 @@ class BenchRun:
     def cross_check(self) -> list[str]:
         """Client figures against the server's own, when it reports them (>10 % apart = warning)."""
         out = []
+        if self.sim_late_share is not None and self.sim_late_share > SIM_LATE_LIMIT:
+            out.append(f"the simulator fell behind its clock ({self.sim_late_share:.0%} of its cycles started late): "
+                       f"this machine cannot serve {self.config.concurrency} streams at this --sim-speedup, so the "
+                       f"figures are too slow; lower --sim-speedup")
         med = self.median_tok_s()
         srv = self.server.get("last_gen_throughput")
         if srv and math.isfinite(med) and self.config.concurrency == 1:
@@ -412,6 +418,8 @@ async def run_bench(cfg: BenchConfig,
             run.results.append(down[0])  # server not up: fail fast instead of timing out each request
             run.wall_s = time.perf_counter() - t0
             return run
+        # the simulator's own counters before the measured requests (a real server has none)
+        before = ((await fetch_server_info(session, cfg.url)).get("sim") or {}) if cfg.concurrency > 1 else {}
         t_measured = time.perf_counter()
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(cfg.requests):
@@ -430,6 +438,9 @@ async def run_bench(cfg: BenchConfig,
         await asyncio.gather(*(worker() for _ in range(min(cfg.concurrency, cfg.requests))))
         run.measured_s = time.perf_counter() - t_measured
         run.server = await fetch_server_info(session, cfg.url)
+        after = run.server.get("sim") or {}
+        if "cycles_late" in before and "cycles_late" in after and after["cycles"] > before["cycles"]:
+            run.sim_late_share = (after["cycles_late"] - before["cycles_late"]) / (after["cycles"] - before["cycles"])
     run.wall_s = time.perf_counter() - t0
     return run
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import sys
 from typing import Callable
 
@@ -610,7 +611,8 @@ def cmd_crossover(ns) -> int:
     if not ns.no_plot:
         import shutil
         print()
-        print(plot_text(result, width=min(shutil.get_terminal_size((100, 24)).columns, 120)))
+        chart = plot_text(result, width=min(shutil.get_terminal_size((100, 24)).columns, 120))
+        print(chart if sys.stdout.isatty() else re.sub(r"\x1b\[[0-9;]*m", "", chart))  # no colour codes in files
     if ns.json:
         _write_json(ns.json, result)
     if ns.plot:

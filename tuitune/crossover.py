@@ -16,7 +16,7 @@ from typing import Callable
 
 from . import preset as P
 from . import stats
-from .bench import BenchRun, stream_goodput
+from .bench import SIM_LATE_LIMIT, BenchRun, stream_goodput
 from .session import Session
 
 ARMS = ("on", "off")
@@ -52,8 +52,11 @@ def level_verdict(on: list[BenchRun], off: list[BenchRun], level: int, min_effec
         row[arm] = {"goodput": stream_goodput(ps, level) if ps else math.nan,
                     "batch_size": _mean([b for r in runs for b in r.batch_sizes]),
                     "accept_len": _mean([r.accept_len for r in runs for r in r.ok if r.accept_len])}
-    if failed or not pairs["on"] or not pairs["off"]:
-        why = f"{failed} request(s) failed" if failed else "no successful request in one arm"
+    late = [r for r in on + off if r.sim_late_share is not None and r.sim_late_share > SIM_LATE_LIMIT]
+    if failed or late or not pairs["on"] or not pairs["off"]:
+        why = (f"{failed} request(s) failed" if failed else
+               f"the simulator fell behind its clock ({late[0].sim_late_share:.0%} of cycles late): lower --sim-speedup"
+               if late else "no successful request in one arm")
         return {**row, "speedup": math.nan, "ci95": [math.nan, math.nan], "verdict": "not comparable",
                 "reason": why}
     row["speedup"] = row["on"]["goodput"] / row["off"]["goodput"]
@@ -122,7 +125,7 @@ def format_result(result: dict) -> str:
         if r.get("note"):
             lines.append(f"      note: {r['note']}")
     if not result["comparable"]:
-        lines.append("\ncrossover: not comparable (a level had failed requests; see above)")
+        lines.append("\ncrossover: not comparable (see the levels above)")
     elif result["crossover"] is not None:
         lines.append(f"\ncrossover: speculation stops paying at concurrency {result['crossover']} "
                      f"(the first level where it is significantly slower)")
@@ -150,8 +153,7 @@ def plot_text(result: dict, width: int = 100, height: int = 20) -> str:
         plt.plot(xs, ys, label=name, marker="dot")
     if result["crossover"] is not None:
         plt.vertical_line(result["crossover"])
-    plt.title(f"goodput (tok/s) against concurrency: {result['preset']}"
-              + (" (vertical line: crossover)" if result["crossover"] is not None else ""))
+    plt.title("goodput (tok/s) against concurrency" + (", | = crossover" if result["crossover"] is not None else ""))
     plt.xlabel("concurrent requests")
     return plt.build()
 

@@ -11,8 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections import deque
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 
 from aiohttp import web
@@ -344,7 +343,7 @@ class Simulator:
                 self.wake.clear()
                 deadline = None
                 await self.wake.wait()
-                win = Window(loop.time())
+                win.start = loop.time()  # the idle time is no part of the window's throughput
                 continue
             if deadline is None:
                 deadline = loop.time()
