@@ -873,7 +873,7 @@ def cmd_tune(ns) -> int:
                                  nccl_backend=ns.nccl_backend, nccl_grid=ns.nccl_grid,
                                  hidden_size=ns.hidden_size, progress=lambda m: print(m, flush=True)))
     except TuneError as e:
-        raise CliError(str(e), 2 if "already holds" in str(e) or "has no speculative" in str(e) else 1) from None
+        raise CliError(str(e), e.code) from None
     except (ControlError, TransportError) as e:
         raise CliError(str(e), 1) from None
     print()

@@ -33,7 +33,11 @@ NOISE = 0.02  # gains below this are inside launch-to-launch noise (FACTS §7: p
 
 
 class TuneError(Exception):
-    """Tuning cannot start or continue (one sentence)."""
+    """Tuning cannot start or continue (one sentence); code 2 for bad input, 1 for failed work."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
 
 
 class Source(Protocol):
@@ -52,17 +56,15 @@ def config_of(p: P.Preset) -> Config:
     r = p.speculative.resolved()
     if r.num_steps is None:
         raise TuneError(f"{p.name}: speculative.num_steps is unset (SGLang picks it at start); set it so that "
-                        f"tune knows where it starts")
+                        f"tune knows where it starts", 2)
     return Config(r.num_steps, r.eagle_topk, r.num_draft_tokens)
 
 
-def preset_for(base: P.Preset, c: Config, spec_section: dict | None) -> P.Preset:
-    """``base`` running configuration ``c`` (a static one: any adaptive schedule is dropped)."""
+def preset_for(base: P.Preset, c: Config, spec_section: dict) -> P.Preset:
+    """``base`` running configuration ``c`` (a static one: any adaptive schedule is dropped);
+    ``spec_section`` is the speculative section to vary (algorithm and draft model kept)."""
     if not c.speculative:
         return P.with_changes(base, {"speculative": None})
-    if spec_section is None:
-        raise TuneError(f"{base.name} has no speculative section: tune needs its algorithm and draft model "
-                        f"(speculative.draft_model_path) to try speculative configurations")
     return P.with_changes(base, {"speculative": {**spec_section, "num_steps": c.steps, "eagle_topk": c.topk,
                                                  "num_draft_tokens": c.draft_tokens, "adaptive_config": None}})
 
@@ -125,10 +127,7 @@ def decide(launches: list[Launch], concurrency: int, configs: list[Config] | Non
     try:
         model = fit(launches)
     except FitError as e:
-        # a baseline start has no profile windows: the first speculative try is the engines' default
-        if all(not ln.config.speculative for ln in launches):
-            return Config.chain(3), f"no speculative data yet ({e}); trying SGLang's usual chain of 3", None
-        raise TuneError(str(e)) from None
+        raise TuneError(f"cannot fit the cost model: {e}") from None
     seen = {ln.config for ln in launches}
     adv = advise(model, concurrency, launches[-1].config if launches else None, configs)
     _, best = _best_measured(launches, concurrency)
@@ -208,7 +207,7 @@ class SessionSource:
         self._writer_cls, self._redact = CaptureWriter, redacted_preset
         self.session = session
         self.base = base
-        self.spec = base.speculative.model_dump() if base.is_speculative else None
+        self.spec = base.speculative.model_dump()
         self.out = out
         self.overrides = overrides or {}
         self.settle_s = settle_s
@@ -296,12 +295,12 @@ async def _nccl_screen(session, base: P.Preset, specs: list[str], backend: str, 
         grid = G.parse(specs or list(NCCL_GRID))
         NB.validate_grid(grid)
     except (G.GridError, NB.NcclBenchError) as e:
-        raise TuneError(f"--nccl-grid: {e}") from None
+        raise TuneError(f"--nccl-grid: {e}", 2) from None
     try:
         report = await NB.run(session.transport, base, grid, hidden_size=hidden_size, backend=backend,
                               progress=progress)
     except NB.NcclBenchError as e:
-        raise TuneError(f"--nccl: {e}") from None
+        raise TuneError(f"--nccl: {e}", e.code) from None
     if not report["ranking"]:
         raise TuneError("--nccl: no NCCL setting could be measured (see `tuitune nccl-bench` for the errors)")
     row = next(r for r in report["rows"] if r["label"] == report["ranking"][0])
@@ -318,11 +317,14 @@ async def tune(base: P.Preset, budget: int, concurrency: int, out: Path, *, resu
     start = config_of(base)
     if not base.is_speculative:
         raise TuneError(f"{base.name} has no speculative section: tune needs the algorithm and draft model "
-                        f"(speculative.draft_model_path) to try configurations; start from a speculative preset")
+                        f"(speculative.draft_model_path) to try configurations; start from a speculative preset", 2)
+    if not base.profile:
+        raise TuneError(f"{base.name} has profile: false; tune fits its model to EAGLE3_PROFILE windows, "
+                        f"so set profile: true", 2)
     out.mkdir(parents=True, exist_ok=True)
     rows = load_log(out)
     if rows and not resume:
-        raise TuneError(f"{out} already holds a tune log; pass --resume to continue, or choose another --out")
+        raise TuneError(f"{out} already holds a tune log; pass --resume to continue, or choose another --out", 2)
     session = session or Session(base)
     await session.connect()
     original = base
