@@ -95,6 +95,7 @@ class Launch:
     decodes: list[DecodeStats] = field(default_factory=list)
     goodput: dict[int, float] = field(default_factory=dict)
     label: str = ""
+    failure: str | None = None  # why the server did not come up (nothing measured then)
 
 
 @dataclass(frozen=True, slots=True)

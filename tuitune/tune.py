@@ -27,6 +27,7 @@ from typing import Callable, Protocol
 from . import preset as P
 from .advise import Advice, advise, space
 from .costmodel import OFF, Config, FitError, Launch, fit
+from .control import ControlError
 from .jsonl import append_row, read_rows
 
 NOISE = 0.02  # gains below this are inside launch-to-launch noise (FACTS §7: published gains are ~1-4 %)
@@ -76,10 +77,11 @@ class Step:
     reason: str
     predicted: dict | None  # the prediction that chose it (None for the start)
     goodput: dict[int, float] = field(default_factory=dict)
+    failure: str | None = None
 
     def to_dict(self) -> dict:
         return {"kind": "launch", "round": self.round, "config": self.config.to_dict(), "label": self.config.label,
-                "reason": self.reason, "predicted": self.predicted,
+                "reason": self.reason, "predicted": self.predicted, "failure": self.failure,
                 "goodput": {str(k): v for k, v in self.goodput.items()}, "time": time.time()}
 
 
@@ -163,14 +165,15 @@ async def tune_loop(source: Source, start: Config, budget: int, concurrency: int
         if progress:
             progress(f"launch {len(steps)}: {c.label} ({reason})")
         ln = await source.measure(c, levels)
-        st = Step(len(steps), c, reason, predicted, dict(ln.goodput))
+        st = Step(len(steps), c, reason, predicted, dict(ln.goodput), ln.failure)
         steps.append(st)
         launches.append(ln)
         if on_step:
             on_step(st, ln)
         if progress:
             g = ln.goodput.get(concurrency)
-            progress(f"  goodput at concurrency {concurrency}: " + (f"{g:.1f} tok/s" if g else "not measured"))
+            progress(f"  launch failed: {ln.failure}" if ln.failure else
+                     f"  goodput at concurrency {concurrency}: " + (f"{g:.1f} tok/s" if g else "not measured"))
 
     if not steps:
         await run(start, "the starting configuration", None)
@@ -237,7 +240,11 @@ class SessionSource:
 
         self.session.subscribe(sink)
         try:
-            await self.session.relaunch(p)
+            try:
+                await self.session.relaunch(p)
+            except ControlError as e:  # this configuration does not start (OOM, a refused flag …): the
+                launch.failure = str(e)  # loop records it and moves on; the link failing still stops it
+                return launch
             for level in levels:
                 level_of[0] = level
                 b = {**self.overrides, "concurrency": level}
@@ -270,14 +277,15 @@ def _replay_prior(rows: list[dict]) -> list[tuple[Step, Launch]]:
         if r.get("kind") != "launch":
             continue
         c = Config(**r["config"])
-        ln = Launch(c, goodput={int(k): v for k, v in (r.get("goodput") or {}).items()}, label=r.get("capture", ""))
+        ln = Launch(c, goodput={int(k): v for k, v in (r.get("goodput") or {}).items()}, label=r.get("capture", ""),
+                    failure=r.get("failure"))
         try:
             cap = read_capture(r["capture"])
         except (CaptureError, KeyError):
             continue  # its capture is gone: that launch runs again
         ln.windows = [x.event for x in cap.records if isinstance(x.event, ProfileWindow)]
         ln.decodes = [x.event for x in cap.records if isinstance(x.event, DecodeStats)]
-        st = Step(r["round"], c, r.get("reason", ""), r.get("predicted"), dict(ln.goodput))
+        st = Step(r["round"], c, r.get("reason", ""), r.get("predicted"), dict(ln.goodput), ln.failure)
         prior.append((st, ln))
     return prior
 
@@ -382,7 +390,8 @@ async def tune(base: P.Preset, budget: int, concurrency: int, out: Path, *, resu
                    "chosen_label": result.chosen.label + (f" with {env_label}" if env_label else ""),
                    "concurrency": concurrency, "relaunches": sum(1 for r in load_log(out) if r.get("kind") == "launch") - 1,
                    "stop_reason": result.stop_reason, "nccl": env_label or None,
-                   "measured": {c.label: g for c, g in measured.items()}}
+                   "measured": {c.label: g for c, g in measured.items()},
+                   "failed": {st.config.label: st.failure for st in result.steps if st.failure}}
         if result.advice is not None:
             summary["advice"] = result.advice.to_dict(full=False)
         start_preset = preset_for(original, start, source.spec)
@@ -415,6 +424,8 @@ def format_result(r: dict) -> str:
     lines = [f"tuned at concurrency {r['concurrency']}: {r['relaunches']} relaunch(es); stopped: {r['stop_reason']}"]
     for label, g in sorted(r["measured"].items(), key=lambda kv: -kv[1]):
         lines.append(f"  {label:<32} {g:>10.1f} tok/s measured")
+    for label, why in (r.get("failed") or {}).items():
+        lines.append(f"  {label:<32} did not start: {why}")
     v = r["verdict"]
     if v.get("verdict") == "start is already best":
         lines.append(f"verdict: the start is already best ({v['reason']})")
