@@ -306,7 +306,7 @@ async def test_adaptive_schedule_runs_on_the_sim_and_windows_never_mix_steps(tmp
     assert {(w.steps, w.draft_tokens) for w in wins if w.bs == 1} >= {(3, 4)}
     assert {w.steps for w in wins if w.bs == 8} <= {0, 1}
     for w in wins:  # one configuration per window: its histogram fits its steps
-        assert len(w.accept_hist) <= w.steps + 1 and w.verify_tokens == w.bs * (w.steps + 1)
+        assert len(w.accept_counts) <= w.steps + 1 and w.verify_tokens == w.bs * (w.steps + 1)
     model = fit([Launch(Config.chain(1), wins)])
     assert model.acceptance.measured >= 3
     assert model.acceptance.mean[0] == pytest.approx(S.load_machine("h100-llama8b").acceptance[0], abs=0.06)

@@ -26,17 +26,19 @@ PROFILE_V2 = ("[2026-11-29 16:37:09 TP0] EAGLE3_PROFILE v=2 cycles=40 bs=8 steps
 
 def test_profile_v2_fields_and_their_round_trip():
     ev = parse_line(PROFILE_V2)
-    assert ev.v == 2 and ev.verify_tokens == 32 and ev.accept_hist == (100, 80, 0, 140) and ev.extra == {}
-    assert ev.bs_hist == ((7, 3), (8, 37))
+    assert ev.v == 2 and ev.verify_tokens == 32 and ev.accept_counts == (100, 80, 0, 140) and ev.extra == {}
+    assert ev.batch_sizes == ((7, 3), (8, 37)) and ev.accept_hist == "1:100,2:80,4:140"
     at = PROFILE_V2.find("EAGLE3_PROFILE")
     assert parse._profile(PROFILE_V2, at, fast=False) == ev
     assert from_dict(json.loads(json.dumps(ev.to_dict()))) == ev  # captures keep them
-    # a bad histogram drops that key only (both paths), never the line
-    for bad in ("1:2,1:3", "0:5", "65:1", "1:x", "", "1:2,,3:4"):
+    # a bad histogram reads as none (both paths), never costs the line
+    for bad in ("1:2,1:3", "0:5", "65:1", "1:x", "", "1:2,,3:4", "1:2:3,4", "1:-0", "1:1e2"):
         line = PROFILE_V2.replace("accept_hist=1:100,2:80,4:140", f"accept_hist={bad}")
         for fast in (True, False):
             got = parse._profile(line, at, fast=fast)
-            assert got.kind == "profile" and got.accept_hist is None and got.bs_hist == ev.bs_hist, (bad, fast)
+            assert got.kind == "profile" and got.accept_counts is None and got.batch_sizes == ev.batch_sizes, (bad, fast)
+    # what JSON would refuse is read field by field, with the same meaning
+    assert parse_line(PROFILE_V2.replace("1:100,2:80,4:140", "01:5,2:007")).accept_counts == (5, 7)
 
 
 def test_profile_examples():

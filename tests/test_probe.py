@@ -51,9 +51,9 @@ def test_probe_times_each_phase_and_prints_parsable_lines(tmp_path, layout):
         assert ev.accept_len == pytest.approx(2.0, abs=0.21)
         assert ev.cycle_ms == pytest.approx(ev.draft_ms + ev.verify_ms + ev.extend_ms, abs=0.01)
         # format v2: the stand-in accepts 2, 1, 3, 2 tokens in turn (bonus included)
-        assert ev.v == 2 and ev.verify_tokens == 3 and sum(ev.accept_hist) == 5
-        assert ev.accept_len == pytest.approx(sum((i + 1) * k for i, k in enumerate(ev.accept_hist)) / 5)
-    total = [sum(ev.accept_hist[i] for ev in events if len(ev.accept_hist) > i) for i in range(3)]
+        assert ev.v == 2 and ev.verify_tokens == 3 and sum(ev.accept_counts) == 5
+        assert ev.accept_len == pytest.approx(sum((i + 1) * k for i, k in enumerate(ev.accept_counts)) / 5)
+    total = [sum(ev.accept_counts[i] for ev in events if len(ev.accept_counts) > i) for i in range(3)]
     assert total == [5, 10, 5]
     assert "patched: True" in r.stdout
 
@@ -66,7 +66,7 @@ def test_probe_reads_the_steps_every_cycle_and_splits_the_window_when_they_chang
     events = [parse_line(x) for x in r.stdout.splitlines() if "EAGLE3_PROFILE" in x]
     assert [(ev.cycles, ev.steps, ev.draft_tokens, ev.verify_tokens) for ev in events] == \
         [(5, 2, 3, 3), (2, 2, 3, 3), (5, 3, 4, 4), (5, 3, 4, 4)]  # cycles 0-4, 5-6 | 7-11, 12-16
-    assert all(sum(ev.accept_hist) == ev.cycles for ev in events)
+    assert all(sum(ev.accept_counts) == ev.cycles for ev in events)
 
 
 def test_probe_off_does_nothing_and_other_ranks_stay_quiet(tmp_path):
@@ -141,5 +141,5 @@ def test_event_timing_on_a_gpu(tmp_path):
     assert len(lines) >= 8 and all(e.sync == "event" and e.verify_ms > e.draft_ms > 0 for e in lines)
     assert all(e.accept_len == pytest.approx(2.0) for e in lines)  # read from the GPU tensor, a window late
     # format v2: the histogram counted on the GPU (every request accepted 2 tokens), verify tokens
-    assert all(e.v == 2 and e.accept_hist == (0, e.cycles * e.bs) and e.verify_tokens == e.bs * e.draft_tokens
+    assert all(e.v == 2 and e.accept_counts == (0, e.cycles * e.bs) and e.verify_tokens == e.bs * e.draft_tokens
                for e in lines)

@@ -250,9 +250,9 @@ def _position_counts(windows: Iterable[ProfileWindow]) -> tuple[list[float], lis
     succ = [0.0] * MAX_DEPTH
     trials = [0.0] * MAX_DEPTH
     for w in windows:
-        if not w.accept_hist or not w.steps or (w.topk or 1) != 1:
+        h = w.accept_counts
+        if not h or not w.steps or (w.topk or 1) != 1:
             continue
-        h = w.accept_hist
         depth = min(w.steps, MAX_DEPTH, (w.draft_tokens or w.steps + 1) - 1)
         tail = [0] * (len(h) + 1)
         for i in range(len(h) - 1, -1, -1):

@@ -27,7 +27,6 @@ from .events import (DecodeStats, Event, HttpUp, Malformed, NcclAlgo, NcclEnv, P
 PROFILE_MARKER = "EAGLE3_PROFILE "
 _PREFIX = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?)((?: [A-Z]+\d+)*)\]")
 _KEY = re.compile(r"[a-z0-9_]+\Z")
-_SPACE = re.compile(r"\s")
 _NCCL_ENV = re.compile(r"NCCL INFO (NCCL_[A-Z0-9_]+) set by environment to (.*)$")
 _NCCL_ALGO = re.compile(r"NCCL INFO (\w+): (\d+) Bytes -> Algo (\w+) proto (\w+)"
                         r"(?: channel\{Lo\.\.Hi\}=\{(\d+)\.\.(\d+)\})?")
@@ -126,56 +125,10 @@ def _bool(v: str) -> bool:
     return b
 
 
-MAX_ACCEPT = 64  # longest accepted length a histogram may name (steps are at most a few dozen)
-
-
-_decode_pairs = msgspec.json.Decoder(list[tuple[int, int]]).decode
-
-
-def _counts(v: str, limit: int) -> dict[int, int]:
-    """``1:12,2:20,3:8`` -> {1: 12, 2: 20, 3: 8}; keys in 1..limit, each once, counts >= 0.
-
-    msgspec reads it as JSON pairs (``[[1,12],[2,20],[3,8]]``, a pair of exactly two integers
-    each) when it holds no sign; what JSON refuses (leading zeros, other digits) is read field by
-    field, with the same meaning."""
-    pairs = None
-    if "-" not in v and "+" not in v:
-        try:
-            pairs = _decode_pairs("[[" + v.replace(",", "],[").replace(":", ",") + "]]")
-        except msgspec.DecodeError:
-            pairs = None
-    if pairs is None:
-        pairs = []
-        for part in v.split(","):
-            key, sep, n = part.partition(":")
-            if not sep or not key.isdigit() or not n.isdigit():
-                raise ValueError(v)
-            pairs.append((int(key), int(n)))
-    counts = dict(pairs)
-    if len(counts) != len(pairs) or not counts or min(counts) < 1 or max(counts) > limit:
-        raise ValueError(v)
-    return counts
-
-
-def _hist(v: str) -> tuple[int, ...]:
-    """accept_hist (cycles per accepted length) -> counts indexed by length - 1."""
-    counts = _counts(v, MAX_ACCEPT)
-    out = [0] * max(counts)
-    for k, n in counts.items():
-        out[k - 1] = n
-    return tuple(out)
-
-
-def _bs_hist(v: str) -> tuple[tuple[int, int], ...]:
-    """bs_hist (cycles per batch size) -> (batch size, cycles) pairs, by batch size."""
-    return tuple(sorted(_counts(v, 1 << 20).items()))
-
-
 _PROFILE_CONV = {**{k: _float for k in ("draft_ms", "verify_ms", "extend_ms", "accept_len", "cycle_ms", "other_ms",
                                        "eff_tok_s", "p50_verify_ms", "p90_verify_ms", "max_verify_ms")},
                  **{k: _int for k in ("v", "cycles", "bs", "steps", "topk", "draft_tokens", "verify_tokens")},
-                 "sync": str, "accept_hist": _hist, "bs_hist": _bs_hist}
-_HISTS = ("accept_hist", "bs_hist")  # values msgspec cannot decode from text: the fast path reads them
+                 "sync": str, "accept_hist": str, "bs_hist": str}
 
 
 def _pairs(rest: str) -> dict[str, str]:
@@ -201,23 +154,6 @@ def _profile(line: str, at: int, fast: bool = True) -> Event:
     # Fast path: k=v k=v -> {"k":"v","k":"v"}. ts and rank are fields of the event, not of the
     # line: a line that sets them (the exact path keeps such keys in ``extra``) takes the exact
     # path, as do kind= and extra= (msgspec rejects them: the tag or the dict would be wrong).
-    hists: dict = {}
-    for key in _HISTS:
-        if fast and key in rest:
-            # "1:12,2:20" is no JSON scalar: the one such pair is cut out and read here; anything
-            # unusual (repeated, inside another pair, odd whitespace) leaves the line to the exact path
-            i = rest.find(key + "=")
-            j = rest.find(" ", i)
-            j = len(rest) if j < 0 else j
-            value = rest[i + len(key) + 1:j]
-            if i < 0 or (i and rest[i - 1] != " ") or rest.count(key) != 1 or _SPACE.search(value):
-                fast = False
-                break
-            try:
-                hists[key] = _PROFILE_CONV[key](value)
-            except ValueError:
-                pass  # dropped, as the exact path drops an optional key it cannot read
-            rest = rest[:i] + rest[j + 1:] if j < len(rest) else rest[:i].rstrip(" ")
     if fast and '"' not in rest and "\\" not in rest:
         try:
             ev = _decode_profile('{"' + rest.replace("=", '":"').replace(" ", '","') + '"}')
@@ -226,10 +162,8 @@ def _profile(line: str, at: int, fast: bool = True) -> Event:
         if ev is not None and ev.ts is None and ev.rank is None:
             _force_setattr(ev, "ts", ts)  # the event is frozen once returned
             _force_setattr(ev, "rank", rank)
-            for key, value in hists.items():
-                _force_setattr(ev, key, value)
             return ev
-    return _profile_exact(line, line[at + 15:], ts, rank)
+    return _profile_exact(line, rest, ts, rank)
 
 
 def _profile_exact(line: str, rest: str, ts: str | None, rank: str | None) -> Event:

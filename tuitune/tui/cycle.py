@@ -38,7 +38,7 @@ def phase_bars(draft: float, verify: float, extend: float, cycle: float, width: 
 
 
 def batch_distribution(hist: tuple[tuple[int, int], ...] | None, width: int = 24) -> str:
-    """A profile window's ``bs_hist`` ((batch size, cycles) pairs, as parsed) as labelled bars."""
+    """A profile window's batch sizes ((batch size, cycles) pairs) as labelled bars."""
     counts = list(hist or ())
     total = sum(n for _, n in counts)
     if not total:
@@ -83,7 +83,7 @@ class CyclePanel(Vertical):
             extra = [f"{p.cycles} cycles"] + ([f"bs {p.bs}"] if p.bs else []) + \
                 ([f"steps {p.steps} topk {p.topk}"] if p.steps is not None else [])
             text.append(f"   ({', '.join(extra)})", style="dim")
-            dist = batch_distribution(p.bs_hist)
+            dist = batch_distribution(p.batch_sizes)
             if dist:
                 text.append("\nbatch sizes ", style="bold")
                 text.append(dist)
