@@ -8,7 +8,7 @@ speculation (one token per request per cycle: the most chunks per token) at risi
 run, and the share of cycles that started late. The sustainable rate is the highest real token
 rate at which both stay good (≥ 95 % and ≤ 5 %).
 
-    python benchmarks/sim_batch_rate.py [--streams 64] [--max-tokens 200]
+    python benchmarks/sim_batch_rate.py [--streams 64] [--max-tokens 200] [--stream-interval N]
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from tuitune.bench import BenchConfig, run_bench
 SPEEDUPS = (0.125, 0.25, 0.5, 1, 2, 4)
 
 
-def measure(speedup: float, streams: int, max_tokens: int):
-    with running_sim("--sim-machine", "h200-llama8b", "--sim-speedup", str(speedup)) as url:
+def measure(speedup: float, streams: int, max_tokens: int, interval: int):
+    with running_sim("--sim-machine", "h200-llama8b", "--sim-speedup", str(speedup),
+                     "--stream-interval", str(interval)) as url:
         run = asyncio.run(run_bench(BenchConfig(url, requests=1, warmup=1, max_tokens=max_tokens).at_level(streams)))
     return run.goodput()["tok_s"], run.sim_late_share or 0.0, run.failed
 
@@ -33,13 +34,15 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--streams", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=200)
+    ap.add_argument("--stream-interval", type=int, default=1, help="SGLang's --stream-interval (chunks every N cycles)")
     ns = ap.parse_args()
-    print(f"{ns.streams} streams, h200-llama8b, no speculation, {ns.max_tokens} tokens a request")
+    print(f"{ns.streams} streams, h200-llama8b, no speculation, {ns.max_tokens} tokens a request, "
+          f"a chunk every {ns.stream_interval} cycle(s)")
     print(f"{'speedup':>8} {'real tok/s':>11} {'req/s':>7} {'sim tok/s':>10} {'vs slowest':>10} {'late cycles':>11}")
     ref = None
     best = None
     for speedup in SPEEDUPS:
-        real, late, failed = measure(speedup, ns.streams, ns.max_tokens)
+        real, late, failed = measure(speedup, ns.streams, ns.max_tokens, ns.stream_interval)
         simulated = real / speedup
         ref = ref or simulated
         rel = simulated / ref

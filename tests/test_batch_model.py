@@ -40,6 +40,7 @@ def test_shipped_machines_load_and_the_default_is_the_seeds_box():
     (lambda d: d.pop("sched_ms"), "sched_ms is missing"),
     (lambda d: d["target"].pop("knee_sharpness"), "target.knee_sharpness is missing"),
     (lambda d: d["target"].update(mem_ms="fast"), "target.mem_ms must be a number > 0"),
+    (lambda d: d["target"].update(knee_sharpness=400), "target.knee_sharpness must be a number in (0, 20]"),
     (lambda d: d["draft"].update(ms_per_token=-1), "draft.ms_per_token must be a number >= 0"),
     (lambda d: d.update(topology="infiniband"), "topology must be pcie or nvlink"),
     (lambda d: d.update(acceptance=[0.8, 1.4]), "acceptance must be a non-empty list"),

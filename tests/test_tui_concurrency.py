@@ -31,12 +31,15 @@ async def test_load_drives_batch_size_and_a_multi_level_run_is_a_curve(tmp_path)
         run = app.book.runs[0]
         assert [lv["concurrency"] for lv in run.levels] == [1, 4]
         assert run.levels[1]["goodput"] > 2.5 * run.levels[0]["goodput"], run.levels
-        assert run.levels[1]["batch_size"] and run.levels[1]["batch_size"] > 2.5
+        assert run.levels[1]["batch_size"] > 2 and run.levels[0]["batch_size"] < 1.5  # not the load's lines
         await pilot.pause(0.2)
         assert str(app.runs_table.get_row_at(0)[1]) == "1–4"
         assert app.chart.mode == "goodput"
         chart = render("goodput", s.store, app.book, 80, 20)
         assert "concurrent requests" in chart and "#1 conc" in chart
+        await app.run_action("bench_at_load")  # four streams, as the load keys left it
+        await until(pilot, lambda: len(app.book.runs) == 2 and not app.bench_running, 60, "a run at the load's level")
+        assert app.book.runs[1].concurrency == 4 and app.book.delta(app.book.runs[1])["verdict"] == "not comparable"
         # a one-level run at another concurrency is no comparison for the baseline
         app.book.add("other", p, [1.0, 2.0], {"concurrency": 8, "tok_s": {"median": 1.5}})
         assert app.book.delta(app.book.runs[-1])["verdict"] == "not comparable"

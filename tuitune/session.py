@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from . import preset as P
+from . import redact
 from .bench import BenchConfig, BenchRun, RequestResult, client_session, prompts, run_bench, run_request
 from .control import ControlError, ReadyResult, ServerControl, Status, nccl_confirmation
 from .events import BenchSummary, DecodeStats, Event, LinkState, LogLine, Marker, ProfileWindow, ServerState
@@ -100,6 +101,7 @@ class Session(EventStream):
         self._tail = LogTail(self.transport, self.preset.server.log, offset=offset)
         skip_first = offset > 0  # we started mid-line
         tail = self._tail
+        shown = redact.Redactor(self.preset)
 
         async def run() -> None:
             nonlocal skip_first
@@ -111,10 +113,10 @@ class Session(EventStream):
                     if batch.reset:
                         events.append(Marker("log truncated or replaced; following the new file"))
                     for line in lines:
-                        events.append(LogLine(line))
+                        events.append(LogLine(shown(line)))
                         ev = parse_line(line)
                         if ev is not None:
-                            events.append(ev)
+                            events.append(shown.event(ev))
                     if events:
                         self.publish(events)
             except TransportError as e:
@@ -196,6 +198,7 @@ class Session(EventStream):
         was_loaded = self.load.on
         if was_loaded:
             await self.set_load(False)  # a benchmark measures alone
+        await self._tail_caught_up()  # lines logged before the benchmark are no part of it
         cycles: list[float] = []
         batch: list[int] = []
 
@@ -220,6 +223,19 @@ class Session(EventStream):
         self.publish([BenchSummary(cfg.label, tok.get("median", float("nan")), ci[0], ci[1], acc.get("mean"),
                                    ttft.get("median"), s["requests"], s["failed"])])
         return run
+
+    async def _tail_caught_up(self, timeout_s: float = 3.0) -> None:
+        """Wait (bounded) until the tail has delivered what the log held when called: an attach
+        reads a backlog, whose decode lines would otherwise count as the benchmark's."""
+        if self._tail is None:
+            return
+        try:
+            size = await file_size(self.transport, self.preset.server.log)
+        except TransportError:
+            return
+        deadline = time.monotonic() + timeout_s
+        while self._tail is not None and self._tail.offset < size and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
 
     async def set_load(self, on: bool, concurrency: int | None = None) -> None:
         """Keep ``concurrency`` streams of requests running so that the server decodes."""

@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     _bool_flag(p, "--speculative-adaptive", "change the steps while running (SGLang's adaptive mode)")
     p.add_argument("--speculative-adaptive-config", default=None, metavar="FILE.json")
     p.add_argument("--decode-log-interval", type=int, default=40)
+    p.add_argument("--stream-interval", type=int, default=1,
+                   help="decode cycles between two streamed chunks of a request (default 1)")
     _bool_flag(p, "--enable-metrics", "serve Prometheus metrics on /metrics")
     p.add_argument("--cuda-graph-max-bs", type=int, default=None)
     p.add_argument("--max-running-requests", type=int, default=None)

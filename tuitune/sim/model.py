@@ -168,7 +168,7 @@ _NUM = (int, float)
 # key -> (required, check, what is allowed); nested sections have their own tables.
 _POS = (lambda v: isinstance(v, _NUM) and not isinstance(v, bool) and v > 0, "a number > 0")
 _NONNEG = (lambda v: isinstance(v, _NUM) and not isinstance(v, bool) and v >= 0, "a number >= 0")
-_TARGET = {"mem_ms": (True, *_POS), "ms_per_token": (True, *_NONNEG), "knee_sharpness": (True, *_POS),
+_TARGET = {"mem_ms": (True, *_POS), "ms_per_token": (True, *_NONNEG), "knee_sharpness": (True, lambda v: _POS[0](v) and v <= 20, "a number in (0, 20]"),
            "comm_ms": (True, *_NONNEG), "kv_ms_per_token": (True, *_NONNEG),
            "verify_extra_ms": (False, *_NONNEG)}
 _DRAFT = {"mem_ms": (True, *_POS), "ms_per_token": (True, *_NONNEG)}

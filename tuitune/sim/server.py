@@ -78,6 +78,7 @@ class Request:
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     produced: int = 0
     verify_ct: int = 0
+    unsent: int = 0  # tokens decoded but not streamed yet (--stream-interval)
     first_token_time: float | None = None
     finished: bool = False
     received_wall: float = 0.0
@@ -452,10 +453,14 @@ class Simulator:
         if n <= 0:
             return 0
         r.produced += n
+        r.unsent += n
         self.generation_tokens_total += n
         done = r.produced >= r.max_tokens
         r.finished = done
-        r.out.put_nowait((n, done))
+        # like SGLang's --stream-interval: a chunk every N decode cycles (the first token at once)
+        if done or r.verify_ct % self.ns.stream_interval == 0:
+            r.out.put_nowait((r.unsent, done))
+            r.unsent = 0
         return n
 
     # ---- HTTP ----------------------------------------------------------------------------
@@ -733,6 +738,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = sim_args.build_parser()
     ns = parser.parse_args(argv)
     faults = sim_args.parse_faults(parser, ns.sim_fault)
+    if ns.stream_interval < 1:
+        parser.error(f"--stream-interval must be at least 1 (got {ns.stream_interval})")
     acceptance = sim_args.parse_acceptance(parser, ns.sim_acceptance)
     machine = sim_args.load_machine(parser, ns.sim_machine)
     log = Log(ns.log_level)
