@@ -125,6 +125,7 @@ class BenchRun:
     cycle_ms: float | None = None  # mean cycle of the profile windows the server logged meanwhile
     batch_sizes: list[int] = field(default_factory=list)  # #running-req of the server's decode lines meanwhile
     sim_late_share: float | None = None  # simulator only: share of its cycles that started late meanwhile
+    gpu_note: str | None = None  # GPUs capped or a straggler meanwhile (telemetry.RunWatch)
 
     @property
     def ok(self) -> list[RequestResult]:
@@ -175,6 +176,9 @@ class BenchRun:
                 out[name] = {**ss.as_dict(), "p99": quantile(sorted(vs), 0.99)}
         out["server"] = self.server
         out["warnings"] = self.cross_check()
+        if self.gpu_note:
+            out["gpu_note"] = self.gpu_note
+            out["warnings"].append(f"measured while GPUs were held back: {self.gpu_note}")
         return out
 
     def median_tok_s(self) -> float:

@@ -23,6 +23,7 @@ from .events import BenchSummary, DecodeStats, Event, LinkState, LogLine, Marker
 from .stream import EventStream
 from .parse import parse_line
 from .tail import LogTail, file_size
+from . import telemetry
 from .transport import Transport, TransportError, for_preset
 
 ATTACH_BACKLOG = 256 * 1024  # bytes of an already-running server's log read on attach
@@ -58,6 +59,8 @@ class Session(EventStream):
         self._tail: LogTail | None = None
         self._tail_task: asyncio.Task | None = None
         self._load_task: asyncio.Task | None = None
+        self.telemetry: telemetry.Collector | None = None
+        self._telemetry_task: asyncio.Task | None = None
         self._relaunch_lock = asyncio.Lock()
 
     @property
@@ -77,6 +80,7 @@ class Session(EventStream):
     # ---- attach / tail --------------------------------------------------------------------
     async def connect(self) -> Status:
         await self.transport.connect()
+        self.start_telemetry()
         st = await self.control.status()
         if st.running and st.record:
             self.record = st.record
@@ -124,6 +128,15 @@ class Session(EventStream):
                 self.publish([self.link])
 
         self._tail_task = asyncio.ensure_future(run())
+
+    def start_telemetry(self) -> None:
+        """GPU telemetry beside the log (idempotent); its events flow like every other event."""
+        tel = self.preset.telemetry
+        if not tel.enabled or self._telemetry_task is not None:
+            return
+        self.telemetry = telemetry.Collector(self.transport, telemetry.for_preset(self.preset), self.publish,
+                                             period_ms=tel.period_ms)
+        self._telemetry_task = asyncio.ensure_future(self.telemetry.run())
 
     async def stop_follow(self) -> None:
         if self._tail is not None:
@@ -201,10 +214,13 @@ class Session(EventStream):
         await self._tail_caught_up()  # lines logged before the benchmark are no part of it
         cycles: list[float] = []
         batch: list[int] = []
+        self.start_telemetry()
+        gpus = telemetry.RunWatch()  # capping / straggler state while the run measures
 
         def collect(events: list[Event]) -> None:
             cycles.extend(e.cycle_ms for e in events if isinstance(e, ProfileWindow) and math.isfinite(e.cycle_ms))
             batch.extend(e.running_req for e in events if isinstance(e, DecodeStats) and e.running_req)
+            gpus.feed(events)
 
         self.subscribe(collect)
         try:
@@ -215,13 +231,14 @@ class Session(EventStream):
                 await self.set_load(True, self.load.concurrency)
         run.cycle_ms = sum(cycles) / len(cycles) if cycles else None
         run.batch_sizes = batch
+        run.gpu_note = gpus.note()
         s = run.summary()
         tok = s.get("tok_s") or {}
         acc = s.get("accept_len") or {}
         ttft = s.get("ttft_ms") or {}
         ci = tok.get("ci95", [float("nan")] * 2)
         self.publish([BenchSummary(cfg.label, tok.get("median", float("nan")), ci[0], ci[1], acc.get("mean"),
-                                   ttft.get("median"), s["requests"], s["failed"])])
+                                   ttft.get("median"), s["requests"], s["failed"], run.gpu_note)])
         return run
 
     async def _tail_caught_up(self, timeout_s: float = 3.0) -> None:
@@ -277,6 +294,8 @@ class Session(EventStream):
     async def close(self, stop_server: bool = False) -> None:
         await self.set_load(False)
         await self.stop_follow()
+        await telemetry.stop(self.telemetry, self._telemetry_task)
+        self.telemetry = self._telemetry_task = None
         if stop_server:
             with contextlib.suppress(ControlError, TransportError):
                 await self.control.stop()

@@ -25,13 +25,14 @@ from .. import preset as P
 from .. import redact
 from ..bench import level_row
 from ..control import ControlError
-from ..events import Event, LogLine, Marker, ProfileWindow, ServerState
+from ..events import Event, GpuSample, LogLine, Marker, ProfileWindow, ServerState, TelemetryState
 from ..runs import RunBook, delta_mark
 from ..transport import TransportError
 from .advisor import AdvisorPanel, apply_to_config
 from .chart import ChartPanel
 from .config import ConfigPanel
 from .cycle import CyclePanel
+from .gpus import GpuPanel
 from .header import StatusHeader
 from .logpane import LogPane
 from .runs import RunsTable
@@ -135,6 +136,7 @@ class TuituneApp(App):
         Binding("slash", "focus_filter", "filter", id="tuitune.filter"),
         Binding("e", "edit", "edit config", id="tuitune.edit"),
         Binding("a", "apply_advice", "apply advice", id="tuitune.apply_advice"),
+        Binding("t", "toggle_gpus", "gpus", id="tuitune.gpus"),
         Binding("end", "follow_log", "follow", show=False, id="tuitune.follow"),
         Binding("space", "pause", "pause", show=False, id="tuitune.pause"),
         Binding("right", "seek(10)", "+10s", show=False, id="tuitune.seek_fwd"),
@@ -178,6 +180,7 @@ class TuituneApp(App):
         with Horizontal(id="main"):
             with Vertical(id="left"):
                 yield CyclePanel(id="cycle")
+                yield GpuPanel(id="gpus")
                 yield RunsTable(id="runs")
                 with TabbedContent(id="tabs"):
                     with TabPane("log", id="tab-log"):
@@ -193,6 +196,7 @@ class TuituneApp(App):
         # the main screen's widgets (App.query_one would search whatever screen is on top)
         self.header = self.query_one(StatusHeader)
         self.cycle = self.query_one(CyclePanel)
+        self.gpu_panel = self.query_one(GpuPanel)
         self.runs_table = self.query_one(RunsTable)
         self.logpane = self.query_one(LogPane)
         self.chart = self.query_one(ChartPanel)
@@ -267,6 +271,12 @@ class TuituneApp(App):
         s = self.session
         self.advisor.feed(events)
         self.advisor.refresh_model(s.load.concurrency if s.load is not None and s.load.on else None)
+        telemetry = [ev for ev in events if isinstance(ev, (GpuSample, TelemetryState))]
+        if telemetry:
+            self.gpu_panel.update_from(s.store.gpus, bool(s.load and s.load.on), telemetry)
+            for ev in telemetry:
+                if isinstance(ev, TelemetryState) and ev.state in ("unavailable", "stopped") and ev.detail:
+                    self.say(ev.detail, "warning")
         self.header.show(
             s.label, self.draft.name if self.draft else "?", self.modified, s.state, s.link, s.load,
             s.record.started if s.record else None, self.clock())
@@ -392,13 +402,15 @@ class TuituneApp(App):
             self.bench_running = False
         first = runs[0]
         r = self.book.add(preset.name, preset, first.tok_s(), first.summary(), first.cycle_ms, started=self.clock(),
-                          levels=[level_row(run.summary()) for run in runs] if len(runs) > 1 else None)
+                          levels=[level_row(run.summary()) for run in runs] if len(runs) > 1 else None,
+                          gpu_note=next((run.gpu_note for run in runs if run.gpu_note), None))
         self._dirty_runs = True
         if len(runs) > 1:
             self.chart.mode = "goodput"
         mark = delta_mark(self.book.delta(r))
         self.say(f"run #{r.id}: {r.median:.1f} tok/s" + ("" if mark == "—" else f", {mark} vs baseline")
-                 + (f", {r.failed} failed" if r.failed else ""),
+                 + (f", {r.failed} failed" if r.failed else "")
+                 + (f"; GPUs held back: {r.gpu_note}" if r.gpu_note else ""),
                  "error" if r.failed else "information")
 
     def action_mark_baseline(self) -> None:
@@ -502,6 +514,9 @@ class TuituneApp(App):
 
     def action_edit(self) -> None:
         self.config.query_one("#spec-algorithm").focus()
+
+    def action_toggle_gpus(self) -> None:
+        self.say(f"GPU panel: {self.gpu_panel.cycle_mode()}")
 
     def action_leave_input(self) -> None:
         self.set_focus(None)
