@@ -248,6 +248,7 @@ def test_tune_resumes_and_says_when_the_start_is_best(tmp_path):
                 "--levels", "1,2")
     assert r.returncode == 0, r.stderr
     assert "verdict: the start is already best" in r.stdout and not (out / "best.yaml").exists()
+    assert "not running" in tuitune(tmp_path, "status", str(preset)).stdout  # the search's server is stopped
     again = tuitune(tmp_path, "tune", str(preset), "--budget", "1", "--concurrency", "1", "--out", str(out))
     assert again.returncode == 2 and "already holds a tune log" in again.stderr
     resumed = tuitune(tmp_path, "tune", str(preset), "--budget", "1", "--concurrency", "1", "--out", str(out),

@@ -399,6 +399,7 @@ async def tune(base: P.Preset, budget: int, concurrency: int, out: Path, *, resu
         if chosen_preset.hash() == start_preset.hash():
             summary["verdict"] = {"verdict": "start is already best",
                                   "reason": f"no configuration measured faster than {start.label}"}
+            await session.stop_server()  # as the A/B (and sweep) do: the search's last server goes
         else:
             b = P.with_changes(chosen_preset, {"name": f"{original.name}-tuned",
                                                "description": f"tuitune tune at concurrency {concurrency}: "
