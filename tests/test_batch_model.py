@@ -196,6 +196,10 @@ def test_crossover_order_and_verdicts():
     late = level_verdict([behind], [run_of(4, 100, 1.5)], 4, 0.02)
     assert late["verdict"] == "not comparable" and "fell behind its clock (40% of cycles late)" in late["reason"]
     assert any("fell behind" in w for w in behind.cross_check())
+    capped = run_of(4, 100, 1.0)
+    capped.gpu_note = "GPU 3 power cap"
+    held = level_verdict([capped], [run_of(4, 100, 1.5)], 4, 0.02)
+    assert held["verdict"] == "not comparable" and "GPU 3 power cap" in held["reason"]
     short = run_of(64, 100, 1.0)
     short.batch_sizes = [20, 22]
     noted = level_verdict([short], [run_of(64, 100, 1.0)], 64, 0.02)

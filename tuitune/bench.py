@@ -125,6 +125,7 @@ class BenchRun:
     cycle_ms: float | None = None  # mean cycle of the profile windows the server logged meanwhile
     batch_sizes: list[int] = field(default_factory=list)  # #running-req of the server's decode lines meanwhile
     sim_late_share: float | None = None  # simulator only: share of its cycles that started late meanwhile
+    env_drift: list[str] | None = None  # variables the server's real environment lacked vs its preset (None: unknown)
     gpu_note: str | None = None  # GPUs capped or a straggler meanwhile (telemetry.RunWatch)
 
     @property

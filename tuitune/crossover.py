@@ -53,10 +53,13 @@ def level_verdict(on: list[BenchRun], off: list[BenchRun], level: int, min_effec
                     "batch_size": _mean([b for r in runs for b in r.batch_sizes]),
                     "accept_len": _mean([r.accept_len for r in runs for r in r.ok if r.accept_len])}
     late = [r for r in on + off if r.sim_late_share is not None and r.sim_late_share > SIM_LATE_LIMIT]
-    if failed or late or not pairs["on"] or not pairs["off"]:
+    held = [r for r in on + off if r.gpu_note]
+    mixed = held and len(held) < len(on + off)  # GPUs held back in one arm's runs only, as in `ab`
+    if failed or late or mixed or not pairs["on"] or not pairs["off"]:
         why = (f"{failed} request(s) failed" if failed else
                f"the simulator fell behind its clock ({late[0].sim_late_share:.0%} of cycles late): lower --sim-speedup"
-               if late else "no successful request in one arm")
+               if late else f"GPUs were held back during part of it ({held[0].gpu_note})" if mixed
+               else "no successful request in one arm")
         return {**row, "speedup": math.nan, "ci95": [math.nan, math.nan], "verdict": "not comparable",
                 "reason": why}
     row["speedup"] = row["on"]["goodput"] / row["off"]["goodput"]

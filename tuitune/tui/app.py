@@ -294,7 +294,7 @@ class TuituneApp(App):
             self.chart.draw(s.store, self.book)
 
     def stale_reason(self) -> str | None:
-        return self.book.stale_reason(self.session.running_preset, self.clock())
+        return self.book.stale_reason(self.clock())
 
     @property
     def modified(self) -> bool:
@@ -402,8 +402,8 @@ class TuituneApp(App):
             self.bench_running = False
         first = runs[0]
         r = self.book.add(preset.name, preset, first.tok_s(), first.summary(), first.cycle_ms, started=self.clock(),
-                          levels=[level_row(run.summary()) for run in runs] if len(runs) > 1 else None,
-                          gpu_note=next((run.gpu_note for run in runs if run.gpu_note), None))
+                          env_drift=first.env_drift, gpu_note=next((run.gpu_note for run in runs if run.gpu_note), None),
+                          levels=[level_row(run.summary()) for run in runs] if len(runs) > 1 else None)
         self._dirty_runs = True
         if len(runs) > 1:
             self.chart.mode = "goodput"
@@ -420,7 +420,11 @@ class TuituneApp(App):
             return
         row = table.cursor_row if table.cursor_row is not None else len(self.book.runs) - 1
         run = self.book.runs[max(0, min(row, len(self.book.runs) - 1))]
-        self.book.mark_baseline(run.id)
+        try:
+            self.book.mark_baseline(run.id)
+        except ValueError as e:
+            self.say(str(e), "warning")
+            return
         self._dirty_runs = True
         self.refresh_views()
         self.say(f"run #{run.id} is the baseline")
@@ -523,17 +527,21 @@ class TuituneApp(App):
 
     def action_follow_log(self) -> None:
         self.logpane.follow()
+        if self.live and self.session.record is not None and not self.session.tail_running:
+            self.run_worker(self.session.follow(from_end=True), exclusive=True, group="follow")
+            self.say("following the log again")
 
     def action_clear_runs(self) -> None:
         self.book = RunBook(max_age_s=self.book.max_age_s)
         self._dirty_runs = True
 
     def action_nccl_report(self) -> None:
-        rows = self.session.nccl_report() if self.live else []
+        rows, note = self.session.nccl_report() if self.live else ([], None)
         if not rows:
-            self.say("no NCCL confirmation: set NCCL_DEBUG=INFO in the config and relaunch")
+            self.say("no NCCL variables in this preset to confirm")
             return
-        self.say("; ".join(f"{k}: {state}" for k, state, _ in rows))
+        self.say("; ".join(f"{k}: {state}" for k, state, _ in rows) + (f" ({note})" if note else ""),
+                 "warning" if note else "information")
 
     async def action_stop_server(self) -> None:
         try:
