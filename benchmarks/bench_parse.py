@@ -7,7 +7,7 @@ prefixes repeat:
 the parser's prefix memo cannot help there. `grep -cE` over the same file gives a reference for
 "reading the file at all". Target: at least 500,000 lines/s for the API on one core.
 
-    taskset -c 0 python benchmarks/bench_parse.py [--lines N]
+    taskset -c 0 python benchmarks/bench_parse.py [--lines N] [--v2]
 """
 
 from __future__ import annotations
@@ -33,16 +33,22 @@ SAMPLES = [
     (20, "[{s}] INFO:     127.0.0.1:{n} - \"POST /generate HTTP/1.1\" 200 OK"),
     (10, "[{s} TP0] Cache flushed successfully! memory usage {n} tokens"),
 ]
+# --v2: profile lines of format v2 as the simulator writes them (histograms of accept lengths and
+# batch sizes, verify tokens)
+PROFILE_V2 = ("[{s} TP0] EAGLE3_PROFILE v=2 cycles=40 bs=8 steps=3 topk=1 draft_tokens=4 verify_tokens=32 "
+              "draft_ms=0.5{a} verify_ms=5.{a} extend_ms=0.20 other_ms=0.05 cycle_ms=6.{a} accept_len=2.{a} "
+              "accept_hist=1:1{a},2:8{a},3:6{a},4:5{a} bs_hist=7:3,8:37 eff_tok_s=29{a}.5 sync=sim")
 
 
-def build(path: str, n: int, ms: bool = False) -> None:
+def build(path: str, n: int, ms: bool = False, v2: bool = False) -> None:
     per_s = 1000 if ms else 200  # with ms stamps, each line its own millisecond
     rng = random.Random(1)
-    weights = [w for w, _ in SAMPLES]
+    samples = [(w, PROFILE_V2 if v2 and "EAGLE3_PROFILE" in t else t) for w, t in SAMPLES]
+    weights = [w for w, _ in samples]
     t0 = datetime.datetime(2026, 11, 29, 16, 2, 0)
     with open(path, "w") as f:
         for i in range(n):
-            tmpl = rng.choices(SAMPLES, weights)[0][1]
+            tmpl = rng.choices(samples, weights)[0][1]
             t = t0 + datetime.timedelta(seconds=i / per_s)
             stamp = t.strftime("%Y-%m-%d %H:%M:%S") + (f".{t.microsecond // 1000:03d}" if ms else "")
             f.write(tmpl.format(s=stamp, n=rng.randint(100, 60000), a=rng.randint(10, 99)) + "\n")
@@ -59,13 +65,15 @@ def api_rate(path: str) -> tuple[float, int]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lines", type=int, default=1_000_000)
-    n = ap.parse_args().lines
+    ap.add_argument("--v2", action="store_true", help="profile lines of format v2 (with histograms)")
+    ns = ap.parse_args()
+    n = ns.lines
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "mixed.log")
-        build(path, n)
+        build(path, n, v2=ns.v2)
         api, events = api_rate(path)
         ms_path = os.path.join(d, "mixed-ms.log")
-        build(ms_path, n, ms=True)
+        build(ms_path, n, ms=True, v2=ns.v2)
         api_ms, _ = api_rate(ms_path)
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "tuitune", "parse", path, "--json"], check=True,

@@ -91,6 +91,23 @@ def sim_factory(tmp_path):
         s.stop()
 
 
+@pytest.fixture(scope="session")
+def sglang_release(tmp_path_factory) -> Path:
+    """SGLang 0.5.23's package directory, from its wheel (downloaded once a session; only the
+    speculative sources and the dist-info unpacked). Skips when the registry is not reachable."""
+    import zipfile
+    tmp = tmp_path_factory.mktemp("sglang")
+    dl = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                         "--python-version", "3.11", "-d", str(tmp), "sglang==0.5.23"],
+                        capture_output=True, text=True, timeout=240)
+    wheels = list(tmp.glob("sglang-*.whl"))
+    if dl.returncode != 0 or not wheels:
+        pytest.skip(f"the package registry is not reachable here: {dl.stderr.strip()[-200:]}")
+    with zipfile.ZipFile(wheels[0]) as z:
+        z.extractall(tmp / "site", [n for n in z.namelist() if n.startswith(("sglang/srt/speculative/", "sglang-"))])
+    return tmp / "site" / "sglang"
+
+
 SPEC2 = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d",
          "--speculative-num-steps", "2", "--speculative-eagle-topk", "1"]
 SEED_ARGS = ["--tp-size", "8", "--mem-fraction-static", "0.88", "--num-continuous-decode-steps", "4",

@@ -90,12 +90,15 @@ DRIVER = '''
 import logging, sys
 logging.basicConfig(level=logging.INFO, format="[%(asctime)s TP0] %(message)s", stream=sys.stdout)
 layout, cycles, rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+switch = int(sys.argv[4]) if len(sys.argv) > 4 else None  # the cycle where adaptive mode goes to 3 steps
 class Batch:
     reqs = [object()]
 if layout == "v2":
     from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
     d, v = EagleDraftWorker(rank), EAGLEWorkerV2(rank)
-    for _ in range(cycles):
+    for i in range(cycles):
+        if i == switch:  # as SGLang's adaptive runtime state does: both attributes on the worker
+            d.speculative_num_steps, d.speculative_num_draft_tokens = 3, 4
         d.draft(Batch())
         r = v.verify(Batch())
         d._draft_extend_for_decode(Batch(), r)

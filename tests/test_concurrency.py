@@ -58,7 +58,7 @@ def test_sim_decodes_concurrent_requests_as_one_batch(sim_factory):
     assert run.failed == 0
     events = [e for e in map(parse_line, sim.text().splitlines()) if e]
     prof = [e for e in events if e.kind == "profile"]
-    assert max(p.bs for p in prof) == 8 and any(p.extra.get("verify_tokens") in (32, "32") for p in prof)
+    assert max(p.bs for p in prof) == 8 and any(p.verify_tokens == 32 for p in prof)
     assert max(e.running_req for e in events if e.kind == "decode") == 8
     # each request's accepted tokens are its own draws: accept lengths differ between requests
     assert len({round(r.accept_len, 3) for r in run.ok}) > 3

@@ -22,6 +22,26 @@ PROFILE_EXAMPLES = [
     "[2026-11-29 16:02:11.513 DP0 TP0] EAGLE3_PROFILE cycles=1 draft_ms=0.9 verify_ms=21.7 extend_ms=0.2 accept_len=2",
     "EAGLE3_PROFILE draft_ms=0.83 verify_ms=28.7 extend_ms=0.1 accept_len=1.73 p90_verify_ms=29.4 gpu=7",
 ]
+PROFILE_V2 = ("[2026-11-29 16:37:09 TP0] EAGLE3_PROFILE v=2 cycles=40 bs=8 steps=3 topk=1 draft_tokens=4 "
+              "verify_tokens=32 draft_ms=0.600 verify_ms=5.100 extend_ms=0.200 other_ms=0.400 cycle_ms=6.300 "
+              "accept_len=2.375 accept_hist=1:100,2:80,4:140 bs_hist=7:3,8:37 eff_tok_s=3015.87 sync=sim")
+
+
+def test_profile_v2_fields_and_their_round_trip():
+    ev = parse_line(PROFILE_V2)
+    assert ev.v == 2 and ev.verify_tokens == 32 and ev.accept_counts == (100, 80, 0, 140) and ev.extra == {}
+    assert ev.batch_sizes == ((7, 3), (8, 37)) and ev.accept_hist == "1:100,2:80,4:140"
+    at = PROFILE_V2.find("EAGLE3_PROFILE")
+    assert parse._profile(PROFILE_V2, at, fast=False) == ev
+    assert from_dict(json.loads(json.dumps(ev.to_dict()))) == ev  # captures keep them
+    # a bad histogram reads as none (both paths), never costs the line
+    for bad in ("1:2,1:3", "0:5", "65:1", "1:x", "", "1:2,,3:4", "1:2:3,4", "1:-0", "1:1e2"):
+        line = PROFILE_V2.replace("accept_hist=1:100,2:80,4:140", f"accept_hist={bad}")
+        for fast in (True, False):
+            got = parse._profile(line, at, fast=fast)
+            assert got.kind == "profile" and got.accept_counts is None and got.batch_sizes == ev.batch_sizes, (bad, fast)
+    # what JSON would refuse is read field by field, with the same meaning
+    assert parse_line(PROFILE_V2.replace("1:100,2:80,4:140", "01:5,2:007")).accept_counts == (5, 7)
 
 
 def test_profile_examples():
@@ -182,7 +202,7 @@ def test_fast_paths_take_the_lines_servers_print(monkeypatch):
     prefill = ("[2026-03-16 11:32:09 TP0] Prefill batch, #new-seq: 2, #new-token: 512, #cached-token: 0, "
                "token usage: 0.01, #running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, "
                "input throughput (token/s): 9000.50")
-    for line in [PROFILE_EXAMPLES[0], DECODE_NEW, DECODE_OLD, prefill]:
+    for line in [PROFILE_EXAMPLES[0], PROFILE_V2, DECODE_NEW, DECODE_OLD, prefill]:
         ev = parse_line(line)
         assert ev.kind in ("profile", "decode", "prefill") and ev.ts and ev.rank == "TP0", ev
     monkeypatch.undo()

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_driver(tmp: Path, layout: str, cycles: int = 20, rank: int = 0, env: dict | None = None,
-               extra_path: list[Path] | None = None) -> subprocess.CompletedProcess:
+               extra_path: list[Path] | None = None, switch: int | None = None) -> subprocess.CompletedProcess:
     probe = tmp / "probe"
     probe.mkdir(exist_ok=True)
     for name in FILES:  # as the launch does: the probe files alone in a directory
@@ -31,7 +31,8 @@ def run_driver(tmp: Path, layout: str, cycles: int = 20, rank: int = 0, env: dic
     path = [str(probe), *(str(p) for p in extra_path or []), str(tmp / "fake")]
     full = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3_")}
     full.update({"PYTHONPATH": os.pathsep.join(path), "EAGLE3_PROFILE_WINDOW": "5", **(env or {})})
-    return subprocess.run([sys.executable, str(driver), layout, str(cycles), str(rank)], capture_output=True,
+    args = [layout, str(cycles), str(rank)] + ([str(switch)] if switch is not None else [])
+    return subprocess.run([sys.executable, str(driver), *args], capture_output=True,
                           text=True, timeout=60, env=full, cwd=tmp)
 
 
@@ -49,7 +50,23 @@ def test_probe_times_each_phase_and_prints_parsable_lines(tmp_path, layout):
         assert 1.8 < ev.draft_ms < 6 and 4.5 < ev.verify_ms < 12 and 0.9 < ev.extend_ms < 5
         assert ev.accept_len == pytest.approx(2.0, abs=0.21)
         assert ev.cycle_ms == pytest.approx(ev.draft_ms + ev.verify_ms + ev.extend_ms, abs=0.01)
+        # format v2: the stand-in accepts 2, 1, 3, 2 tokens in turn (bonus included)
+        assert ev.v == 2 and ev.verify_tokens == 3 and sum(ev.accept_counts) == 5
+        assert ev.accept_len == pytest.approx(sum((i + 1) * k for i, k in enumerate(ev.accept_counts)) / 5)
+    total = [sum(ev.accept_counts[i] for ev in events if len(ev.accept_counts) > i) for i in range(3)]
+    assert total == [5, 10, 5]
     assert "patched: True" in r.stdout
+
+
+def test_probe_reads_the_steps_every_cycle_and_splits_the_window_when_they_change(tmp_path):
+    """SGLang's --speculative-adaptive changes speculative_num_steps while the server runs."""
+    make_tree(tmp_path / "fake", "v2")
+    r = run_driver(tmp_path, "v2", cycles=20, env={"EAGLE3_PROFILE": "1"}, switch=7)
+    assert r.returncode == 0, r.stderr
+    events = [parse_line(x) for x in r.stdout.splitlines() if "EAGLE3_PROFILE" in x]
+    assert [(ev.cycles, ev.steps, ev.draft_tokens, ev.verify_tokens) for ev in events] == \
+        [(5, 2, 3, 3), (2, 2, 3, 3), (5, 3, 4, 4), (5, 3, 4, 4)]  # cycles 0-4, 5-6 | 7-11, 12-16
+    assert all(sum(ev.accept_counts) == ev.cycles for ev in events)
 
 
 def test_probe_off_does_nothing_and_other_ranks_stay_quiet(tmp_path):
@@ -59,7 +76,7 @@ def test_probe_off_does_nothing_and_other_ranks_stay_quiet(tmp_path):
     rank1 = run_driver(tmp_path, "v2", rank=1, env={"EAGLE3_PROFILE": "1"})
     assert "EAGLE3_PROFILE" not in rank1.stdout and "patched: True" in rank1.stdout
     chosen = run_driver(tmp_path, "v2", rank=1, env={"EAGLE3_PROFILE": "1", "EAGLE3_PROFILE_RANK": "1"})
-    assert chosen.stdout.count("EAGLE3_PROFILE v=1") == 4
+    assert chosen.stdout.count("EAGLE3_PROFILE v=2") == 4
 
 
 def test_unknown_layout_warns_once_and_runs_unprofiled(tmp_path):
@@ -67,7 +84,7 @@ def test_unknown_layout_warns_once_and_runs_unprofiled(tmp_path):
     r = run_driver(tmp_path, "v2", env={"EAGLE3_PROFILE": "1"})
     warnings = [x for x in r.stdout.splitlines() if "not found" in x]
     assert len(warnings) == 1 and "EAGLEWorkerV2.verify" in warnings[0] and "unprofiled" in warnings[0]
-    assert "EAGLE3_PROFILE v=1" not in r.stdout
+    assert "EAGLE3_PROFILE v=" not in r.stdout
 
 
 @pytest.mark.parametrize("where", ["start", "stop", "_accept", "_log"])
@@ -131,16 +148,8 @@ def test_check_reads_the_source_without_importing(tmp_path):
     assert r.returncode == 0 and "MISSING EagleDraftWorker.draft" in r.stdout and "patchable phases: draft, extend, verify" in r.stdout
 
 
-def test_check_against_the_real_sglang_release(tmp_path):
-    dl = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                         "--python-version", "3.11", "-d", str(tmp_path), "sglang==0.5.23"],
-                        capture_output=True, text=True, timeout=240)
-    wheels = list(tmp_path.glob("sglang-*.whl"))
-    if dl.returncode != 0 or not wheels:
-        pytest.skip(f"the package registry is not reachable here: {dl.stderr.strip()[-200:]}")
-    with zipfile.ZipFile(wheels[0]) as z:
-        z.extractall(tmp_path / "site", [n for n in z.namelist() if n.startswith(("sglang/srt/speculative/", "sglang-"))])
-    report = check(str(tmp_path / "site" / "sglang"))
+def test_check_against_the_real_sglang_release(sglang_release):
+    report = check(str(sglang_release))
     assert report["version"] == "0.5.23" and report["ok"]
     assert report["usable"] == ["sglang.srt.speculative.eagle_worker_v2"]
 
@@ -173,3 +182,6 @@ def test_event_timing_on_a_gpu(tmp_path):
     assert len(lines) >= 8 and all(e.sync == "event" for e in lines)
     assert all(e.verify_ms > e.draft_ms > 0 for e in lines[1:])
     assert all(e.accept_len == pytest.approx(2.0) for e in lines)  # read from the GPU tensor, a window late
+    # format v2: the histogram counted on the GPU (every request accepted 2 tokens), verify tokens
+    assert all(e.v == 2 and e.accept_counts == (0, e.cycles * e.bs) and e.verify_tokens == e.bs * e.draft_tokens
+               for e in lines)

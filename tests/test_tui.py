@@ -250,3 +250,57 @@ async def test_relaunch_view_takes_updates_before_it_is_composed():
         await pilot.pause()
         assert "loading weights  (1.5 s)" in str(screen.query_one("#phase").render())
         assert "Load weight begin" in str(screen.query_one("#lines").render())
+
+
+async def test_advisor_panel_updates_from_windows_and_applies_the_top_suggestion():
+    """The advisor tab refits as v2 windows arrive (h100-llama8b, chain of 3 at bs 32, where 2 steps
+    win) and `a` puts the top suggestion into the config panel, as an edit `r` would relaunch."""
+    import random
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import advisor_accuracy as AA
+    from tuitune.costmodel import Config
+    from tuitune.sim import model as S
+
+    src = AA.ModelSource(S.load_machine("h100-llama8b"), random.Random(5))
+    launch = await src.measure(Config.chain(3), [8, 32, 64])
+    app = scene_app()
+    replay = app.session
+    from tuitune.events import Marker
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        app.tabs.active = "tab-advisor"
+        # the demo capture's v1 windows (no histogram) already give a model, from accept lengths
+        app.advisor.refresh_model(force=True)
+        assert app.advisor.running == Config.chain(2) and app.advisor.rows
+        assert "accept length" in str(app.advisor.render()) or app.advisor.note
+        replay.publish([Marker("relaunch: demo")])  # a new launch: the old windows no longer count
+        app.refresh_views()
+        app.advisor.refresh_model(force=True)
+        assert not app.advisor.rows
+        app.config.query_one("#spec-num-steps").value = "3"  # as the windows below were launched
+        await pilot.pause()
+        before = app.draft
+        assert before.speculative.num_steps == 3
+        await pilot.press("a")
+        assert "no advice yet" in app.messages[-1] and app.draft is before
+        replay.publish(launch.windows[:4])  # the first windows: bs 8
+        await until(pilot, lambda: app.advisor.rows, 5, "the advisor's first fit")
+        assert app.advisor.running == Config.chain(3) and app.advisor.concurrency == 8
+        replay.publish(launch.windows[4:])
+        app.refresh_views()
+        app.advisor.refresh_model(force=True)
+        assert app.advisor.concurrency == 32
+        labels = [p.config for p in app.advisor.rows]
+        assert set(labels) >= {Config.chain(2), Config.chain(3), Config.chain(4), Config()}
+        best = app.advisor.top()
+        assert best == Config.chain(2)  # the simulator's truth at bs 32: 2 steps beat 3 (and trees)
+        text = str(app.advisor.render())
+        assert "steps 2 topk 1 tokens 3" in text and "a: apply" in text and "running" in text
+        await pilot.press("a")
+        await until(pilot, lambda: app.draft is not before and app.draft.speculative.num_steps == 2, 5,
+                    "the config panel's edit")
+        assert app.draft.speculative.num_draft_tokens == 3 and not app.draft_errors
+        assert app.config.query_one("#spec-num-steps").value == "2"
+        assert "config panel set to steps 2" in app.messages[-1]

@@ -922,6 +922,132 @@ def cmd_sweep(ns) -> int:
     return 0 if result.get("best") else 1
 
 
+# ---- advise / tune ------------------------------------------------------------------------------
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        vals = []
+    if not vals or any(v < 1 for v in vals):
+        raise CliError(f"{flag} {text!r}: expected positive integers, comma-separated (e.g. 1,8,32)", 2)
+    return sorted(set(vals))
+
+
+@command("advise", "predict every configuration's goodput from a running server or captures; the best, the next measurement")
+def _advise_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sources", nargs="+", metavar="PRESET|CAPTURE",
+                   help="a preset (its running server's log is read) or captures (one launch each)")
+    p.add_argument("--concurrency", help="concurrencies to advise for, comma-separated (default: the load the "
+                                         "windows were measured at, or the preset's bench.concurrency)")
+    p.add_argument("--top", type=int, default=5, help="configurations shown per concurrency (default 5)")
+    p.add_argument("--json", action="store_true", help="everything (model, all predictions) as JSON")
+    p.add_argument("--emit", nargs=2, metavar=("FORMAT", "FILE"),
+                   help="write an engine schedule: sglang-adaptive FILE.json (SGLang --speculative-adaptive-config)")
+    p.add_argument("--buckets", help="batch-size keys of the emitted schedule (default 1,2,4,8,16,32,64)")
+    p.set_defaults(run=cmd_advise)
+
+
+def cmd_advise(ns) -> int:
+    from . import advise as A
+    from .costmodel import FitError, fit
+    from .observe import ObserveError, launches_from
+    if ns.emit and ns.emit[0] != "sglang-adaptive":
+        raise CliError(f"--emit {ns.emit[0]!r}: the only format is sglang-adaptive", 2)
+    if ns.top < 1:
+        raise CliError(f"--top must be at least 1 (got {ns.top})", 2)
+    buckets = _int_list(ns.buckets, "--buckets") if ns.buckets else list(A.ADAPTIVE_BUCKETS)
+    wanted = _int_list(ns.concurrency, "--concurrency") if ns.concurrency else None
+    ControlError, TransportError = _errors()
+    try:
+        launches, running, load = _run_async(launches_from(ns.sources))
+    except ObserveError as e:
+        raise CliError(str(e), e.code) from None
+    except (ControlError, TransportError) as e:
+        raise CliError(str(e), 1) from None
+    levels = wanted or [load]
+    try:
+        model = fit(launches)
+    except FitError as e:
+        raise CliError(f"cannot fit a cost model: {e}", 1) from None
+    advices = [A.advise(model, c, running) for c in levels]
+    schedule = None
+    if ns.emit:
+        schedule, why = A.adaptive_schedule(model, tuple(buckets))
+        try:
+            A.write_adaptive(ns.emit[1], schedule)
+        except OSError as e:
+            raise CliError(f"{ns.emit[1]}: cannot write it ({e.strerror or e})", 1) from None
+    if ns.json:
+        out = {"model": model.summary(), "advice": [a.to_dict() for a in advices]}
+        if schedule is not None:
+            out["sglang_adaptive"] = {"file": ns.emit[1], "config": schedule, "buckets": why}
+        _print_json(out)
+        return 0
+    print(A.format_advice(model, advices, top=ns.top))
+    if schedule is not None:
+        print(f"\nwrote {ns.emit[1]} (SGLang --speculative-adaptive-config; candidates within "
+              f"{A.TOLERANCE:.0%} of each bucket's best):")
+        for w in why:
+            print(f"  batch size >= {w['key']:<4} (judged at {w['batch_size']}): candidate_steps {w['candidates']}")
+        print("  use it: speculative.adaptive_config: /path/on/the/target.json in the preset (eagle_topk 1)")
+    return 0
+
+
+@command("tune", "closed loop: measure, fit, relaunch the predicted best, repeat; prove it with an A/B")
+def _tune_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("preset")
+    p.add_argument("--budget", type=int, required=True, help="relaunches the search may spend (the A/B comes on top)")
+    p.add_argument("--concurrency", type=int, help="the load to tune for (default: the preset's bench.concurrency)")
+    p.add_argument("--out", default="tune-out", help="directory for the log, captures and best.yaml (default tune-out)")
+    p.add_argument("--resume", action="store_true", help="continue the run logged in OUT/tune.jsonl")
+    p.add_argument("--levels", help="load levels benchmarked per launch (default: concurrency/4, concurrency, 2 x concurrency)")
+    p.add_argument("--ab-rounds", type=int, default=4, help="launches per arm of the final A/B (default 4)")
+    p.add_argument("--nccl", action="store_true", help="first rank NCCL settings with nccl-bench (seconds) and "
+                                                        "measure the start with the winner (one relaunch)")
+    p.add_argument("--nccl-grid", action="append", default=[], metavar="env.VAR=V1,V2,...",
+                   help="the NCCL settings --nccl ranks (repeatable; default NCCL_PROTO x NCCL_ALGO)")
+    p.add_argument("--nccl-backend", choices=["nccl", "gloo"], default="nccl", help="gloo: CPU, for trying it out")
+    p.add_argument("--hidden-size", type=int, help="the model's hidden size for --nccl when config.json is not readable")
+    p.add_argument("--requests", type=int)
+    p.add_argument("--warmup", type=int)
+    p.add_argument("--max-tokens", type=int)
+    p.add_argument("--json", metavar="OUT", help="write the result as JSON")
+    p.set_defaults(run=cmd_tune)
+
+
+def cmd_tune(ns) -> int:
+    from pathlib import Path
+    from .tune import TuneError, format_result, tune
+    base = _load_preset(ns.preset)
+    if ns.budget < 0:
+        raise CliError(f"--budget must be at least 0 (got {ns.budget})", 2)
+    if ns.ab_rounds < 1:
+        raise CliError(f"--ab-rounds must be at least 1 (got {ns.ab_rounds})", 2)
+    conc = ns.concurrency if ns.concurrency is not None else base.bench.concurrency
+    if conc < 1:
+        raise CliError(f"--concurrency must be at least 1 (got {conc})", 2)
+    levels = _int_list(ns.levels, "--levels") if ns.levels else None
+    ns.concurrency, ns.api = None, None
+    ov = _overrides(ns)
+    ControlError, TransportError = _errors()
+    try:
+        result = _run_async(tune(base, ns.budget, conc, Path(ns.out), resume=ns.resume, levels=levels, overrides=ov,
+                                 ab_rounds=ns.ab_rounds, nccl=ns.nccl or bool(ns.nccl_grid),
+                                 nccl_backend=ns.nccl_backend, nccl_grid=ns.nccl_grid,
+                                 hidden_size=ns.hidden_size, progress=lambda m: print(m, flush=True)))
+    except TuneError as e:
+        raise CliError(str(e), e.code) from None
+    except (ControlError, TransportError) as e:
+        raise CliError(str(e), 1) from None
+    print()
+    print(format_result(result))
+    if ns.json:
+        _write_json(ns.json, result)
+    return 0 if result["verdict"].get("verdict") != "not comparable" else 1
+
+
 # ---- probe --------------------------------------------------------------------------------------
 
 

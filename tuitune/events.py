@@ -41,6 +41,35 @@ def _clean(v: Any) -> Any:
     return v
 
 
+MAX_ACCEPT = 64  # the longest accepted length a histogram may name (steps are at most a few dozen)
+_decode_pairs = msgspec.json.Decoder(list[tuple[int, int]]).decode
+
+
+def histogram(text: str | None, limit: int) -> dict[int, int] | None:
+    """``1:12,2:20,3:8`` -> {1: 12, 2: 20, 3: 8}: keys 1..limit, each once, counts >= 0; None when
+    absent or malformed. msgspec reads it as JSON pairs (``[[1,12],[2,20],[3,8]]``) when it holds
+    no sign; what JSON refuses (leading zeros, other digits) is read field by field, the same way."""
+    if not text:
+        return None
+    pairs = None
+    if "-" not in text and "+" not in text:
+        try:
+            pairs = _decode_pairs("[[" + text.replace(",", "],[").replace(":", ",") + "]]")
+        except msgspec.DecodeError:
+            pairs = None
+    if pairs is None:
+        pairs = []
+        for part in text.split(","):
+            key, sep, n = part.partition(":")
+            if not sep or not key.isdigit() or not n.isdigit():
+                return None
+            pairs.append((int(key), int(n)))
+    counts = dict(pairs)
+    if len(counts) != len(pairs) or not counts or min(counts) < 1 or max(counts) > limit:
+        return None
+    return counts
+
+
 class ProfileWindow(Event, tag="profile", forbid_unknown_fields=True):
     # forbid_unknown_fields: the parser's fast path decodes straight into this type and must fail
     # (and fall back to the exact path, which keeps unknown keys in ``extra``) on any other key.
@@ -61,9 +90,31 @@ class ProfileWindow(Event, tag="profile", forbid_unknown_fields=True):
     p90_verify_ms: float | None = None
     max_verify_ms: float | None = None
     sync: str | None = None
+    # format v2. The histograms stay the line's text ("1:12,2:20,3:8"), so that parsing a line costs
+    # no more than a v1 line; accept_counts and batch_sizes read them when asked.
+    accept_hist: str | None = None  # request-cycles per accepted length, bonus token included
+    verify_tokens: int | None = None  # tokens in one verify forward: bs x draft tokens
+    bs_hist: str | None = None  # cycles per batch size
     extra: dict = {}
     ts: str | None = None
     rank: str | None = None
+
+    @property
+    def accept_counts(self) -> tuple[int, ...] | None:
+        """``accept_hist`` as counts indexed by length - 1; None when absent or malformed."""
+        counts = histogram(self.accept_hist, MAX_ACCEPT)
+        if counts is None:
+            return None
+        out = [0] * max(counts)
+        for k, n in counts.items():
+            out[k - 1] = n
+        return tuple(out)
+
+    @property
+    def batch_sizes(self) -> tuple[tuple[int, int], ...] | None:
+        """``bs_hist`` as (batch size, cycles) pairs by batch size; None when absent or malformed."""
+        counts = histogram(self.bs_hist, 1 << 20)
+        return tuple(sorted(counts.items())) if counts is not None else None
 
     @property
     def tok_s(self) -> float:

@@ -130,7 +130,8 @@ def _bool(v: str) -> bool:
 
 _PROFILE_CONV = {**{k: _float for k in ("draft_ms", "verify_ms", "extend_ms", "accept_len", "cycle_ms", "other_ms",
                                        "eff_tok_s", "p50_verify_ms", "p90_verify_ms", "max_verify_ms")},
-                 **{k: _int for k in ("v", "cycles", "bs", "steps", "topk", "draft_tokens")}, "sync": str}
+                 **{k: _int for k in ("v", "cycles", "bs", "steps", "topk", "draft_tokens", "verify_tokens")},
+                 "sync": str, "accept_hist": str, "bs_hist": str}
 
 
 def _pairs(rest: str) -> dict[str, str]:

@@ -30,7 +30,9 @@ RESERVED_ARGS = {"port": "server.port", "speculative-algorithm": "speculative.al
                  "speculative-draft-model": "speculative.draft_model_path",
                  "speculative-num-steps": "speculative.num_steps",
                  "speculative-eagle-topk": "speculative.eagle_topk",
-                 "speculative-num-draft-tokens": "speculative.num_draft_tokens"}
+                 "speculative-num-draft-tokens": "speculative.num_draft_tokens",
+                 "speculative-adaptive": "speculative.adaptive_config",
+                 "speculative-adaptive-config": "speculative.adaptive_config"}
 ArgValue = bool | int | float | str
 
 
@@ -129,13 +131,23 @@ class Speculative(_Model):
     num_steps: int | None = Field(default=None, ge=1, le=64)
     eagle_topk: int | None = Field(default=None, ge=1, le=64)
     num_draft_tokens: int | None = Field(default=None, ge=2, le=1024)
+    # SGLang's adaptive schedule (a JSON file on the target, e.g. from `tuitune advise --emit
+    # sglang-adaptive`): rendered as --speculative-adaptive --speculative-adaptive-config PATH
+    adaptive_config: str | None = None
 
     @model_validator(mode="after")
     def _rules(self) -> "Speculative":
         if self.draft_model_path is not None:
             _no_control(self.draft_model_path)
-        speculative.resolve(self.algorithm, self.num_steps, self.eagle_topk, self.num_draft_tokens,
-                            self.draft_model_path)
+        r = speculative.resolve(self.algorithm, self.num_steps, self.eagle_topk, self.num_draft_tokens,
+                                self.draft_model_path)
+        if self.adaptive_config is not None:
+            _no_control(self.adaptive_config, "adaptive_config")
+            if r.algorithm not in ("EAGLE", "EAGLE3"):
+                raise ValueError(f"adaptive_config works with EAGLE and EAGLE3 only in SGLang (algorithm is "
+                                 f"{r.algorithm})")
+            if r.eagle_topk not in (None, 1):
+                raise ValueError(f"adaptive_config needs eagle_topk 1 (SGLang adapts chains only; got {r.eagle_topk})")
         return self
 
     def resolved(self) -> speculative.Resolved:
@@ -200,7 +212,7 @@ class Preset(_Model):
     @classmethod
     def _no_algorithm(cls, v: Any) -> Any:
         if isinstance(v, dict) and v.get("algorithm") is None and not any(
-                v.get(k) is not None for k in ("num_steps", "eagle_topk", "num_draft_tokens")):
+                v.get(k) is not None for k in ("num_steps", "eagle_topk", "num_draft_tokens", "adaptive_config")):
             return None
         return v
 
@@ -273,6 +285,8 @@ class Preset(_Model):
                 out += ["--speculative-num-steps", str(r.num_steps),
                         "--speculative-eagle-topk", str(r.eagle_topk),
                         "--speculative-num-draft-tokens", str(r.num_draft_tokens)]
+            if self.speculative.adaptive_config:
+                out += ["--speculative-adaptive", "--speculative-adaptive-config", self.speculative.adaptive_config]
         return out
 
     def flag_names(self) -> list[str]:
@@ -523,6 +537,8 @@ def flatten(preset: Preset) -> dict[str, Any]:
         out["speculative.num_steps"] = r.num_steps
         out["speculative.eagle_topk"] = r.eagle_topk
         out["speculative.num_draft_tokens"] = r.num_draft_tokens
+        if preset.speculative.adaptive_config:
+            out["speculative.adaptive_config"] = preset.speculative.adaptive_config
     else:
         out["speculative.algorithm"] = None
     for k, v in preset.env.items():

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import json
-import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -21,6 +19,7 @@ from . import grid as G
 from . import preset as P
 from . import stats
 from .capture import CaptureWriter, redacted_preset
+from .jsonl import append_row, read_rows
 from .control import ControlError
 from .metrics import quantile
 from .session import Session
@@ -67,23 +66,11 @@ def plan(base: P.Preset, grid: dict, baseline: P.Preset, repeats: int, baseline_
 
 
 def load_results(out: Path) -> list[dict]:
-    path = out / "results.jsonl"
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut short by an interruption: that trial runs again
-    return rows
+    return read_rows(out / "results.jsonl")
 
 
 def _append(out: Path, row: dict) -> None:
-    with open(out / "results.jsonl", "a") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    append_row(out / "results.jsonl", row)
     new = not (out / "results.csv").exists()
     with open(out / "results.csv", "a", newline="") as f:
         w = csv.DictWriter(f, CSV_FIELDS, extrasaction="ignore")

@@ -15,6 +15,11 @@ CPU with the GPU; for comparison). Without CUDA, phases are timed on the host cl
 One line per ``EAGLE3_PROFILE_WINDOW`` cycles (default 40), from rank ``EAGLE3_PROFILE_RANK``
 (default 0), through the worker module's own logger so the prefix matches SGLang's.
 
+Format v2: each line also carries the accept-length histogram, the verify token count and the
+steps in force. The steps are read from the worker at every cycle, because SGLang's
+``--speculative-adaptive`` changes ``speculative_num_steps`` while the server runs; a window is
+closed early when they change, so that every line describes one configuration.
+
 ``python eagle3_probe.py --check [--sglang-path DIR]`` reads SGLang's source with ``ast`` (no
 import, no GPU) and reports which phases it can patch.
 """
@@ -42,6 +47,7 @@ TARGETS = {
     },
 }
 PHASES = ("draft", "verify", "extend")
+HIST_LEN = 33  # accepted lengths counted per cycle: 1..33 (steps up to 32), longer ones in the last
 
 
 def _sglang_version() -> str:
@@ -67,11 +73,14 @@ class Recorder:
         self.pending: list[dict] | None = None  # the previous window, read when this one closes
         self.meta: dict = {}
         self.host_acc = None  # pinned slots for accept-length sums, copied without blocking
+        self.host_hist = None  # pinned rows for accept-length histograms, likewise
+        self.lengths = None  # 1..HIST_LEN on the GPU, to count lengths without a sync
         self.slot = 0
 
     @staticmethod
     def _new_cycle() -> dict:
-        return {"draft": [], "verify": [], "extend": [], "accept": [], "bs": None, "t0": None}
+        return {"draft": [], "verify": [], "extend": [], "accept": [], "hist": [], "bs": None, "t0": None,
+                "steps": None, "draft_tokens": None}
 
     def _setup(self, worker) -> None:
         try:
@@ -88,11 +97,16 @@ class Recorder:
                 and self.torch.distributed.is_initialized():
             rank = self.torch.distributed.get_rank()
         self.enabled = (rank or 0) == want
-        for attr, key in (("speculative_num_steps", "steps"), ("topk", "topk"),
-                          ("speculative_num_draft_tokens", "draft_tokens")):
+        v = getattr(worker, "topk", None)
+        if isinstance(v, int):
+            self.meta["topk"] = v
+
+    def _read_steps(self, worker) -> None:
+        """The steps and draft tokens in force for this cycle (adaptive mode changes them)."""
+        for attr, key in (("speculative_num_steps", "steps"), ("speculative_num_draft_tokens", "draft_tokens")):
             v = getattr(worker, attr, None)
-            if isinstance(v, int):
-                self.meta[key] = v
+            if isinstance(v, int) and not isinstance(v, bool):
+                self.cycle[key] = v
 
     # ---- timing ---------------------------------------------------------------------------
     def start(self, phase: str, worker):
@@ -105,6 +119,7 @@ class Recorder:
             self._close_cycle()
         if self.cycle["t0"] is None:
             self.cycle["t0"] = time.perf_counter()
+        self._read_steps(worker)
         if self.sync == "event":
             e = self.torch.cuda.Event(enable_timing=True)
             e.record()
@@ -147,35 +162,56 @@ class Recorder:
                     if self.host_acc is None:
                         self.host_acc = self.torch.zeros(4 * self.window + 8, dtype=self.torch.float32,
                                                          pin_memory=True)
-                    slot = self.host_acc[self.slot % len(self.host_acc)]
+                        self.host_hist = self.torch.zeros((len(self.host_acc), HIST_LEN), dtype=self.torch.int32,
+                                                          pin_memory=True)
+                        self.lengths = self.torch.arange(1, HIST_LEN + 1, device=lens.device)
+                    i = self.slot % len(self.host_acc)
                     self.slot += 1
-                    slot.copy_(lens.float().sum(), non_blocking=True)
-                    self.cycle["accept"].append((slot, lens.numel()))
-                elif self.torch is not None and isinstance(lens, self.torch.Tensor):
-                    self.cycle["accept"].append((float(lens.float().sum()), lens.numel()))
-                else:
-                    self.cycle["accept"].append((float(sum(lens)), len(lens)))
+                    self.host_acc[i].copy_(lens.float().sum(), non_blocking=True)
+                    # counts per length by comparison with 1..HIST_LEN: fixed shape, so no sync
+                    # (bincount's output size depends on the data and would wait for it)
+                    flat = lens.reshape(-1, 1).clamp(1, HIST_LEN)
+                    self.host_hist[i].copy_((flat == self.lengths).sum(0, dtype=self.torch.int32), non_blocking=True)
+                    self.cycle["accept"].append((self.host_acc[i], lens.numel()))
+                    self.cycle["hist"].append(self.host_hist[i])
+                    return
+                if self.torch is not None and isinstance(lens, self.torch.Tensor):
+                    lens = [int(x) for x in lens.reshape(-1).tolist()]
+                self._accept_list([int(x) for x in lens])
                 return
             per_req = getattr(obj, "accept_length_per_req_cpu", None)
             if per_req is not None:  # v1 counts accepted drafts only
-                self.cycle["accept"].append((float(sum(per_req)) + len(per_req), len(per_req)))
+                self._accept_list([int(x) + 1 for x in per_req])
                 return
+
+    def _accept_list(self, lens: list[int]) -> None:
+        self.cycle["accept"].append((float(sum(lens)), len(lens)))
+        hist = [0] * HIST_LEN
+        for n in lens:
+            hist[min(max(n, 1), HIST_LEN) - 1] += 1
+        self.cycle["hist"].append(hist)
 
     def _close_cycle(self) -> None:
         c = self.cycle
+        self.cycle = self._new_cycle()
         if c["verify"]:
             c["wall_ms"] = (time.perf_counter() - c["t0"]) * 1000.0 if c["t0"] else math.nan
+            if self.cycles and (self.cycles[0]["steps"], self.cycles[0]["draft_tokens"]) != \
+                    (c["steps"], c["draft_tokens"]):
+                self._close_window()  # the steps changed (adaptive mode): one line per configuration
             self.cycles.append(c)
-        self.cycle = self._new_cycle()
         if len(self.cycles) >= self.window:
-            window, self.cycles = self.cycles, []
-            if self.sync == "event":
-                # this window's events are still in flight: log the previous one, now surely done
-                if self.pending is not None:
-                    self._log(self.pending)
-                self.pending = window
-            else:
-                self._log(window)
+            self._close_window()
+
+    def _close_window(self) -> None:
+        window, self.cycles = self.cycles, []
+        if self.sync == "event":
+            # this window's events are still in flight: log the previous one, now surely done
+            if self.pending is not None:
+                self._log(self.pending)
+            self.pending = window
+        else:
+            self._log(window)
 
     # ---- output ---------------------------------------------------------------------------
     def _ms(self, item) -> float:
@@ -191,7 +227,8 @@ class Recorder:
     def _log(self, window: list[dict]) -> None:
         sums = {p: 0.0 for p in PHASES}
         verifies: list[float] = []
-        acc_total, acc_n, bs_total = 0.0, 0, 0
+        acc_total, acc_n, bs_total, verify_tokens = 0.0, 0, 0, 0
+        hist = [0] * HIST_LEN
         for c in window:
             for p in PHASES:
                 ms = sum(self._ms(x) for x in c[p])
@@ -201,17 +238,27 @@ class Recorder:
             for total, n in c["accept"]:
                 acc_total += self._value(total)
                 acc_n += n
+            for h in c["hist"]:
+                for i, k in enumerate(h.tolist() if hasattr(h, "tolist") else h):
+                    hist[i] += int(k)
             bs_total += c["bs"] or 0
+            tokens = c["draft_tokens"] if c["steps"] != 0 else 1  # steps 0: one token a request
+            verify_tokens += (c["bs"] or 0) * (tokens or 0)
         n = len(window)
         d, v, e = (sums[p] / n for p in PHASES)
         cycle = d + v + e
         accept = acc_total / acc_n if acc_n else math.nan
         bs = round(bs_total / n) if bs_total else None
         verifies.sort()
-        fields = [("v", 1), ("cycles", n)] + ([("bs", bs)] if bs else []) + \
-            [(k, self.meta[k]) for k in ("steps", "topk", "draft_tokens") if k in self.meta] + \
+        first = window[0]
+        config = [("steps", first["steps"]), ("topk", self.meta.get("topk")), ("draft_tokens", first["draft_tokens"])]
+        fields = [("v", 2), ("cycles", n)] + ([("bs", bs)] if bs else []) + \
+            [(k, val) for k, val in config if val is not None] + \
+            ([("verify_tokens", round(verify_tokens / n))] if verify_tokens else []) + \
             [("draft_ms", f"{d:.3f}"), ("verify_ms", f"{v:.3f}"), ("extend_ms", f"{e:.3f}"),
              ("cycle_ms", f"{cycle:.3f}"), ("accept_len", f"{accept:.3f}")]
+        if any(hist):
+            fields.append(("accept_hist", ",".join(f"{i + 1}:{k}" for i, k in enumerate(hist) if k)))
         if bs and cycle > 0 and not math.isnan(accept):
             fields.append(("eff_tok_s", f"{accept * bs / cycle * 1000:.2f}"))
         fields += [("p50_verify_ms", f"{verifies[len(verifies) // 2]:.3f}"),

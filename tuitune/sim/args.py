@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-num-steps", type=int, default=None)
     p.add_argument("--speculative-eagle-topk", type=int, default=None)
     p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
+    _bool_flag(p, "--speculative-adaptive", "change the steps while running (SGLang's adaptive mode)")
+    p.add_argument("--speculative-adaptive-config", default=None, metavar="FILE.json")
     p.add_argument("--decode-log-interval", type=int, default=40)
     p.add_argument("--stream-interval", type=int, default=1,
                    help="decode cycles between two streamed chunks of a request (default 1)")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from aiohttp import web
 
+from . import adaptive as sim_adaptive
 from . import args as sim_args
 from . import model
 
@@ -167,6 +168,7 @@ class Simulator:
             launch_factor=ns.sim_scale * model.jitter(random.Random(ns.sim_seed + 7), sigma),
         )
         self.warnings = warnings
+        self.adaptive: sim_adaptive.AdaptiveSteps | None = None  # --speculative-adaptive
         self.profile = os.environ.get("EAGLE3_PROFILE", "") not in ("", "0")
         self.record_step_time = os.environ.get("SGLANG_RECORD_STEP_TIME", "") not in ("", "0")
         self.max_running = ns.max_running_requests or 256
@@ -369,6 +371,8 @@ class Simulator:
             if not self.running:
                 continue
             bs = len(self.running)
+            if self.adaptive is not None:
+                win = self.adapt_steps(win, bs, loop.time())
             context = sum(r.prompt_tokens + r.produced for r in self.running) / bs
             cost = model.cycle_cost(self.cfg, bs, context)
             j = model.jitter(self.rng, self.ns.sim_jitter)
@@ -386,6 +390,8 @@ class Simulator:
                 accepted.append(n)
                 self.emit(r, n)
             self.total_accept += sum(accepted)
+            if self.adaptive is not None:
+                self.adaptive.observe(bs, accepted)
             self.total_verify += bs
             self.running = [r for r in self.running if not r.finished]
             if self.record_step_time:
@@ -399,6 +405,19 @@ class Simulator:
             if win.cycles >= self.ns.decode_log_interval:
                 self.report_window(win, loop.time())
                 win = Window(loop.time())
+
+    def adapt_steps(self, win: "Window", bs: int, now: float) -> "Window":
+        """Adaptive mode: the steps for this batch size; a profile window never mixes two."""
+        steps = self.adaptive.steps_for(bs)
+        if steps == self.cfg.steps:
+            return win
+        if win.cycles:
+            self.report_window(win, now)
+            win = Window(now)
+        self.log.line(f"Adaptive speculative steps {self.cfg.steps} -> {steps} at batch size {bs}")
+        cfg = replace(self.cfg, steps=steps, draft_tokens=steps + 1)
+        self.cfg = replace(cfg, tree=model.build_tree(cfg))
+        return win
 
     def note_lag(self, late_s: float, cycle_s: float) -> None:
         """Count cycles that started late: a CPU-bound simulator decodes slower than its model."""
@@ -727,13 +746,15 @@ def main(argv: list[str] | None = None) -> int:
     log = Log(ns.log_level)
     try:
         warnings = sim_args.resolve_speculative(ns)
-    except sim_args.ServerArgsError as e:
+        adaptive = sim_adaptive.from_args(ns)
+    except (sim_args.ServerArgsError, ValueError) as e:
         log.plain("Traceback (most recent call last):")
         log.plain('  File "/usr/lib/python3/dist-packages/sglang/launch_server.py", line 11, in <module>')
         log.plain("    server_args = prepare_server_args(sys.argv[1:])")
         log.plain(f"ValueError: {e}")
         return 1
     sim = Simulator(ns, faults, machine, acceptance, warnings)
+    sim.adaptive = adaptive
     try:
         return asyncio.run(sim.run())
     except KeyboardInterrupt:

@@ -30,6 +30,7 @@ from ..control import ControlError
 from ..events import Event, GpuSample, LogLine, Marker, ProfileWindow, ServerState, TelemetryState
 from ..runs import RunBook, delta_mark
 from ..transport import TransportError
+from .advisor import AdvisorPanel, apply_to_config
 from .chart import ChartPanel
 from .config import ConfigPanel
 from .cycle import CyclePanel
@@ -191,6 +192,7 @@ class TuituneApp(App):
         Binding("g", "toggle_tab", "log/chart", id="tuitune.tab"),
         Binding("slash", "focus_filter", "filter", id="tuitune.filter"),
         Binding("e", "edit", "edit config", id="tuitune.edit"),
+        Binding("a", "apply_advice", "apply advice", id="tuitune.apply_advice"),
         Binding("t", "toggle_gpus", "gpus", id="tuitune.gpus"),
         # End and G follow the log from any focus (an input keeps End for its own cursor)
         Binding("end", "follow_log", "follow", show=False, priority=True, id="tuitune.follow_end"),
@@ -246,6 +248,8 @@ class TuituneApp(App):
                         yield LogPane(id="logpane")
                     with TabPane("chart", id="tab-chart"):
                         yield ChartPanel(id="chart")
+                    with TabPane("advisor", id="tab-advisor"):
+                        yield AdvisorPanel(id="advisor")
             yield ConfigPanel(id="config")
         yield Footer()
 
@@ -257,6 +261,7 @@ class TuituneApp(App):
         self.runs_table = self.query_one(RunsTable)
         self.logpane = self.query_one(LogPane)
         self.chart = self.query_one(ChartPanel)
+        self.advisor = self.query_one(AdvisorPanel)
         self.config = self.query_one(ConfigPanel)
         self.tabs = self.query_one(TabbedContent)
         self._apply_user_config()
@@ -376,6 +381,8 @@ class TuituneApp(App):
             elif isinstance(ev, ServerState) and ev.state == "exited":
                 self.say(f"server {ev.pid} exited: {ev.detail}; r relaunches it", "error")
         s = self.session
+        self.advisor.feed(events)
+        self.advisor.refresh_model(s.load.concurrency if s.load is not None and s.load.on else None)
         telemetry = [ev for ev in events if isinstance(ev, (GpuSample, TelemetryState))]
         if telemetry:
             self.gpu_panel.update_from(s.store.gpus, bool(s.load and s.load.on), telemetry)
@@ -471,6 +478,14 @@ class TuituneApp(App):
     def cancel_relaunch(self) -> None:
         if self.relaunch_worker is not None:
             self.relaunch_worker.cancel()
+
+    def action_apply_advice(self) -> None:
+        best = self.advisor.top()
+        if best is None:
+            self.say("no advice yet: the advisor needs profile windows of the running server", "warning")
+            return
+        apply_to_config(self.config, best)
+        self.say(f"config panel set to {best.label}: press r to relaunch with it")
 
     def action_bench(self) -> None:
         self._start_bench(None)

@@ -39,15 +39,9 @@ def phase_bars(draft: float, verify: float, extend: float, cycle: float, width: 
     return t
 
 
-def batch_distribution(hist: str | None, width: int = 24) -> str:
-    """``bs_hist`` of a profile window (``4:30,8:10``: cycles per batch size) as labelled bars."""
-    if not isinstance(hist, str):
-        return ""
-    counts = []
-    for item in hist.split(","):
-        bs, _, n = item.partition(":")
-        if bs.isdigit() and n.isdigit():
-            counts.append((int(bs), int(n)))
+def batch_distribution(hist: tuple[tuple[int, int], ...] | None, width: int = 24) -> str:
+    """A profile window's batch sizes ((batch size, cycles) pairs) as labelled bars."""
+    counts = list(hist or ())
     total = sum(n for _, n in counts)
     if not total:
         return ""
@@ -110,7 +104,7 @@ class CyclePanel(Vertical):
                     extra.append(item)
             if extra:
                 text.append(f" ({', '.join(extra)})", style="dim")
-            dist = batch_distribution(p.extra.get("bs_hist"))
+            dist = batch_distribution(p.batch_sizes)
             if dist:
                 text.append("\nbatch sizes ", style="bold")
                 text.append(dist)

@@ -20,7 +20,7 @@ from .screens import RelaunchScreen
 CAPTURE = Path(__file__).resolve().parent.parent.parent / "tests" / "data" / "demo-capture.jsonl"
 SIZE = (140, 44)  # wide: the config panel stays open beside the panels
 SIZES = ((140, 44), (120, 40), (80, 24))  # 120×40 is what most users have; 80×24 must still work
-SCENES = ("main", "relaunch", "runs", "config", "failure", "gpus")
+SCENES = ("main", "relaunch", "runs", "config", "failure", "gpus", "advisor")
 CLOCK = 1795971100.0  # fixed wall clock: no ticking ages in the pictures
 
 
@@ -97,6 +97,10 @@ async def prepare(app: TuituneApp, pilot, scene: str) -> None:
         panel.query_one("#val-nccl-proto").value = "LLL"
         await pilot.pause()
         app.set_focus(None)
+    elif scene == "advisor":
+        app.tabs.active = "tab-advisor"
+        app.refresh_views()
+        app.advisor.refresh_model(force=True)
     elif scene == "failure":
         message = ("server exited during start (out of memory): CUDA out of memory. Tried to allocate 3.50 GiB. "
                    "GPU 0 has a total capacity of 94.97 GiB of which 1.12 GiB is free.")

@@ -1,0 +1,349 @@
+"""The cost model, `advise`, SGLang's adaptive schedule and `tune` (unit, real sim process, CLI)."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import free_port
+from tuitune import advise as A
+from tuitune import preset as P
+from tuitune import speculative
+from tuitune.costmodel import OFF, Config, Launch, fit, tree_tau
+from tuitune.sim import model as S
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import advisor_accuracy as AA  # noqa: E402  the benchmark's in-process launches, from the sim model
+
+
+def launches(machine: S.Machine, configs: list[Config], levels: list[int], seed: int = 3) -> list[Launch]:
+    src = AA.ModelSource(machine, random.Random(seed))
+    return [asyncio.run(src.measure(c, levels)) for c in configs]
+
+
+# ---- the fit recovers a machine ----------------------------------------------------------------
+
+
+def test_fit_recovers_the_machine_from_simulated_windows():
+    """h200-llama8b, one launch of a chain of 3 at bs 2, 8, 16 (2 400 request-cycles a level).
+
+    Stated errors: acceptance of the drafted positions within 0.03; verify time at every measured
+    token count within 3 %; draft step within 5 %; goodput of the measured chain within 3 %, of
+    other chains within 10 %, and the truth inside the 95 % interval for every chain at bs 8."""
+    m = S.load_machine("h200-llama8b")
+    model = fit(launches(m, [Config.chain(3)], [2, 8, 16]))
+    acc = model.acceptance
+    assert acc.measured == 3
+    for i in range(3):
+        assert acc.mean[i] == pytest.approx(m.acceptance[i], abs=0.03)
+    for i in range(3, 8):  # never drafted: the decay fit, with an interval that widens with distance
+        assert acc.sd[i] > acc.sd[2]
+    cfg = S.sim_config(m, algorithm="EAGLE3", steps=3, topk=1, draft_tokens=4)
+    for bs in (2, 8, 16):
+        cost = S.cycle_cost(cfg, bs)
+        v = model.verify.predict(bs * 4, bs)
+        assert v.mean == pytest.approx(cost.verify_ms, rel=0.03)
+        assert model.draft.predict(bs, bs).mean == pytest.approx(cost.draft_ms / 3, rel=0.05)
+    for steps in (1, 2, 3, 4, 5):
+        c = Config.chain(steps)
+        true = AA.truth(m, c, 8)
+        p = model.predict(c, 8).goodput
+        assert p.mean == pytest.approx(true, rel=0.03 if steps == 3 else 0.10)
+        assert p.lo <= true <= p.hi, (steps, p, true)
+    assert model.baseline_source.startswith("verify curve")
+
+
+def test_a_baseline_launch_and_trees_refine_the_model():
+    m = S.load_machine("seed-pcie8")
+    base = launches(m, [Config.chain(2), OFF, Config(3, 4, 8)], [1, 4, 8])
+    model = fit(base)
+    assert model.baseline_source == "baseline launch"
+    true_off = AA.truth(m, OFF, 4)
+    assert model.predict(OFF, 4).goodput.mean == pytest.approx(true_off, rel=0.04)
+    # sibling decay fitted from the tree launch, near the machine's 0.7
+    assert model.acceptance.sibling_decay.mean == pytest.approx(0.7, abs=0.15)
+    assert model.acceptance.sibling_decay.sd < 0.12
+
+
+def test_tree_tau_follows_the_published_model():
+    a = [0.8, 0.6, 0.5, 0.4]
+    assert tree_tau(a, 3, 1, 4, 0.7) == pytest.approx(1 + 0.8 + 0.48 + 0.24)
+    assert tree_tau(a, 3, 1, 3, 0.7) == pytest.approx(1 + 0.8 + 0.48)  # the budget cuts the chain
+    # a tree beats the chain of the same depth, by less than independent chances would
+    chain, tree = tree_tau(a, 3, 1, 4, 0.7), tree_tau(a, 3, 4, 16, 0.7)
+    naive = tree_tau([1 - (1 - x) ** 4 for x in a], 3, 1, 4, 0.7)
+    assert chain < tree < naive
+    # and matches the simulator's own tree (best-first over path products) at these sizes
+    m = S.load_machine("h100-llama8b")
+    for steps, k, n in ((3, 2, 6), (2, 4, 8), (4, 8, 16)):
+        cfg = S.sim_config(m, algorithm="EAGLE3", steps=steps, topk=k, draft_tokens=n)
+        assert tree_tau(list(m.acceptance), steps, k, n, m.sibling_decay) == \
+            pytest.approx(S.expected_accept_len(cfg), rel=0.02)
+
+
+# ---- advise -----------------------------------------------------------------------------------
+
+
+def test_the_space_is_what_sglang_accepts():
+    cs = A.space()
+    assert cs[0] == OFF and len(cs) == len(set(cs)) > 80
+    for c in cs[1:]:
+        r = speculative.resolve("EAGLE3", c.steps, c.topk, c.draft_tokens, "/d")
+        assert (r.num_steps, r.eagle_topk, r.num_draft_tokens) == (c.steps, c.topk, c.draft_tokens) and not r.adjusted
+    assert {c.topk for c in cs[1:]} == {1, 2, 4, 8} and max(c.steps for c in cs) == 8
+
+
+def test_advice_ranks_names_the_next_measurement_and_gains():
+    m = S.load_machine("h100-llama8b")
+    model = fit(launches(m, [Config.chain(3)], [8, 32, 64]))
+    adv = A.advise(model, 32, Config.chain(3))
+    assert adv.running.config == Config.chain(3) and adv.gain(adv.running) == pytest.approx(0.0)
+    best = adv.best
+    assert best.goodput.mean >= max(p.goodput.mean for p in adv.ranking)
+    assert AA.truth(m, best.config, 32) >= 0.95 * max(AA.truth(m, c, 32) for c in A.space())
+    nxt = adv.next_measurement
+    assert nxt is not None and nxt.config != Config.chain(3) and nxt.goodput.hi > best.goodput.mean
+    d = adv.to_dict()
+    assert len(d["top"]) == 5 and "gain_over_running" in d["top"][0] and len(d["all"]) == len(A.space())
+    text = A.format_advice(model, [adv])
+    assert "concurrency 32:" in text and "(running)" in text and "measure next:" in text
+    assert A.neighbours(Config.chain(3))[:3] == [Config.chain(3), Config.chain(2), Config.chain(4)]
+    assert OFF in A.neighbours(Config.chain(3))
+
+
+# ---- SGLang's adaptive schedule ---------------------------------------------------------------
+
+
+def _real_loader(package: Path):
+    """SGLang's own _load_adaptive_config, read from the release's source: the module's other
+    imports need a GPU build, so the function (it uses only json) is lifted out with ast."""
+    path = package / "srt" / "speculative" / "adaptive_spec_params.py"
+    tree = ast.parse(path.read_text())
+    keep = [n for n in tree.body if (isinstance(n, ast.FunctionDef) and n.name == "_load_adaptive_config")
+            or (isinstance(n, (ast.Assign, ast.AnnAssign)) and "DEFAULT_ADAPTIVE_CONFIG" in ast.unparse(n))]
+    assert len(keep) == 2, "SGLang moved its adaptive loader"
+    ns: dict = {"json": json}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), str(path), "exec"), ns)
+    return ns["_load_adaptive_config"]
+
+
+def _schedule(tmp_path):
+    m = S.load_machine("h100-llama8b")
+    model = fit(launches(m, [Config.chain(3)], [2, 16, 64]))
+    cfg, why = A.adaptive_schedule(model)
+    path = tmp_path / "adaptive.json"
+    A.write_adaptive(str(path), cfg)
+    return cfg, why, path
+
+
+def test_emitted_schedule_follows_sglangs_loader_rules(tmp_path):
+    cfg, why, path = _schedule(tmp_path)
+    assert json.loads(path.read_text()) == cfg
+    assert sorted(int(k) for k in cfg) == list(A.ADAPTIVE_BUCKETS)
+    for key, entry in cfg.items():
+        steps = entry["candidate_steps"]
+        assert steps == sorted(set(steps)) and all(isinstance(s, int) and 0 <= s <= 8 for s in steps)
+    assert A.check_adaptive(cfg)
+    # the candidates are the steps within 2 % of each bucket's best, by the model
+    for w in why:
+        best = max(w["predicted"].values())
+        assert w["candidates"] == sorted(s for s, g in w["predicted"].items() if g >= best * 0.98)
+
+
+BAD_SCHEDULES = [[1, 2], {"x": {"candidate_steps": [1]}}, {"1": {"candidate_steps": []}},
+                 {"1": {"candidate_steps": [-1]}}, {"1": {"candidate_steps": [1.0]}},
+                 {"1": {"candidate_steps": "1,2"}}, {"8": {}}]
+
+
+@pytest.mark.parametrize("bad", BAD_SCHEDULES)
+def test_check_adaptive_refuses_what_sglang_refuses(bad):
+    with pytest.raises(ValueError):
+        A.check_adaptive(bad)
+
+
+def test_sglang_0_5_23s_own_loader_takes_the_emitted_schedule(tmp_path, sglang_release):
+    loader = _real_loader(sglang_release)
+    cfg, _, path = _schedule(tmp_path)
+    raw, entries = loader(str(path))
+    assert {k: v["candidate_steps"] for k, v in entries.items()} == {int(k): v["candidate_steps"] for k, v in cfg.items()}
+    for i, bad in enumerate(b for b in BAD_SCHEDULES if isinstance(b, dict)):  # and refuses what we refuse
+        p = tmp_path / f"bad{i}.json"
+        p.write_text(json.dumps(bad))
+        with pytest.raises(ValueError):
+            loader(str(p))
+
+
+def test_preset_carries_the_schedule_into_the_command():
+    p = P.with_changes(P.resolve("demo"), {"speculative.adaptive_config": "/etc/sgl adaptive.json"})
+    assert "--speculative-adaptive --speculative-adaptive-config '/etc/sgl adaptive.json'" in P.launch_command(p)
+    assert P.flatten(p)["speculative.adaptive_config"] == "/etc/sgl adaptive.json"
+    with pytest.raises(P.PresetError, match="eagle_topk 1"):
+        P.with_changes(p, {"speculative.eagle_topk": 2, "speculative.num_draft_tokens": 4})
+    with pytest.raises(P.PresetError, match="EAGLE and EAGLE3 only"):
+        P.with_changes(P.resolve("demo"), {"speculative": {"adaptive_config": "/x.json"}})
+    with pytest.raises(P.PresetError, match="speculative.adaptive_config"):
+        P.with_changes(P.resolve("demo"), {"server.args.speculative-adaptive": True})
+
+
+# ---- tune: the loop against the real simulator process ----------------------------------------
+
+
+def sim_preset(tmp: Path, name: str = "sim-c4-eagle3-2step-nccl") -> Path:
+    """The seeds' C4 on the simulator, 20x faster; at concurrency 8 speculation loses there (the
+    verify forward's fixed extra cost): the optimum is off, 57 % above the start."""
+    p = P.with_changes(P.resolve(name), {
+        "server.log": str(tmp / "sim.log"), "server.port": free_port(), "server.args.sim-speedup": 20,
+        "server.args.sim-load-seconds": 0.2, "server.args.decode-log-interval": 10,
+        "bench.requests": 4, "bench.warmup": 0, "bench.max_tokens": 120})
+    return P.save(p, tmp / "p.yaml")
+
+
+def tuitune(tmp: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tuitune", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout, env={**os.environ, "HOME": str(tmp)})
+
+
+def test_tune_finds_the_known_optimum_on_the_sim_and_proves_it(tmp_path):
+    m = S.load_machine("seed-pcie8")
+    env = P.resolve("sim-c4-eagle3-2step-nccl").env
+    truth = {c: S.expected_goodput(m, {**AA.sim_dict(c), "env": env, "disable_custom_all_reduce": True,
+                                       "num_continuous_decode_steps": 4}, 8) for c in A.space()}
+    assert max(truth, key=truth.get) == OFF and truth[OFF] > 1.4 * truth[Config.chain(2)]
+    preset = sim_preset(tmp_path)
+    out = tmp_path / "out"
+    r = tuitune(tmp_path, "tune", str(preset), "--budget", "3", "--concurrency", "8", "--out", str(out),
+                "--json", str(tmp_path / "r.json"))
+    assert r.returncode == 0, r.stderr + r.stdout
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["chosen"] == OFF.to_dict() and result["relaunches"] <= 3, r.stdout
+    assert result["verdict"]["verdict"] == "faster" and "is faster than the start" in r.stdout
+    best = P.resolve(str(out / "best.yaml"))
+    assert not best.is_speculative and best.env == P.resolve(str(preset)).env
+    rows = [json.loads(x) for x in (out / "tune.jsonl").read_text().splitlines()]
+    launches_ = [x for x in rows if x["kind"] == "launch"]
+    assert launches_[0]["config"] == Config.chain(2).to_dict() and rows[-1]["kind"] == "result"
+    for x in launches_:  # every step recorded: a capture with the profile windows, the goodput per level
+        assert Path(x["capture"]).is_file() and x["goodput"]["8"] > 0
+    # the captures feed `advise` too (goodput picked up from the log)
+    adv = tuitune(tmp_path, "advise", *[x["capture"] for x in launches_], "--concurrency", "8", "--json")
+    assert adv.returncode == 0, adv.stderr
+    got = json.loads(adv.stdout)
+    assert got["model"]["launches"] == len(launches_) and got["advice"][0]["top"][0]["label"] == "off"
+
+
+def test_tune_resumes_and_says_when_the_start_is_best(tmp_path):
+    # the seeds' C3 (5 steps) single stream: 2 steps are ~15 % faster, so the resumed loop relaunches
+    preset = sim_preset(tmp_path, "sim-c3-eagle3-5step-nccl")
+    out = tmp_path / "out"
+    r = tuitune(tmp_path, "tune", str(preset), "--budget", "0", "--concurrency", "1", "--out", str(out),
+                "--levels", "1,2")
+    assert r.returncode == 0, r.stderr
+    assert "verdict: the start is already best" in r.stdout and not (out / "best.yaml").exists()
+    assert "not running" in tuitune(tmp_path, "status", str(preset)).stdout  # the search's server is stopped
+    again = tuitune(tmp_path, "tune", str(preset), "--budget", "1", "--concurrency", "1", "--out", str(out))
+    assert again.returncode == 2 and "already holds a tune log" in again.stderr
+    resumed = tuitune(tmp_path, "tune", str(preset), "--budget", "1", "--concurrency", "1", "--out", str(out),
+                      "--levels", "1,2", "--resume", "--ab-rounds", "1")
+    assert resumed.returncode in (0, 1), resumed.stderr
+    rows = [json.loads(x) for x in (out / "tune.jsonl").read_text().splitlines()]
+    launched = [x for x in rows if x["kind"] == "launch"]
+    assert len(launched) == 2 and launched[0]["round"] == 0 and launched[1]["round"] == 1  # start not re-measured
+    assert "launch 0:" not in resumed.stdout and "launch 1:" in resumed.stdout
+
+
+def test_cli_errors_are_one_sentence(tmp_path):
+    r = tuitune(tmp_path, "advise", str(tmp_path / "none.jsonl.gz"))
+    assert r.returncode == 2 and r.stderr.startswith("tuitune: ") and len(r.stderr.strip().splitlines()) == 1
+    junk = tmp_path / "junk.jsonl"
+    junk.write_text("not json\n")
+    r = tuitune(tmp_path, "advise", str(junk))
+    assert r.returncode == 2 and "not a tuitune capture" in r.stderr
+    r = tuitune(tmp_path, "advise", str(junk), "--emit", "vllm", "x.json")
+    assert r.returncode == 2 and "sglang-adaptive" in r.stderr
+    r = tuitune(tmp_path, "advise", str(junk), "--concurrency", "0,x")
+    assert r.returncode == 2 and "--concurrency" in r.stderr
+    base = P.save(P.with_changes(P.resolve("sim-c2-baseline-nccl"), {"server.log": str(tmp_path / "b.log")}),
+                  tmp_path / "b.yaml")
+    r = tuitune(tmp_path, "tune", str(base), "--budget", "-1")
+    assert r.returncode == 2 and "--budget" in r.stderr
+    r = tuitune(tmp_path, "tune", str(base), "--budget", "2", "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "no speculative section" in r.stderr and not (tmp_path / "o" / "tune.jsonl").exists()
+
+
+# ---- SGLang's adaptive mode on the simulator ---------------------------------------------------
+
+
+async def test_adaptive_schedule_runs_on_the_sim_and_windows_never_mix_steps(tmp_path, sim_factory):
+    """A schedule as `advise --emit` writes it, served by the simulator's --speculative-adaptive:
+    the steps change while it runs (1 -> 3 at batch size 1, where h100-llama8b's drafter accepts
+    ~0.7 drafts a cycle; 0 or 1 at batch size 8), each profile window names the steps of all its
+    cycles, and the cost model fits from such a mix."""
+    from tuitune.bench import BenchConfig, run_bench
+    from tuitune.parse import parse_line
+    cfg = {"1": {"candidate_steps": [1, 3]}, "8": {"candidate_steps": [0, 1]}}
+    A.check_adaptive(cfg)
+    path = tmp_path / "adaptive.json"
+    A.write_adaptive(str(path), cfg)
+    sim = sim_factory("--sim-machine", "h100-llama8b", "--speculative-algorithm", "EAGLE3",
+                      "--speculative-draft-model-path", "/d", "--speculative-num-steps", "1",
+                      "--speculative-eagle-topk", "1", "--speculative-adaptive", "--speculative-adaptive-config",
+                      str(path), "--sim-speedup", "10", "--sim-load-seconds", "0.1", "--decode-log-interval", "10",
+                      env={"EAGLE3_PROFILE": "1"})
+    sim.wait_ready()
+    await run_bench(BenchConfig(sim.url, requests=3, warmup=0, max_tokens=200, concurrency=1))
+    await run_bench(BenchConfig(sim.url, requests=16, warmup=0, max_tokens=200, concurrency=8))
+    text = sim.text()
+    assert "Adaptive speculative steps 1 -> 3 at batch size 1" in text
+    wins = [e for e in map(parse_line, text.splitlines()) if e is not None and e.kind == "profile"]
+    assert {(w.steps, w.draft_tokens) for w in wins if w.bs == 1} >= {(3, 4)}
+    assert {w.steps for w in wins if w.bs == 8} <= {0, 1}
+    for w in wins:  # one configuration per window: its histogram fits its steps
+        assert len(w.accept_counts) <= w.steps + 1 and w.verify_tokens == w.bs * (w.steps + 1)
+    model = fit([Launch(Config.chain(1), wins)])
+    assert model.acceptance.measured >= 3
+    assert model.acceptance.mean[0] == pytest.approx(S.load_machine("h100-llama8b").acceptance[0], abs=0.06)
+
+
+def test_sim_refuses_an_adaptive_config_sglang_would_refuse(tmp_path, sim_factory):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"1": {"candidate_steps": [-1]}}))
+    sim = sim_factory("--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d",
+                      "--speculative-num-steps", "2", "--speculative-adaptive", "--speculative-adaptive-config", str(bad))
+    assert sim.proc.wait(20) == 1
+    assert "ValueError: batch size 1: candidate_steps must be a non-empty list" in sim.text()
+
+
+def test_tune_nccl_screens_then_keeps_the_variable_that_wins(tmp_path):
+    """--nccl: nccl-bench (gloo here: CPU) ranks the grid; the start is measured with and without
+    the winner; on the simulator's PCIe box NCCL_PROTO=LL cuts the all-reduces, so it stays."""
+    import yaml
+    machine = yaml.safe_load((S.machine_path("seed-pcie8")).read_text())
+    machine.update(name="pcie2", tp_size=2)  # the seeds' box on two GPUs: its all-reduces, two ranks
+    (tmp_path / "pcie2.yaml").write_text(yaml.safe_dump(machine))
+    p = P.with_changes(P.resolve(str(sim_preset(tmp_path))), {
+        "server.args.tp-size": 2, "server.args.sim-machine": str(tmp_path / "pcie2.yaml"),
+        **{f"env.{k}": None for k in P.resolve("sim-c4-eagle3-2step-nccl").env}})
+    path = P.save(p, tmp_path / "untuned.yaml")
+    out = tmp_path / "out"
+    r = tuitune(tmp_path, "tune", str(path), "--budget", "1", "--concurrency", "1", "--levels", "1,2",
+                "--nccl-grid", "env.NCCL_PROTO=LL", "--nccl-backend", "gloo", "--hidden-size", "256",
+                "--out", str(out), "--ab-rounds", "1", "--json", str(tmp_path / "r.json"))
+    assert r.returncode in (0, 1), r.stderr
+    rows = [json.loads(x) for x in (out / "tune.jsonl").read_text().splitlines()]
+    screen = next(x for x in rows if x["kind"] == "nccl")
+    decision = next(x for x in rows if x["kind"] == "nccl_decision")
+    assert screen["ranking"] == ["NCCL_PROTO=LL"] and decision["env"] == "NCCL_PROTO=LL"
+    assert decision["goodput"]["candidate"] > 1.05 * decision["goodput"]["current"]
+    launched = [x for x in rows if x["kind"] == "launch"]
+    assert [x["env"] for x in launched[:2]] == ["", "NCCL_PROTO=LL"] and len(launched) == 2  # budget 1: the NCCL try
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["nccl"] == "NCCL_PROTO=LL" and "with NCCL_PROTO=LL" in result["chosen_label"]

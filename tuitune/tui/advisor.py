@@ -1,0 +1,112 @@
+"""Advisor panel: what the fitted cost model predicts for the running configuration's neighbours
+(steps ±1, other topk, speculation off) at the current load, with intervals; refitted as profile
+windows arrive (at most every ``REFIT_S``). ``apply_to_config`` puts the top suggestion into the
+config panel's fields, from where `r` relaunches it like any edit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from rich.text import Text
+from textual.widgets import Input, Select, Static
+
+from ..advise import neighbours
+from ..costmodel import Config, FitError, Launch, config_of_window, fit
+from ..events import Event, Marker, ProfileWindow, ServerState
+
+REFIT_S = 2.0
+KEEP = 400  # windows of the current launch used for the fit (the newest)
+
+
+class AdvisorPanel(Static):
+    DEFAULT_CSS = """
+    AdvisorPanel { height: 1fr; padding: 0 1; }
+    """
+
+    def __init__(self, clock=time.monotonic, **kw):
+        super().__init__("waiting for profile windows (format v2, with accept_hist) …", **kw)
+        self.clock = clock
+        self.windows: deque[ProfileWindow] = deque(maxlen=KEEP)
+        self.load: int | None = None  # requests the operator keeps running; None = read from the windows
+        self.rows: list = []  # predictions shown, best first
+        self.running: Config | None = None
+        self.concurrency = 1
+        self.note = ""
+        self._dirty = False
+        self._last_fit = -1e9
+
+    def feed(self, events: list[Event]) -> None:
+        for ev in events:
+            if isinstance(ev, ProfileWindow):
+                self.windows.append(ev)
+                self._dirty = True
+            elif (isinstance(ev, Marker) and ev.text.startswith("relaunch:")) or \
+                    (isinstance(ev, ServerState) and ev.state == "starting" and ev.phase == "launching"):
+                self.windows.clear()  # a new launch: the old windows describe another server
+                self._dirty = True
+
+    def refresh_model(self, load: int | None = None, force: bool = False) -> None:
+        """Refit when new windows arrived (throttled), and redraw."""
+        self.load = load
+        now = self.clock()
+        if not (self._dirty and (force or now - self._last_fit >= REFIT_S)):
+            return
+        self._dirty = False
+        self._last_fit = now
+        wins = [w for w in self.windows if w.steps is not None]
+        if not wins:
+            self.rows, self.running = [], None
+            self.update("waiting for profile windows (format v2, with accept_hist) …")
+            return
+        last = wins[-1]
+        self.running = config_of_window(last)
+        bss = sorted(w.bs or 1 for w in wins[-20:])
+        self.concurrency = load or bss[len(bss) // 2]
+        try:
+            model = fit([Launch(self.running, wins)])
+        except FitError as e:
+            self.rows = []
+            self.update(f"no model yet: {e}")
+            return
+        preds = [model.predict(c, self.concurrency) for c in neighbours(self.running)]
+        self.rows = sorted(preds, key=lambda p: -p.goodput.mean)
+        self.note = f"baseline from the {model.baseline_source}"
+        self.update(self.render_rows())
+
+    def top(self) -> Config | None:
+        """The best suggestion that differs from the running configuration."""
+        return next((p.config for p in self.rows if p.config != self.running), None) if self.rows else None
+
+    def render_rows(self) -> Text:
+        t = Text()
+        t.append(f"predicted goodput at concurrency {self.concurrency} ", style="bold")
+        t.append(f"({len(self.windows)} windows of this launch)\n", style="dim")
+        run = next((p for p in self.rows if p.config == self.running), None)
+        best = self.top()
+        for p in self.rows:
+            gain = p.goodput.mean / run.goodput.mean - 1 if run and run.goodput.mean > 0 else 0.0
+            mark = "▶ " if p.config == best else ("● " if p.config == self.running else "  ")
+            style = "bold green" if p.config == best and gain > 0 else ("bold" if p.config == self.running else "")
+            t.append(f"{mark}{p.config.label:<30} {p.goodput.mean:>9.1f} tok/s  "
+                     f"[{max(0.0, p.goodput.lo):.0f}–{p.goodput.hi:.0f}] ", style=style)
+            t.append(f"{gain:+6.1%}\n" if p.config != self.running else "running\n", style=style or "dim")
+        if best is not None:
+            t.append(f"a: apply {best.label} to the config panel, then r relaunches   ", style="dim")
+        t.append(self.note, style="dim")
+        return t
+
+
+def apply_to_config(panel, c: Config) -> None:
+    """Put configuration ``c`` into the config panel's speculative fields (its usual edit flow
+    checks and reports them)."""
+    algo = panel.query_one("#spec-algorithm", Select)
+    if not c.speculative:
+        algo.value = "none"
+        return
+    if algo.value == "none":
+        base = panel.base
+        algo.value = base.speculative.algorithm if base is not None and base.is_speculative else "EAGLE3"
+    for wid, v in (("#spec-num-steps", c.steps), ("#spec-eagle-topk", c.topk), ("#spec-num-draft-tokens", c.draft_tokens)):
+        panel.query_one(wid, Input).value = str(v)
