@@ -19,20 +19,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Awaitable, Callable
 
 from . import preset as P
+from .engines import CAUSE_ORDER, CAUSE_TEXT
 from .events import Event, ServerError
 from .parse import parse_line
 from .tail import LogTail
 from .transport import Transport, TransportError
 
 STATE_DIR = "~/.cache/tuitune"
-PHASES = (("Load weight begin", "loading weights"), ("Capture cuda graph begin", "capturing graphs"),
-          ("Capture draft cuda graph begin", "capturing draft graphs"))
 # true when process $p exists and is not a zombie (a zombie only waits for its parent to reap it)
 LIVE_SH = "s=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -c1); [ -n \"$s\" ] && [ \"$s\" != Z ]"
-CAUSE_ORDER = ("oom", "nccl", "bad_argument", "port_in_use", "init_failed", "exception", "traceback")
-CAUSE_TEXT = {"oom": "out of memory", "nccl": "NCCL error", "bad_argument": "bad argument",
-              "port_in_use": "port in use", "init_failed": "initialization failed",
-              "exception": "exception", "traceback": "exception"}
 
 
 class ControlError(Exception):
@@ -196,10 +191,11 @@ class ServerControl:
     async def server_flags(self) -> set[str]:
         if self._help_flags is None:
             py = P.shell_path(self.preset.python())
-            r = await self.t.run(f"{py} -m {shlex.quote(self.preset.server.module)} --help", timeout=180)
+            helps = " ".join(shlex.quote(a) for a in self.preset.engine.help_args(self.preset))
+            r = await self.t.run(f"{py} -m {shlex.quote(self.preset.server.module)} {helps}", timeout=180)
             if not r.ok:
                 raise ControlError(f"{self.t.label}: `{self.preset.python()} -m {self.preset.server.module} "
-                                   f"--help` failed (exit {r.exit_status}): "
+                                   f"{helps}` failed (exit {r.exit_status}): "
                                    f"{(r.stderr or r.stdout).strip().splitlines()[-1:] or ['no output']}"[:400])
             self._help_flags = set(re.findall(r"(--[A-Za-z0-9][A-Za-z0-9_-]*)", r.stdout))
         return self._help_flags
@@ -210,7 +206,7 @@ class ServerControl:
         for name, data in probe.files().items():
             await self.t.upload(data, f"{probe.REMOTE_DIR}/{name}")
         r = await self.t.run(f"{P.shell_path(self.preset.python())} {P.shell_path(probe.REMOTE_DIR + '/eagle3_probe.py')} "
-                             "--check", timeout=60)
+                             "--check " + " ".join(self.preset.engine.probe_check_args()), timeout=60)
         try:
             return json.loads(r.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -238,10 +234,10 @@ class ServerControl:
         if p.uses_probe:
             report = await self.install_probe()
             if not report.get("ok"):
-                why = report.get("error") or (f"SGLang {report.get('version') or '?'} lacks "
+                why = report.get("error") or (f"{p.engine.label} {report.get('version') or '?'} lacks "
                                               f"{', '.join(sorted(set(('draft', 'verify', 'extend')) - set(report.get('phases', []))))}")
                 self.warnings.append(f"profile: the probe cannot time every phase here ({why}); "
-                                     "the server will log SGLang's decode lines only")
+                                     "the server will log its own decode lines only")
         if await self.port_busy():
             ours = replacing is not None and replacing.port == p.server.port and await self.alive(replacing.pid)
             if not ours:
@@ -272,12 +268,14 @@ class ServerControl:
             await self.clear_state()
             return f"server {rec.pid} was not running (state cleared)"
         steps = max(1, int(grace_s / 0.1))
-        # a group is alive while any of its members is (LIVE_SH)
-        script = (f"g={int(target)}; alive() {{ for p in $(pgrep -g $g 2>/dev/null) $g; do "
+        # a group is alive while any of its members is (LIVE_SH); descendants that left the group
+        # (an engine's worker processes may) are listed first, while their parents still hold them
+        script = (f"g={int(target)}; tree() {{ for c in $(pgrep -P $1 2>/dev/null); do echo $c; tree $c; done; }}; "
+                  f"t=$(tree $g); alive() {{ for p in $(pgrep -g $g 2>/dev/null) $g $t; do "
                   f"{LIVE_SH} && return 0; done; return 1; }}; "
-                  f"kill -TERM -- -$g 2>/dev/null || kill -TERM $g 2>/dev/null; "
+                  f"kill -TERM -- -$g 2>/dev/null || kill -TERM $g 2>/dev/null; kill -TERM $t 2>/dev/null; "
                   f"for i in $(seq {steps}); do alive || exit 0; sleep 0.1; done; "
-                  f"kill -KILL -- -$g 2>/dev/null; kill -KILL $g 2>/dev/null; "
+                  f"kill -KILL -- -$g 2>/dev/null; kill -KILL $g $t 2>/dev/null; "
                   f"for i in $(seq 30); do alive || exit 10; sleep 0.1; done; exit 3")
         r = await self.t.run(script, timeout=grace_s + 30)
         if r.exit_status == 3:
@@ -325,7 +323,7 @@ class ServerControl:
                     if on_line:
                         on_line(line, ev)
                     if ev is None:
-                        for needle, phase in PHASES:
+                        for needle, phase in self.preset.engine.phases:
                             if needle in line:
                                 set_phase(phase)
                         continue
@@ -356,7 +354,7 @@ class ServerControl:
                     waiter = asyncio.ensure_future(ready_line.wait())
                     await asyncio.wait({waiter}, timeout=0.5)
                     waiter.cancel()
-                    if ready_line.is_set() or http_up.is_set():
+                    if ready_line.is_set() or http_up.is_set() or not self.preset.engine.health_needs_log_hint:
                         if await health(session) == 200:
                             res.ok = True
                             return
