@@ -21,6 +21,7 @@ from typing import Iterable, Iterator
 
 import msgspec
 
+from .engines import error_category, vllm
 from .events import (DecodeStats, Event, HttpUp, Malformed, NcclAlgo, NcclEnv, PrefillStats,
                      ProfileWindow, Ready, ServerError, VllmSpec)
 
@@ -32,16 +33,8 @@ _NCCL_ALGO = re.compile(r"NCCL INFO (\w+): (\d+) Bytes -> Algo (\w+) proto (\w+)
                         r"(?: channel\{Lo\.\.Hi\}=\{(\d+)\.\.(\d+)\})?")
 _EXC = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): (.*)")
 _UVICORN = re.compile(r"Uvicorn running on (\S+)")
-_VLLM_NUM = re.compile(r"([A-Za-z][A-Za-z -]*?): ([0-9.]+(?:, [0-9.]+)*)(%?)")
 
 PROFILE_REQUIRED = ("draft_ms", "verify_ms", "extend_ms", "accept_len")
-
-VLLM_NAMES = {
-    "Mean acceptance length": "mean_accept_len", "Accepted throughput": "accepted_tok_s",
-    "Drafted throughput": "drafted_tok_s", "Accepted": "accepted", "Drafted": "drafted",
-    "Per-position acceptance rate": "per_position", "Avg Draft acceptance rate": "draft_acceptance_rate",
-    "Draft acceptance rate": "draft_acceptance_rate",
-}
 
 
 _last: tuple[str, tuple[str | None, str | None]] = ("", (None, None))  # one object: threads read it whole
@@ -67,7 +60,7 @@ def _prefix(line: str, end: int) -> tuple[str | None, str | None]:
             found = (line[1:close], None) if cut < 0 else (line[1:cut], line[cut + 1:close] or None)
     if found is None:
         m = _PREFIX.search(line, 0, end)
-        found = (None, None) if m is None else (m.group(1), m.group(2).strip() or None)
+        found = vllm.prefix(line, end) if m is None else (m.group(1), m.group(2).strip() or None)
     if end > 15:  # the checks above read line[14] and line[5]: inside line[:end], the key
         _last = (line[:end], found)
     return found
@@ -314,26 +307,6 @@ def _prefill(line: str, at: int, fast: bool = True) -> Event:
     return PrefillStats(extra=extra, ts=ts, rank=rank, **known)
 
 
-def _vllm(line: str, at: int) -> Event:
-    ts, rank = _prefix(line, at)
-    kw: dict = {}
-    for m in _VLLM_NUM.finditer(line, at + 21):
-        key = VLLM_NAMES.get(m.group(1).strip())
-        if key is None:
-            continue
-        if key == "per_position":
-            kw[key] = tuple(float(x) for x in m.group(2).split(", "))
-            continue
-        text = m.group(2).split(",")[0]
-        n = _number(text)
-        if n is None:
-            continue
-        kw[key] = n / 100.0 if m.group(3) == "%" else n
-    if not kw:
-        return Malformed("SpecDecoding metrics", "no known field", line[:500], ts, rank)
-    return VllmSpec(ts=ts, rank=rank, **kw)
-
-
 def _error(line: str, category: str, message: str, at: int = 0) -> ServerError:
     ts, rank = _prefix(line, max(at, 0) + 1 if at >= 0 else len(line))
     return ServerError(category, message.strip()[:500], ts, rank)
@@ -364,8 +337,10 @@ def parse_line(line: str) -> Event | None:
         if "fired up and ready to roll" in line:
             ts, rank = _prefix(line, line.find("fired up and ready to roll"))
             return Ready(ts, rank)
-        if "SpecDecoding metrics: " in line:
-            return _vllm(line, line.find("SpecDecoding metrics: "))
+        if vllm.SPEC_MARKER in line:
+            return vllm.spec_line(line, line.find(vllm.SPEC_MARKER))
+        if vllm.STATS_MARKER in line:
+            return vllm.stats_line(line, line.find(vllm.STATS_MARKER))
         if "rror" in line or "raceback" in line or "out of memory" in line or "ailed" in line \
                 or "in use" in line:
             return _errorish(line)
@@ -395,6 +370,10 @@ def _nccl(line: str) -> Event | None:
 
 
 def _errorish(line: str) -> Event | None:
+    cause = error_category(line)  # an engine's own wording of a failure
+    if cause is not None:
+        m = _EXC.match(line)
+        return _error(line, cause, m.group(2) if m else line)
     if "Traceback (most recent call last)" in line:
         return _error(line, "traceback", "Traceback (most recent call last)", line.find("Traceback"))
     if "CUDA out of memory" in line or "OutOfMemoryError" in line:

@@ -243,7 +243,7 @@ class Session(EventStream):
                         await asyncio.sleep(0.5)
                         continue
                     cfg = BenchConfig(self.url, max_tokens=self.preset.bench.max_tokens,
-                                      api=self.preset.bench.api)
+                                      api=self.preset.bench.api, model=self.preset.engine.served_model(self.preset))
                     r = await run_request(session, cfg, ps[n % len(ps)])
                     n += 1
                     self.load.requests += 1

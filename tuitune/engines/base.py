@@ -15,6 +15,9 @@ CAUSE_ORDER = ("oom", "nccl", "bad_argument", "model_not_found", "port_in_use", 
 CAUSE_TEXT = {"oom": "out of memory", "nccl": "NCCL error", "bad_argument": "bad argument",
               "model_not_found": "model not found", "port_in_use": "port in use",
               "init_failed": "initialization failed", "exception": "exception", "traceback": "exception"}
+# Hugging Face's wording when a model path or id does not resolve (any engine loading through it)
+HF_ERRORS = (("is not a local folder and is not a valid model identifier", "model_not_found"),
+             ("RepositoryNotFoundError", "model_not_found"))
 
 
 class Engine:
@@ -29,6 +32,8 @@ class Engine:
     # SGLang answers /health only once its log said HTTP is up; vLLM's /health is the readiness
     # signal itself, so it is polled from the start and log lines are only a hint
     health_needs_log_hint = True
+    # (text in a log line, failure cause) beyond what the parser already tells apart
+    errors: tuple[tuple[str, str], ...] = ()
     # the simulator's --sim-engine value when it plays this engine (None: its default dialect)
     sim_dialect: str | None = None
 

@@ -55,8 +55,6 @@ STATS_FIELDS = {"Avg generation throughput": "gen_throughput", "Running": "runni
 ERRORS = (("No available memory for the cache blocks", "oom"),
           ("larger than the available KV cache memory", "oom"),
           ("Invalid repository ID or local directory specified", "model_not_found"),
-          ("is not a local folder and is not a valid model identifier", "model_not_found"),
-          ("RepositoryNotFoundError", "model_not_found"),
           ("validation error for SpeculativeConfig", "bad_argument"),
           ("validation errors for SpeculativeConfig", "bad_argument"))
 
@@ -69,7 +67,8 @@ class VLLM(Engine):
     reserved_args = {"port": "server.port", "speculative-config": "speculative",
                      "sc": "speculative", "model-tag": "server.args.model"}
     phases = (("Starting to load model", "loading weights"), ("Loading drafter model", "loading draft model"),
-              ("Capturing CUDA graphs", "capturing graphs"))
+              ("Capturing CUDA graphs", "capturing graphs"), (STARTUP_COMPLETE, "http up"))  # a hint only
+    errors = ERRORS
     health_needs_log_hint = False
     sim_dialect = "vllm"
 
@@ -218,10 +217,3 @@ def stats_line(line: str, at: int) -> Event:
     if "gen_throughput" not in kw:
         return Malformed("Avg prompt throughput", "missing Avg generation throughput", line[:500], ts, rank)
     return DecodeStats(extra=extra, ts=ts, rank=rank, **kw)
-
-
-def error_category(line: str) -> str | None:
-    for needle, category in ERRORS:
-        if needle in line:
-            return category
-    return None
