@@ -191,7 +191,7 @@ class ServerControl:
     async def server_flags(self) -> set[str]:
         if self._help_flags is None:
             py = P.shell_path(self.preset.python())
-            helps = " ".join(shlex.quote(a) for a in self.preset.engine.help_args(self.preset))
+            helps = " ".join(shlex.quote(a) for a in self.preset.help_args())
             r = await self.t.run(f"{py} -m {shlex.quote(self.preset.server.module)} {helps}", timeout=180)
             if not r.ok:
                 raise ControlError(f"{self.t.label}: `{self.preset.python()} -m {self.preset.server.module} "

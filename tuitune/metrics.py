@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable
 
-from .events import DecodeStats, Event, ProfileWindow
+from .events import DecodeStats, Event, MetricsWindow, ProfileWindow, VllmSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +126,7 @@ class MetricsStore:
         self.malformed = 0
         self.last_profile: ProfileWindow | None = None
         self.last_decode: DecodeStats | None = None
+        self.last_per_position: tuple[float, ...] | None = None  # acceptance by draft position (vLLM)
 
     def __getitem__(self, name: str) -> Series:
         return self.series[name]
@@ -147,6 +148,12 @@ class MetricsStore:
             self.series["gen_throughput"].append(ev.gen_throughput, t)
             if ev.accept_len is not None:
                 self.series["decode_accept_len"].append(ev.accept_len, t)
+        elif isinstance(ev, (VllmSpec, MetricsWindow)):
+            accept = ev.mean_accept_len if isinstance(ev, VllmSpec) else ev.accept_len
+            if accept is not None and (isinstance(ev, VllmSpec) or ev.engine == "vllm"):
+                self.series["decode_accept_len"].append(accept, t)  # SGLang's gauges repeat its log lines
+            if ev.per_position:
+                self.last_per_position = ev.per_position
         elif ev.kind == "malformed":
             self.malformed += 1
 
@@ -155,3 +162,4 @@ class MetricsStore:
             s.clear()
         self.last_profile = None
         self.last_decode = None
+        self.last_per_position = None

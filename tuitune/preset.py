@@ -245,8 +245,15 @@ class Preset(_Model):
 
     def flags(self) -> list[str]:
         """The server's argv after ``-m MODULE`` (the simulator is told which engine to play)."""
+        return self._sim_prefix() + self.engine.launch_args(self)
+
+    def help_args(self) -> list[str]:
+        """argv after ``-m MODULE`` that lists every flag the server takes."""
+        return self._sim_prefix() + self.engine.help_args(self)
+
+    def _sim_prefix(self) -> list[str]:
         dialect = self.engine.sim_dialect if self.server.module == SIM_MODULE else None
-        return (["--sim-engine", dialect] if dialect else []) + self.engine.launch_args(self)
+        return ["--sim-engine", dialect] if dialect else []
 
     def flag_names(self) -> list[str]:
         return [f for f in self.flags() if f.startswith("--")]
@@ -358,6 +365,14 @@ def to_dict(preset: Preset) -> dict:
     d = preset.model_dump(exclude_defaults=True, exclude_none=True)
     if preset.target.is_local and set(d.get("target", {})) <= {"host"}:
         d["target"] = "local"
+    engine = preset.engine
+    for key, default in (("module", engine.default_module), ("port", engine.default_port)):
+        if d["server"].get(key) == default:  # the engine's default (SGLang's are the fields' own)
+            d["server"].pop(key)
+    if d.get("bench", {}).get("api") == engine.default_bench_api():
+        d["bench"].pop("api")
+        if not d["bench"]:
+            d.pop("bench")
     if "env" in d:  # numbers read back as numbers: 16777216, not '16777216'
         d["env"] = {k: int(v) if re.fullmatch(r"-?[1-9]\d*|0", v) else v for k, v in d["env"].items()}
     order = ["name", "description", "target", "server", "speculative", "env", "profile", "bench"]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from . import preset as P
+from . import promscrape
 from .bench import BenchConfig, BenchRun, RequestResult, client_session, prompts, run_bench, run_request
 from .control import ControlError, ReadyResult, ServerControl, Status, nccl_confirmation
 from .events import BenchSummary, Event, LinkState, LogLine, Marker, ProfileWindow, ServerState
@@ -56,6 +57,7 @@ class Session(EventStream):
         self.last_ready: ReadyResult | None = None
         self._tail: LogTail | None = None
         self._tail_task: asyncio.Task | None = None
+        self._scrape_task: asyncio.Task | None = None  # /metrics, while the log is followed
         self._load_task: asyncio.Task | None = None
         self._relaunch_lock = asyncio.Lock()
 
@@ -122,15 +124,18 @@ class Session(EventStream):
                 self.publish([self.link])
 
         self._tail_task = asyncio.ensure_future(run())
+        self._scrape_task = asyncio.ensure_future(promscrape.watch(
+            lambda: self.url if self.state.state == "ready" else None, self.publish))
 
     async def stop_follow(self) -> None:
         if self._tail is not None:
             self._tail.close()
-        if self._tail_task is not None:
-            self._tail_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._tail_task
-        self._tail = self._tail_task = None
+        for task in (self._tail_task, self._scrape_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._tail = self._tail_task = self._scrape_task = None
 
     # ---- relaunch -------------------------------------------------------------------------
     async def relaunch(self, preset: P.Preset | None = None) -> ReadyResult:

@@ -130,9 +130,11 @@ class VLLM(Engine):
 
     def speculative_view(self, preset) -> dict:
         s = preset.speculative
-        return {"speculative.algorithm": s.algorithm, "speculative.draft_model_path": s.draft_model_path,
-                "speculative.num_speculative_tokens": s.num_speculative_tokens,
-                "speculative.draft_tensor_parallel_size": s.draft_tensor_parallel_size}
+        view = {"speculative.algorithm": s.algorithm, "speculative.draft_model_path": s.draft_model_path,
+                "speculative.num_speculative_tokens": s.num_speculative_tokens}
+        if s.draft_tensor_parallel_size is not None:
+            view["speculative.draft_tensor_parallel_size"] = s.draft_tensor_parallel_size
+        return view
 
     def served_model(self, preset) -> str | None:
         name = preset.server.args.get("served-model-name") or preset.server.args.get("model")
