@@ -235,7 +235,7 @@ class ServerControl:
             report = await self.install_probe()
             if not report.get("ok"):
                 why = report.get("error") or (f"{p.engine.label} {report.get('version') or '?'} lacks "
-                                              f"{', '.join(sorted(set(('draft', 'verify', 'extend')) - set(report.get('phases', []))))}")
+                                              f"{', '.join(report.get('missing') or ['a phase'])}")
                 self.warnings.append(f"profile: the probe cannot time every phase here ({why}); "
                                      "the server will log its own decode lines only")
         if await self.port_busy():
