@@ -320,3 +320,41 @@ def test_ab_and_sweep_on_vllm_presets(tmp_path):
     tokens = {x["changes"].get("speculative.num_speculative_tokens") for x in rows if x.get("changes")}
     assert tokens == {1, 3} and all(math.isfinite(x["tok_s"]) for x in rows if x.get("tok_s") is not None)
     assert P.load(out / "best.yaml").server.engine == "vllm"
+
+
+# ---- TUI ------------------------------------------------------------------------------------------
+
+async def test_tui_engine_header_spec_tokens_edit_and_position_row(tmp_path):
+    from test_tui import SIZE_LIVE, until, wait_ready
+    from tuitune.session import Session
+    from tuitune.tui.app import TuituneApp, UserConfig
+    from tuitune.tui.screens import RelaunchScreen
+    s = Session(sim_vllm(tmp_path, "tui-v"), state_dir=str(tmp_path / "state"))
+    app = TuituneApp(s, autostart="launch", user_config=UserConfig())
+    async with app.run_test(size=SIZE_LIVE) as pilot:
+        await wait_ready(app, pilot, s)
+        assert "· vLLM" in str(app.header.render())
+        cfg = app.config
+        assert str(cfg.query_one("#label-num-steps").render()) == "spec tokens"
+        assert cfg.query_one("#spec-num-steps").value == "2" and cfg.query_one("#spec-eagle-topk").disabled
+        await s.set_load(True)
+        bars = lambda: str(app.cycle.query_one("#bars").render())  # noqa: E731
+        await until(pilot, lambda: "accept by position  1" in bars() and " 3 " not in bars().split("position")[-1],
+                    20, "a two-position acceptance row")
+        cfg.query_one("#spec-num-steps").value = "3"
+        await pilot.pause()
+        assert app.draft.speculative.num_speculative_tokens == 3 and app.modified
+        assert "speculative.num_speculative_tokens: 2 → 3" in str(cfg.query_one("#diff").render())
+        cfg.query_one("#spec-num-steps").value = "0"
+        await pilot.pause()
+        assert "num_speculative_tokens" in str(cfg.query_one("#spec-error").render())
+        cfg.query_one("#spec-num-steps").value = "3"
+        await pilot.pause()
+        before = app.relaunch_screen
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.relaunch_screen, RelaunchScreen) and app.relaunch_screen is not before,
+                    5, "the relaunch view")
+        await wait_ready(app, pilot, s)
+        assert s.running_preset.speculative.num_speculative_tokens == 3
+        await until(pilot, lambda: " 3 " in bars().split("accept by position")[-1], 20, "a three-position row")
+        await s.close(stop_server=True)

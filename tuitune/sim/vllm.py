@@ -33,6 +33,8 @@ from . import model
 from .server import Log, Simulator
 
 VERSION = "0.33.0"
+ROUTES = (("GET", "/health", "h_health"), ("GET", "/metrics", "h_metrics"), ("GET", "/version", "h_version"),
+          ("GET", "/v1/models", "h_models"), ("POST", "/v1/completions", "h_completions"))
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50, "trace": 5}
 
 
@@ -202,9 +204,8 @@ class VllmSimulator(Simulator):
         log.at("EngineCore_DP0", "core.py:413",
                f"init engine (profile, create kv cache, warmup model) took {load:.2f} s")
         log.at("APIServer", "launcher.py:188", "Available routes are:")
-        for route in ("/health", "/metrics", "/version", "/v1/models", "/v1/completions"):
-            log.at("APIServer", "launcher.py:197", f"Route: {route}, Methods: GET" if route != "/v1/completions"
-                   else f"Route: {route}, Methods: POST")
+        for method, path, _ in ROUTES:
+            log.at("APIServer", "launcher.py:197", f"Route: {path}, Methods: {method}")
         asyncio.ensure_future(self.stats_logger())
         return True
 
@@ -330,11 +331,8 @@ class VllmSimulator(Simulator):
 
     def build_app(self) -> web.Application:
         app = web.Application(client_max_size=16 * 1024 * 1024)
-        app.router.add_get("/health", self.h_health)
-        app.router.add_get("/version", self.h_version)
-        app.router.add_get("/metrics", self.h_metrics)
-        app.router.add_get("/v1/models", self.h_models)
-        app.router.add_post("/v1/completions", self.h_completions)
+        for method, path, handler in ROUTES:
+            app.router.add_route(method, path, getattr(self, handler))
         return app
 
 
