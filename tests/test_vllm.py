@@ -274,7 +274,7 @@ def cli(*args, timeout=240, env=None):
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def test_cli_commands_on_a_vllm_preset(tmp_path):
+async def test_cli_commands_on_a_vllm_preset(tmp_path):
     port = free_port()
     p = sim_vllm(tmp_path, "cli-v", port=port)
     path = P.save(p, tmp_path / "v.yaml")
@@ -298,8 +298,24 @@ def test_cli_commands_on_a_vllm_preset(tmp_path):
     r = cli("report", str(cap), "--json")
     rep = json.loads(r.stdout)[0]
     assert rep["stats"]["accept_len"]["mean"] > 1 and rep["stats"]["gen_throughput"]["n"] >= 1, rep
+    r = cli("logs", str(path), "-n", "400", env=home)
+    assert r.returncode == 0 and "SpecDecoding metrics: Mean acceptance length" in r.stdout
+    r = cli("parse", p.server.log, "--json")
+    kinds = [json.loads(x)["kind"] for x in r.stdout.splitlines()]
+    assert r.returncode == 0 and "vllm_spec" in kinds and "decode" in kinds and "error" not in kinds
     r = cli("stop", str(path), env=home)
     assert r.returncode == 0 and "stopped" in r.stdout
+    # the capture replays in the TUI: engine in the header, the per-position row in the cycle panel
+    from test_tui import SIZE, until
+    from tuitune.capture import Replay
+    from tuitune.tui.app import TuituneApp, UserConfig
+    replay = Replay(read_capture(cap), speed=50.0)
+    app = TuituneApp(replay, user_config=UserConfig())
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: replay.position == len(replay.capture.records), 30, "the replay to finish")
+        await pilot.pause(0.3)
+        assert "· vLLM" in str(app.header.render())
+        assert "accept by position  1" in str(app.cycle.query_one("#bars").render())
 
 
 def test_ab_and_sweep_on_vllm_presets(tmp_path):
@@ -312,6 +328,18 @@ def test_ab_and_sweep_on_vllm_presets(tmp_path):
     result = json.loads((tmp_path / "ab.json").read_text())
     assert [x["preset"] for x in result["launches"]] == ["one", "two", "one", "two"]
     assert all(x["failed"] == 0 for x in result["launches"]) and "verdict:" in r.stdout
+    # across engines on one box: refused while the two sides are measured through different APIs
+    sglang = P.with_changes(P.resolve("sim-c4-eagle3-2step-nccl"), {
+        "server.log": str(tmp_path / "s.log"), "server.port": port, "profile": False,
+        "server.args.sim-speedup": 10, "server.args.sim-load-seconds": 0.3, "bench.requests": 3,
+        "bench.warmup": 0, "bench.max_tokens": 60})
+    native = P.save(sglang, tmp_path / "s.yaml")
+    r = cli("ab", str(native), str(two), "--rounds", "1", env=home)
+    assert r.returncode == 2 and "not comparable; set bench.api: openai in both" in r.stderr
+    openai = P.save(P.with_changes(sglang, {"bench.api": "openai"}), tmp_path / "s.yaml")
+    r = cli("ab", str(openai), str(two), "--rounds", "1", "--json", str(tmp_path / "x.json"), env=home)
+    assert r.returncode == 0, r.stderr
+    assert [x["failed"] for x in json.loads((tmp_path / "x.json").read_text())["launches"]] == [0, 0]
     out = tmp_path / "sweep"
     r = cli("sweep", str(two), "--grid", "speculative.num_speculative_tokens=1,3", "--out", str(out), "--no-plot",
             env=home)

@@ -508,6 +508,10 @@ def cmd_ab(ns) -> int:
     if ns.rounds < 1:
         raise CliError(f"--rounds must be at least 1 (got {ns.rounds})", 2)
     ov = _overrides(ns)
+    api_a, api_b = (ov.get("api", p.bench.api) for p in (a, b))
+    if api_a != api_b:  # /generate and /v1/completions are timed differently (ITL spread evenly)
+        raise CliError(f"{a.name} is benchmarked through the {api_a} API and {b.name} through the {api_b} "
+                       "API, which is not comparable; set bench.api: openai in both (or pass --api openai)", 2)
     t, _ = _with_control(a)
 
     async def go():
