@@ -253,6 +253,10 @@ async def test_launch_bench_relaunch_and_stop_on_vllm(tmp_path):
     assert st.same_hash and st.drift == []
     stale = await ServerControl(t, p, state_dir=str(tmp_path / "state")).status()
     assert any(d.key == "flag --speculative-config" for d in stale.drift)  # the old preset sees the change
+    other = await ServerControl(t, P.with_changes(p3, {"server.args.model": "/shared/other"}),
+                                state_dir=str(tmp_path / "state")).status()
+    assert [(d.running, d.preset) for d in other.drift if d.key == "arguments"] == [
+        ("serve /shared/m", "serve /shared/other")]  # vLLM's model is positional
     await c3.stop()
     assert not await c3.port_busy()
 

@@ -114,6 +114,18 @@ def _flag_pairs(argv: list[str]) -> dict[str, str | None]:
     return out
 
 
+def _positionals(argv: list[str]) -> list[str]:
+    """Arguments that are neither flags nor flag values (vLLM's ``serve MODEL``)."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i].startswith("--"):
+            i += 1 if "=" in argv[i] or i + 1 >= len(argv) or argv[i + 1].startswith("--") else 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def compute_drift(preset: P.Preset, argv: list[str], environ: dict[str, str]) -> list[Drift]:
     """What differs between a running process and the preset: env variables and flags."""
     drift: list[Drift] = []
@@ -129,6 +141,9 @@ def compute_drift(preset: P.Preset, argv: list[str], environ: dict[str, str]) ->
         server_args = argv[m + 2:]
     except ValueError:
         server_args = argv[1:]
+    have_pos, want_pos = _positionals(server_args), _positionals(preset.flags())
+    if have_pos != want_pos:
+        drift.append(Drift("arguments", " ".join(have_pos) or None, " ".join(want_pos) or None))
     have, want = _flag_pairs(server_args), _flag_pairs(preset.flags())
     for k in list(dict.fromkeys([*want, *have])):
         if k not in have:
