@@ -198,7 +198,9 @@ def test_metrics_counter_deltas_become_windows():
     w = sglang.feed(page, 1.0)
     assert (w.engine, w.accept_len, w.gen_tok_s) == ("sglang", 2.5, 90.0)
     with pytest.raises(promscrape.MetricsError, match="not Prometheus text"):
-        promscrape.parse("vllm:x{ 1 2 3\n")
+        promscrape.parse(f"{V.NUM_DRAFTS}_total{{ 1 2 3\n")
+    html = promscrape.Scraper()  # a page without any of these metrics (a proxy's error page) says nothing
+    assert html.feed("<html>502</html>", 0.0) is None and html.feed("<html>502</html>", 1.0) is None
 
 
 # ---- the whole loop on the simulator's vLLM dialect ---------------------------------------------

@@ -26,6 +26,7 @@ from .events import (DecodeStats, Event, HttpUp, Malformed, NcclAlgo, NcclEnv, P
                      ProfileWindow, Ready, ServerError, VllmSpec)
 
 PROFILE_MARKER = "EAGLE3_PROFILE "
+_VLLM_SPEC, _VLLM_STATS = vllm.SPEC_MARKER, vllm.STATS_MARKER  # globals: no attribute lookup a line
 _PREFIX = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?)((?: [A-Z]+\d+)*)\]")
 _KEY = re.compile(r"[a-z0-9_]+\Z")
 _NCCL_ENV = re.compile(r"NCCL INFO (NCCL_[A-Z0-9_]+) set by environment to (.*)$")
@@ -337,10 +338,10 @@ def parse_line(line: str) -> Event | None:
         if "fired up and ready to roll" in line:
             ts, rank = _prefix(line, line.find("fired up and ready to roll"))
             return Ready(ts, rank)
-        if vllm.SPEC_MARKER in line:
-            return vllm.spec_line(line, line.find(vllm.SPEC_MARKER))
-        if vllm.STATS_MARKER in line:
-            return vllm.stats_line(line, line.find(vllm.STATS_MARKER))
+        if _VLLM_SPEC in line:
+            return vllm.spec_line(line, line.find(_VLLM_SPEC))
+        if _VLLM_STATS in line:
+            return vllm.stats_line(line, line.find(_VLLM_STATS))
         if "rror" in line or "raceback" in line or "out of memory" in line or "ailed" in line \
                 or "in use" in line:
             return _errorish(line)

@@ -23,6 +23,10 @@ SGLANG_GAUGES = {"sglang:gen_throughput": "gen_tok_s", "sglang:spec_accept_lengt
                  "sglang:num_queue_reqs": "queue_req"}
 VLLM_COUNTERS = (V.NUM_DRAFTS, V.NUM_DRAFT_TOKENS, V.NUM_ACCEPTED, V.GENERATION_TOKENS)
 VLLM_GAUGES = {V.RUNNING: "running_req", V.WAITING: "queue_req"}
+# A real page is mostly histograms tuitune does not read; prometheus_client's parser is pure Python,
+# so only the lines of the families read here are handed to it (a startswith test with C-level speed)
+_NAMES = (*SGLANG_GAUGES, *VLLM_COUNTERS, *VLLM_GAUGES, V.ACCEPTED_PER_POS)
+_WANTED = tuple(p + n for n in _NAMES for p in ("", "# HELP ", "# TYPE "))
 
 
 class MetricsError(ValueError):
@@ -40,8 +44,9 @@ class Snapshot:
 def parse(text: str, t: float | None = None) -> Snapshot:
     from prometheus_client.parser import text_string_to_metric_families
     snap = Snapshot(time.monotonic() if t is None else t)
+    wanted = "\n".join(line for line in text.splitlines() if line.startswith(_WANTED)) + "\n"
     try:
-        for fam in text_string_to_metric_families(text):
+        for fam in text_string_to_metric_families(wanted):
             # without a TYPE line a counter's family keeps the sample's "_total" name
             name = fam.name.removesuffix("_total")
             totals = [s for s in fam.samples if s.name == name + "_total"]
