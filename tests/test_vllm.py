@@ -294,7 +294,7 @@ async def test_cli_commands_on_a_vllm_preset(tmp_path):
     r = cli("bench", str(path), "--json", str(tmp_path / "b.json"), env=home)
     assert r.returncode == 0 and "3/3 ok" in r.stdout, r.stdout + r.stderr
     cap = tmp_path / "cap.jsonl"
-    r = cli("--record", str(cap), str(path), "--load", "--duration", "4", env=home)
+    r = cli("--record", str(cap), str(path), "--load", "--duration", "7", env=home)  # 3 scrapes, 2 s apart
     assert r.returncode == 0, r.stderr
     from tuitune.capture import read_capture
     kinds = {rec.event.kind for rec in read_capture(cap).records}

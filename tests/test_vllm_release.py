@@ -93,7 +93,7 @@ def test_metric_names_and_a_page_built_from_them(src):
     spec = strings(v / "v1/spec_decode/metrics.py")
     assert {V.NUM_DRAFTS, V.NUM_DRAFT_TOKENS, V.NUM_ACCEPTED, V.ACCEPTED_PER_POS, "position"} <= spec
     loggers = strings(v / "v1/metrics/loggers.py")
-    assert {V.GENERATION_TOKENS, V.RUNNING, V.WAITING, V.KV_USAGE, "model_name", "engine"} <= loggers
+    assert {V.GENERATION_TOKENS, V.RUNNING, V.WAITING, "model_name", "engine"} <= loggers
     s = promscrape.Scraper()
     s.feed(vllm_page(10, 30, 12, [7, 4, 1], 100), 0.0)
     w = s.feed(vllm_page(110, 330, 192, [87, 74, 31], 600), 1.0)

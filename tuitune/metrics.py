@@ -127,6 +127,7 @@ class MetricsStore:
         self.last_profile: ProfileWindow | None = None
         self.last_decode: DecodeStats | None = None
         self.last_per_position: tuple[float, ...] | None = None  # acceptance by draft position (vLLM)
+        self.spec_lines = 0  # vLLM SpecDecoding lines seen
 
     def __getitem__(self, name: str) -> Series:
         return self.series[name]
@@ -149,9 +150,15 @@ class MetricsStore:
             if ev.accept_len is not None:
                 self.series["decode_accept_len"].append(ev.accept_len, t)
         elif isinstance(ev, (VllmSpec, MetricsWindow)):
-            accept = ev.mean_accept_len if isinstance(ev, VllmSpec) else ev.accept_len
-            if accept is not None and (isinstance(ev, VllmSpec) or ev.engine == "vllm"):
-                self.series["decode_accept_len"].append(accept, t)  # SGLang's gauges repeat its log lines
+            # vLLM's acceptance: from its log lines, or from /metrics when it logs none
+            # (--disable-log-stats); SGLang's gauges only repeat its decode lines
+            if isinstance(ev, VllmSpec):
+                self.spec_lines += 1
+                accept = ev.mean_accept_len
+            else:
+                accept = ev.accept_len if ev.engine == "vllm" and not self.spec_lines else None
+            if accept is not None:
+                self.series["decode_accept_len"].append(accept, t)
             if ev.per_position:
                 self.last_per_position = ev.per_position
         elif ev.kind == "malformed":
@@ -163,3 +170,4 @@ class MetricsStore:
         self.last_profile = None
         self.last_decode = None
         self.last_per_position = None
+        self.spec_lines = 0
