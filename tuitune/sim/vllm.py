@@ -33,6 +33,7 @@ from . import model
 from .server import Log, Simulator
 
 VERSION = "0.33.0"
+KV_TOKENS = 1_062_144  # the KV cache's capacity in tokens, as the SGLang dialect reports it
 ROUTES = (("GET", "/health", "h_health"), ("GET", "/metrics", "h_metrics"), ("GET", "/version", "h_version"),
           ("GET", "/v1/models", "h_models"), ("POST", "/v1/completions", "h_completions"))
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50, "trace": 5}
@@ -274,7 +275,8 @@ class VllmSimulator(Simulator):
         a, self.acc = self.acc, self._zero()
         elapsed = max(time.monotonic() - a["t0"], 1e-9)
         prompt, self.prompt_tokens = self.prompt_tokens, 0
-        usage = min(100.0, sum(r.prompt_tokens + r.produced for r in self.running) / 10621.44)
+        in_cache = sum(r.prompt_tokens + r.produced for r in self.running)
+        usage = min(100.0, in_cache / KV_TOKENS * 100)
         where = "loggers.py:257"
         self.log.at("APIServer", where, f"Engine 000: Avg prompt throughput: {prompt / elapsed:.1f} tokens/s, "
                     f"Avg generation throughput: {a['gen'] / elapsed:.1f} tokens/s, Running: {len(self.running)} "
