@@ -63,8 +63,7 @@ class VLLM(Engine):
     label = "vLLM"
     default_module = "vllm.entrypoints.cli.main"  # what the `vllm` console script runs
     default_port = 8000
-    reserved_args = {"port": "server.port", "speculative-config": "speculative",
-                     "sc": "speculative", "model-tag": "server.args.model"}
+    reserved_args = {"port": "server.port", "speculative-config": "speculative", "sc": "speculative"}
     phases = (("Starting to load model", "loading weights"), ("Loading drafter model", "loading draft model"),
               ("Capturing CUDA graphs", "capturing graphs"), (STARTUP_COMPLETE, "http up"))  # a hint only
     errors = ERRORS
