@@ -6,6 +6,9 @@ import json
 import math
 import subprocess
 import sys
+import time
+
+import pytest
 
 from hypothesis import given, settings, strategies as st
 
@@ -127,10 +130,13 @@ def test_never_raises_on_text(s):
 
 # values that parse differently in Python and in msgspec's lax mode, or not at all
 TRICKY = ["nan", "NaN", "-nan", "inf", "-inf", "Infinity", "1e400", "1e3", "1E-2", "-0", "-0.0", "+1", ".5", "5.",
-          "1_0", " 1", "1 ", "٣", "0x10", "null", "true", "True", "TRUE", "False", "false", "1", "0", "2", "01",
-          "12.0", "12.5", "99999999999999999999", "", "a b", "x,y", "1:2", "event", "é", "{}", "[1]"]
-VALUE = st.one_of(st.sampled_from(TRICKY), st.from_regex(r"-?[0-9]{1,22}(\.[0-9]{0,8})?([eE][-+]?[0-9]{1,3})?", fullmatch=True),
-                  st.text(alphabet="0123456789.-+eE naifTrueFls,:=[]{}_", max_size=8))
+          "1_0", " 1", "1 ", "٣", "²", "1.2.3", "0x10", "null", "true", "True", "TRUE", "False", "false", "1", "0", "2",
+          "01", "12.0", "12.5", "99999999999999999999", "-12345678901234567890", "12345678901234567.0",
+          "9007199254740993.0", "9007199254740993", "1.00000000000000001", "2251799813685247.25", "1e30", "-1e30",
+          "", "a b", "x,y", "1:2", "event", "é", "{}", "[1]"]
+# integers of 17+ digits, integral decimals, long fractions: where a float reading loses precision
+VALUE = st.one_of(st.sampled_from(TRICKY), st.from_regex(r"-?[0-9]{1,30}(\.[0-9]{0,20})?([eE][-+]?[0-9]{1,3})?", fullmatch=True),
+                  st.text(alphabet="0123456789.-+eE naifTrueFls,:=[]{}_²٣", max_size=8))
 PROFILE_KEYS = list(parse._PROFILE_CONV) + ["gpu", "ts", "rank", "kind", "extra", "X", "a-b"]
 DECODE_NAMES = list(parse._DECODE_SPEC) + ["#cached-token", "cap len", "ts", "iteration", "extra"]
 PREFILL_NAMES = list(parse._PREFILL_SPEC) + ["est. x", "ts", "rank"]
@@ -184,6 +190,64 @@ def test_fast_paths_take_the_lines_servers_print(monkeypatch):
     ev = parse_line('[2026-11-29 16:02:11 TP0] EAGLE3_PROFILE draft_ms=1 verify_ms=2 extend_ms=3 accept_len=1.5 '
                     'cycle_ms=6 ts=7 note="x"')
     assert ev.ts == "2026-11-29 16:02:11" and ev.extra == {"ts": 7, "note": '"x"'} and ev.cycle_ms == 6.0
+
+
+def test_no_parser_error_and_exact_integers():
+    """Lines that used to end as Malformed("parser error: ValueError"), and integers that lost
+    precision through float(): each now has a real reading or a real reason."""
+    for line in ["SpecDecoding metrics: Per-position acceptance rate: 1.2.3, 0.5", "SpecDecoding metrics: Accepted: ²",
+                 "EAGLE3_PROFILE draft_ms=1 verify_ms=2 extend_ms=1 accept_len=2 gpu=²",
+                 "Decode batch [²], gen throughput (token/s): 5", "Decode batch, #token: ², gen throughput (token/s): 5",
+                 "NCCL INFO AllReduce: " + "9" * 5000 + " Bytes -> Algo RING proto LL"]:
+        _no_parser_bug(parse_line(line))
+    big = "-12345678901234567890"
+    for fast in (True, False):
+        line = f"EAGLE3_PROFILE cycles={big} draft_ms=1 verify_ms=2 extend_ms=1 accept_len=2"
+        assert parse._profile(line, 0, fast=fast).cycles == int(big)
+    dec = parse_line("Decode batch, #token: 123456789012345678901, gen throughput (token/s): 5, x: 98765432109876543210")
+    assert dec.token == 123456789012345678901 and dec.extra == {"x": 98765432109876543210}
+    assert parse_line("EAGLE3_PROFILE cycles=2.5 draft_ms=1 verify_ms=2 extend_ms=1 accept_len=2").cycles == 1  # ignored, not cut to 2
+    v = parse_line("SpecDecoding metrics: Per-position acceptance rate: 0.5, 1.2.3, Accepted: 7 tokens")
+    assert v.per_position == (0.5,) and v.accepted == 7
+
+
+# Each of these made some regular expression or loop quadratic (57 s for 100 k characters of
+# the vLLM line); now every line costs time linear in its length, and only its first
+# parse.MAX_LINE characters are read at all.
+def _adversarial(n: int) -> dict[str, str]:
+    return {"vllm": "SpecDecoding metrics: " + "a" * n, "vllm-fields": "SpecDecoding metrics: " + "Accepted: 1, " * (n // 13),
+            "per-position": "SpecDecoding metrics: Per-position acceptance rate: " + "0.5, " * (n // 5),
+            "tail-notice": "tail: " * (n // 6), "profile": "EAGLE3_PROFILE " + "x=1 " * (n // 4),
+            "profile-eq": "EAGLE3_PROFILE " + "=" * n, "decode": "Decode batch, " + "a: " * (n // 3),
+            "decode-commas": "Decode batch, " + ", " * (n // 2), "nccl": "NCCL INFO " * (n // 10),
+            "nccl-name": "NCCL INFO NCCL_" + "A" * n, "nccl-algo": "NCCL INFO AllReduce: " * (n // 21),
+            "exception": "a" * n + "Error", "exceptions": "Error: " * (n // 7), "brackets": "[" * n,
+            "prefixes": "[2026-01-01 00:00:00" * (n // 20), "assignments": "key=" * (n // 4),
+            "flags": "--api-key " * (n // 10), "json": '"api_key": "' * (n // 12), "bearer": "Bearer " * (n // 7),
+            "digits": "9" * n, "errorish": "rror " * (n // 5), "dashes": "-" * n, "spaces": " " * n}
+
+
+@pytest.mark.parametrize("name", sorted(_adversarial(10)))
+def test_long_adversarial_lines_take_linear_time(name):
+    from tuitune import redact
+    line = _adversarial(1024 * 1024)[name]
+    t0 = time.perf_counter()
+    ev = parse_line(line)
+    shown = redact.Redactor()(line)
+    masked = redact.text(line[:256 * 1024])  # the patterns alone, on more than a line is ever clipped to
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 2.0, f"{name}: {elapsed:.2f} s"  # ~10 ms here; quadratic code took minutes
+    _no_parser_bug(ev)
+    assert len(shown) <= parse.MAX_LINE + len(parse.TRUNCATED) and shown.endswith(parse.TRUNCATED) and masked
+
+
+def test_long_measurement_lines_are_malformed_with_the_reason():
+    ev = parse_line(PROFILE_EXAMPLES[0] + " pad=" + "x" * parse.MAX_LINE)
+    assert ev.kind == "malformed" and ev.marker == "EAGLE3_PROFILE" and "longer than" in ev.reason
+    assert ev.ts == "2026-11-29 16:02:11" and len(ev.line) == 500
+    err = parse_line("RuntimeError: CUDA error: " + "x" * 2 * parse.MAX_LINE)
+    assert err.kind == "error" and err.category == "exception"  # the head of an error line is what matters
+    assert parse.clip("short") == "short"
 
 
 @settings(max_examples=200, deadline=None)

@@ -32,7 +32,7 @@ def test_record_then_report_round_trip(tmp_path):
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
     cap = read_capture(out)
     assert cap.meta["schema"] == 1 and cap.meta["preset_hash"] == p.hash() and not cap.truncated
-    assert cap.meta["preset"]["env"] == {"NCCL_PROTO": "LL", "HF_TOKEN": "<redacted>", "MY_API_KEY": "<redacted>"}
+    assert cap.meta["preset"]["env"] == {"NCCL_PROTO": "LL", "HF_TOKEN": "••••", "MY_API_KEY": "••••"}
     assert "hf_secret" not in out.read_bytes().decode("latin-1")  # gzip of text: check decompressed too
     kinds = {rec.event.kind for rec in cap.records}
     assert {"profile", "decode", "log", "ready", "server_state"} <= kinds

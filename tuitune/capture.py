@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import math
 import os
-import re
+import stat
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -25,29 +26,20 @@ import msgspec
 
 from . import __version__
 from .events import Event, LinkState, ServerState, from_dict
+from .redact import preset_dict as redacted_preset  # noqa: F401 - record and sweep write it
 from .stream import EventStream
 
 SCHEMA = 1
-SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.I)
 
 
 class CaptureError(Exception):
     """A capture that cannot be read at all (one sentence)."""
 
 
-def redact_env(env: dict[str, str]) -> dict[str, str]:
-    return {k: ("<redacted>" if SECRET.search(k) else v) for k, v in env.items()}
-
-
-def redacted_preset(preset_dict: dict) -> dict:
-    d = json.loads(json.dumps(preset_dict, default=str))
-    if isinstance(d.get("env"), dict):
-        d["env"] = redact_env(d["env"])
-    return d
-
-
 def _open_write(path: Path) -> IO[bytes]:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        os.fchmod(fd, 0o600)  # the mode above applies only to a new file; an old one may be 0644
     raw = os.fdopen(fd, "wb")
     if path.suffix == ".gz":
         return gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6)  # type: ignore[return-value]
@@ -134,6 +126,10 @@ def _lines(path: Path) -> Iterator[bytes]:
             return  # a gzip stream cut short: keep what was read
 
 
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def iter_capture(path: str | Path) -> tuple[dict, Iterator[Record], dict]:
     """(meta, records, stats) without loading the whole file; stats fills in as it is read."""
     path = Path(path)
@@ -164,10 +160,11 @@ def iter_capture(path: str | Path) -> tuple[dict, Iterator[Record], dict]:
                 stats["skipped"] += 1
                 continue
             ev = from_dict(d) if isinstance(d, dict) else None
-            if ev is None:
+            t, m = (d.get("t", 0.0), d.get("m", 0.0)) if ev is not None else (None, None)
+            if not (_is_number(t) and _is_number(m)):  # "t": null or "t": "x" from a damaged file
                 stats["skipped"] += 1
                 continue
-            yield Record(float(d.get("t", 0.0)), float(d.get("m", 0.0)), ev)
+            yield Record(float(t), float(m), ev)
 
     return meta, records(), stats
 

@@ -67,7 +67,9 @@ def _open_lines(path: str):
 
 def cmd_parse(ns) -> int:
     from .parse import parse_line, summarize
-    events = (ev for ev in map(parse_line, _open_lines(ns.file)) if ev is not None)
+    from .redact import Redactor
+    masked = Redactor().event  # error messages and malformed lines quote the log: mask what looks secret
+    events = (masked(ev) for ev in map(parse_line, _open_lines(ns.file)) if ev is not None)
     if ns.json:
         import msgspec
         encode = msgspec.json.Encoder().encode  # NaN becomes null; unset fields are left out
@@ -102,6 +104,7 @@ def _preset_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("preset")
     s.add_argument("--command", action="store_true", help="print the launch command only")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--reveal", action="store_true", help="show secret values (tokens, keys, passwords) in clear")
     s.set_defaults(run=cmd_preset_show)
     s = sub.add_parser("validate", help="check presets; exit 2 on the first invalid one")
     s.add_argument("presets", nargs="+")
@@ -141,14 +144,16 @@ def _fmt(v) -> str:
 
 def cmd_preset_show(ns) -> int:
     from . import preset as P
+    from . import redact
     p = _load_preset(ns.preset)
+    shown = (lambda text: text) if ns.reveal else redact.Redactor(p)
     if ns.command:
-        print(P.launch_command(p))
+        print(shown(P.launch_command(p)))
         return 0
-    flat = P.flatten(p)
+    flat = P.flatten(p) if ns.reveal else redact.flat(P.flatten(p))
     if ns.json:
         _print_json({"name": p.name, "hash": p.hash(), "resolved": flat,
-                     "derived": sorted(P.derived_keys(p)), "command": P.launch_command(p)})
+                     "derived": sorted(P.derived_keys(p)), "command": shown(P.launch_command(p))})
         return 0
     derived = P.derived_keys(p)
     print(f"# {p.name}  (hash {p.hash()})")
@@ -167,10 +172,11 @@ def cmd_preset_validate(ns) -> int:
     from . import preset as P
     for name in ns.presets:
         try:
-            p = P.resolve(name)
+            path = P.find(name)
+            p = P.load(path)
         except P.PresetError as e:
             raise CliError(str(e), 2) from None
-        ws = P.warnings(p)
+        ws = P.warnings(p) + P.file_warnings(path, p)
         print(f"{name}: ok ({p.name}, hash {p.hash()})" + (f", {len(ws)} warning(s)" if ws else ""))
         for w in ws:
             print(f"  warning: {w}")
@@ -179,10 +185,12 @@ def cmd_preset_validate(ns) -> int:
 
 def cmd_preset_diff(ns) -> int:
     from . import preset as P
+    from . import redact
     a, b = _load_preset(ns.a), _load_preset(ns.b)
     changes = P.diff(a, b)
     if ns.json:
-        _print_json([{"key": k, "a": va, "b": vb} for k, va, vb in changes])
+        _print_json([{"key": k, "a": ra, "b": rb, **({"differ": va != vb} if note else {})}
+                     for k, va, vb in changes for ra, rb, note in [redact.pair(k, va, vb)]])
         return 0
     if not changes:
         print(f"{a.name} and {b.name} launch the same server")
@@ -190,14 +198,15 @@ def cmd_preset_diff(ns) -> int:
     width = max(len(k) for k, _, _ in changes)
     print(f"{'key':<{width}}  {a.name} -> {b.name}")
     for k, va, vb in changes:
-        print(f"{k:<{width}}  {_fmt(va)} -> {_fmt(vb)}")
+        va, vb, note = redact.pair(k, va, vb)
+        print(f"{k:<{width}}  {_fmt(va)} -> {_fmt(vb)}{note}")
     return 0
 
 
 def cmd_preset_lint(ns) -> int:
     from . import preset as P
     p = _load_preset(ns.preset)
-    advice = P.lint(p)
+    advice = P.lint(p) + P.file_warnings(P.find(ns.preset), p)
     if not advice:
         print(f"{p.name}: no advice")
     for a in advice:
@@ -361,21 +370,23 @@ def _logs_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_logs(ns) -> int:
     from .preset import shell_path
+    from .redact import Redactor
     from .tail import LogTail, file_size
     p = _load_preset(ns.preset)
     t, _ = _with_control(p)
+    shown = Redactor(p)
 
     async def go():
         r = await t.run(f"tail -n {int(ns.lines)} {shell_path(p.server.log)}", timeout=60)
         if not r.ok:
             raise CliError(f"{t.label}: cannot read {p.server.log}: {r.stderr.strip()[:200]}", 1)
-        sys.stdout.write(r.stdout)
+        sys.stdout.writelines(shown(line) + "\n" for line in r.stdout.splitlines())
         sys.stdout.flush()
         if ns.follow:
             tail = LogTail(t, p.server.log, offset=await file_size(t, p.server.log))
             async for batch in tail.batches():
                 for line in batch.lines:
-                    print(line, flush=True)
+                    print(shown(line), flush=True)
         return 0
 
     return _run_async(_guarded(go, t))
@@ -391,7 +402,16 @@ def _trust_args(p: argparse.ArgumentParser) -> None:
     p.set_defaults(run=cmd_trust)
 
 
+def _private_dir(d) -> None:
+    """Create a directory (and its parents) as ssh wants ~/.ssh: mode 0700, whatever the umask."""
+    import os
+    if not d.is_dir():
+        d.mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o700)
+
+
 def cmd_trust(ns) -> int:
+    import os
     from pathlib import Path
     from .transport import SshTarget, TransportError, fetch_host_key, known_hosts_has, trust_line
     t = SshTarget(ns.host, ns.port, ns.user, None, ns.known_hosts)
@@ -411,8 +431,9 @@ def cmd_trust(ns) -> int:
         if answer not in ("y", "yes"):
             print("not trusted")
             return 1
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
+    _private_dir(path.parent)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a") as f:
         f.write(trust_line(t, key))
     print(f"added to {path}")
     return 0

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Awaitable, Callable
 
 from . import preset as P
+from . import redact
 from .engines import CAUSE_ORDER, CAUSE_TEXT
 from .events import Event, ServerError
 from .parse import parse_line
@@ -28,6 +29,18 @@ from .transport import Transport, TransportError
 STATE_DIR = "~/.cache/tuitune"
 # true when process $p exists and is not a zombie (a zombie only waits for its parent to reap it)
 LIVE_SH = "s=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -c1); [ -n \"$s\" ] && [ \"$s\" != Z ]"
+# exit 0: the module is there; 3: it (or its package: find_spec raises for "sglang.x" without
+# sglang) is not installed; 5: its package fails to import, the reason on stderr
+FIND_MODULE_PY = """import importlib.util, sys
+try:
+    found = importlib.util.find_spec(sys.argv[1]) is not None
+except ImportError:
+    found = False
+except Exception as e:
+    print(f"{type(e).__name__}: {e}", file=sys.stderr)
+    sys.exit(5)
+sys.exit(0 if found else 3)
+"""
 
 
 class ControlError(Exception):
@@ -61,10 +74,16 @@ class Drift:
     running: str | None
     preset: str | None
 
+    def shown(self) -> "Drift":
+        """This difference as it may be printed or written: a secret's values masked."""
+        r, p, _ = redact.pair(self.key, self.running, self.preset)
+        return Drift(self.key, r, p)
+
     def __str__(self) -> str:
-        r = "(unset)" if self.running is None else self.running
-        p = "(unset)" if self.preset is None else self.preset
-        return f"{self.key}: running {r}, preset {p}"
+        r, p, note = redact.pair(self.key, self.running, self.preset)
+        r = "(unset)" if r is None else r
+        p = "(unset)" if p is None else p
+        return f"{self.key}: running {r}, preset {p}{note}"
 
 
 @dataclass
@@ -77,9 +96,12 @@ class Status:
     note: str | None = None
 
     def to_dict(self) -> dict:
-        return {"running": self.running, "record": asdict(self.record) if self.record else None,
+        rec = asdict(self.record) if self.record else None
+        if rec is not None:
+            rec["argv"], rec["env"] = redact.argv(rec["argv"]), redact.env(rec["env"])
+        return {"running": self.running, "record": rec,
                 "uptime_s": self.uptime_s, "same_hash": self.same_hash, "note": self.note,
-                "drift": [asdict(d) for d in self.drift]}
+                "drift": [asdict(d.shown()) for d in self.drift]}
 
 
 @dataclass
@@ -232,12 +254,15 @@ class ServerControl:
         p = self.preset
         py = P.shell_path(p.python())
         r = await self.t.run(f"command -v {py} >/dev/null || [ -x {py} ] || exit 4; {py} -c "
-                             "'import importlib.util,sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 3)' "
-                             f"{shlex.quote(p.server.module)}", timeout=60)
+                             f"{shlex.quote(FIND_MODULE_PY)} {shlex.quote(p.server.module)}", timeout=60)
         if r.exit_status == 4:
             raise ControlError(f"{self.t.label}: server.python {p.python()} does not exist", 2)
         if r.exit_status == 3:
             raise ControlError(f"{self.t.label}: module {p.server.module} is not installed for {p.python()}", 2)
+        if r.exit_status == 5:
+            why = (r.stderr.strip().splitlines() or ["no message"])[-1][:200]
+            raise ControlError(f"{self.t.label}: module {p.server.module} cannot be imported with {p.python()} "
+                               f"({why})", 2)
         if not r.ok:
             raise ControlError(f"{self.t.label}: cannot run {p.python()}: {r.stderr.strip()[:200]}", 2)
         known = await self.server_flags()
@@ -327,11 +352,12 @@ class ServerControl:
 
         set_phase("starting")
         tail = LogTail(self.t, rec.log)
+        shown = redact.Redactor(self.preset)
 
         async def follow() -> None:
             async for batch in tail.batches():
                 for line in batch.lines:
-                    lines.append(line)
+                    lines.append(shown(line))
                     if len(lines) > 200:
                         del lines[:100]
                     ev = parse_line(line)
@@ -400,7 +426,7 @@ class ServerControl:
         elif res.cause is None:
             found = classify(res.errors)
             res.cause, detail = found if found else ("exited", "the process exited without an error line")
-            res.message = f"server exited during start ({CAUSE_TEXT.get(res.cause, res.cause)}): {detail}"[:400]
+            res.message = shown(f"server exited during start ({CAUSE_TEXT.get(res.cause, res.cause)}): {detail}")[:400]
             set_phase("failed")
         return res
 

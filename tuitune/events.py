@@ -215,22 +215,23 @@ class Marker(Event, tag="marker"):
 EVENT_TYPES: dict[str, type] = {c.__struct_config__.tag: c for c in Event.__subclasses__()}
 
 
-_FLOAT_FIELDS = ("draft_ms", "verify_ms", "extend_ms", "accept_len", "cycle_ms")
+# fields that are plain floats: the JSON writers turn NaN into null, so null reads back as NaN
+_NAN_FIELDS = {tag: frozenset(f.name for f in msgspec.structs.fields(c) if f.type is float)
+               for tag, c in EVENT_TYPES.items()}
 
 
 def from_dict(d: dict[str, Any]) -> Event | None:
-    """Rebuild an event from its JSON shape; unknown kinds give None, unknown fields are dropped."""
-    cls = EVENT_TYPES.get(d.get("kind", ""))
+    """Rebuild an event from its JSON shape, types checked; None for an unknown kind or a record
+    whose fields have the wrong types (a string where a number belongs). Unknown fields are dropped."""
+    kind = d.get("kind")
+    cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         return None
     kw = {n: d[n] for n in cls.__struct_fields__ if n in d}
-    if "per_position" in kw and isinstance(kw["per_position"], list):
-        kw["per_position"] = tuple(kw["per_position"])
-    if cls is ProfileWindow:
-        for n in _FLOAT_FIELDS:  # NaN was written as null
-            if n in d and kw.get(n) is None:
-                kw[n] = math.nan
+    for n in _NAN_FIELDS[kind]:
+        if n in kw and kw[n] is None:
+            kw[n] = math.nan
     try:
-        return cls(**kw)
-    except TypeError:
+        return msgspec.convert(kw, cls)
+    except msgspec.ValidationError:
         return None

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from . import preset as P
+from . import redact
 
 UNSET = "unset"
 
@@ -50,6 +51,10 @@ def parse_axis(spec: str) -> tuple[str, list[Any]]:
         return key, out_env
     if key.split(".")[0] not in ("server", "speculative", "env", "profile", "bench"):
         raise GridError(f"--grid {spec!r}: {key} is not a preset path (server.…, speculative.…, env.…)")
+    try:
+        P.check_key(key)
+    except P.PresetError as e:
+        raise GridError(f"--grid {spec!r}: {str(e).split(': ', 1)[-1]}") from None
     out: list[Any] = []
     for raw in values.split(","):
         raw = raw.strip()
@@ -62,6 +67,8 @@ def parse_axis(spec: str) -> tuple[str, list[Any]]:
                 out.append(yaml.safe_load(raw))
             except yaml.YAMLError:
                 out.append(raw)
+            except RecursionError:
+                raise GridError(f"--grid {key}: a value is nested too deeply to be a setting") from None
     if len(set(map(repr, out))) != len(out):
         raise GridError(f"--grid {spec!r}: a value is repeated")
     return key, out
@@ -82,15 +89,27 @@ def combinations(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
 
 
-def show(v: Any) -> str:
-    """A grid value as text: @PRESET for a swapped environment, unset for None."""
+def show(v: Any, key: str = "", grid: dict[str, list[Any]] | None = None) -> str:
+    """A grid value as text: @PRESET for a swapped environment, unset for None. A secret
+    (``env.HF_TOKEN``, ``server.args.api-key``) is masked, numbered by its place on the axis
+    when the grid is known, so that two tokens still give two labels."""
     if isinstance(v, EnvOf):
         return f"@{v.name}"
-    return UNSET if v is None else str(v)
+    if v is None:
+        return UNSET
+    if redact.secret_key(key):
+        values = (grid or {}).get(key) or []
+        return redact.MASK + (f"#{values.index(v) + 1}" if v in values else "")
+    return str(v)
 
 
-def label(changes: dict[str, Any]) -> str:
-    return " ".join(f"{k.split('.')[-1]}={show(v)}" for k, v in changes.items()) or "preset"
+def label(changes: dict[str, Any], grid: dict[str, list[Any]] | None = None) -> str:
+    return " ".join(f"{k.split('.')[-1]}={show(v, k, grid)}" for k, v in changes.items()) or "preset"
+
+
+def masked(changes: dict[str, Any]) -> dict[str, Any]:
+    """Changes as they may be written (results files): secret values masked."""
+    return {k: redact.env(v) if isinstance(v, EnvOf) else redact.shown(k, v) for k, v in changes.items()}
 
 
 def apply(base: P.Preset, changes: dict[str, Any]) -> tuple[P.Preset | None, str | None]:

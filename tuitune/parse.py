@@ -30,8 +30,8 @@ _VLLM_SPEC, _VLLM_STATS = vllm.SPEC_MARKER, vllm.STATS_MARKER  # globals: no att
 _PREFIX = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?)((?: [A-Z]+\d+)*)\]")
 _KEY = re.compile(r"[a-z0-9_]+\Z")
 _NCCL_ENV = re.compile(r"NCCL INFO (NCCL_[A-Z0-9_]+) set by environment to (.*)$")
-_NCCL_ALGO = re.compile(r"NCCL INFO (\w+): (\d+) Bytes -> Algo (\w+) proto (\w+)"
-                        r"(?: channel\{Lo\.\.Hi\}=\{(\d+)\.\.(\d+)\})?")
+_NCCL_ALGO = re.compile(r"NCCL INFO (\w+): ([0-9]{1,30}) Bytes -> Algo (\w+) proto (\w+)"
+                        r"(?: channel\{Lo\.\.Hi\}=\{([0-9]{1,9})\.\.([0-9]{1,9})\})?")
 _EXC = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): (.*)")
 _UVICORN = re.compile(r"Uvicorn running on (\S+)")
 
@@ -68,15 +68,15 @@ def _prefix(line: str, end: int) -> tuple[str | None, str | None]:
 
 
 def _number(text: str) -> int | float | None:
-    if text.isdigit():
+    """An integer literal as an exact int (any length Python reads), else a float, else None."""
+    try:
         return int(text)
+    except ValueError:
+        pass
     try:
         return float(text)
     except ValueError:
-        try:
-            return int(text)  # "-3"
-        except ValueError:
-            return None
+        return None
 
 
 def _value(text: str):
@@ -99,12 +99,16 @@ def _float(v: str) -> float:
 
 
 def _int(v: str) -> int:
-    if v.isdigit():
-        return int(v)
+    """An integer literal exactly (17+ digits included); a number literal only when it is integral
+    ("1e3", "12.0"), read as msgspec's lax mode (the fast path) reads it; anything else is an error."""
     try:
-        return int(float(v))
-    except OverflowError:  # "inf"
-        raise ValueError(v) from None
+        return int(v)
+    except ValueError:
+        pass
+    f = float(v)
+    if not f.is_integer():  # 1.5, nan, inf
+        raise ValueError(v)
+    return int(f)
 
 
 _BOOLS = {"true": True, "1": True, "false": False, "0": False, "-0": False}
@@ -313,8 +317,31 @@ def _error(line: str, category: str, message: str, at: int = 0) -> ServerError:
     return ServerError(category, message.strip()[:500], ts, rank)
 
 
+MAX_LINE = 64 * 1024  # characters of a line that are parsed and shown; no format comes close
+TRUNCATED = " …[line truncated]"
+_MARKERS = {"profile": "EAGLE3_PROFILE", "decode": "Decode batch", "prefill": "Prefill batch",
+            "vllm_spec": "SpecDecoding metrics", "nccl_env": "NCCL", "nccl_algo": "NCCL"}
+
+
+def clip(line: str) -> str:
+    """A line as it is kept for display and captures: at most MAX_LINE characters, marked when cut."""
+    return line if len(line) <= MAX_LINE else line[:MAX_LINE] + TRUNCATED
+
+
 def parse_line(line: str) -> Event | None:
-    """The event one log line describes, or None. Never raises."""
+    """The event one log line describes, or None. Never raises; the work is linear in the line
+    and bounded (only the first MAX_LINE characters are read)."""
+    if len(line) <= MAX_LINE:
+        return _parse_line(line)
+    ev = _parse_line(line[:MAX_LINE])
+    if ev is None or ev.kind not in _MARKERS and ev.kind != "malformed":
+        return ev  # an error or a start-up line: its head is what matters
+    marker = ev.marker if isinstance(ev, Malformed) else _MARKERS[ev.kind]
+    return Malformed(marker, f"line of {len(line)} characters, longer than {MAX_LINE}: not read",
+                     line[:500], getattr(ev, "ts", None), getattr(ev, "rank", None))
+
+
+def _parse_line(line: str) -> Event | None:
     # `in` before `find`: most lines carry no marker, and `in` is the cheaper question.
     try:
         if "EAGLE3_PROFILE" in line:

@@ -40,7 +40,7 @@ def _no_control(v: str, what: str = "value") -> str:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
 
 class Target(_Model):
@@ -89,6 +89,22 @@ class Server(_Model):
     @classmethod
     def _plain(cls, v: str | None) -> str | None:
         return None if v is None else _no_control(v)
+
+    @field_validator("log", "workdir")
+    @classmethod
+    def _absolute(cls, v: str | None, info) -> str | None:
+        # The log is written from the workdir and read (tail, stat) from the login directory: a
+        # relative path would name two files, and one starting with "-" would read as an option.
+        if v is None or v.startswith(("/", "~/")) or (v == "~" and info.field_name == "workdir"):
+            return v
+        raise ValueError(f"{v!r} is not an absolute path; start it with / or ~/")
+
+    @field_validator("python")
+    @classmethod
+    def _command(cls, v: str | None) -> str | None:
+        if v is not None and (not v or v.startswith("-")):
+            raise ValueError(f"{v!r} is not a command or a path to one")
+        return v
 
     @field_validator("module")
     @classmethod
@@ -313,10 +329,25 @@ def _loc(loc: tuple) -> str:
     return ".".join(str(p) for p in loc if not (isinstance(p, str) and p.startswith("function-")))
 
 
+_UNION_MEMBERS = ("bool", "int", "float", "str")  # pydantic names the member of ArgValue that failed
+
+
+def _yaml_type(v: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "text", list: "a list",
+            dict: "a mapping", type(None): "null"}.get(type(v), type(v).__name__)
+
+
 def _format_error(source: str, err: ValidationError) -> str:
     e = err.errors()[0]
-    loc = _loc(e["loc"])
+    parts = e["loc"]
+    if len(parts) == 4 and parts[:2] == ("server", "args") and parts[3] in _UNION_MEMBERS:
+        # a flag value that is none of bool | int | float | str: say so, not "should be a valid boolean"
+        return (f"{source}: server.args.{parts[2]}: expected true/false, a number or text, "
+                f"not {_yaml_type(e.get('input'))}")
+    loc = _loc(parts)
     msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] in ("model_type", "dict_type"):
+        return f"{source}: {loc}: expected a mapping (a YAML section of keys), not {_yaml_type(e.get('input'))}"
     if e["type"] == "extra_forbidden":
         return f"{source}: {loc}: unknown key (allowed keys are listed by `tuitune preset schema`)"
     if e["type"] == "missing":
@@ -336,11 +367,42 @@ def from_dict(data: Any, source: str = "<preset>") -> Preset:
         return Preset.model_validate(data)
     except ValidationError as e:
         raise PresetError(_format_error(source, e)) from None
+    except RecursionError:
+        raise PresetError(f"{source}: nested too deeply to be a preset") from None
+
+
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, first: int, second: int):
+        super().__init__(f"key {key!r} appears twice (lines {first} and {second}); keep one")
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load, except that a key given twice in one mapping is an error (PyYAML keeps the
+    last one silently: a preset that sets a variable twice would run with the second value)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark.line + 1)
+                except TypeError:  # an unhashable key: construct_mapping says so below
+                    continue
+                if first != key_node.start_mark.line + 1:
+                    raise _DuplicateKey(key, first, key_node.start_mark.line + 1)
+        return super().construct_mapping(node, deep)
 
 
 def loads(text: str, source: str = "<preset>") -> Preset:
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_StrictLoader)
+    except _DuplicateKey as e:
+        raise PresetError(f"{source}: {e}") from None
+    except RecursionError:
+        raise PresetError(f"{source}: YAML nested too deeply to be a preset") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -384,12 +446,48 @@ def dumps(preset: Preset) -> str:
 
 
 def save(preset: Preset, path: str | Path) -> Path:
+    """Write atomically; a preset that holds a secret (a token, a key) is mode 0600."""
+    from .redact import has_secret
     path = Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(dumps(preset), encoding="utf-8")
+    secret = has_secret(preset)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if secret else 0o666)
+    if secret:
+        os.fchmod(fd, 0o600)  # a .tmp left by an interrupted save may be older and wider
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(dumps(preset))
     os.replace(tmp, path)
     return path
+
+
+def _section(annotation: Any) -> Any:
+    """The model a field holds (``Speculative | None`` -> Speculative), ``dict`` for env and
+    server.args (any name, one level), or None for a plain value."""
+    import typing
+    for t in (annotation, *typing.get_args(annotation)):
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            return t
+        if t is dict or typing.get_origin(t) is dict:
+            return dict
+    return None
+
+
+def check_key(key: str) -> None:
+    """Raise PresetError unless ``key`` is a dotted path a preset has (``server.args.tp-size``,
+    ``env.NCCL_PROTO``, ``speculative.num_steps``): --grid and edits name keys this way."""
+    node: Any = Preset
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if node is None or node is dict and i < len(parts) - 1:
+            raise PresetError(f"{key}: {'.'.join(parts[:i + (node is dict)])} is a value, not a section")
+        if node is dict:
+            return
+        field = node.model_fields.get(part)
+        if field is None or not part:
+            raise PresetError(f"{key}: unknown key {'.'.join(parts[:i + 1])} "
+                              f"(allowed keys are listed by `tuitune preset schema`)")
+        node = _section(field.annotation)
 
 
 def with_changes(preset: Preset, changes: dict[str, Any]) -> Preset:
@@ -397,6 +495,7 @@ def with_changes(preset: Preset, changes: dict[str, Any]) -> Preset:
     ``server.args.tp-size``); the value ``None`` removes a key. Validated like a loaded file."""
     data = preset.model_dump(exclude_none=False)
     for key, value in changes.items():
+        check_key(key)
         parts = key.split(".")
         node = data
         for p in parts[:-1]:
@@ -466,6 +565,18 @@ def warnings(preset: Preset) -> list[str]:
         for s in preset.speculative.resolved().adjusted:
             out.append(f"speculative: {s}")
     return out
+
+
+def file_warnings(path: Path, preset: Preset) -> list[str]:
+    """A preset file holding a secret (a token, a key) that other users can read."""
+    from .redact import has_secret
+    try:
+        mode = path.stat().st_mode & 0o777
+    except OSError:
+        return []
+    if not has_secret(preset) or not mode & 0o077:
+        return []
+    return [f"{path} holds a secret and other users can read it (mode {mode:o}); chmod 600 it"]
 
 
 def lint(preset: Preset) -> list[str]:

@@ -16,6 +16,11 @@ PHASES = ("draft_ms", "verify_ms", "extend_ms", "cycle_ms")
 ROWS = (*PHASES, "accept_len", "tok_s", "gen_throughput")
 
 
+def _name(preset) -> str | None:
+    name = preset.get("name") if isinstance(preset, dict) else None
+    return name if isinstance(name, str) else None
+
+
 def summarize_capture(path: str | Path, keep_series: bool = True) -> dict:
     meta, records, stats = iter_capture(path)
     series: dict[str, list[float]] = {k: [] for k in ROWS}
@@ -44,7 +49,7 @@ def summarize_capture(path: str | Path, keep_series: bool = True) -> dict:
         elif isinstance(ev, ServerState) and ev.state == "failed":
             errors.append(f"server failed: {ev.detail or ev.phase}")
     out = {
-        "path": str(path), "preset": (meta.get("preset") or {}).get("name"), "preset_hash": meta.get("preset_hash"),
+        "path": str(path), "preset": _name(meta.get("preset")), "preset_hash": meta.get("preset_hash"),
         "target": meta.get("target"), "server_version": meta.get("server_version"), "schema": meta.get("schema"),
         "events": events, "duration_s": (last_m - first_m) if first_m is not None else 0.0,
         "truncated": stats["truncated"], "skipped": stats["skipped"], "relaunches": relaunches,
@@ -66,7 +71,8 @@ def format_report(reports: list[dict]) -> str:
         lines.append(f"[{i + 1}] {r['path']}: {r['preset'] or '?'} on {r['target'] or '?'}"
                      + (f", server {r['server_version']}" if r.get("server_version") else "")
                      + f", {r['events']} events over {r['duration_s']:.0f} s, {r['relaunches']} relaunch(es), "
-                       f"{r['error_count']} error(s)" + (", last record truncated" if r["truncated"] else ""))
+                       f"{r['error_count']} error(s)" + (", last record truncated" if r["truncated"] else "")
+                     + (f", {r['skipped']} record(s) skipped (unknown kind or unreadable)" if r["skipped"] else ""))
         for e in r["errors"][:3]:
             lines.append(f"    error: {e}")
     lines.append("")

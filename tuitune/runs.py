@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import preset as P
+from . import redact
 from . import stats
 
 
@@ -107,6 +108,7 @@ class RunBook:
                 continue
             if key == "speculative.num_draft_tokens" and any(k == "speculative.num_steps" for k, _, _ in changes):
                 continue  # follows from the steps
+            a, b, _ = redact.pair(key, a, b)
             parts.append(f"{short} {'unset' if a is None else a}→{'unset' if b is None else b}")
         return ", ".join(parts) if parts else "same config"
 

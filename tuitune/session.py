@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from . import preset as P
-from . import promscrape
+from . import promscrape, redact
 from .bench import BenchConfig, BenchRun, RequestResult, client_session, prompts, run_bench, run_request
 from .control import ControlError, ReadyResult, ServerControl, Status, nccl_confirmation
 from .events import BenchSummary, Event, LinkState, LogLine, Marker, ProfileWindow, ServerState
@@ -102,6 +102,7 @@ class Session(EventStream):
         self._tail = LogTail(self.transport, self.preset.server.log, offset=offset)
         skip_first = offset > 0  # we started mid-line
         tail = self._tail
+        shown = redact.Redactor(self.preset)
 
         async def run() -> None:
             nonlocal skip_first
@@ -113,10 +114,10 @@ class Session(EventStream):
                     if batch.reset:
                         events.append(Marker("log truncated or replaced; following the new file"))
                     for line in lines:
-                        events.append(LogLine(line))
+                        events.append(LogLine(shown(line)))
                         ev = parse_line(line)
                         if ev is not None:
-                            events.append(ev)
+                            events.append(shown.event(ev))
                     if events:
                         self.publish(events)
             except TransportError as e:

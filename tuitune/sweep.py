@@ -52,7 +52,7 @@ def plan(base: P.Preset, grid: dict, baseline: P.Preset, repeats: int, baseline_
     done = 0
     for rep in range(repeats):
         for changes in G.combinations(grid):
-            label = G.label(changes)
+            label = G.label(changes, grid)
             p, reason = G.apply(base, changes)
             trials.append({"id": trial_id("config", label, rep), "kind": "config", "label": label,
                            "changes": changes, "repeat": rep, "preset": p, "reason": reason})
@@ -94,7 +94,7 @@ def _append(out: Path, row: dict) -> None:
 async def run_trial(session: Session, trial: dict, out: Path, overrides: dict) -> dict:
     p: P.Preset = trial["preset"]
     row = {"trial": trial["id"], "kind": trial["kind"], "label": trial["label"], "repeat": trial["repeat"],
-           "changes": trial["changes"], "axes": {k: G.show(v) for k, v in trial["changes"].items()},
+           "changes": G.masked(trial["changes"]), "axes": {k: G.show(v, k) for k, v in trial["changes"].items()},
            "time": time.time()}
     if p is None:
         return {**row, "status": "skipped", "reason": trial.get("reason")}
@@ -154,7 +154,8 @@ async def sweep(base: P.Preset, grid: dict, out: Path, *, baseline: P.Preset | N
         await session.stop_server()
     finally:
         await session.close()
-    return summarize(base, load_results(out), out)
+    real = {t["id"]: t["changes"] for t in trials}  # results.jsonl holds secrets masked; best.yaml needs them
+    return summarize(base, [{**r, "changes": real.get(r["trial"], r.get("changes", {}))} for r in load_results(out)], out)
 
 
 def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict:

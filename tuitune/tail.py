@@ -11,17 +11,30 @@ link was down, the remote script says so with the same notice and the tail start
 from __future__ import annotations
 
 import asyncio
-import re
 from dataclasses import dataclass
 from typing import AsyncIterator
 
 from .preset import shell_path
 from .transport import LinkLost, Transport, TransportError
 
-_NOTICE = re.compile(rb"tail: [^\n]*?(file truncated|has been replaced|has appeared|"
-                     rb"has become inaccessible|cannot open|no longer exists|cannot follow)[^\n]*\n")
+_NOTICE_WORDS = (b"file truncated", b"has been replaced", b"has appeared", b"has become inaccessible",
+                 b"cannot open", b"no longer exists", b"cannot follow")
 _RESETS = (b"file truncated", b"has been replaced", b"has appeared")
 MAX_LINE = 1024 * 1024
+
+
+def _notices(chunk: bytes):
+    """(start, end) of each of tail's notices in a chunk: from the first "tail: " of a line to its
+    newline, when the rest of that line names a notice. Each line is looked at once, so the cost is
+    linear (a regular expression here took 91 s on 256 KiB of "tail: ")."""
+    pos = chunk.find(b"tail: ")
+    while pos >= 0:
+        nl = chunk.find(b"\n", pos)
+        if nl < 0:
+            return
+        if any(w in chunk[pos:nl] for w in _NOTICE_WORDS):
+            yield pos, nl + 1
+        pos = chunk.find(b"tail: ", nl + 1)
 
 
 async def file_size(t: Transport, path: str) -> int:
@@ -96,14 +109,14 @@ class LogTail:
         lines: list[str] = []
         reset = False
         pos = 0
-        for m in _NOTICE.finditer(chunk):
-            self._content(chunk[pos:m.start()], lines)
-            if any(r in m.group(0) for r in _RESETS):
+        for start, end in _notices(chunk):
+            self._content(chunk[pos:start], lines)
+            if any(r in chunk[start:end] for r in _RESETS):
                 self.offset = 0
                 self._drop_partial()
                 self.resets += 1
                 reset = True
-            pos = m.end()
+            pos = end
         self._content(chunk[pos:], lines)
         if not lines and not reset:
             return None

@@ -69,8 +69,9 @@ class Transport:
         try:
             return await asyncio.wait_for(self._run(command, input), timeout)
         except asyncio.TimeoutError:
+            from .redact import text
             raise TransportError(f"{self.label}: command timed out after {timeout:.0f} s: "
-                                 f"{command.splitlines()[0][:120]}") from None
+                                 f"{text(command.splitlines()[0])[:120]}") from None
 
     async def _run(self, command: str, input: bytes | None) -> RunResult:
         raise NotImplementedError
@@ -222,7 +223,7 @@ class SshTransport(Transport):
         if t.user:
             opts["username"] = t.user
         if t.identity_file:
-            opts["client_keys"] = [str(Path(t.identity_file).expanduser())]
+            opts["client_keys"] = [self._identity()]
         if t.known_hosts:
             opts["known_hosts"] = str(Path(t.known_hosts).expanduser())
         try:
@@ -234,6 +235,23 @@ class SshTransport(Transport):
                                  f"or ssh-agent)") from None
         except (OSError, asyncssh.Error, asyncio.TimeoutError) as e:
             raise LinkLost(f"{self.label}: cannot connect ({_reason(e)})") from None
+
+    def _identity(self):
+        """The identity_file's private key, or one sentence on why it cannot be used (read here,
+        not inside connect, where a bad file would raise a ValueError from deep in asyncssh)."""
+        import asyncssh
+        path = Path(self.target.identity_file).expanduser()
+        try:
+            return asyncssh.read_private_key(str(path))
+        except OSError as e:
+            raise TransportError(f"{self.label}: identity_file {path}: cannot read it ({e.strerror or e})") from None
+        except asyncssh.KeyEncryptionError:
+            raise TransportError(f"{self.label}: identity_file {path} is protected by a passphrase; "
+                                 f"load it into ssh-agent and leave identity_file out") from None
+        except (asyncssh.KeyImportError, ValueError) as e:
+            hint = " (that is the public key; give the private one, without .pub)" if path.suffix == ".pub" else ""
+            raise TransportError(f"{self.label}: identity_file {path} is not a private key we can read "
+                                 f"({_reason(e)}){hint}") from None
 
     async def _host_key_message(self) -> str:
         t = self.target

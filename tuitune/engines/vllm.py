@@ -171,6 +171,20 @@ def _num(text: str) -> float:
     return float(text.split()[0].rstrip("%"))
 
 
+def _leading_numbers(texts: list[str]) -> tuple[float, ...]:
+    """The run of numbers a list starts with (what follows a non-number is not the list's);
+    ValueError when it does not start with one."""
+    out = []
+    for t in texts:
+        try:
+            out.append(float(t))
+        except ValueError:
+            break
+    if not out:
+        raise ValueError(texts[0])
+    return tuple(out)
+
+
 def spec_line(line: str, at: int) -> Event:
     """A ``SpecDecoding metrics:`` line, newest or older format."""
     ts, rank = prefix(line, at)
@@ -181,7 +195,7 @@ def spec_line(line: str, at: int) -> Event:
             continue
         try:
             if key == "per_position":
-                kw[key] = tuple(float(x) for x in value.split(", "))
+                kw[key] = _leading_numbers(value.split(", "))
             elif key in _SPEC_INT:
                 kw[key] = int(_num(value))
             else:

@@ -262,6 +262,27 @@ class Recorder:
 
 
 RECORDER: Recorder | None = None
+_PATCHED: list[tuple[type, str]] = []  # every (class, method) wrapped, to restore on an error
+
+
+def _disable(error: BaseException) -> None:
+    """The probe failed: stop profiling for good, put SGLang's own methods back, say so once.
+    Nothing of the probe may ever take the server down."""
+    global RECORDER
+    rec, RECORDER = RECORDER, None
+    if rec is None:
+        return
+    for cls, name in _PATCHED:
+        fn = cls.__dict__.get(name)
+        if getattr(fn, "__eagle3_probe__", False):
+            setattr(cls, name, fn.__wrapped__)
+    _PATCHED.clear()
+    try:
+        (rec.logger or logging.getLogger("sglang")).warning(
+            "EAGLE3_PROFILE: probe disabled after an internal error (%s: %s); the server runs on unprofiled",
+            type(error).__name__, error)
+    except Exception:  # noqa: BLE001 - not even the warning may fail the server's call
+        pass
 
 
 def _vllm_batch_size(scheduler_output) -> int | None:
@@ -275,9 +296,21 @@ def _wrap(cls, name: str, phase: str) -> None:
         return
 
     def wrapper(self, *args, **kwargs):
-        token = RECORDER.start(phase, self)
+        # SGLang's method runs exactly once, and its own exceptions pass through untouched; an
+        # error of the probe's bookkeeping before or after it only disables the probe.
+        rec = RECORDER
+        if rec is None:
+            return original(self, *args, **kwargs)
+        try:
+            token = rec.start(phase, self)
+        except Exception as e:  # noqa: BLE001
+            _disable(e)
+            return original(self, *args, **kwargs)
         result = original(self, *args, **kwargs)
-        RECORDER.stop(phase, token, self, args, result)
+        try:
+            rec.stop(phase, token, self, args, result)
+        except Exception as e:  # noqa: BLE001
+            _disable(e)
         return result
 
     wrapper.__eagle3_probe__ = True
@@ -285,6 +318,7 @@ def _wrap(cls, name: str, phase: str) -> None:
     wrapper.__name__ = original.__name__
     wrapper.__doc__ = original.__doc__
     setattr(cls, name, wrapper)
+    _PATCHED.append((cls, name))
 
 
 def patch_module(module) -> list[str]:

@@ -22,6 +22,7 @@ from textual.widgets import Footer, Input, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState
 
 from .. import preset as P
+from .. import redact
 from ..control import ControlError
 from ..events import Event, LogLine, Marker, ProfileWindow, ServerState
 from ..runs import RunBook, delta_mark
@@ -57,7 +58,7 @@ def load_user_config(path: Path | None = None) -> UserConfig:
         return cfg
     try:
         data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
+    except (OSError, ValueError, yaml.YAMLError, RecursionError) as e:  # ValueError: not UTF-8
         cfg.errors.append(f"{path}: cannot read it ({str(e).splitlines()[0]}); using defaults")
         return cfg
     if not isinstance(data, dict):
@@ -196,6 +197,13 @@ class TuituneApp(App):
         self.messages.append(message)
         self.notify(message, severity=severity, timeout=6 if severity != "error" else 12)
 
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """A worker's unexpected error (workers catch the expected ones) becomes a notification:
+        the TUI stays up, and the message is one sentence, never a traceback."""
+        if event.state == WorkerState.ERROR and event.worker.error is not None:
+            e = event.worker.error
+            self.say(str(e) or type(e).__name__, "error")
+
     def check_action(self, action: str, parameters) -> bool | None:
         if not self.live and action in self.LIVE_ONLY:
             return False
@@ -204,7 +212,7 @@ class TuituneApp(App):
         return True
 
     # ---- session lifecycle ----------------------------------------------------------------
-    @work(exclusive=True, group="session")
+    @work(exclusive=True, group="session", exit_on_error=False)
     async def start_session(self) -> None:
         try:
             status = await self.session.connect()
@@ -278,8 +286,9 @@ class TuituneApp(App):
         running = self.session.running_preset
         lines = []
         if running is not None and self.draft is not None:
-            lines = [f"{k}: {'(unset)' if a is None else a} → {'(unset)' if b is None else b}"
-                     for k, a, b in P.diff(running, self.draft, include_bench=False)]
+            for k, a, b in P.diff(running, self.draft, include_bench=False):
+                a, b, note = redact.pair(k, a, b)
+                lines.append(f"{k}: {'(unset)' if a is None else a} → {'(unset)' if b is None else b}{note}")
         panel.show_diff(lines)
 
     # ---- actions --------------------------------------------------------------------------
@@ -290,11 +299,11 @@ class TuituneApp(App):
         if self.relaunch_worker is not None and self.relaunch_worker.state == WorkerState.RUNNING:
             self.say("a relaunch is already in progress", "warning")
             return
-        self.relaunch_screen = RelaunchScreen(self.draft.name, P.launch_command(self.draft))
+        self.relaunch_screen = RelaunchScreen(self.draft.name, redact.Redactor(self.draft)(P.launch_command(self.draft)))
         self.push_screen(self.relaunch_screen)
         self.relaunch_worker = self.run_relaunch(self.draft)
 
-    @work(group="relaunch")
+    @work(group="relaunch", exit_on_error=False)
     async def run_relaunch(self, preset: P.Preset) -> None:
         screen = self.relaunch_screen
         try:
@@ -331,7 +340,7 @@ class TuituneApp(App):
             return
         self.run_bench()
 
-    @work(group="bench")
+    @work(group="bench", exit_on_error=False)
     async def run_bench(self) -> None:
         self.bench_running = True
         preset = self.session.running_preset or self.session.preset
@@ -491,12 +500,12 @@ class TuituneApp(App):
 
     def action_quit_app(self) -> None:
         if not self.live:
-            self.run_worker(self._close_session(False), group="quit")
+            self.run_worker(self._close_session(False), group="quit", exit_on_error=False)
             return
 
         def done(choice: str | None) -> None:
             if choice in ("leave", "stop"):
-                self.run_worker(self._close_session(choice == "stop"), group="quit")
+                self.run_worker(self._close_session(choice == "stop"), group="quit", exit_on_error=False)
 
         self.push_screen(QuitScreen(), done)
 

@@ -13,6 +13,7 @@ from textual.widgets import Button, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from .. import preset as P
+from .. import redact
 
 
 class RelaunchScreen(ModalScreen[None]):
@@ -151,10 +152,12 @@ class OpenScreen(ModalScreen[Path | None]):
         if not changes:
             text.append("same configuration as the current one")
         for key, a, b in changes:
+            a, b, note = redact.pair(key, a, b)
             text.append(f"{key}: ", style="bold")
             text.append(f"{'(unset)' if a is None else a}", style="red")
             text.append(" → ")
-            text.append(f"{'(unset)' if b is None else b}\n", style="green")
+            text.append(f"{'(unset)' if b is None else b}", style="green")
+            text.append(f"{note}\n")
         self.query_one("#preview", Static).update(text)
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
