@@ -229,6 +229,11 @@ async def test_launch_bench_relaunch_and_stop_on_vllm(tmp_path):
     assert phases[-1] == "ready" and res.ready_line_at is None  # ready from /health alone
     st = await c.status()
     assert st.running and st.drift == [] and st.same_hash
+    smi = subprocess.run([sys.executable, "-m", "tuitune.sim.nvidia_smi", "--sim-port", str(p.server.port),
+                          "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=30)
+    used = [float(x.split(",")[1]) for x in smi.stdout.splitlines()]
+    assert used[0] > 10_000 and used[1] > 10_000 and used[2] < 10_000, smi.stdout  # TP 2 holds memory
     url = t.url(await t.forward_port(p.server.port))
     run = await run_bench(BenchConfig.for_preset(url, p))
     assert run.failed == 0 and run.config.model == "/shared/m" and all(r.completion_tokens == 60 for r in run.ok)

@@ -5,34 +5,45 @@ launch brings its own placement, clocks and graph capture. Requests of one launc
 that, so they are not independent samples of the configuration; treating them as such makes tiny
 launch-to-launch differences look significant. Each launch therefore contributes one number (its
 median decode tok/s), and A and B alternate so that drift over time (thermal, other tenants)
-hits both arms alike.
+hits both arms alike. GPU telemetry runs for the whole comparison: a launch measured while clocks
+were capped or a GPU straggled, beside launches measured without, makes the verdict "not comparable".
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from typing import Callable
 
-from . import stats
+from . import stats, telemetry
 from .bench import BenchConfig, run_bench
 from .control import ServerControl
 from .preset import Preset
 from .transport import Transport
 
 
-async def bench_launch(t: Transport, p: Preset, overrides: dict, timeout_s: float) -> dict:
-    """Relaunch ``p``, bench it, return one launch's row."""
+async def bench_launch(t: Transport, p: Preset, overrides: dict, timeout_s: float,
+                       listeners: list | None = None) -> dict:
+    """Relaunch ``p``, bench it, return one launch's row (``listeners``: where telemetry is handed)."""
     control = ServerControl(t, p)
     rec, ready = await control.relaunch(timeout_s)
     port = await t.forward_port(p.server.port)
-    run = await run_bench(BenchConfig.for_preset(t.url(port), p, overrides))
+    watch = telemetry.RunWatch()
+    if listeners is not None:
+        listeners.append(watch.feed)
+    try:
+        run = await run_bench(BenchConfig.for_preset(t.url(port), p, overrides))
+    finally:
+        if listeners is not None:
+            listeners.remove(watch.feed)
     s = run.summary()
     tok = s.get("tok_s") or {}
     return {"preset": p.name, "hash": p.hash(), "pid": rec.pid, "ready_s": ready.elapsed_s,
             "median_tok_s": tok.get("median", math.nan), "ci95": tok.get("ci95"),
             "accept_len": (s.get("accept_len") or {}).get("mean"), "requests": s["requests"],
-            "failed": s["failed"], "errors": s["errors"], "server": s.get("server"), "time": time.time()}
+            "failed": s["failed"], "errors": s["errors"], "server": s.get("server"), "time": time.time(),
+            "gpu_note": watch.note()}
 
 
 def verdict(launches: list[dict], a: str, b: str, min_effect: float) -> dict:
@@ -41,6 +52,12 @@ def verdict(launches: list[dict], a: str, b: str, min_effect: float) -> dict:
         return {"verdict": "not comparable",
                 "reason": f"{len(bad)} launch(es) had failed requests ({bad[0]['preset']}: "
                           f"{', '.join(bad[0]['errors'])})"}
+    held = [x for x in launches if x.get("gpu_note")]
+    if held and len(held) < len(launches):
+        x = held[0]
+        return {"verdict": "not comparable",
+                "reason": f"GPUs were held back during {len(held)} of {len(launches)} launches "
+                          f"({x['preset']}, round {x.get('round', '?')}: {x['gpu_note']})"}
     va = [x["median_tok_s"] for x in launches if x["preset"] == a]
     vb = [x["median_tok_s"] for x in launches if x["preset"] == b]
     return stats.compare(va, vb, min_effect)
@@ -50,16 +67,24 @@ async def run_ab(t: Transport, a: Preset, b: Preset, rounds: int, overrides: dic
                  timeout_s: float = 900.0, progress: Callable[[str], None] | None = None,
                  stop_at_end: bool = True) -> dict:
     launches = []
-    for r in range(1, rounds + 1):
-        for p in (a, b):
-            if progress:
-                progress(f"round {r}/{rounds}: launching {p.name}")
-            row = await bench_launch(t, p, overrides, timeout_s)
-            row["round"] = r
-            launches.append(row)
-            if progress:
-                progress(f"  {p.name}: {row['median_tok_s']:.2f} tok/s median"
-                         + (f", {row['failed']} failed" if row["failed"] else ""))
+    listeners: list = []
+    gpus = (telemetry.Collector(t, telemetry.for_preset(a), lambda evs: [f(evs) for f in list(listeners)],
+                                a.telemetry.period_ms) if a.telemetry.enabled else None)
+    task = asyncio.ensure_future(gpus.run()) if gpus else None
+    try:
+        for r in range(1, rounds + 1):
+            for p in (a, b):
+                if progress:
+                    progress(f"round {r}/{rounds}: launching {p.name}")
+                row = await bench_launch(t, p, overrides, timeout_s, listeners)
+                row["round"] = r
+                launches.append(row)
+                if progress:
+                    progress(f"  {p.name}: {row['median_tok_s']:.2f} tok/s median"
+                             + (f", {row['failed']} failed" if row["failed"] else "")
+                             + (f", GPUs held back: {row['gpu_note']}" if row["gpu_note"] else ""))
+    finally:
+        await telemetry.stop(gpus, task)
     if stop_at_end:
         await ServerControl(t, b).stop()
     return {"a": a.name, "b": b.name, "rounds": rounds, "launches": launches,
@@ -72,7 +97,8 @@ def format_ab(result: dict) -> str:
         ci = x.get("ci95") or [math.nan, math.nan]
         acc = f"{x['accept_len']:.2f}" if x.get("accept_len") else "-"
         lines.append(f"{x['round']:>5}  {x['preset']:<32} {x['median_tok_s']:>9.2f} "
-                     f"{ci[0]:>8.2f}-{ci[1]:<8.2f} {acc:>7} {x['failed']:>6}")
+                     f"{ci[0]:>8.2f}-{ci[1]:<8.2f} {acc:>7} {x['failed']:>6}"
+                     + (f"  ⚠ GPUs: {x['gpu_note']}" if x.get("gpu_note") else ""))
     v = result["verdict"]
     if v["verdict"] == "not comparable":
         lines.append(f"\nverdict: not comparable: {v['reason']}")

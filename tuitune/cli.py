@@ -724,6 +724,105 @@ def cmd_probe_check(ns) -> int:
     return 0 if report["ok"] else 1
 
 
+# ---- gpus ---------------------------------------------------------------------------------------
+
+
+@command("gpus", "every GPU of the target, live (like gpustat); --parse reads saved nvidia-smi output")
+def _gpus_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("preset", nargs="?")
+    g.add_argument("--parse", metavar="FILE", help="saved nvidia-smi output (query CSV, the table, topo -m, "
+                                                   "nvlink -s, dmon), or - for standard input")
+    p.add_argument("--json", action="store_true", help="JSON (with --watch: one object per sample)")
+    p.add_argument("--watch", action="store_true", help="keep refreshing from one nvidia-smi stream")
+    p.add_argument("--fields", help="with --parse: the columns of a CSV saved without its header")
+    p.set_defaults(run=cmd_gpus)
+
+
+def cmd_gpus(ns) -> int:
+    from . import gpus as G
+    from .smi import SmiParseError
+    if ns.parse:
+        if ns.watch:
+            raise CliError("--watch does not apply with --parse", 2)
+        text = "\n".join(_open_lines(ns.parse))
+        try:
+            parsed = G.parse_file(text, ns.fields.split(",") if ns.fields else None)
+        except SmiParseError as e:
+            raise CliError(f"{ns.parse}: {e}", 2) from None
+        if ns.json:
+            _print_json(parsed)
+        else:
+            print(G.format_parsed(parsed))
+        return 0
+    if ns.fields:
+        raise CliError("--fields only applies with --parse", 2)
+    from .telemetry import for_preset
+    p = _load_preset(ns.preset)
+    t, _ = _with_control(p)
+    prefix = for_preset(p)
+
+    async def go():
+        try:
+            if ns.watch:
+                await _watch_gpus(t, prefix, p.telemetry.period_ms, ns.json)
+                return 0
+            snap = await G.snapshot(t, prefix)
+        except G.GpusError as e:
+            raise CliError(str(e), 1) from None
+        if ns.json:
+            _print_json(snap)
+        else:
+            print(G.format_snapshot(snap))
+        return 0
+
+    return _run_async(_guarded(go, t))
+
+
+async def _watch_gpus(t, prefix: str, period_ms: int, as_json: bool) -> None:
+    """Redraw on every tick of one long-lived stream; processes re-read every few seconds."""
+    import asyncio
+    import time
+    import msgspec
+    from . import gpus as G
+    from .events import GpuSample, TelemetryState
+    from .metrics import GpuStore
+    from .telemetry import Collector, gpu_flags
+    known = await G.known_fields(t, prefix)
+    snap = await G.snapshot(t, prefix, known)
+    store = GpuStore()
+    procs = {"rows": snap["processes"], "at": time.monotonic()}
+    topo = G.format_topology(snap.get("topology"))
+    clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
+
+    def on(events) -> None:
+        for ev in events:
+            if isinstance(ev, TelemetryState) and ev.state in ("unavailable", "stopped", "interrupted"):
+                print(f"tuitune: telemetry {ev.state}: {ev.detail}", file=sys.stderr)
+            elif isinstance(ev, GpuSample):
+                store.feed(ev)
+        if not any(isinstance(ev, GpuSample) for ev in events):
+            return
+        rows = [msgspec.structs.asdict(g.last) for g in store.current()]
+        if as_json:
+            sys.stdout.write(json.dumps({"seq": store.seq, "gpus": rows}) + "\n")
+        else:
+            sys.stdout.write(clear + G.format_gpus(rows, procs["rows"], gpu_flags(store, False))
+                             + (f"\n\n{topo}" if topo else "") + "\n")
+        sys.stdout.flush()
+
+    async def refresh_procs() -> None:
+        while True:
+            await asyncio.sleep(5)
+            procs["rows"] = await G.processes(t, prefix, snap["gpus"])
+
+    task = asyncio.ensure_future(refresh_procs())
+    try:
+        await Collector(t, prefix, on, period_ms).run()
+    finally:
+        task.cancel()
+
+
 # ---- TUI ----------------------------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from .bench import fetch_server_info
 from .capture import CaptureWriter, redacted_preset
 from .events import Event, LogLine, Marker, ProfileWindow
 from .session import Session
+from .telemetry import CaptureThrottle
 
 
 class RecordError(Exception):
@@ -46,9 +47,10 @@ async def record(preset: P.Preset, out: str, *, duration: float | None = None, c
                 "target": preset.target.label(), "server_version": info.get("version"),
                 "raw": raw}
         writer = CaptureWriter(out, meta)
+        gpu_rate = CaptureThrottle(preset.telemetry.record_every_s)  # telemetry at its own, bounded rate
 
         def sink(events: list[Event]) -> None:
-            kept = events if raw else [e for e in events if not isinstance(e, LogLine)]
+            kept = gpu_rate.filter(events if raw else [e for e in events if not isinstance(e, LogLine)])
             if kept:
                 writer.write(kept)
             for e in events:

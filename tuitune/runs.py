@@ -26,6 +26,7 @@ class Run:
     summary: dict
     cycle_ms: float | None = None  # mean cycle time of the profile windows seen during the run
     started: float = field(default_factory=time.time)
+    gpu_note: str | None = None  # GPUs capped or a straggler during the run (telemetry.RunWatch)
 
     @property
     def median(self) -> float:
@@ -55,9 +56,9 @@ class RunBook:
         self.min_effect = min_effect
 
     def add(self, label: str, preset: P.Preset, values: list[float], summary: dict,
-            cycle_ms: float | None = None, started: float | None = None) -> Run:
+            cycle_ms: float | None = None, started: float | None = None, gpu_note: str | None = None) -> Run:
         run = Run(len(self.runs) + 1, label, preset, list(values), summary, cycle_ms,
-                  started if started is not None else time.time())
+                  started if started is not None else time.time(), gpu_note)
         self.runs.append(run)
         if self.baseline_id is None:
             self.baseline_id = run.id  # the first run is the baseline until one is marked
@@ -119,6 +120,10 @@ class RunBook:
             return None
         if base.failed or run.failed:
             return {"verdict": "not comparable", "ratio": math.nan}
+        if (base.gpu_note is None) != (run.gpu_note is None):
+            # one was measured with GPUs held back (capped clocks, a straggler), the other not
+            return {"verdict": "not comparable", "ratio": math.nan,
+                    "why": f"GPUs during run #{(run if run.gpu_note else base).id}: {run.gpu_note or base.gpu_note}"}
         return stats.compare(base.values, run.values, self.min_effect)
 
 

@@ -23,6 +23,7 @@ from .events import BenchSummary, Event, LinkState, LogLine, Marker, ProfileWind
 from .stream import EventStream
 from .parse import parse_line
 from .tail import LogTail, file_size
+from . import telemetry
 from .transport import Transport, TransportError, for_preset
 
 ATTACH_BACKLOG = 256 * 1024  # bytes of an already-running server's log read on attach
@@ -59,6 +60,8 @@ class Session(EventStream):
         self._tail_task: asyncio.Task | None = None
         self._scrape_task: asyncio.Task | None = None  # /metrics, while the log is followed
         self._load_task: asyncio.Task | None = None
+        self.telemetry: telemetry.Collector | None = None
+        self._telemetry_task: asyncio.Task | None = None
         self._relaunch_lock = asyncio.Lock()
 
     @property
@@ -78,6 +81,7 @@ class Session(EventStream):
     # ---- attach / tail --------------------------------------------------------------------
     async def connect(self) -> Status:
         await self.transport.connect()
+        self.start_telemetry()
         st = await self.control.status()
         if st.running and st.record:
             self.record = st.record
@@ -127,6 +131,15 @@ class Session(EventStream):
         self._tail_task = asyncio.ensure_future(run())
         self._scrape_task = asyncio.ensure_future(promscrape.watch(
             lambda: self.url if self.state.state == "ready" else None, self.publish))
+
+    def start_telemetry(self) -> None:
+        """GPU telemetry beside the log (idempotent); its events flow like every other event."""
+        tel = self.preset.telemetry
+        if not tel.enabled or self._telemetry_task is not None:
+            return
+        self.telemetry = telemetry.Collector(self.transport, telemetry.for_preset(self.preset), self.publish,
+                                             period_ms=tel.period_ms)
+        self._telemetry_task = asyncio.ensure_future(self.telemetry.run())
 
     async def stop_follow(self) -> None:
         if self._tail is not None:
@@ -203,9 +216,12 @@ class Session(EventStream):
         if was_loaded:
             await self.set_load(False)  # a benchmark measures alone
         cycles: list[float] = []
+        self.start_telemetry()
+        gpus = telemetry.RunWatch()  # capping / straggler state while the run measures
 
         def collect(events: list[Event]) -> None:
             cycles.extend(e.cycle_ms for e in events if isinstance(e, ProfileWindow) and math.isfinite(e.cycle_ms))
+            gpus.feed(events)
 
         self.subscribe(collect)
         try:
@@ -215,13 +231,14 @@ class Session(EventStream):
             if was_loaded:
                 await self.set_load(True, self.load.concurrency)
         run.cycle_ms = sum(cycles) / len(cycles) if cycles else None
+        run.gpu_note = gpus.note()
         s = run.summary()
         tok = s.get("tok_s") or {}
         acc = s.get("accept_len") or {}
         ttft = s.get("ttft_ms") or {}
         ci = tok.get("ci95", [float("nan")] * 2)
         self.publish([BenchSummary(cfg.label, tok.get("median", float("nan")), ci[0], ci[1], acc.get("mean"),
-                                   ttft.get("median"), s["requests"], s["failed"])])
+                                   ttft.get("median"), s["requests"], s["failed"], run.gpu_note)])
         return run
 
     async def set_load(self, on: bool, concurrency: int | None = None) -> None:
@@ -264,6 +281,8 @@ class Session(EventStream):
     async def close(self, stop_server: bool = False) -> None:
         await self.set_load(False)
         await self.stop_follow()
+        await telemetry.stop(self.telemetry, self._telemetry_task)
+        self.telemetry = self._telemetry_task = None
         if stop_server:
             with contextlib.suppress(ControlError, TransportError):
                 await self.control.stop()

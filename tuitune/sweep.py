@@ -24,6 +24,7 @@ from .capture import CaptureWriter, redacted_preset
 from .control import ControlError
 from .metrics import quantile
 from .session import Session
+from .telemetry import CaptureThrottle
 from .transport import TransportError
 
 CSV_FIELDS = ("trial", "kind", "label", "repeat", "status", "tok_s_median", "ci_low", "ci_high", "accept_len",
@@ -103,14 +104,19 @@ async def run_trial(session: Session, trial: dict, out: Path, overrides: dict) -
     writer = CaptureWriter(out / "captures" / f"{trial['id']}.jsonl.gz",
                            {"preset": redacted_preset(P.to_dict(p)), "preset_hash": p.hash(),
                             "target": p.target.label(), "trial": trial["id"]})
-    session.subscribe(writer.write)
+    gpu_rate = CaptureThrottle(p.telemetry.record_every_s)
+
+    def sink(events: list) -> None:
+        writer.write(gpu_rate.filter(events))
+
+    session.subscribe(sink)
     try:
         await session.relaunch(p)
         run = await session.bench(label=trial["label"], **overrides)
     except (ControlError, TransportError) as e:
         return {**row, "status": "failed", "reason": str(e)}
     finally:
-        session.subscribers.remove(writer.write)
+        session.subscribers.remove(sink)
         writer.close()
     s = run.summary()
     tok = s.get("tok_s") or {}
@@ -119,7 +125,7 @@ async def run_trial(session: Session, trial: dict, out: Path, overrides: dict) -
             "reason": "; ".join(s["errors"]) if run.failed else None,
             "tok_s_median": tok.get("median"), "ci_low": ci[0], "ci_high": ci[1],
             "accept_len": (s.get("accept_len") or {}).get("mean"),
-            "cycle_ms": run.cycle_ms,
+            "cycle_ms": run.cycle_ms, "gpu_note": run.gpu_note,
             "requests": s["requests"], "failed": s["failed"], "values": run.tok_s()}
 
 

@@ -276,8 +276,14 @@ class SshTransport(Transport):
         self._notify("connected")
 
     async def reconnect(self, max_attempts: int = 8, base_delay: float = 0.25, max_delay: float = 8.0) -> None:
-        """Drop the old connection and connect again with exponential backoff."""
+        """Drop the old connection and connect again with exponential backoff.
+
+        Several users (log tail, telemetry) see one drop: when another caller has already put a
+        live connection in place, it is kept (aborting it would kill that caller's fresh streams).
+        A failed channel forgets only its own connection (``_forget``), so a live one here is new."""
         async with self._lock:
+            if self._conn is not None and not self._conn.is_closed():
+                return
             old, self._conn = self._conn, None
             if old is not None:
                 old.abort()
@@ -298,6 +304,11 @@ class SshTransport(Transport):
                     delay = min(max_delay, delay * 2)
         self._notify("connected")
 
+    def _forget(self, conn) -> None:
+        """Drop a dead connection, unless another caller already replaced it."""
+        if self._conn is conn:
+            self._conn = None
+
     async def _connection(self):
         if self._conn is None:
             await self.connect()
@@ -309,9 +320,11 @@ class SshTransport(Transport):
         try:
             r = await conn.run(command, input=input, check=False, encoding=None)
         except (asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError, BrokenPipeError) as e:
-            self._conn = None
+            self._forget(conn)
             raise LinkLost(f"{self.label}: connection lost ({_reason(e)})") from None
         except asyncssh.ChannelOpenError as e:
+            conn.abort()  # a connection that refuses channels is replaced by the caller's reconnect
+            self._forget(conn)
             raise LinkLost(f"{self.label}: cannot open a channel ({_reason(e)})") from None
         status = r.exit_status if r.exit_status is not None else (128 + 9 if r.exit_signal else 255)
         return RunResult(status, (r.stdout or b"").decode("utf-8", "replace"),
@@ -323,20 +336,22 @@ class SshTransport(Transport):
         try:
             proc = await conn.create_process(lifeline(command), encoding=None, stderr=asyncssh.STDOUT)
         except (asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError) as e:
-            self._conn = None
+            self._forget(conn)
             raise LinkLost(f"{self.label}: connection lost ({_reason(e)})") from None
         except asyncssh.ChannelOpenError as e:
+            conn.abort()  # a connection that refuses channels is replaced by the caller's reconnect
+            self._forget(conn)
             raise LinkLost(f"{self.label}: cannot open a channel ({_reason(e)})") from None
         try:
             while True:
                 try:
                     data = await proc.stdout.read(256 * 1024)
                 except (asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError, BrokenPipeError) as e:
-                    self._conn = None
+                    self._forget(conn)
                     raise LinkLost(f"{self.label}: connection lost ({_reason(e)})") from None
                 if not data:
                     if conn.is_closed() if hasattr(conn, "is_closed") else False:
-                        self._conn = None
+                        self._forget(conn)
                         raise LinkLost(f"{self.label}: connection lost")
                     break
                 yield data

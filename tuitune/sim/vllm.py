@@ -151,6 +151,7 @@ def sglang_namespace(ns) -> argparse.Namespace:
         speculative_num_steps=k or None, speculative_eagle_topk=1 if k else None,
         speculative_num_draft_tokens=k + 1 if k else None, max_running_requests=ns.max_num_seqs,
         context_length=ns.max_model_len, enable_metrics=True, decode_log_interval=1,
+        mem_fraction_static=ns.gpu_memory_utilization,
         log_level="warning" if ns.uvicorn_log_level in ("warning", "error", "critical") else "info")
     return out
 
@@ -335,6 +336,7 @@ class VllmSimulator(Simulator):
         app = web.Application(client_max_size=16 * 1024 * 1024)
         for method, path, handler in ROUTES:
             app.router.add_route(method, path, getattr(self, handler))
+        app.router.add_get("/sim/state", self.h_server_info)  # sim-only: the load, for sim.nvidia_smi
         return app
 
 

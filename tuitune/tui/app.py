@@ -24,12 +24,13 @@ from textual.worker import Worker, WorkerState
 from .. import preset as P
 from .. import redact
 from ..control import ControlError
-from ..events import Event, LogLine, Marker, ProfileWindow, ServerState
+from ..events import Event, GpuSample, LogLine, Marker, ProfileWindow, ServerState, TelemetryState
 from ..runs import RunBook, delta_mark
 from ..transport import TransportError
 from .chart import ChartPanel
 from .config import ConfigPanel
 from .cycle import CyclePanel
+from .gpus import GpuPanel
 from .header import StatusHeader
 from .logpane import LogPane
 from .runs import RunsTable
@@ -122,6 +123,7 @@ class TuituneApp(App):
         Binding("g", "toggle_tab", "log/chart", id="tuitune.tab"),
         Binding("slash", "focus_filter", "filter", id="tuitune.filter"),
         Binding("e", "edit", "edit config", id="tuitune.edit"),
+        Binding("t", "toggle_gpus", "gpus", id="tuitune.gpus"),
         Binding("end", "follow_log", "follow", show=False, id="tuitune.follow"),
         Binding("space", "pause", "pause", show=False, id="tuitune.pause"),
         Binding("right", "seek(10)", "+10s", show=False, id="tuitune.seek_fwd"),
@@ -165,6 +167,7 @@ class TuituneApp(App):
         with Horizontal(id="main"):
             with Vertical(id="left"):
                 yield CyclePanel(id="cycle")
+                yield GpuPanel(id="gpus")
                 yield RunsTable(id="runs")
                 with TabbedContent(id="tabs"):
                     with TabPane("log", id="tab-log"):
@@ -178,6 +181,7 @@ class TuituneApp(App):
         # the main screen's widgets (App.query_one would search whatever screen is on top)
         self.header = self.query_one(StatusHeader)
         self.cycle = self.query_one(CyclePanel)
+        self.gpu_panel = self.query_one(GpuPanel)
         self.runs_table = self.query_one(RunsTable)
         self.logpane = self.query_one(LogPane)
         self.chart = self.query_one(ChartPanel)
@@ -249,6 +253,12 @@ class TuituneApp(App):
                     and not self.relaunch_screen.finished and ev.state == "starting":
                 self.relaunch_screen.set_phase(ev)
         s = self.session
+        telemetry = [ev for ev in events if isinstance(ev, (GpuSample, TelemetryState))]
+        if telemetry:
+            self.gpu_panel.update_from(s.store.gpus, bool(s.load and s.load.on), telemetry)
+            for ev in telemetry:
+                if isinstance(ev, TelemetryState) and ev.state in ("unavailable", "stopped") and ev.detail:
+                    self.say(ev.detail, "warning")
         self.header.show(
             s.label, self.draft.name if self.draft else "?", self.modified, s.state, s.link, s.load,
             s.record.started if s.record else None, self.clock(),
@@ -353,11 +363,13 @@ class TuituneApp(App):
             return
         finally:
             self.bench_running = False
-        r = self.book.add(preset.name, preset, run.tok_s(), run.summary(), run.cycle_ms, started=self.clock())
+        r = self.book.add(preset.name, preset, run.tok_s(), run.summary(), run.cycle_ms, started=self.clock(),
+                          gpu_note=run.gpu_note)
         self._dirty_runs = True
         mark = delta_mark(self.book.delta(r))
         self.say(f"run #{r.id}: {r.median:.1f} tok/s" + ("" if mark == "—" else f", {mark} vs baseline")
-                 + (f", {r.failed} failed" if r.failed else ""),
+                 + (f", {r.failed} failed" if r.failed else "")
+                 + (f"; GPUs held back: {r.gpu_note}" if r.gpu_note else ""),
                  "error" if r.failed else "information")
 
     def action_mark_baseline(self) -> None:
@@ -461,6 +473,9 @@ class TuituneApp(App):
 
     def action_edit(self) -> None:
         self.config.query_one("#spec-algorithm").focus()
+
+    def action_toggle_gpus(self) -> None:
+        self.say(f"GPU panel: {self.gpu_panel.cycle_mode()}")
 
     def action_leave_input(self) -> None:
         self.set_focus(None)
