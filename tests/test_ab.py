@@ -33,7 +33,7 @@ def test_ab_cli_two_step_eagle3_beats_the_nccl_baseline(tmp_path):
                         "--json", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300,
                        env={**__import__("os").environ, "HOME": str(tmp_path)})
     assert r.returncode == 0, r.stderr
-    assert "verdict: sim-c4-eagle3-2step-nccl is faster" in r.stdout, r.stdout
+    assert "verdict: B (sim-c4-eagle3-2step-nccl) is faster" in r.stdout, r.stdout
     result = json.loads(out.read_text())
     assert len(result["launches"]) == 8
     assert [x["preset"] for x in result["launches"][:4]] == ["sim-c2-baseline-nccl", "sim-c4-eagle3-2step-nccl"] * 2
@@ -69,7 +69,7 @@ async def test_ab_with_one_arm_measured_while_capped_is_not_comparable(tmp_path)
     b = P.with_changes(a, {"name": "b"})
 
     def progress(msg: str) -> None:  # the simulated box starts power-capping when B is launched
-        if "launching b" in msg:
+        if "launching B (b)" in msg:
             ctl.write_text(json.dumps({"capping": "power"}))
 
     result = await run_ab(LocalTransport(), a, b, 1, {}, progress=progress)

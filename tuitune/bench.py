@@ -107,6 +107,7 @@ class BenchRun:
     started: float = 0.0
     wall_s: float = 0.0
     cycle_ms: float | None = None  # mean cycle of the profile windows the server logged meanwhile
+    env_drift: list[str] | None = None  # variables the server's real environment lacked vs its preset (None: unknown)
     gpu_note: str | None = None  # GPUs capped or a straggler meanwhile (telemetry.RunWatch)
 
     @property

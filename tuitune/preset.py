@@ -328,7 +328,7 @@ def server_argv(preset: Preset, extra_env: dict[str, str] | None = None) -> str:
     env = dict(preset.launch_env())
     if extra_env:
         env.update(extra_env)
-    parts = ["env"] + [shlex.quote(f"{k}={v}") for k, v in env.items()]
+    parts = ["env", "--"] + [shlex.quote(f"{k}={v}") for k, v in env.items()]
     if preset.uses_probe:  # the probe's sitecustomize first on the path, any existing path kept
         parts.append(f'PYTHONPATH="$HOME/{PROBE_DIR[2:]}${{PYTHONPATH:+:$PYTHONPATH}}"')
     parts += [shell_path(preset.python()), "-m", shlex.quote(preset.server.module)]
@@ -339,7 +339,7 @@ def server_argv(preset: Preset, extra_env: dict[str, str] | None = None) -> str:
 def launch_command(preset: Preset, extra_env: dict[str, str] | None = None) -> str:
     """The whole launch script: cd, backgrounded server in its own session, its PID."""
     workdir = preset.server.workdir or "~"
-    return (f"cd {shell_path(workdir)} || exit 1\n"
+    return (f"cd -- {shell_path(workdir)} || exit 1\n"
             f"setsid nohup {server_argv(preset, extra_env)} >{shell_path(preset.server.log)} 2>&1 "
             f"</dev/null &\n"
             f"echo $!")

@@ -12,7 +12,9 @@ host keys are always checked.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
+import secrets
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,14 +84,24 @@ class Transport:
         yield b""  # pragma: no cover
 
     async def upload(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
-        """Write a file atomically on the target (through ``cat``, so it works on any transport)."""
+        """Write a file atomically on the target (through ``cat``, so it works on any transport).
+
+        The bytes go to a private temporary file (mode 0600 from the first byte), which replaces
+        the target only once its size and SHA-256 match what was sent: a client killed mid-way
+        leaves the old file, never an empty or partial one.
+        """
         from .preset import shell_path
         target = shell_path(remote_path)
-        tmp = shell_path(remote_path + ".tuitune-tmp")
-        cmd = (f"mkdir -p \"$(dirname {target})\" && cat > {tmp} && chmod {mode:o} {tmp} && mv -f {tmp} {target}")
+        tmp = shell_path(f"{remote_path}.tuitune-tmp-{secrets.token_hex(6)}")
+        digest = hashlib.sha256(data).hexdigest()
+        cmd = (f"mkdir -p -- \"$(dirname -- {target})\" && (umask 077 && cat > {tmp}) && "
+               f"[ \"$(wc -c < {tmp})\" -eq {len(data)} ] && "
+               f"[ \"$(sha256sum < {tmp} | cut -d ' ' -f 1)\" = {digest} ] && "
+               f"chmod {mode:o} -- {tmp} && mv -f -- {tmp} {target} || {{ rm -f -- {tmp}; exit 1; }}")
         r = await self.run(cmd, timeout=120, input=data)
         if not r.ok:
-            raise TransportError(f"{self.label}: cannot write {remote_path}: {r.stderr.strip()[:200]}")
+            raise TransportError(f"{self.label}: cannot write {remote_path}: "
+                                 f"{r.stderr.strip()[:200] or 'the copy on the target was incomplete'}")
 
     async def forward_port(self, remote_port: int, remote_host: str = "127.0.0.1") -> int:
         raise NotImplementedError

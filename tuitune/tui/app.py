@@ -278,7 +278,7 @@ class TuituneApp(App):
             self.chart.draw(s.store, self.book)
 
     def stale_reason(self) -> str | None:
-        return self.book.stale_reason(self.session.running_preset, self.clock())
+        return self.book.stale_reason(self.clock())
 
     @property
     def modified(self) -> bool:
@@ -364,7 +364,7 @@ class TuituneApp(App):
         finally:
             self.bench_running = False
         r = self.book.add(preset.name, preset, run.tok_s(), run.summary(), run.cycle_ms, started=self.clock(),
-                          gpu_note=run.gpu_note)
+                          env_drift=run.env_drift, gpu_note=run.gpu_note)
         self._dirty_runs = True
         mark = delta_mark(self.book.delta(r))
         self.say(f"run #{r.id}: {r.median:.1f} tok/s" + ("" if mark == "—" else f", {mark} vs baseline")
@@ -379,7 +379,11 @@ class TuituneApp(App):
             return
         row = table.cursor_row if table.cursor_row is not None else len(self.book.runs) - 1
         run = self.book.runs[max(0, min(row, len(self.book.runs) - 1))]
-        self.book.mark_baseline(run.id)
+        try:
+            self.book.mark_baseline(run.id)
+        except ValueError as e:
+            self.say(str(e), "warning")
+            return
         self._dirty_runs = True
         self.refresh_views()
         self.say(f"run #{run.id} is the baseline")
@@ -482,17 +486,21 @@ class TuituneApp(App):
 
     def action_follow_log(self) -> None:
         self.logpane.follow()
+        if self.live and self.session.record is not None and not self.session.tail_running:
+            self.run_worker(self.session.follow(from_end=True), exclusive=True, group="follow")
+            self.say("following the log again")
 
     def action_clear_runs(self) -> None:
         self.book = RunBook(max_age_s=self.book.max_age_s)
         self._dirty_runs = True
 
     def action_nccl_report(self) -> None:
-        rows = self.session.nccl_report() if self.live else []
+        rows, note = self.session.nccl_report() if self.live else ([], None)
         if not rows:
-            self.say("no NCCL confirmation: set NCCL_DEBUG=INFO in the config and relaunch")
+            self.say("no NCCL variables in this preset to confirm")
             return
-        self.say("; ".join(f"{k}: {state}" for k, state, _ in rows))
+        self.say("; ".join(f"{k}: {state}" for k, state, _ in rows) + (f" ({note})" if note else ""),
+                 "warning" if note else "information")
 
     async def action_stop_server(self) -> None:
         try:
