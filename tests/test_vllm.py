@@ -358,7 +358,8 @@ def test_ab_and_sweep_on_vllm_presets(tmp_path):
     rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     tokens = {x["changes"].get("speculative.num_speculative_tokens") for x in rows if x.get("changes")}
     assert tokens == {1, 3} and all(math.isfinite(x["tok_s"]) for x in rows if x.get("tok_s") is not None)
-    assert P.load(out / "best.yaml").server.engine == "vllm"
+    best = out / "best.yaml"  # written only for a configuration significantly faster than the baseline
+    assert (best.exists() and P.load(best).server.engine == "vllm") or "baseline stays best" in r.stdout, r.stdout
 
 
 # ---- TUI ------------------------------------------------------------------------------------------
