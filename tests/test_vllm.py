@@ -56,7 +56,7 @@ def test_vllm_preset_renders_serve_and_speculative_config():
     assert argv[:2] == ["serve", "/shared/kimi-k2.5-int4"]
     cfg = json.loads(argv[argv.index("--speculative-config") + 1])
     assert cfg == {"method": "eagle3", "model": "/data/eagle3/output_100k_sglang/4", "num_speculative_tokens": 2}
-    assert argv[argv.index("--port") + 1] == "8001" and "--tensor-parallel-size" in argv
+    assert argv[argv.index("--port") + 1] == "8104" and "--tensor-parallel-size" in argv
     # the same chain as SGLang's 2 steps, topk 1, 3 draft tokens: the rest of tuitune sees that
     r = p.speculative.resolved()
     assert (r.num_steps, r.eagle_topk, r.num_draft_tokens) == (2, 1, 3)
