@@ -157,8 +157,8 @@ def sglang_namespace(ns) -> argparse.Namespace:
 
 
 class VllmSimulator(Simulator):
-    def __init__(self, ns, vns, faults, acceptance, non_default: dict):
-        super().__init__(ns, faults, acceptance, [])
+    def __init__(self, ns, vns, faults, machine, acceptance, non_default: dict):
+        super().__init__(ns, faults, machine, acceptance, [])
         self.vns = vns
         self.non_default = non_default
         self.log = VllmLog(ns.log_level)
@@ -256,15 +256,15 @@ class VllmSimulator(Simulator):
         self.metrics.prompt.inc(r.prompt_tokens)
         return r
 
-    def report_window(self, n: int, win: dict, verify_samples: list[float], bs: int, now: float) -> None:
+    def report_window(self, win, now: float) -> None:
         # the shared scheduler closes a window every cycle here (decode_log_interval 1); vLLM logs
         # on a clock, so the window is only added up (the drafter's extend belongs to its propose)
         a = self.acc
-        a["cycles"] += n
-        a["draft"] += win["draft"] + win["extend"]
-        a["verify"] += win["verify"] + win["other"]
-        a["verifies"] += verify_samples
-        self.last_gen_throughput = win["tokens"] / max(now - win["start"], 1e-9)
+        a["cycles"] += win.cycles
+        a["draft"] += win.sums["draft"] + win.sums["extend"]
+        a["verify"] += win.sums["verify"] + win.sums["other"]
+        a["verifies"] += win.verify_samples
+        self.last_gen_throughput = win.tokens / max(now - win.start, 1e-9)
 
     async def stats_logger(self) -> None:
         while True:
@@ -386,6 +386,7 @@ def main(argv: list[str]) -> int:
     non_default = {k: v for k, v in vars(vns).items() if not k.startswith("sim_") and v != defaults.get(k)}
     faults = sim_args.parse_faults(parser, vns.sim_fault)
     acceptance = sim_args.parse_acceptance(parser, vns.sim_acceptance)
+    machine = sim_args.load_machine(parser, vns.sim_machine)
     log = VllmLog("info")
     try:
         ns = sglang_namespace(vns)
@@ -397,7 +398,7 @@ def main(argv: list[str]) -> int:
         log.plain(f"pydantic_core._pydantic_core.ValidationError: {e}" if "validation error" in str(e)
                   else f"ValueError: {e}")
         return 1
-    sim = VllmSimulator(ns, vns, faults, acceptance, non_default)
+    sim = VllmSimulator(ns, vns, faults, machine, acceptance, non_default)
     try:
         return asyncio.run(sim.run())
     except KeyboardInterrupt:
