@@ -371,7 +371,7 @@ class TuituneApp(App):
         for ev in events:
             if isinstance(ev, ServerState):
                 self._dirty_cycle = True  # the store may have been cleared (a relaunch here or elsewhere)
-            if isinstance(ev, (ProfileWindow,)) or ev.kind == "decode":
+            if isinstance(ev, (ProfileWindow,)) or ev.kind in ("decode", "vllm_spec", "metrics"):
                 self._dirty_cycle = True
             elif isinstance(ev, Marker) and ev.text.startswith("warning: "):
                 self.say(ev.text.removeprefix("warning: "), "warning")
@@ -391,13 +391,15 @@ class TuituneApp(App):
                     self.say(ev.detail, "warning")
         self.header.show(
             s.label, self.draft.name if self.draft else "?", self.modified, s.state, s.link, s.load,
-            s.record.started if s.record else None, self.clock(), bench=self.bench_progress)
+            s.record.started if s.record else None, self.clock(), bench=self.bench_progress,
+            engine=self.draft.engine.label if self.draft else None)
         if self._diff_for is None or self._diff_for[0] is not s.running_preset \
                 or self._diff_for[1] is not self.draft:
             self.update_diff()
         if self._dirty_cycle:
             self._dirty_cycle = False
-            self.cycle.refresh_from(s.store, bool(self.draft and self.draft.is_speculative))
+            self.cycle.refresh_from(s.store, bool(self.draft and self.draft.is_speculative),
+                                    self.draft.engine.label if self.draft else "SGLang")
         stale = self.stale_reason()
         if self._dirty_runs or stale != self._last_stale:
             self._dirty_runs = False

@@ -39,6 +39,16 @@ def phase_bars(draft: float, verify: float, extend: float, cycle: float, width: 
     return t
 
 
+def position_row(rates: tuple[float, ...]) -> Text:
+    """Acceptance at each draft position (vLLM reports it), one bar cell a position."""
+    t = Text("accept by position ", style="bold")
+    for i, r in enumerate(rates, 1):
+        t.append(f" {i} ")
+        t.append(BLOCKS[min(len(BLOCKS) - 1, int(max(0.0, min(1.0, r)) * len(BLOCKS)))], style="green")
+        t.append(f" {r:.2f}")
+    return t
+
+
 def batch_distribution(hist: tuple[tuple[int, int], ...] | None, width: int = 24) -> str:
     """A profile window's batch sizes ((batch size, cycles) pairs) as labelled bars."""
     counts = list(hist or ())
@@ -84,10 +94,11 @@ class CyclePanel(Vertical):
             t.append(f"  {self.hint}", style="bold")
         return t
 
-    def refresh_from(self, store: MetricsStore, speculative: bool) -> None:
+    def refresh_from(self, store: MetricsStore, speculative: bool, engine: str = "SGLang") -> None:
         bars = self.query_one("#bars", Static)
         p = store.last_profile
         d = store.last_decode
+        per_pos = store.last_per_position
         room = bars.size.width or (self.size.width - 4 if self.size.width > 4 else 100)
         if p is not None:
             text = phase_bars(p.draft_ms, p.verify_ms, p.extend_ms, p.cycle_ms,
@@ -104,6 +115,9 @@ class CyclePanel(Vertical):
                     extra.append(item)
             if extra:
                 text.append(f" ({', '.join(extra)})", style="dim")
+            if per_pos:
+                text.append("\n")
+                text.append(position_row(per_pos))
             dist = batch_distribution(p.batch_sizes)
             if dist:
                 text.append("\nbatch sizes ", style="bold")
@@ -113,16 +127,22 @@ class CyclePanel(Vertical):
         elif d is not None:
             t = Text()
             t.append(f"decode {d.gen_throughput:.1f} tok/s", style="bold green")
-            if d.accept_len is not None:
-                t.append(f"   accept len {d.accept_len:.2f}")
+            accept = d.accept_len
+            if accept is None and speculative and store["decode_accept_len"].values():
+                accept = store["decode_accept_len"].values()[-1]  # vLLM: from its SpecDecoding lines
+            if accept is not None:
+                t.append(f"   accept len {accept:.2f}")
                 if d.accept_rate is not None:
                     t.append(f"   accept rate {d.accept_rate:.2f}")
+                if per_pos:
+                    t.append("\n")
+                    t.append(position_row(per_pos))
                 t.append("\nno EAGLE3_PROFILE lines: set `profile: true` in the preset (the probe) for "
                          "draft / verify / extend times", style="dim")
             else:
                 t.append("\nbaseline server (no speculation): decode throughput only", style="dim")
             bars.update(t)
-            self.border_title = "cycle (SGLang decode lines)"
+            self.border_title = f"cycle ({engine} decode lines)"
         else:
             bars.update(self._waiting())
         for key, _, fmt in SPARKS:
