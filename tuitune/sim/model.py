@@ -139,6 +139,7 @@ class SimConfig:
     acceptance: tuple[float, ...] = ACCEPTANCE_PROFILES["seed"]
     env_factor: float = 1.0  # nccl_factor of the process environment
     launch_factor: float = 1.0  # this launch's speed (clocks, placement): launches differ a little
+    internode_ms: float = 0.0  # all-reduce time across nodes a forward (multinode.internode_ms)
 
     @property
     def speculative(self) -> bool:
@@ -173,10 +174,10 @@ def cycle_cost(cfg: SimConfig, bs: int = 1) -> CycleCost:
     other = SCHED_OVERHEAD / max(1, cfg.continuous_decode_steps)
     bs = max(1, bs)
     if not cfg.speculative:
-        step = BASE_COMPUTE + BASE_COMM * comm + BASE_PER_SEQ * (bs - 1)
+        step = BASE_COMPUTE + BASE_COMM * comm + BASE_PER_SEQ * (bs - 1) + cfg.internode_ms
         return CycleCost(0.0, step * cfg.launch_factor, 0.0, other * cfg.launch_factor)
     tokens = bs * cfg.draft_tokens
-    verify = (VERIFY_FIXED_COMPUTE + VERIFY_FIXED_COMM * comm
+    verify = (VERIFY_FIXED_COMPUTE + VERIFY_FIXED_COMM * comm + cfg.internode_ms
               + tokens * (VERIFY_TOKEN_COMPUTE + VERIFY_TOKEN_COMM * comm))
     draft = cfg.steps * (DRAFT_PER_STEP + DRAFT_TOPK_EXTRA * (cfg.topk - 1)) * (1 + 0.05 * (bs - 1))
     extend = EXTEND * (1 + 0.05 * (bs - 1))
@@ -213,7 +214,7 @@ def expected_tok_s(cfg: SimConfig, bs: int = 1) -> float:
 
 def prefill_ms(cfg: SimConfig, prompt_tokens: int) -> float:
     comm = cfg.comm_scale()
-    return 18.0 + 0.02 * prompt_tokens + BASE_COMM * comm
+    return 18.0 + 0.02 * prompt_tokens + BASE_COMM * comm + cfg.internode_ms
 
 
 def draw_accepted(cfg: SimConfig, accept) -> int:

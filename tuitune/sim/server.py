@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from . import args as sim_args
-from . import model
+from . import model, multinode
 
 VERSION = "0.5.3 (tuitune.sim)"
 HIDDEN_SIZE = 7168  # Kimi-K2.5 / DeepSeek-V3 shape: decode all-reduce = hidden × tokens × 2 B
@@ -99,8 +99,10 @@ class Simulator:
         else:
             self.accept = lambda i, a: self.rng.random() < a
         self.env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
+        self.node = multinode.Node(self)
+        nnodes = self.node.dist.nnodes
         self.cfg = model.SimConfig(
-            tp_size=ns.tp_size,
+            tp_size=ns.tp_size // nnodes,  # the intra-node all-reduce spans one node's GPUs
             topology=ns.sim_topology,
             custom_all_reduce=not ns.disable_custom_all_reduce,
             continuous_decode_steps=ns.num_continuous_decode_steps,
@@ -111,6 +113,7 @@ class Simulator:
             acceptance=acceptance,
             env_factor=model.nccl_factor(self.env),
             launch_factor=ns.sim_scale * model.jitter(random.Random(ns.sim_seed + 7), ns.sim_launch_sigma),
+            internode_ms=multinode.internode_ms(self.env, nnodes, ns.speculative_num_draft_tokens or 1),
         )
         self.warnings = warnings
         self.profile = os.environ.get("EAGLE3_PROFILE", "") not in ("", "0")
@@ -152,6 +155,7 @@ class Simulator:
             "expected_cycle_ms": cost.cycle_ms / self.speedup,
             "expected_verify_ms": cost.verify_ms / self.speedup,
             "nccl_factor": self.cfg.env_factor,
+            "internode_ms": self.cfg.internode_ms,
             "launch_factor": self.cfg.launch_factor,
             "speedup": self.speedup,
         }
@@ -172,6 +176,16 @@ class Simulator:
                     continue
                 end = "." if v.strip().lstrip("-").isdigit() else ""
                 self.log.plain(f"{head} INFO {k} set by environment to {v}{end}")
+        if self.node.dist.multi:
+            lines, fatal = multinode.nccl_net_lines(self.env, head)
+            if debug in ("INFO", "TRACE"):
+                for ln in lines:
+                    self.log.plain(ln)
+            if fatal:
+                self.log.plain(fatal)
+                self.traceback("torch.distributed.DistBackendError: NCCL error: unhandled system "
+                               "error, NCCL version 2.27.3\nncclSystemError: " + fatal.split(" WARN ", 1)[1])
+                return False
         for var, allowed, what in (("NCCL_PROTO", NCCL_PROTOS, "protocol"),
                                    ("NCCL_ALGO", NCCL_ALGOS, "algorithm")):
             bad = _nccl_tokens_ok(self.env.get(var, ""), allowed)
@@ -236,7 +250,7 @@ class Simulator:
         if ns.tp_size > 1:
             self.spawn_scheduler_children()
         load = max(0.0, ns.sim_load_seconds)
-        if not self.nccl_init():
+        if not self.nccl_init() or not await self.node.join():
             return False
         if ns.mem_fraction_static is not None and ns.mem_fraction_static > 0.95:
             await self.sleep_sim(load * 0.2)
@@ -618,6 +632,9 @@ class Simulator:
             stop.cancel()
             if not start.result():
                 return 1
+            if self.node.worker:
+                return await self.node.serve_worker()
+            tasks.append(asyncio.ensure_future(self.node.watch()))
             runner = web.AppRunner(self.build_app(), access_log=None, handle_signals=False)
             await runner.setup()
             try:
@@ -647,6 +664,7 @@ class Simulator:
                 except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - exiting anyway
                     pass
             self.kill_children()
+            self.node.close()
 
     async def warmup(self) -> None:
         self.log.line(f'INFO:     127.0.0.1:{40000 + os.getpid() % 20000} - "GET /get_model_info '
@@ -668,6 +686,7 @@ def main(argv: list[str] | None = None) -> int:
     log = Log(ns.log_level)
     try:
         warnings = sim_args.resolve_speculative(ns)
+        multinode.parse(ns)
     except sim_args.ServerArgsError as e:
         log.plain("Traceback (most recent call last):")
         log.plain('  File "/usr/lib/python3/dist-packages/sglang/launch_server.py", line 11, in <module>')
