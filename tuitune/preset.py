@@ -30,8 +30,11 @@ RESERVED_ARGS = {"port": "server.port", "speculative-algorithm": "speculative.al
                  "speculative-draft-model": "speculative.draft_model_path",
                  "speculative-num-steps": "speculative.num_steps",
                  "speculative-eagle-topk": "speculative.eagle_topk",
-                 "speculative-num-draft-tokens": "speculative.num_draft_tokens"}
+                 "speculative-num-draft-tokens": "speculative.num_draft_tokens",
+                 "nnodes": "target.nodes", "node-rank": "target.nodes",
+                 "dist-init-addr": "target.nodes and server.dist_init_port"}
 ArgValue = bool | int | float | str
+LOCAL_HOSTS = ("local", "localhost-local")
 
 
 class PresetError(ValueError):
@@ -44,8 +47,76 @@ def _no_control(v: str, what: str = "value") -> str:
     return v
 
 
+def _env_text(v: Any) -> Any:
+    """YAML numbers and booleans in ``env`` as the strings the process will see."""
+    if not isinstance(v, dict):
+        return v
+    out = {}
+    for k, val in v.items():
+        if isinstance(val, bool):
+            val = "1" if val else "0"
+        elif isinstance(val, (int, float)):
+            val = str(val)
+        out[k] = val
+    return out
+
+
+def _env_checked(v: dict[str, str]) -> dict[str, str]:
+    for k, val in v.items():
+        if not ENV_RE.match(k):
+            raise ValueError(f"{k!r} is not an environment variable name")
+        _no_control(val, k)
+        errors, _ = nccl.check(k, val)
+        if errors:
+            raise ValueError(f"{k}: {errors[0]}")
+    errors, _ = nccl.check_env(v)
+    if errors:
+        raise ValueError(errors[0])
+    return v
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
+
+
+class NodeServer(_Model):
+    """What may differ on one node of a multi-node server (default: the preset's ``server``)."""
+    python: str | None = None
+    workdir: str | None = None
+    log: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+
+    @field_validator("python", "workdir", "log")
+    @classmethod
+    def _plain(cls, v: str | None) -> str | None:
+        return None if v is None else _no_control(v)
+
+
+class Node(_Model):
+    """One machine of a multi-node server: an SSH target plus its own additions."""
+    host: str
+    user: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    addr: str | None = None  # how the other nodes reach this one (node 0: --dist-init-addr)
+    env: dict[str, str] = Field(default_factory=dict)
+    server: NodeServer = Field(default_factory=NodeServer)
+
+    @field_validator("host", "user", "identity_file", "known_hosts", "addr")
+    @classmethod
+    def _plain(cls, v: str | None) -> str | None:
+        return None if v is None else _no_control(v)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, v: Any) -> Any:
+        return _env_text(v)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return _env_checked(v)
 
 
 class Target(_Model):
@@ -54,17 +125,40 @@ class Target(_Model):
     port: int | None = Field(default=None, ge=1, le=65535)
     identity_file: str | None = None
     known_hosts: str | None = None
+    nodes: list[Node] | None = None  # a multi-node server: first = rank 0 (serves HTTP)
 
     @field_validator("host", "user", "identity_file", "known_hosts")
     @classmethod
     def _plain(cls, v: str | None) -> str | None:
         return None if v is None else _no_control(v)
 
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, v: list[Node] | None) -> list[Node] | None:
+        if v is not None and len(v) < 2:
+            raise ValueError("a multi-node server needs at least two nodes (use target.host for one)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_form(self) -> "Target":
+        if self.nodes and "host" in self.model_fields_set:
+            raise ValueError("give either target.host or target.nodes, not both")
+        return self
+
+    def node_target(self, i: int) -> "Target":
+        """Node ``i`` as a single-machine target; target's user/port/keys are the nodes' defaults."""
+        n = self.nodes[i]
+        keys = ("user", "port", "identity_file", "known_hosts")
+        return Target(host=n.host, **{k: getattr(n, k) if getattr(n, k) is not None else getattr(self, k)
+                                      for k in keys})
+
     @property
     def is_local(self) -> bool:
-        return self.host in ("local", "localhost-local")
+        return self.host in LOCAL_HOSTS
 
     def label(self) -> str:
+        if self.nodes:
+            return "+".join(self.node_target(i).label() for i in range(len(self.nodes)))
         if self.is_local:
             return "local"
         who = f"{self.user}@" if self.user else ""
@@ -78,6 +172,7 @@ class Server(_Model):
     workdir: str | None = None
     log: str
     port: int = Field(default=30000, ge=1, le=65535)
+    dist_init_port: int = Field(default=5000, ge=1, le=65535)  # node 0's, multi-node only
     args: dict[str, ArgValue] = Field(default_factory=dict)
 
     @field_validator("python", "module", "workdir", "log")
@@ -184,30 +279,62 @@ class Preset(_Model):
     @field_validator("env", mode="before")
     @classmethod
     def _env_strings(cls, v: Any) -> Any:
-        if not isinstance(v, dict):
-            return v
-        out = {}
-        for k, val in v.items():
-            if isinstance(val, bool):
-                val = "1" if val else "0"
-            elif isinstance(val, (int, float)):
-                val = str(val)
-            out[k] = val
-        return out
+        return _env_text(v)
 
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        for k, val in v.items():
-            if not ENV_RE.match(k):
-                raise ValueError(f"{k!r} is not an environment variable name")
-            _no_control(val, k)
-            errors, _ = nccl.check(k, val)
-            if errors:
-                raise ValueError(f"{k}: {errors[0]}")
-        return v
+        return _env_checked(v)
+
+    @model_validator(mode="after")
+    def _nodes_apart(self) -> "Preset":
+        """Two nodes on one machine (local trials) need their own port and log."""
+        if not self.is_multinode:
+            return self
+        seen: dict[tuple, int] = {}
+        for i, n in enumerate(self.node_presets()):
+            host = n.target.label()
+            for what, key in (("server.port", n.server.port), ("server.log", n.server.log)):
+                j = seen.setdefault((host, what, key), i)
+                if j != i:
+                    raise ValueError(f"target.nodes: nodes {j} and {i} both use {what} {key} on {host}; "
+                                     f"give node {i} its own (target.nodes[{i}].server)")
+        head = self.node_presets()[0]
+        if head.server.port == self.server.dist_init_port:
+            raise ValueError(f"server.dist_init_port {self.server.dist_init_port} is node 0's HTTP port too")
+        return self
 
     # ---- derived ------------------------------------------------------------------------
+    @property
+    def is_multinode(self) -> bool:
+        return bool(self.target.nodes)
+
+    def dist_init_addr(self) -> str:
+        """Where every node meets node 0 at start-up: its ``addr`` (default its host), the port."""
+        head = self.target.nodes[0]
+        host = head.addr or ("127.0.0.1" if head.host in LOCAL_HOSTS else head.host)
+        host = f"[{host}]" if ":" in host else host
+        return f"{host}:{self.server.dist_init_port}"
+
+    def node_presets(self) -> list["Preset"]:
+        """One single-machine preset per node (all of them are the server): that node's target,
+        ``server`` with its overrides, env = the preset's plus the node's, and SGLang's
+        ``--nnodes``/``--node-rank``/``--dist-init-addr``. A one-machine preset is its own list."""
+        if not self.is_multinode:
+            return [self]
+        nodes = self.target.nodes
+        out = []
+        for i, n in enumerate(nodes):
+            over = {k: v for k, v in n.server.model_dump().items() if v is not None}
+            args = {**self.server.args, "nnodes": len(nodes), "node-rank": i,
+                    "dist-init-addr": self.dist_init_addr()}
+            # model_copy skips validation: these flags are reserved for exactly this
+            server = self.server.model_copy(update={**over, "args": args})
+            out.append(self.model_copy(update={"name": f"{self.name}.node{i}", "server": server,
+                                               "target": self.target.node_target(i),
+                                               "env": {**self.env, **n.env}}))
+        return out
+
     @property
     def is_speculative(self) -> bool:
         return self.speculative is not None and self.speculative.algorithm is not None
@@ -257,6 +384,9 @@ class Preset(_Model):
 
     def hash(self) -> str:
         """Identity of what is launched (server, speculative, environment, profile)."""
+        if self.is_multinode:
+            key = [n.hash() for n in self.node_presets()]
+            return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
         key = {"python": self.python(), "module": self.server.module, "argv": self.flags(),
                "env": dict(sorted(self.launch_env().items()))}
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
