@@ -137,6 +137,10 @@ class Target(_Model):
     def _nodes(cls, v: list[Node] | None) -> list[Node] | None:
         if v is not None and len(v) < 2:
             raise ValueError("a multi-node server needs at least two nodes (use target.host for one)")
+        if v and v[0].server.model_fields_set:
+            # rank 0 is the server the rest of tuitune talks to (health, bench, tail): one place
+            raise ValueError("node 0 serves HTTP: its python, workdir, log and port are server's own; "
+                             "only the other nodes take target.nodes[i].server")
         return v
 
     @model_validator(mode="after")
@@ -154,7 +158,7 @@ class Target(_Model):
 
     @property
     def is_local(self) -> bool:
-        return self.host in LOCAL_HOSTS
+        return (self.nodes[0].host if self.nodes else self.host) in LOCAL_HOSTS
 
     def label(self) -> str:
         if self.nodes:
