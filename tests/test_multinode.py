@@ -1,0 +1,166 @@
+"""A multi-node server with the real pieces: two sshd instances on loopback (two ports, two
+remote homes) act as two machines, each running one node of the simulator."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import SshServer, free_port, group_alive, wait_for
+from tuitune import preset as P
+from tuitune.cluster import ClusterControl, control_for
+from tuitune.control import ControlError
+from tuitune.transport import for_preset
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def machines(tmp_path_factory):
+    """Two OpenSSH servers on loopback, each logging users into its own home directory."""
+    if not Path("/usr/sbin/sshd").exists():
+        pytest.skip("OpenSSH server not installed (.ci/run installs it)")
+    out = []
+    for i in range(2):
+        root = tmp_path_factory.mktemp(f"machine{i}")
+        home = root / "home"
+        home.mkdir()
+        s = SshServer(root)
+        s.config.write_text(s.config.read_text() + f"SetEnv HOME={home}\n")
+        s.home = home
+        s.start()
+        out.append(s)
+    yield out
+    for s in out:
+        s.stop()
+
+
+def two_node_preset(machines, name="mn", env=None, node1_env=None) -> P.Preset:
+    # the code under test on the "remote" side: the same checkout as this test
+    code = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+    return P.from_dict({
+        "name": name,
+        "target": {"nodes": [
+            machines[0].target(),
+            {**machines[1].target(), "server": {"port": free_port()},
+             "env": {"NCCL_SOCKET_IFNAME": "lo", **(node1_env or {})}},
+        ]},
+        "server": {"python": sys.executable, "module": "tuitune.sim", "log": "~/logs/server.log",
+                   "port": free_port(), "dist_init_port": free_port(),
+                   "args": {"sim-load-seconds": 0.3, "sim-speedup": 10, "decode-log-interval": 10,
+                            "tp-size": 4}},
+        "env": {**code, "NCCL_DEBUG": "INFO", "NCCL_PROTO": "LL", **(env or {})},
+        "profile": True,
+        "bench": {"requests": 2, "warmup": 0, "max_tokens": 40},
+    })
+
+
+def pids_of(machine: SshServer) -> list[int]:
+    """Simulator processes logging into this machine's home (what a node left running)."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+            fd1 = os.readlink(proc / "fd" / "1")
+        except OSError:
+            continue
+        if b"tuitune.sim" in cmd and fd1.startswith(str(machine.home)):
+            out.append(int(proc.name))
+    return out
+
+
+async def test_launch_relaunch_with_changed_nccl_and_stop(machines):
+    p = two_node_preset(machines)
+    t = for_preset(p)
+    c = control_for(t, p)
+    assert isinstance(c, ClusterControl)
+    try:
+        rec, res = await c.relaunch(60)
+        assert res.ok
+        first = [r.pid for r in c.records]
+        # each node's own log confirms the NCCL variables, the per-node one included
+        assert [seen.get("NCCL_PROTO") for seen in c.node_nccl] == ["LL", "LL"]
+        assert c.node_nccl[1].get("NCCL_SOCKET_IFNAME") == "lo"
+        assert (machines[1].home / "logs" / "server.log").exists()
+        st = await c.status()
+        assert st.running and [n.status.running for n in st.nodes] == [True, True] and st.drift == []
+
+        p2 = P.with_changes(p, {"env.NCCL_PROTO": "LL128"}) if hasattr(P, "with_changes") else \
+            p.model_copy(update={"env": {**p.env, "NCCL_PROTO": "LL128"}})
+        c2 = control_for(t, p2)
+        stopped = []
+        rec2, res2 = await c2.relaunch(60, on_stopped=stopped.append)
+        assert res2.ok and len(stopped) == 2
+        assert [seen.get("NCCL_PROTO") for seen in c2.node_nccl] == ["LL128", "LL128"]
+        assert not any(group_alive(pid) for pid in first)
+        # the old preset now sees drift on every node
+        st = await c.status()
+        assert {d.key for d in st.drift} >= {"node0.env.NCCL_PROTO", "node1.env.NCCL_PROTO"}
+
+        msg = await c2.stop()
+        assert msg.count("stopped") >= 2
+        assert not any(group_alive(r.pid) for r in c2.records)
+        assert pids_of(machines[0]) == [] and pids_of(machines[1]) == []
+        assert not (await c2.status()).running
+    finally:
+        await c.close()
+        await t.close()
+
+
+async def test_a_node_dying_at_start_fails_the_server_and_stops_the_rest(machines):
+    p = two_node_preset(machines, name="mn-bad", node1_env={"NCCL_SOCKET_IFNAME": "=nosuchif0"})
+    t = for_preset(p)
+    c = control_for(t, p)
+    try:
+        with pytest.raises(ControlError) as e:
+            await c.relaunch(60)
+        assert "node 1 (" in str(e.value) and "every node was stopped" in str(e.value)
+        assert any("no socket interface found" in line for line in e.value.log_tail)
+        assert pids_of(machines[0]) == [] and pids_of(machines[1]) == []
+    finally:
+        await c.close()
+        await t.close()
+
+
+async def test_a_node_killed_while_serving_fails_within_5s(machines):
+    from tuitune.session import Session
+    p = two_node_preset(machines, name="mn-kill")
+    s = Session(p)
+    try:
+        await s.transport.connect()
+        await s.relaunch()
+        assert s.state.state == "ready"
+        victim = s.control.records[1].pid
+        os.killpg(victim, signal.SIGKILL)
+        t0 = time.monotonic()
+        while s.state.state != "failed" and time.monotonic() - t0 < 15:
+            await asyncio.sleep(0.05)
+        took = time.monotonic() - t0
+        assert s.state.state == "failed" and took < 5, (s.state, took)
+        assert "node 1 (" in (s.state.detail or "")
+        await asyncio.sleep(0)  # the other node was stopped before the failure was reported
+        assert pids_of(machines[0]) == [] and pids_of(machines[1]) == []
+    finally:
+        await s.close()
+
+
+def test_preset_show_command_lists_every_node(machines, tmp_path):
+    p = two_node_preset(machines)
+    path = tmp_path / "mn.yaml"
+    path.write_text(P.dumps(p))
+    r = subprocess.run([sys.executable, "-m", "tuitune", "preset", "show", "--command", str(path)],
+                       capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert out.count("--nnodes 2") == 2 and "--node-rank 0" in out and "--node-rank 1" in out
+    assert f"--dist-init-addr 127.0.0.1:{p.server.dist_init_port}" in out
+    assert "node 1" in out and "NCCL_SOCKET_IFNAME=lo" in out
