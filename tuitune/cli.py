@@ -148,12 +148,12 @@ def cmd_preset_show(ns) -> int:
     p = _load_preset(ns.preset)
     shown = (lambda text: text) if ns.reveal else redact.Redactor(p)
     if ns.command:
-        print(shown(P.launch_command(p)))
+        print(shown(P.launch_script(p)))
         return 0
     flat = P.flatten(p) if ns.reveal else redact.flat(P.flatten(p))
     if ns.json:
         _print_json({"name": p.name, "hash": p.hash(), "resolved": flat,
-                     "derived": sorted(P.derived_keys(p)), "command": shown(P.launch_command(p))})
+                     "derived": sorted(P.derived_keys(p)), "command": shown(P.launch_script(p))})
         return 0
     derived = P.derived_keys(p)
     print(f"# {p.name}  (hash {p.hash()})")

@@ -437,6 +437,14 @@ def launch_command(preset: Preset, extra_env: dict[str, str] | None = None) -> s
             f"echo $!")
 
 
+def launch_script(preset: Preset) -> str:
+    """What ``preset show --command`` prints: the launch command, or every node's in turn."""
+    if not preset.is_multinode:
+        return launch_command(preset)
+    return "\n\n".join(f"# node {i} on {n.target.label()}{' (rank 0, serves HTTP)' if i == 0 else ''}\n"
+                       f"{launch_command(n)}" for i, n in enumerate(preset.node_presets()))
+
+
 # ---- load / save -------------------------------------------------------------------------------
 
 
@@ -625,6 +633,14 @@ def flatten(preset: Preset) -> dict[str, Any]:
                            "server.module": preset.server.module,
                            "server.workdir": preset.server.workdir or "~",
                            "server.log": preset.server.log, "server.port": preset.server.port}
+    if preset.is_multinode:
+        out["server.dist_init_port"] = preset.server.dist_init_port
+        for i, (node, n) in enumerate(zip(preset.target.nodes, preset.node_presets())):
+            out[f"target.nodes.{i}"] = n.target.label()
+            for k, v in node.server.model_dump(exclude_none=True).items():
+                out[f"target.nodes.{i}.server.{k}"] = v
+            for k, v in node.env.items():
+                out[f"target.nodes.{i}.env.{k}"] = v
     for k, v in preset.server.args.items():
         out[f"server.args.{k}"] = v
     if preset.is_speculative:
@@ -672,6 +688,16 @@ def warnings(preset: Preset) -> list[str]:
     for k, v in preset.env.items():
         for w in nccl.check(k, v)[1]:
             out.append(f"env.{k}: {w}")
+    for i, node in enumerate(preset.target.nodes or []):
+        for k, v in node.env.items():
+            for w in nccl.check(k, v)[1]:
+                out.append(f"target.nodes.{i}.env.{k}: {w}")
+            if k.startswith("NCCL_") and not nccl.is_network_var(k) and k not in ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS"):
+                out.append(f"target.nodes.{i}.env.{k}: every rank must use the same {k}; set it in env "
+                           "for all nodes (per-node env is for the machine's network: interfaces, HCAs)")
+    for n in preset.node_presets():
+        where = f"{n.name.rsplit('.', 1)[1]} env" if preset.is_multinode else "env"
+        out += [f"{where}: {w}" for w in nccl.check_env(n.env)[1]]
     if preset.is_speculative:
         for s in preset.speculative.resolved().adjusted:
             out.append(f"speculative: {s}")
