@@ -268,6 +268,10 @@ class ClusterControl:
         res.message = f"{res.message}; {self.cleanup}"
         return res
 
+    def foreign(self, rec: ServerRecord | None, allowed: set[str] | None = None) -> str | None:
+        """Why node 0's server (``rec``) belongs to another preset, or None."""
+        return self.controls[0].foreign(rec, self._allowed(0, allowed or {self.preset.name}))
+
     # ---- stop / status -------------------------------------------------------------------
     async def stop(self, pid: int | None = None, grace_s: float = 10.0, allow_any: bool = False) -> str:
         if pid is not None:

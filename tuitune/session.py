@@ -13,12 +13,15 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
+
+import msgspec
 from typing import Awaitable, Callable
 
 from . import preset as P
 from . import redact
 from .bench import BenchConfig, BenchRun, RequestResult, client_session, prompts, run_bench, run_request
-from .control import ControlError, ReadyResult, ServerControl, Status, nccl_confirmation
+from .cluster import ClusterControl, control_for
+from .control import ControlError, ReadyResult, Status, nccl_confirmation
 from .events import BenchSummary, Event, LinkState, LogLine, Marker, ProfileWindow, ServerState
 from .stream import EventStream
 from .parse import parse_line
@@ -47,7 +50,8 @@ class Session(EventStream):
         self.running_preset: P.Preset | None = None  # what the live server was launched from
         self.transport = transport or for_preset(preset)
         self.transport.on_link = self._on_link
-        self.control = ServerControl(self.transport, preset, **({"state_dir": state_dir} if state_dir else {}))
+        self.control = control_for(self.transport, preset, state_dir)
+        self._node_tasks: list[asyncio.Task] = []  # a multi-node server: other nodes' tails, the watch
         self.ready_timeout_s = ready_timeout_s
         self.state = ServerState("stopped")
         self.link = LinkState("connecting")
@@ -84,6 +88,9 @@ class Session(EventStream):
             await self._open_url()
             self._set_state("ready", "attached", pid=st.record.pid)
             await self.follow(from_end=True)
+            if isinstance(self.control, ClusterControl):
+                self.control.records = [n.status.record for n in st.nodes]
+                await self.watch_nodes(from_end=True)
         else:
             self._set_state("stopped", detail=st.note)
         return st
@@ -142,7 +149,7 @@ class Session(EventStream):
         """
         async with self._relaunch_lock:
             new = preset or self.preset
-            control = ServerControl(self.transport, new, self.control.state_dir)
+            control = control_for(self.transport, new, self.control.state_dir)
             t0 = time.monotonic()
             was_loaded = self.load.on
             self._set_state("starting", "preflight")
@@ -152,10 +159,14 @@ class Session(EventStream):
                 if self.load.on:
                     await self.set_load(False)
                 await self.stop_follow()
+                await self.stop_nodes()
                 self._set_state("stopping")
 
             async def after_start(rec) -> None:
+                old = self.control
                 self.preset, self.control, self.record = new, control, rec
+                if isinstance(old, ClusterControl) and old is not control:
+                    await old.close()  # its nodes' links; node 0's is the session's
                 self.store.clear()
                 self._set_state("starting", "launching", pid=rec.pid)
                 await self.follow()
@@ -175,12 +186,14 @@ class Session(EventStream):
                 self.publish([Marker(f"warning: {w}", new.name, new.hash()) for w in control.warnings])
             await self._open_url()
             self._set_state("ready", "ready", pid=rec.pid, elapsed=time.monotonic() - t0)
+            await self.watch_nodes()
             if was_loaded:
                 await self.set_load(True, self.load.concurrency)
             return res
 
     async def stop_server(self) -> str:
         await self.set_load(False)
+        await self.stop_nodes()
         msg = await self.control.stop()
         self._set_state("stopped", detail=msg)
         return msg
@@ -188,6 +201,55 @@ class Session(EventStream):
     def nccl_report(self) -> list[tuple[str, str, str | None]]:
         seen = self.last_ready.nccl_env if self.last_ready else {}
         return nccl_confirmation(self.preset, seen)
+
+    # ---- the other nodes of a multi-node server --------------------------------------------
+    async def watch_nodes(self, from_end: bool = False) -> None:
+        """Follow every other node's log (lines for the log pane, errors into the stream) and fail
+        the server the moment any node dies; the watch stops the other nodes first."""
+        await self.stop_nodes()
+        c = self.control
+        if not isinstance(c, ClusterControl) or len(c.records) != len(c.controls):
+            return
+        self._node_tasks = [asyncio.ensure_future(self._follow_node(i, from_end))
+                            for i in range(1, len(c.controls))]
+        self._node_tasks.append(asyncio.ensure_future(self._watch(c)))
+
+    async def _watch(self, c: ClusterControl) -> None:
+        try:
+            res = await c.watch()
+        except (ControlError, TransportError) as e:
+            self.publish([Marker(f"warning: watching the nodes failed: {e}")])
+            return
+        self.last_ready = None
+        self._set_state("failed", detail=res.message)
+
+    async def _follow_node(self, i: int, from_end: bool) -> None:
+        c = self.control.controls[i]
+        log = self.control.records[i].log
+        offset = max(0, await file_size(c.t, log) - ATTACH_BACKLOG) if from_end else 0
+        tail = LogTail(c.t, log, offset=offset)
+        shown = redact.Redactor(c.preset)
+        try:
+            async for batch in tail.batches():
+                events: list[Event] = []
+                for line in batch.lines:
+                    events.append(LogLine(shown(line), node=i))
+                    ev = parse_line(line)
+                    if ev is not None and ev.kind == "error":  # a node's errors are the server's
+                        events.append(msgspec.structs.replace(shown.event(ev), rank=f"node{i}"))
+                self.publish(events)
+        except TransportError as e:
+            self.publish([Marker(f"warning: node {i}'s log: {e}")])
+        finally:
+            tail.close()
+
+    async def stop_nodes(self) -> None:
+        tasks, self._node_tasks = self._node_tasks, []
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
 
     # ---- benchmark and load ---------------------------------------------------------------
     async def bench(self, label: str = "", on_result: Callable[[int, RequestResult], Awaitable[None] | None] | None = None,
@@ -260,7 +322,10 @@ class Session(EventStream):
     async def close(self, stop_server: bool = False) -> None:
         await self.set_load(False)
         await self.stop_follow()
+        await self.stop_nodes()
         if stop_server:
             with contextlib.suppress(ControlError, TransportError):
                 await self.control.stop()
+        if isinstance(self.control, ClusterControl):
+            await self.control.close()
         await self.transport.close()
