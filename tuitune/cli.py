@@ -243,14 +243,14 @@ def _link_printer(state: str, attempt: int, detail: str | None) -> None:
 
 
 def _with_control(preset):
-    from .control import ServerControl
+    from .cluster import control_for
     from .transport import for_preset
     t = for_preset(preset)
     t.on_link = _link_printer
-    return t, ServerControl(t, preset)
+    return t, control_for(t, preset)
 
 
-async def _guarded(coro_fn, transport):
+async def _guarded(coro_fn, transport, control=None):
     ControlError, TransportError = _errors()
     try:
         return await coro_fn()
@@ -261,6 +261,8 @@ async def _guarded(coro_fn, transport):
     except TransportError as e:
         raise CliError(str(e), 1) from None
     finally:
+        if hasattr(control, "close"):  # a multi-node server's links to its other nodes
+            await control.close()
         await transport.close()
 
 
@@ -290,13 +292,16 @@ def cmd_launch(ns) -> int:
         if res is None:
             return 0
         print(f"ready in {res.elapsed_s:.1f}s")
-        conf = nccl_confirmation(p, res.nccl_env)
-        if res.nccl_env and conf:
-            for name, state, got in conf:
-                print(f"  {name}: {state}" + (f" (NCCL says {got})" if state == "different" else ""))
+        seen = getattr(control, "node_nccl", None) or [res.nccl_env]
+        for i, (node, env) in enumerate(zip(p.node_presets(), seen)):
+            conf = nccl_confirmation(node, env)
+            if env and conf:
+                for name, state, got in conf:
+                    where = f"node {i} " if p.is_multinode else ""
+                    print(f"  {where}{name}: {state}" + (f" (NCCL says {got})" if state == "different" else ""))
         return 0
 
-    return _run_async(_guarded(go, t))
+    return _run_async(_guarded(go, t, control))
 
 
 @command("stop", "stop the server tuitune started for a preset (or --pid)")
@@ -315,7 +320,7 @@ def cmd_stop(ns) -> int:
         print(await control.stop(ns.pid, ns.grace))
         return 0
 
-    return _run_async(_guarded(go, t))
+    return _run_async(_guarded(go, t, control))
 
 
 @command("status", "is the server running, and does it run what the preset says (drift)")
@@ -342,6 +347,10 @@ def cmd_status(ns) -> int:
         if ns.json:
             _print_json(st.to_dict())
             return 0
+        for n in getattr(st, "nodes", []):
+            r = n.status.record
+            print(f"  node {n.index} on {n.label}: " + (f"running, pid {r.pid}" if n.status.running else
+                                                        f"not running ({n.status.note or 'no server'})"))
         if not st.running:
             print(f"{p.name}: not running" + (f" ({st.note})" if st.note else ""))
             return 0
@@ -357,7 +366,7 @@ def cmd_status(ns) -> int:
             print("no drift: environment and flags match the preset")
         return 0
 
-    return _run_async(_guarded(go, t))
+    return _run_async(_guarded(go, t, control))
 
 
 @command("logs", "print the server's log (-f follows it)")
@@ -365,6 +374,7 @@ def _logs_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("preset")
     p.add_argument("-n", "--lines", type=int, default=40)
     p.add_argument("-f", "--follow", action="store_true")
+    p.add_argument("--node", type=int, default=0, help="a multi-node server's node (default 0, rank 0)")
     p.set_defaults(run=cmd_logs)
 
 
@@ -373,6 +383,10 @@ def cmd_logs(ns) -> int:
     from .redact import Redactor
     from .tail import LogTail, file_size
     p = _load_preset(ns.preset)
+    nodes = p.node_presets()
+    if not 0 <= ns.node < len(nodes):
+        raise CliError(f"--node {ns.node}: {p.name} has node(s) 0..{len(nodes) - 1}", 2)
+    p = nodes[ns.node]
     t, _ = _with_control(p)
     shown = Redactor(p)
 
