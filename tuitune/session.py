@@ -66,7 +66,14 @@ class Session(EventStream):
 
     @property
     def label(self) -> str:
-        return self.transport.label
+        n = len(self.node_labels())
+        return self.transport.label + (f" +{n - 1} node{'s' if n > 2 else ''}" if n > 1 else "")
+
+    def node_labels(self) -> list[str]:
+        """Each node's machine (one entry on one machine)."""
+        if isinstance(self.control, ClusterControl):
+            return [c.t.label for c in self.control.controls]
+        return [self.transport.label]
 
     # ---- events ---------------------------------------------------------------------------
     def _set_state(self, state: str, phase: str | None = None, detail: str | None = None,

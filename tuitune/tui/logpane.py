@@ -1,4 +1,6 @@
-"""Log pane: bounded, substring filter, pauses following when scrolled up and counts new lines."""
+"""Log pane: bounded, substring filter, pauses following when scrolled up and counts new lines.
+
+A multi-node server's other nodes have their own buffers; ``show_node`` switches the pane."""
 
 from __future__ import annotations
 
@@ -35,9 +37,14 @@ class LogPane(Vertical):
 
     def __init__(self, **kw):
         super().__init__(**kw)
-        self.lines: deque[str] = deque(maxlen=MAX_LINES)
+        self.lines: deque[str] = deque(maxlen=MAX_LINES)  # node 0's: the server's own log
+        self.node_lines: dict[int, deque[str]] = {}
+        self.node = 0  # the node shown
         self.filter = ""
         self.new_while_paused = 0
+
+    def buffer(self, node: int) -> deque[str]:
+        return self.lines if node == 0 else self.node_lines.setdefault(node, deque(maxlen=MAX_LINES))
 
     def compose(self) -> ComposeResult:
         yield Input(placeholder="filter (substring)…  / to focus, Esc to leave", id="log-filter")
@@ -48,8 +55,10 @@ class LogPane(Vertical):
     def following(self) -> bool:
         return not self.query_one(FollowLog).paused
 
-    def add(self, lines: list[str]) -> None:
-        self.lines.extend(lines)
+    def add(self, lines: list[str], node: int = 0) -> None:
+        self.buffer(node).extend(lines)
+        if node != self.node:
+            return
         shown = [ln for ln in lines if self.filter in ln] if self.filter else lines
         if not shown:
             return
@@ -79,10 +88,17 @@ class LogPane(Vertical):
         log.clear()
         log.paused = False
         log.auto_scroll = True
-        log.write_lines([ln for ln in self.lines if text in ln] if text else list(self.lines))
+        lines = self.buffer(self.node)
+        log.write_lines([ln for ln in lines if text in ln] if text else list(lines))
         log._resetting = False
         self.new_while_paused = 0
         self._subtitle()
+
+    def show_node(self, node: int, title: str | None) -> None:
+        """Show node ``node``'s log (0: the server's); ``title`` names it, None on one machine."""
+        self.node = node
+        self.query_one(FollowLog).border_title = title
+        self.set_filter(self.filter)
 
     def follow(self) -> None:
         log = self.query_one(FollowLog)
