@@ -164,3 +164,39 @@ def test_preset_show_command_lists_every_node(machines, tmp_path):
     assert out.count("--nnodes 2") == 2 and "--node-rank 0" in out and "--node-rank 1" in out
     assert f"--dist-init-addr 127.0.0.1:{p.server.dist_init_port}" in out
     assert "node 1" in out and "NCCL_SOCKET_IFNAME=lo" in out
+
+
+async def test_tui_shows_both_nodes(machines):
+    from tuitune.session import Session
+    from tuitune.tui.app import TuituneApp, UserConfig
+    from tuitune.tui.screens import RelaunchScreen
+    p = two_node_preset(machines, name="mn-tui")
+    s = Session(p)
+    app = TuituneApp(s, autostart="launch", user_config=UserConfig())
+    async with app.run_test(size=(140, 44)) as pilot:
+        for _ in range(600):
+            if s.state.state == "ready" and not isinstance(app.screen, RelaunchScreen):
+                break
+            await pilot.pause(0.05)
+        assert s.state.state == "ready"
+        labels = [m.target()["host"] for m in machines]
+        header = str(app.header.render())
+        assert f":{machines[0].port}" in header and "+1 node" in header
+        log = app.logpane.query_one("#log")
+        assert "node 0 of 2" in str(log.border_title)
+        # node 1's own start-up lines are kept apart, and n shows them
+        for _ in range(100):
+            if any("Dummy health check server" in ln for ln in app.logpane.buffer(1)):
+                break
+            await pilot.pause(0.05)
+        await pilot.press("n")
+        await pilot.pause()
+        assert app.logpane.node == 1 and f":{machines[1].port}" in str(log.border_title)
+        assert "Dummy health check server" in "\n".join(log.lines)
+        assert "Uvicorn running" not in "\n".join(log.lines)
+        await pilot.press("n")
+        await pilot.pause()
+        assert app.logpane.node == 0 and "Uvicorn running" in "\n".join(log.lines)
+        assert labels  # both machines are loopback sshds
+        await s.close(stop_server=True)
+    assert pids_of(machines[0]) == [] and pids_of(machines[1]) == []
