@@ -179,7 +179,6 @@ async def test_tui_shows_both_nodes(machines):
                 break
             await pilot.pause(0.05)
         assert s.state.state == "ready"
-        labels = [m.target()["host"] for m in machines]
         header = str(app.header.render())
         assert f":{machines[0].port}" in header and "+1 node" in header
         log = app.logpane.query_one("#log")
@@ -197,6 +196,5 @@ async def test_tui_shows_both_nodes(machines):
         await pilot.press("n")
         await pilot.pause()
         assert app.logpane.node == 0 and "Uvicorn running" in "\n".join(log.lines)
-        assert labels  # both machines are loopback sshds
         await s.close(stop_server=True)
     assert pids_of(machines[0]) == [] and pids_of(machines[1]) == []
