@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SshServer, free_port, group_alive, wait_for
+from conftest import SshServer, free_port, group_alive, sim_pids
 from tuitune import preset as P
 from tuitune.cluster import ClusterControl, control_for
 from tuitune.control import ControlError
@@ -64,18 +64,7 @@ def two_node_preset(machines, name="mn", env=None, node1_env=None) -> P.Preset:
 
 def pids_of(machine: SshServer) -> list[int]:
     """Simulator processes logging into this machine's home (what a node left running)."""
-    out = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes()
-            fd1 = os.readlink(proc / "fd" / "1")
-        except OSError:
-            continue
-        if b"tuitune.sim" in cmd and fd1.startswith(str(machine.home)):
-            out.append(int(proc.name))
-    return out
+    return sim_pids(str(machine.home))
 
 
 async def test_launch_relaunch_with_changed_nccl_and_stop(machines):

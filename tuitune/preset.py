@@ -14,10 +14,10 @@ import re
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import nccl, speculative
 from .probe import REMOTE_DIR as PROBE_DIR
@@ -75,6 +75,10 @@ def _env_checked(v: dict[str, str]) -> dict[str, str]:
     return v
 
 
+# A process environment: YAML numbers/booleans read as strings, NCCL variables checked.
+Env = Annotated[dict[str, str], BeforeValidator(_env_text), AfterValidator(_env_checked)]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
@@ -100,23 +104,13 @@ class Node(_Model):
     identity_file: str | None = None
     known_hosts: str | None = None
     addr: str | None = None  # how the other nodes reach this one (node 0: --dist-init-addr)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: Env = Field(default_factory=dict)
     server: NodeServer = Field(default_factory=NodeServer)
 
     @field_validator("host", "user", "identity_file", "known_hosts", "addr")
     @classmethod
     def _plain(cls, v: str | None) -> str | None:
         return None if v is None else _no_control(v)
-
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env_strings(cls, v: Any) -> Any:
-        return _env_text(v)
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        return _env_checked(v)
 
 
 class Target(_Model):
@@ -256,7 +250,7 @@ class Preset(_Model):
     target: Target = Field(default_factory=Target)
     server: Server
     speculative: Speculative | None = None
-    env: dict[str, str] = Field(default_factory=dict)
+    env: Env = Field(default_factory=dict)
     profile: bool = False
     bench: Bench = Field(default_factory=Bench)
 
@@ -279,16 +273,6 @@ class Preset(_Model):
                 v.get(k) is not None for k in ("num_steps", "eagle_topk", "num_draft_tokens")):
             return None
         return v
-
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env_strings(cls, v: Any) -> Any:
-        return _env_text(v)
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        return _env_checked(v)
 
     @model_validator(mode="after")
     def _nodes_apart(self) -> "Preset":
