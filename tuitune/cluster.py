@@ -109,8 +109,8 @@ class ClusterControl:
     # ---- relaunch ------------------------------------------------------------------------
     async def preflight(self, current: list[ServerRecord | None]) -> None:
         await self._gather(c.preflight(rec) for c, rec in zip(self.controls, current))
-        for c in self.controls:
-            self.warnings += [f"{self.label(self.controls.index(c))}: {w}" for w in c.warnings]
+        for i, c in enumerate(self.controls):
+            self.warnings += [f"{self.label(i)}: {w}" for w in c.warnings]
         head, port = self.controls[0], self.preset.server.dist_init_port
         if await head.port_busy(port) and not (current[0] and await head.alive(current[0].pid)):
             raise ControlError(f"{self.label(0)}: dist-init port {port} is in use by a process tuitune did "
@@ -130,7 +130,8 @@ class ClusterControl:
             await asyncio.sleep(0.2)
 
     def _allowed(self, i: int, allowed: set[str] | None) -> set[str] | None:
-        return {f"{name}.node{i}" for name in allowed} if allowed else None
+        # a node may replace what the same preset's node started, or a one-machine preset named here
+        return {*allowed, *(f"{name}.node{i}" for name in allowed)} if allowed else None
 
     async def relaunch(self, timeout_s: float = 900.0, wait: bool = True,
                        on_phase: Callable[[str, float], None] | None = None,
