@@ -30,7 +30,7 @@ from tuitune.transport import LocalTransport, SshTarget, SshTransport  # noqa: E
 
 async def tail_latency(t, log: Path, n: int = 1000) -> list[float]:
     log.write_bytes(b"")
-    tail = LogTail(t, str(log))
+    tail = LogTail(t, str(log), python=sys.executable)
     lat: list[float] = []
 
     async def consume():

@@ -33,7 +33,7 @@ def test_ab_cli_two_step_eagle3_beats_the_nccl_baseline(tmp_path):
                         "--json", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300,
                        env={**__import__("os").environ, "HOME": str(tmp_path)})
     assert r.returncode == 0, r.stderr
-    assert "verdict: sim-c4-eagle3-2step-nccl is faster" in r.stdout, r.stdout
+    assert "verdict: B (sim-c4-eagle3-2step-nccl) is faster" in r.stdout, r.stdout
     result = json.loads(out.read_text())
     assert len(result["launches"]) == 8
     assert [x["preset"] for x in result["launches"][:4]] == ["sim-c2-baseline-nccl", "sim-c4-eagle3-2step-nccl"] * 2
@@ -58,3 +58,22 @@ async def test_ab_with_failed_requests_is_not_comparable(tmp_path):
     assert result["launches"][1]["failed"] > 0
     assert result["verdict"]["verdict"] == "not comparable"
     assert "failed requests" in result["verdict"]["reason"]
+
+
+async def test_ab_with_one_arm_measured_while_capped_is_not_comparable(tmp_path):
+    port = free_port()
+    ctl = tmp_path / "ctl.json"
+    cmd = f"{{python}} -m tuitune.sim.nvidia_smi --sim-port {{port}} --sim-control {ctl}"
+    a = P.with_changes(twin("sim-c2-baseline-nccl", tmp_path, port),
+                       {"telemetry": {"command": cmd, "period_ms": 200}, "bench.max_tokens": 600})
+    b = P.with_changes(a, {"name": "b"})
+
+    def progress(msg: str) -> None:  # the simulated box starts power-capping when B is launched
+        if "launching b" in msg:
+            ctl.write_text(json.dumps({"capping": "power"}))
+
+    result = await run_ab(LocalTransport(), a, b, 1, {}, progress=progress)
+    assert result["launches"][0]["gpu_note"] is None
+    assert result["launches"][1]["gpu_note"].startswith("power cap GPU 0,1,2,3,4,5,6,7")
+    v = result["verdict"]
+    assert v["verdict"] == "not comparable" and "GPUs were held back during 1 of 2 launches (b, round 1" in v["reason"]

@@ -63,6 +63,7 @@ async def test_gloo_world_size_2_ranks_and_reports_failures(tmp_path):
     assert len(failed) == 2 and all("bogus0" in r["error"] for r in failed)
     table = NB.format_table(report)
     assert "*NCCL_PROTO=LL GLOO_SOCKET_IFNAME=unset" in table and "failed:" in table
+    assert "NCCL variables are not exercised" in table and report["graph"] is False  # gloo: no graphs, no NCCL
 
 
 def test_cli_refuses_a_bad_nccl_value_and_bad_grids(tmp_path):

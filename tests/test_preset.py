@@ -108,7 +108,7 @@ def test_quoting_and_home(tmp_path):
     p = P.loads("name: q\nserver:\n  python: ~/env/bin/python3\n  workdir: /tmp/a b\n  log: ~/logs/x y.log\n"
                 "  args:\n    model-path: \"/m/it's $HOME; rm -rf /\"\nenv:\n  FOO: \"a b'c\"\n")
     cmd = P.launch_command(p)
-    assert "cd '/tmp/a b' || exit 1" in cmd and '"$HOME"/env/bin/python3' in cmd and '"$HOME"/\'logs/x y.log\'' in cmd
+    assert "cd -- '/tmp/a b' || exit 1" in cmd and '"$HOME"/env/bin/python3' in cmd and '"$HOME"/\'logs/x y.log\'' in cmd
     out = subprocess.run(["bash", "-c", f"set -- {P.server_argv(p).split(' ', 1)[1]}; printf '%s\\n' \"$@\""],
                          capture_output=True, text=True).stdout.splitlines()
     assert "FOO=a b'c" in out and "/m/it's $HOME; rm -rf /" in out
@@ -147,7 +147,7 @@ def run_cli(*args):
 
 def test_preset_commands(tmp_path):
     r = run_cli("preset", "show", "c4-eagle3-2step-nccl", "--command")
-    assert r.returncode == 0 and r.stdout.startswith('cd "$HOME" || exit 1\nsetsid nohup env NCCL_PROTO=LL')
+    assert r.returncode == 0 and r.stdout.startswith('cd -- "$HOME" || exit 1\nsetsid nohup env -- NCCL_PROTO=LL')
     r = run_cli("preset", "show", "demo")
     assert "speculative.num_draft_tokens" in r.stdout and "(derived)" in r.stdout
     r = run_cli("preset", "diff", "c2-baseline-nccl", "c1-baseline-untuned")

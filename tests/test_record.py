@@ -134,3 +134,49 @@ def test_sweep_finds_the_seeds_answer_and_resumes(tmp_path):
     assert "env=@sim-c2-baseline-nccl" in table.split("tok/s against speculative steps")[1]  # legend, after resume
     best = P.load(out / "best.yaml")
     assert best.speculative.num_steps == 2 and best.env.get("NCCL_PROTO") == "LL"
+
+
+def test_record_on_a_running_server_starts_at_the_end(tmp_path):
+    """Issue 13 item 9: the old log used to be recorded as new events (110 historic cycles in 0.6 s)."""
+    p = make_preset(tmp_path, "hist")
+    path = P.save(p, tmp_path / "hist.yaml")
+    env = {**os.environ, "HOME": str(tmp_path)}
+    assert cli("launch", str(path), env=env).returncode == 0
+    r = cli("bench", str(path), "--requests", "4", env=env)  # the log now holds profiled cycles
+    assert r.returncode == 0, r.stderr
+    assert "PROFILE" in Path(p.server.log).read_text() or "profile" in Path(p.server.log).read_text().lower()
+    for extra, historic in (([], False), (["--from-start"], True)):
+        out = tmp_path / f"rec{len(extra)}.jsonl"
+        r = cli("--record", str(out), str(path), "--duration", "1", *extra, env=env)
+        assert r.returncode == 0, r.stderr
+        windows = [x for x in read_capture(out).records if isinstance(x.event, ProfileWindow)]
+        assert bool(windows) == historic, (extra, len(windows))
+    cli("stop", str(path), env=env)
+
+
+def test_ctrl_c_during_relaunch_or_bench_stops_quickly_with_a_closed_capture(tmp_path):
+    env = {**os.environ, "HOME": str(tmp_path)}
+    for name, args, extra in (("slowstart", {"sim-load-seconds": 60, "sim-speedup": 1}, ["--relaunch"]),
+                              ("longbench", {}, ["--relaunch", "--bench", "100000"])):
+        p = make_preset(tmp_path, name, args=args)
+        path = P.save(p, tmp_path / f"{name}.yaml")
+        out = tmp_path / f"{name}.jsonl"
+        proc = subprocess.Popen([sys.executable, "-m", "tuitune", "--record", str(out), str(path), *extra],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        state = tmp_path / ".cache" / "tuitune" / "servers" / f"{p.server.port}.json"
+        wait_for(state.exists, 30, what="the server to start")
+        if "--bench" in extra:
+            wait_for(lambda: "Prefill batch" in Path(p.server.log).read_text(errors="replace")
+                     or "Decode batch" in Path(p.server.log).read_text(errors="replace"), 30, what="the bench")
+        else:
+            import time
+            time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        import time
+        t0 = time.monotonic()
+        proc.wait(30)
+        took = time.monotonic() - t0
+        assert proc.returncode == 0 and took < 10, (name, took, proc.stderr.read()[-500:])  # ~1 s when idle
+        cap = read_capture(out)
+        assert not cap.truncated and len(cap.records) >= 1
+        cli("stop", str(path), env=env)

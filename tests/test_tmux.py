@@ -43,6 +43,12 @@ def test_demo_in_tmux_change_steps_and_relaunch(tmp_path):
         assert size == "140x44", size
         wait("steps 2 topk 1")  # the simulator is up, under load, profiling with 2 steps
         wait("load on")
+        shown = wait("gpus · 8 × NVIDIA H200")  # the GPU panel, fed by the simulator's nvidia-smi
+        end = time.monotonic() + 20
+        while shown.count("/1980") < 8 and time.monotonic() < end:  # one row per GPU, SM clock vs max
+            time.sleep(0.2)
+            shown = screen()
+        assert shown.count("/1980") == 8, shown
         tmux("send-keys", "-t", "app", "e")  # focus the config panel (algorithm)
         time.sleep(0.3)
         tmux("send-keys", "-t", "app", "Tab")  # -> steps (its text is selected on focus)

@@ -118,7 +118,7 @@ async def test_bench_rows_verdict_and_baseline_staleness(tmp_path):
         await pilot.pause()
         await pilot.press("r")
         await wait_ready(app, pilot, s)
-        assert "NCCL_BUFFSIZE" in app.stale_reason()
+        assert app.stale_reason() is None  # a candidate that differs is the comparison, not staleness
         await s.close(stop_server=True)
 
 

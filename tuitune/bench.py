@@ -105,6 +105,8 @@ class BenchRun:
     started: float = 0.0
     wall_s: float = 0.0
     cycle_ms: float | None = None  # mean cycle of the profile windows the server logged meanwhile
+    env_drift: list[str] | None = None  # variables the server's real environment lacked vs its preset (None: unknown)
+    gpu_note: str | None = None  # GPUs capped or a straggler meanwhile (telemetry.RunWatch)
 
     @property
     def ok(self) -> list[RequestResult]:
@@ -136,6 +138,9 @@ class BenchRun:
                 out[name] = {**ss.as_dict(), "p99": quantile(sorted(vs), 0.99)}
         out["server"] = self.server
         out["warnings"] = self.cross_check()
+        if self.gpu_note:
+            out["gpu_note"] = self.gpu_note
+            out["warnings"].append(f"measured while GPUs were held back: {self.gpu_note}")
         return out
 
     def median_tok_s(self) -> float:

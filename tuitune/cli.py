@@ -266,11 +266,46 @@ async def _guarded(coro_fn, transport, control=None):
         await transport.close()
 
 
+def _any_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--any", action="store_true",
+                   help="act on the server on the preset's port even if another preset started it")
+
+
+def _run_signalled(go, transport, what: str, cleanup: Callable[[], str | None] = lambda: None, control=None):
+    """Run a command whose interruption must clean up: SIGINT and SIGTERM cancel it (the core
+    stops what it half-started; ``cleanup`` then says what it did), then it ends in one sentence
+    with 130 or 143."""
+    import asyncio
+    import signal
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        got: list[int] = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, lambda s=sig: (got.append(s), task.cancel()))
+        try:
+            return await _guarded(go, transport, control)
+        except asyncio.CancelledError:
+            if not got:
+                raise
+            done = cleanup()
+            raise CliError(f"{what} interrupted by {signal.Signals(got[0]).name}" + (f"; {done}" if done else ""),
+                           128 + got[0]) from None
+
+    return _run_async(main())
+
+
 @command("launch", "preflight, stop the old server, start, wait until ready")
 def _launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("preset")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for ready (default 900)")
+    p.add_argument("--health-timeout", type=float, default=120.0,
+                   help="seconds /health may take to answer 200 once HTTP is up (default 120)")
     p.add_argument("--no-wait", action="store_true", help="return once the process is started")
+    p.add_argument("--keep-on-failure", action="store_true",
+                   help="leave a server that failed to become ready running (to inspect it)")
+    _any_arg(p)
     p.set_defaults(run=cmd_launch)
 
 
@@ -279,29 +314,44 @@ async def _print_started(rec) -> None:
 
 
 def cmd_launch(ns) -> int:
-    from .control import nccl_confirmation
     p = _load_preset(ns.preset)
     t, control = _with_control(p)
 
     async def go():
-        rec, res = await control.relaunch(
-            ns.timeout, wait=not ns.no_wait, on_phase=lambda name, el: print(f"  {el:6.1f}s  {name}", flush=True),
-            after_start=_print_started, on_stopped=lambda msg: print(f"stopped: {msg}"))
-        for w in control.warnings:
-            print(f"warning: {w}")
+        try:
+            rec, res = await control.relaunch(
+                ns.timeout, wait=not ns.no_wait, on_phase=lambda name, el: print(f"  {el:6.1f}s  {name}", flush=True),
+                after_start=_print_started, on_stopped=lambda msg: print(f"stopped: {msg}"),
+                allow_any=ns.any, keep_on_failure=ns.keep_on_failure, health_timeout_s=ns.health_timeout)
+        finally:
+            _print_warnings(control)
         if res is None:
             return 0
         print(f"ready in {res.elapsed_s:.1f}s")
-        seen = getattr(control, "node_nccl", None) or [res.nccl_env]
+        seen = getattr(control, "node_nccl", None) or [res.nccl_env]  # each node's own log
         for i, (node, env) in enumerate(zip(p.node_presets(), seen)):
-            conf = nccl_confirmation(node, env)
-            if env and conf:
-                for name, state, got in conf:
-                    where = f"node {i} " if p.is_multinode else ""
-                    print(f"  {where}{name}: {state}" + (f" (NCCL says {got})" if state == "different" else ""))
+            _print_nccl(node, env, f"node {i} " if p.is_multinode else "")
         return 0
 
-    return _run_async(_guarded(go, t, control))
+    return _run_signalled(go, t, "launch", lambda: control.cleanup, control)
+
+
+def _print_warnings(control) -> None:
+    for w in control.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    control.warnings = []
+
+
+def _print_nccl(p, seen: dict, where: str = "") -> None:
+    """NCCL's own confirmation of the preset's NCCL variables, or why there is none."""
+    from .control import nccl_confirmation, nccl_note
+    for name, state, got in nccl_confirmation(p, seen):
+        if state == "unconfirmed":
+            continue  # the note says why
+        print(f"  {where}{name}: {state}" + (f" (NCCL says {got})" if state == "different" else ""))
+    note = nccl_note(p, seen)
+    if note:
+        print(f"warning: {where}{note}", file=sys.stderr)
 
 
 @command("stop", "stop the server tuitune started for a preset (or --pid)")
@@ -309,6 +359,7 @@ def _stop_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("preset")
     p.add_argument("--pid", type=int, help="stop this process group instead (a server started by hand)")
     p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
+    _any_arg(p)
     p.set_defaults(run=cmd_stop)
 
 
@@ -317,7 +368,10 @@ def cmd_stop(ns) -> int:
     t, control = _with_control(p)
 
     async def go():
-        print(await control.stop(ns.pid, ns.grace))
+        try:
+            print(await control.stop(ns.pid, ns.grace, allow_any=ns.any))
+        finally:
+            _print_warnings(control)
         return 0
 
     return _run_async(_guarded(go, t, control))
@@ -328,6 +382,7 @@ def _status_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("preset")
     p.add_argument("--pid", type=int, help="inspect this process (a server started by hand)")
     p.add_argument("--json", action="store_true")
+    _any_arg(p)
     p.set_defaults(run=cmd_status)
 
 
@@ -344,6 +399,9 @@ def cmd_status(ns) -> int:
 
     async def go():
         st = await control.status(ns.pid)
+        _print_warnings(control)
+        if st.running and ns.pid is None and not ns.any and (why := control.foreign(st.record)):
+            raise CliError(why, 2)
         if ns.json:
             _print_json(st.to_dict())
             return 0
@@ -391,13 +449,13 @@ def cmd_logs(ns) -> int:
     shown = Redactor(p)
 
     async def go():
-        r = await t.run(f"tail -n {int(ns.lines)} {shell_path(p.server.log)}", timeout=60)
+        r = await t.run(f"tail -n {int(ns.lines)} -- {shell_path(p.server.log)}", timeout=60)
         if not r.ok:
             raise CliError(f"{t.label}: cannot read {p.server.log}: {r.stderr.strip()[:200]}", 1)
         sys.stdout.writelines(shown(line) + "\n" for line in r.stdout.splitlines())
         sys.stdout.flush()
         if ns.follow:
-            tail = LogTail(t, p.server.log, offset=await file_size(t, p.server.log))
+            tail = LogTail(t, p.server.log, offset=await file_size(t, p.server.log), python=p.python())
             async for batch in tail.batches():
                 for line in batch.lines:
                     print(shown(line), flush=True)
@@ -482,6 +540,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--url", help="benchmark this server URL instead of a preset's")
     _bench_overrides(p)
     p.add_argument("--json", metavar="OUT", help="write every request and the summary as JSON")
+    _any_arg(p)
     p.set_defaults(run=cmd_bench)
 
 
@@ -517,6 +576,10 @@ def cmd_bench(ns) -> int:
 
     async def go():
         await session.transport.connect()
+        st = await session.control.status()
+        _print_warnings(session.control)
+        if st.running and not ns.any and (why := session.control.foreign(st.record)):
+            raise CliError(why, 2)
         return await session.bench(**ov)
 
     return report(_run_async(_guarded(go, session.transport)))
@@ -532,22 +595,25 @@ def _ab_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for each launch")
     _bench_overrides(p)
     p.add_argument("--json", metavar="OUT", help="write the launches, medians and verdict as JSON")
+    _any_arg(p)
     p.set_defaults(run=cmd_ab)
 
 
 def cmd_ab(ns) -> int:
-    from .ab import format_ab, run_ab
+    from .ab import ab_notes, format_ab, run_ab
     a, b = _load_preset(ns.a), _load_preset(ns.b)
-    if (a.target.label(), a.server.port) != (b.target.label(), b.server.port):
-        raise CliError(f"{a.name} and {b.name} must run on the same target and port to be interleaved", 2)
+    if a.target.label() != b.target.label():
+        raise CliError(f"{a.name} and {b.name} must run on the same target to be interleaved", 2)
     if ns.rounds < 1:
         raise CliError(f"--rounds must be at least 1 (got {ns.rounds})", 2)
+    for note in ab_notes(a, b, ns.rounds):
+        print(f"note: {note}", file=sys.stderr)
     ov = _overrides(ns)
     t, _ = _with_control(a)
 
     async def go():
         return await run_ab(t, a, b, ns.rounds, ov, ns.min_effect, ns.timeout,
-                            progress=lambda msg: print(msg, flush=True))
+                            progress=lambda msg: print(msg, flush=True), allow_any=ns.any)
 
     result = _run_async(_guarded(go, t))
     print(format_ab(result))
@@ -567,11 +633,16 @@ def _ncclbench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", help="message sizes in bytes, comma-separated (default: decode all-reduces "
                                    "from the model's hidden size)")
     p.add_argument("--hidden-size", type=int, help="the model's hidden size when config.json is not readable")
-    p.add_argument("--graph", action="store_true", help="replay the all-reduces in a CUDA graph, as SGLang decode does")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--graph", action="store_true", default=True,
+                      help="replay the all-reduces in a CUDA graph, as SGLang decode does (the default)")
+    mode.add_argument("--eager", dest="graph", action="store_false",
+                      help="time eager all-reduces instead (they can rank protocols differently from decode)")
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--world-size", type=int, help="processes (default: the preset's tp-size)")
-    p.add_argument("--backend", choices=["nccl", "gloo"], default="nccl", help="gloo: CPU, for trying it out")
+    p.add_argument("--backend", choices=["nccl", "gloo"], default="nccl",
+                   help="gloo: CPU, for trying the tool out (NCCL variables are not exercised)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
     p.add_argument("--json", metavar="OUT")
     p.set_defaults(run=cmd_ncclbench)
@@ -727,6 +798,105 @@ def cmd_probe_check(ns) -> int:
     return 0 if report["ok"] else 1
 
 
+# ---- gpus ---------------------------------------------------------------------------------------
+
+
+@command("gpus", "every GPU of the target, live (like gpustat); --parse reads saved nvidia-smi output")
+def _gpus_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("preset", nargs="?")
+    g.add_argument("--parse", metavar="FILE", help="saved nvidia-smi output (query CSV, the table, topo -m, "
+                                                   "nvlink -s, dmon), or - for standard input")
+    p.add_argument("--json", action="store_true", help="JSON (with --watch: one object per sample)")
+    p.add_argument("--watch", action="store_true", help="keep refreshing from one nvidia-smi stream")
+    p.add_argument("--fields", help="with --parse: the columns of a CSV saved without its header")
+    p.set_defaults(run=cmd_gpus)
+
+
+def cmd_gpus(ns) -> int:
+    from . import gpus as G
+    from .smi import SmiParseError
+    if ns.parse:
+        if ns.watch:
+            raise CliError("--watch does not apply with --parse", 2)
+        text = "\n".join(_open_lines(ns.parse))
+        try:
+            parsed = G.parse_file(text, ns.fields.split(",") if ns.fields else None)
+        except SmiParseError as e:
+            raise CliError(f"{ns.parse}: {e}", 2) from None
+        if ns.json:
+            _print_json(parsed)
+        else:
+            print(G.format_parsed(parsed))
+        return 0
+    if ns.fields:
+        raise CliError("--fields only applies with --parse", 2)
+    from .telemetry import for_preset
+    p = _load_preset(ns.preset)
+    t, _ = _with_control(p)
+    prefix = for_preset(p)
+
+    async def go():
+        try:
+            if ns.watch:
+                await _watch_gpus(t, prefix, p.telemetry.period_ms, ns.json)
+                return 0
+            snap = await G.snapshot(t, prefix)
+        except G.GpusError as e:
+            raise CliError(str(e), 1) from None
+        if ns.json:
+            _print_json(snap)
+        else:
+            print(G.format_snapshot(snap))
+        return 0
+
+    return _run_async(_guarded(go, t))
+
+
+async def _watch_gpus(t, prefix: str, period_ms: int, as_json: bool) -> None:
+    """Redraw on every tick of one long-lived stream; processes re-read every few seconds."""
+    import asyncio
+    import time
+    import msgspec
+    from . import gpus as G
+    from .events import GpuSample, TelemetryState
+    from .metrics import GpuStore
+    from .telemetry import Collector, gpu_flags
+    known = await G.known_fields(t, prefix)
+    snap = await G.snapshot(t, prefix, known)
+    store = GpuStore()
+    procs = {"rows": snap["processes"], "at": time.monotonic()}
+    topo = G.format_topology(snap.get("topology"))
+    clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
+
+    def on(events) -> None:
+        for ev in events:
+            if isinstance(ev, TelemetryState) and ev.state in ("unavailable", "stopped", "interrupted"):
+                print(f"tuitune: telemetry {ev.state}: {ev.detail}", file=sys.stderr)
+            elif isinstance(ev, GpuSample):
+                store.feed(ev)
+        if not any(isinstance(ev, GpuSample) for ev in events):
+            return
+        rows = [msgspec.structs.asdict(g.last) for g in store.current()]
+        if as_json:
+            sys.stdout.write(json.dumps({"seq": store.seq, "gpus": rows}) + "\n")
+        else:
+            sys.stdout.write(clear + G.format_gpus(rows, procs["rows"], gpu_flags(store, False))
+                             + (f"\n\n{topo}" if topo else "") + "\n")
+        sys.stdout.flush()
+
+    async def refresh_procs() -> None:
+        while True:
+            await asyncio.sleep(5)
+            procs["rows"] = await G.processes(t, prefix, snap["gpus"])
+
+    task = asyncio.ensure_future(refresh_procs())
+    try:
+        await Collector(t, prefix, on, period_ms).run()
+    finally:
+        task.cancel()
+
+
 # ---- TUI ----------------------------------------------------------------------------------------
 
 
@@ -839,6 +1009,8 @@ def build_main_parser() -> argparse.ArgumentParser:
                    help="keep C concurrent request streams running (default 1)")
     g.add_argument("--bench", type=int, metavar="N", help="run a benchmark of N requests at the start")
     g.add_argument("--raw", action="store_true", help="keep the raw log lines too")
+    g.add_argument("--from-start", action="store_true",
+                   help="on a running server, record its whole log so far too (default: from now on)")
     p.set_defaults(run=cmd_main)
     return p
 
@@ -849,8 +1021,8 @@ def cmd_main(ns) -> int:
     for flag in ("duration", "cycles", "load", "bench"):
         if getattr(ns, flag) is not None:
             raise CliError(f"--{flag} only applies with --record OUT", 2)
-    if ns.relaunch or ns.raw:
-        raise CliError("--relaunch and --raw only apply with --record OUT", 2)
+    if ns.relaunch or ns.raw or ns.from_start:
+        raise CliError("--relaunch, --raw and --from-start only apply with --record OUT", 2)
     return cmd_tui(ns)
 
 
@@ -867,7 +1039,8 @@ def cmd_record(ns) -> int:
     ControlError, TransportError = _errors()
     try:
         stats = _run_async(record(p, ns.record, duration=ns.duration, cycles=ns.cycles, relaunch=ns.relaunch,
-                                  load=ns.load, bench=ns.bench, raw=ns.raw, progress=sys.stderr.isatty()))
+                                  load=ns.load, bench=ns.bench, raw=ns.raw, progress=sys.stderr.isatty(),
+                                  from_start=ns.from_start))
     except (RecordError, CaptureError, TransportError) as e:
         raise CliError(str(e), 1) from None
     except ControlError as e:

@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import getpass
 import json
+import os
 import re
 import shlex
+import socket
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Awaitable, Callable
+from importlib import resources
+from typing import AsyncIterator, Awaitable, Callable
 
 from . import preset as P
 from . import redact
@@ -26,6 +31,8 @@ from .tail import LogTail
 from .transport import Transport, TransportError
 
 STATE_DIR = "~/.cache/tuitune"
+HEALTH_TIMEOUT_S = 120.0  # once HTTP answers, the longest wait for /health 200 (a phase limit)
+_REMOTE = resources.files("tuitune").joinpath("remote.py").read_text()
 PHASES = (("Load weight begin", "loading weights"), ("Capture cuda graph begin", "capturing graphs"),
           ("Capture draft cuda graph begin", "capturing draft graphs"))
 # true when process $p exists and is not a zombie (a zombie only waits for its parent to reap it)
@@ -183,27 +190,117 @@ class ServerControl:
         self.state_dir = state_dir
         self._help_flags: set[str] | None = None
         self.warnings: list[str] = []
+        self.cleanup: str | None = None  # what a failed or cancelled relaunch did with its server
 
     # ---- state ---------------------------------------------------------------------------
     @property
     def state_path(self) -> str:
         return f"{self.state_dir}/servers/{self.preset.server.port}.json"
 
+    def _remote(self, *args: str) -> str:
+        """A ``remote.py`` command with the server's python; every argument quoted."""
+        return (f"{P.shell_path(self.preset.python())} -I -S -c {shlex.quote(_REMOTE)} "
+                + " ".join(P.shell_path(a) if a.startswith("~") else shlex.quote(a) for a in args))
+
     async def read_state(self) -> ServerRecord | None:
-        r = await self.t.run(f"cat {P.shell_path(self.state_path)} 2>/dev/null", timeout=30)
-        if not r.ok or not r.stdout.strip():
+        """The record of the server tuitune started on this port; an empty or corrupt state file
+        (a client killed in the middle of an old, non-atomic write) is recovered from the process
+        that listens on the port, and ``warnings`` says so."""
+        r = await self.t.run(f"[ -e {P.shell_path(self.state_path)} ] || exit 3; cat -- {P.shell_path(self.state_path)}",
+                             timeout=30)
+        if r.exit_status == 3:
             return None
         try:
             d = json.loads(r.stdout)
             return ServerRecord(**{k: d[k] for k in ServerRecord.__dataclass_fields__ if k in d})
         except (ValueError, TypeError, KeyError):
+            return await self._recover(r.stdout)
+
+    async def _recover(self, text: str) -> ServerRecord | None:
+        what = "empty" if not text.strip() else "corrupt"
+        port = self.preset.server.port
+        ours = [o for o in await self.port_owners()
+                if "--port" in o["argv"] and str(port) in o["argv"] and self.preset.server.module in o["argv"]]
+        if not ours:
+            await self.clear_state()
+            self.warnings.append(f"state file {self.state_path} was {what} and no {self.preset.server.module} "
+                                 f"server listens on port {port}; removed it")
             return None
+        leader = min(ours, key=lambda o: (o["pid"] != o["sid"], o["pid"]))
+        pid = leader["sid"] if await self.alive(leader["sid"]) else leader["pid"]
+        view = await self.process_view(pid)
+        argv, env = view if view is not None else (leader["argv"], {})
+        same = not compute_drift(self.preset, argv, env)
+        flags = argv[argv.index("-m") + 2:] if "-m" in argv else argv[1:]  # as start() records them
+        rec = ServerRecord(pid=pid, port=port, preset=self.preset.name if same else "(recovered)",
+                           preset_hash=self.preset.hash() if same else "", started=time.time(),
+                           log=self.preset.server.log, argv=flags, env={k: v for k, v in env.items()
+                                                                        if k in self.preset.launch_env()})
+        await self.write_state(rec)
+        self.warnings.append(f"state file {self.state_path} was {what}; recovered server {pid} from port {port} "
+                             f"and its command line" + ("" if same else " (it does not match this preset)"))
+        return rec
 
     async def write_state(self, rec: ServerRecord) -> None:
         await self.t.upload(json.dumps(asdict(rec), indent=1).encode(), self.state_path, 0o600)
 
     async def clear_state(self) -> None:
-        await self.t.run(f"rm -f {P.shell_path(self.state_path)}", timeout=30)
+        await self.t.run(f"rm -f -- {P.shell_path(self.state_path)}", timeout=30)
+
+    async def port_owners(self) -> list[dict]:
+        """Processes with a listening socket on the preset's port (pid, sid, ancestors, argv)."""
+        r = await self.t.run(self._remote("owner", str(int(self.preset.server.port))), timeout=30)
+        try:
+            return json.loads(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise ControlError(f"{self.t.label}: cannot tell which process listens on port "
+                               f"{self.preset.server.port}: {(r.stderr or r.stdout).strip()[-200:]}") from None
+
+    async def owns_port(self, pid: int) -> bool:
+        """Whether ``pid`` or a process of its session, or one descended from it, listens on the port."""
+        return any(o["pid"] == pid or o["sid"] == pid or pid in o["ancestors"] for o in await self.port_owners())
+
+    @contextlib.asynccontextmanager
+    async def locked(self, action: str) -> AsyncIterator[None]:
+        """Hold the target's lock for this port while changing what runs on it; a second caller
+        is told who holds it. The lock lives as long as one remote process (``remote.py lock``),
+        so a client that dies or loses its link releases it."""
+        info = json.dumps({"action": action, "preset": self.preset.name,
+                           "client": f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}",
+                           "since": time.strftime("%H:%M:%S")})
+        path = f"{self.state_dir}/servers/{self.preset.server.port}.lock"
+        stream = self.t.stream(self._remote("lock", path, info))
+        try:
+            head = b""
+            async for chunk in stream:  # one line: LOCKED, BUSY …, ERROR …, or the shell's complaint
+                head += chunk
+                if b"\n" in head:
+                    break
+            line = head.decode("utf-8", "replace").split("\n", 1)[0].strip()
+            if not line.startswith("LOCKED"):
+                raise ControlError(self._busy_message(line), 1)
+            yield
+        finally:
+            await stream.aclose()
+
+    def _busy_message(self, line: str) -> str:
+        port = self.preset.server.port
+        if not line.startswith("BUSY"):
+            return f"{self.t.label}: cannot take the lock for port {port}: {line[-300:] or 'no answer'}"
+        try:
+            h = json.loads(line[4:])
+            who = f"tuitune {h['action']} of {h['preset']} by {h['client']} (since {h['since']})"
+        except (ValueError, KeyError, TypeError):
+            who = "another tuitune"
+        return f"port {port} on {self.t.label} is busy: {who} holds its lock; try again when it has finished"
+
+    def foreign(self, rec: ServerRecord | None, allowed: set[str] | None = None) -> str | None:
+        """Why acting on ``rec`` would act on another preset's server, or None."""
+        names = allowed or {self.preset.name}
+        if rec is None or rec.preset in names:
+            return None
+        return (f"the server on port {rec.port} of {self.t.label} (pid {rec.pid}) was started by preset "
+                f"{rec.preset}, not {self.preset.name}; pass --any to act on it anyway")
 
     async def alive(self, pid: int) -> bool:
         r = await self.t.run(f"p={int(pid)}; {LIVE_SH}", timeout=30)
@@ -242,7 +339,7 @@ class ServerControl:
         """Refuse a relaunch that cannot work, before anything running is touched."""
         p = self.preset
         py = P.shell_path(p.python())
-        r = await self.t.run(f"command -v {py} >/dev/null || [ -x {py} ] || exit 4; {py} -c "
+        r = await self.t.run(f"command -v -- {py} >/dev/null || [ -x {py} ] || exit 4; {py} -c "
                              f"{shlex.quote(FIND_MODULE_PY)} {shlex.quote(p.server.module)}", timeout=60)
         if r.exit_status == 4:
             raise ControlError(f"{self.t.label}: server.python {p.python()} does not exist", 2)
@@ -259,7 +356,6 @@ class ServerControl:
         if unknown:
             raise ControlError(f"flag {unknown[0]} is not accepted by {p.server.module} on {self.t.label} "
                                f"(not in its --help); refusing to relaunch", 2)
-        self.warnings = []
         if p.uses_probe:
             report = await self.install_probe()
             if not report.get("ok"):
@@ -276,7 +372,7 @@ class ServerControl:
     # ---- start / stop --------------------------------------------------------------------
     async def start(self) -> ServerRecord:
         p = self.preset
-        await self.t.run(f"mkdir -p \"$(dirname {P.shell_path(p.server.log)})\"", timeout=30)
+        await self.t.run(f"mkdir -p -- \"$(dirname -- {P.shell_path(p.server.log)})\"", timeout=30)
         r = await self.t.run(P.launch_command(p), timeout=60)
         pid_text = r.stdout.strip().splitlines()[-1:] if r.stdout.strip() else []
         if not r.ok or not pid_text or not pid_text[0].isdigit():
@@ -287,42 +383,59 @@ class ServerControl:
         await self.write_state(rec)
         return rec
 
-    async def stop(self, pid: int | None = None, grace_s: float = 10.0) -> str:
-        """Stop the server tuitune started on this port (or ``pid``): TERM the group, wait, KILL."""
+    async def stop(self, pid: int | None = None, grace_s: float = 10.0, allow_any: bool = False) -> str:
+        """Stop the server tuitune started on this port for this preset (or ``pid``), under the lock."""
+        async with self.locked("stop"):
+            return await self._stop(pid, grace_s, allow_any)
+
+    async def _stop(self, pid: int | None = None, grace_s: float = 10.0, allow_any: bool = True) -> str:
+        """TERM the group, wait, KILL; refuses another preset's server unless ``allow_any``."""
         rec = await self.read_state()
+        if pid is None and not allow_any and (why := self.foreign(rec)) and await self.alive(rec.pid):
+            raise ControlError(why, 2)
         target = pid if pid is not None else (rec.pid if rec else None)
         if target is None:
             return "no server started by tuitune on this port"
         if pid is None and rec and not await self.alive(rec.pid):
             await self.clear_state()
             return f"server {rec.pid} was not running (state cleared)"
+        if pid is None and rec and not await self.still_ours(rec):
+            await self.clear_state()
+            return f"server {rec.pid} is gone and its pid now runs another program (state cleared, nothing stopped)"
         steps = max(1, int(grace_s / 0.1))
-        # a group is alive while any of its members is (LIVE_SH)
+        port = int(self.preset.server.port)
+        clear = f"rm -f -- {P.shell_path(self.state_path)}; " if rec and rec.pid == target else ""
+        # one round trip: TERM, wait, KILL, wait for the port, clear the state. A group is alive
+        # while any of its members is (LIVE_SH); exit 0 stopped, 10 killed, 3 survived, 4 port busy
         script = (f"g={int(target)}; alive() {{ for p in $(pgrep -g $g 2>/dev/null) $g; do "
                   f"{LIVE_SH} && return 0; done; return 1; }}; "
+                  f"free() {{ ! (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null; }}; how=0; "
                   f"kill -TERM -- -$g 2>/dev/null || kill -TERM $g 2>/dev/null; "
-                  f"for i in $(seq {steps}); do alive || exit 0; sleep 0.1; done; "
-                  f"kill -KILL -- -$g 2>/dev/null; kill -KILL $g 2>/dev/null; "
-                  f"for i in $(seq 30); do alive || exit 10; sleep 0.1; done; exit 3")
+                  f"for i in $(seq {steps}); do alive || break; sleep 0.1; done; "
+                  f"if alive; then how=10; kill -KILL -- -$g 2>/dev/null; kill -KILL $g 2>/dev/null; "
+                  f"for i in $(seq 30); do alive || break; sleep 0.1; done; alive && exit 3; fi; "
+                  f"for i in $(seq 100); do free && break; sleep 0.1; done; free || exit 4; "
+                  f"{clear}exit $how")
         r = await self.t.run(script, timeout=grace_s + 30)
         if r.exit_status == 3:
             raise ControlError(f"process group {target} on {self.t.label} survived SIGKILL")
-        for _ in range(100):
-            if not await self.port_busy():
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise ControlError(f"server {target} stopped but port {self.preset.server.port} is still in use")
-        if rec and rec.pid == target:
-            await self.clear_state()
+        if r.exit_status == 4:
+            raise ControlError(f"server {target} stopped but port {port} is still in use")
         how = "killed after the grace period" if r.exit_status == 10 else "stopped"
         return f"server {target} {how}; port {self.preset.server.port} free"
 
     # ---- wait ready ----------------------------------------------------------------------
     async def wait_ready(self, rec: ServerRecord, timeout_s: float = 900.0,
                          on_phase: Callable[[str, float], None] | None = None,
-                         on_line: Callable[[str, Event | None], None] | None = None) -> ReadyResult:
-        """Follow the log and poll /health until ready, dead or timed out."""
+                         on_line: Callable[[str, Event | None], None] | None = None,
+                         health_timeout_s: float = HEALTH_TIMEOUT_S) -> ReadyResult:
+        """Poll /health until ready, dead or timed out; the log only names phases and causes.
+
+        Ready means /health answers 200 *and* the port's listening socket belongs to ``rec.pid``
+        or one of its children (a 200 from another server on the port proves nothing). Once
+        HTTP is up (the socket is ours, or /health answers at all), /health must turn 200
+        within ``health_timeout_s``.
+        """
         import aiohttp
 
         t0 = time.monotonic()
@@ -338,7 +451,7 @@ class ServerControl:
                 on_phase(name, time.monotonic() - t0)
 
         set_phase("starting")
-        tail = LogTail(self.t, rec.log)
+        tail = LogTail(self.t, rec.log, python=self.preset.python())
         shown = redact.Redactor(self.preset)
 
         async def follow() -> None:
@@ -377,19 +490,41 @@ class ServerControl:
                 return None
 
         async def watch() -> None:
+            http_since: float | None = None
+            last: int | None = None
+            owned = False  # a listening socket on the port belongs to rec.pid or its children
             async with aiohttp.ClientSession() as session:
                 while not done.is_set():
                     waiter = asyncio.ensure_future(ready_line.wait())
                     await asyncio.wait({waiter}, timeout=0.5)
                     waiter.cancel()
-                    if ready_line.is_set() or http_up.is_set():
-                        if await health(session) == 200:
+                    if owned:  # our process holds the listening socket: only /health is left
+                        status = await health(session)
+                        if status == 200:
                             res.ok = True
                             return
-                    if not await self.alive(rec.pid):
+                        living = await self.alive(rec.pid)
+                    else:  # one round trip per poll: the checks on the target run side by side
+                        status, owned, living = await asyncio.gather(
+                            health(session), self.owns_port(rec.pid), self.alive(rec.pid))
+                        if status == 200 and owned:
+                            res.ok = True
+                            return
+                    last = status if status is not None else last
+                    if http_since is None and (status is not None or http_up.is_set() or owned):
+                        http_since = time.monotonic()
+                        if res.phase != "http up":
+                            set_phase("http up")
+                    if not living:
                         await asyncio.sleep(0.3)  # let the last lines of the log arrive
                         return
-                    if time.monotonic() - t0 > timeout_s:
+                    now = time.monotonic()
+                    if http_since is not None and now - http_since > health_timeout_s:
+                        res.message = (f"HTTP has been up for {now - http_since:.0f} s but /health never answered "
+                                       f"200 (last answer: {last or 'none'}; phase limit {health_timeout_s:.0f} s)")
+                        res.cause = "unhealthy"
+                        return
+                    if now - t0 > timeout_s:
                         res.message = f"not ready after {timeout_s:.0f} s (phase: {res.phase})"
                         res.cause = "timeout"
                         return
@@ -421,34 +556,56 @@ class ServerControl:
                        on_phase: Callable[[str, float], None] | None = None,
                        before_stop: Callable[[], Awaitable[None]] | None = None,
                        after_start: Callable[[ServerRecord], Awaitable[None]] | None = None,
-                       on_stopped: Callable[[str], None] | None = None) -> tuple[ServerRecord, ReadyResult | None]:
-        """Preflight (nothing touched if it refuses), stop what runs, start, wait until ready
-        (unless ``wait`` is false: then the result is None once the process is started).
+                       on_stopped: Callable[[str], None] | None = None, *,
+                       allowed: set[str] | None = None, allow_any: bool = False, keep_on_failure: bool = False,
+                       health_timeout_s: float = HEALTH_TIMEOUT_S) -> tuple[ServerRecord, ReadyResult | None]:
+        """Under the port's lock: preflight (nothing touched if it refuses), stop what runs, start,
+        wait until ready (unless ``wait`` is false: then the result is None once the process is
+        started).
 
-        Raises ControlError when the server does not become ready (the log tail attached); a
-        cancellation during the start stops the half-started server before propagating.
+        Refuses to replace a server that a preset outside ``allowed`` (default: this one) started,
+        unless ``allow_any``. Raises ControlError when the server does not become ready (the log
+        tail attached); that failure, and a cancellation (Ctrl-C, SIGTERM), stop the half-started
+        server first unless ``keep_on_failure``. ``cleanup`` says what happened to it.
         """
-        current = await self.read_state()
-        await self.preflight(current)
-        if before_stop is not None:
-            await before_stop()
-        if current is not None:
-            msg = await self.stop()
-            if on_stopped is not None:
-                on_stopped(msg)
-        rec = await self.start()
-        if after_start is not None:
-            await after_start(rec)
-        if not wait:
-            return rec, None
+        self.warnings = []
+        self.cleanup = None
+        async with self.locked("launch"):
+            current = await self.read_state()
+            if not allow_any and (why := self.foreign(current, allowed)) and await self.alive(current.pid):
+                raise ControlError(why, 2)
+            await self.preflight(current)
+            if before_stop is not None:
+                await before_stop()
+            if current is not None:
+                msg = await self._stop()
+                if on_stopped is not None:
+                    on_stopped(msg)
+            rec = await self.start()
+            if after_start is not None:
+                await after_start(rec)
+            if not wait:
+                return rec, None
+            try:
+                res = await self.wait_ready(rec, timeout_s, on_phase=on_phase, health_timeout_s=health_timeout_s)
+            except asyncio.CancelledError:
+                await asyncio.shield(self._after_failure(rec, keep_on_failure))
+                raise
+            if not res.ok:
+                await self._after_failure(rec, keep_on_failure)
+                raise ControlError(f"{res.message or 'server did not become ready'}; {self.cleanup}", 1, res.log_tail)
+            return rec, res
+
+    async def _after_failure(self, rec: ServerRecord, keep: bool) -> None:
+        """Never leave a half-started server behind unknowingly: stop it, or say that it was kept."""
+        if keep:
+            self.cleanup = f"server {rec.pid} left running (--keep-on-failure)"
+            return
         try:
-            res = await self.wait_ready(rec, timeout_s, on_phase=on_phase)
-        except asyncio.CancelledError:
-            await asyncio.shield(self.stop(grace_s=5))
-            raise
-        if not res.ok:
-            raise ControlError(res.message or "server did not become ready", 1, res.log_tail)
-        return rec, res
+            await self._stop(grace_s=5)
+            self.cleanup = f"the half-started server {rec.pid} was stopped"
+        except (ControlError, TransportError) as e:
+            self.cleanup = f"stopping the half-started server {rec.pid} failed: {e}"
 
     # ---- status --------------------------------------------------------------------------
     async def process_view(self, pid: int) -> tuple[list[str], dict[str, str]] | None:
@@ -464,6 +621,16 @@ class ServerControl:
             return None
         return argv, dict(e.split("=", 1) for e in env_items if "=" in e)
 
+    async def still_ours(self, rec: ServerRecord) -> bool:
+        """Whether ``rec.pid`` still runs a server for ``rec.port`` (a pid can be reused after the
+        server died unseen; stopping that pid's group would kill an unrelated program)."""
+        view = await self.process_view(rec.pid)
+        if view is None:
+            return True  # not readable (another user's process): the alive check has to do
+        argv = view[0]
+        return any(a == f"--port={rec.port}" or (a == "--port" and argv[i + 1:i + 2] == [str(rec.port)])
+                   for i, a in enumerate(argv))
+
     async def status(self, pid: int | None = None) -> Status:
         rec = await self.read_state()
         if pid is not None and (rec is None or rec.pid != pid):
@@ -475,6 +642,8 @@ class ServerControl:
                                       f"start" if busy else None)
         if not await self.alive(rec.pid):
             return Status(False, rec, note=f"server {rec.pid} recorded but not running")
+        if pid is None and not await self.still_ours(rec):
+            return Status(False, rec, note=f"server {rec.pid} recorded, but that pid now runs another program")
         view = await self.process_view(rec.pid)
         st = Status(True, rec, uptime_s=time.time() - rec.started if rec.started else None,
                     same_hash=rec.preset_hash == self.preset.hash() if rec.preset_hash else None)
@@ -483,13 +652,39 @@ class ServerControl:
         return st
 
 
+NCCL_ECHO_LEVELS = ("INFO", "TRACE")  # NCCL prints the variables it applied only at these levels
+
+
+def _nccl_vars(preset: P.Preset) -> dict[str, str]:
+    return {k: v for k, v in preset.env.items()
+            if k.startswith("NCCL_") and k not in ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS")}
+
+
 def nccl_confirmation(preset: P.Preset, seen: dict[str, str]) -> list[tuple[str, str, str | None]]:
-    """(variable, applied | missing | different, value NCCL echoed) for each NCCL_* in the preset."""
+    """(variable, applied | missing | different | unconfirmed, value NCCL echoed) for each NCCL_*
+    in the preset; "unconfirmed" when NCCL_DEBUG is not INFO, since NCCL then echoes nothing."""
+    echoes = str(preset.env.get("NCCL_DEBUG", "")).upper() in NCCL_ECHO_LEVELS
     out = []
-    for k, v in preset.env.items():
-        if not k.startswith("NCCL_") or k in ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS"):
-            continue
+    for k, v in _nccl_vars(preset).items():
         got = seen.get(k)
-        state = "missing" if got is None else ("applied" if got.strip() == v.strip() else "different")
+        if not echoes:
+            state = "unconfirmed"
+        else:
+            state = "missing" if got is None else ("applied" if got.strip() == v.strip() else "different")
         out.append((k, state, got))
     return out
+
+
+def nccl_note(preset: P.Preset, seen: dict[str, str]) -> str | None:
+    """One sentence when NCCL's confirmation is impossible or suspiciously absent, else None."""
+    want = _nccl_vars(preset)
+    if not want:
+        return None
+    if str(preset.env.get("NCCL_DEBUG", "")).upper() not in NCCL_ECHO_LEVELS:
+        return (f"NCCL_DEBUG=INFO is needed to confirm that NCCL applied the preset's {len(want)} NCCL "
+                f"variable(s); add it to the preset's env")
+    if not seen:
+        return (f"NCCL echoed none of the preset's {len(want)} NCCL variable(s) although NCCL_DEBUG=INFO is "
+                f"set: they may not have reached the server (see `tuitune status` for drift), or no NCCL "
+                f"communicator was created")
+    return None

@@ -189,6 +189,7 @@ class BenchSummary(Event, tag="bench"):
     ttft_ms_median: float | None
     requests: int
     failed: int
+    gpu_note: str | None = None  # GPUs capped or a straggler during the run (telemetry), else None
 
 
 class Marker(Event, tag="marker"):
@@ -196,6 +197,35 @@ class Marker(Event, tag="marker"):
     text: str
     preset: str | None = None
     preset_hash: str | None = None
+
+
+class GpuSample(Event, tag="gpu"):
+    """One GPU at one telemetry tick (every GPU of a tick shares ``seq``); None = nvidia-smi had no value."""
+    index: int
+    seq: int
+    util: float | None = None
+    mem_util: float | None = None
+    mem_used: float | None = None  # MiB
+    mem_total: float | None = None
+    power: float | None = None  # W
+    power_limit: float | None = None
+    sm_clock: float | None = None  # MHz
+    sm_clock_max: float | None = None
+    mem_clock: float | None = None
+    temp: float | None = None  # °C
+    reasons: int | None = None  # clock event reasons bitmask (smi.decode_reasons)
+    pcie_gen: int | None = None
+    pcie_width: int | None = None
+    pcie_rx: float | None = None  # MB/s, from `nvidia-smi dmon -s t` where it works (latest second)
+    pcie_tx: float | None = None
+    name: str | None = None
+    stamp: str | None = None  # nvidia-smi's own timestamp of the sample
+
+
+class TelemetryState(Event, tag="telemetry"):
+    state: str  # starting | on | unavailable | interrupted | stopped
+    detail: str | None = None
+    gpus: int | None = None
 
 
 EVENT_TYPES: dict[str, type] = {c.__struct_config__.tag: c for c in Event.__subclasses__()}

@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable
 
-from .events import DecodeStats, Event, ProfileWindow
+from .events import DecodeStats, Event, GpuSample, ProfileWindow
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +114,53 @@ SERIES = {  # name: (unit, fixed display range)
 }
 
 
+GPU_SERIES = {"util": (0.0, 100.0), "power": (0.0, None), "mem_used": (0.0, None), "sm_clock": (0.0, None),
+              "temp": (None, None)}
+
+
+class GpuHistory:
+    """One GPU: its last sample and bounded series of the figures the panel and the flags read."""
+
+    def __init__(self, index: int, capacity: int):
+        self.index = index
+        self.last: GpuSample | None = None
+        self.series = {k: Series(k, "", capacity, None, lo, hi) for k, (lo, hi) in GPU_SERIES.items()}
+
+    def feed(self, ev: GpuSample, t: float | None) -> None:
+        self.last = ev
+        for k, s in self.series.items():
+            v = getattr(ev, k)
+            if v is not None:
+                s.append(float(v), t)
+
+
+class GpuStore:
+    """Telemetry per GPU, keyed by index; ``seq`` is the last tick seen (a GPU absent from it is stale)."""
+
+    def __init__(self, capacity: int = 240):
+        self.capacity = capacity
+        self.gpus: dict[int, GpuHistory] = {}
+        self.seq = -1
+        self.samples = 0
+
+    def feed(self, ev: GpuSample, t: float | None = None) -> None:
+        g = self.gpus.get(ev.index)
+        if g is None:
+            g = self.gpus[ev.index] = GpuHistory(ev.index, self.capacity)
+            self.gpus = dict(sorted(self.gpus.items()))
+        g.feed(ev, t)
+        self.seq = max(self.seq, ev.seq)
+        self.samples += 1
+
+    def current(self) -> list[GpuHistory]:
+        """GPUs that answered in the last tick, by index."""
+        return [g for g in self.gpus.values() if g.last is not None and g.last.seq == self.seq]
+
+    def clear(self) -> None:
+        self.gpus.clear()
+        self.seq = -1
+
+
 class MetricsStore:
     """One bounded series per metric, fed by events."""
 
@@ -126,6 +173,7 @@ class MetricsStore:
         self.malformed = 0
         self.last_profile: ProfileWindow | None = None
         self.last_decode: DecodeStats | None = None
+        self.gpus = GpuStore()
 
     def __getitem__(self, name: str) -> Series:
         return self.series[name]
@@ -147,11 +195,14 @@ class MetricsStore:
             self.series["gen_throughput"].append(ev.gen_throughput, t)
             if ev.accept_len is not None:
                 self.series["decode_accept_len"].append(ev.accept_len, t)
+        elif isinstance(ev, GpuSample):
+            self.gpus.feed(ev, t)
         elif ev.kind == "malformed":
             self.malformed += 1
 
     def clear(self) -> None:
         for s in self.series.values():
             s.clear()
+        self.gpus.clear()
         self.last_profile = None
         self.last_decode = None

@@ -127,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-graph", type=int, default=20, help="all-reduces captured per graph")
     p.add_argument("--stall-s", type=float, default=60.0, help="give up on a size after this long")
     args = p.parse_args(argv)
+    if args.backend == "nccl":  # say so at once, before spawning processes that would each fail
+        import torch
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have < args.world_size:
+            print(f"NCCL_BENCH_NO_CUDA {have} CUDA device(s) for world size {args.world_size}", flush=True)
+            return 3
     import torch.multiprocessing as mp
     port = _free_port()
     try:

@@ -37,7 +37,7 @@ async def model_hidden_size(t: Transport, preset: P.Preset) -> int | None:
     path = preset.server.args.get("model-path") or preset.server.args.get("model")
     if not isinstance(path, str):
         return None
-    r = await t.run(f"cat {P.shell_path(path.rstrip('/') + '/config.json')} 2>/dev/null", timeout=30)
+    r = await t.run(f"cat -- {P.shell_path(path.rstrip('/') + '/config.json')} 2>/dev/null", timeout=30)
     if not r.ok:
         return None
     try:
@@ -104,11 +104,21 @@ def parse_output(text: str) -> dict:
     return {"result": result, "failed": failed, "nccl_env": seen_env, "algos": algos, "errors": errors}
 
 
+def worker_command(preset: P.Preset, env: dict[str, str], worker: str, backend: str, world: int, sizes: list[int],
+                   iters: int, warmup: int, dtype_bytes: int, graph: bool) -> str:
+    """The worker's command line: every value quoted (env values come from presets and grids)."""
+    return (f"env -- {' '.join(shlex.quote(f'{k}={v}') for k, v in env.items())} "
+            f"{P.shell_path(preset.python())} {P.shell_path(worker)} --backend {shlex.quote(backend)} "
+            f"--world-size {int(world)} --sizes {','.join(str(int(s)) for s in sizes)} --iters {int(iters)} "
+            f"--warmup {int(warmup)} --dtype-bytes {int(dtype_bytes)}" + (" --graph" if graph else "") + " 2>&1")
+
+
 async def run(t: Transport, preset: P.Preset, grid: dict, *, sizes: list[int] | None = None,
-              hidden_size: int | None = None, graph: bool = False, iters: int = 200, warmup: int = 20,
+              hidden_size: int | None = None, graph: bool = True, iters: int = 200, warmup: int = 20,
               world_size: int | None = None, backend: str = "nccl", dtype_bytes: int = 2,
               timeout_s: float = 600.0, progress: Callable[[str], None] | None = None) -> dict:
     world = world_size or preset.tp_size()
+    graph = graph and backend == "nccl"  # CUDA graphs need the GPU path
     if world < 1:
         raise NcclBenchError(f"world size must be at least 1 (got {world})", 2)
     if sizes is None:
@@ -130,10 +140,7 @@ async def run(t: Transport, preset: P.Preset, grid: dict, *, sizes: list[int] | 
         env = {k: v for k, v in entry["env"].items()}
         if backend == "nccl":
             env.update({k: v for k, v in DEBUG_ENV.items() if k not in env})
-        cmd = (f"env {' '.join(shlex.quote(f'{k}={v}') for k, v in env.items())} "
-               f"{P.shell_path(preset.python())} {P.shell_path(worker)} --backend {backend} --world-size {world} "
-               f"--sizes {','.join(map(str, sizes))} --iters {iters} --warmup {warmup} --dtype-bytes {dtype_bytes}"
-               + (" --graph" if graph else "") + " 2>&1")
+        cmd = worker_command(preset, env, worker, backend, world, sizes, iters, warmup, dtype_bytes, graph)
         if progress:
             progress(f"running {entry['label']} ({world} process(es), {len(sizes)} size(s))")
         t0 = time.monotonic()
@@ -145,6 +152,11 @@ async def run(t: Transport, preset: P.Preset, grid: dict, *, sizes: list[int] | 
             row["error"] = f"timed out after {timeout_s:.0f} s (a hung collective?)"
             rows.append(row)
             continue
+        if r.exit_status == 3 and "NCCL_BENCH_NO_CUDA " in r.stdout:
+            have = r.stdout.split("NCCL_BENCH_NO_CUDA ", 1)[1].split()[0]
+            raise NcclBenchError(f"{t.label} has {'no' if have == '0' else 'only ' + have} CUDA device(s) for "
+                                 f"{world} NCCL process(es); the nccl backend needs one GPU per process "
+                                 f"(--backend gloo tries the tool out on CPUs)", 1)
         out = parse_output(r.stdout + r.stderr)
         row["seconds"] = time.monotonic() - t0
         row["nccl_env"] = out["nccl_env"]
@@ -204,6 +216,9 @@ def format_table(report: dict) -> str:
         note = f"  (not echoed by NCCL: {', '.join(missing)})" if missing else ""
         lines.append(f"{order[row['label']] + 1:>4}  {name:<{w}}{cells}  {chose}{note}")
     lines.append("* = the preset's current setting")
+    if report["backend"] == "gloo":
+        lines.append("backend gloo: NCCL is not used, so the NCCL variables are not exercised "
+                     "(a trial of the tool; rank NCCL settings with --backend nccl on GPUs)")
     if report["world_size"] == 1 and report["backend"] == "nccl":
         lines.append("world size 1: PyTorch creates no NCCL communicator, so NCCL variables are not exercised "
                      "(a smoke test of the GPU path)")

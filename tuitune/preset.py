@@ -244,6 +244,28 @@ class Bench(_Model):
     api: Literal["native", "openai"] = "native"
 
 
+class Telemetry(_Model):
+    """GPU telemetry (tuitune.telemetry): what stands in for ``nvidia-smi`` and how often it samples."""
+    command: str | None = None  # default nvidia-smi; {python} and {port} = server.python and server.port
+    period_ms: int = Field(default=500, ge=100, le=60000)
+    record_every_s: float = Field(default=1.0, ge=0.0, le=3600.0)  # captures keep a tick this often
+    enabled: bool = True
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        _no_control(v, "command")
+        try:
+            words = shlex.split(v)
+        except ValueError as e:
+            raise ValueError(f"command {v!r} is not a list of shell words ({e})") from None
+        if not words:
+            raise ValueError("command is empty (leave the key out for nvidia-smi)")
+        return v
+
+
 class Preset(_Model):
     name: str
     description: str | None = None
@@ -253,6 +275,7 @@ class Preset(_Model):
     env: Env = Field(default_factory=dict)
     profile: bool = False
     bench: Bench = Field(default_factory=Bench)
+    telemetry: Telemetry = Field(default_factory=Telemetry)
 
     @field_validator("name")
     @classmethod
@@ -404,7 +427,7 @@ def server_argv(preset: Preset, extra_env: dict[str, str] | None = None) -> str:
     env = dict(preset.launch_env())
     if extra_env:
         env.update(extra_env)
-    parts = ["env"] + [shlex.quote(f"{k}={v}") for k, v in env.items()]
+    parts = ["env", "--"] + [shlex.quote(f"{k}={v}") for k, v in env.items()]
     if preset.uses_probe:  # the probe's sitecustomize first on the path, any existing path kept
         parts.append(f'PYTHONPATH="$HOME/{PROBE_DIR[2:]}${{PYTHONPATH:+:$PYTHONPATH}}"')
     parts += [shell_path(preset.python()), "-m", shlex.quote(preset.server.module)]
@@ -415,7 +438,7 @@ def server_argv(preset: Preset, extra_env: dict[str, str] | None = None) -> str:
 def launch_command(preset: Preset, extra_env: dict[str, str] | None = None) -> str:
     """The whole launch script: cd, backgrounded server in its own session, its PID."""
     workdir = preset.server.workdir or "~"
-    return (f"cd {shell_path(workdir)} || exit 1\n"
+    return (f"cd -- {shell_path(workdir)} || exit 1\n"
             f"setsid nohup {server_argv(preset, extra_env)} >{shell_path(preset.server.log)} 2>&1 "
             f"</dev/null &\n"
             f"echo $!")
@@ -536,7 +559,7 @@ def to_dict(preset: Preset) -> dict:
         d["target"] = "local"
     if "env" in d:  # numbers read back as numbers: 16777216, not '16777216'
         d["env"] = {k: int(v) if re.fullmatch(r"-?[1-9]\d*|0", v) else v for k, v in d["env"].items()}
-    order = ["name", "description", "target", "server", "speculative", "env", "profile", "bench"]
+    order = ["name", "description", "target", "server", "speculative", "env", "profile", "bench", "telemetry"]
     return {k: d[k] for k in order if k in d}
 
 

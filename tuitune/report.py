@@ -9,11 +9,39 @@ import math
 from pathlib import Path
 
 from .capture import iter_capture
-from .events import DecodeStats, Marker, ProfileWindow, ServerError, ServerState
+from .events import BenchSummary, DecodeStats, GpuSample, Marker, ProfileWindow, ServerError, ServerState
 from .metrics import summarize
+from .smi import capping
 
 PHASES = ("draft_ms", "verify_ms", "extend_ms", "cycle_ms")
 ROWS = (*PHASES, "accept_len", "tok_s", "gen_throughput")
+GPU_MEANS = ("util", "power", "sm_clock", "temp", "mem_used")
+
+
+class GpuMeans:
+    """Per-GPU sums over a capture's telemetry: means, and the share of samples with capped clocks."""
+
+    def __init__(self) -> None:
+        self.gpus: dict[int, dict] = {}
+
+    def feed(self, ev: GpuSample) -> None:
+        g = self.gpus.setdefault(ev.index, {"n": 0, "capped": 0, "kinds": set(),
+                                            **{k: [0.0, 0] for k in GPU_MEANS}})
+        g["n"] += 1
+        for k in GPU_MEANS:
+            v = getattr(ev, k)
+            if v is not None:
+                g[k][0] += v
+                g[k][1] += 1
+        kind = capping(ev.reasons)
+        if kind:
+            g["capped"] += 1
+            g["kinds"].add(kind)
+
+    def result(self) -> dict[str, dict]:
+        return {str(i): {"samples": g["n"], **{k: (g[k][0] / g[k][1] if g[k][1] else None) for k in GPU_MEANS},
+                         "capped_share": g["capped"] / g["n"], "capping": sorted(g["kinds"])}
+                for i, g in sorted(self.gpus.items())}
 
 
 def _name(preset) -> str | None:
@@ -28,6 +56,8 @@ def summarize_capture(path: str | Path, keep_series: bool = True) -> dict:
     errors: list[str] = []
     relaunches = 0
     events = 0
+    gpus = GpuMeans()
+    runs: list[dict] = []
     first_m = last_m = None
     for rec in records:
         events += 1
@@ -42,6 +72,11 @@ def summarize_capture(path: str | Path, keep_series: bool = True) -> dict:
             times.append(rec.m)
         elif isinstance(ev, DecodeStats):
             series["gen_throughput"].append(ev.gen_throughput)
+        elif isinstance(ev, GpuSample):
+            gpus.feed(ev)
+        elif isinstance(ev, BenchSummary):
+            runs.append({"label": ev.label, "tok_s_median": ev.tok_s_median, "requests": ev.requests,
+                         "failed": ev.failed, "gpu_note": ev.gpu_note})
         elif isinstance(ev, ServerError):
             errors.append(f"{ev.category}: {ev.message}")
         elif isinstance(ev, Marker) and ev.text.startswith("relaunch"):
@@ -55,6 +90,7 @@ def summarize_capture(path: str | Path, keep_series: bool = True) -> dict:
         "truncated": stats["truncated"], "skipped": stats["skipped"], "relaunches": relaunches,
         "errors": errors[:20], "error_count": len(errors),
         "stats": {k: (s.as_dict() if (s := summarize(v)) else None) for k, v in series.items()},
+        "gpus": gpus.result(), "runs": runs,
     }
     if keep_series:
         out["_series"] = {"m": times, "tok_s": series["tok_s"], "verify_ms": series["verify_ms"]}
@@ -95,7 +131,35 @@ def format_report(reports: list[dict]) -> str:
             else:
                 row += f" {'—':>8}"
         lines.append(row)
+    for i, r in enumerate(reports):
+        lines += format_runs(i + 1, r.get("runs") or []) + format_gpus(i + 1, r.get("gpus") or {})
     return "\n".join(lines)
+
+
+def format_runs(n: int, runs: list[dict]) -> list[str]:
+    """Benchmarks recorded in the capture; a run measured while GPUs were held back is marked."""
+    if not runs:
+        return []
+    out = ["", f"[{n}] benchmark runs"]
+    for r in runs:
+        ok = f"{r['requests'] - r['failed']}/{r['requests']} ok"
+        mark = f"  ⚠ GPUs: {r['gpu_note']}" if r.get("gpu_note") else ""
+        out.append(f"    {r['label']:<28} {_fmt(r['tok_s_median'], 1):>8} tok/s  {ok}{mark}")
+    return out
+
+
+def format_gpus(n: int, gpus: dict) -> list[str]:
+    """Per-GPU means of the recorded telemetry."""
+    if not gpus:
+        return []
+    out = ["", f"[{n}] GPU means ({sum(g['samples'] for g in gpus.values())} samples)",
+           f"    {'gpu':>3} {'util %':>7} {'power W':>8} {'SM MHz':>7} {'temp C':>7} {'mem GiB':>8}  capped"]
+    for i, g in gpus.items():
+        mem = g["mem_used"] / 1024 if g["mem_used"] is not None else None
+        cap = f"{g['capped_share']:.0%} ({', '.join(g['capping'])})" if g["capped_share"] else "—"
+        out.append(f"    {i:>3} {_fmt(g['util'], 1):>7} {_fmt(g['power'], 0):>8} {_fmt(g['sm_clock'], 0):>7} "
+                   f"{_fmt(g['temp'], 0):>7} {_fmt(mem, 1):>8}  {cap}")
+    return out
 
 
 def chart(reports: list[dict], width: int = 100, height: int = 18) -> str:

@@ -2,8 +2,10 @@
 
 Inside the TUI a run is one benchmark against one launch, so its delta against the baseline is a
 request-level comparison (a quick check); `tuitune ab`, with launches as the unit, is the
-rigorous one. The baseline goes stale when the environment it was measured under differs from
-what runs now (the seeds' failure: NCCL variables lost after a restart) or when it is old.
+rigorous one. The baseline goes stale when its own conditions do not hold: the server it was
+measured on did not have its preset's environment (the seeds' failure: NCCL variables lost after
+a restart), or it is old. A candidate that differs from it is not a reason (that difference is
+the comparison). A run with failed requests never becomes the baseline.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ class Run:
     summary: dict
     cycle_ms: float | None = None  # mean cycle time of the profile windows seen during the run
     started: float = field(default_factory=time.time)
+    env_drift: list[str] | None = None  # env variables its server lacked vs its preset (None: unknown)
+    gpu_note: str | None = None  # GPUs capped or a straggler during the run (telemetry.RunWatch)
 
     @property
     def median(self) -> float:
@@ -55,12 +59,13 @@ class RunBook:
         self.min_effect = min_effect
 
     def add(self, label: str, preset: P.Preset, values: list[float], summary: dict,
-            cycle_ms: float | None = None, started: float | None = None) -> Run:
+            cycle_ms: float | None = None, started: float | None = None, env_drift: list[str] | None = None,
+            gpu_note: str | None = None) -> Run:
         run = Run(len(self.runs) + 1, label, preset, list(values), summary, cycle_ms,
-                  started if started is not None else time.time())
+                  started if started is not None else time.time(), env_drift, gpu_note)
         self.runs.append(run)
-        if self.baseline_id is None:
-            self.baseline_id = run.id  # the first run is the baseline until one is marked
+        if self.baseline_id is None and not run.failed and values:
+            self.baseline_id = run.id  # the first sound run is the baseline until one is marked
         return run
 
     def get(self, run_id: int) -> Run | None:
@@ -71,20 +76,22 @@ class RunBook:
         return self.get(self.baseline_id) if self.baseline_id is not None else None
 
     def mark_baseline(self, run_id: int) -> None:
-        if self.get(run_id) is None:
+        """Raises KeyError for an unknown run, ValueError (one sentence) for a failed one."""
+        run = self.get(run_id)
+        if run is None:
             raise KeyError(run_id)
+        if run.failed or not run.values:
+            raise ValueError(f"run #{run_id} had failed requests and cannot be the baseline")
         self.baseline_id = run_id
 
-    def stale_reason(self, running: P.Preset | None, now: float | None = None) -> str | None:
+    def stale_reason(self, now: float | None = None) -> str | None:
         """Why the baseline can no longer be trusted, or None."""
         base = self.baseline
         if base is None:
             return None
         now = time.time() if now is None else now
-        if running is not None and running.env != base.preset.env:
-            changed = sorted(set(running.env.items()) ^ set(base.preset.env.items()))
-            names = sorted({k for k, _ in changed})
-            return f"environment changed since it was measured ({', '.join(names)})"
+        if base.env_drift:
+            return f"its server did not have its preset's environment ({', '.join(sorted(base.env_drift))})"
         age = now - base.started
         if age > self.max_age_s:
             return f"measured {age / 60:.0f} min ago (older than {self.max_age_s / 60:.0f} min)"
@@ -119,6 +126,10 @@ class RunBook:
             return None
         if base.failed or run.failed:
             return {"verdict": "not comparable", "ratio": math.nan}
+        if (base.gpu_note is None) != (run.gpu_note is None):
+            # one was measured with GPUs held back (capped clocks, a straggler), the other not
+            return {"verdict": "not comparable", "ratio": math.nan,
+                    "why": f"GPUs during run #{(run if run.gpu_note else base).id}: {run.gpu_note or base.gpu_note}"}
         return stats.compare(base.values, run.values, self.min_effect)
 
 

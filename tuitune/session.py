@@ -21,11 +21,12 @@ from . import preset as P
 from . import redact
 from .bench import BenchConfig, BenchRun, RequestResult, client_session, prompts, run_bench, run_request
 from .cluster import ClusterControl, control_for
-from .control import ControlError, ReadyResult, Status, nccl_confirmation
+from .control import ControlError, ReadyResult, Status, nccl_confirmation, nccl_note
 from .events import BenchSummary, Event, LinkState, LogLine, Marker, ProfileWindow, ServerState
 from .stream import EventStream
 from .parse import parse_line
 from .tail import LogTail, file_size
+from . import telemetry
 from .transport import Transport, TransportError, for_preset
 
 ATTACH_BACKLOG = 256 * 1024  # bytes of an already-running server's log read on attach
@@ -61,7 +62,10 @@ class Session(EventStream):
         self.last_ready: ReadyResult | None = None
         self._tail: LogTail | None = None
         self._tail_task: asyncio.Task | None = None
+        self.tail_state = "stopped"  # the live tail: following, reconnecting, closed, or stopped: WHY
         self._load_task: asyncio.Task | None = None
+        self.telemetry: telemetry.Collector | None = None
+        self._telemetry_task: asyncio.Task | None = None
         self._relaunch_lock = asyncio.Lock()
 
     @property
@@ -86,15 +90,22 @@ class Session(EventStream):
         self.publish([self.link])
 
     # ---- attach / tail --------------------------------------------------------------------
-    async def connect(self) -> Status:
+    async def connect(self, backlog: int | None = ATTACH_BACKLOG) -> Status:
+        """Attach to the preset's running server (reading the last ``backlog`` bytes of its log
+        first, None: all of it), or
+        see that there is none; a server that another preset started is left alone."""
         await self.transport.connect()
+        self.start_telemetry()
         st = await self.control.status()
-        if st.running and st.record:
+        foreign = self.control.foreign(st.record) if st.running else None
+        if foreign:
+            self._set_state("stopped", detail=foreign.split("; pass --any")[0])
+        elif st.running and st.record:
             self.record = st.record
             self.running_preset = self.preset if st.same_hash else None
             await self._open_url()
             self._set_state("ready", "attached", pid=st.record.pid)
-            await self.follow(from_end=True)
+            await self.follow(from_end=True, backlog=backlog)
             if isinstance(self.control, ClusterControl):
                 self.control.records = [n.status.record for n in st.nodes]
                 await self.watch_nodes(from_end=True)
@@ -106,14 +117,17 @@ class Session(EventStream):
         port = await self.transport.forward_port(self.preset.server.port)
         self.url = self.transport.url(port)
 
-    async def follow(self, from_end: bool = False) -> None:
-        """(Re)start tailing the server's log."""
+    async def follow(self, from_end: bool = False, backlog: int | None = ATTACH_BACKLOG) -> None:
+        """(Re)start tailing the server's log; with ``from_end``, only the last ``backlog`` bytes
+        of what is already there are read. Link losses are retried forever (``tail_state`` says
+        "reconnecting" meanwhile); only an error that retrying cannot fix ends the tail."""
         await self.stop_follow()
         offset = 0
-        if from_end:
-            offset = max(0, await file_size(self.transport, self.preset.server.log) - ATTACH_BACKLOG)
-        self._tail = LogTail(self.transport, self.preset.server.log, offset=offset)
-        skip_first = offset > 0  # we started mid-line
+        if from_end and backlog is not None:
+            offset = max(0, await file_size(self.transport, self.preset.server.log) - backlog)
+        self._tail = LogTail(self.transport, self.preset.server.log, offset=offset, python=self.preset.python(),
+                             reconnect_forever=True, on_state=self._on_tail_state)
+        skip_first = offset > 0 and bool(backlog)  # we started mid-line
         tail = self._tail
         shown = redact.Redactor(self.preset)
 
@@ -121,7 +135,7 @@ class Session(EventStream):
             nonlocal skip_first
             try:
                 async for batch in tail.batches():
-                    lines = batch.lines[1:] if skip_first else batch.lines
+                    lines = batch.lines[1:] if skip_first and not batch.reset else batch.lines
                     skip_first = False
                     events: list[Event] = []
                     if batch.reset:
@@ -134,10 +148,28 @@ class Session(EventStream):
                     if events:
                         self.publish(events)
             except TransportError as e:
+                self.tail_state = f"stopped: {e}"
                 self.link = LinkState("lost", 0, str(e))
                 self.publish([self.link])
 
         self._tail_task = asyncio.ensure_future(run())
+
+    def _on_tail_state(self, state: str) -> None:
+        self.tail_state = state
+
+    @property
+    def tail_running(self) -> bool:
+        """Whether the live tail is still following (or reconnecting); "follow again" restarts it if not."""
+        return self._tail_task is not None and not self._tail_task.done()
+
+    def start_telemetry(self) -> None:
+        """GPU telemetry beside the log (idempotent); its events flow like every other event."""
+        tel = self.preset.telemetry
+        if not tel.enabled or self._telemetry_task is not None:
+            return
+        self.telemetry = telemetry.Collector(self.transport, telemetry.for_preset(self.preset), self.publish,
+                                             period_ms=tel.period_ms)
+        self._telemetry_task = asyncio.ensure_future(self.telemetry.run())
 
     async def stop_follow(self) -> None:
         if self._tail is not None:
@@ -181,6 +213,7 @@ class Session(EventStream):
             try:
                 rec, res = await control.relaunch(
                     self.ready_timeout_s, before_stop=before_stop, after_start=after_start,
+                    allowed={self.preset.name, new.name},
                     on_phase=lambda ph, el: self._set_state("starting", ph, pid=self.record.pid if self.record else None,
                                                             elapsed=el))
             except (ControlError, TransportError) as e:
@@ -205,9 +238,10 @@ class Session(EventStream):
         self._set_state("stopped", detail=msg)
         return msg
 
-    def nccl_report(self) -> list[tuple[str, str, str | None]]:
+    def nccl_report(self) -> tuple[list[tuple[str, str, str | None]], str | None]:
+        """NCCL's confirmation of the preset's NCCL variables, and a sentence when it cannot be trusted."""
         seen = self.last_ready.nccl_env if self.last_ready else {}
-        return nccl_confirmation(self.preset, seen)
+        return nccl_confirmation(self.preset, seen), nccl_note(self.preset, seen)
 
     # ---- the other nodes of a multi-node server --------------------------------------------
     async def watch_nodes(self, from_end: bool = False) -> None:
@@ -268,9 +302,12 @@ class Session(EventStream):
         if was_loaded:
             await self.set_load(False)  # a benchmark measures alone
         cycles: list[float] = []
+        self.start_telemetry()
+        gpus = telemetry.RunWatch()  # capping / straggler state while the run measures
 
         def collect(events: list[Event]) -> None:
             cycles.extend(e.cycle_ms for e in events if isinstance(e, ProfileWindow) and math.isfinite(e.cycle_ms))
+            gpus.feed(events)
 
         self.subscribe(collect)
         try:
@@ -280,14 +317,25 @@ class Session(EventStream):
             if was_loaded:
                 await self.set_load(True, self.load.concurrency)
         run.cycle_ms = sum(cycles) / len(cycles) if cycles else None
+        run.env_drift = await self._env_drift()
+        run.gpu_note = gpus.note()
         s = run.summary()
         tok = s.get("tok_s") or {}
         acc = s.get("accept_len") or {}
         ttft = s.get("ttft_ms") or {}
         ci = tok.get("ci95", [float("nan")] * 2)
         self.publish([BenchSummary(cfg.label, tok.get("median", float("nan")), ci[0], ci[1], acc.get("mean"),
-                                   ttft.get("median"), s["requests"], s["failed"])])
+                                   ttft.get("median"), s["requests"], s["failed"], run.gpu_note)])
         return run
+
+    async def _env_drift(self) -> list[str] | None:
+        """The variables in which the measured server's real environment differs from its preset
+        (the seeds' silent failure), or None when it cannot be read."""
+        with contextlib.suppress(ControlError, TransportError):
+            st = await self.control.status()
+            if st.running:
+                return [d.key.removeprefix("env.") for d in st.drift if d.key.startswith("env.")]
+        return None
 
     async def set_load(self, on: bool, concurrency: int | None = None) -> None:
         """Keep ``concurrency`` streams of requests running so that the server decodes."""
@@ -330,6 +378,8 @@ class Session(EventStream):
         await self.set_load(False)
         await self.stop_follow()
         await self.stop_nodes()
+        await telemetry.stop(self.telemetry, self._telemetry_task)
+        self.telemetry = self._telemetry_task = None
         if stop_server:
             with contextlib.suppress(ControlError, TransportError):
                 await self.control.stop()

@@ -24,6 +24,7 @@ from .capture import CaptureWriter, redacted_preset
 from .control import ControlError
 from .metrics import quantile
 from .session import Session
+from .telemetry import CaptureThrottle
 from .transport import TransportError
 
 CSV_FIELDS = ("trial", "kind", "label", "repeat", "status", "tok_s_median", "ci_low", "ci_high", "accept_len",
@@ -103,14 +104,19 @@ async def run_trial(session: Session, trial: dict, out: Path, overrides: dict) -
     writer = CaptureWriter(out / "captures" / f"{trial['id']}.jsonl.gz",
                            {"preset": redacted_preset(P.to_dict(p)), "preset_hash": p.hash(),
                             "target": p.target.label(), "trial": trial["id"]})
-    session.subscribe(writer.write)
+    gpu_rate = CaptureThrottle(p.telemetry.record_every_s)
+
+    def sink(events: list) -> None:
+        writer.write(gpu_rate.filter(events))
+
+    session.subscribe(sink)
     try:
         await session.relaunch(p)
         run = await session.bench(label=trial["label"], **overrides)
     except (ControlError, TransportError) as e:
         return {**row, "status": "failed", "reason": str(e)}
     finally:
-        session.subscribers.remove(writer.write)
+        session.subscribers.remove(sink)
         writer.close()
     s = run.summary()
     tok = s.get("tok_s") or {}
@@ -119,7 +125,7 @@ async def run_trial(session: Session, trial: dict, out: Path, overrides: dict) -
             "reason": "; ".join(s["errors"]) if run.failed else None,
             "tok_s_median": tok.get("median"), "ci_low": ci[0], "ci_high": ci[1],
             "accept_len": (s.get("accept_len") or {}).get("mean"),
-            "cycle_ms": run.cycle_ms,
+            "cycle_ms": run.cycle_ms, "gpu_note": run.gpu_note,
             "requests": s["requests"], "failed": s["failed"], "values": run.tok_s()}
 
 
@@ -134,9 +140,17 @@ async def sweep(base: P.Preset, grid: dict, out: Path, *, baseline: P.Preset | N
     if done_rows and not resume:
         raise SweepError(f"{out} already holds results; pass --resume to continue, or choose another --out")
     done = {r["trial"] for r in done_rows}
+    labels = [G.label(c, grid) for c in G.combinations(grid)]
+    twins = sorted({x for x in labels if labels.count(x) > 1})
+    if twins:  # trials and results are keyed by label: two configurations must never share one
+        raise SweepError(f"two grid configurations read the same ({twins[0]}); give the presets distinct names")
     trials = plan(base, grid, baseline, repeats, baseline_every)
     session = session or Session(base)
-    await session.connect()
+    status = await session.connect()
+    foreign = session.control.foreign(status.record, {base.name, baseline.name}) if status.running else None
+    if foreign:
+        await session.close()
+        raise SweepError(foreign.replace("pass --any to act on it anyway", "stop it first (`tuitune stop PRESET --any`)"))
     try:
         for i, trial in enumerate(trials, 1):
             if trial["id"] in done:
@@ -200,9 +214,14 @@ def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict
             entry["delta"] = {k: cmp[k] for k in ("ratio", "ratio_ci", "p_value", "verdict")}
         table.append(entry)
     ranked = sorted([t for t in table if "tok_s" in t], key=lambda t: -t["tok_s"])
-    best = next((t for t in ranked if t["kind"] == "config"), None)
+    # the baseline is a candidate too: a configuration wins only when significantly faster than it
+    best = next((t for t in ranked if t["kind"] == "config" and (t.get("delta") or {}).get("verdict") == "faster"),
+                None)
     result = {"preset": base.name, "table": ranked + [t for t in table if "tok_s" not in t],
               "best": best["label"] if best else None}
+    if best is None and base_g and base_g["launches"]:
+        result["best"] = "baseline"
+        result["best_note"] = "no configuration was significantly faster than the baseline: the baseline stays best"
     if best and out is not None:
         p, _ = G.apply(base, best["changes"])
         if p is not None:
@@ -230,7 +249,9 @@ def format_table(result: dict) -> str:
         acc = f"{t['accept_len']:.2f}" if t.get("accept_len") else "—"
         cyc = f"{t['cycle_ms']:.2f}" if t.get("cycle_ms") else "—"
         lines.append(f"{t['label']:<40} {t['tok_s']:>8.2f} {lo:>8.2f}-{hi:<8.2f} {t['launches']:>8} {acc:>7} {cyc:>9} {delta:>22}")
-    if result.get("best"):
+    if result.get("best_note"):
+        lines.append(f"\nbest: {result['best_note']} (no best.yaml written)")
+    elif result.get("best"):
         lines.append(f"\nbest: {result['best']}" + (f" (written to {result['best_preset']})" if result.get("best_preset") else ""))
     return "\n".join(lines)
 

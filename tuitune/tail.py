@@ -1,45 +1,34 @@
 """Exactly-once log tail over any transport, with ``tail -F`` semantics.
 
-The remote side is ``tail -c +OFFSET -F FILE`` with stderr merged into stdout, so tail's own
-notices ("file truncated", "has been replaced", "has appeared") arrive in order with the content
-(glibc's error() flushes stdout first). ``offset`` counts the bytes of content up to the last
-complete line handed out; after a reconnect the tail resumes from it, so no line is lost and none
-is repeated. A partial last line is held until its newline arrives. If the file shrank while the
-link was down, the remote script says so with the same notice and the tail starts from byte 0.
+The remote side is ``tailer.py`` (sent as ``python -c``, the path passed as an argument): it
+follows the file by name and frames its output, so content and notices can never be confused
+(a log line that reads "tail: x: file truncated" is just a line). ``offset`` counts the bytes of
+content up to the last complete line handed out and ``identity`` names the file (device and
+inode) they came from; after a reconnect the tail resumes from ``offset`` only when the name
+still points to that file and it is not shorter, otherwise it starts again from byte 0 and says
+so (``reset``). No line is lost and none is repeated. A partial last line is held until its
+newline arrives.
 """
 
 from __future__ import annotations
 
 import asyncio
+import shlex
 from dataclasses import dataclass
-from typing import AsyncIterator
+from importlib import resources
+from typing import AsyncIterator, Callable
 
 from .preset import shell_path
 from .transport import LinkLost, Transport, TransportError
 
-_NOTICE_WORDS = (b"file truncated", b"has been replaced", b"has appeared", b"has become inaccessible",
-                 b"cannot open", b"no longer exists", b"cannot follow")
-_RESETS = (b"file truncated", b"has been replaced", b"has appeared")
 MAX_LINE = 1024 * 1024
-
-
-def _notices(chunk: bytes):
-    """(start, end) of each of tail's notices in a chunk: from the first "tail: " of a line to its
-    newline, when the rest of that line names a notice. Each line is looked at once, so the cost is
-    linear (a regular expression here took 91 s on 256 KiB of "tail: ")."""
-    pos = chunk.find(b"tail: ")
-    while pos >= 0:
-        nl = chunk.find(b"\n", pos)
-        if nl < 0:
-            return
-        if any(w in chunk[pos:nl] for w in _NOTICE_WORDS):
-            yield pos, nl + 1
-        pos = chunk.find(b"tail: ", nl + 1)
+RETRY_CAP_S = 8.0  # longest pause between reconnect attempts when retrying forever
+_TAILER = resources.files("tuitune").joinpath("tailer.py").read_text()
 
 
 async def file_size(t: Transport, path: str) -> int:
     """Size of a file on the target in bytes (0 when it does not exist yet)."""
-    r = await t.run(f"stat -c %s {shell_path(path)} 2>/dev/null", timeout=30)
+    r = await t.run(f"stat -c %s -- {shell_path(path)} 2>/dev/null", timeout=30)
     text = r.stdout.strip()
     return int(text) if r.ok and text.isdigit() else 0
 
@@ -52,33 +41,55 @@ class TailBatch:
 
 
 class LogTail:
+    """``state`` is "starting", "following", "reconnecting" or "closed"; ``on_state`` hears changes.
+
+    With ``reconnect_forever`` a lost link is retried without end (the transport's capped
+    backoff between attempts); otherwise the transport's last ``LinkLost`` ends the iteration.
+    """
+
     def __init__(self, transport: Transport, path: str, offset: int = 0, max_line: int = MAX_LINE,
-                 retry_delay: float = 0.5):
+                 retry_delay: float = 0.5, python: str = "python3", reconnect_forever: bool = False,
+                 on_state: Callable[[str], None] | None = None):
         self.transport = transport
         self.path = path
         self.offset = offset
+        self.identity = "-"  # dev:inode of the file ``offset`` belongs to, "-" while unknown
         self.max_line = max_line
         self.retry_delay = retry_delay
+        self.python = python
+        self.reconnect_forever = reconnect_forever
+        self.on_state = on_state
+        self.state = "starting"
+        self.notice: str | None = None  # the tailer's last notice for people (cannot open …)
         self.truncated_lines = 0  # lines cut at max_line
         self.resets = 0
+        self._buf = bytearray()  # framing bytes not parsed yet
+        self._need = 0  # content bytes still due in the current D record
         self._partial = bytearray()
         self._skipping = False
         self._pending_skip = 0
         self._closed = False
 
     def command(self) -> str:
-        f = shell_path(self.path)
-        return (f"size=$(stat -c %s {f} 2>/dev/null || echo -1); start={self.offset + 1}; "
-                f"if [ \"$size\" -ge 0 ] && [ \"$size\" -lt {self.offset} ]; then "
-                f"echo \"tail: {self.path}: file truncated\"; start=1; fi; "
-                f"exec tail -c +$start -F {f} 2>&1")
+        """The remote command: every value is quoted; the path is an argument, never shell code."""
+        return (f"{shell_path(self.python)} -I -S -c {shlex.quote(_TAILER)} "
+                f"{shell_path(self.path)} {int(self.offset)} {shlex.quote(self.identity)} 2>/dev/null")
 
     def close(self) -> None:
         self._closed = True
+        self._set_state("closed")
+
+    def _set_state(self, state: str) -> None:
+        if state != self.state:
+            self.state = state
+            if self.on_state is not None:
+                self.on_state(state)
 
     async def batches(self) -> AsyncIterator[TailBatch]:
         while not self._closed:
+            self._reset_framing()
             try:
+                self._set_state("following")
                 async for chunk in self.transport.stream(self.command()):
                     batch = self.feed(chunk)
                     if batch is not None:
@@ -88,36 +99,67 @@ class LogTail:
             except LinkLost:
                 if self._closed:
                     return
-                self._drop_partial()
-                await self.transport.reconnect()
+                await self._reconnect()
                 continue
-            except TransportError:
-                raise
             if self._closed:
                 return
-            # tail ended without a link error (killed on the target): start it again
-            self._drop_partial()
+            # the tailer ended without a link error (killed on the target, no python): start it again
             await asyncio.sleep(self.retry_delay)
 
-    def _drop_partial(self) -> None:
-        """Forget bytes after the last newline: they are re-read from ``offset``."""
+    async def _reconnect(self) -> None:
+        self._set_state("reconnecting")
+        while True:
+            try:
+                await self.transport.reconnect()
+                return
+            except LinkLost:
+                if not self.reconnect_forever or self._closed:
+                    raise
+                await asyncio.sleep(RETRY_CAP_S)  # the transport's own backoff ended: keep the cap
+            except TransportError:
+                raise  # not a link problem (authentication, host key): retrying cannot help
+
+    def _reset_framing(self) -> None:
+        """A new tailer starts: forget bytes after the last newline (re-read from ``offset``)."""
+        self._buf.clear()
+        self._need = 0
         self._partial.clear()
         self._skipping = False
 
     def feed(self, chunk: bytes) -> TailBatch | None:
-        """Consume raw tail output; return the complete lines it finished (pure, testable)."""
+        """Consume the tailer's framed output; return the complete lines it finished (pure, testable)."""
         lines: list[str] = []
         reset = False
+        self._buf += chunk
         pos = 0
-        for start, end in _notices(chunk):
-            self._content(chunk[pos:start], lines)
-            if any(r in chunk[start:end] for r in _RESETS):
+        buf = self._buf
+        while pos < len(buf):
+            if self._need:
+                take = min(self._need, len(buf) - pos)
+                self._content(bytes(buf[pos:pos + take]), lines)
+                self._need -= take
+                pos += take
+                continue
+            nl = buf.find(b"\n", pos, pos + 4096)
+            if nl < 0:
+                if len(buf) - pos > 4096:  # no record header is this long: remote noise, dropped
+                    pos = len(buf)
+                break
+            kind, _, arg = bytes(buf[pos:nl]).decode("utf-8", "replace").partition(" ")
+            pos = nl + 1
+            if kind == "D" and arg.isdigit():
+                self._need = int(arg)
+            elif kind == "I":
+                self.identity = arg
+            elif kind == "R":
                 self.offset = 0
-                self._drop_partial()
+                self._partial.clear()
+                self._skipping = False
                 self.resets += 1
                 reset = True
-            pos = end
-        self._content(chunk[pos:], lines)
+            else:  # W, or anything the remote shell said (never content)
+                self.notice = (arg if kind == "W" else f"{kind} {arg}").strip()[:300]
+        del buf[:pos]
         if not lines and not reset:
             return None
         return TailBatch(lines, self.offset, reset)

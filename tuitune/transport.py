@@ -12,7 +12,9 @@ host keys are always checked.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
+import secrets
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,14 +84,24 @@ class Transport:
         yield b""  # pragma: no cover
 
     async def upload(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
-        """Write a file atomically on the target (through ``cat``, so it works on any transport)."""
+        """Write a file atomically on the target (through ``cat``, so it works on any transport).
+
+        The bytes go to a private temporary file (mode 0600 from the first byte), which replaces
+        the target only once its size and SHA-256 match what was sent: a client killed mid-way
+        leaves the old file, never an empty or partial one.
+        """
         from .preset import shell_path
         target = shell_path(remote_path)
-        tmp = shell_path(remote_path + ".tuitune-tmp")
-        cmd = (f"mkdir -p \"$(dirname {target})\" && cat > {tmp} && chmod {mode:o} {tmp} && mv -f {tmp} {target}")
+        tmp = shell_path(f"{remote_path}.tuitune-tmp-{secrets.token_hex(6)}")
+        digest = hashlib.sha256(data).hexdigest()
+        cmd = (f"mkdir -p -- \"$(dirname -- {target})\" && (umask 077 && cat > {tmp}) && "
+               f"[ \"$(wc -c < {tmp})\" -eq {len(data)} ] && "
+               f"[ \"$(sha256sum < {tmp} | cut -d ' ' -f 1)\" = {digest} ] && "
+               f"chmod {mode:o} -- {tmp} && mv -f -- {tmp} {target} || {{ rm -f -- {tmp}; exit 1; }}")
         r = await self.run(cmd, timeout=120, input=data)
         if not r.ok:
-            raise TransportError(f"{self.label}: cannot write {remote_path}: {r.stderr.strip()[:200]}")
+            raise TransportError(f"{self.label}: cannot write {remote_path}: "
+                                 f"{r.stderr.strip()[:200] or 'the copy on the target was incomplete'}")
 
     async def forward_port(self, remote_port: int, remote_host: str = "127.0.0.1") -> int:
         raise NotImplementedError
@@ -276,8 +288,14 @@ class SshTransport(Transport):
         self._notify("connected")
 
     async def reconnect(self, max_attempts: int = 8, base_delay: float = 0.25, max_delay: float = 8.0) -> None:
-        """Drop the old connection and connect again with exponential backoff."""
+        """Drop the old connection and connect again with exponential backoff.
+
+        Several users (log tail, telemetry) see one drop: when another caller has already put a
+        live connection in place, it is kept (aborting it would kill that caller's fresh streams).
+        A failed channel forgets only its own connection (``_forget``), so a live one here is new."""
         async with self._lock:
+            if self._conn is not None and not self._conn.is_closed():
+                return
             old, self._conn = self._conn, None
             if old is not None:
                 old.abort()
@@ -298,6 +316,11 @@ class SshTransport(Transport):
                     delay = min(max_delay, delay * 2)
         self._notify("connected")
 
+    def _forget(self, conn) -> None:
+        """Drop a dead connection, unless another caller already replaced it."""
+        if self._conn is conn:
+            self._conn = None
+
     async def _connection(self):
         if self._conn is None:
             await self.connect()
@@ -309,9 +332,11 @@ class SshTransport(Transport):
         try:
             r = await conn.run(command, input=input, check=False, encoding=None)
         except (asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError, BrokenPipeError) as e:
-            self._conn = None
+            self._forget(conn)
             raise LinkLost(f"{self.label}: connection lost ({_reason(e)})") from None
         except asyncssh.ChannelOpenError as e:
+            conn.abort()  # a connection that refuses channels is replaced by the caller's reconnect
+            self._forget(conn)
             raise LinkLost(f"{self.label}: cannot open a channel ({_reason(e)})") from None
         status = r.exit_status if r.exit_status is not None else (128 + 9 if r.exit_signal else 255)
         return RunResult(status, (r.stdout or b"").decode("utf-8", "replace"),
@@ -323,20 +348,22 @@ class SshTransport(Transport):
         try:
             proc = await conn.create_process(lifeline(command), encoding=None, stderr=asyncssh.STDOUT)
         except (asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError) as e:
-            self._conn = None
+            self._forget(conn)
             raise LinkLost(f"{self.label}: connection lost ({_reason(e)})") from None
         except asyncssh.ChannelOpenError as e:
+            conn.abort()  # a connection that refuses channels is replaced by the caller's reconnect
+            self._forget(conn)
             raise LinkLost(f"{self.label}: cannot open a channel ({_reason(e)})") from None
         try:
             while True:
                 try:
                     data = await proc.stdout.read(256 * 1024)
                 except (asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError, BrokenPipeError) as e:
-                    self._conn = None
+                    self._forget(conn)
                     raise LinkLost(f"{self.label}: connection lost ({_reason(e)})") from None
                 if not data:
                     if conn.is_closed() if hasattr(conn, "is_closed") else False:
-                        self._conn = None
+                        self._forget(conn)
                         raise LinkLost(f"{self.label}: connection lost")
                     break
                 yield data

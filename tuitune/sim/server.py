@@ -537,7 +537,8 @@ class Simulator:
         info = {k: v for k, v in vars(self.ns).items() if not k.startswith("sim_")}
         state = {"last_gen_throughput": self.last_gen_throughput,
                  "avg_spec_accept_length": (self.total_accept / self.total_verify
-                                            if self.total_verify else None)}
+                                            if self.total_verify else None),
+                 "num_running_reqs": len(self.running), "pid": os.getpid()}  # for sim.nvidia_smi
         if self.record_step_time:
             state["step_time_dict"] = {str(bs): list(v) for bs, v in self.step_times.items()}
         info.update(version=VERSION, internal_states=[state], sim=self.expected(),

@@ -24,12 +24,13 @@ from textual.worker import Worker, WorkerState
 from .. import preset as P
 from .. import redact
 from ..control import ControlError
-from ..events import Event, LogLine, Marker, ProfileWindow, ServerState
+from ..events import Event, GpuSample, LogLine, Marker, ProfileWindow, ServerState, TelemetryState
 from ..runs import RunBook, delta_mark
 from ..transport import TransportError
 from .chart import ChartPanel
 from .config import ConfigPanel
 from .cycle import CyclePanel
+from .gpus import GpuPanel
 from .header import StatusHeader
 from .logpane import LogPane
 from .runs import RunsTable
@@ -123,6 +124,7 @@ class TuituneApp(App):
         Binding("slash", "focus_filter", "filter", id="tuitune.filter"),
         Binding("n", "next_node", "node", show=False, id="tuitune.next_node"),
         Binding("e", "edit", "edit config", id="tuitune.edit"),
+        Binding("t", "toggle_gpus", "gpus", id="tuitune.gpus"),
         Binding("end", "follow_log", "follow", show=False, id="tuitune.follow"),
         Binding("space", "pause", "pause", show=False, id="tuitune.pause"),
         Binding("right", "seek(10)", "+10s", show=False, id="tuitune.seek_fwd"),
@@ -166,6 +168,7 @@ class TuituneApp(App):
         with Horizontal(id="main"):
             with Vertical(id="left"):
                 yield CyclePanel(id="cycle")
+                yield GpuPanel(id="gpus")
                 yield RunsTable(id="runs")
                 with TabbedContent(id="tabs"):
                     with TabPane("log", id="tab-log"):
@@ -179,6 +182,7 @@ class TuituneApp(App):
         # the main screen's widgets (App.query_one would search whatever screen is on top)
         self.header = self.query_one(StatusHeader)
         self.cycle = self.query_one(CyclePanel)
+        self.gpu_panel = self.query_one(GpuPanel)
         self.runs_table = self.query_one(RunsTable)
         self.logpane = self.query_one(LogPane)
         self.chart = self.query_one(ChartPanel)
@@ -254,6 +258,12 @@ class TuituneApp(App):
                     and not self.relaunch_screen.finished and ev.state == "starting":
                 self.relaunch_screen.set_phase(ev)
         s = self.session
+        telemetry = [ev for ev in events if isinstance(ev, (GpuSample, TelemetryState))]
+        if telemetry:
+            self.gpu_panel.update_from(s.store.gpus, bool(s.load and s.load.on), telemetry)
+            for ev in telemetry:
+                if isinstance(ev, TelemetryState) and ev.state in ("unavailable", "stopped") and ev.detail:
+                    self.say(ev.detail, "warning")
         self.header.show(
             s.label, self.draft.name if self.draft else "?", self.modified, s.state, s.link, s.load,
             s.record.started if s.record else None, self.clock())
@@ -271,7 +281,7 @@ class TuituneApp(App):
             self.chart.draw(s.store, self.book)
 
     def stale_reason(self) -> str | None:
-        return self.book.stale_reason(self.session.running_preset, self.clock())
+        return self.book.stale_reason(self.clock())
 
     @property
     def modified(self) -> bool:
@@ -356,11 +366,13 @@ class TuituneApp(App):
             return
         finally:
             self.bench_running = False
-        r = self.book.add(preset.name, preset, run.tok_s(), run.summary(), run.cycle_ms, started=self.clock())
+        r = self.book.add(preset.name, preset, run.tok_s(), run.summary(), run.cycle_ms, started=self.clock(),
+                          env_drift=run.env_drift, gpu_note=run.gpu_note)
         self._dirty_runs = True
         mark = delta_mark(self.book.delta(r))
         self.say(f"run #{r.id}: {r.median:.1f} tok/s" + ("" if mark == "—" else f", {mark} vs baseline")
-                 + (f", {r.failed} failed" if r.failed else ""),
+                 + (f", {r.failed} failed" if r.failed else "")
+                 + (f"; GPUs held back: {r.gpu_note}" if r.gpu_note else ""),
                  "error" if r.failed else "information")
 
     def action_mark_baseline(self) -> None:
@@ -370,7 +382,11 @@ class TuituneApp(App):
             return
         row = table.cursor_row if table.cursor_row is not None else len(self.book.runs) - 1
         run = self.book.runs[max(0, min(row, len(self.book.runs) - 1))]
-        self.book.mark_baseline(run.id)
+        try:
+            self.book.mark_baseline(run.id)
+        except ValueError as e:
+            self.say(str(e), "warning")
+            return
         self._dirty_runs = True
         self.refresh_views()
         self.say(f"run #{run.id} is the baseline")
@@ -465,6 +481,9 @@ class TuituneApp(App):
     def action_edit(self) -> None:
         self.config.query_one("#spec-algorithm").focus()
 
+    def action_toggle_gpus(self) -> None:
+        self.say(f"GPU panel: {self.gpu_panel.cycle_mode()}")
+
     def action_leave_input(self) -> None:
         self.set_focus(None)
 
@@ -481,17 +500,21 @@ class TuituneApp(App):
 
     def action_follow_log(self) -> None:
         self.logpane.follow()
+        if self.live and self.session.record is not None and not self.session.tail_running:
+            self.run_worker(self.session.follow(from_end=True), exclusive=True, group="follow")
+            self.say("following the log again")
 
     def action_clear_runs(self) -> None:
         self.book = RunBook(max_age_s=self.book.max_age_s)
         self._dirty_runs = True
 
     def action_nccl_report(self) -> None:
-        rows = self.session.nccl_report() if self.live else []
+        rows, note = self.session.nccl_report() if self.live else ([], None)
         if not rows:
-            self.say("no NCCL confirmation: set NCCL_DEBUG=INFO in the config and relaunch")
+            self.say("no NCCL variables in this preset to confirm")
             return
-        self.say("; ".join(f"{k}: {state}" for k, state, _ in rows))
+        self.say("; ".join(f"{k}: {state}" for k, state, _ in rows) + (f" ({note})" if note else ""),
+                 "warning" if note else "information")
 
     async def action_stop_server(self) -> None:
         try:

@@ -7,7 +7,15 @@ from textual.widgets import DataTable
 
 from ..runs import RunBook, delta_mark
 
-COLUMNS = ("#", "tok/s", "95% CI", "Δ vs base", "accept", "cycle ms", "failed", "config (vs baseline)")
+COLUMNS = ("#", "tok/s", "95% CI", "Δ vs base", "accept", "cycle ms", "failed", "gpus", "config (vs baseline)")
+
+
+def gpu_mark(note: str | None) -> str:
+    """The telemetry warning of a run, short: ⚠ power cap / ⚠ straggler."""
+    if not note:
+        return ""
+    words = [w for w in ("power", "thermal", "HW slowdown", "straggler") if w in note] or ["held back"]
+    return "⚠ " + words[0] + (f" +{len(words) - 1}" if len(words) > 1 else "")  # the column stays narrow
 
 
 class RunsTable(DataTable):
@@ -34,6 +42,7 @@ class RunsTable(DataTable):
                 f"{run.accept_len:.2f}" if run.accept_len else "—",
                 f"{run.cycle_ms:.2f}" if run.cycle_ms else "—",
                 str(run.failed) if run.failed else "",
+                Text(gpu_mark(run.gpu_note), style="bold yellow"),
                 Text(summary if len(summary) <= 48 else summary[:47] + "…"),
                 key=str(run.id))
         if book.runs:

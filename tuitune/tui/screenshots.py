@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import preset as P
 from ..capture import Replay, read_capture
-from ..events import ServerState
+from ..events import GpuSample, ServerState, TelemetryState
 from ..metrics import summarize
 from ..stats import bootstrap_median_ci
 from .app import TuituneApp, UserConfig
@@ -18,7 +18,7 @@ from .screens import RelaunchScreen
 
 CAPTURE = Path(__file__).resolve().parent.parent.parent / "tests" / "data" / "demo-capture.jsonl"
 SIZE = (140, 44)
-SCENES = ("main", "relaunch", "runs", "config", "failure")
+SCENES = ("main", "relaunch", "runs", "config", "failure", "gpus")
 CLOCK = 1795971100.0  # fixed wall clock: no ticking ages in the pictures
 
 
@@ -30,19 +30,41 @@ def scene_app(capture: Path = CAPTURE) -> TuituneApp:
 
 
 def _runs(app: TuituneApp) -> None:
-    """Three benchmark runs drawn around the capture's own profile throughput (seeded)."""
+    """Three benchmark runs drawn around the capture's own profile throughput (seeded); the second
+    is the seeds' failure: the same preset, but its server had lost the NCCL variables."""
     base = app.session.preset
     rate = app.session.store["tok_s"].summary().median
     rng = random.Random(7)
-    untuned = P.with_changes(base, {f"env.{k}": None for k in base.env if k.startswith("NCCL_")})
+    lost = sorted(k for k in base.env if k.startswith("NCCL_"))
     five = P.with_changes(base, {"speculative.num_steps": 5})
-    for preset, scale in ((base, 1.0), (untuned, 0.76), (five, 0.93)):
+    for preset, scale, drift in ((base, 1.0, []), (base, 0.76, lost), (five, 0.93, [])):
         values = [rate * scale * rng.gauss(1.0, 0.01) for _ in range(10)]
         s = summarize(values)
         summary = {"tok_s": {**s.as_dict(), "ci95": list(bootstrap_median_ci(values))}, "failed": 0,
                    "requests": 10, "accept_len": {"mean": 1.9 if preset is not five else 2.0}}
-        app.book.add(preset.name, preset, values, summary, cycle_ms=20.1 / scale, started=CLOCK - 60)
+        app.book.add(preset.name, preset, values, summary, cycle_ms=20.1 / scale, started=CLOCK - 60,
+                     env_drift=drift)
     app._dirty_runs = True
+
+
+def _gpus(app: TuituneApp) -> None:
+    """Eight busy GPUs (seeded): GPU 3 thermally capped, GPU 5 lagging; the last run measured meanwhile."""
+    rng = random.Random(11)
+    app.session.publish([TelemetryState("on", "8 GPU(s), every 500 ms", 8)])
+    for seq in range(40):
+        ticks = []
+        for i in range(8):
+            hot = i == 3 and seq >= 20
+            ticks.append(GpuSample(
+                index=i, seq=seq, util=round(55 + 8 * rng.random()) if i == 5 else round(95 + 5 * rng.random()),
+                mem_util=23.0, mem_used=126518.0, mem_total=143771.0, power=round(430 + 40 * rng.random(), 2),
+                power_limit=700.0, sm_clock=1290.0 if hot else 1980.0, sm_clock_max=1980.0, mem_clock=3201.0,
+                temp=88.0 if hot else float(52 + rng.randrange(5)), reasons=0x20 if hot else 0x0, pcie_gen=5,
+                pcie_width=16, pcie_rx=float(900 + rng.randrange(300)), pcie_tx=float(300 + rng.randrange(100)),
+                name="NVIDIA H200"))
+        app.session.publish(ticks)
+    _runs(app)
+    app.book.runs[-1].gpu_note = "thermal cap GPU 3 (50% of samples); straggler GPU 5 (100%)"
 
 
 async def _relaunch_view(app: TuituneApp) -> RelaunchScreen:
@@ -62,6 +84,8 @@ async def prepare(app: TuituneApp, pilot, scene: str) -> None:
     elif scene == "runs":
         _runs(app)
         app.book.mark_baseline(2)
+    elif scene == "gpus":
+        _gpus(app)
     elif scene == "config":
         panel = app.config
         panel.query_one("#spec-num-steps").value = "5"

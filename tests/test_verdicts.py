@@ -1,0 +1,134 @@
+"""Issue 13, items 10-14: verdicts that the tool could have checked (pure, plus the CLI where it is cheap)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import free_port, make_preset
+from tuitune import preset as P
+from tuitune.ab import ab_notes, format_ab, verdict
+from tuitune.cli import build_command_parser
+from tuitune.control import nccl_confirmation, nccl_note
+from tuitune.runs import RunBook
+from tuitune.sweep import format_table, summarize
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _row(arm: str, preset: str, tok: float, r: int) -> dict:
+    return {"arm": arm, "preset": preset, "median_tok_s": tok, "failed": 0, "errors": [], "round": r,
+            "ci95": [tok - 1, tok + 1], "accept_len": None}
+
+
+def test_ab_arms_are_positional_even_with_the_same_name():
+    """Two presets with the same name: B ran at 661 vs 1179 tok/s; the old name split saw ratio 1."""
+    rows = [x for r in range(1, 5) for x in (_row("A", "same", 1179 + r, r), _row("B", "same", 661 + r, r))]
+    v = verdict(rows, 0.01)
+    assert v["verdict"] == "slower" and 0.55 < v["ratio"] < 0.57 and v["n_baseline"] == v["n_candidate"] == 4
+    text = format_ab({"a": "same", "b": "same", "launches": rows, "verdict": v})
+    assert "B (same) is slower" in text
+
+
+def test_ab_notes_for_a_a_runs_and_too_few_rounds(tmp_path):
+    a = make_preset(tmp_path, "a", port=1234)
+    b = P.with_changes(a, {"server.args.sim-scale": 1.2})
+    assert ab_notes(a, b, 4) == []
+    aa, few = ab_notes(a, a, 3)
+    assert aa.startswith("A/A run") and "--rounds 3 cannot reach p < 0.05" in few
+
+
+def test_cli_ab_a_a_says_so(tmp_path):
+    p = P.save(make_preset(tmp_path, "aa", profile=False), tmp_path / "aa.yaml")
+    r = subprocess.run([sys.executable, "-m", "tuitune", "ab", str(p), str(p), "--rounds", "1", "--requests", "2"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=180, env={**__import__("os").environ,
+                                                                                       "HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert "note: A/A run" in r.stderr and "note: --rounds 1 cannot reach p < 0.05" in r.stderr
+    assert "this was an A/A run" in r.stdout
+
+
+def _trial(label: str, kind: str, tok: float, i: int, changes: dict | None = None) -> dict:
+    return {"trial": f"{kind}-{i}", "kind": kind, "label": label, "status": "ok", "tok_s_median": tok,
+            "values": [tok * (1 + d / 1000) for d in range(-5, 6)], "changes": changes or {}, "axes": {}}
+
+
+def test_sweep_baseline_is_a_candidate(tmp_path):
+    base = make_preset(tmp_path, "sw", port=1234)
+    # the only configuration is 0.4 % slower than the baseline: no best.yaml
+    rows = [_trial("baseline", "baseline", 100.0, 0), _trial("num_steps=3", "config", 99.6, 1,
+                                                             {"speculative.num_steps": 3}),
+            _trial("baseline", "baseline", 100.0, 2)]
+    result = summarize(base, rows, tmp_path)
+    assert result["best"] == "baseline" and "best_preset" not in result and not (tmp_path / "best.yaml").exists()
+    assert "the baseline stays best" in format_table(result)
+    # a configuration 10 % faster wins and is written
+    rows[1] = _trial("num_steps=3", "config", 110.0, 1, {"speculative.num_steps": 3})
+    result = summarize(base, rows, tmp_path)
+    assert result["best"] == "num_steps=3" and (tmp_path / "best.yaml").exists()
+
+
+def test_staleness_is_about_the_baselines_own_conditions(tmp_path):
+    a = make_preset(tmp_path, "a", port=1234, env={"NCCL_PROTO": "LL"})
+    b = P.with_changes(a, {"env.NCCL_BUFFSIZE": "8388608"})
+    book = RunBook(max_age_s=600)
+    failed = book.add("failed", a, [], {"failed": 3})
+    assert book.baseline_id is None  # a failed run never becomes the baseline
+    try:
+        book.mark_baseline(failed.id)
+        raise AssertionError("a failed run was accepted as the baseline")
+    except ValueError as e:
+        assert "failed requests" in str(e)
+    now = time.time()
+    base = book.add("a", a, [1.0, 2.0], {"failed": 0}, started=now, env_drift=[])
+    book.add("b", b, [1.0, 2.0], {"failed": 0}, started=now, env_drift=[])
+    assert book.baseline_id == base.id and book.stale_reason(now) is None  # b differs: that is the comparison
+    assert "min ago" in book.stale_reason(now + 601)
+    lost = book.add("a again", a, [1.0], {"failed": 0}, started=now, env_drift=["NCCL_PROTO"])
+    book.mark_baseline(lost.id)
+    assert "did not have its preset's environment (NCCL_PROTO)" in book.stale_reason(now)
+
+
+def test_nccl_confirmation_needs_nccl_debug_and_warns_when_nothing_echoed(tmp_path):
+    quiet = make_preset(tmp_path, "q", port=1234, env={"NCCL_PROTO": "LL"})
+    assert nccl_confirmation(quiet, {}) == [("NCCL_PROTO", "unconfirmed", None)]
+    assert "NCCL_DEBUG=INFO is needed" in nccl_note(quiet, {})
+    loud = P.with_changes(quiet, {"env.NCCL_DEBUG": "INFO"})
+    assert nccl_confirmation(loud, {}) == [("NCCL_PROTO", "missing", None)]
+    assert "NCCL echoed none" in nccl_note(loud, {})
+    assert nccl_note(loud, {"NCCL_PROTO": "LL"}) is None
+
+
+def test_nccl_bench_defaults_to_graphs_and_says_so_without_cuda(tmp_path):
+    parse = build_command_parser("nccl-bench").parse_args
+    assert parse(["x"]).graph is True and parse(["x", "--eager"]).graph is False
+    import torch
+    if torch.cuda.is_available():
+        return  # the sentence is for machines without CUDA
+    path = P.save(make_preset(tmp_path, "nb", port=free_port()), tmp_path / "nb.yaml")
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "tuitune", "nccl-bench", str(path), "--sizes", "4096",
+                        "--grid", "env.NCCL_PROTO=LL,Simple"], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env={**__import__("os").environ, "HOME": str(tmp_path)})
+    took = time.monotonic() - t0
+    err = [x for x in r.stderr.splitlines() if x.startswith("tuitune:")]
+    assert r.returncode == 1 and len(err) == 1 and "no CUDA device(s)" in err[0], r.stderr
+    assert "Traceback" not in r.stderr and "ProcessRaisedException" not in r.stderr
+    assert took < 60 and math.isfinite(took)
+
+
+async def test_sweep_refuses_two_configurations_that_read_the_same(tmp_path, monkeypatch):
+    """Same class as item 10: results are keyed by label, so two presets named alike would merge."""
+    import pytest
+    from tuitune import grid as G
+    from tuitune.sweep import SweepError, sweep
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    base = make_preset(tmp_path, "sw", port=free_port())
+    one = P.save(P.with_changes(base, {"name": "twin", "env.NCCL_PROTO": "LL"}), tmp_path / "one.yaml")
+    two = P.save(P.with_changes(base, {"name": "twin", "env.NCCL_PROTO": "Simple"}), tmp_path / "two.yaml")
+    grid = G.parse([f"env=@{one},@{two}"])
+    with pytest.raises(SweepError, match="read the same"):
+        await sweep(base, grid, tmp_path / "out")
