@@ -33,7 +33,9 @@ def machines(tmp_path_factory):
         home = root / "home"
         home.mkdir()
         s = SshServer(root)
-        s.config.write_text(s.config.read_text() + f"SetEnv HOME={home}\n")
+        # its own home; and the code under test (this checkout) when the tests run from one
+        code = f" PYTHONPATH={os.environ['PYTHONPATH']}" if os.environ.get("PYTHONPATH") else ""
+        s.config.write_text(s.config.read_text() + f"SetEnv HOME={home}{code}\n")
         s.home = home
         s.start()
         out.append(s)
@@ -43,8 +45,6 @@ def machines(tmp_path_factory):
 
 
 def two_node_preset(machines, name="mn", env=None, node1_env=None) -> P.Preset:
-    # the code under test on the "remote" side: the same checkout as this test
-    code = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
     return P.from_dict({
         "name": name,
         "target": {"nodes": [
@@ -56,7 +56,7 @@ def two_node_preset(machines, name="mn", env=None, node1_env=None) -> P.Preset:
                    "port": free_port(), "dist_init_port": free_port(),
                    "args": {"sim-load-seconds": 0.3, "sim-speedup": 10, "decode-log-interval": 10,
                             "tp-size": 4}},
-        "env": {**code, "NCCL_DEBUG": "INFO", "NCCL_PROTO": "LL", **(env or {})},
+        "env": {"NCCL_DEBUG": "INFO", "NCCL_PROTO": "LL", **(env or {})},
         "profile": True,
         "bench": {"requests": 2, "warmup": 0, "max_tokens": 40},
     })

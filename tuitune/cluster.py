@@ -33,6 +33,8 @@ from .transport import Transport, TransportError, for_preset
 
 POLL_S = 0.5  # how often the other nodes' processes are checked while starting and serving
 TAIL_LINES = 40
+# A node that failed only because a peer went away says so (NCCL's remote error): not the cause.
+FOLLOWER_MARKS = ("ncclRemoteError", "remote process exit")
 
 
 def control_for(transport: Transport, preset: P.Preset, state_dir: str | None = None):
@@ -194,11 +196,12 @@ class ClusterControl:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError, TransportError):
                         await task
-        if others.done() and not others.cancelled() and others.result() is not None:
-            res = await self.node_failure(others.result(), "start")
+        if others.done() and not others.cancelled() and others.exception() is None and others.result():
+            res = await self.node_failure(await self.first_death(recs, once=True) or others.result(), "start")
         else:
             res = head.result()
-            if res.ok and (dead := await self.first_death(recs, once=True)) is not None:
+            dead = await self.first_death(recs, once=True)
+            if dead and (res.ok or dead != [0]):  # another node is (also) gone: find the cause among them
                 res = await self.node_failure(dead, "start")
             elif not res.ok:
                 res.message = f"{self.label(0)}: {res.message}"
@@ -209,14 +212,14 @@ class ClusterControl:
         return res
 
     async def first_death(self, recs: list[ServerRecord], skip_head: bool = False,
-                          once: bool = False) -> int | None:
-        """The first node (in node order) whose process is gone: polled until one is, or once."""
+                          once: bool = False) -> list[int] | None:
+        """The nodes whose process is gone: polled until one is (or checked once: None if none)."""
         idx = [i for i in range(len(recs)) if not (skip_head and i == 0)]
         while True:
             alive = await asyncio.gather(*(self.controls[i].alive(recs[i].pid) for i in idx))
             dead = [i for i, ok in zip(idx, alive) if not ok]
             if dead or once:
-                return dead[0] if dead else None
+                return dead or None
             await asyncio.sleep(POLL_S)
 
     async def log_tail(self, i: int, n: int = TAIL_LINES) -> list[str]:
@@ -225,15 +228,22 @@ class ClusterControl:
         shown = redact.Redactor(c.preset)
         return [shown(line) for line in r.stdout.splitlines()]
 
-    async def node_failure(self, i: int, during: str) -> ReadyResult:
-        """What killed node ``i``: its cause (from its own log) and its last lines."""
-        lines = await self.log_tail(i)
+    async def node_failure(self, dead: list[int], during: str) -> ReadyResult:
+        """What killed the server: the first dead node (in node order) that did not merely follow
+        another (a rank whose peer went away fails with NCCL's remote error), its cause from its
+        own log and its last lines."""
+        tails = {i: await self.log_tail(i) for i in dead}
+        first = next((i for i in dead if not any(m in line for line in tails[i] for m in FOLLOWER_MARKS)),
+                     dead[0])
+        lines = tails[first]
         errors = [ev for ev in map(parse_line, lines) if ev is not None and ev.kind == "error"]
         found = classify(errors)
         cause, detail = found if found else ("exited", "the process exited without an error line")
-        msg = f"{self.label(i)} exited during {during} ({CAUSE_TEXT.get(cause, cause)}): {detail}"
+        also = [self.label(i) for i in dead if i != first]
+        msg = (f"{self.label(first)} exited during {during} ({CAUSE_TEXT.get(cause, cause)}): {detail}"
+               + (f" (then {', '.join(also)})" if also else ""))
         return ReadyResult(ok=False, elapsed_s=0.0, phase="failed", cause=cause, message=msg[:400],
-                           log_tail=[f"[node {i}] {line}" for line in lines], errors=errors)
+                           log_tail=[f"[node {first}] {line}" for line in lines], errors=errors)
 
     async def _nccl_seen(self, i: int, rec: ServerRecord) -> dict[str, str]:
         """The NCCL variables node ``i``'s log echoed (NCCL_DEBUG=INFO), from its start-up lines."""
@@ -262,8 +272,9 @@ class ClusterControl:
     async def watch(self, recs: list[ServerRecord] | None = None) -> ReadyResult:
         """While serving: returns when a node dies, after stopping the others (its cause attached)."""
         recs = recs or self.records
-        i = await self.first_death(recs)
-        res = await self.node_failure(i, "serving")
+        await self.first_death(recs)
+        await asyncio.sleep(POLL_S)  # a node's peers follow it within moments: see them all
+        res = await self.node_failure(await self.first_death(recs, once=True), "serving")
         async with self.locked("stop"):
             await self._after_failure(False)
         res.message = f"{res.message}; {self.cleanup}"

@@ -131,7 +131,7 @@ class Target(_Model):
     def _nodes(cls, v: list[Node] | None) -> list[Node] | None:
         if v is not None and len(v) < 2:
             raise ValueError("a multi-node server needs at least two nodes (use target.host for one)")
-        if v and v[0].server.model_fields_set:
+        if v and v[0].server.model_dump(exclude_none=True):
             # rank 0 is the server the rest of tuitune talks to (health, bench, tail): one place
             raise ValueError("node 0 serves HTTP: its python, workdir, log and port are server's own; "
                              "only the other nodes take target.nodes[i].server")
@@ -139,7 +139,7 @@ class Target(_Model):
 
     @model_validator(mode="after")
     def _one_form(self) -> "Target":
-        if self.nodes and "host" in self.model_fields_set:
+        if self.nodes and self.host != Target.model_fields["host"].default:
             raise ValueError("give either target.host or target.nodes, not both")
         return self
 
