@@ -85,6 +85,7 @@ class BenchConfig:
     timeout_s: float | None = None  # per request; default from max_tokens
     connect_timeout_s: float = 10.0
     label: str = ""
+    model: str | None = None  # OpenAI API model name; None: the first of /v1/models
 
     def request_timeout(self) -> float:
         return self.timeout_s or max(30.0, self.max_tokens * 0.5)
@@ -94,7 +95,8 @@ class BenchConfig:
         """The preset's bench settings, with command-line overrides (requests, warmup, …) on top."""
         b = {**preset.bench.model_dump(), **(overrides or {})}
         return cls(url, requests=b["requests"], warmup=b["warmup"], max_tokens=b["max_tokens"],
-                   concurrency=b["concurrency"], api=b["api"], label=label or preset.name)
+                   concurrency=b["concurrency"], api=b["api"], label=label or preset.name,
+                   model=preset.engine.served_model(preset))
 
 
 @dataclass
@@ -196,9 +198,9 @@ def client_session(**kw):
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
 
-def _payload(api: str, prompt: str, max_tokens: int) -> tuple[str, dict]:
+def _payload(api: str, prompt: str, max_tokens: int, model: str | None = None) -> tuple[str, dict]:
     if api == "openai":
-        return "/v1/completions", {"model": "default", "prompt": prompt, "max_tokens": max_tokens,
+        return "/v1/completions", {"model": model or "default", "prompt": prompt, "max_tokens": max_tokens,
                                    "temperature": 0, "stream": True, "ignore_eos": True,
                                    "stream_options": {"include_usage": True}}
     return "/generate", {"text": prompt, "stream": True,
@@ -209,7 +211,7 @@ def _payload(api: str, prompt: str, max_tokens: int) -> tuple[str, dict]:
 async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
     import aiohttp
 
-    path, body = _payload(cfg.api, prompt, cfg.max_tokens)
+    path, body = _payload(cfg.api, prompt, cfg.max_tokens, cfg.model)
     data = json.dumps(body).encode()
     res = RequestResult(ok=False)
     sent = _Sent()
@@ -325,7 +327,7 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
 async def fetch_server_info(session, url: str, timeout: float = 5.0) -> dict:
     """last_gen_throughput, avg_spec_accept_length, step_time_dict, version; {} if unavailable."""
     import aiohttp
-    for path in ("/server_info", "/get_server_info"):
+    for path in ("/server_info", "/get_server_info", "/version"):  # vLLM: /version only
         try:
             async with session.get(url.rstrip("/") + path,
                                    timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
@@ -350,6 +352,19 @@ async def fetch_server_info(session, url: str, timeout: float = 5.0) -> dict:
     return {}
 
 
+async def served_model(session, url: str, timeout: float = 5.0) -> str | None:
+    """The first model id of /v1/models (vLLM refuses requests for any other name); None if unknown."""
+    import aiohttp
+    try:
+        async with session.get(url.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            data = await resp.json(content_type=None) if resp.status == 200 else {}
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return None
+    models = data.get("data") if isinstance(data, dict) else None
+    first = models[0] if isinstance(models, list) and models and isinstance(models[0], dict) else {}
+    return first.get("id") if isinstance(first.get("id"), str) else None
+
+
 async def run_bench(cfg: BenchConfig,
                     on_result: Callable[[int, RequestResult], Awaitable[None] | None] | None = None,
                     stop: asyncio.Event | None = None) -> BenchRun:
@@ -361,6 +376,8 @@ async def run_bench(cfg: BenchConfig,
     t0 = time.perf_counter()
     connector = aiohttp.TCPConnector(limit=max(4, cfg.concurrency * 2), force_close=False)
     async with client_session(connector=connector) as session:
+        if cfg.api == "openai" and cfg.model is None:
+            cfg.model = await served_model(session, cfg.url)
         for i in range(cfg.warmup):
             r = await run_request(session, cfg, ps[i % len(ps)])
             if not r.ok and r.error and r.error.startswith(("cannot connect", "server disconnected")):

@@ -609,6 +609,10 @@ def cmd_ab(ns) -> int:
     for note in ab_notes(a, b, ns.rounds):
         print(f"note: {note}", file=sys.stderr)
     ov = _overrides(ns)
+    api_a, api_b = (ov.get("api", p.bench.api) for p in (a, b))
+    if api_a != api_b:  # /generate and /v1/completions are timed differently (ITL spread evenly)
+        raise CliError(f"{a.name} is benchmarked through the {api_a} API and {b.name} through the {api_b} "
+                       "API, which is not comparable; set bench.api: openai in both (or pass --api openai)", 2)
     t, _ = _with_control(a)
 
     async def go():
@@ -763,11 +767,14 @@ def cmd_sweep(ns) -> int:
 # ---- probe --------------------------------------------------------------------------------------
 
 
-@command("probe", "the EAGLE3_PROFILE probe: which phases it can patch in an SGLang release")
+@command("probe", "the EAGLE3_PROFILE probe: which phases it can patch in an SGLang or vLLM release")
 def _probe_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     s = sub.add_parser("check", help="read SGLang's source (ast, no import, no GPU) and report the patchable phases")
     s.add_argument("--sglang-path", help="the sglang package directory (default: the one this python finds)")
+    s.add_argument("--vllm-path", help="check a vLLM tree instead: the vllm package directory")
+    s.add_argument("--engine", choices=["sglang", "vllm"], help="the engine installed for this python to check "
+                   "(default sglang, or vllm with --vllm-path)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_probe_check)
 
@@ -775,20 +782,24 @@ def _probe_args(p: argparse.ArgumentParser) -> None:
 def cmd_probe_check(ns) -> int:
     import os
     from .probe import check
-    if ns.sglang_path and not os.path.isdir(ns.sglang_path):
-        raise CliError(f"{ns.sglang_path}: not a directory (give the sglang package directory)", 2)
+    engine = ns.engine or ("vllm" if ns.vllm_path else "sglang")
+    path = ns.vllm_path or ns.sglang_path
+    label = {"sglang": "SGLang", "vllm": "vLLM"}[engine]
+    if path and not os.path.isdir(path):
+        raise CliError(f"{path}: not a directory (give the {engine} package directory)", 2)
     try:
-        report = check(ns.sglang_path)
+        report = check(path, engine)
     except (OSError, SyntaxError, UnicodeDecodeError) as e:
-        raise CliError(f"cannot read SGLang's source: {e}", 1) from None
+        raise CliError(f"cannot read {label}'s source: {e}", 1) from None
     if ns.json:
         _print_json(report)
         return 0 if report.get("ok") else 1
     if report.get("error"):
         raise CliError(report["error"], 1)
-    print(f"SGLang {report.get('version') or '(version unknown)'} at {report['sglang']}")
+    print(f"{label} {report.get('version') or '(version unknown)'} at {report['sglang']}")
     if not report["modules"]:
-        print("  no EAGLE worker module found (neither v1 eagle_worker.py nor v2 eagle_worker_v2.py)")
+        print("  no EAGLE module found" + (" (neither v1 eagle_worker.py nor v2 eagle_worker_v2.py)"
+                                           if engine == "sglang" else " (no V1 model runner or proposer)"))
     for module, entries in report["modules"].items():
         print(f"  {module}")
         for name, e in entries.items():

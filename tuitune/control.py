@@ -25,6 +25,7 @@ from typing import AsyncIterator, Awaitable, Callable
 
 from . import preset as P
 from . import redact
+from .engines import CAUSE_ORDER, CAUSE_TEXT
 from .events import Event, ServerError
 from .parse import parse_line
 from .tail import LogTail
@@ -33,8 +34,6 @@ from .transport import Transport, TransportError
 STATE_DIR = "~/.cache/tuitune"
 HEALTH_TIMEOUT_S = 120.0  # once HTTP answers, the longest wait for /health 200 (a phase limit)
 _REMOTE = resources.files("tuitune").joinpath("remote.py").read_text()
-PHASES = (("Load weight begin", "loading weights"), ("Capture cuda graph begin", "capturing graphs"),
-          ("Capture draft cuda graph begin", "capturing draft graphs"))
 # true when process $p exists and is not a zombie (a zombie only waits for its parent to reap it)
 LIVE_SH = "s=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -c1); [ -n \"$s\" ] && [ \"$s\" != Z ]"
 # exit 0: the module is there; 3: it (or its package: find_spec raises for "sglang.x" without
@@ -49,10 +48,6 @@ except Exception as e:
     sys.exit(5)
 sys.exit(0 if found else 3)
 """
-CAUSE_ORDER = ("oom", "nccl", "bad_argument", "port_in_use", "init_failed", "exception", "traceback")
-CAUSE_TEXT = {"oom": "out of memory", "nccl": "NCCL error", "bad_argument": "bad argument",
-              "port_in_use": "port in use", "init_failed": "initialization failed",
-              "exception": "exception", "traceback": "exception"}
 
 
 class ControlError(Exception):
@@ -148,6 +143,18 @@ def _flag_pairs(argv: list[str]) -> dict[str, str | None]:
     return out
 
 
+def _positionals(argv: list[str]) -> list[str]:
+    """Arguments that are neither flags nor flag values (vLLM's ``serve MODEL``)."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i].startswith("--"):
+            i += 1 if "=" in argv[i] or i + 1 >= len(argv) or argv[i + 1].startswith("--") else 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def compute_drift(preset: P.Preset, argv: list[str], environ: dict[str, str]) -> list[Drift]:
     """What differs between a running process and the preset: env variables and flags."""
     drift: list[Drift] = []
@@ -163,6 +170,9 @@ def compute_drift(preset: P.Preset, argv: list[str], environ: dict[str, str]) ->
         server_args = argv[m + 2:]
     except ValueError:
         server_args = argv[1:]
+    have_pos, want_pos = _positionals(server_args), _positionals(preset.flags())
+    if have_pos != want_pos:
+        drift.append(Drift("arguments", " ".join(have_pos) or None, " ".join(want_pos) or None))
     have, want = _flag_pairs(server_args), _flag_pairs(preset.flags())
     for k in list(dict.fromkeys([*want, *have])):
         if k not in have:
@@ -315,10 +325,11 @@ class ServerControl:
     async def server_flags(self) -> set[str]:
         if self._help_flags is None:
             py = P.shell_path(self.preset.python())
-            r = await self.t.run(f"{py} -m {shlex.quote(self.preset.server.module)} --help", timeout=180)
+            helps = " ".join(shlex.quote(a) for a in self.preset.help_args())
+            r = await self.t.run(f"{py} -m {shlex.quote(self.preset.server.module)} {helps}", timeout=180)
             if not r.ok:
                 raise ControlError(f"{self.t.label}: `{self.preset.python()} -m {self.preset.server.module} "
-                                   f"--help` failed (exit {r.exit_status}): "
+                                   f"{helps}` failed (exit {r.exit_status}): "
                                    f"{(r.stderr or r.stdout).strip().splitlines()[-1:] or ['no output']}"[:400])
             self._help_flags = set(re.findall(r"(--[A-Za-z0-9][A-Za-z0-9_-]*)", r.stdout))
         return self._help_flags
@@ -329,7 +340,7 @@ class ServerControl:
         for name, data in probe.files().items():
             await self.t.upload(data, f"{probe.REMOTE_DIR}/{name}")
         r = await self.t.run(f"{P.shell_path(self.preset.python())} {P.shell_path(probe.REMOTE_DIR + '/eagle3_probe.py')} "
-                             "--check", timeout=60)
+                             "--check " + " ".join(self.preset.engine.probe_check_args()), timeout=60)
         try:
             return json.loads(r.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -359,10 +370,10 @@ class ServerControl:
         if p.uses_probe:
             report = await self.install_probe()
             if not report.get("ok"):
-                why = report.get("error") or (f"SGLang {report.get('version') or '?'} lacks "
-                                              f"{', '.join(sorted(set(('draft', 'verify', 'extend')) - set(report.get('phases', []))))}")
+                why = report.get("error") or (f"{p.engine.label} {report.get('version') or '?'} lacks "
+                                              f"{', '.join(report.get('missing') or ['a phase'])}")
                 self.warnings.append(f"profile: the probe cannot time every phase here ({why}); "
-                                     "the server will log SGLang's decode lines only")
+                                     "the server will log its own decode lines only")
         if await self.port_busy():
             ours = replacing is not None and replacing.port == p.server.port and await self.alive(replacing.pid)
             if not ours:
@@ -406,13 +417,16 @@ class ServerControl:
         port = int(self.preset.server.port)
         clear = f"rm -f -- {P.shell_path(self.state_path)}; " if rec and rec.pid == target else ""
         # one round trip: TERM, wait, KILL, wait for the port, clear the state. A group is alive
-        # while any of its members is (LIVE_SH); exit 0 stopped, 10 killed, 3 survived, 4 port busy
-        script = (f"g={int(target)}; alive() {{ for p in $(pgrep -g $g 2>/dev/null) $g; do "
+        # while any of its members is (LIVE_SH); descendants that left the group (an engine's
+        # worker processes may) are listed first, while their parents still hold them.
+        # exit 0 stopped, 10 killed, 3 survived, 4 port busy
+        script = (f"g={int(target)}; tree() {{ for c in $(pgrep -P $1 2>/dev/null); do echo $c; tree $c; done; }}; "
+                  f"t=$(tree $g); alive() {{ for p in $(pgrep -g $g 2>/dev/null) $g $t; do "
                   f"{LIVE_SH} && return 0; done; return 1; }}; "
                   f"free() {{ ! (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null; }}; how=0; "
-                  f"kill -TERM -- -$g 2>/dev/null || kill -TERM $g 2>/dev/null; "
+                  f"kill -TERM -- -$g 2>/dev/null || kill -TERM $g 2>/dev/null; kill -TERM $t 2>/dev/null; "
                   f"for i in $(seq {steps}); do alive || break; sleep 0.1; done; "
-                  f"if alive; then how=10; kill -KILL -- -$g 2>/dev/null; kill -KILL $g 2>/dev/null; "
+                  f"if alive; then how=10; kill -KILL -- -$g 2>/dev/null; kill -KILL $g $t 2>/dev/null; "
                   f"for i in $(seq 30); do alive || break; sleep 0.1; done; alive && exit 3; fi; "
                   f"for i in $(seq 100); do free && break; sleep 0.1; done; free || exit 4; "
                   f"{clear}exit $how")
@@ -464,7 +478,7 @@ class ServerControl:
                     if on_line:
                         on_line(line, ev)
                     if ev is None:
-                        for needle, phase in PHASES:
+                        for needle, phase in self.preset.engine.phases:
                             if needle in line:
                                 set_phase(phase)
                         continue

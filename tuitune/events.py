@@ -150,6 +150,21 @@ class VllmSpec(Event, tag="vllm_spec"):
     rank: str | None = None
 
 
+class MetricsWindow(Event, tag="metrics"):
+    """What a server's Prometheus /metrics said between two scrapes (counter deltas, last gauges)."""
+    engine: str  # vllm | sglang: whose metric names were read
+    seconds: float
+    gen_tok_s: float | None = None
+    accept_len: float | None = None  # bonus token included
+    accept_rate: float | None = None  # drafts only
+    per_position: tuple[float, ...] | None = None  # acceptance at draft position 1, 2, …
+    drafts: int | None = None
+    draft_tokens: int | None = None
+    accepted: int | None = None
+    running_req: int | None = None
+    queue_req: int | None = None
+
+
 class Malformed(Event, tag="malformed"):
     marker: str
     reason: str

@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable
 
-from .events import DecodeStats, Event, GpuSample, ProfileWindow
+from .events import DecodeStats, Event, GpuSample, MetricsWindow, ProfileWindow, VllmSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +173,8 @@ class MetricsStore:
         self.malformed = 0
         self.last_profile: ProfileWindow | None = None
         self.last_decode: DecodeStats | None = None
+        self.last_per_position: tuple[float, ...] | None = None  # acceptance by draft position (vLLM)
+        self.spec_lines = 0  # vLLM SpecDecoding lines seen
         self.gpus = GpuStore()
 
     def __getitem__(self, name: str) -> Series:
@@ -195,6 +197,18 @@ class MetricsStore:
             self.series["gen_throughput"].append(ev.gen_throughput, t)
             if ev.accept_len is not None:
                 self.series["decode_accept_len"].append(ev.accept_len, t)
+        elif isinstance(ev, (VllmSpec, MetricsWindow)):
+            # vLLM's acceptance: from its log lines, or from /metrics when it logs none
+            # (--disable-log-stats); SGLang's gauges only repeat its decode lines
+            if isinstance(ev, VllmSpec):
+                self.spec_lines += 1
+                accept = ev.mean_accept_len
+            else:
+                accept = ev.accept_len if ev.engine == "vllm" and not self.spec_lines else None
+            if accept is not None:
+                self.series["decode_accept_len"].append(accept, t)
+            if ev.per_position:
+                self.last_per_position = ev.per_position
         elif isinstance(ev, GpuSample):
             self.gpus.feed(ev, t)
         elif ev.kind == "malformed":
@@ -206,3 +220,5 @@ class MetricsStore:
         self.gpus.clear()
         self.last_profile = None
         self.last_decode = None
+        self.last_per_position = None
+        self.spec_lines = 0

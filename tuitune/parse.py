@@ -21,10 +21,12 @@ from typing import Iterable, Iterator
 
 import msgspec
 
+from .engines import error_category, vllm
 from .events import (DecodeStats, Event, HttpUp, Malformed, NcclAlgo, NcclEnv, PrefillStats,
                      ProfileWindow, Ready, ServerError, VllmSpec)
 
 PROFILE_MARKER = "EAGLE3_PROFILE "
+_VLLM_SPEC, _VLLM_STATS = vllm.SPEC_MARKER, vllm.STATS_MARKER  # globals: no attribute lookup a line
 _PREFIX = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?)((?: [A-Z]+\d+)*)\]")
 _KEY = re.compile(r"[a-z0-9_]+\Z")
 _NCCL_ENV = re.compile(r"NCCL INFO (NCCL_[A-Z0-9_]+) set by environment to (.*)$")
@@ -34,13 +36,6 @@ _EXC = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): (.*)")
 _UVICORN = re.compile(r"Uvicorn running on (\S+)")
 
 PROFILE_REQUIRED = ("draft_ms", "verify_ms", "extend_ms", "accept_len")
-
-VLLM_NAMES = {
-    "Mean acceptance length": "mean_accept_len", "Accepted throughput": "accepted_tok_s",
-    "Drafted throughput": "drafted_tok_s", "Accepted": "accepted", "Drafted": "drafted",
-    "Per-position acceptance rate": "per_position", "Avg Draft acceptance rate": "draft_acceptance_rate",
-    "Draft acceptance rate": "draft_acceptance_rate",
-}
 
 
 _last: tuple[str, tuple[str | None, str | None]] = ("", (None, None))  # one object: threads read it whole
@@ -66,7 +61,7 @@ def _prefix(line: str, end: int) -> tuple[str | None, str | None]:
             found = (line[1:close], None) if cut < 0 else (line[1:cut], line[cut + 1:close] or None)
     if found is None:
         m = _PREFIX.search(line, 0, end)
-        found = (None, None) if m is None else (m.group(1), m.group(2).strip() or None)
+        found = vllm.prefix(line, end) if m is None else (m.group(1), m.group(2).strip() or None)
     if end > 15:  # the checks above read line[14] and line[5]: inside line[:end], the key
         _last = (line[:end], found)
     return found
@@ -317,40 +312,6 @@ def _prefill(line: str, at: int, fast: bool = True) -> Event:
     return PrefillStats(extra=extra, ts=ts, rank=rank, **known)
 
 
-def _vllm(line: str, at: int) -> Event:
-    """``Name: value[ unit], Name: value, …`` after the marker; the per-position rates are a
-    comma-separated run of numbers. Split with str methods (no regex: linear on any input)."""
-    ts, rank = _prefix(line, at)
-    kw: dict = {}
-    key = None
-    for part in line[at + 22:].split(", "):
-        name, sep, value = part.partition(": ")
-        if not sep:  # a further per-position rate
-            n = _number(part.strip())
-            if key == "per_position" and isinstance(n, (int, float)):
-                kw[key].append(float(n))
-            else:
-                key = None
-            continue
-        key = VLLM_NAMES.get(name.strip())
-        words = value.split(None, 1)
-        text = words[0] if words else ""
-        pct = text.endswith("%")
-        n = _number(text[:-1] if pct else text)
-        if key is None or n is None:
-            key = None
-            continue
-        if key == "per_position":
-            kw[key] = [float(n)]
-        else:
-            kw[key] = n / 100.0 if pct else n
-    if not kw:
-        return Malformed("SpecDecoding metrics", "no known field", line[:500], ts, rank)
-    if "per_position" in kw:
-        kw["per_position"] = tuple(kw["per_position"])
-    return VllmSpec(ts=ts, rank=rank, **kw)
-
-
 def _error(line: str, category: str, message: str, at: int = 0) -> ServerError:
     ts, rank = _prefix(line, max(at, 0) + 1 if at >= 0 else len(line))
     return ServerError(category, message.strip()[:500], ts, rank)
@@ -404,8 +365,10 @@ def _parse_line(line: str) -> Event | None:
         if "fired up and ready to roll" in line:
             ts, rank = _prefix(line, line.find("fired up and ready to roll"))
             return Ready(ts, rank)
-        if "SpecDecoding metrics: " in line:
-            return _vllm(line, line.find("SpecDecoding metrics: "))
+        if _VLLM_SPEC in line:
+            return vllm.spec_line(line, line.find(_VLLM_SPEC))
+        if _VLLM_STATS in line:
+            return vllm.stats_line(line, line.find(_VLLM_STATS))
         if "rror" in line or "raceback" in line or "out of memory" in line or "ailed" in line \
                 or "in use" in line:
             return _errorish(line)
@@ -435,6 +398,10 @@ def _nccl(line: str) -> Event | None:
 
 
 def _errorish(line: str) -> Event | None:
+    cause = error_category(line)  # an engine's own wording of a failure
+    if cause is not None:
+        m = _EXC.match(line)
+        return _error(line, cause, m.group(2) if m else line)
     if "Traceback (most recent call last)" in line:
         return _error(line, "traceback", "Traceback (most recent call last)", line.find("Traceback"))
     if "CUDA out of memory" in line or "OutOfMemoryError" in line:

@@ -17,22 +17,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
+                      ValidationInfo, field_validator, model_validator)
 
-from . import nccl, speculative
+from . import engines, nccl, speculative
 from .probe import REMOTE_DIR as PROBE_DIR
 
 SIM_MODULE = "tuitune.sim"
 FLAG_RE = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
 ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-RESERVED_ARGS = {"port": "server.port", "speculative-algorithm": "speculative.algorithm",
-                 "speculative-draft-model-path": "speculative.draft_model_path",
-                 "speculative-draft-model": "speculative.draft_model_path",
-                 "speculative-num-steps": "speculative.num_steps",
-                 "speculative-eagle-topk": "speculative.eagle_topk",
-                 "speculative-num-draft-tokens": "speculative.num_draft_tokens",
-                 "nnodes": "target.nodes", "node-rank": "target.nodes",
-                 "dist-init-addr": "target.nodes and server.dist_init_port"}
 ArgValue = bool | int | float | str
 LOCAL_HOSTS = ("local", "localhost-local")
 
@@ -165,6 +158,7 @@ class Target(_Model):
 
 
 class Server(_Model):
+    engine: Literal[engines.NAMES] = "sglang"  # type: ignore[valid-type]
     python: str | None = None  # default: this Python for tuitune.sim on local, else python3
     module: str = "sglang.launch_server"
     workdir: str | None = None
@@ -172,6 +166,15 @@ class Server(_Model):
     port: int = Field(default=30000, ge=1, le=65535)
     dist_init_port: int = Field(default=5000, ge=1, le=65535)  # node 0's, multi-node only
     args: dict[str, ArgValue] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_defaults(cls, v: Any) -> Any:
+        """module and port default to the engine's own (vLLM: its CLI module, port 8000)."""
+        if isinstance(v, dict) and v.get("engine") in engines.ENGINES:
+            e = engines.get(v["engine"])
+            v = {"module": e.default_module, "port": e.default_port, **v}
+        return v
 
     @field_validator("python", "module", "workdir", "log")
     @classmethod
@@ -203,14 +206,15 @@ class Server(_Model):
 
     @field_validator("args")
     @classmethod
-    def _args(cls, v: dict[str, ArgValue]) -> dict[str, ArgValue]:
+    def _args(cls, v: dict[str, ArgValue], info: ValidationInfo) -> dict[str, ArgValue]:
+        reserved = engines.get(info.data.get("engine", "sglang")).reserved_args
         for k, val in v.items():
             if k.startswith("-"):
                 raise ValueError(f"flag {k!r}: write it without the leading dashes")
             if not FLAG_RE.match(k):
                 raise ValueError(f"flag {k!r} is not a flag name (lower-case letters, digits, dashes)")
-            if k in RESERVED_ARGS:
-                raise ValueError(f"flag {k!r} is set by {RESERVED_ARGS[k]}, not in server.args")
+            if k in reserved:
+                raise ValueError(f"flag {k!r} is set by {reserved[k]}, not in server.args")
             if isinstance(val, str):
                 _no_control(val, f"flag {k}")
         return v
@@ -222,16 +226,25 @@ class Speculative(_Model):
     num_steps: int | None = Field(default=None, ge=1, le=64)
     eagle_topk: int | None = Field(default=None, ge=1, le=64)
     num_draft_tokens: int | None = Field(default=None, ge=2, le=1024)
+    num_speculative_tokens: int | None = Field(default=None, ge=1, le=64)  # vLLM
+    draft_tensor_parallel_size: int | None = Field(default=None, ge=1, le=1024)  # vLLM
+
+    @field_validator("algorithm", mode="before")
+    @classmethod
+    def _upper(cls, v: Any) -> Any:
+        return v.upper() if isinstance(v, str) else v  # vLLM's spelling (eagle3) reads as EAGLE3
 
     @model_validator(mode="after")
     def _rules(self) -> "Speculative":
         if self.draft_model_path is not None:
             _no_control(self.draft_model_path)
-        speculative.resolve(self.algorithm, self.num_steps, self.eagle_topk, self.num_draft_tokens,
-                            self.draft_model_path)
+        self.resolved()
         return self
 
     def resolved(self) -> speculative.Resolved:
+        if self.num_speculative_tokens is not None:  # vLLM's chain: K drafted, K + 1 verified
+            return speculative.Resolved(self.algorithm, self.num_speculative_tokens, 1,
+                                        self.num_speculative_tokens + 1)
         return speculative.resolve(self.algorithm, self.num_steps, self.eagle_topk,
                                    self.num_draft_tokens, self.draft_model_path)
 
@@ -298,10 +311,23 @@ class Preset(_Model):
         return v
 
     @model_validator(mode="after")
+    def _engine_rules(self) -> "Preset":
+        self.engine.validate(self)
+        want = self.engine.default_bench_api()
+        if "api" not in self.bench.model_fields_set and self.bench.api != want:
+            self.bench.api = want  # the engine's API unless the preset picks one
+        elif self.bench.api == "native" and want != "native":
+            raise ValueError(f"bench.api: {self.engine.label} serves only the OpenAI API; set bench.api: openai")
+        return self
+
+    @model_validator(mode="after")
     def _nodes_apart(self) -> "Preset":
-        """Two nodes on one machine (local trials) need their own port and log."""
+        """SGLang's multi-node only; two nodes on one machine (local trials) need their own port and log."""
         if not self.is_multinode:
             return self
+        if self.server.engine != "sglang":
+            raise ValueError(f"target.nodes: multi-node servers are SGLang's (--nnodes); {self.engine.label} "
+                             "spreads over machines through Ray, which tuitune does not drive")
         seen: dict[tuple, int] = {}
         for i, n in enumerate(self.node_presets()):
             host = n.target.label()
@@ -316,6 +342,10 @@ class Preset(_Model):
         return self
 
     # ---- derived ------------------------------------------------------------------------
+    @property
+    def engine(self) -> engines.Engine:
+        return engines.get(self.server.engine)
+
     @property
     def is_multinode(self) -> bool:
         return bool(self.target.nodes)
@@ -369,26 +399,16 @@ class Preset(_Model):
         return self.profile and self.server.module != SIM_MODULE
 
     def flags(self) -> list[str]:
-        """The server's argv after ``-m MODULE``."""
-        out: list[str] = []
-        for k, v in self.server.args.items():
-            if v is True:
-                out.append(f"--{k}")
-            elif v is False or v is None:
-                continue
-            else:
-                out += [f"--{k}", str(v)]
-        out += ["--port", str(self.server.port)]
-        if self.is_speculative:
-            r = self.speculative.resolved()
-            out += ["--speculative-algorithm", r.algorithm]
-            if self.speculative.draft_model_path:
-                out += ["--speculative-draft-model-path", self.speculative.draft_model_path]
-            if r.num_steps is not None:
-                out += ["--speculative-num-steps", str(r.num_steps),
-                        "--speculative-eagle-topk", str(r.eagle_topk),
-                        "--speculative-num-draft-tokens", str(r.num_draft_tokens)]
-        return out
+        """The server's argv after ``-m MODULE`` (the simulator is told which engine to play)."""
+        return self._sim_prefix() + self.engine.launch_args(self)
+
+    def help_args(self) -> list[str]:
+        """argv after ``-m MODULE`` that lists every flag the server takes."""
+        return self._sim_prefix() + self.engine.help_args(self)
+
+    def _sim_prefix(self) -> list[str]:
+        dialect = self.engine.sim_dialect if self.server.module == SIM_MODULE else None
+        return ["--sim-engine", dialect] if dialect else []
 
     def flag_names(self) -> list[str]:
         return [f for f in self.flags() if f.startswith("--")]
@@ -557,6 +577,14 @@ def to_dict(preset: Preset) -> dict:
     d = preset.model_dump(exclude_defaults=True, exclude_none=True)
     if preset.target.is_local and set(d.get("target", {})) <= {"host"}:
         d["target"] = "local"
+    engine = preset.engine
+    for key, default in (("module", engine.default_module), ("port", engine.default_port)):
+        if d["server"].get(key) == default:  # the engine's default (SGLang's are the fields' own)
+            d["server"].pop(key)
+    if d.get("bench", {}).get("api") == engine.default_bench_api():
+        d["bench"].pop("api")
+        if not d["bench"]:
+            d.pop("bench")
     if "env" in d:  # numbers read back as numbers: 16777216, not '16777216'
         d["env"] = {k: int(v) if re.fullmatch(r"-?[1-9]\d*|0", v) else v for k, v in d["env"].items()}
     order = ["name", "description", "target", "server", "speculative", "env", "profile", "bench", "telemetry"]
@@ -636,7 +664,8 @@ def with_changes(preset: Preset, changes: dict[str, Any]) -> Preset:
 
 def flatten(preset: Preset) -> dict[str, Any]:
     """Dotted keys of the resolved preset (derived values filled in)."""
-    out: dict[str, Any] = {"target": preset.target.label(), "server.python": preset.python(),
+    out: dict[str, Any] = {"target": preset.target.label(), "server.engine": preset.server.engine,
+                           "server.python": preset.python(),
                            "server.module": preset.server.module,
                            "server.workdir": preset.server.workdir or "~",
                            "server.log": preset.server.log, "server.port": preset.server.port}
@@ -651,12 +680,7 @@ def flatten(preset: Preset) -> dict[str, Any]:
     for k, v in preset.server.args.items():
         out[f"server.args.{k}"] = v
     if preset.is_speculative:
-        r = preset.speculative.resolved()
-        out["speculative.algorithm"] = r.algorithm
-        out["speculative.draft_model_path"] = preset.speculative.draft_model_path
-        out["speculative.num_steps"] = r.num_steps
-        out["speculative.eagle_topk"] = r.eagle_topk
-        out["speculative.num_draft_tokens"] = r.num_draft_tokens
+        out.update(preset.engine.speculative_view(preset))
     else:
         out["speculative.algorithm"] = None
     for k, v in preset.env.items():
@@ -746,10 +770,7 @@ def lint(preset: Preset) -> list[str]:
     if isinstance(mem, (int, float)) and not isinstance(mem, bool) and mem > 0.95:
         advice.append(f"server.args.mem-fraction-static: {mem} leaves almost no memory for "
                       "activations and CUDA graphs; start-up will likely run out of memory")
-    if preset.is_speculative and preset.speculative.num_steps is None:
-        advice.append("speculative: num_steps unset, SGLang picks steps/topk/draft tokens per model; "
-                      "set them to make runs comparable")
-    return advice
+    return advice + preset.engine.lint(preset)
 
 
 # ---- finding presets ---------------------------------------------------------------------------

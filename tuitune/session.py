@@ -18,7 +18,7 @@ import msgspec
 from typing import Awaitable, Callable
 
 from . import preset as P
-from . import redact
+from . import promscrape, redact
 from .bench import BenchConfig, BenchRun, RequestResult, client_session, prompts, run_bench, run_request
 from .cluster import ClusterControl, control_for
 from .control import ControlError, ReadyResult, Status, nccl_confirmation, nccl_note
@@ -63,6 +63,7 @@ class Session(EventStream):
         self._tail: LogTail | None = None
         self._tail_task: asyncio.Task | None = None
         self.tail_state = "stopped"  # the live tail: following, reconnecting, closed, or stopped: WHY
+        self._scrape_task: asyncio.Task | None = None  # /metrics, while the log is followed
         self._load_task: asyncio.Task | None = None
         self.telemetry: telemetry.Collector | None = None
         self._telemetry_task: asyncio.Task | None = None
@@ -153,6 +154,8 @@ class Session(EventStream):
                 self.publish([self.link])
 
         self._tail_task = asyncio.ensure_future(run())
+        self._scrape_task = asyncio.ensure_future(promscrape.watch(
+            lambda: self.url if self.state.state == "ready" else None, self.publish))
 
     def _on_tail_state(self, state: str) -> None:
         self.tail_state = state
@@ -174,11 +177,12 @@ class Session(EventStream):
     async def stop_follow(self) -> None:
         if self._tail is not None:
             self._tail.close()
-        if self._tail_task is not None:
-            self._tail_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._tail_task
-        self._tail = self._tail_task = None
+        for task in (self._tail_task, self._scrape_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._tail = self._tail_task = self._scrape_task = None
 
     # ---- relaunch -------------------------------------------------------------------------
     async def relaunch(self, preset: P.Preset | None = None) -> ReadyResult:
@@ -362,7 +366,7 @@ class Session(EventStream):
                         await asyncio.sleep(0.5)
                         continue
                     cfg = BenchConfig(self.url, max_tokens=self.preset.bench.max_tokens,
-                                      api=self.preset.bench.api)
+                                      api=self.preset.bench.api, model=self.preset.engine.served_model(self.preset))
                     r = await run_request(session, cfg, ps[n % len(ps)])
                     n += 1
                     self.load.requests += 1

@@ -14,6 +14,6 @@ def files() -> dict[str, bytes]:
     return {name: resources.files(__name__).joinpath(name).read_bytes() for name in FILES}
 
 
-def check(sglang_path: str | None = None) -> dict:
+def check(sglang_path: str | None = None, engine: str = "sglang") -> dict:
     from . import eagle3_probe
-    return eagle3_probe.check(sglang_path)
+    return eagle3_probe.check(sglang_path, engine)

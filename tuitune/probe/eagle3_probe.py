@@ -7,6 +7,15 @@ worker module and wraps its phases (no edits to SGLang's files):
   ``.forward_draft_extend_after_decode``;
 * v2 worker (``sglang.srt.speculative.eagle_worker_v2``, SGLang 0.5.2x):
   ``EagleDraftWorker.draft``, ``EAGLEWorkerV2.verify``, ``EagleDraftWorker._draft_extend_for_decode``.
+* vLLM's V1 engine (names verified in the 0.33.0 release): a step of the model runner is
+  ``GPUModelRunner.execute_model`` (the target forward over the drafted tokens) then
+  ``GPUModelRunner.sample_tokens`` (sampling, rejection, and the drafter's ``propose``), in
+  ``vllm.v1.worker.gpu_model_runner`` and, for the V2 runner, ``vllm.v1.worker.gpu.model_runner``.
+  The drafter is ``EagleProposer`` (``vllm.v1.spec_decode.eagle``), whose ``propose`` is
+  inherited from ``SpecDecodeBaseProposer`` (``vllm.v1.spec_decode.llm_base_proposer``); the V2
+  runner's ``EagleSpeculator`` inherits ``propose`` from ``TargetDependentARSpeculator``
+  (``vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator``). draft = ``propose``,
+  verify = the step minus the draft; vLLM's drafter extends inside ``propose``, so extend is 0.
 
 Timing (``EAGLE3_PROFILE_SYNC``): ``event`` (default) records CUDA events around each phase on the
 current stream and reads a window's events only when the next window is complete, so the server
@@ -40,14 +49,21 @@ TARGETS = {
         "EagleDraftWorker": {"draft": "draft", "_draft_extend_for_decode": "extend"},
         "EAGLEWorkerV2": {"verify": "verify"},
     },
+    "vllm.v1.worker.gpu_model_runner": {"GPUModelRunner": {"execute_model": "step", "sample_tokens": "step_end"}},
+    "vllm.v1.spec_decode.llm_base_proposer": {"SpecDecodeBaseProposer": {"propose": "draft"}},
+    "vllm.v1.worker.gpu.model_runner": {"GPUModelRunner": {"execute_model": "step", "sample_tokens": "step_end"}},
+    "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator": {
+        "TargetDependentARSpeculator": {"propose": "draft"}},
 }
 PHASES = ("draft", "verify", "extend")
+# the phases a usable layout of each engine patches (vLLM's verify is derived from its steps)
+ENGINE_PHASES = {"sglang": ("draft", "extend", "verify"), "vllm": ("draft", "step", "step_end")}
 
 
-def _sglang_version() -> str:
+def _version(package: str = "sglang") -> str:
     try:
         from importlib.metadata import version
-        return version("sglang")
+        return version(package)
     except Exception:  # noqa: BLE001 - a version is only for the message
         return "unknown"
 
@@ -68,10 +84,11 @@ class Recorder:
         self.meta: dict = {}
         self.host_acc = None  # pinned slots for accept-length sums, copied without blocking
         self.slot = 0
+        self.in_step = False  # vLLM: inside a runner step
 
     @staticmethod
     def _new_cycle() -> dict:
-        return {"draft": [], "verify": [], "extend": [], "accept": [], "bs": None, "t0": None}
+        return {"draft": [], "verify": [], "extend": [], "step": [], "accept": [], "bs": None, "t0": None}
 
     def _setup(self, worker) -> None:
         try:
@@ -93,6 +110,10 @@ class Recorder:
             v = getattr(worker, attr, None)
             if isinstance(v, int):
                 self.meta[key] = v
+        k = getattr(getattr(worker, "speculative_config", None), "num_speculative_tokens",
+                    getattr(worker, "num_speculative_tokens", None))
+        if isinstance(k, int):  # vLLM: a chain of k drafts, k + 1 tokens verified
+            self.meta.update(steps=k, topk=1, draft_tokens=k + 1)
 
     # ---- timing ---------------------------------------------------------------------------
     def start(self, phase: str, worker):
@@ -103,6 +124,10 @@ class Recorder:
             return None
         if phase == "draft" and self.cycle["verify"]:
             self._close_cycle()
+        if phase == "draft" and not self.in_step and type(worker).__module__.startswith("vllm."):
+            return None  # vLLM drafting outside a runner step: a warm-up or dummy run
+        if phase.startswith("step"):
+            self.in_step = True
         if self.cycle["t0"] is None:
             self.cycle["t0"] = time.perf_counter()
         if self.sync == "event":
@@ -116,14 +141,21 @@ class Recorder:
     def stop(self, phase: str, token, worker, args, result) -> None:
         if token is None:
             return
+        slot = "step" if phase.startswith("step") else phase
         if self.sync == "event":
             e = self.torch.cuda.Event(enable_timing=True)
             e.record()
-            self.cycle[phase].append((token, e))
+            self.cycle[slot].append((token, e))
         else:
             if self.cuda:
                 self.torch.cuda.synchronize()
-            self.cycle[phase].append((time.perf_counter() - token) * 1000.0)
+            self.cycle[slot].append((time.perf_counter() - token) * 1000.0)
+        if phase == "step":
+            self.cycle["bs"] = _vllm_batch_size(args[0] if args else None) or self.cycle["bs"]
+        if phase == "step_end":
+            self.in_step = False
+            self._accept_sampled(result)
+            self._close_cycle()
         if phase == "verify":
             self._accept(result)
             batch = args[0] if args else None
@@ -161,9 +193,15 @@ class Recorder:
                 self.cycle["accept"].append((float(sum(per_req)) + len(per_req), len(per_req)))
                 return
 
+    def _accept_sampled(self, result) -> None:
+        """vLLM: tokens each request got this step (accepted drafts + 1), from the runner's output."""
+        ids = getattr(result, "sampled_token_ids", None)
+        if isinstance(ids, list) and ids and all(isinstance(x, list) for x in ids):
+            self.cycle["accept"].append((float(sum(len(x) for x in ids)), len(ids)))
+
     def _close_cycle(self) -> None:
         c = self.cycle
-        if c["verify"]:
+        if c["verify"] or c["step"]:
             c["wall_ms"] = (time.perf_counter() - c["t0"]) * 1000.0 if c["t0"] else math.nan
             self.cycles.append(c)
         self.cycle = self._new_cycle()
@@ -193,6 +231,8 @@ class Recorder:
         verifies: list[float] = []
         acc_total, acc_n, bs_total = 0.0, 0, 0
         for c in window:
+            if c["step"]:  # vLLM: verify is the runner's step without the draft inside it
+                c["verify"] = [sum(self._ms(x) for x in c["step"]) - sum(self._ms(x) for x in c["draft"])]
             for p in PHASES:
                 ms = sum(self._ms(x) for x in c[p])
                 sums[p] += ms
@@ -245,6 +285,11 @@ def _disable(error: BaseException) -> None:
         pass
 
 
+def _vllm_batch_size(scheduler_output) -> int | None:
+    scheduled = getattr(scheduler_output, "num_scheduled_tokens", None)
+    return len(scheduled) if isinstance(scheduled, dict) and scheduled else None
+
+
 def _wrap(cls, name: str, phase: str) -> None:
     original = getattr(cls, name)
     if getattr(original, "__eagle3_probe__", False):
@@ -290,9 +335,10 @@ def patch_module(module) -> list[str]:
             else:
                 missing.append(f"{cls_name}.{meth}")
     if missing:
+        package = module.__name__.split(".")[0]
         logging.getLogger(module.__name__).warning(
-            "EAGLE3_PROFILE: SGLang %s: %s not found in %s; the server runs unprofiled",
-            _sglang_version(), ", ".join(missing), module.__name__)
+            "EAGLE3_PROFILE: %s %s: %s not found in %s; the server runs unprofiled",
+            {"vllm": "vLLM"}.get(package, "SGLang"), _version(package), ", ".join(missing), module.__name__)
         _unpatch(module)
     return missing
 
@@ -345,12 +391,12 @@ def install() -> None:
 # ---- check ---------------------------------------------------------------------------------------
 
 
-def check(sglang_path: str | None = None) -> dict:
-    """Which phases this SGLang source tree allows patching (read with ast, nothing imported)."""
+def check(sglang_path: str | None = None, engine: str = "sglang") -> dict:
+    """Which phases this SGLang (or vLLM) source tree allows patching (read with ast, nothing imported)."""
     if sglang_path is None:
-        spec = importlib.util.find_spec("sglang")
+        spec = importlib.util.find_spec(engine)
         if spec is None or not spec.submodule_search_locations:
-            return {"sglang": None, "error": "sglang is not installed for this python", "phases": {}}
+            return {"sglang": None, "error": f"{engine} is not installed for this python", "phases": {}}
         sglang_path = list(spec.submodule_search_locations)[0]
     root = sglang_path
     version = None
@@ -364,10 +410,12 @@ def check(sglang_path: str | None = None) -> dict:
     if version is None:  # an installed wheel: the dist-info beside the package says it
         parent = os.path.dirname(os.path.abspath(root))
         for entry in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
-            if entry.startswith("sglang-") and entry.endswith(".dist-info"):
-                version = entry[len("sglang-"):-len(".dist-info")]
+            if entry.startswith(f"{engine}-") and entry.endswith(".dist-info"):
+                version = entry[len(engine) + 1:-len(".dist-info")]
     found: dict[str, dict] = {}
     for module, classes in TARGETS.items():
+        if module.split(".")[0] != engine:
+            continue
         rel = module.split(".", 1)[1].replace(".", os.sep) + ".py"
         path = os.path.join(root, rel)
         if not os.path.exists(path):
@@ -381,14 +429,16 @@ def check(sglang_path: str | None = None) -> dict:
                 found.setdefault(module, {})[f"{cls}.{meth}"] = {"phase": phase, "found": ok}
     usable = [m for m, entries in found.items() if all(e["found"] for e in entries.values())]
     phases = sorted({e["phase"] for m in usable for e in found[m].values()})
-    return {"sglang": root, "version": version, "modules": found, "usable": usable, "phases": phases,
-            "ok": set(phases) == set(PHASES)}
+    missing = sorted(set(ENGINE_PHASES[engine]) - set(phases))
+    return {"sglang": root, "engine": engine, "version": version, "modules": found, "usable": usable,
+            "phases": phases, "missing": missing, "ok": not missing}
 
 
 if __name__ == "__main__":
     import argparse
     ap = argparse.ArgumentParser(description="check which EAGLE phases the probe can patch")
     ap.add_argument("--check", action="store_true", required=True)
-    ap.add_argument("--sglang-path")
+    ap.add_argument("--sglang-path", help="the engine's package directory (default: the one this python finds)")
+    ap.add_argument("--engine", choices=sorted(ENGINE_PHASES), default="sglang")
     ns = ap.parse_args()
-    print(json.dumps(check(ns.sglang_path)))
+    print(json.dumps(check(ns.sglang_path, ns.engine)))

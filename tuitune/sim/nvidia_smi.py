@@ -72,10 +72,14 @@ def server_load(port: int | None) -> Load:
     """The simulator's state, from its HTTP; nothing listening = no server on the GPUs."""
     if port is None:
         return Load()
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=0.3) as r:
-            info = json.loads(r.read())
-    except (urllib.error.URLError, OSError, ValueError):
+    for path in ("/server_info", "/sim/state"):  # the vLLM dialect has no /server_info, as vLLM has none
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=0.3) as r:
+                info = json.loads(r.read())
+            break
+        except (urllib.error.URLError, OSError, ValueError):
+            continue
+    else:
         return Load()
     state = (info.get("internal_states") or [{}])[0]
     return Load(True, int(info.get("tp_size") or 1), float(info.get("mem_fraction_static") or 0.88),

@@ -250,7 +250,7 @@ class TuituneApp(App):
             if self.relaunch_screen is not None and not self.relaunch_screen.finished:
                 self.relaunch_screen.add_lines(lines)
         for ev in events:
-            if isinstance(ev, (ProfileWindow,)) or ev.kind == "decode":
+            if isinstance(ev, (ProfileWindow,)) or ev.kind in ("decode", "vllm_spec", "metrics"):
                 self._dirty_cycle = True
             elif isinstance(ev, Marker) and ev.text.startswith("warning: "):
                 self.say(ev.text.removeprefix("warning: "), "warning")
@@ -266,10 +266,12 @@ class TuituneApp(App):
                     self.say(ev.detail, "warning")
         self.header.show(
             s.label, self.draft.name if self.draft else "?", self.modified, s.state, s.link, s.load,
-            s.record.started if s.record else None, self.clock())
+            s.record.started if s.record else None, self.clock(),
+            engine=self.draft.engine.label if self.draft else None)
         if self._dirty_cycle:
             self._dirty_cycle = False
-            self.cycle.refresh_from(s.store, bool(self.draft and self.draft.is_speculative))
+            self.cycle.refresh_from(s.store, bool(self.draft and self.draft.is_speculative),
+                                    self.draft.engine.label if self.draft else "SGLang")
         stale = self.stale_reason()
         if self._dirty_runs or stale != self._last_stale:
             self._dirty_runs = False

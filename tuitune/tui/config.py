@@ -13,7 +13,7 @@ from textual.message import Message
 from textual.widgets import Checkbox, Input, Label, Select, Static
 
 from .. import nccl, speculative
-from ..preset import Preset
+from ..preset import Preset, PresetError, with_changes
 
 ALGORITHMS = [("none (baseline)", "none")] + [(a, a) for a in speculative.ALGORITHMS]
 SERVER_FLAGS = (("num-continuous-decode-steps", "cont. decode steps", "int"),
@@ -63,7 +63,7 @@ class ConfigPanel(VerticalScroll):
             yield Select(ALGORITHMS, allow_blank=False, value="none", id="spec-algorithm")
         for key, label in (("num_steps", "steps"), ("eagle_topk", "topk"), ("num_draft_tokens", "draft tokens")):
             with Horizontal(classes="row"):
-                yield Label(label)
+                yield Label(label, id=f"label-{_wid(key)}")
                 yield Input(id=f"spec-{_wid(key)}", type="integer")
         yield Static("", id="spec-derived", classes="derived")
         yield Static("", id="spec-error", classes="error -empty")
@@ -98,9 +98,14 @@ class ConfigPanel(VerticalScroll):
         with self.prevent(Input.Changed, Select.Changed, Checkbox.Changed):
             sp = preset.speculative if preset.is_speculative else None
             self.query_one("#spec-algorithm", Select).value = sp.algorithm if sp else "none"
+            chain = self._chain
             for key in ("num_steps", "eagle_topk", "num_draft_tokens"):
-                v = getattr(sp, key) if sp else None
-                self.query_one(f"#spec-{_wid(key)}", Input).value = "" if v is None else str(v)
+                # vLLM drafts a chain: the first row is its num_speculative_tokens, the others do not apply
+                v = getattr(sp, "num_speculative_tokens" if chain and key == "num_steps" else key) if sp else None
+                box = self.query_one(f"#spec-{_wid(key)}", Input)
+                box.value = "" if v is None else str(v)
+                box.disabled = chain and key != "num_steps"
+            self.query_one("#label-num-steps", Label).update("spec tokens" if chain else "steps")
             args = preset.server.args
             for flag, _, _ in SERVER_FLAGS:
                 v = args.get(flag)
@@ -142,6 +147,14 @@ class ConfigPanel(VerticalScroll):
         if algo == "none":
             if sp is not None:
                 changes["speculative"] = None
+        elif self._chain:
+            want = {"algorithm": algo, "num_speculative_tokens": steps}
+            edits = {f"speculative.{k}": v for k, v in want.items() if v != (getattr(sp, k) if sp else None)}
+            try:
+                with_changes(base, edits)  # the engine's own rules decide
+                changes.update(edits)
+            except PresetError as e:
+                errors["speculative"] = str(e).split(": ", 1)[-1]
         else:
             draft_path = sp.draft_model_path if sp else None
             try:
@@ -189,12 +202,18 @@ class ConfigPanel(VerticalScroll):
                 changes[f"env.{var.name}"] = None
         return changes, errors
 
+    @property
+    def _chain(self) -> bool:
+        return self.base is not None and self.base.server.engine == "vllm"
+
     def _show_derived(self) -> None:
         topk = self._int("#spec-eagle-topk")
         steps = self._int("#spec-num-steps")
         algo = self.query_one("#spec-algorithm", Select).value
         note = ""
-        if algo != "none" and topk == 1 and steps:
+        if algo != "none" and self._chain and steps:
+            note = f"verified a step: spec tokens + 1 = {steps + 1} (vLLM drafts a chain: no topk)"
+        elif algo != "none" and topk == 1 and steps:
             note = f"draft tokens = steps + 1 = {steps + 1} (derived: topk is 1)"
         self.query_one("#spec-derived", Static).update(note)
 

@@ -37,6 +37,16 @@ def phase_bars(draft: float, verify: float, extend: float, cycle: float, width: 
     return t
 
 
+def position_row(rates: tuple[float, ...]) -> Text:
+    """Acceptance at each draft position (vLLM reports it), one bar cell a position."""
+    t = Text("accept by position ", style="bold")
+    for i, r in enumerate(rates, 1):
+        t.append(f" {i} ")
+        t.append(BLOCKS[min(len(BLOCKS) - 1, int(max(0.0, min(1.0, r)) * len(BLOCKS)))], style="green")
+        t.append(f" {r:.2f}")
+    return t
+
+
 class CyclePanel(Vertical):
     DEFAULT_CSS = """
     CyclePanel { height: auto; border: round $primary; padding: 0 1; }
@@ -58,10 +68,11 @@ class CyclePanel(Vertical):
     def on_mount(self) -> None:
         self.border_title = "cycle"
 
-    def refresh_from(self, store: MetricsStore, speculative: bool) -> None:
+    def refresh_from(self, store: MetricsStore, speculative: bool, engine: str = "SGLang") -> None:
         bars = self.query_one("#bars", Static)
         p = store.last_profile
         d = store.last_decode
+        per_pos = store.last_per_position
         if p is not None:
             text = phase_bars(p.draft_ms, p.verify_ms, p.extend_ms, p.cycle_ms)
             text.append(f"cycle {p.cycle_ms:.2f} ms   ", style="bold")
@@ -70,21 +81,30 @@ class CyclePanel(Vertical):
             extra = [f"{p.cycles} cycles"] + ([f"bs {p.bs}"] if p.bs else []) + \
                 ([f"steps {p.steps} topk {p.topk}"] if p.steps is not None else [])
             text.append(f"   ({', '.join(extra)})", style="dim")
+            if per_pos:
+                text.append("\n")
+                text.append(position_row(per_pos))
             bars.update(text)
             self.border_title = "cycle (EAGLE3_PROFILE)"
         elif d is not None:
             t = Text()
             t.append(f"decode {d.gen_throughput:.1f} tok/s", style="bold green")
-            if d.accept_len is not None:
-                t.append(f"   accept len {d.accept_len:.2f}")
+            accept = d.accept_len
+            if accept is None and speculative and store["decode_accept_len"].values():
+                accept = store["decode_accept_len"].values()[-1]  # vLLM: from its SpecDecoding lines
+            if accept is not None:
+                t.append(f"   accept len {accept:.2f}")
                 if d.accept_rate is not None:
                     t.append(f"   accept rate {d.accept_rate:.2f}")
+                if per_pos:
+                    t.append("\n")
+                    t.append(position_row(per_pos))
                 t.append("\nno EAGLE3_PROFILE lines: set `profile: true` in the preset (the probe) for "
                          "draft / verify / extend times", style="dim")
             else:
                 t.append("\nbaseline server (no speculation): decode throughput only", style="dim")
             bars.update(t)
-            self.border_title = "cycle (SGLang decode lines)"
+            self.border_title = f"cycle ({engine} decode lines)"
         for key, _, fmt in SPARKS:
             series = store[key] if p is not None or key not in ("accept_len", "tok_s") else \
                 store["decode_accept_len" if key == "accept_len" else "gen_throughput"]

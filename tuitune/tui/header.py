@@ -20,7 +20,7 @@ class StatusHeader(Static):
     DEFAULT_CSS = "StatusHeader { height: 1; background: $boost; padding: 0 1; }"
 
     def show(self, target: str, preset: str, modified: bool, state, link, load, started: float | None,
-             now: float | None = None) -> None:
+             now: float | None = None, engine: str | None = None) -> None:
         now = time.time() if now is None else now
         t = Text()
         t.append("tuitune ", style="bold")
@@ -29,6 +29,8 @@ class StatusHeader(Static):
         t.append(preset, style="bold")
         if modified:
             t.append(" (modified)", style="bold magenta")
+        if engine:
+            t.append(f" · {engine}", style="cyan")
         t.append(" │ ")
         st = state.state
         t.append(st, style=STATE_STYLE.get(st, ""))

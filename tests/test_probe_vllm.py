@@ -1,0 +1,126 @@
+"""The probe inside vLLM: a stand-in tree with vLLM 0.33's module paths, class and method names
+(the real ones are checked against the release in test_vllm_release.py); phases sleep, so the
+times each EAGLE3_PROFILE line reports are known."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuitune.parse import parse_line
+from tuitune.probe import FILES, check
+
+PROBE_DIR = Path(__file__).resolve().parent.parent / "tuitune" / "probe"
+
+PROPOSER = '''
+import time
+class SpecDecodeBaseProposer:
+    def __init__(self, k):
+        self.num_speculative_tokens = k
+    def propose(self, *args, **kwargs):
+        time.sleep(0.001 * self.num_speculative_tokens)
+        return [[0] * self.num_speculative_tokens]
+'''
+EAGLE = '''
+from .llm_base_proposer import SpecDecodeBaseProposer
+class EagleProposer(SpecDecodeBaseProposer):
+    pass
+'''
+RUNNER = '''
+import time
+from vllm.v1.spec_decode.eagle import EagleProposer
+ACCEPTED = [1, 0, 2, 1]  # drafts accepted a step: mean 1, so 2 tokens a step with the bonus
+class SpecConfig:
+    num_speculative_tokens = 2
+class Output:
+    def __init__(self, ids):
+        self.sampled_token_ids = ids
+class SchedulerOutput:
+    num_scheduled_tokens = {"req-0": 3}
+class GPUModelRunner:
+    def __init__(self):
+        self.speculative_config = SpecConfig()
+        self.drafter = EagleProposer(2)
+        self.n = 0
+    def execute_model(self, scheduler_output, intermediate_tensors=None):
+        time.sleep(0.005)  # the target forward over the drafted tokens
+        return None
+    def sample_tokens(self, grammar_output):
+        time.sleep(0.0005)
+        self.drafter.propose()
+        self.n += 1
+        return Output([[7] * (ACCEPTED[self.n % 4] + 1)])
+'''
+DRIVER = '''
+import logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, datefmt="%m-%d %H:%M:%S",
+                    format="(EngineCore_DP0 pid=%(process)d) %(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s")
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner, SchedulerOutput
+r = GPUModelRunner()
+r.drafter.propose()  # a warm-up draft outside any step: not a cycle's
+for _ in range(int(sys.argv[1])):
+    r.execute_model(SchedulerOutput())
+    r.sample_tokens(None)
+print("patched:", getattr(GPUModelRunner.execute_model, "__eagle3_probe__", False))
+'''
+
+
+def make_vllm_tree(root: Path, drop: str | None = None) -> Path:
+    files = {"vllm/v1/spec_decode/llm_base_proposer.py": PROPOSER, "vllm/v1/spec_decode/eagle.py": EAGLE,
+             "vllm/v1/worker/gpu_model_runner.py": RUNNER}
+    for d in ("vllm", "vllm/v1", "vllm/v1/spec_decode", "vllm/v1/worker"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+        (root / d / "__init__.py").write_text("")
+    (root / "vllm" / "_version.py").write_text("__version__ = version = '0.99.0.fake'\n")
+    for rel, text in files.items():
+        (root / rel).write_text(text.replace(f"def {drop}(", f"def renamed_{drop}(") if drop else text)
+    return root
+
+
+def run(tmp: Path, cycles: int = 20, env: dict | None = None) -> subprocess.CompletedProcess:
+    probe = tmp / "probe"
+    probe.mkdir(exist_ok=True)
+    for name in FILES:
+        (probe / name).write_bytes((PROBE_DIR / name).read_bytes())
+    (tmp / "driver.py").write_text(DRIVER)
+    full = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3_")}
+    full.update({"PYTHONPATH": os.pathsep.join([str(probe), str(tmp / "fake")]), "EAGLE3_PROFILE_WINDOW": "4",
+                 **(env or {})})
+    return subprocess.run([sys.executable, str(tmp / "driver.py"), str(cycles)], capture_output=True, text=True,
+                          timeout=60, env=full, cwd=tmp)
+
+
+def test_probe_times_vllm_steps(tmp_path):
+    make_vllm_tree(tmp_path / "fake")
+    r = run(tmp_path, env={"EAGLE3_PROFILE": "1"})
+    assert r.returncode == 0, r.stderr
+    events = [parse_line(x) for x in r.stdout.splitlines() if "EAGLE3_PROFILE" in x]
+    assert len(events) == 5, r.stdout
+    for ev in events:
+        assert ev.kind == "profile" and ev.rank == "DP0" and ev.cycles == 4 and ev.bs == 1
+        assert (ev.steps, ev.topk, ev.draft_tokens) == (2, 1, 3) and ev.extend_ms == 0.0
+        assert 1.8 < ev.draft_ms < 6  # propose: 2 ms
+        assert 5.0 < ev.verify_ms < 12  # the step (5.5 ms) without the draft inside it
+        assert ev.accept_len == pytest.approx(2.0)
+    assert "patched: True" in r.stdout
+    off = run(tmp_path)
+    assert "EAGLE3_PROFILE" not in off.stdout and "patched: False" in off.stdout
+
+
+def test_vllm_layout_without_a_method_runs_unprofiled_and_check_says_why(tmp_path):
+    make_vllm_tree(tmp_path / "fake", drop="sample_tokens")
+    r = run(tmp_path, env={"EAGLE3_PROFILE": "1"})
+    warnings = [x for x in r.stdout.splitlines() + r.stderr.splitlines() if "not found" in x]
+    assert len(warnings) == 1 and "vLLM" in warnings[0] and "GPUModelRunner.sample_tokens" in warnings[0]
+    assert "EAGLE3_PROFILE v=1" not in r.stdout
+    report = check(str(tmp_path / "fake" / "vllm"), engine="vllm")
+    assert report["version"] == "0.99.0.fake" and not report["ok"] and report["missing"] == ["step", "step_end"]
+    out = subprocess.run([sys.executable, "-m", "tuitune", "probe", "check", "--vllm-path",
+                          str(tmp_path / "fake" / "vllm")], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 1 and "MISSING GPUModelRunner.sample_tokens (step_end)" in out.stdout
+    assert "vLLM 0.99.0.fake" in out.stdout

@@ -1,0 +1,233 @@
+"""vLLM (vllm-project/vllm, V1 engine): flags, readiness, log lines, metrics names (FACTS.md §3).
+
+Verified against the vLLM 0.33.0 release source (names below are that release's):
+- launch: ``vllm serve [model_tag] [options]`` is ``python -m vllm.entrypoints.cli.main serve …``
+  (``entrypoints/cli/main.py``, ``cli/serve.py``); ``serve --help=all`` lists every flag group;
+  ``--port`` (default 8000) and ``--host`` come from ``FrontendArgs``, ``--speculative-config``
+  (``-sc``, JSON) from ``EngineArgs``; ``SpeculativeConfig`` takes ``method`` (``eagle``,
+  ``eagle3``, …), ``model``, ``num_speculative_tokens`` (> 0) and ``draft_tensor_parallel_size``
+  (1 or the target's TP size). EAGLE in vLLM drafts a chain: there is no topk.
+- logs (``vllm/logger.py``): ``(PROCESS pid=N) LEVEL MM-DD HH:MM:SS [file.py:line] message``;
+  ``v1/metrics/loggers.py`` prints ``Engine 000: Avg prompt throughput: …`` every
+  ``VLLM_LOG_STATS_INTERVAL`` seconds, ``v1/spec_decode/metrics.py`` the ``SpecDecoding metrics:``
+  line after it.
+- ``/metrics`` (``v1/spec_decode/metrics.py``, ``v1/metrics/loggers.py``): counters below,
+  labelled ``model_name`` and ``engine``; per position also ``position``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from ..events import DecodeStats, Event, Malformed, VllmSpec
+from .base import Engine
+
+SPEC_MARKER = "SpecDecoding metrics: "
+STATS_MARKER = "Avg prompt throughput: "
+STARTUP_COMPLETE = "Application startup complete."
+METHODS = {"EAGLE": "eagle", "EAGLE3": "eagle3"}
+
+# Prometheus counter names as declared (the exposition adds ``_total``)
+NUM_DRAFTS = "vllm:spec_decode_num_drafts"
+NUM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+NUM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+GENERATION_TOKENS = "vllm:generation_tokens"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+
+_PREFIX = re.compile(r"(?:\(([\w.-]+) pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+                     r"(\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) \[?[\w.-]+:\d+\] ")  # older releases: no "["
+_RANK = re.compile(r"(?:DP|TP|PP|EP)\d+")
+
+SPEC_FIELDS = {"Mean acceptance length": "mean_accept_len", "Accepted throughput": "accepted_tok_s",
+               "Drafted throughput": "drafted_tok_s", "Accepted": "accepted", "Drafted": "drafted",
+               "Per-position acceptance rate": "per_position",
+               "Avg Draft acceptance rate": "draft_acceptance_rate",
+               "Draft acceptance rate": "draft_acceptance_rate"}  # the older line's name
+_SPEC_INT = ("accepted", "drafted")
+STATS_FIELDS = {"Avg generation throughput": "gen_throughput", "Running": "running_req",
+                "Waiting": "queue_req"}
+
+# (text in a log line, failure cause): vLLM's own wording of its most common start-up failures
+ERRORS = (("No available memory for the cache blocks", "oom"),
+          ("larger than the available KV cache memory", "oom"),
+          ("Invalid repository ID or local directory specified", "model_not_found"),
+          ("validation error for SpeculativeConfig", "bad_argument"),
+          ("validation errors for SpeculativeConfig", "bad_argument"))
+
+
+class VLLM(Engine):
+    name = "vllm"
+    label = "vLLM"
+    default_module = "vllm.entrypoints.cli.main"  # what the `vllm` console script runs
+    default_port = 8000
+    reserved_args = {"port": "server.port", "speculative-config": "speculative", "sc": "speculative"}
+    phases = (("Starting to load model", "loading weights"), ("Loading drafter model", "loading draft model"),
+              ("Capturing CUDA graphs", "capturing graphs"), (STARTUP_COMPLETE, "http up"))  # a hint only
+    errors = ERRORS
+    health_needs_log_hint = False
+    sim_dialect = "vllm"
+
+    def launch_args(self, preset) -> list[str]:
+        args = preset.server.args
+        out = ["serve"] + ([str(args["model"])] if args.get("model") is not None else [])
+        out += self.plain_flags(args, skip=("model",)) + ["--port", str(preset.server.port)]
+        if preset.is_speculative:
+            out += ["--speculative-config", json.dumps(self.speculative_config(preset))]
+        return out
+
+    def help_args(self, preset) -> list[str]:
+        return ["serve", "--help=all"]
+
+    @staticmethod
+    def speculative_config(preset) -> dict:
+        s = preset.speculative
+        cfg = {"method": METHODS[s.algorithm], "model": s.draft_model_path,
+               "num_speculative_tokens": s.num_speculative_tokens}
+        if s.draft_tensor_parallel_size is not None:
+            cfg["draft_tensor_parallel_size"] = s.draft_tensor_parallel_size
+        return cfg
+
+    def validate(self, preset) -> None:
+        if not isinstance(preset.server.args.get("model"), str):
+            raise ValueError("server.args.model: vLLM needs the model to serve (a path or a Hugging Face "
+                             "id; rendered as `serve MODEL`)")
+        s = preset.speculative
+        if s is None or s.algorithm is None:
+            return
+        if s.algorithm not in METHODS:
+            raise ValueError(f"speculative.algorithm: {s.algorithm} is not driven by tuitune on vLLM "
+                             f"(use {' or '.join(METHODS)})")
+        if not s.draft_model_path:
+            raise ValueError(f"speculative.draft_model_path is required for {s.algorithm}")
+        if s.eagle_topk is not None:
+            raise ValueError("speculative.eagle_topk: vLLM's EAGLE drafts a chain, one candidate a "
+                             "position, so topk does not exist there; remove it")
+        if s.num_steps is not None:
+            raise ValueError("speculative.num_steps is SGLang's; vLLM spells it num_speculative_tokens")
+        if s.num_draft_tokens is not None:
+            raise ValueError("speculative.num_draft_tokens is SGLang's; vLLM verifies "
+                             "num_speculative_tokens + 1 tokens, so set num_speculative_tokens only")
+        if s.num_speculative_tokens is None:
+            raise ValueError("speculative.num_speculative_tokens is required on vLLM (how many tokens "
+                             "the draft proposes each step)")
+        dtp = s.draft_tensor_parallel_size
+        if dtp is not None and dtp not in (1, preset.tp_size()):
+            raise ValueError(f"speculative.draft_tensor_parallel_size: vLLM allows 1 or the target's "
+                             f"tensor parallel size ({preset.tp_size()}), not {dtp}")
+
+    def lint(self, preset) -> list[str]:
+        out = []
+        for sglang, vllm in (("model-path", "model"), ("mem-fraction-static", "gpu-memory-utilization"),
+                             ("tp-size", "tensor-parallel-size")):
+            if sglang in preset.server.args:
+                out.append(f"server.args.{sglang} is SGLang's flag; vLLM spells it {vllm}")
+        return out
+
+    def speculative_view(self, preset) -> dict:
+        s = preset.speculative
+        view = {"speculative.algorithm": s.algorithm, "speculative.draft_model_path": s.draft_model_path,
+                "speculative.num_speculative_tokens": s.num_speculative_tokens}
+        if s.draft_tensor_parallel_size is not None:
+            view["speculative.draft_tensor_parallel_size"] = s.draft_tensor_parallel_size
+        return view
+
+    def served_model(self, preset) -> str | None:
+        name = preset.server.args.get("served-model-name") or preset.server.args.get("model")
+        return str(name).split()[0] if name else None
+
+    def default_bench_api(self) -> str:
+        return "openai"  # vLLM has no /generate
+
+
+# ---- log lines ------------------------------------------------------------------------------------
+
+
+def prefix(line: str, end: int) -> tuple[str | None, str | None]:
+    """Timestamp and rank (TP0, DP0 … from the process name) of vLLM's logger prefix."""
+    m = _PREFIX.search(line, 0, end)
+    if m is None:
+        return None, None
+    rank = " ".join(_RANK.findall(m.group(1) or "")) or None
+    return m.group(2), rank
+
+
+def _items(body: str) -> list[tuple[str, str]]:
+    """``Name: value, Name: value`` -> pairs; a part without ``: `` continues the previous value
+    (the per-position list and ``KV fetch: 1 waiting to start, 0 in progress, …``)."""
+    out: list[tuple[str, str]] = []
+    for part in body.split(", "):
+        name, sep, value = part.partition(": ")
+        if sep:
+            out.append((name.strip(), value.strip()))
+        elif out:
+            out[-1] = (out[-1][0], f"{out[-1][1]}, {part.strip()}")
+    return out
+
+
+def _num(text: str) -> float:
+    return float(text.split()[0].rstrip("%"))
+
+
+def _leading_numbers(texts: list[str]) -> tuple[float, ...]:
+    """The run of numbers a list starts with (what follows a non-number is not the list's);
+    ValueError when it does not start with one."""
+    out = []
+    for t in texts:
+        try:
+            out.append(float(t))
+        except ValueError:
+            break
+    if not out:
+        raise ValueError(texts[0])
+    return tuple(out)
+
+
+def spec_line(line: str, at: int) -> Event:
+    """A ``SpecDecoding metrics:`` line, newest or older format."""
+    ts, rank = prefix(line, at)
+    kw: dict = {}
+    for name, value in _items(line[at + len(SPEC_MARKER):].rstrip()):
+        key = SPEC_FIELDS.get(name)
+        if key is None:
+            continue
+        try:
+            if key == "per_position":
+                kw[key] = _leading_numbers(value.split(", "))
+            elif key in _SPEC_INT:
+                kw[key] = int(_num(value))
+            else:
+                n = _num(value)
+                kw[key] = n / 100.0 if value.endswith("%") else n
+        except (ValueError, IndexError):
+            return Malformed("SpecDecoding metrics", f"{name}: {value!r} is not a number", line[:500], ts, rank)
+    if not kw:
+        return Malformed("SpecDecoding metrics", "no known field", line[:500], ts, rank)
+    return VllmSpec(ts=ts, rank=rank, **kw)
+
+
+def stats_line(line: str, at: int) -> Event:
+    """The periodic ``Avg prompt throughput: …`` line, as decode stats."""
+    ts, rank = prefix(line, at)
+    kw: dict = {}
+    extra: dict = {}
+    for name, value in _items(line[at:].rstrip()):
+        key = STATS_FIELDS.get(name)
+        try:
+            if key == "gen_throughput":
+                kw[key] = _num(value)
+            elif key is not None:
+                kw[key] = int(_num(value))
+            elif name.endswith("KV cache usage"):
+                kw["token_usage"] = _num(value) / 100.0
+            else:
+                n = value.split()[0].rstrip("%") if value else ""
+                extra[re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")] = \
+                    float(n) if re.fullmatch(r"-?\d+(\.\d+)?", n) and len(value.split()) <= 2 else value
+        except (ValueError, IndexError):
+            return Malformed("Avg prompt throughput", f"{name}: {value!r} is not a number", line[:500], ts, rank)
+    if "gen_throughput" not in kw:
+        return Malformed("Avg prompt throughput", "missing Avg generation throughput", line[:500], ts, rank)
+    return DecodeStats(extra=extra, ts=ts, rank=rank, **kw)
