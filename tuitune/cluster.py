@@ -45,6 +45,17 @@ def control_for(transport: Transport, preset: P.Preset, state_dir: str | None = 
     return ServerControl(transport, preset, **kw)
 
 
+@contextlib.asynccontextmanager
+async def controlling(transport: Transport, preset: P.Preset, state_dir: str | None = None):
+    """``control_for`` for one use: a multi-node control's links to the other nodes are closed after."""
+    c = control_for(transport, preset, state_dir)
+    try:
+        yield c
+    finally:
+        if isinstance(c, ClusterControl):
+            await c.close()
+
+
 @dataclass
 class NodeView:
     """One node of a multi-node server as ``status`` sees it."""
