@@ -187,3 +187,30 @@ async def test_tui_shows_both_nodes(machines):
         assert app.logpane.node == 0 and "Uvicorn running" in "\n".join(log.lines)
         await s.close(stop_server=True)
     assert pids_of(machines[0]) == [] and pids_of(machines[1]) == []
+
+
+def test_shipped_two_node_preset_runs_locally(tmp_path):
+    """presets/sim-2node-eagle3.yaml as shipped, on free ports: launch, status, logs --node, stop."""
+    shipped = P.load(P.find("sim-2node-eagle3"))
+    data = P.to_dict(shipped)
+    data["server"].update(port=free_port(), dist_init_port=free_port(), log=str(tmp_path / "n0.log"))
+    data["server"]["args"]["sim-load-seconds"] = 0.3
+    data["target"]["nodes"][1]["server"].update(port=free_port(), log=str(tmp_path / "n1.log"))
+    path = tmp_path / "two.yaml"
+    path.write_text(P.dumps(P.from_dict(data)))
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "tuitune", *args, str(path)], capture_output=True,
+                              text=True, timeout=120, cwd=ROOT)
+
+    r = cli("launch")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "node 1 NCCL_SOCKET_IFNAME: applied" in r.stdout and "node 0 NCCL_PROTO: applied" in r.stdout
+    r = cli("status")
+    assert r.returncode == 0 and "node 0 on local: running" in r.stdout and "node 1 on local: running" in r.stdout
+    assert "no drift" in r.stdout
+    r = cli("logs", "--node", "1")
+    assert "Dummy health check server" in r.stdout and "Uvicorn" not in r.stdout
+    r = cli("stop")
+    assert r.returncode == 0 and r.stdout.count("stopped") >= 2, r.stdout + r.stderr
+    assert sim_pids(str(tmp_path)) == []
