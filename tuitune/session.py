@@ -245,7 +245,13 @@ class Session(EventStream):
     def nccl_report(self) -> tuple[list[tuple[str, str, str | None]], str | None]:
         """NCCL's confirmation of the preset's NCCL variables, and a sentence when it cannot be trusted."""
         seen = self.last_ready.nccl_env if self.last_ready else {}
-        return nccl_confirmation(self.preset, seen), nccl_note(self.preset, seen)
+        if not (isinstance(self.control, ClusterControl) and self.last_ready and self.control.node_nccl):
+            return nccl_confirmation(self.preset, seen), nccl_note(self.preset, seen)
+        rows, notes = [], []  # every node confirms from its own log
+        for i, (node, env) in enumerate(zip(self.preset.node_presets(), self.control.node_nccl)):
+            rows += [(f"node {i} {k}", state, got) for k, state, got in nccl_confirmation(node, env)]
+            notes += [f"node {i}: {n}" for n in [nccl_note(node, env)] if n]
+        return rows, "; ".join(notes) or None
 
     # ---- the other nodes of a multi-node server --------------------------------------------
     async def watch_nodes(self, from_end: bool = False) -> None:
