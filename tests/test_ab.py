@@ -69,7 +69,7 @@ async def test_ab_with_one_arm_measured_while_capped_is_not_comparable(tmp_path)
     b = P.with_changes(a, {"name": "b"})
 
     def progress(msg: str) -> None:  # the simulated box starts power-capping when B is launched
-        if "launching b" in msg:
+        if "launching B (b)" in msg:
             ctl.write_text(json.dumps({"capping": "power"}))
 
     result = await run_ab(LocalTransport(), a, b, 1, {}, progress=progress)

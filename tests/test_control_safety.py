@@ -101,10 +101,9 @@ async def test_no_snippet_runs_a_metacharacter_value_over_ssh(sshd, tmp_path):
 
 def test_cli_logs_with_an_injecting_log_path(tmp_path):
     marker = tmp_path / "PWNED"
-    log = tmp_path / "d" / CORPUS[-1].format(m=marker)
+    log = Path(f"{tmp_path}/d{CORPUS[-1].format(m=marker)}")  # (not tmp_path / value: the value is absolute)
     log.parent.mkdir(parents=True, exist_ok=True)
-    Path(str(log)).parent.mkdir(parents=True, exist_ok=True)
-    Path(str(log)).write_text("one\ntwo\n")
+    log.write_text("one\ntwo\n")
     p = make_preset(tmp_path, "inj")
     path = P.save(P.with_changes(p, {"server.log": str(log)}), tmp_path / "inj.yaml")
     r = cli("logs", str(path), "-n", "5")
