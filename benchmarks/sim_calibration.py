@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from statistics import mean
 
+from simproc import running_sim
 from tuitune.bench import BenchConfig, run_bench
 from tuitune.parse import parse_line
 
@@ -39,38 +35,17 @@ ROWS = [  # name, steps (None = baseline), tuned, seed tok/s, seed verify ms, se
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_row(steps, tuned, requests) -> tuple[float, float | None, float | None]:
-    port = free_port()
     spec = [] if steps is None else ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
                                      "/d", "--speculative-num-steps", str(steps), "--speculative-eagle-topk",
                                      "1", "--speculative-num-draft-tokens", str(steps + 1)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
-    env.update(TUNED if tuned else {})
-    env["EAGLE3_PROFILE"] = "1"
+    env = {**(TUNED if tuned else {}), "EAGLE3_PROFILE": "1"}
     with tempfile.NamedTemporaryFile("w+b", suffix=".log") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tuitune.sim", "--port", str(port),
-                                 "--sim-load-seconds", "0.3", *SEED, *spec], stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            for _ in range(200):
-                try:
-                    if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).status == 200:
-                        break
-                except OSError:
-                    time.sleep(0.05)
-            run = asyncio.run(run_bench(BenchConfig(f"http://127.0.0.1:{port}", requests=requests,
-                                                    warmup=1, max_tokens=500)))
-            log.seek(0)
-            prof = [e for e in map(parse_line, log.read().decode("utf-8", "replace").splitlines())
-                    if e and e.kind == "profile"]
-        finally:
-            proc.terminate()
-            proc.wait(5)
+        with running_sim(*SEED, *spec, env=env, log=log) as url:
+            run = asyncio.run(run_bench(BenchConfig(url, requests=requests, warmup=1, max_tokens=500)))
+        log.seek(0)
+        prof = [e for e in map(parse_line, log.read().decode("utf-8", "replace").splitlines())
+                if e and e.kind == "profile"]
     verify = mean(p.verify_ms for p in prof) if prof else None
     cycle = mean(p.cycle_ms for p in prof) if prof else None
     return run.median_tok_s(), verify, cycle

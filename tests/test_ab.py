@@ -16,10 +16,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def twin(name: str, tmp: Path, port: int) -> P.Preset:
-    """A shipped simulator twin, sped up 20x, its log and state under tmp."""
+    """A shipped simulator twin, sped up 20x, its log and state under tmp; quasi-random acceptance
+    draws, so that 4 short launches resolve a 5.7 % difference."""
     return P.with_changes(P.resolve(name), {
         "server.log": str(tmp / f"{name}.log"), "server.port": port, "profile": False,
-        "server.args.sim-speedup": 20, "server.args.sim-load-seconds": 0.2,
+        "server.args.sim-speedup": 20, "server.args.sim-load-seconds": 0.2, "server.args.sim-draws": "quasi",
         "bench.requests": 4, "bench.warmup": 0, "bench.max_tokens": 300})
 
 
@@ -37,7 +38,7 @@ def test_ab_cli_two_step_eagle3_beats_the_nccl_baseline(tmp_path):
     result = json.loads(out.read_text())
     assert len(result["launches"]) == 8
     assert [x["preset"] for x in result["launches"][:4]] == ["sim-c2-baseline-nccl", "sim-c4-eagle3-2step-nccl"] * 2
-    assert 1.02 < result["verdict"]["ratio"] < 1.15  # seeds: +5.9 %; the model: +8.4 %; short launches: ±3 %
+    assert 1.02 < result["verdict"]["ratio"] < 1.15  # seeds: +5.9 %; the model: +5.7 %; short launches: ±3 %
 
 
 async def test_ab_untuned_baseline_is_far_slower(tmp_path):

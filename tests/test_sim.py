@@ -81,9 +81,9 @@ def test_streaming_generate_profile_and_decode_lines(sim_factory):
     prof = [e for e in events if e.kind == "profile"]
     dec = [e for e in events if e.kind == "decode"]
     assert prof and dec and all(e.kind != "malformed" for e in events)
-    exp = model.cycle_cost(model.SimConfig(continuous_decode_steps=4, custom_all_reduce=False,
-                                           algorithm="EAGLE3", steps=2, draft_tokens=3,
-                                           env_factor=model.nccl_factor(TUNED_NCCL)))
+    exp = model.cycle_cost(model.sim_config(model.load_machine(None), continuous_decode_steps=4,
+                                            custom_all_reduce=False, algorithm="EAGLE3", steps=2, draft_tokens=3,
+                                            tp_size=8, env_factor=model.nccl_factor(TUNED_NCCL)))
     # the profile line reports real (sped-up) milliseconds
     assert prof[0].verify_ms == pytest.approx(exp.verify_ms / 10, rel=0.1)
     assert prof[0].steps == 2 and prof[0].draft_tokens == 3 and dec[0].accept_len is not None

@@ -99,7 +99,7 @@ async def test_bench_rows_verdict_and_baseline_staleness(tmp_path):
         table = app.runs_table
         assert table.row_count == 2
         assert all(r.cycle_ms and 1.0 < r.cycle_ms < 4.0 for r in app.book.runs)  # ~2 ms cycles at 10x
-        delta = str(table.get_row_at(1)[3])
+        delta = str(table.get_row_at(1)[4])
         assert "%" in delta and delta[-1] in "▲▼≈"
         assert app.book.baseline_id == 1 and app.stale_reason() is None
         # mark the second run as the baseline

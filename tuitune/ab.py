@@ -4,9 +4,10 @@ Why the launch: NCCL variables and speculative settings are read once at process
 launch brings its own placement, clocks and graph capture. Requests of one launch share all of
 that, so they are not independent samples of the configuration; treating them as such makes tiny
 launch-to-launch differences look significant. Each launch therefore contributes one number (its
-median decode tok/s), and A and B alternate so that drift over time (thermal, other tenants)
-hits both arms alike. GPU telemetry runs for the whole comparison: a launch measured while clocks
-were capped or a GPU straggled, beside launches measured without, makes the verdict "not comparable".
+median decode tok/s; at concurrency > 1 its goodput, all streams together), and A and B
+alternate so that drift over time (thermal, other tenants) hits both arms alike. GPU telemetry
+runs for the whole comparison: a launch measured while clocks were capped or a GPU straggled,
+beside launches measured without, makes the verdict "not comparable".
 
 The arms are positional (A is the first preset given, B the second), never told apart by name:
 two presets may share a ``name:``, and ``ab X X`` is a deliberate A/A run that measures how
@@ -62,6 +63,7 @@ async def bench_launch(t: Transport, p: Preset, overrides: dict, timeout_s: floa
     s = run.summary()
     tok = s.get("tok_s") or {}
     return {"preset": p.name, "hash": p.hash(), "pid": rec.pid, "ready_s": ready.elapsed_s,
+            "concurrency": run.config.concurrency, "goodput": (s.get("goodput") or {}).get("tok_s", math.nan),
             "median_tok_s": tok.get("median", math.nan), "ci95": tok.get("ci95"),
             "accept_len": (s.get("accept_len") or {}).get("mean"), "requests": s["requests"],
             "failed": s["failed"], "errors": s["errors"], "server": s.get("server"), "time": time.time(),
@@ -81,9 +83,15 @@ def verdict(launches: list[dict], min_effect: float) -> dict:
         return {"verdict": "not comparable",
                 "reason": f"GPUs were held back during {len(held)} of {len(launches)} launches "
                           f"({x['preset']}, round {x.get('round', '?')}: {x['gpu_note']})"}
-    va = [x["median_tok_s"] for x in launches if x["arm"] == "A"]
-    vb = [x["median_tok_s"] for x in launches if x["arm"] == "B"]
-    return stats.compare(va, vb, min_effect)
+    key = metric(launches)
+    va = [x[key] for x in launches if x["arm"] == "A"]
+    vb = [x[key] for x in launches if x["arm"] == "B"]
+    return {**stats.compare(va, vb, min_effect), "metric": key}
+
+
+def metric(launches: list[dict]) -> str:
+    """One stream: its decode speed; several: the goodput of all of them (what a server sells)."""
+    return "goodput" if any(x.get("concurrency", 1) > 1 for x in launches) else "median_tok_s"
 
 
 async def run_ab(t: Transport, a: Preset, b: Preset, rounds: int, overrides: dict, min_effect: float = 0.01,
@@ -120,12 +128,12 @@ async def run_ab(t: Transport, a: Preset, b: Preset, rounds: int, overrides: dic
 
 
 def format_ab(result: dict) -> str:
-    lines = [f"{'round':>5}  {'arm':<3} {'preset':<28} {'tok/s':>9} {'95% CI':>17} {'accept':>7} {'failed':>6}"]
+    lines = [f"{'round':>5}  {'arm':<3} {'preset':<28} {'tok/s':>9} {'95% CI':>17} {'goodput':>9} {'accept':>7} {'failed':>6}"]
     for x in result["launches"]:
         ci = x.get("ci95") or [math.nan, math.nan]
         acc = f"{x['accept_len']:.2f}" if x.get("accept_len") else "-"
         lines.append(f"{x['round']:>5}  {x['arm']:<3} {x['preset']:<28} {x['median_tok_s']:>9.2f} "
-                     f"{ci[0]:>8.2f}-{ci[1]:<8.2f} {acc:>7} {x['failed']:>6}"
+                     f"{ci[0]:>8.2f}-{ci[1]:<8.2f} {x.get('goodput', math.nan):>9.1f} {acc:>7} {x['failed']:>6}"
                      + (f"  ⚠ GPUs: {x['gpu_note']}" if x.get("gpu_note") else ""))
     v = result["verdict"]
     if v["verdict"] == "not comparable":
@@ -133,7 +141,9 @@ def format_ab(result: dict) -> str:
         return "\n".join(lines)
     lo, hi = v["ratio_ci"]
     a, b = f"A ({result['a']})", f"B ({result['b']})"
-    lines.append(f"\nmedians of launch medians: {a} {v['baseline_median']:.2f}, "
+    what = ("goodputs at concurrency " + str(result["launches"][0].get("concurrency"))
+            if v.get("metric") == "goodput" else "launch medians")
+    lines.append(f"\nmedians of {what}: {a} {v['baseline_median']:.2f}, "
                  f"{b} {v['candidate_median']:.2f} tok/s")
     lines.append(f"ratio B/A = {v['ratio']:.4f} (95% CI {lo:.4f}-{hi:.4f}), "
                  f"Mann-Whitney p = {v['p_value']:.3f} over {v['n_baseline']}+{v['n_candidate']} launches")

@@ -22,13 +22,14 @@ import json
 import math
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from typing import Awaitable, Callable
 
 from . import stats
 from .metrics import quantile, summarize
 
+SIM_LATE_LIMIT = 0.10  # above this share of late cycles a simulator's figures are not its model's
 _COMPLETION = re.compile(rb'"completion_tokens":\s*(\d+)')
 _VERIFY = re.compile(rb'"spec_verify_ct":\s*(\d+)')
 
@@ -50,6 +51,7 @@ class RequestResult:
     client_lag_ms: float | None = None  # request on the wire -> handler + last chunk written -> stamped (sim only)
     send_ms: float | None = None  # the client's work before the request was on the wire (outside the figures)
     t0: float = field(default=0.0, repr=False)  # perf_counter() when the clock started (this process only)
+    itls: list[float] = field(default_factory=list, repr=False)  # every inter-token gap (ms), for pooled ITL
     chunks: int = 0
     client_cpu_s: float = 0.0
 
@@ -68,7 +70,7 @@ class RequestResult:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        del d["t0"]
+        del d["t0"], d["itls"]
         d["decode_tok_s"] = self.decode_tok_s
         d["accept_len"] = self.accept_len
         return d
@@ -96,7 +98,22 @@ class BenchConfig:
         b = {**preset.bench.model_dump(), **(overrides or {})}
         return cls(url, requests=b["requests"], warmup=b["warmup"], max_tokens=b["max_tokens"],
                    concurrency=b["concurrency"], api=b["api"], label=label or preset.name,
-                   model=preset.engine.served_model(preset))
+                   model=preset.engine.served_model(preset)).at_level(b["concurrency"])
+
+    def at_level(self, concurrency: int) -> "BenchConfig":
+        """This config at another concurrency: at least two requests per stream, so that every
+        stream is measured in the steady state and not only while the batch fills."""
+        if concurrency <= 1:
+            return replace(self, concurrency=1)
+        return replace(self, concurrency=concurrency, requests=max(self.requests, 2 * concurrency))
+
+
+def stream_goodput(pairs, concurrency: int) -> float:
+    """Goodput from (tokens, latency) pairs: each of ``concurrency`` streams sends its requests
+    back to back, so a stream produces Σ tokens / Σ latency and the streams together that many
+    times over. Unlike tokens ÷ wall time, the tail where the last requests run alone (a smaller
+    batch) does not count."""
+    return concurrency * sum(t for t, _ in pairs) / sum(e for _, e in pairs)
 
 
 @dataclass
@@ -106,7 +123,10 @@ class BenchRun:
     server: dict = field(default_factory=dict)  # cross-check figures from /server_info
     started: float = 0.0
     wall_s: float = 0.0
+    measured_s: float = 0.0  # wall time of the measured requests alone (warm-up excluded)
     cycle_ms: float | None = None  # mean cycle of the profile windows the server logged meanwhile
+    batch_sizes: list[int] = field(default_factory=list)  # #running-req of the server's decode lines meanwhile
+    sim_late_share: float | None = None  # simulator only: share of its cycles that started late meanwhile
     env_drift: list[str] | None = None  # variables the server's real environment lacked vs its preset (None: unknown)
     gpu_note: str | None = None  # GPUs capped or a straggler meanwhile (telemetry.RunWatch)
 
@@ -121,20 +141,39 @@ class BenchRun:
     def tok_s(self) -> list[float]:
         return [r.decode_tok_s for r in self.ok if r.decode_tok_s is not None]
 
+    def goodput_pairs(self) -> list[tuple[int, float]]:
+        """(completion tokens, latency) of every successful request: what goodput is made of."""
+        return [(r.completion_tokens, r.e2e_s) for r in self.ok if r.completion_tokens and r.e2e_s]
+
+    def goodput(self) -> dict | None:
+        """Output tok/s of all streams together, with a 95 % bootstrap CI over requests."""
+        pairs = self.goodput_pairs()
+        if not pairs:
+            return None
+        c = min(self.config.concurrency, len(self.results))
+        lo, hi = stats.bootstrap_ci(pairs, lambda sample: stream_goodput(sample, c))
+        tokens = sum(t for t, _ in pairs)
+        return {"tok_s": stream_goodput(pairs, c), "ci95": [lo, hi], "tokens": tokens,
+                "wall_tok_s": tokens / self.measured_s if self.measured_s > 0 else None}
+
     def summary(self) -> dict:
         vals = self.tok_s()
         s = summarize(vals)
-        out: dict = {"label": self.config.label, "requests": len(self.results), "failed": self.failed,
+        out: dict = {"label": self.config.label, "concurrency": self.config.concurrency,
+                     "requests": len(self.results), "failed": self.failed,
                      "errors": sorted({r.error for r in self.results if r.error})}
         if s:
             lo, hi = stats.bootstrap_median_ci(vals)
             srt = sorted(vals)
             out["tok_s"] = {**s.as_dict(), "p99": quantile(srt, 0.99), "ci95": [lo, hi]}
-        for name, getter in (("ttft_ms", lambda r: r.ttft_s * 1000 if r.ttft_s is not None else None),
-                             ("e2e_s", lambda r: r.e2e_s),
-                             ("itl_ms", lambda r: r.itl_ms_median),
-                             ("accept_len", lambda r: r.accept_len)):
-            vs = [v for v in map(getter, self.ok) if v is not None]
+        gp = self.goodput()
+        if gp:
+            out["goodput"] = gp
+        for name, vs in (("ttft_ms", [r.ttft_s * 1000 for r in self.ok if r.ttft_s is not None]),
+                         ("e2e_s", [r.e2e_s for r in self.ok if r.e2e_s is not None]),
+                         ("itl_ms", [g for r in self.ok for g in r.itls]),  # every gap, pooled
+                         ("accept_len", [r.accept_len for r in self.ok if r.accept_len is not None]),
+                         ("batch_size", self.batch_sizes)):
             ss = summarize(vs)
             if ss:
                 out[name] = {**ss.as_dict(), "p99": quantile(sorted(vs), 0.99)}
@@ -152,6 +191,10 @@ class BenchRun:
     def cross_check(self) -> list[str]:
         """Client figures against the server's own, when it reports them (>10 % apart = warning)."""
         out = []
+        if self.sim_late_share is not None and self.sim_late_share > SIM_LATE_LIMIT:
+            out.append(f"the simulator fell behind its clock ({self.sim_late_share:.0%} of its cycles started late): "
+                       f"this machine cannot serve {self.config.concurrency} streams at this --sim-speedup, so the "
+                       f"figures are too slow; lower --sim-speedup")
         med = self.median_tok_s()
         srv = self.server.get("last_gen_throughput")
         if srv and math.isfinite(med) and self.config.concurrency == 1:
@@ -170,7 +213,7 @@ class BenchRun:
     def to_dict(self) -> dict:
         return {"config": asdict(self.config), "summary": self.summary(),
                 "results": [r.to_dict() for r in self.results], "started": self.started,
-                "wall_s": self.wall_s}
+                "wall_s": self.wall_s, "measured_s": self.measured_s}
 
 
 class _Sent:
@@ -304,6 +347,7 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
         if itls:
             itls.sort()
             res.itl_ms_median = quantile(itls, 0.5)
+            res.itls = itls
         res.ok = bool(res.completion_tokens)
         if not res.ok:
             res.error = "no tokens generated"
@@ -368,7 +412,10 @@ async def served_model(session, url: str, timeout: float = 5.0) -> str | None:
 async def run_bench(cfg: BenchConfig,
                     on_result: Callable[[int, RequestResult], Awaitable[None] | None] | None = None,
                     stop: asyncio.Event | None = None) -> BenchRun:
-    """Warm-up requests (discarded), then ``requests`` measured ones at ``concurrency``."""
+    """Warm-up requests (discarded), then ``requests`` measured ones at ``concurrency``.
+
+    Above concurrency 1 the warm-up is one wave of ``concurrency`` short requests, so that the
+    server has run this batch size (its CUDA graph, its KV blocks) before the clock starts."""
     import aiohttp
 
     run = BenchRun(cfg, started=time.time())
@@ -378,12 +425,24 @@ async def run_bench(cfg: BenchConfig,
     async with client_session(connector=connector) as session:
         if cfg.api == "openai" and cfg.model is None:
             cfg.model = await served_model(session, cfg.url)
-        for i in range(cfg.warmup):
-            r = await run_request(session, cfg, ps[i % len(ps)])
-            if not r.ok and r.error and r.error.startswith(("cannot connect", "server disconnected")):
-                run.results.append(r)  # server not up: fail fast instead of timing out each request
-                run.wall_s = time.perf_counter() - t0
-                return run
+        if cfg.warmup and cfg.concurrency > 1:
+            wave = replace(cfg, max_tokens=min(cfg.max_tokens, 64))
+            warm = await asyncio.gather(*(run_request(session, wave, ps[i % len(ps)])
+                                          for i in range(max(cfg.warmup, cfg.concurrency))))
+        else:
+            warm = []
+            for i in range(cfg.warmup):
+                warm.append(await run_request(session, cfg, ps[i % len(ps)]))
+                if not warm[-1].ok and warm[-1].error.startswith(("cannot connect", "server disconnected")):
+                    break
+        down = [r for r in warm if not r.ok and r.error and r.error.startswith(("cannot connect", "server disconnected"))]
+        if down:
+            run.results.append(down[0])  # server not up: fail fast instead of timing out each request
+            run.wall_s = time.perf_counter() - t0
+            return run
+        # the simulator's own counters before the measured requests (a real server has none)
+        before = ((await fetch_server_info(session, cfg.url)).get("sim") or {}) if cfg.concurrency > 1 else {}
+        t_measured = time.perf_counter()
         queue: asyncio.Queue[int] = asyncio.Queue()
         for i in range(cfg.requests):
             queue.put_nowait(i)
@@ -399,9 +458,55 @@ async def run_bench(cfg: BenchConfig,
                         await maybe
 
         await asyncio.gather(*(worker() for _ in range(min(cfg.concurrency, cfg.requests))))
+        run.measured_s = time.perf_counter() - t_measured
         run.server = await fetch_server_info(session, cfg.url)
+        after = run.server.get("sim") or {}
+        if "cycles_late" in before and "cycles_late" in after and after["cycles"] > before["cycles"]:
+            run.sim_late_share = (after["cycles_late"] - before["cycles_late"]) / (after["cycles"] - before["cycles"])
     run.wall_s = time.perf_counter() - t0
     return run
+
+
+def level_row(s: dict) -> dict:
+    """One concurrency level of a summary, flattened for the curve table and JSON."""
+    def pick(key: str, stat: str):
+        return (s.get(key) or {}).get(stat)
+    gp = s.get("goodput") or {}
+    return {"concurrency": s.get("concurrency", 1), "goodput": gp.get("tok_s"), "goodput_ci95": gp.get("ci95"),
+            "decode_tok_s": pick("tok_s", "median"), "ttft_ms_p50": pick("ttft_ms", "median"),
+            "ttft_ms_p99": pick("ttft_ms", "p99"), "itl_ms_p50": pick("itl_ms", "median"),
+            "itl_ms_p99": pick("itl_ms", "p99"), "accept_len": pick("accept_len", "mean"),
+            "batch_size": pick("batch_size", "mean"), "requests": s["requests"], "failed": s["failed"]}
+
+
+def _num(v, spec: str) -> str:
+    """``format(v, spec)``, or a dash as wide and aligned as the number would be."""
+    if v is not None:
+        return format(v, spec)
+    width = int("".join(ch for ch in spec.split(".")[0] if ch.isdigit()) or 0)
+    return format("—", ("<" if spec.startswith("<") else ">") + str(width))
+
+
+def format_levels(summaries: list[dict]) -> str:
+    """The goodput curve: one line per concurrency level."""
+    head = (f"{'conc':>5} {'goodput tok/s':>14} {'95% CI':>17} {'per-req tok/s':>13} {'TTFT p50/p99 ms':>16} "
+            f"{'ITL p50/p99 ms':>15} {'accept':>6} {'batch':>6} {'ok':>8}")
+    lines = [head]
+    for s in summaries:
+        r = level_row(s)
+        ci = r["goodput_ci95"] or [None, None]
+        lines.append(f"{r['concurrency']:>5} {_num(r['goodput'], '14.1f')} "
+                     f"{_num(ci[0], '8.1f')}-{_num(ci[1], '<8.1f')} {_num(r['decode_tok_s'], '13.1f')} "
+                     f"{_num(r['ttft_ms_p50'], '7.0f')}/{_num(r['ttft_ms_p99'], '<8.0f')} "
+                     f"{_num(r['itl_ms_p50'], '7.2f')}/{_num(r['itl_ms_p99'], '<7.2f')} "
+                     f"{_num(r['accept_len'], '6.2f')} {_num(r['batch_size'], '6.1f')} "
+                     f"{r['requests'] - r['failed']:>4}/{r['requests']:<3}")
+    for s in summaries:
+        for e in s.get("errors", []):
+            lines.append(f"  concurrency {s.get('concurrency', 1)}: error: {e}")
+    lines.append("goodput: output tok/s of all streams together; batch: mean #running-req in the server's "
+                 "log (— without one)")
+    return "\n".join(lines)
 
 
 def format_summary(s: dict) -> str:
@@ -415,6 +520,12 @@ def format_summary(s: dict) -> str:
     else:
         lines.append(f"{label}no successful request")
     extra = []
+    gp = s.get("goodput")
+    if gp and s.get("concurrency", 1) > 1:
+        extra.append(f"goodput {gp['tok_s']:.1f} tok/s at concurrency {s['concurrency']} "
+                     f"(95% CI {gp['ci95'][0]:.1f}-{gp['ci95'][1]:.1f})")
+    if s.get("batch_size"):
+        extra.append(f"batch {s['batch_size']['mean']:.1f}")
     if s.get("ttft_ms"):
         extra.append(f"TTFT {s['ttft_ms']['median']:.0f} ms")
     if s.get("itl_ms"):

@@ -7,7 +7,9 @@ Exit status: 0 done, 1 the work failed, 2 bad usage or bad input.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import re
 import sys
 from typing import Callable
 
@@ -250,16 +252,24 @@ def _with_control(preset):
     return t, control_for(t, preset)
 
 
-async def _guarded(coro_fn, transport, control=None):
+@contextlib.contextmanager
+def _core_errors():
+    """A failed server or link becomes one sentence (and the server log's last lines)."""
     ControlError, TransportError = _errors()
     try:
-        return await coro_fn()
+        yield
     except ControlError as e:
         for line in e.log_tail:
             print(f"  | {line}", file=sys.stderr)
         raise CliError(str(e), e.code) from None
     except TransportError as e:
         raise CliError(str(e), 1) from None
+
+
+async def _guarded(coro_fn, transport, control=None):
+    try:
+        with _core_errors():
+            return await coro_fn()
     finally:
         if hasattr(control, "close"):  # a multi-node server's links to its other nodes
             await control.close()
@@ -514,18 +524,41 @@ def cmd_trust(ns) -> int:
 # ---- bench / ab ---------------------------------------------------------------------------------
 
 
-def _bench_overrides(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--requests", type=int)
+def _levels(text: str) -> list[int]:
+    """``1,4,16,64`` -> [1, 4, 16, 64] (argparse turns the ValueError into a usage error)."""
+    levels = [int(x) for x in text.split(",") if x.strip()]
+    if not levels or any(c < 1 or c > 1024 for c in levels) or len(set(levels)) != len(levels):
+        raise ValueError(text)
+    return levels
+
+
+_levels.__name__ = "concurrency list (distinct integers 1..1024, e.g. 1,4,16,64)"
+
+
+def _bench_overrides(p: argparse.ArgumentParser, levels: bool = False) -> None:
+    p.add_argument("--requests", type=int, help="measured requests (at least 2 per stream at concurrency > 1)")
     p.add_argument("--warmup", type=int)
     p.add_argument("--max-tokens", type=int)
-    p.add_argument("--concurrency", type=int)
+    p.add_argument("--concurrency", type=_levels, metavar="C,C,..." if levels else "C",
+                   help="concurrent request streams; a list measures each level in turn (goodput curve)"
+                   if levels else "concurrent request streams")
     p.add_argument("--api", choices=["native", "openai"])
 
 
-def _overrides(ns) -> dict:
+def _one_level(ns) -> int | None:
+    if ns.concurrency is None:
+        return None
+    if len(ns.concurrency) > 1:
+        raise CliError(f"--concurrency takes one level here (got {len(ns.concurrency)}); "
+                       "`tuitune bench` and `tuitune crossover` measure several", 2)
+    return ns.concurrency[0]
+
+
+def _overrides(ns, level: int | None = None) -> dict:
     """The bench flags given on the command line, checked (bench, ab and sweep share them)."""
+    level = _one_level(ns) if level is None else level
     ov = {k: v for k, v in (("requests", ns.requests), ("warmup", ns.warmup), ("max_tokens", ns.max_tokens),
-                            ("concurrency", ns.concurrency), ("api", ns.api)) if v is not None}
+                            ("concurrency", level), ("api", ns.api)) if v is not None}
     for k, v in ov.items():
         least = 0 if k == "warmup" else (2 if k == "max_tokens" else 1)
         if isinstance(v, int) and v < least:
@@ -538,8 +571,8 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("preset", nargs="?")
     g.add_argument("--url", help="benchmark this server URL instead of a preset's")
-    _bench_overrides(p)
-    p.add_argument("--json", metavar="OUT", help="write every request and the summary as JSON")
+    _bench_overrides(p, levels=True)
+    p.add_argument("--json", metavar="OUT", help="write every request and the summary (per level) as JSON")
     _any_arg(p)
     p.set_defaults(run=cmd_bench)
 
@@ -556,31 +589,49 @@ def _write_json(path: str, obj) -> None:
 
 
 def cmd_bench(ns) -> int:
-    from .bench import BenchConfig, format_summary, run_bench
-    ov = _overrides(ns)
+    from .bench import BenchConfig, format_levels, format_summary, level_row, run_bench
+    levels = ns.concurrency or [None]
+    _overrides(ns, level=levels[0])  # checks the other flags before anything starts
 
-    def report(run):
-        s = run.summary()
-        print(format_summary(s))
+    def report(runs):
+        summaries = [r.summary() for r in runs]
+        if len(runs) == 1:
+            print(format_summary(summaries[0]))
+        else:
+            print(format_levels(summaries))
         if ns.json:
-            _write_json(ns.json, run.to_dict())
-        return 0 if run.ok and not run.failed else 1
+            _write_json(ns.json, runs[0].to_dict() if len(runs) == 1 else
+                        {"levels": [r.to_dict() for r in runs], "curve": [level_row(s) for s in summaries]})
+        return 0 if all(r.ok and not r.failed for r in runs) else 1
+
+    def progress(c) -> None:
+        if len(levels) > 1:
+            print(f"concurrency {c}…", file=sys.stderr, flush=True)
 
     if ns.url:
-        cfg = BenchConfig(ns.url, **ov)
-        return report(_run_async(run_bench(cfg)))
+        async def go_url():
+            runs = []
+            for c in levels:
+                progress(c)
+                cfg = BenchConfig(ns.url, **_overrides(ns, level=c))
+                runs.append(await run_bench(cfg.at_level(cfg.concurrency)))
+            return runs
+        return report(_run_async(go_url()))
     p = _load_preset(ns.preset)
     from .session import Session
     session = Session(p)
     session.transport.on_link = _link_printer
 
     async def go():
-        await session.transport.connect()
-        st = await session.control.status()
+        st = await session.connect()  # follows the server's log: the batch sizes it reports
         _print_warnings(session.control)
         if st.running and not ns.any and (why := session.control.foreign(st.record)):
             raise CliError(why, 2)
-        return await session.bench(**ov)
+        runs = []
+        for c in levels:
+            progress(c or p.bench.concurrency)
+            runs.append(await session.bench(**_overrides(ns, level=c)))
+        return runs
 
     return report(_run_async(_guarded(go, session.transport)))
 
@@ -624,6 +675,57 @@ def cmd_ab(ns) -> int:
     if ns.json:
         _write_json(ns.json, result)
     return 0 if result["verdict"]["verdict"] != "not comparable" else 1
+
+
+# ---- crossover ----------------------------------------------------------------------------------
+
+
+@command("crossover", "speculation on vs off over concurrency levels: where it stops paying")
+def _crossover_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("preset", help="a preset with speculation on; its twin has it off")
+    _bench_overrides(p, levels=True)
+    p.add_argument("--rounds", type=int, default=1, help="times each level is measured per arm (default 1)")
+    p.add_argument("--min-effect", type=float, default=0.02,
+                   help="smallest speedup change that counts (0.02 = 2%%, default)")
+    p.add_argument("--plot", metavar="OUT.png|OUT.svg", help="also write the plot to a file")
+    p.add_argument("--no-plot", action="store_true", help="leave out the terminal plot")
+    p.add_argument("--json", metavar="OUT", help="write the levels, speedups and verdict as JSON")
+    p.set_defaults(run=cmd_crossover)
+
+
+def cmd_crossover(ns) -> int:
+    from pathlib import Path
+    from .crossover import CrossoverError, crossover, format_result, plot_text, write_plot
+    p = _load_preset(ns.preset)
+    levels = ns.concurrency or [1, 4, 16, 64]
+    if ns.rounds < 1 or not 0 <= ns.min_effect < 1:
+        raise CliError("--rounds must be at least 1 and --min-effect in [0, 1)", 2)
+    if ns.plot and Path(ns.plot).suffix.lower() not in (".png", ".svg"):
+        raise CliError(f"--plot {ns.plot}: the file must end in .png or .svg", 2)
+    ov = _overrides(ns, level=levels[0])
+    ov.pop("concurrency", None)
+    try:
+        with _core_errors():
+            result = _run_async(crossover(p, sorted(levels), ov, rounds=ns.rounds, min_effect=ns.min_effect,
+                                          progress=lambda m: print(m, flush=True)))
+    except CrossoverError as e:
+        raise CliError(str(e), 2) from None
+    print()
+    print(format_result(result))
+    if not ns.no_plot:
+        import shutil
+        print()
+        chart = plot_text(result, width=min(shutil.get_terminal_size((100, 24)).columns, 120))
+        print(chart if sys.stdout.isatty() else re.sub(r"\x1b\[[0-9;]*m", "", chart))  # no colour codes in files
+    if ns.json:
+        _write_json(ns.json, result)
+    if ns.plot:
+        try:
+            write_plot(result, Path(ns.plot))
+        except CrossoverError as e:
+            raise CliError(str(e), 1) from None
+        print(f"plot written to {ns.plot}")
+    return 0 if result["comparable"] else 1
 
 
 # ---- nccl-bench ---------------------------------------------------------------------------------

@@ -30,6 +30,17 @@ class Run:
     started: float = field(default_factory=time.time)
     env_drift: list[str] | None = None  # env variables its server lacked vs its preset (None: unknown)
     gpu_note: str | None = None  # GPUs capped or a straggler during the run (telemetry.RunWatch)
+    levels: list[dict] = field(default_factory=list)  # bench.level_row per concurrency, for a curve
+
+    @property
+    def concurrency(self) -> int:
+        return self.summary.get("concurrency", 1)
+
+    @property
+    def concurrency_text(self) -> str:
+        if len(self.levels) > 1:
+            return f"{self.levels[0]['concurrency']}–{self.levels[-1]['concurrency']}"
+        return str(self.concurrency)
 
     @property
     def median(self) -> float:
@@ -60,9 +71,9 @@ class RunBook:
 
     def add(self, label: str, preset: P.Preset, values: list[float], summary: dict,
             cycle_ms: float | None = None, started: float | None = None, env_drift: list[str] | None = None,
-            gpu_note: str | None = None) -> Run:
+            gpu_note: str | None = None, levels: list[dict] | None = None) -> Run:
         run = Run(len(self.runs) + 1, label, preset, list(values), summary, cycle_ms,
-                  started if started is not None else time.time(), env_drift, gpu_note)
+                  started if started is not None else time.time(), env_drift, gpu_note, list(levels or []))
         self.runs.append(run)
         if self.baseline_id is None and not run.failed and values:
             self.baseline_id = run.id  # the first sound run is the baseline until one is marked
@@ -126,6 +137,9 @@ class RunBook:
             return None
         if base.failed or run.failed:
             return {"verdict": "not comparable", "ratio": math.nan}
+        if base.concurrency != run.concurrency:  # per-request speed falls as the batch grows
+            return {"verdict": "not comparable", "ratio": math.nan,
+                    "why": f"concurrency {run.concurrency} vs the baseline's {base.concurrency}"}
         if (base.gpu_note is None) != (run.gpu_note is None):
             # one was measured with GPUs held back (capped clocks, a straggler), the other not
             return {"verdict": "not comparable", "ratio": math.nan,

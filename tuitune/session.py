@@ -22,7 +22,7 @@ from . import promscrape, redact
 from .bench import BenchConfig, BenchRun, RequestResult, client_session, prompts, run_bench, run_request
 from .cluster import ClusterControl, control_for
 from .control import ControlError, ReadyResult, Status, nccl_confirmation, nccl_note
-from .events import BenchSummary, Event, LinkState, LogLine, Marker, ProfileWindow, ServerState
+from .events import BenchSummary, DecodeStats, Event, LinkState, LogLine, Marker, ProfileWindow, ServerState
 from .stream import EventStream
 from .parse import parse_line
 from .tail import LogTail, file_size
@@ -311,12 +311,15 @@ class Session(EventStream):
         was_loaded = self.load.on
         if was_loaded:
             await self.set_load(False)  # a benchmark measures alone
+        await self._tail_caught_up()  # lines logged before the benchmark are no part of it
         cycles: list[float] = []
+        batch: list[int] = []
         self.start_telemetry()
         gpus = telemetry.RunWatch()  # capping / straggler state while the run measures
 
         def collect(events: list[Event]) -> None:
             cycles.extend(e.cycle_ms for e in events if isinstance(e, ProfileWindow) and math.isfinite(e.cycle_ms))
+            batch.extend(e.running_req for e in events if isinstance(e, DecodeStats) and e.running_req)
             gpus.feed(events)
 
         self.subscribe(collect)
@@ -327,6 +330,7 @@ class Session(EventStream):
             if was_loaded:
                 await self.set_load(True, self.load.concurrency)
         run.cycle_ms = sum(cycles) / len(cycles) if cycles else None
+        run.batch_sizes = batch
         run.env_drift = await self._env_drift()
         run.gpu_note = gpus.note()
         s = run.summary()
@@ -337,6 +341,19 @@ class Session(EventStream):
         self.publish([BenchSummary(cfg.label, tok.get("median", float("nan")), ci[0], ci[1], acc.get("mean"),
                                    ttft.get("median"), s["requests"], s["failed"], run.gpu_note)])
         return run
+
+    async def _tail_caught_up(self, timeout_s: float = 3.0) -> None:
+        """Wait (bounded) until the tail has delivered what the log held when called: an attach
+        reads a backlog, whose decode lines would otherwise count as the benchmark's."""
+        if self._tail is None:
+            return
+        try:
+            size = await file_size(self.transport, self.preset.server.log)
+        except TransportError:
+            return
+        deadline = time.monotonic() + timeout_s
+        while self._tail is not None and self._tail.offset < size and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
 
     async def _env_drift(self) -> list[str] | None:
         """The variables in which the measured server's real environment differs from its preset

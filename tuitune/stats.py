@@ -11,7 +11,7 @@ import math
 import random
 from functools import lru_cache
 from statistics import median
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .metrics import quantile
 
@@ -30,18 +30,30 @@ def bootstrap_median_ci(values: Sequence[float], level: float = 0.95, n_boot: in
     return quantile(meds, alpha), quantile(meds, 1 - alpha)
 
 
-def bootstrap_ratio_ci(a: Sequence[float], b: Sequence[float], level: float = 0.95,
-                       n_boot: int = 2000, seed: int = 54321) -> tuple[float, float]:
-    """CI of median(b) / median(a), resampling each arm independently."""
-    a = [v for v in a if math.isfinite(v)]
-    b = [v for v in b if math.isfinite(v)]
+def bootstrap_ci(sample: Sequence, statistic: Callable[[Sequence], float], level: float = 0.95,
+                 n_boot: int = 2000, seed: int = 24680) -> tuple[float, float]:
+    """Percentile bootstrap CI of ``statistic`` over ``sample`` (any items, resampled whole)."""
+    if not sample:
+        return math.nan, math.nan
+    rng = random.Random(seed)
+    vals = sorted(statistic(rng.choices(sample, k=len(sample))) for _ in range(n_boot))
+    alpha = (1 - level) / 2
+    return quantile(vals, alpha), quantile(vals, 1 - alpha)
+
+
+def bootstrap_ratio_ci(a: Sequence, b: Sequence, level: float = 0.95, n_boot: int = 2000, seed: int = 54321,
+                       statistic: Callable[[Sequence], float] = median) -> tuple[float, float]:
+    """CI of statistic(b) / statistic(a) (medians unless told), resampling each arm independently."""
+    if statistic is median:
+        a = [v for v in a if math.isfinite(v)]
+        b = [v for v in b if math.isfinite(v)]
     if not a or not b:
         return math.nan, math.nan
     rng = random.Random(seed)
     ratios = []
     for _ in range(n_boot):
-        ma = median(rng.choices(a, k=len(a)))
-        mb = median(rng.choices(b, k=len(b)))
+        ma = statistic(rng.choices(a, k=len(a)))
+        mb = statistic(rng.choices(b, k=len(b)))
         if ma > 0:
             ratios.append(mb / ma)
     ratios.sort()

@@ -27,8 +27,8 @@ from .session import Session
 from .telemetry import CaptureThrottle
 from .transport import TransportError
 
-CSV_FIELDS = ("trial", "kind", "label", "repeat", "status", "tok_s_median", "ci_low", "ci_high", "accept_len",
-              "cycle_ms", "requests", "failed", "reason", "preset_hash", "time")
+CSV_FIELDS = ("trial", "kind", "label", "repeat", "status", "concurrency", "tok_s_median", "ci_low", "ci_high",
+              "goodput", "accept_len", "cycle_ms", "requests", "failed", "reason", "preset_hash", "time")
 
 
 class SweepError(Exception):
@@ -123,6 +123,7 @@ async def run_trial(session: Session, trial: dict, out: Path, overrides: dict) -
     ci = tok.get("ci95") or [None, None]
     return {**row, "status": "ok" if not run.failed else "failed",
             "reason": "; ".join(s["errors"]) if run.failed else None,
+            "concurrency": run.config.concurrency, "goodput": (s.get("goodput") or {}).get("tok_s"),
             "tok_s_median": tok.get("median"), "ci_low": ci[0], "ci_high": ci[1],
             "accept_len": (s.get("accept_len") or {}).get("mean"),
             "cycle_ms": run.cycle_ms, "gpu_note": run.gpu_note,
@@ -179,6 +180,7 @@ def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict
         g = groups.setdefault(r["label"], {"label": r["label"], "kind": r["kind"], "changes": r.get("changes", {}),
                                            "axes": r.get("axes", {}),
                                            "launches": [], "values": [], "accept": [], "cycle": [],
+                                           "goodput": [], "concurrency": r.get("concurrency", 1),
                                            "skipped": None, "failed": 0})
         if r["status"] == "skipped":
             g["skipped"] = r.get("reason")
@@ -189,6 +191,8 @@ def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict
                 g["accept"].append(r["accept_len"])
             if r.get("cycle_ms"):
                 g["cycle"].append(r["cycle_ms"])
+            if r.get("goodput"):
+                g["goodput"].append(r["goodput"])
         else:
             g["failed"] += 1
     base_g = groups.get("baseline")
@@ -202,8 +206,14 @@ def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict
                  "launches": len(launches),
                  "tok_s": quantile(launches, 0.5), "ci95": list(stats.bootstrap_median_ci(g["values"])),
                  "accept_len": sum(g["accept"]) / len(g["accept"]) if g["accept"] else None,
-                 "cycle_ms": sum(g["cycle"]) / len(g["cycle"]) if g["cycle"] else None, "failed": g["failed"]}
-        if base_g and base_g["launches"] and g is not base_g:
+                 "cycle_ms": sum(g["cycle"]) / len(g["cycle"]) if g["cycle"] else None, "failed": g["failed"],
+                 "concurrency": g["concurrency"],
+                 "goodput": quantile(sorted(g["goodput"]), 0.5) if g["goodput"] else None}
+        if base_g and g is not base_g and g["concurrency"] != base_g["concurrency"]:
+            # per-request speed falls as the batch grows: no comparison with another concurrency
+            entry["delta"] = {"ratio": float("nan"), "ratio_ci": [float("nan")] * 2, "p_value": float("nan"),
+                              "verdict": "not comparable"}
+        elif base_g and base_g["launches"] and g is not base_g:
             # launches are the unit once both sides have 4; before that, a request-level check
             if len(g["launches"]) >= 4 and len(base_g["launches"]) >= 4:
                 cmp = stats.compare(base_g["launches"], g["launches"])
@@ -215,6 +225,7 @@ def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict
         table.append(entry)
     ranked = sorted([t for t in table if "tok_s" in t], key=lambda t: -t["tok_s"])
     # the baseline is a candidate too: a configuration wins only when significantly faster than it
+    # (a configuration at another concurrency is "not comparable", so never the best)
     best = next((t for t in ranked if t["kind"] == "config" and (t.get("delta") or {}).get("verdict") == "faster"),
                 None)
     result = {"preset": base.name, "table": ranked + [t for t in table if "tok_s" not in t],
@@ -233,7 +244,8 @@ def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict
 
 
 def format_table(result: dict) -> str:
-    lines = [f"{'config':<40} {'tok/s':>8} {'95% CI':>17} {'launches':>8} {'accept':>7} {'cycle ms':>9} {'Δ vs baseline':>22}"]
+    lines = [f"{'config':<40} {'conc':>4} {'tok/s':>8} {'95% CI':>17} {'goodput':>9} {'launches':>8} {'accept':>7} "
+             f"{'cycle ms':>9} {'Δ vs baseline':>22}"]
     for t in result["table"]:
         if "tok_s" not in t:
             why = f"skipped: {t['skipped']}" if t.get("skipped") else f"{t['failed']} failed launch(es)"
@@ -241,14 +253,18 @@ def format_table(result: dict) -> str:
             continue
         lo, hi = t["ci95"]
         d = t.get("delta")
-        if d:
+        if d and d["verdict"] == "not comparable":
+            delta = "n/c (other concurrency)"
+        elif d:
             mark = {"faster": "▲", "slower": "▼"}.get(d["verdict"], "≈")
             delta = f"{(d['ratio'] - 1) * 100:+.1f}% {mark} p={d['p_value']:.3f}"
         else:
             delta = "—"
         acc = f"{t['accept_len']:.2f}" if t.get("accept_len") else "—"
         cyc = f"{t['cycle_ms']:.2f}" if t.get("cycle_ms") else "—"
-        lines.append(f"{t['label']:<40} {t['tok_s']:>8.2f} {lo:>8.2f}-{hi:<8.2f} {t['launches']:>8} {acc:>7} {cyc:>9} {delta:>22}")
+        gp = f"{t['goodput']:.1f}" if t.get("goodput") else "—"
+        lines.append(f"{t['label']:<40} {t.get('concurrency', 1):>4} {t['tok_s']:>8.2f} {lo:>8.2f}-{hi:<8.2f} {gp:>9} "
+                     f"{t['launches']:>8} {acc:>7} {cyc:>9} {delta:>22}")
     if result.get("best_note"):
         lines.append(f"\nbest: {result['best_note']} (no best.yaml written)")
     elif result.get("best"):

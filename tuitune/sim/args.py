@@ -42,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-eagle-topk", type=int, default=None)
     p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
     p.add_argument("--decode-log-interval", type=int, default=40)
+    p.add_argument("--stream-interval", type=int, default=1,
+                   help="decode cycles between two streamed chunks of a request (default 1)")
     _bool_flag(p, "--enable-metrics", "serve Prometheus metrics on /metrics")
     p.add_argument("--cuda-graph-max-bs", type=int, default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
@@ -61,11 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="simulated weight loading + graph capture time (default 3)")
     g.add_argument("--sim-seed", type=int, default=None,
                    help="random seed (acceptance, jitter, launch speed); default: new every launch")
-    g.add_argument("--sim-launch-sigma", type=float, default=0.01,
-                   help="log-normal sigma of the per-launch speed factor (default 0.01)")
-    g.add_argument("--sim-topology", choices=["pcie", "nvlink"], default="pcie")
-    g.add_argument("--sim-acceptance", default="seed",
-                   help="acceptance profile: " + ", ".join(model.ACCEPTANCE_PROFILES)
+    g.add_argument("--sim-machine", default=None, metavar="FILE",
+                   help="machine file (presets/machines/*.yaml), or a shipped machine's name "
+                        "(seed-pcie8, h100-llama8b, h200-llama8b); default: seed-pcie8, the seeds' box")
+    g.add_argument("--sim-launch-sigma", type=float, default=None,
+                   help="log-normal sigma of the per-launch speed factor (default: the machine's)")
+    g.add_argument("--sim-topology", choices=["pcie", "nvlink"], default=None,
+                   help="override the machine's topology")
+    g.add_argument("--sim-acceptance", default=None,
+                   help="override the machine's acceptance: " + ", ".join(model.ACCEPTANCE_PROFILES)
                         + " or comma-separated per-position rates")
     g.add_argument("--sim-fault", action="append", default=[], metavar="FAULT",
                    help="crash-after=SECONDS, hang-on-sigterm, health-hang, garbage (repeatable)")
@@ -104,7 +110,9 @@ def parse_faults(p: argparse.ArgumentParser, specs: list[str]) -> Faults:
     return f
 
 
-def parse_acceptance(p: argparse.ArgumentParser, spec: str) -> tuple[float, ...]:
+def parse_acceptance(p: argparse.ArgumentParser, spec: str | None) -> tuple[float, ...] | None:
+    if spec is None:
+        return None
     if spec in model.ACCEPTANCE_PROFILES:
         return model.ACCEPTANCE_PROFILES[spec]
     try:
@@ -115,6 +123,13 @@ def parse_acceptance(p: argparse.ArgumentParser, spec: str) -> tuple[float, ...]
         p.error(f"--sim-acceptance: {spec!r} is neither a profile "
                 f"({', '.join(model.ACCEPTANCE_PROFILES)}) nor rates in [0, 1]")
     return rates
+
+
+def load_machine(p: argparse.ArgumentParser, spec: str | None) -> model.Machine:
+    try:
+        return model.load_machine(spec)
+    except model.MachineError as e:
+        p.error(f"--sim-machine: {e}")  # exits with status 2, like any bad flag
 
 
 class ServerArgsError(ValueError):

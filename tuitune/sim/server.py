@@ -11,8 +11,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from collections import Counter, deque
+from dataclasses import dataclass, field, replace
 
 from aiohttp import web
 
@@ -77,6 +77,7 @@ class Request:
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     produced: int = 0
     verify_ct: int = 0
+    unsent: int = 0  # tokens decoded but not streamed yet (--stream-interval)
     first_token_time: float | None = None
     finished: bool = False
     received_wall: float = 0.0
@@ -84,9 +85,61 @@ class Request:
     def next_words(self, n: int) -> list[str]:
         return [self.rng.choice(WORDS) for _ in range(n)]
 
+    async def take(self) -> tuple[int, bool]:
+        """Tokens emitted since the last call (waits for one emission at least). A reader that
+        fell behind gets them in one chunk, as a server coalesces a slow stream."""
+        n, done = await self.out.get()
+        while not done and not self.out.empty():
+            more, done = self.out.get_nowait()
+            n += more
+        return n, done
+
+
+class Window:
+    """One EAGLE3_PROFILE window: phase sums, batch sizes and accepted lengths of its cycles."""
+
+    def __init__(self, start: float):
+        self.start = start
+        self.cycles = 0
+        self.sums = {"draft": 0.0, "verify": 0.0, "extend": 0.0, "other": 0.0}
+        self.verify_samples: list[float] = []
+        self.bs_hist: Counter[int] = Counter()
+        self.accept_hist: Counter[int] = Counter()
+        self.tokens = 0
+        self.verifies = 0
+
+    def add(self, bs: int, accepted: list[int], draft: float, verify: float, extend: float, other: float) -> None:
+        self.cycles += 1
+        for k, v in (("draft", draft), ("verify", verify), ("extend", extend), ("other", other)):
+            self.sums[k] += v
+        self.verify_samples.append(verify)
+        self.bs_hist[bs] += 1
+        self.accept_hist.update(accepted)  # one count per request per cycle, bonus token included
+        self.tokens += sum(accepted)
+        self.verifies += bs
+
+    def profile_line(self, cfg: model.SimConfig) -> str:
+        """Profile format v2: v1's keys plus accept_hist, verify_tokens and bs_hist."""
+        n = self.cycles
+        d, v, e, o = (self.sums[k] / n for k in ("draft", "verify", "extend", "other"))
+        cycle = d + v + e + o
+        bs = max(1, round(self.verifies / n))
+        accept_len = self.tokens / max(1, self.verifies)
+        eff = self.tokens / n / cycle * 1000 if cycle > 0 else 0.0
+        srt = sorted(self.verify_samples)
+        p50, p90 = srt[len(srt) // 2], srt[min(len(srt) - 1, int(len(srt) * 0.9))]
+        hist = ",".join(f"{k}:{c}" for k, c in sorted(self.accept_hist.items()))
+        bs_hist = ",".join(f"{k}:{c}" for k, c in sorted(self.bs_hist.items()))
+        return (f"EAGLE3_PROFILE v=2 cycles={n} bs={bs} steps={cfg.steps} topk={cfg.topk} "
+                f"draft_tokens={cfg.draft_tokens} verify_tokens={bs * cfg.draft_tokens} draft_ms={d:.3f} "
+                f"verify_ms={v:.3f} extend_ms={e:.3f} other_ms={o:.3f} cycle_ms={cycle:.3f} "
+                f"accept_len={accept_len:.3f} accept_hist={hist} bs_hist={bs_hist} eff_tok_s={eff:.2f} "
+                f"p50_verify_ms={p50:.3f} p90_verify_ms={p90:.3f} max_verify_ms={srt[-1]:.3f} sync=sim")
+
 
 class Simulator:
-    def __init__(self, ns, faults: sim_args.Faults, acceptance: tuple[float, ...], warnings: list[str]):
+    def __init__(self, ns, faults: sim_args.Faults, machine: model.Machine,
+                 acceptance: tuple[float, ...] | None, warnings: list[str]):
         self.ns = ns
         self.faults = faults
         self.log = Log(ns.log_level)
@@ -94,16 +147,17 @@ class Simulator:
         if ns.sim_seed is None:
             ns.sim_seed = random.SystemRandom().randrange(2 ** 31)
         self.rng = random.Random(ns.sim_seed)
-        if ns.sim_draws == "quasi":
-            self.accept = model.QuasiDraws(ns.sim_seed)
-        else:
-            self.accept = lambda i, a: self.rng.random() < a
+        self.uniform = model.QuasiDraws(ns.sim_seed) if ns.sim_draws == "quasi" else (lambda d: self.rng.random())
         self.env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
+        if ns.sim_topology:
+            machine = replace(machine, topology=ns.sim_topology)
+        sigma = machine.launch_sigma if ns.sim_launch_sigma is None else ns.sim_launch_sigma
+        self.machine = machine
         self.node = multinode.Node(self)
         nnodes = self.node.dist.nnodes
-        self.cfg = model.SimConfig(
+        self.cfg = model.sim_config(
+            machine,
             tp_size=ns.tp_size // nnodes,  # the intra-node all-reduce spans one node's GPUs
-            topology=ns.sim_topology,
             custom_all_reduce=not ns.disable_custom_all_reduce,
             continuous_decode_steps=ns.num_continuous_decode_steps,
             algorithm=ns.speculative_algorithm,
@@ -112,7 +166,7 @@ class Simulator:
             draft_tokens=ns.speculative_num_draft_tokens or 0,
             acceptance=acceptance,
             env_factor=model.nccl_factor(self.env),
-            launch_factor=ns.sim_scale * model.jitter(random.Random(ns.sim_seed + 7), ns.sim_launch_sigma),
+            launch_factor=ns.sim_scale * model.jitter(random.Random(ns.sim_seed + 7), sigma),
             internode_ms=multinode.internode_ms(self.env, nnodes, ns.speculative_num_draft_tokens or 1),
         )
         self.warnings = warnings
@@ -133,6 +187,8 @@ class Simulator:
         self.step_times: dict[int, deque] = {}
         self.num_requests_total = 0
         self.generation_tokens_total = 0
+        self.cycles_total = self.cycles_late = 0
+        self.lag_warned = False
         self.children: list[subprocess.Popen] = []
 
     # ---- helpers -------------------------------------------------------------------------
@@ -158,6 +214,9 @@ class Simulator:
             "internode_ms": self.cfg.internode_ms,
             "launch_factor": self.cfg.launch_factor,
             "speedup": self.speedup,
+            "machine": self.machine.name,
+            "cycles": self.cycles_total,
+            "cycles_late": self.cycles_late,  # started more than a cycle late: the host was too slow
         }
 
     # ---- start-up ------------------------------------------------------------------------
@@ -287,18 +346,17 @@ class Simulator:
 
     # ---- scheduler -----------------------------------------------------------------------
     async def scheduler(self) -> None:
+        """The batch loop: new requests are prefilled together, then every running request decodes
+        in the same cycle, whose cost follows the live batch size and context."""
         loop = asyncio.get_running_loop()
-        cycles_in_window = 0
-        win = {"draft": 0.0, "verify": 0.0, "extend": 0.0, "other": 0.0, "accepted": 0,
-               "verifies": 0, "tokens": 0, "start": loop.time(), "verify_max": 0.0}
-        verify_samples: list[float] = []
+        win = Window(loop.time())
         deadline = None
         while not self.stopping.is_set():
             if not self.waiting and not self.running:
                 self.wake.clear()
                 deadline = None
                 await self.wake.wait()
-                win["start"] = loop.time()
+                win.start = loop.time()  # the idle time is no part of the window's throughput
                 continue
             if deadline is None:
                 deadline = loop.time()
@@ -306,15 +364,14 @@ class Simulator:
                 new = []
                 while self.waiting and len(self.running) + len(new) < self.max_running:
                     new.append(self.waiting.popleft())
-                ms = sum(model.prefill_ms(self.cfg, r.prompt_tokens) for r in new)
+                tokens = sum(r.prompt_tokens for r in new)
+                ms = model.prefill_ms(self.cfg, tokens)
                 deadline += self.scaled(ms)
                 await asyncio.sleep(max(0.0, deadline - loop.time()))
-                self.log.line(f"Prefill batch, #new-seq: {len(new)}, #new-token: "
-                              f"{sum(r.prompt_tokens for r in new)}, #cached-token: 0, token usage: "
-                              f"0.00, #running-req: {len(self.running)}, #queue-req: "
+                self.log.line(f"Prefill batch, #new-seq: {len(new)}, #new-token: {tokens}, #cached-token: 0, "
+                              f"token usage: 0.00, #running-req: {len(self.running)}, #queue-req: "
                               f"{len(self.waiting)}, #pending-token: 0, cuda graph: False, "
-                              f"input throughput (token/s): "
-                              f"{sum(r.prompt_tokens for r in new) / max(ms, 1e-3) * 1000:.2f}")
+                              f"input throughput (token/s): {tokens / max(ms, 1e-3) * 1000:.2f}")
                 now = loop.time()
                 for r in new:
                     r.first_token_time = now
@@ -326,84 +383,79 @@ class Simulator:
             if not self.running:
                 continue
             bs = len(self.running)
-            cost = model.cycle_cost(self.cfg, bs)
+            context = sum(r.prompt_tokens + r.produced for r in self.running) / bs
+            cost = model.cycle_cost(self.cfg, bs, context)
             j = model.jitter(self.rng, self.ns.sim_jitter)
             draft, verify = cost.draft_ms * j, cost.verify_ms * model.jitter(self.rng, self.ns.sim_jitter)
             extend, other = cost.extend_ms * j, cost.other_ms
             cycle = draft + verify + extend + other
             deadline += self.scaled(cycle)
             delay = deadline - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            else:
-                await asyncio.sleep(0)
-            produced = 0
-            for r in list(self.running):
-                n = model.draw_accepted(self.cfg, self.accept)
+            await asyncio.sleep(max(0.0, delay))
+            self.note_lag(-delay, self.scaled(cycle))
+            accepted = []
+            for r in self.running:
+                n = model.draw_accepted(self.cfg, self.uniform)  # per request, position by position
                 r.verify_ct += 1
-                self.total_accept += n
-                self.total_verify += 1
-                produced += self.emit(r, n)
+                accepted.append(n)
+                self.emit(r, n)
+            self.total_accept += sum(accepted)
+            self.total_verify += bs
             self.running = [r for r in self.running if not r.finished]
             if self.record_step_time:
                 self.step_times.setdefault(bs, deque(maxlen=1000)).append(round(cycle / 1000 / self.speedup, 6))
-            cycles_in_window += 1
-            for k, v in (("draft", draft), ("verify", verify), ("extend", extend), ("other", other)):
-                win[k] += v / self.speedup
-            win["verify_max"] = max(win["verify_max"], verify / self.speedup)
-            verify_samples.append(verify / self.speedup)
-            win["accepted"] += produced
-            win["verifies"] += bs
-            win["tokens"] += produced
+            win.add(bs, accepted, draft / self.speedup, verify / self.speedup, extend / self.speedup,
+                    other / self.speedup)
             if self.faults.garbage and self.rng.random() < 0.05:
                 self.log.raw(b"\xff\xfe garbage \xc3\x28 bytes " + b"x" * self.rng.randint(0, 300) + b"\n")
                 if self.rng.random() < 0.1:
                     self.log.raw(b"LONG " + b"y" * (3 * 1024 * 1024) + b"\n")
-            if cycles_in_window >= self.ns.decode_log_interval:
-                self.report_window(cycles_in_window, win, verify_samples, bs, loop.time())
-                cycles_in_window = 0
-                verify_samples = []
-                win.update(draft=0.0, verify=0.0, extend=0.0, other=0.0, accepted=0, verifies=0,
-                           tokens=0, start=loop.time(), verify_max=0.0)
+            if win.cycles >= self.ns.decode_log_interval:
+                self.report_window(win, loop.time())
+                win = Window(loop.time())
 
-    def report_window(self, n: int, win: dict, verify_samples: list[float], bs: int, now: float) -> None:
-        elapsed = max(now - win["start"], 1e-9)
-        throughput = win["tokens"] / elapsed
-        self.last_gen_throughput = throughput
-        accept_len = win["accepted"] / max(1, win["verifies"])
+    def note_lag(self, late_s: float, cycle_s: float) -> None:
+        """Count cycles that started late: a CPU-bound simulator decodes slower than its model."""
+        self.cycles_total += 1
+        if late_s > max(0.002, cycle_s):
+            self.cycles_late += 1
+            if not self.lag_warned and self.cycles_late >= 50:
+                self.lag_warned = True
+                self.log.line(f"WARNING: simulator is {late_s * 1000:.1f} ms behind its clock (CPU-bound at "
+                              f"{len(self.running)} running requests): its figures are too slow; lower --sim-speedup",
+                              force=True)
+
+    def report_window(self, win: "Window", now: float) -> None:
+        elapsed = max(now - win.start, 1e-9)
+        self.last_gen_throughput = win.tokens / elapsed
+        bs = len(self.running)
         spec = self.cfg.speculative
         fields = [f"#running-req: {bs}", f"#token: {sum(r.prompt_tokens + r.produced for r in self.running)}",
                   "token usage: 0.00"]
+        accept_len = win.tokens / max(1, win.verifies)
         if spec:
             self.last_accept_len = accept_len
             rate = (accept_len - 1) / max(1, self.cfg.draft_tokens - 1)
             fields += [f"accept len: {accept_len:.2f}", f"accept rate: {rate:.2f}"]
-        fields += ["cuda graph: True", f"gen throughput (token/s): {throughput:.2f}",
+        fields += ["cuda graph: True", f"gen throughput (token/s): {self.last_gen_throughput:.2f}",
                    f"#queue-req: {len(self.waiting)}"]
         self.log.line("Decode batch, " + ", ".join(fields))
         if spec and self.profile:
-            d, v, e, o = (win[k] / n for k in ("draft", "verify", "extend", "other"))  # ms
-            cycle = d + v + e + o
-            s = sorted(verify_samples)
-            p50 = s[len(s) // 2]
-            p90 = s[min(len(s) - 1, int(len(s) * 0.9))]
-            eff = accept_len * bs / cycle * 1000
-            self.log.line(
-                f"EAGLE3_PROFILE v=1 cycles={n} bs={bs} steps={self.cfg.steps} topk={self.cfg.topk} "
-                f"draft_tokens={self.cfg.draft_tokens} draft_ms={d:.3f} verify_ms={v:.3f} "
-                f"extend_ms={e:.3f} other_ms={o:.3f} cycle_ms={cycle:.3f} accept_len={accept_len:.3f} "
-                f"eff_tok_s={eff:.2f} p50_verify_ms={p50:.3f} p90_verify_ms={p90:.3f} "
-                f"max_verify_ms={win['verify_max']:.3f} sync=sim")
+            self.log.line(win.profile_line(self.cfg))
 
     def emit(self, r: Request, n: int) -> int:
         n = min(n, r.max_tokens - r.produced)
         if n <= 0:
             return 0
         r.produced += n
+        r.unsent += n
         self.generation_tokens_total += n
         done = r.produced >= r.max_tokens
         r.finished = done
-        r.out.put_nowait((n, done))
+        # like SGLang's --stream-interval: a chunk every N decode cycles (the first token at once)
+        if done or r.verify_ct % self.ns.stream_interval == 0:
+            r.out.put_nowait((r.unsent, done))
+            r.unsent = 0
         return n
 
     # ---- HTTP ----------------------------------------------------------------------------
@@ -455,11 +507,10 @@ class Simulator:
         sp = body.get("sampling_params") or {}
         r = self.submit(self._prompt_tokens(body), int(sp.get("max_new_tokens", 128)))
         r.received_wall = received
-        words: list[str] = []
-        ids: list[int] = []
         if not body.get("stream"):
+            words: list[str] = []
             while True:
-                n, done = await r.out.get()
+                n, done = await r.take()
                 words += r.next_words(n)
                 if done:
                     break
@@ -469,13 +520,17 @@ class Simulator:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
+        # Cumulative text and ids, as SGLang's native stream sends them, kept as JSON text that
+        # grows by appending: re-encoding the whole lists per chunk made 64 streams CPU-bound.
+        text = ids_json = ""
         try:
             while True:
-                n, done = await r.out.get()
-                words += r.next_words(n)
-                ids += [hash(w) % 50000 for w in words[-n:]]
-                chunk = {"text": " ".join(words), "output_ids": ids, "meta_info": self.meta(r, done)}
-                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                n, done = await r.take()
+                words = r.next_words(n)  # plain ASCII words: nothing to escape
+                text += (" " if text else "") + " ".join(words)
+                ids_json += ("," if ids_json else "") + ",".join(str(hash(w) % 50000) for w in words)
+                await resp.write(f'data: {{"text": "{text}", "output_ids": [{ids_json}], "meta_info": '
+                                 f'{json.dumps(self.meta(r, done))}}}\n\n'.encode())
                 if done:
                     break
             await resp.write(b"data: [DONE]\n\n")
@@ -499,7 +554,7 @@ class Simulator:
         if not body.get("stream"):
             words: list[str] = []
             while True:
-                n, done = await r.out.get()
+                n, done = await r.take()
                 words += r.next_words(n)
                 if done:
                     break
@@ -510,7 +565,7 @@ class Simulator:
         await resp.prepare(request)
         try:
             while True:
-                n, done = await r.out.get()
+                n, done = await r.take()
                 delta = " " + " ".join(r.next_words(n))
                 chunk = {**base, "choices": [{"index": 0, "text": delta,
                                               "finish_reason": "length" if done else None}],
@@ -683,7 +738,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = sim_args.build_parser()
     ns = parser.parse_args(argv)
     faults = sim_args.parse_faults(parser, ns.sim_fault)
+    if ns.stream_interval < 1:
+        parser.error(f"--stream-interval must be at least 1 (got {ns.stream_interval})")
     acceptance = sim_args.parse_acceptance(parser, ns.sim_acceptance)
+    machine = sim_args.load_machine(parser, ns.sim_machine)
     log = Log(ns.log_level)
     try:
         warnings = sim_args.resolve_speculative(ns)
@@ -694,7 +752,7 @@ def main(argv: list[str] | None = None) -> int:
         log.plain("    server_args = prepare_server_args(sys.argv[1:])")
         log.plain(f"ValueError: {e}")
         return 1
-    sim = Simulator(ns, faults, acceptance, warnings)
+    sim = Simulator(ns, faults, machine, acceptance, warnings)
     try:
         return asyncio.run(sim.run())
     except KeyboardInterrupt:

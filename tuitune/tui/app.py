@@ -23,6 +23,7 @@ from textual.worker import Worker, WorkerState
 
 from .. import preset as P
 from .. import redact
+from ..bench import level_row
 from ..control import ControlError
 from ..events import Event, GpuSample, LogLine, Marker, ProfileWindow, ServerState, TelemetryState
 from ..runs import RunBook, delta_mark
@@ -43,6 +44,7 @@ REFRESH_S = 0.1
 class UserConfig:
     keymap: dict[str, str] = field(default_factory=dict)
     baseline_max_age_min: float = 30.0
+    bench_levels: list[int] = field(default_factory=lambda: [1, 4, 16, 64])  # what B measures
     errors: list[str] = field(default_factory=list)
 
 
@@ -52,7 +54,8 @@ def config_path() -> Path:
 
 
 def load_user_config(path: Path | None = None) -> UserConfig:
-    """``keymap: {binding id: keys}`` and ``baseline_max_age_min``; problems become one notice each."""
+    """``keymap: {binding id: keys}``, ``baseline_max_age_min`` and ``bench_levels``; problems
+    become one notice each."""
     path = path or config_path()
     cfg = UserConfig()
     if not path.exists():
@@ -75,7 +78,12 @@ def load_user_config(path: Path | None = None) -> UserConfig:
         cfg.baseline_max_age_min = float(age)
     else:
         cfg.errors.append(f"{path}: baseline_max_age_min must be a positive number of minutes")
-    unknown = set(data) - {"keymap", "baseline_max_age_min"}
+    levels = data.get("bench_levels", cfg.bench_levels)
+    if isinstance(levels, list) and levels and all(isinstance(c, int) and 1 <= c <= 1024 for c in levels):
+        cfg.bench_levels = sorted(set(levels))
+    else:
+        cfg.errors.append(f"{path}: bench_levels must be a list of concurrency levels, e.g. [1, 4, 16, 64]")
+    unknown = set(data) - {"keymap", "baseline_max_age_min", "bench_levels"}
     if unknown:
         cfg.errors.append(f"{path}: unknown key(s) {', '.join(sorted(unknown))}")
     return cfg
@@ -85,6 +93,8 @@ class TuituneCommands(Provider):
     """Command palette entries for the rarer actions."""
 
     COMMANDS = (("Stop the server", "stop_server"), ("Clear the runs table", "clear_runs"),
+                ("Bench over concurrency levels (goodput curve)", "bench_levels"),
+                ("Bench at the load's concurrency (its number of streams)", "bench_at_load"),
                 ("Switch chart (tok/s per run / phase times)", "chart"),
                 ("Show the log", "show_log"), ("Show the chart", "show_chart"),
                 ("Load: one more stream", "load_more"), ("Load: one stream fewer", "load_less"),
@@ -113,6 +123,7 @@ class TuituneApp(App):
     BINDINGS = [
         Binding("r", "relaunch", "relaunch", id="tuitune.relaunch"),
         Binding("b", "bench", "bench", id="tuitune.bench"),
+        Binding("B", "bench_levels", "bench levels", show=False, id="tuitune.bench_levels"),
         Binding("m", "mark_baseline", "baseline", id="tuitune.mark_baseline"),
         Binding("l", "toggle_load", "load", id="tuitune.load"),
         Binding("plus", "load_more", "load +", show=False, id="tuitune.load_more"),
@@ -133,7 +144,7 @@ class TuituneApp(App):
         Binding("q", "quit_app", "quit", id="tuitune.quit"),
         Binding("escape", "leave_input", show=False, id="tuitune.escape"),
     ]
-    LIVE_ONLY = {"relaunch", "bench", "toggle_load", "load_more", "load_less", "stop_server"}
+    LIVE_ONLY = {"relaunch", "bench", "bench_levels", "bench_at_load", "toggle_load", "load_more", "load_less", "stop_server"}
     REPLAY_ONLY = {"pause", "seek"}
 
     def __init__(self, session, *, autostart: str | None = None, load_on_start: bool = False,
@@ -347,30 +358,47 @@ class TuituneApp(App):
             self.relaunch_worker.cancel()
 
     def action_bench(self) -> None:
+        self._start_bench(None)
+
+    def action_bench_levels(self) -> None:
+        self._start_bench(self.user_config.bench_levels)
+
+    def action_bench_at_load(self) -> None:
+        self._start_bench([self.session.load.concurrency])
+
+    def _start_bench(self, levels: list[int] | None) -> None:
         if self.bench_running:
             self.say("a benchmark is already running", "warning")
             return
         if self.session.state.state != "ready":
             self.say("the server is not ready: relaunch (r) first", "warning")
             return
-        self.run_bench()
+        self.run_bench(levels)
 
     @work(group="bench", exit_on_error=False)
-    async def run_bench(self) -> None:
+    async def run_bench(self, levels: list[int] | None = None) -> None:
+        """One run at the preset's concurrency, or one run over several levels (a goodput curve)."""
         self.bench_running = True
         preset = self.session.running_preset or self.session.preset
-        n = preset.bench.requests
-        self.say(f"benchmark: {n} requests of {preset.bench.max_tokens} tokens…")
+        levels = levels or [preset.bench.concurrency]
+        self.say(f"benchmark: {preset.bench.requests} requests of {preset.bench.max_tokens} tokens at "
+                 f"concurrency {', '.join(map(str, levels))}…")
+        runs = []
         try:
-            run = await self.session.bench(label=preset.name)
+            for c in levels:
+                runs.append(await self.session.bench(label=preset.name, concurrency=c))
         except (ControlError, TransportError) as e:
             self.say(str(e), "error")
             return
         finally:
             self.bench_running = False
-        r = self.book.add(preset.name, preset, run.tok_s(), run.summary(), run.cycle_ms, started=self.clock(),
-                          env_drift=run.env_drift, gpu_note=run.gpu_note)
+        first = runs[0]
+        r = self.book.add(preset.name, preset, first.tok_s(), first.summary(), first.cycle_ms, started=self.clock(),
+                          env_drift=first.env_drift, gpu_note=next((run.gpu_note for run in runs if run.gpu_note), None),
+                          levels=[level_row(run.summary()) for run in runs] if len(runs) > 1 else None)
         self._dirty_runs = True
+        if len(runs) > 1:
+            self.chart.mode = "goodput"
         mark = delta_mark(self.book.delta(r))
         self.say(f"run #{r.id}: {r.median:.1f} tok/s" + ("" if mark == "—" else f", {mark} vs baseline")
                  + (f", {r.failed} failed" if r.failed else "")

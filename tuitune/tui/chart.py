@@ -10,7 +10,7 @@ from textual.widgets import Static
 from ..metrics import MetricsStore
 from ..runs import RunBook
 
-MODES = ("runs", "phases")
+MODES = ("runs", "phases", "goodput")
 
 
 def render(mode: str, store: MetricsStore, book: RunBook, width: int, height: int) -> str:
@@ -26,6 +26,18 @@ def render(mode: str, store: MetricsStore, book: RunBook, width: int, height: in
         labels = [f"#{r.id}" + ("*" if r.id == book.baseline_id else "") for r in runs]
         plt.bar(labels, [r.median for r in runs])
         plt.title("decode tok/s per run (median; * = baseline)")
+    elif mode == "goodput":
+        curves = [r for r in book.runs if len(r.levels) > 1]
+        if not curves:
+            return "no run over several concurrency levels yet: press B"
+        xs = sorted({lv["concurrency"] for r in curves for lv in r.levels})
+        if max(xs) >= 8 * min(xs):
+            plt.xscale("log")
+        for r in curves:
+            pts = [(lv["concurrency"], lv["goodput"]) for lv in r.levels if lv.get("goodput") is not None]
+            plt.plot([x for x, _ in pts], [y for _, y in pts], label=f"#{r.id} {r.label}"[:30], marker="dot")
+        plt.title("goodput (tok/s, all streams) against concurrency")
+        plt.xlabel("concurrent requests")
     else:
         series = [(name, store[name].values()) for name in ("verify_ms", "cycle_ms", "draft_ms", "extend_ms")]
         if not any(v for _, v in series):

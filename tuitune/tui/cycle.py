@@ -47,6 +47,25 @@ def position_row(rates: tuple[float, ...]) -> Text:
     return t
 
 
+def batch_distribution(hist: str | None, width: int = 24) -> str:
+    """``bs_hist`` of a profile window (``4:30,8:10``: cycles per batch size) as labelled bars."""
+    if not isinstance(hist, str):
+        return ""
+    counts = []
+    for item in hist.split(","):
+        bs, _, n = item.partition(":")
+        if bs.isdigit() and n.isdigit():
+            counts.append((int(bs), int(n)))
+    total = sum(n for _, n in counts)
+    if not total:
+        return ""
+    counts.sort(key=lambda c: -c[1])
+    shown = counts[:4]  # the common sizes; a long tail would not fit one line
+    parts = [f"{bs}: {'█' * max(1, round(n / total * width / len(shown)))} {n / total:.0%}" for bs, n in shown]
+    rest = total - sum(n for _, n in shown)
+    return "   ".join(parts) + (f"   other {rest / total:.0%}" if rest else "")
+
+
 class CyclePanel(Vertical):
     DEFAULT_CSS = """
     CyclePanel { height: auto; border: round $primary; padding: 0 1; }
@@ -84,6 +103,10 @@ class CyclePanel(Vertical):
             if per_pos:
                 text.append("\n")
                 text.append(position_row(per_pos))
+            dist = batch_distribution(p.extra.get("bs_hist"))
+            if dist:
+                text.append("\nbatch sizes ", style="bold")
+                text.append(dist)
             bars.update(text)
             self.border_title = "cycle (EAGLE3_PROFILE)"
         elif d is not None:

@@ -7,7 +7,7 @@ from textual.widgets import DataTable
 
 from ..runs import RunBook, delta_mark
 
-COLUMNS = ("#", "tok/s", "95% CI", "Δ vs base", "accept", "cycle ms", "failed", "gpus", "config (vs baseline)")
+COLUMNS = ("#", "conc", "tok/s", "95% CI", "Δ vs base", "accept", "cycle ms", "failed", "gpus", "config (vs baseline)")
 
 
 def gpu_mark(note: str | None) -> str:
@@ -38,7 +38,7 @@ class RunsTable(DataTable):
             summary = book.config_summary(run)
             self.add_row(
                 Text(f"{run.id}{' ★' if base else ''}", style="bold" if base else ""),
-                f"{run.median:.1f}", f"{lo:.1f}–{hi:.1f}", Text(mark, style=style),
+                run.concurrency_text, f"{run.median:.1f}", f"{lo:.1f}–{hi:.1f}", Text(mark, style=style),
                 f"{run.accept_len:.2f}" if run.accept_len else "—",
                 f"{run.cycle_ms:.2f}" if run.cycle_ms else "—",
                 str(run.failed) if run.failed else "",
