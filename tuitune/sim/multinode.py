@@ -52,7 +52,10 @@ class Dist:
 
 
 def parse(ns) -> Dist:
-    """Check the multi-node flags as SGLang does; raises ServerArgsError."""
+    """Check the multi-node flags as SGLang does; raises ServerArgsError. A namespace without them
+    (the vLLM dialect's) is one node."""
+    if not hasattr(ns, "nnodes"):
+        return Dist(1, 0, "", 0)
     if ns.nnodes < 1:
         raise ServerArgsError(f"nnodes must be >= 1 (got {ns.nnodes})")
     if not 0 <= ns.node_rank < ns.nnodes:
