@@ -222,22 +222,29 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-@pytest.fixture(scope="session", autouse=True)
-def no_server_left_behind(tmp_path_factory):
-    """A failing test must not leave a simulator running: at the end, kill every simulator whose log
-    lies under this run's temporary directory (with its process group)."""
-    yield
-    base = str(tmp_path_factory.getbasetemp())
+def sim_pids(base: str) -> list[int]:
+    """Simulator processes whose output goes to a file under ``base``."""
+    out = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             cmd = (proc / "cmdline").read_bytes()
-            out = os.readlink(proc / "fd" / "1")
+            fd1 = os.readlink(proc / "fd" / "1")
         except OSError:
             continue
-        if b"tuitune.sim" in cmd and out.startswith(base):
-            try:
-                os.killpg(int(proc.name), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        if b"tuitune.sim" in cmd and fd1.startswith(base):
+            out.append(int(proc.name))
+    return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_server_left_behind(tmp_path_factory):
+    """A failing test must not leave a simulator running: at the end, kill every simulator whose log
+    lies under this run's temporary directory (with its process group)."""
+    yield
+    for pid in sim_pids(str(tmp_path_factory.getbasetemp())):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass

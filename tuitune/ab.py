@@ -23,7 +23,7 @@ from typing import Callable
 
 from . import stats, telemetry
 from .bench import BenchConfig, run_bench
-from .control import ServerControl
+from .cluster import controlling
 from .preset import Preset
 from .transport import Transport
 
@@ -49,8 +49,8 @@ async def bench_launch(t: Transport, p: Preset, overrides: dict, timeout_s: floa
                        allow_any: bool = False) -> dict:
     """Relaunch ``p`` (replacing only a server of a preset in ``allowed``), bench it, return one
     launch's row (``listeners``: where telemetry is handed)."""
-    control = ServerControl(t, p)
-    rec, ready = await control.relaunch(timeout_s, allowed=allowed, allow_any=allow_any)
+    async with controlling(t, p) as control:
+        rec, ready = await control.relaunch(timeout_s, allowed=allowed, allow_any=allow_any)
     port = await t.forward_port(p.server.port)
     watch = telemetry.RunWatch()
     if listeners is not None:
@@ -112,7 +112,8 @@ async def run_ab(t: Transport, a: Preset, b: Preset, rounds: int, overrides: dic
                 row["round"], row["arm"] = r, arm
                 launches.append(row)
                 if a.server.port != b.server.port:  # one server at a time, or the arms share the GPUs
-                    await ServerControl(t, p).stop()
+                    async with controlling(t, p) as control:
+                        await control.stop()
                 if progress:
                     progress(f"  {p.name}: {row['median_tok_s']:.2f} tok/s median"
                              + (f", {row['failed']} failed" if row["failed"] else "")
@@ -120,7 +121,8 @@ async def run_ab(t: Transport, a: Preset, b: Preset, rounds: int, overrides: dic
     finally:
         await telemetry.stop(gpus, task)
     if stop_at_end:
-        await ServerControl(t, b).stop()
+        async with controlling(t, b) as control:
+            await control.stop()
     return {"a": a.name, "b": b.name, "aa": a.hash() == b.hash(), "rounds": rounds, "launches": launches,
             "notes": ab_notes(a, b, rounds), "verdict": verdict(launches, min_effect)}
 

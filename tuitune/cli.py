@@ -158,12 +158,12 @@ def cmd_preset_show(ns) -> int:
     p = _load_preset(ns.preset)
     shown = (lambda text: text) if ns.reveal else redact.Redactor(p)
     if ns.command:
-        print(shown(P.launch_command(p)))
+        print(shown(P.launch_script(p)))
         return 0
     flat = P.flatten(p) if ns.reveal else redact.flat(P.flatten(p))
     if ns.json:
         _print_json({"name": p.name, "hash": p.hash(), "resolved": flat,
-                     "derived": sorted(P.derived_keys(p)), "command": shown(P.launch_command(p))})
+                     "derived": sorted(P.derived_keys(p)), "command": shown(P.launch_script(p))})
         return 0
     derived = P.derived_keys(p)
     print(f"# {p.name}  (hash {p.hash()})")
@@ -269,11 +269,11 @@ def _link_printer(state: str, attempt: int, detail: str | None) -> None:
 
 
 def _with_control(preset):
-    from .control import ServerControl
+    from .cluster import control_for
     from .transport import for_preset
     t = for_preset(preset)
     t.on_link = _link_printer
-    return t, ServerControl(t, preset)
+    return t, control_for(t, preset)
 
 
 @contextlib.contextmanager
@@ -290,11 +290,13 @@ def _core_errors():
         raise CliError(str(e), 1) from None
 
 
-async def _guarded(coro_fn, transport):
+async def _guarded(coro_fn, transport, control=None):
     try:
         with _core_errors():
             return await coro_fn()
     finally:
+        if hasattr(control, "close"):  # a multi-node server's links to its other nodes
+            await control.close()
         await transport.close()
 
 
@@ -303,7 +305,7 @@ def _any_arg(p: argparse.ArgumentParser) -> None:
                    help="act on the server on the preset's port even if another preset started it")
 
 
-def _run_signalled(go, transport, what: str, cleanup: Callable[[], str | None] = lambda: None):
+def _run_signalled(go, transport, what: str, cleanup: Callable[[], str | None] = lambda: None, control=None):
     """Run a command whose interruption must clean up: SIGINT and SIGTERM cancel it (the core
     stops what it half-started; ``cleanup`` then says what it did), then it ends in one sentence
     with 130 or 143."""
@@ -317,7 +319,7 @@ def _run_signalled(go, transport, what: str, cleanup: Callable[[], str | None] =
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, lambda s=sig: (got.append(s), task.cancel()))
         try:
-            return await _guarded(go, transport)
+            return await _guarded(go, transport, control)
         except asyncio.CancelledError:
             if not got:
                 raise
@@ -360,10 +362,12 @@ def cmd_launch(ns) -> int:
         if res is None:
             return 0
         print(f"ready in {res.elapsed_s:.1f}s")
-        _print_nccl(p, res.nccl_env)
+        seen = getattr(control, "node_nccl", None) or [res.nccl_env]  # each node's own log
+        for i, (node, env) in enumerate(zip(p.node_presets(), seen)):
+            _print_nccl(node, env, f"node {i} " if p.is_multinode else "")
         return 0
 
-    return _run_signalled(go, t, "launch", lambda: control.cleanup)
+    return _run_signalled(go, t, "launch", lambda: control.cleanup, control)
 
 
 def _print_warnings(control) -> None:
@@ -372,16 +376,16 @@ def _print_warnings(control) -> None:
     control.warnings = []
 
 
-def _print_nccl(p, seen: dict) -> None:
+def _print_nccl(p, seen: dict, where: str = "") -> None:
     """NCCL's own confirmation of the preset's NCCL variables, or why there is none."""
     from .control import nccl_confirmation, nccl_note
     for name, state, got in nccl_confirmation(p, seen):
         if state == "unconfirmed":
             continue  # the note says why
-        print(f"  {name}: {state}" + (f" (NCCL says {got})" if state == "different" else ""))
+        print(f"  {where}{name}: {state}" + (f" (NCCL says {got})" if state == "different" else ""))
     note = nccl_note(p, seen)
     if note:
-        print(f"warning: {note}", file=sys.stderr)
+        print(f"warning: {where}{note}", file=sys.stderr)
 
 
 @command("stop", "stop the server tuitune started for a preset (or --pid)")
@@ -404,7 +408,7 @@ def cmd_stop(ns) -> int:
             _print_warnings(control)
         return 0
 
-    return _run_async(_guarded(go, t))
+    return _run_async(_guarded(go, t, control))
 
 
 STATUS_NOT_RUNNING = 3
@@ -442,6 +446,10 @@ def cmd_status(ns) -> int:
         if ns.json:
             _print_json(st.to_dict())
             return code
+        for n in getattr(st, "nodes", []):
+            r = n.status.record
+            print(f"  node {n.index} on {n.label}: " + (f"running, pid {r.pid}" if n.status.running else
+                                                        f"not running ({n.status.note or 'no server'})"))
         if not st.running:
             print(f"{p.name}: not running" + (f" ({st.note})" if st.note else ""))
             return code
@@ -457,7 +465,7 @@ def cmd_status(ns) -> int:
             print("no drift: environment and flags match the preset")
         return code
 
-    return _run_async(_guarded(go, t))
+    return _run_async(_guarded(go, t, control))
 
 
 @command("logs", "print the server's log (-f follows it)")
@@ -465,6 +473,7 @@ def _logs_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("preset")
     p.add_argument("-n", "--lines", type=int, default=40)
     p.add_argument("-f", "--follow", action="store_true")
+    p.add_argument("--node", type=int, default=0, help="a multi-node server's node (default 0, rank 0)")
     p.set_defaults(run=cmd_logs)
 
 
@@ -473,6 +482,10 @@ def cmd_logs(ns) -> int:
     from .redact import Redactor
     from .tail import LogTail, file_size
     p = _load_preset(ns.preset)
+    nodes = p.node_presets()
+    if not 0 <= ns.node < len(nodes):
+        raise CliError(f"--node {ns.node}: {p.name} has node(s) 0..{len(nodes) - 1}", 2)
+    p = nodes[ns.node]
     t, _ = _with_control(p)
     shown = Redactor(p)
 

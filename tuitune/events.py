@@ -229,6 +229,7 @@ class Malformed(Event, tag="malformed"):
 
 class LogLine(Event, tag="log"):
     text: str
+    node: int | None = None  # a multi-node server's node (None: the server itself, rank 0)
 
 
 class ServerState(Event, tag="server_state"):

@@ -2,6 +2,10 @@
 
 ``check(name, value)`` returns (errors, warnings) as sentences that name the value and what is
 allowed. The catalogue also feeds the TUI's toggles (``kind`` and ``choices``) and help lines.
+``NETWORK`` holds the inter-node variables (multi-node servers); they are checked the same way
+but not offered as toggles. Their rules are from NCCL's env.rst ("System configuration": socket
+and InfiniBand sections) and, for defaults env.rst leaves out, NCCL's net_ib/connect.cc
+``NCCL_PARAM`` lines (v2.31).
 """
 
 from __future__ import annotations
@@ -59,12 +63,88 @@ CATALOGUE: dict[str, NcclVar] = {v.name: v for v in (
             "took effect).", "unset", ("VERSION", "WARN", "INFO", "TRACE")),
     NcclVar("NCCL_DEBUG_SUBSYS", "subsys", "Subsystems logged at INFO, e.g. INIT,ENV,TUNING.",
             "INIT", SUBSYSTEMS),
-    NcclVar("NCCL_SOCKET_IFNAME", "text", "Network interfaces for bootstrap/sockets (prefix, ^ "
-            "excludes, = exact).", "auto"),
-    NcclVar("NCCL_IB_HCA", "text", "InfiniBand HCAs to use.", "auto"),
+    NcclVar("NCCL_SOCKET_IFNAME", "iflist", "Network interfaces for bootstrap/sockets (prefix, ^ "
+            "excludes, = exact); per node when names differ.", "auto (not lo/docker)"),
+    NcclVar("NCCL_IB_HCA", "iflist", "InfiniBand HCAs to use (prefix, ^ excludes, = exact, "
+            ":port), e.g. =mlx5_0:1,mlx5_1:1.", "auto"),
     NcclVar("NCCL_NET_GDR_LEVEL", "level", "Largest distance for GPU Direct RDMA.", "NCCL decides",
             P2P_LEVELS),
 )}
+
+# Inter-node variables: checked like the catalogue's, not shown as TUI toggles.
+NETWORK: dict[str, NcclVar] = {v.name: v for v in (
+    NcclVar("NCCL_SOCKET_FAMILY", "enum", "Address family of the socket interface.", "auto",
+            ("AF_INET", "AF_INET6")),
+    NcclVar("NCCL_SOCKET_NTHREADS", "int", "CPU helper threads per socket connection; "
+            "threads x sockets per thread at most 64.", "1 (cloud: 2-4)", lo=1, hi=16),
+    NcclVar("NCCL_NSOCKS_PERTHREAD", "int", "Sockets each socket thread opens; threads x "
+            "sockets at most 64.", "1 (cloud: 2-8)", lo=1, hi=64),
+    NcclVar("NCCL_IB_TIMEOUT", "int", "InfiniBand Verbs timeout exponent: 4.096 us x 2^value.",
+            "20", lo=1, hi=31),
+    NcclVar("NCCL_IB_RETRY_CNT", "int", "InfiniBand retries on a transport error.", "7", lo=0, hi=7),
+    NcclVar("NCCL_IB_GID_INDEX", "int", "Global ID index for RoCE (per node when tables differ).",
+            "auto", lo=-1, hi=255),
+    NcclVar("NCCL_IB_SL", "int", "InfiniBand service level.", "0", lo=0, hi=15),
+    NcclVar("NCCL_IB_TC", "int", "InfiniBand traffic class (RoCE DSCP x 4).", "0", lo=0, hi=255),
+    NcclVar("NCCL_IB_QPS_PER_CONNECTION", "int", "Queue pairs per connection; more can help "
+            "adaptive routing fabrics.", "1", lo=1, hi=128),
+    NcclVar("NCCL_IB_ADAPTIVE_ROUTING", "bool", "1 enables adaptive routing on IB.", "1 on IB, 0 on RoCE",
+            ("0", "1")),
+    NcclVar("NCCL_IB_PCI_RELAXED_ORDERING", "enum", "PCI relaxed ordering: 0 off, 1 on, 2 auto.", "2",
+            ("0", "1", "2")),
+    NcclVar("NCCL_NET_GDR_READ", "bool", "1 sends from GPU memory directly (GPU Direct RDMA reads).",
+            "1 on NVLink platforms", ("0", "1")),
+    NcclVar("NCCL_CROSS_NIC", "enum", "Rings/trees may use different NICs on each node: 0 no, 1 "
+            "yes, 2 prefer not.", "2", ("0", "1", "2")),
+    NcclVar("NCCL_NET", "text", "Network module to use: IB, Socket or a plugin's name.", "auto"),
+)}
+IB_VARS = ("NCCL_IB_HCA", "NCCL_IB_TIMEOUT", "NCCL_IB_RETRY_CNT", "NCCL_IB_GID_INDEX", "NCCL_IB_SL",
+           "NCCL_IB_TC", "NCCL_IB_QPS_PER_CONNECTION", "NCCL_IB_ADAPTIVE_ROUTING")
+MAX_SOCKET_STREAMS = 64
+
+
+def lookup(name: str) -> NcclVar | None:
+    return CATALOGUE.get(name) or NETWORK.get(name)
+
+
+def is_network_var(name: str) -> bool:
+    """Variables that describe one machine's network (may rightly differ between nodes)."""
+    return name in NETWORK or name in ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_DISABLE",
+                                       "NCCL_NET_GDR_LEVEL")
+
+
+def check_env(env: dict[str, str]) -> tuple[list[str], list[str]]:
+    """Rules between variables of one process's environment (each variable's own via check)."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    try:
+        streams = int(env.get("NCCL_SOCKET_NTHREADS", "1")) * int(env.get("NCCL_NSOCKS_PERTHREAD", "1"))
+    except ValueError:
+        streams = 0
+    if streams > MAX_SOCKET_STREAMS:
+        errors.append(f"NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD is {streams}; NCCL allows at most "
+                      f"{MAX_SOCKET_STREAMS}")
+    if env.get("NCCL_IB_DISABLE", "").strip() == "1":
+        dead = [k for k in IB_VARS if k in env]
+        if dead:
+            verb = "has" if len(dead) == 1 else "have"
+            warnings.append(f"NCCL_IB_DISABLE=1, so {', '.join(dead)} {verb} no effect")
+    return errors, warnings
+
+
+def _iflist_check(value: str, ports: bool) -> str | None:
+    """None if ``value`` is a valid interface/HCA filter, else what is wrong with it. Names are
+    not checked further: NCCL matches them as text, and one that names nothing is for the node
+    to say (the simulator fails init as NCCL does)."""
+    body = value.removeprefix("^").removeprefix("=")
+    names = [t.strip() for t in body.split(",")]
+    if not body or any(not t for t in names):
+        return "is an empty list or has an empty entry"
+    for t in names:
+        _, sep, port = t.partition(":")
+        if ports and sep and not port.isdigit():
+            return f"has {t!r}: a port after ':' is a number (mlx5_0:1)"
+    return None
 
 
 def _list_check(value: str, allowed: tuple[str, ...], case_sensitive: bool = False) -> str | None:
@@ -98,7 +178,7 @@ def check(name: str, value: str) -> tuple[list[str], list[str]]:
     if name in REMOVED:
         warnings.append(f"{name} was removed from NCCL and is ignored")
         return errors, warnings
-    var = CATALOGUE.get(name)
+    var = lookup(name)
     if var is None:
         if name.startswith("NCCL_"):
             warnings.append(f"{name} is not in tuitune's NCCL catalogue (typo?); it is passed through")
@@ -131,6 +211,10 @@ def check(name: str, value: str) -> tuple[list[str], list[str]]:
         bad = _list_check(v.upper(), var.choices, case_sensitive=True)
         if bad is not None:
             errors.append(f"{v!r} is not a comma list of {', '.join(var.choices)}")
+    elif var.kind == "iflist":
+        bad = _iflist_check(v, ports=name == "NCCL_IB_HCA")
+        if bad is not None:
+            errors.append(f"{v!r} {bad}; use prefixes, =exact names or ^ to exclude, comma-separated")
     elif var.kind == "int":
         if not re.fullmatch(r"-?\d+", v):
             errors.append(f"{v!r} is not an integer")

@@ -14,11 +14,11 @@ import re
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError,
+                      ValidationInfo, field_validator, model_validator)
 
 from . import engines, nccl, speculative
 from .probe import REMOTE_DIR as PROBE_DIR
@@ -27,6 +27,7 @@ SIM_MODULE = "tuitune.sim"
 FLAG_RE = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
 ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 ArgValue = bool | int | float | str
+LOCAL_HOSTS = ("local", "localhost-local")
 
 
 class PresetError(ValueError):
@@ -39,8 +40,70 @@ def _no_control(v: str, what: str = "value") -> str:
     return v
 
 
+def _env_text(v: Any) -> Any:
+    """YAML numbers and booleans in ``env`` as the strings the process will see."""
+    if not isinstance(v, dict):
+        return v
+    out = {}
+    for k, val in v.items():
+        if isinstance(val, bool):
+            val = "1" if val else "0"
+        elif isinstance(val, (int, float)):
+            val = str(val)
+        out[k] = val
+    return out
+
+
+def _env_checked(v: dict[str, str]) -> dict[str, str]:
+    for k, val in v.items():
+        if not ENV_RE.match(k):
+            raise ValueError(f"{k!r} is not an environment variable name")
+        _no_control(val, k)
+        errors, _ = nccl.check(k, val)
+        if errors:
+            raise ValueError(f"{k}: {errors[0]}")
+    errors, _ = nccl.check_env(v)
+    if errors:
+        raise ValueError(errors[0])
+    return v
+
+
+# A process environment: YAML numbers/booleans read as strings, NCCL variables checked.
+Env = Annotated[dict[str, str], BeforeValidator(_env_text), AfterValidator(_env_checked)]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
+
+
+class NodeServer(_Model):
+    """What may differ on one node of a multi-node server (default: the preset's ``server``)."""
+    python: str | None = None
+    workdir: str | None = None
+    log: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+
+    @field_validator("python", "workdir", "log")
+    @classmethod
+    def _plain(cls, v: str | None) -> str | None:
+        return None if v is None else _no_control(v)
+
+
+class Node(_Model):
+    """One machine of a multi-node server: an SSH target plus its own additions."""
+    host: str
+    user: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    addr: str | None = None  # how the other nodes reach this one (node 0: --dist-init-addr)
+    env: Env = Field(default_factory=dict)
+    server: NodeServer = Field(default_factory=NodeServer)
+
+    @field_validator("host", "user", "identity_file", "known_hosts", "addr")
+    @classmethod
+    def _plain(cls, v: str | None) -> str | None:
+        return None if v is None else _no_control(v)
 
 
 class Target(_Model):
@@ -49,17 +112,44 @@ class Target(_Model):
     port: int | None = Field(default=None, ge=1, le=65535)
     identity_file: str | None = None
     known_hosts: str | None = None
+    nodes: list[Node] | None = None  # a multi-node server: first = rank 0 (serves HTTP)
 
     @field_validator("host", "user", "identity_file", "known_hosts")
     @classmethod
     def _plain(cls, v: str | None) -> str | None:
         return None if v is None else _no_control(v)
 
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, v: list[Node] | None) -> list[Node] | None:
+        if v is not None and len(v) < 2:
+            raise ValueError("a multi-node server needs at least two nodes (use target.host for one)")
+        if v and v[0].server.model_dump(exclude_none=True):
+            # rank 0 is the server the rest of tuitune talks to (health, bench, tail): one place
+            raise ValueError("node 0 serves HTTP: its python, workdir, log and port are server's own; "
+                             "only the other nodes take target.nodes[i].server")
+        return v
+
+    @model_validator(mode="after")
+    def _one_form(self) -> "Target":
+        if self.nodes and self.host != Target.model_fields["host"].default:
+            raise ValueError("give either target.host or target.nodes, not both")
+        return self
+
+    def node_target(self, i: int) -> "Target":
+        """Node ``i`` as a single-machine target; target's user/port/keys are the nodes' defaults."""
+        n = self.nodes[i]
+        keys = ("user", "port", "identity_file", "known_hosts")
+        return Target(host=n.host, **{k: getattr(n, k) if getattr(n, k) is not None else getattr(self, k)
+                                      for k in keys})
+
     @property
     def is_local(self) -> bool:
-        return self.host in ("local", "localhost-local")
+        return (self.nodes[0].host if self.nodes else self.host) in LOCAL_HOSTS
 
     def label(self) -> str:
+        if self.nodes:
+            return "+".join(self.node_target(i).label() for i in range(len(self.nodes)))
         if self.is_local:
             return "local"
         who = f"{self.user}@" if self.user else ""
@@ -74,6 +164,7 @@ class Server(_Model):
     workdir: str | None = None
     log: str
     port: int = Field(default=30000, ge=1, le=65535)
+    dist_init_port: int = Field(default=5000, ge=1, le=65535)  # node 0's, multi-node only
     args: dict[str, ArgValue] = Field(default_factory=dict)
 
     @model_validator(mode="before")
@@ -204,7 +295,7 @@ class Preset(_Model):
     target: Target = Field(default_factory=Target)
     server: Server
     speculative: Speculative | None = None
-    env: dict[str, str] = Field(default_factory=dict)
+    env: Env = Field(default_factory=dict)
     profile: bool = False
     bench: Bench = Field(default_factory=Bench)
     telemetry: Telemetry = Field(default_factory=Telemetry)
@@ -239,36 +330,61 @@ class Preset(_Model):
             raise ValueError(f"bench.api: {self.engine.label} serves only the OpenAI API; set bench.api: openai")
         return self
 
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env_strings(cls, v: Any) -> Any:
-        if not isinstance(v, dict):
-            return v
-        out = {}
-        for k, val in v.items():
-            if isinstance(val, bool):
-                val = "1" if val else "0"
-            elif isinstance(val, (int, float)):
-                val = str(val)
-            out[k] = val
-        return out
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        for k, val in v.items():
-            if not ENV_RE.match(k):
-                raise ValueError(f"{k!r} is not an environment variable name")
-            _no_control(val, k)
-            errors, _ = nccl.check(k, val)
-            if errors:
-                raise ValueError(f"{k}: {errors[0]}")
-        return v
+    @model_validator(mode="after")
+    def _nodes_apart(self) -> "Preset":
+        """SGLang's multi-node only; two nodes on one machine (local trials) need their own port and log."""
+        if not self.is_multinode:
+            return self
+        if self.server.engine != "sglang":
+            raise ValueError(f"target.nodes: multi-node servers are SGLang's (--nnodes); {self.engine.label} "
+                             "spreads over machines through Ray, which tuitune does not drive")
+        seen: dict[tuple, int] = {}
+        for i, n in enumerate(self.node_presets()):
+            host = n.target.label()
+            for what, key in (("server.port", n.server.port), ("server.log", n.server.log)):
+                j = seen.setdefault((host, what, key), i)
+                if j != i:
+                    raise ValueError(f"target.nodes: nodes {j} and {i} both use {what} {key} on {host}; "
+                                     f"give node {i} its own (target.nodes[{i}].server)")
+        head = self.node_presets()[0]
+        if head.server.port == self.server.dist_init_port:
+            raise ValueError(f"server.dist_init_port {self.server.dist_init_port} is node 0's HTTP port too")
+        return self
 
     # ---- derived ------------------------------------------------------------------------
     @property
     def engine(self) -> engines.Engine:
         return engines.get(self.server.engine)
+
+    @property
+    def is_multinode(self) -> bool:
+        return bool(self.target.nodes)
+
+    def dist_init_addr(self) -> str:
+        """Where every node meets node 0 at start-up: its ``addr`` (default its host), the port."""
+        head = self.target.nodes[0]
+        host = head.addr or ("127.0.0.1" if head.host in LOCAL_HOSTS else head.host)
+        host = f"[{host}]" if ":" in host else host
+        return f"{host}:{self.server.dist_init_port}"
+
+    def node_presets(self) -> list["Preset"]:
+        """One single-machine preset per node (all of them are the server): that node's target,
+        ``server`` with its overrides, env = the preset's plus the node's, and SGLang's
+        ``--nnodes``/``--node-rank``/``--dist-init-addr``. A one-machine preset is its own list."""
+        if not self.is_multinode:
+            return [self]
+        nodes = self.target.nodes
+        out = []
+        for i, n in enumerate(nodes):
+            over = {k: v for k, v in n.server.model_dump().items() if v is not None}
+            args = {**self.server.args, "nnodes": len(nodes), "node-rank": i,
+                    "dist-init-addr": self.dist_init_addr()}
+            # model_copy skips validation: these flags are reserved for exactly this
+            server = self.server.model_copy(update={**over, "args": args})
+            out.append(self.model_copy(update={"name": f"{self.name}.node{i}", "server": server,
+                                               "target": self.target.node_target(i),
+                                               "env": {**self.env, **n.env}}))
+        return out
 
     @property
     def is_speculative(self) -> bool:
@@ -309,6 +425,9 @@ class Preset(_Model):
 
     def hash(self) -> str:
         """Identity of what is launched (server, speculative, environment, profile)."""
+        if self.is_multinode:
+            key = [n.hash() for n in self.node_presets()]
+            return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
         key = {"python": self.python(), "module": self.server.module, "argv": self.flags(),
                "env": dict(sorted(self.launch_env().items()))}
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
@@ -353,6 +472,14 @@ def launch_command(preset: Preset, extra_env: dict[str, str] | None = None) -> s
             f"setsid nohup {server_argv(preset, extra_env)} >{shell_path(preset.server.log)} 2>&1 "
             f"</dev/null &\n"
             f"echo $!")
+
+
+def launch_script(preset: Preset) -> str:
+    """What ``preset show --command`` prints: the launch command, or every node's in turn."""
+    if not preset.is_multinode:
+        return launch_command(preset)
+    return "\n\n".join(f"# node {i} on {n.target.label()}{' (rank 0, serves HTTP)' if i == 0 else ''}\n"
+                       f"{launch_command(n)}" for i, n in enumerate(preset.node_presets()))
 
 
 # ---- load / save -------------------------------------------------------------------------------
@@ -552,6 +679,14 @@ def flatten(preset: Preset) -> dict[str, Any]:
                            "server.module": preset.server.module,
                            "server.workdir": preset.server.workdir or "~",
                            "server.log": preset.server.log, "server.port": preset.server.port}
+    if preset.is_multinode:
+        out["server.dist_init_port"] = preset.server.dist_init_port
+        for i, (node, n) in enumerate(zip(preset.target.nodes, preset.node_presets())):
+            out[f"target.nodes.{i}"] = n.target.label()
+            for k, v in node.server.model_dump(exclude_none=True).items():
+                out[f"target.nodes.{i}.server.{k}"] = v
+            for k, v in node.env.items():
+                out[f"target.nodes.{i}.env.{k}"] = v
     for k, v in preset.server.args.items():
         out[f"server.args.{k}"] = v
     if preset.is_speculative:
@@ -594,6 +729,16 @@ def warnings(preset: Preset) -> list[str]:
     for k, v in preset.env.items():
         for w in nccl.check(k, v)[1]:
             out.append(f"env.{k}: {w}")
+    for i, node in enumerate(preset.target.nodes or []):
+        for k, v in node.env.items():
+            for w in nccl.check(k, v)[1]:
+                out.append(f"target.nodes.{i}.env.{k}: {w}")
+            if k.startswith("NCCL_") and not nccl.is_network_var(k) and k not in ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS"):
+                out.append(f"target.nodes.{i}.env.{k}: every rank must use the same {k}; set it in env "
+                           "for all nodes (per-node env is for the machine's network: interfaces, HCAs)")
+    for n in preset.node_presets():
+        where = f"{n.name.rsplit('.', 1)[1]} env" if preset.is_multinode else "env"
+        out += [f"{where}: {w}" for w in nccl.check_env(n.env)[1]]
     if preset.is_speculative:
         for s in preset.speculative.resolved().adjusted:
             out.append(f"speculative: {s}")

@@ -13,11 +13,14 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
+
+import msgspec
 from typing import Awaitable, Callable
 
 from . import preset as P
 from . import promscrape, redact
 from .bench import BenchConfig, BenchRun, RequestResult, client_session, prompts, run_bench, run_request
+from .cluster import ClusterControl, control_for
 from .control import (CAUSE_TEXT, ControlError, ReadyResult, ServerControl, Status, classify, nccl_confirmation,
                       nccl_note)
 from .events import BenchSummary, DecodeStats, Event, LinkState, LogLine, Marker, ProfileWindow, ServerError, ServerState
@@ -50,7 +53,8 @@ class Session(EventStream):
         self.running_preset: P.Preset | None = None  # what the live server was launched from
         self.transport = transport or for_preset(preset)
         self.transport.on_link = self._on_link
-        self.control = ServerControl(self.transport, preset, **({"state_dir": state_dir} if state_dir else {}))
+        self.control = control_for(self.transport, preset, state_dir)
+        self._node_tasks: list[asyncio.Task] = []  # a multi-node server: other nodes' tails, the watch
         self.ready_timeout_s = ready_timeout_s
         self.state = ServerState("stopped")
         self.link = LinkState("connecting")
@@ -71,7 +75,14 @@ class Session(EventStream):
 
     @property
     def label(self) -> str:
-        return self.transport.label
+        n = len(self.node_labels())
+        return self.transport.label + (f" +{n - 1} node{'s' if n > 2 else ''}" if n > 1 else "")
+
+    def node_labels(self) -> list[str]:
+        """Each node's machine (one entry on one machine)."""
+        if isinstance(self.control, ClusterControl):
+            return [c.t.label for c in self.control.controls]
+        return [self.transport.label]
 
     # ---- events ---------------------------------------------------------------------------
     def _set_state(self, state: str, phase: str | None = None, detail: str | None = None,
@@ -100,7 +111,11 @@ class Session(EventStream):
             await self._open_url()
             self._set_state("ready", "attached", pid=st.record.pid)
             await self.follow(from_end=True, backlog=backlog)
-            self._watch()
+            if isinstance(self.control, ClusterControl):
+                self.control.records = [n.status.record for n in st.nodes]
+                await self.watch_nodes(from_end=True)
+            else:
+                self._watch()
         else:
             self._set_state("stopped", detail=st.note)
         return st
@@ -185,7 +200,7 @@ class Session(EventStream):
         """
         async with self._relaunch_lock:
             new = preset or self.preset
-            control = ServerControl(self.transport, new, self.control.state_dir)
+            control = control_for(self.transport, new, self.control.state_dir)
             t0 = time.monotonic()
             was_loaded = self.load.on
             self._set_state("starting", "preflight")
@@ -197,10 +212,14 @@ class Session(EventStream):
                 if self.load.on:
                     await self.set_load(False)
                 await self.stop_follow()
+                await self.stop_nodes()
                 self._set_state("stopping")
 
             async def after_start(rec) -> None:
+                old = self.control
                 self.preset, self.control, self.record = new, control, rec
+                if isinstance(old, ClusterControl) and old is not control:
+                    await old.close()  # its nodes' links; node 0's is the session's
                 self.store.clear()
                 self._set_state("starting", "launching", pid=rec.pid)
                 await self.follow()
@@ -221,7 +240,10 @@ class Session(EventStream):
                 self.publish([Marker(f"warning: {w}", new.name, new.hash()) for w in control.warnings])
             await self._open_url()
             self._set_state("ready", "ready", pid=rec.pid, elapsed=time.monotonic() - t0)
-            self._watch()
+            if isinstance(self.control, ClusterControl):
+                await self.watch_nodes()
+            else:
+                self._watch()
             if was_loaded:
                 await self.set_load(True, self.load.concurrency)
             return res
@@ -229,6 +251,7 @@ class Session(EventStream):
     async def stop_server(self) -> str:
         await self._unwatch()
         await self.set_load(False)
+        await self.stop_nodes()
         msg = await self.control.stop()
         self._set_state("stopped", detail=msg)
         return msg
@@ -293,7 +316,62 @@ class Session(EventStream):
     def nccl_report(self) -> tuple[list[tuple[str, str, str | None]], str | None]:
         """NCCL's confirmation of the preset's NCCL variables, and a sentence when it cannot be trusted."""
         seen = self.last_ready.nccl_env if self.last_ready else {}
-        return nccl_confirmation(self.preset, seen), nccl_note(self.preset, seen)
+        if not (isinstance(self.control, ClusterControl) and self.last_ready and self.control.node_nccl):
+            return nccl_confirmation(self.preset, seen), nccl_note(self.preset, seen)
+        rows, notes = [], []  # every node confirms from its own log
+        for i, (node, env) in enumerate(zip(self.preset.node_presets(), self.control.node_nccl)):
+            rows += [(f"node {i} {k}", state, got) for k, state, got in nccl_confirmation(node, env)]
+            notes += [f"node {i}: {n}" for n in [nccl_note(node, env)] if n]
+        return rows, "; ".join(notes) or None
+
+    # ---- the other nodes of a multi-node server --------------------------------------------
+    async def watch_nodes(self, from_end: bool = False) -> None:
+        """Follow every other node's log (lines for the log pane, errors into the stream) and fail
+        the server the moment any node dies; the watch stops the other nodes first."""
+        await self.stop_nodes()
+        c = self.control
+        if not isinstance(c, ClusterControl) or len(c.records) != len(c.controls):
+            return
+        self._node_tasks = [asyncio.ensure_future(self._follow_node(i, from_end))
+                            for i in range(1, len(c.controls))]
+        self._node_tasks.append(asyncio.ensure_future(self._watch_cluster(c)))
+
+    async def _watch_cluster(self, c: ClusterControl) -> None:
+        try:
+            res = await c.watch()
+        except (ControlError, TransportError) as e:
+            self.publish([Marker(f"warning: watching the nodes failed: {e}")])
+            return
+        self.last_ready = None
+        self._set_state("failed", detail=res.message)
+
+    async def _follow_node(self, i: int, from_end: bool) -> None:
+        c = self.control.controls[i]
+        log = self.control.records[i].log
+        offset = max(0, await file_size(c.t, log) - ATTACH_BACKLOG) if from_end else 0
+        tail = LogTail(c.t, log, offset=offset)
+        shown = redact.Redactor(c.preset)
+        try:
+            async for batch in tail.batches():
+                events: list[Event] = []
+                for line in batch.lines:
+                    events.append(LogLine(shown(line), node=i))
+                    ev = parse_line(line)
+                    if ev is not None and ev.kind == "error":  # a node's errors are the server's
+                        events.append(msgspec.structs.replace(shown.event(ev), rank=f"node{i}"))
+                self.publish(events)
+        except TransportError as e:
+            self.publish([Marker(f"warning: node {i}'s log: {e}")])
+        finally:
+            tail.close()
+
+    async def stop_nodes(self) -> None:
+        tasks, self._node_tasks = self._node_tasks, []
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
 
     # ---- benchmark and load ---------------------------------------------------------------
     async def bench(self, label: str = "", on_result: Callable[[int, RequestResult], Awaitable[None] | None] | None = None,
@@ -398,9 +476,12 @@ class Session(EventStream):
         await self._unwatch()
         await self.set_load(False)
         await self.stop_follow()
+        await self.stop_nodes()
         await telemetry.stop(self.telemetry, self._telemetry_task)
         self.telemetry = self._telemetry_task = None
         if stop_server:
             with contextlib.suppress(ControlError, TransportError):
                 await self.control.stop()
+        if isinstance(self.control, ClusterControl):
+            await self.control.close()
         await self.transport.close()

@@ -554,7 +554,8 @@ class SshTransport(Transport):
 
 
 def for_preset(preset) -> Transport:
-    t = preset.target
+    """The transport to the preset's machine (a multi-node preset's: node 0's)."""
+    t = preset.target.node_target(0) if preset.target.nodes else preset.target
     if t.is_local:
         return LocalTransport()
     transport = SshTransport(SshTarget(t.host, t.port, t.user, t.identity_file, t.known_hosts))

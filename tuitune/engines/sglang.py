@@ -17,7 +17,10 @@ class SGLang(Engine):
                      "speculative-eagle-topk": "speculative.eagle_topk",
                      "speculative-num-draft-tokens": "speculative.num_draft_tokens",
                      "speculative-adaptive": "speculative.adaptive_config",
-                     "speculative-adaptive-config": "speculative.adaptive_config"}
+                     "speculative-adaptive-config": "speculative.adaptive_config",
+                     # multi-node: rendered per node from target.nodes (Preset.node_presets)
+                     "nnodes": "target.nodes", "node-rank": "target.nodes",
+                     "dist-init-addr": "target.nodes and server.dist_init_port"}
     phases = (("Load weight begin", "loading weights"), ("Capture cuda graph begin", "capturing graphs"),
               ("Capture draft cuda graph begin", "capturing draft graphs"))
     health_needs_log_hint = True

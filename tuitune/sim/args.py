@@ -53,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error", "critical"])
     p.add_argument("--served-model-name", default=None)
+    # Multi-node (see multinode.py): every node runs the same command with its own rank.
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--dist-init-addr", default=None, help="node 0's HOST:PORT for start-up")
+    p.add_argument("--dist-timeout", type=float, default=600.0,
+                   help="seconds to wait for every node to join (SGLang: torch's init timeout)")
     # Simulator knobs.
     g = p.add_argument_group("simulator")
     g.add_argument("--sim-load-seconds", type=float, default=3.0,

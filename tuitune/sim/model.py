@@ -264,6 +264,7 @@ class SimConfig:
     acceptance: tuple[float, ...] | None = None  # None = the machine's
     env_factor: float = 1.0  # nccl_factor of the process environment
     launch_factor: float = 1.0  # this launch's speed (clocks, placement): launches differ a little
+    internode_ms: float = 0.0  # all-reduce time across nodes a forward (multinode.internode_ms)
     tree: tuple[tuple[int, ...], ...] = field(default=(), compare=False)
 
     @property
@@ -275,6 +276,10 @@ class SimConfig:
         return self.acceptance if self.acceptance is not None else self.machine.acceptance
 
     def comm_ms(self) -> float:
+        """All-reduce time of one target forward: within the node, plus across nodes (multi-node)."""
+        return self._node_comm_ms() + self.internode_ms
+
+    def _node_comm_ms(self) -> float:
         m = self.machine
         tp = self.tp_size if self.tp_size is not None else m.tp_size
         if tp <= 1 or m.tp_size <= 1:

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from . import adaptive as sim_adaptive
 from . import args as sim_args
-from . import model
+from . import model, multinode
 
 VERSION = "0.5.3 (tuitune.sim)"
 HIDDEN_SIZE = 7168  # Kimi-K2.5 / DeepSeek-V3 shape: decode all-reduce = hidden × tokens × 2 B
@@ -154,9 +154,11 @@ class Simulator:
             machine = replace(machine, topology=ns.sim_topology)
         sigma = machine.launch_sigma if ns.sim_launch_sigma is None else ns.sim_launch_sigma
         self.machine = machine
+        self.node = multinode.Node(self)
+        nnodes = self.node.dist.nnodes
         self.cfg = model.sim_config(
             machine,
-            tp_size=ns.tp_size,
+            tp_size=ns.tp_size // nnodes,  # the intra-node all-reduce spans one node's GPUs
             custom_all_reduce=not ns.disable_custom_all_reduce,
             continuous_decode_steps=ns.num_continuous_decode_steps,
             algorithm=ns.speculative_algorithm,
@@ -166,6 +168,7 @@ class Simulator:
             acceptance=acceptance,
             env_factor=model.nccl_factor(self.env),
             launch_factor=ns.sim_scale * model.jitter(random.Random(ns.sim_seed + 7), sigma),
+            internode_ms=multinode.internode_ms(self.env, nnodes, ns.speculative_num_draft_tokens or 1),
         )
         self.warnings = warnings
         self.adaptive: sim_adaptive.AdaptiveSteps | None = None  # --speculative-adaptive
@@ -210,6 +213,7 @@ class Simulator:
             "expected_cycle_ms": cost.cycle_ms / self.speedup,
             "expected_verify_ms": cost.verify_ms / self.speedup,
             "nccl_factor": self.cfg.env_factor,
+            "internode_ms": self.cfg.internode_ms,
             "launch_factor": self.cfg.launch_factor,
             "speedup": self.speedup,
             "machine": self.machine.name,
@@ -233,6 +237,16 @@ class Simulator:
                     continue
                 end = "." if v.strip().lstrip("-").isdigit() else ""
                 self.log.plain(f"{head} INFO {k} set by environment to {v}{end}")
+        if self.node.dist.multi:
+            lines, fatal = multinode.nccl_net_lines(self.env, head)
+            if debug in ("INFO", "TRACE"):
+                for ln in lines:
+                    self.log.plain(ln)
+            if fatal:
+                self.log.plain(fatal)
+                self.traceback("torch.distributed.DistBackendError: NCCL error: unhandled system "
+                               "error, NCCL version 2.27.3\nncclSystemError: " + fatal.split(" WARN ", 1)[1])
+                return False
         for var, allowed, what in (("NCCL_PROTO", NCCL_PROTOS, "protocol"),
                                    ("NCCL_ALGO", NCCL_ALGOS, "algorithm")):
             bad = _nccl_tokens_ok(self.env.get(var, ""), allowed)
@@ -297,7 +311,7 @@ class Simulator:
         if ns.tp_size > 1:
             self.spawn_scheduler_children()
         load = max(0.0, ns.sim_load_seconds)
-        if not self.nccl_init():
+        if not self.nccl_init() or not await self.node.join():
             return False
         if ns.mem_fraction_static is not None and ns.mem_fraction_static > 0.95:
             await self.sleep_sim(load * 0.2)
@@ -693,6 +707,9 @@ class Simulator:
             stop.cancel()
             if not start.result():
                 return 1
+            if self.node.worker:
+                return await self.node.serve_worker()
+            tasks.append(asyncio.ensure_future(self.node.watch()))
             runner = web.AppRunner(self.build_app(), access_log=None, handle_signals=False)
             await runner.setup()
             try:
@@ -722,6 +739,7 @@ class Simulator:
                 except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - exiting anyway
                     pass
             self.kill_children()
+            self.node.close()
 
     async def warmup(self) -> None:
         self.log.line(f'INFO:     127.0.0.1:{40000 + os.getpid() % 20000} - "GET /get_model_info '
@@ -747,6 +765,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         warnings = sim_args.resolve_speculative(ns)
         adaptive = sim_adaptive.from_args(ns)
+        multinode.parse(ns)
     except (sim_args.ServerArgsError, ValueError) as e:
         log.plain("Traceback (most recent call last):")
         log.plain('  File "/usr/lib/python3/dist-packages/sglang/launch_server.py", line 11, in <module>')

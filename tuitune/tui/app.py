@@ -191,6 +191,7 @@ class TuituneApp(App):
         Binding("c", "chart", "chart", id="tuitune.chart"),
         Binding("g", "toggle_tab", "log/chart", id="tuitune.tab"),
         Binding("slash", "focus_filter", "filter", id="tuitune.filter"),
+        Binding("n", "next_node", "node", show=False, id="tuitune.next_node"),
         Binding("e", "edit", "edit config", id="tuitune.edit"),
         Binding("a", "apply_advice", "apply advice", id="tuitune.apply_advice"),
         Binding("t", "toggle_gpus", "gpus", id="tuitune.gpus"),
@@ -349,6 +350,8 @@ class TuituneApp(App):
             return
         if not self.live:
             return
+        if len(labels := self.session.node_labels()) > 1:
+            self.show_node(0, labels)
         running = bool(status and status.running)
         if self.autostart == "launch" or (not running and self.autostart == "launch-if-stopped"):
             self.action_relaunch()
@@ -363,7 +366,9 @@ class TuituneApp(App):
     # ---- periodic refresh -----------------------------------------------------------------
     def refresh_views(self) -> None:
         events, self.pending[:] = list(self.pending), []
-        lines = [ev.text for ev in events if isinstance(ev, LogLine)]
+        lines = [ev.text for ev in events if isinstance(ev, LogLine) and not ev.node]
+        for node in sorted({ev.node for ev in events if isinstance(ev, LogLine) and ev.node}):
+            self.logpane.add([ev.text for ev in events if isinstance(ev, LogLine) and ev.node == node], node)
         if lines:
             self.logpane.add(lines)
             if self.relaunch_screen is not None and not self.relaunch_screen.finished:
@@ -684,6 +689,17 @@ class TuituneApp(App):
     def action_leave_input(self) -> None:
         self.remove_class("-show-config")  # a collapsed panel goes away again
         self.set_focus(None)
+
+    def action_next_node(self) -> None:
+        """A multi-node server: show the next node's log in the log pane."""
+        labels = self.session.node_labels() if hasattr(self.session, "node_labels") else []
+        if len(labels) < 2:
+            self.say("one machine: there is no other node's log", "warning")
+            return
+        self.show_node((self.logpane.node + 1) % len(labels), labels)
+
+    def show_node(self, node: int, labels: list[str]) -> None:
+        self.logpane.show_node(node, f"node {node} of {len(labels)} · {labels[node]}  (n: next node)")
 
     def action_follow_log(self) -> None:
         if isinstance(self.focused, Input):

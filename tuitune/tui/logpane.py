@@ -2,7 +2,8 @@
 
 Following is explicit state, changed only by what the user does (scrolling up pauses; End, G or
 scrolling back to the end resumes), never inferred from scroll positions: a resize, a rebuilt
-filter or a panel growing above moves the scroll position without the user asking to stop.
+filter or a panel growing above moves the scroll position without the user asking to stop. A
+multi-node server's other nodes have their own buffers; ``show_node`` switches the pane.
 """
 
 from __future__ import annotations
@@ -90,9 +91,14 @@ class LogPane(Vertical):
 
     def __init__(self, **kw):
         super().__init__(**kw)
-        self.lines: deque[str] = deque(maxlen=MAX_LINES)
+        self.lines: deque[str] = deque(maxlen=MAX_LINES)  # node 0's: the server's own log
+        self.node_lines: dict[int, deque[str]] = {}
+        self.node = 0  # the node shown
         self.filter = ""
         self.new_while_paused = 0
+
+    def buffer(self, node: int) -> deque[str]:
+        return self.lines if node == 0 else self.node_lines.setdefault(node, deque(maxlen=MAX_LINES))
 
     def compose(self) -> ComposeResult:
         yield Input(placeholder=FILTER_HINT, id="log-filter")
@@ -102,8 +108,10 @@ class LogPane(Vertical):
     def following(self) -> bool:
         return self.query_one(FollowLog).following
 
-    def add(self, lines: list[str]) -> None:
-        self.lines.extend(lines)
+    def add(self, lines: list[str], node: int = 0) -> None:
+        self.buffer(node).extend(lines)
+        if node != self.node:
+            return
         shown = [ln for ln in lines if self.filter in ln] if self.filter else lines
         if not shown:
             return
@@ -129,10 +137,17 @@ class LogPane(Vertical):
         self.filter = text
         log = self.query_one(FollowLog)
         log.clear()
-        log.write_lines([ln for ln in self.lines if text in ln] if text else list(self.lines))
+        lines = self.buffer(self.node)
+        log.write_lines([ln for ln in lines if text in ln] if text else list(lines))
         if log.following:
             log.scroll_end(animate=False)
         self._subtitle()
+
+    def show_node(self, node: int, title: str | None) -> None:
+        """Show node ``node``'s log (0: the server's); ``title`` names it, None on one machine."""
+        self.node = node
+        self.query_one(FollowLog).border_title = title
+        self.set_filter(self.filter)
 
     def follow(self) -> None:
         self.query_one(FollowLog).follow()
