@@ -43,8 +43,9 @@ def installed(tmp_path_factory):
 def test_wheel_ships_the_presets(installed):
     wheel, _ = installed
     names = zipfile.ZipFile(wheel).namelist()
-    shipped = {Path(n).name for n in names if n.startswith("tuitune/presets/")}
-    assert shipped == {p.name for p in (ROOT / "presets").glob("*.yaml")}
+    shipped = {n.removeprefix("tuitune/presets/") for n in names if n.startswith("tuitune/presets/")}
+    want = [*(ROOT / "presets").glob("*.yaml"), *(ROOT / "presets" / "machines").glob("*.yaml")]
+    assert shipped == {str(p.relative_to(ROOT / "presets")) for p in want}
 
 
 def test_installed_copy_finds_its_presets_outside_the_repo(installed, tmp_path):
@@ -53,6 +54,10 @@ def test_installed_copy_finds_its_presets_outside_the_repo(installed, tmp_path):
     r = subprocess.run([sys.executable, "-c", "import tuitune, sys; print(tuitune.__file__)"], env=env,
                        capture_output=True, text=True, cwd=tmp_path)
     assert r.stdout.startswith(str(target)), r  # the installed copy, not the source tree
+    r = subprocess.run([sys.executable, "-c", "from tuitune.sim import model; "
+                        "print(model.load_machine('h100-llama8b').name, model.MACHINES_DIR)"],
+                       env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("h100-llama8b " + str(target)), r  # shipped machines too
     r = subprocess.run([sys.executable, "-m", "tuitune", "preset", "list"], env=env, capture_output=True,
                        text=True, cwd=tmp_path)
     assert r.returncode == 0 and re.search(r"^shipped\s+demo\s", r.stdout, re.M), r

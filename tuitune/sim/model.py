@@ -38,7 +38,10 @@ from typing import Any, Callable
 
 import yaml
 
-MACHINES_DIR = Path(__file__).resolve().parents[2] / "presets" / "machines"
+# an installed package holds the presets (machines included) as tuitune/presets; a checkout at the top
+MACHINES_DIR = next((d for d in (Path(__file__).resolve().parents[1] / "presets" / "machines",
+                                 Path(__file__).resolve().parents[2] / "presets" / "machines") if d.is_dir()),
+                    Path(__file__).resolve().parents[2] / "presets" / "machines")
 DEFAULT_MACHINE = "seed-pcie8"
 # Mean context of a running request in steady state: tuitune's bench prompts (~25 tokens) plus
 # half of the default 500 generated tokens.
