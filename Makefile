@@ -1,10 +1,9 @@
 # Two commands on a fresh machine: `make demo` and `make test`.
-# The demo installs tuitune alone (~100 MB); the tests add pytest & co. and torch's CPU build
-# (nccl-bench's orchestration tests run it with the gloo backend).
+# The demo installs tuitune alone (~100 MB); the tests add pytest & co. and torch (the nccl extra:
+# nccl-bench's orchestration tests run it with the gloo backend). Everything comes from the package index.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: demo test setup screenshots bench clean
 
@@ -17,7 +16,6 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
-	$(BIN)/python -c 'import torch' 2>/dev/null || $(BIN)/pip install -q torch --index-url $(TORCH_INDEX)
 	$(BIN)/pip install -q -e '.[test,nccl]'
 	touch $@
 
