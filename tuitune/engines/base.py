@@ -29,9 +29,6 @@ class Engine:
     reserved_args: dict[str, str] = {}
     # (log text, start-up phase) in the order a start-up passes them
     phases: tuple[tuple[str, str], ...] = ()
-    # SGLang answers /health only once its log said HTTP is up; vLLM's /health is the readiness
-    # signal itself, so it is polled from the start and log lines are only a hint
-    health_needs_log_hint = True
     # (text in a log line, failure cause) beyond what the parser already tells apart
     errors: tuple[tuple[str, str], ...] = ()
     # the simulator's --sim-engine value when it plays this engine (None: its default dialect)

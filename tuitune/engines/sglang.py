@@ -23,7 +23,6 @@ class SGLang(Engine):
                      "dist-init-addr": "target.nodes and server.dist_init_port"}
     phases = (("Load weight begin", "loading weights"), ("Capture cuda graph begin", "capturing graphs"),
               ("Capture draft cuda graph begin", "capturing draft graphs"))
-    health_needs_log_hint = True
 
     def launch_args(self, preset) -> list[str]:
         out = self.plain_flags(preset.server.args) + ["--port", str(preset.server.port)]

@@ -67,7 +67,6 @@ class VLLM(Engine):
     phases = (("Starting to load model", "loading weights"), ("Loading drafter model", "loading draft model"),
               ("Capturing CUDA graphs", "capturing graphs"), (STARTUP_COMPLETE, "http up"))  # a hint only
     errors = ERRORS
-    health_needs_log_hint = False
     sim_dialect = "vllm"
 
     def launch_args(self, preset) -> list[str]:
