@@ -102,7 +102,7 @@ def test_a_probe_error_disables_the_probe_and_never_the_server(tmp_path, where):
     assert r.returncode == 0, r.stderr  # the driver ran all 20 cycles
     warnings = [x for x in (r.stdout + r.stderr).splitlines() if "probe disabled" in x]
     assert len(warnings) == 1 and f"injected into {where}" in warnings[0] and "unprofiled" in warnings[0]
-    assert "EAGLE3_PROFILE v=1" not in r.stdout and "patched: False" in r.stdout
+    assert "EAGLE3_PROFILE v=" not in r.stdout and "patched: False" in r.stdout
 
 
 def test_the_servers_own_errors_pass_through_the_probe(monkeypatch):

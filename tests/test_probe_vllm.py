@@ -116,7 +116,7 @@ def test_vllm_layout_without_a_method_runs_unprofiled_and_check_says_why(tmp_pat
     r = run(tmp_path, env={"EAGLE3_PROFILE": "1"})
     warnings = [x for x in r.stdout.splitlines() + r.stderr.splitlines() if "not found" in x]
     assert len(warnings) == 1 and "vLLM" in warnings[0] and "GPUModelRunner.sample_tokens" in warnings[0]
-    assert "EAGLE3_PROFILE v=1" not in r.stdout
+    assert "EAGLE3_PROFILE v=" not in r.stdout
     report = check(str(tmp_path / "fake" / "vllm"), engine="vllm")
     assert report["version"] == "0.99.0.fake" and not report["ok"] and report["missing"] == ["step", "step_end"]
     out = subprocess.run([sys.executable, "-m", "tuitune", "probe", "check", "--vllm-path",

@@ -117,11 +117,11 @@ def test_demo_at_80x24_shows_bars_log_and_footer_then_quit_stops_it(tmp_path):
     t = Term(tmp_path, 80, 24)
     try:
         # the numbers, and a whole log line (not under a notification, which fades after a few seconds)
-        s = t.wait(lambda s: re.search(r"accept len \d", s) and "EAGLE3_PROFILE v=1" in s, 60)
+        s = t.wait(lambda s: re.search(r"accept len \d", s) and "EAGLE3_PROFILE v=" in s, 60)
         lines = s.splitlines()
         assert len(lines) <= 24
         assert any(ln.startswith("│ verify █") for ln in lines), s  # a bar, on one line
-        assert any("EAGLE3_PROFILE v=1" in ln for ln in lines), s  # the log pane has rows
+        assert any("EAGLE3_PROFILE v=" in ln for ln in lines), s  # the log pane has rows
         footer = lines[-1]
         assert "? help" in footer and "q quit" in footer, footer
         t.until(("q",), "Stop the server [s] ⏎")  # the demo's default: stop the simulator it started
