@@ -25,7 +25,7 @@ demo: $(VENV)/.installed
 	$(BIN)/tuitune demo
 
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2
 
 screenshots: $(VENV)/.installed-test
 	$(BIN)/python -m tuitune.tui.screenshots screenshots
