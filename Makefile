@@ -25,7 +25,7 @@ demo: $(VENV)/.installed
 	$(BIN)/tuitune demo
 
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
 
 screenshots: $(VENV)/.installed-test
 	$(BIN)/python -m tuitune.tui.screenshots screenshots

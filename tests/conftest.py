@@ -18,6 +18,20 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# `make test` runs the suite on two pytest-xdist workers with `--dist loadgroup`. Tests that share one
+# downloaded or built wheel (a module- or session-scoped fixture) are sent to the same worker: the
+# wheel is then fetched once, and `pip wheel` never builds twice at once in the tree's ./build.
+SHARED_FIXTURES = {"installed": "built-wheel", "src": "vllm-wheel", "sglang_release": "sglang-wheel"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(items):
+    for item in items:
+        for fixture, group in SHARED_FIXTURES.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
