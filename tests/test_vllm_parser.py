@@ -1,5 +1,6 @@
-"""tuitune's vLLM commands through the real vLLM release's command line (vLLM 0.33.0 installed in
-its own environment by tests/vllm_cli.py, CPU platform, no GPU needed to parse).
+"""tuitune against the real vLLM release, installed in its own environment by tests/vllm_cli.py
+(vLLM 0.33.0, CPU platform, no GPU needed): its command line parses what tuitune renders, and its
+own statistics code writes the log lines and /metrics pages tuitune reads.
 
 What is real here: vLLM's ``vllm serve`` parser (every flag group, its JSON type for
 ``--speculative-config``), its ``validate`` step, its ``--help=all`` text, and tuitune's own launch
@@ -21,7 +22,9 @@ import pytest
 import vllm_cli
 from conftest import free_port
 from tuitune import preset as P
+from tuitune import promscrape
 from tuitune.control import ServerControl
+from tuitune.parse import parse_line
 from tuitune.transport import LocalTransport
 
 # Everything up to serving is vLLM's own: `vllm` main, the serve subparser, validate(). The serve
@@ -146,3 +149,45 @@ async def test_preflight_reads_the_real_help_and_the_launch_line_parses(tmp_path
     assert ns["model_tag"] == "/shared/kimi-k2.5-int4" and ns["port"] == p.server.port
     assert ns["speculative_config"] == {"method": "eagle3", "model": "/data/eagle3/output_100k_sglang/4",
                                         "num_speculative_tokens": 2}
+
+
+# vLLM's own spec-decode statistics: the scheduler's per-step stats, the logger's line (through
+# vLLM's logger and format), and the Prometheus counters rendered by prometheus_client as the
+# server's /metrics does. Two logging intervals of 4 and 5 drafts of 3 tokens each.
+STATS = r'''
+import json, types, prometheus_client
+from vllm.logger import configure_logging_from_args
+from vllm.v1.spec_decode.metrics import SpecDecodingLogging, SpecDecodingProm, SpecDecodingStats
+configure_logging_from_args(types.SimpleNamespace())  # what `vllm serve` does: vLLM's handler and format
+log = SpecDecodingLogging()
+prom = SpecDecodingProm(types.SimpleNamespace(num_speculative_tokens=3), ["model_name", "engine"],
+                        {0: ["kimi", "0"]})
+pages = []
+for accepted in ([3, 1, 0, 2], [3, 3, 2, 0, 1]):
+    stats = SpecDecodingStats.new(3)
+    for a in accepted:
+        stats.observe_draft(3, a)
+    log.observe(stats)
+    prom.observe(stats)
+    log.log()
+    pages.append(prometheus_client.generate_latest().decode())
+print("TUITUNE-PAGES " + json.dumps(pages), flush=True)
+'''
+
+
+def test_vllms_own_stat_code_writes_what_tuitune_reads(vllm_python):
+    r = subprocess.run([str(vllm_python), "-c", STATS], capture_output=True, text=True, timeout=300,
+                       env={**env(), "VLLM_LOGGING_LEVEL": "INFO"})
+    out = r.stdout + r.stderr
+    lines = [x for x in out.splitlines() if "SpecDecoding metrics: " in x]
+    assert r.returncode == 0 and len(lines) == 2, out[-2000:]
+    first, second = (parse_line(x) for x in lines)
+    assert first.kind == second.kind == "vllm_spec", lines
+    assert first.ts is not None  # vLLM's own prefix gave the time
+    assert (first.mean_accept_len, first.accepted, first.drafted, first.per_position) == (2.5, 6, 12, (0.75, 0.5, 0.25))
+    assert (second.mean_accept_len, second.accepted, second.drafted, second.per_position) == (2.8, 9, 15, (0.8, 0.6, 0.4))
+    pages = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("TUITUNE-PAGES "))[14:])
+    s = promscrape.Scraper()
+    assert s.feed(pages[0], 0.0) is None  # the first page is the reference
+    w = s.feed(pages[1], 1.0)  # the counters' deltas: the second interval
+    assert (w.drafts, w.accepted, w.accept_len) == (5, 9, 2.8) and w.per_position == pytest.approx((0.8, 0.6, 0.4))
