@@ -436,6 +436,20 @@ async def test_tui_engine_header_spec_tokens_edit_and_position_row(tmp_path):
         bars = lambda: str(app.cycle.query_one("#bars").render())  # noqa: E731
         await until(pilot, lambda: "accept by position  1" in bars() and " 3 " not in bars().split("position")[-1],
                     20, "a two-position acceptance row")
+        # the advisor fits vLLM's windows and offers only what vLLM runs (chains), in its words
+        app.tabs.active = "tab-advisor"
+        await until(pilot, lambda: app.advisor.rows, 20, "the advisor's first fit")
+        assert all(p.config.topk == 1 for p in app.advisor.rows) and len(app.advisor.rows) == 4  # ±1, off
+        assert "2 spec tokens (verify 3)" in str(app.advisor.render()) and "topk" not in str(app.advisor.render())
+        best = app.advisor.top()
+        await pilot.press("a")
+        if best.speculative:
+            await until(pilot, lambda: cfg.query_one("#spec-num-steps").value == str(best.steps), 5, "the edit")
+            assert app.draft.speculative.num_speculative_tokens == best.steps and not app.draft_errors
+        else:
+            await until(pilot, lambda: not app.draft.is_speculative, 5, "speculation off in the panel")
+        assert "config panel set to " + app.advisor.engine.config_label(best) in app.messages[-1]
+        app.action_revert()  # back to the preset; the edit below is the operator's
         cfg.query_one("#spec-num-steps").value = "3"
         await pilot.pause()
         assert app.draft.speculative.num_speculative_tokens == 3 and app.modified
