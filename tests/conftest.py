@@ -19,9 +19,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 # `make test` runs the suite on two pytest-xdist workers with `--dist loadgroup`. Tests that share one
-# downloaded or built wheel (a module- or session-scoped fixture) are sent to the same worker: the
-# wheel is then fetched once, and `pip wheel` never builds twice at once in the tree's ./build.
-SHARED_FIXTURES = {"installed": "built-wheel", "src": "vllm-wheel", "sglang_release": "sglang-wheel"}
+# downloaded or built wheel or environment (a module- or session-scoped fixture) are sent to the same
+# worker: it is then fetched once, and never built twice at once in the tree (`pip wheel` in ./build,
+# tests/vllm_cli.py in .cache/).
+SHARED_FIXTURES = {"installed": "built-wheel", "src": "vllm-wheel", "sglang_release": "sglang-wheel",
+                   "vllm_python": "vllm-cli"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
