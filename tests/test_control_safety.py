@@ -198,6 +198,23 @@ async def test_every_loser_names_the_lock_holder(where, request, tmp_path):
         await t.close()
 
 
+async def test_the_lock_is_answered_through_a_noisy_remote_shell(tmp_path):
+    """A login script that prints first (pyenv's rehash racing another session did, over SSH) is
+    not taken for the lock helper's answer."""
+    noisy = tmp_path / "python"
+    noisy.write_text(f"#!/bin/sh\necho 'rm: cannot remove /x/shims/tmp.1: No such file or directory' >&2\n"
+                     f"exec {sys.executable} \"$@\"\n")
+    noisy.chmod(0o755)
+    p = P.with_changes(make_preset(tmp_path, "noisy"), {"server.python": str(noisy)})
+    c1, c2 = (ServerControl(LocalTransport(), p, state_dir=str(tmp_path / "state")) for _ in range(2))
+    async with c1.locked("launch"):
+        with pytest.raises(ControlError, match="is busy: tuitune launch of noisy by "):
+            async with c2.locked("stop"):
+                pass
+    async with c2.locked("stop"):
+        pass
+
+
 async def test_health_of_another_process_on_the_port_is_not_ready(tmp_path, sim_factory):
     other = sim_factory("--sim-load-seconds", "0.1")
     other.wait_ready()
