@@ -25,6 +25,7 @@ demo: $(VENV)/.installed
 	$(BIN)/tuitune demo
 
 test: $(VENV)/.installed-test
+	-$(BIN)/python tests/vllm_cli.py  # vLLM's real command line for tests/test_vllm_parser.py (once)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 screenshots: $(VENV)/.installed-test
@@ -34,4 +35,4 @@ bench: $(VENV)/.installed-test
 	for f in benchmarks/*.py; do $(BIN)/python $$f || exit 1; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .cache

@@ -362,6 +362,61 @@ def test_ab_and_sweep_on_vllm_presets(tmp_path):
     assert (best.exists() and P.load(best).server.engine == "vllm") or "baseline stays best" in r.stdout, r.stdout
 
 
+# ---- advise and tune: vLLM's space is chains ------------------------------------------------------
+
+def test_vllm_configurations_are_chains_in_its_own_words():
+    from tuitune import advise as A
+    from tuitune.costmodel import OFF, Config
+    from tuitune.tune import config_of, preset_for
+    p = vllm_preset(num_speculative_tokens=2)
+    eng = p.engine
+    assert A.space(topks=eng.topks) == [OFF] + [Config.chain(n) for n in range(1, A.MAX_STEPS + 1)]
+    assert config_of(p) == Config.chain(2) and eng.config_label(Config.chain(2)) == "2 spec tokens (verify 3)"
+    assert eng.config_label(Config.chain(1)) == "1 spec token (verify 2)" and eng.config_label(OFF) == "off"
+    assert A.neighbours(Config.chain(2), eng.topks) == [Config.chain(2), Config.chain(1), Config.chain(3), OFF]
+    five = preset_for(p, Config.chain(5), p.speculative.model_dump())
+    assert five.speculative.num_speculative_tokens == 5 and five.speculative.num_steps is None
+    assert json.loads(five.flags()[five.flags().index("--speculative-config") + 1])["num_speculative_tokens"] == 5
+    assert not preset_for(p, OFF, p.speculative.model_dump()).is_speculative
+    with pytest.raises(ValueError, match="drafts a chain"):
+        preset_for(p, Config(3, 2, 6), p.speculative.model_dump())
+    sg = P.resolve("demo")  # SGLang keeps its trees
+    assert config_of(sg) == Config(2, 1, 3) and Config(3, 4, 8) in A.space(topks=sg.engine.topks)
+
+
+def test_tune_and_advise_on_vllm_walk_chains(tmp_path):
+    """`tune` on the simulator's vLLM dialect relaunches only configurations vLLM can run, names
+    them as vLLM does, and its captures feed `advise` (which refuses to mix engines)."""
+    p = P.with_changes(sim_vllm(tmp_path, "tv", **{"sim-speedup": 20, "sim-load-seconds": 0.2}),
+                       {"bench.requests": 4, "bench.max_tokens": 120})
+    path = P.save(p, tmp_path / "tv.yaml")
+    out = tmp_path / "out"
+    r = cli("tune", str(path), "--budget", "2", "--concurrency", "4", "--levels", "1,4", "--out", str(out),
+            "--ab-rounds", "1", "--json", str(tmp_path / "r.json"), env={"HOME": str(tmp_path)}, timeout=400)
+    assert r.returncode in (0, 1), r.stderr + r.stdout
+    assert "launch 0: 2 spec tokens (verify 3) (the starting configuration)" in r.stdout, r.stdout
+    rows = [json.loads(x) for x in (out / "tune.jsonl").read_text().splitlines()]
+    launched = [x for x in rows if x["kind"] == "launch"]
+    assert len(launched) >= 2 and all(x["config"]["topk"] == 1 for x in launched), launched
+    assert all(x["failure"] is None for x in launched), launched  # every relaunch was a valid vLLM preset
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert all("spec token" in k or k == "off" for k in result["measured"]), result["measured"]
+    if (out / "best.yaml").exists():
+        best = P.load(out / "best.yaml")
+        assert best.server.engine == "vllm" and (not best.is_speculative or best.speculative.num_steps is None)
+    caps = [x["capture"] for x in launched]
+    adv = cli("advise", *caps, "--concurrency", "4")
+    assert adv.returncode == 0 and "spec tokens (verify" in adv.stdout and "topk" not in adv.stdout, adv.stdout
+    assert "(measured to position 2, histograms)" in adv.stdout or "histograms" in adv.stdout, adv.stdout
+    emit = cli("advise", *caps, "--emit", "sglang-adaptive", str(tmp_path / "s.json"))
+    assert emit.returncode == 2 and "SGLang's schedule; vLLM has no adaptive speculation" in emit.stderr
+    from tuitune.capture import CaptureWriter
+    sg = tmp_path / "sglang.jsonl"
+    CaptureWriter(sg, {"preset": P.to_dict(P.resolve("demo"))}).close()
+    mixed = cli("advise", caps[0], str(sg))
+    assert mixed.returncode == 2 and "different engines (sglang and vllm)" in mixed.stderr, mixed.stderr
+
+
 # ---- TUI ------------------------------------------------------------------------------------------
 
 async def test_tui_engine_header_spec_tokens_edit_and_position_row(tmp_path):
@@ -381,6 +436,20 @@ async def test_tui_engine_header_spec_tokens_edit_and_position_row(tmp_path):
         bars = lambda: str(app.cycle.query_one("#bars").render())  # noqa: E731
         await until(pilot, lambda: "accept by position  1" in bars() and " 3 " not in bars().split("position")[-1],
                     20, "a two-position acceptance row")
+        # the advisor fits vLLM's windows and offers only what vLLM runs (chains), in its words
+        app.tabs.active = "tab-advisor"
+        await until(pilot, lambda: app.advisor.rows, 20, "the advisor's first fit")
+        assert all(p.config.topk == 1 for p in app.advisor.rows) and len(app.advisor.rows) == 4  # ±1, off
+        assert "2 spec tokens (verify 3)" in str(app.advisor.render()) and "topk" not in str(app.advisor.render())
+        best = app.advisor.top()
+        await pilot.press("a")
+        if best.speculative:
+            await until(pilot, lambda: cfg.query_one("#spec-num-steps").value == str(best.steps), 5, "the edit")
+            assert app.draft.speculative.num_speculative_tokens == best.steps and not app.draft_errors
+        else:
+            await until(pilot, lambda: not app.draft.is_speculative, 5, "speculation off in the panel")
+        assert "config panel set to " + app.advisor.engine.config_label(best) in app.messages[-1]
+        app.action_revert()  # back to the preset; the edit below is the operator's
         cfg.query_one("#spec-num-steps").value = "3"
         await pilot.pause()
         assert app.draft.speculative.num_speculative_tokens == 3 and app.modified

@@ -1,11 +1,6 @@
 """tuitune's vLLM knowledge against the vLLM 0.33.0 release's own source (read with ast, nothing
-imported: vLLM needs torch and a GPU stack to import). The wheel is fetched from the package
-registry; without one the tests skip.
-
-Installing vLLM to run its real argument parser is not practical here (its dependencies are
-several GB, pinned torch included), so rendered commands are checked against the flags its
-parser is built from: the literal flag names in ``engine/arg_utils.py`` and the dataclass fields
-of ``FrontendArgs`` (``--field-name``), as ``add_cli_args`` builds them."""
+imported here). The wheel is fetched from the package registry; without one the tests skip.
+test_vllm_parser.py runs the rendered commands through the release's real command line."""
 
 from __future__ import annotations
 
@@ -101,6 +96,7 @@ def test_metric_names_and_a_page_built_from_them(src):
 
 
 def test_rendered_commands_use_flags_the_release_has(src):
+    """Cheap and early (no install): the flags are among those the parser is built from."""
     v = src / "vllm"
     literal = {x for x in strings(v / "engine/arg_utils.py") if x.startswith("--")}
     frontend = {"--" + f.replace("_", "-") for f in class_fields(v / "entrypoints/common/cli_args.py",

@@ -3,13 +3,15 @@ measurement worth making next, and SGLang's own adaptive schedule (core; no UI).
 
 The space (SGLang's rules, ``speculative.resolve``): speculation off; steps 1-8; topk 1, 2, 4,
 8; draft tokens = steps + 1 for topk 1, and for trees the budgets in ``TREE_TOKENS`` that SGLang
-accepts (``steps < draft_tokens <= steps × topk + 1``) plus the full tree.
+accepts (``steps < draft_tokens <= steps × topk + 1``) plus the full tree. An engine that drafts
+chains only (vLLM: ``Engine.topks == (1,)``) gets the chains and "off".
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .costmodel import OFF, Config, CostModel, Prediction
@@ -99,15 +101,15 @@ def advise(model: CostModel, concurrency: int, running: Config | None = None,
     return Advice(concurrency, ranking, run, measured, next_measurement(ranking, seen))
 
 
-def neighbours(c: Config) -> list[Config]:
+def neighbours(c: Config, topks: tuple[int, ...] = TOPKS) -> list[Config]:
     """The running configuration and the moves an operator would try next: steps ±1, the other
-    topk values at a comparable budget, speculation off."""
+    topk values (of those the engine runs) at a comparable budget, speculation off."""
     out = [c]
     if c.speculative:
         for s in (c.steps - 1, c.steps + 1):
             if 1 <= s <= MAX_STEPS:
                 out.append(Config.chain(s) if c.topk == 1 else Config(s, c.topk, min(c.draft_tokens, s * c.topk + 1)))
-        for k in TOPKS:
+        for k in topks:
             if k != c.topk:
                 n = c.steps + 1 if k == 1 else min(max(c.draft_tokens, c.steps + 2), c.steps * k + 1)
                 out.append(Config(c.steps, k, n))
@@ -188,7 +190,9 @@ def _pct(x: float | None) -> str:
     return "" if x is None else f"{x:+.1%}"
 
 
-def format_advice(model: CostModel, advices: list[Advice], top: int = 5) -> str:
+def format_advice(model: CostModel, advices: list[Advice], top: int = 5,
+                  describe: Callable[[Config], str] = Config.label.fget) -> str:
+    """The advice as text; ``describe`` names a configuration in the engine's words."""
     s = model.summary()
     v = s["verify"]
     acc = s["acceptance"]
@@ -210,12 +214,12 @@ def format_advice(model: CostModel, advices: list[Advice], top: int = 5) -> str:
             if p.config in a.measured:
                 tag += f"  measured {a.measured[p.config]:.1f}"
             num = f"{a.ranking.index(p) + 1:>2}"
-            lines.append(f"  {num} {p.config.label:<30} {p.goodput.mean:>14.1f} "
+            lines.append(f"  {num} {describe(p.config):<30} {p.goodput.mean:>14.1f} "
                          f"{max(0.0, p.goodput.lo):>10.1f}-{p.goodput.hi:<10.1f} {_pct(a.gain(p)):>7}  "
                          f"{p.tau:.2f}{tag}")
         if a.next_measurement is not None:
             n = a.next_measurement
-            lines.append(f"  measure next: {n.config.label} (predicted {n.goodput.mean:.1f}, interval up to "
+            lines.append(f"  measure next: {describe(n.config)} (predicted {n.goodput.mean:.1f}, interval up to "
                          f"{n.goodput.hi:.1f}: the widest that could still beat the best)")
         else:
             lines.append("  measure next: nothing (no unmeasured configuration could beat the best)")

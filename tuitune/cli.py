@@ -968,6 +968,7 @@ def _advise_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_advise(ns) -> int:
     from . import advise as A
+    from . import engines
     from .costmodel import FitError, fit
     from .observe import ObserveError, launches_from
     if ns.emit and ns.emit[0] != "sglang-adaptive":
@@ -983,12 +984,17 @@ def cmd_advise(ns) -> int:
         raise CliError(str(e), e.code) from None
     except (ControlError, TransportError) as e:
         raise CliError(str(e), 1) from None
+    engine = engines.get(launches[-1].engine)
+    if ns.emit and engine.name != "sglang":
+        raise CliError(f"--emit sglang-adaptive is SGLang's schedule; {engine.label} has no adaptive "
+                       f"speculation to load it", 2)
     levels = wanted or [load]
     try:
         model = fit(launches)
     except FitError as e:
         raise CliError(f"cannot fit a cost model: {e}", 1) from None
-    advices = [A.advise(model, c, running) for c in levels]
+    space = A.space(topks=engine.topks)
+    advices = [A.advise(model, c, running, space) for c in levels]
     schedule = None
     if ns.emit:
         schedule, why = A.adaptive_schedule(model, tuple(buckets))
@@ -1002,7 +1008,7 @@ def cmd_advise(ns) -> int:
             out["sglang_adaptive"] = {"file": ns.emit[1], "config": schedule, "buckets": why}
         _print_json(out)
         return 0
-    print(A.format_advice(model, advices, top=ns.top))
+    print(A.format_advice(model, advices, top=ns.top, describe=engine.config_label))
     if schedule is not None:
         print(f"\nwrote {ns.emit[1]} (SGLang --speculative-adaptive-config; candidates within "
               f"{A.TOLERANCE:.0%} of each bucket's best):")

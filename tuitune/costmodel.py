@@ -96,6 +96,7 @@ class Launch:
     goodput: dict[int, float] = field(default_factory=dict)
     label: str = ""
     failure: str | None = None  # why the server did not come up (nothing measured then)
+    engine: str = "sglang"  # whose server it was (costs of two engines are not one model)
 
 
 @dataclass(frozen=True, slots=True)

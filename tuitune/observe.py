@@ -31,9 +31,9 @@ def _config(p: P.Preset | None, windows: list[ProfileWindow]) -> Config:
     if p is not None:
         if not p.is_speculative:
             return OFF
-        r = p.speculative.resolved()
-        if r.num_steps is not None:
-            return Config(r.num_steps, r.eagle_topk, r.num_draft_tokens)
+        shape = p.engine.static_config(p)
+        if shape is not None:
+            return Config(*shape)
     configs = [c for c in map(config_of_window, windows) if c is not None]
     return max(set(configs), key=configs.count) if configs else OFF
 
@@ -66,7 +66,8 @@ def launch_from_capture(path: str) -> Launch:
         p = None
     windows = [r.event for r in cap.records if isinstance(r.event, ProfileWindow)]
     decodes = [r.event for r in cap.records if isinstance(r.event, DecodeStats)]
-    return Launch(_config(p, windows), windows, decodes, _tune_goodput(Path(path)), label=path)
+    return Launch(_config(p, windows), windows, decodes, _tune_goodput(Path(path)), label=path,
+                  engine=p.server.engine if p is not None else "sglang")
 
 
 async def launch_from_server(p: P.Preset) -> Launch:
@@ -88,7 +89,8 @@ async def launch_from_server(p: P.Preset) -> Launch:
     if not windows:
         raise ObserveError(f"{p.server.log}: no EAGLE3_PROFILE windows yet (the preset needs profile: true and the "
                            f"server some load, e.g. `tuitune bench {p.name}`)", 1)
-    return Launch(_config(p, windows), windows, [e for e in events if isinstance(e, DecodeStats)], label=p.name)
+    return Launch(_config(p, windows), windows, [e for e in events if isinstance(e, DecodeStats)], label=p.name,
+                  engine=p.server.engine)
 
 
 def _is_preset(src: str) -> bool:
@@ -110,6 +112,10 @@ async def launches_from(sources: list[str]) -> tuple[list[Launch], Config, int]:
             load = p.bench.concurrency
         else:
             launches.append(launch_from_capture(src))
+    engines = sorted({ln.engine for ln in launches})
+    if len(engines) > 1:
+        raise ObserveError(f"the launches come from different engines ({' and '.join(engines)}): one cost "
+                           f"model cannot describe both; advise on one engine's launches at a time")
     if not any(ln.windows for ln in launches):
         raise ObserveError("no EAGLE3_PROFILE windows in " + ", ".join(sources)
                            + " (record with profile: true while the server decodes)", 1)

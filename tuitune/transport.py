@@ -12,6 +12,7 @@ host keys are always checked.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import secrets
@@ -501,6 +502,20 @@ class SshTransport(Transport):
         if self._conn is conn:
             self._conn = None
 
+    @contextlib.contextmanager
+    def _link_errors(self, conn):
+        """A dead link or a refused channel while opening one becomes LinkLost (the caller reconnects)."""
+        import asyncssh
+        try:
+            yield
+        except (asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError, BrokenPipeError) as e:
+            self._forget(conn)
+            raise LinkLost(f"{self.label}: connection lost ({_reason(e)})") from None
+        except asyncssh.ChannelOpenError as e:
+            conn.abort()  # a connection that refuses channels is replaced by the caller's reconnect
+            self._forget(conn)
+            raise LinkLost(f"{self.label}: cannot open a channel ({_reason(e)})") from None
+
     async def _connection(self):
         if self._conn is None:
             await self.connect()
@@ -509,20 +524,13 @@ class SshTransport(Transport):
     async def _run(self, command: str, input: bytes | None) -> RunResult:
         import asyncssh
         conn = await self._connection()
-        try:
+        with self._link_errors(conn):
             proc = await _open_process(conn, command, input=input)
             try:
                 r = await proc.wait(check=False)
             except asyncio.CancelledError:
                 proc.close()  # its channel, which asyncssh would keep open
                 raise
-        except (asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError, BrokenPipeError) as e:
-            self._forget(conn)
-            raise LinkLost(f"{self.label}: connection lost ({_reason(e)})") from None
-        except asyncssh.ChannelOpenError as e:
-            conn.abort()  # a connection that refuses channels is replaced by the caller's reconnect
-            self._forget(conn)
-            raise LinkLost(f"{self.label}: cannot open a channel ({_reason(e)})") from None
         status = r.exit_status if r.exit_status is not None else (128 + 9 if r.exit_signal else 255)
         return RunResult(status, (r.stdout or b"").decode("utf-8", "replace"),
                          (r.stderr or b"").decode("utf-8", "replace"))
@@ -530,15 +538,8 @@ class SshTransport(Transport):
     async def stream(self, command: str) -> AsyncIterator[bytes]:
         import asyncssh
         conn = await self._connection()
-        try:
+        with self._link_errors(conn):
             proc = await _open_process(conn, lifeline(command), stderr=asyncssh.STDOUT)
-        except (asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError) as e:
-            self._forget(conn)
-            raise LinkLost(f"{self.label}: connection lost ({_reason(e)})") from None
-        except asyncssh.ChannelOpenError as e:
-            conn.abort()  # a connection that refuses channels is replaced by the caller's reconnect
-            self._forget(conn)
-            raise LinkLost(f"{self.label}: cannot open a channel ({_reason(e)})") from None
         try:
             while True:
                 try:

@@ -54,20 +54,19 @@ def levels_for(concurrency: int) -> list[int]:
 def config_of(p: P.Preset) -> Config:
     if not p.is_speculative:
         return OFF
-    r = p.speculative.resolved()
-    if r.num_steps is None:
+    shape = p.engine.static_config(p)
+    if shape is None:
         raise TuneError(f"{p.name}: speculative.num_steps is unset (SGLang picks it at start); set it so that "
                         f"tune knows where it starts", 2)
-    return Config(r.num_steps, r.eagle_topk, r.num_draft_tokens)
+    return Config(*shape)
 
 
 def preset_for(base: P.Preset, c: Config, spec_section: dict) -> P.Preset:
-    """``base`` running configuration ``c`` (a static one: any adaptive schedule is dropped);
-    ``spec_section`` is the speculative section to vary (algorithm and draft model kept)."""
+    """``base`` running configuration ``c`` (a static one); ``spec_section`` is the speculative
+    section to vary (algorithm and draft model kept). The engine spells the configuration."""
     if not c.speculative:
         return P.with_changes(base, {"speculative": None})
-    return P.with_changes(base, {"speculative": {**spec_section, "num_steps": c.steps, "eagle_topk": c.topk,
-                                                 "num_draft_tokens": c.draft_tokens, "adaptive_config": None}})
+    return P.with_changes(base, {"speculative": {**spec_section, **base.engine.config_changes(c)}})
 
 
 @dataclass
@@ -124,8 +123,10 @@ def _best_measured(launches: list[Launch], concurrency: int) -> tuple[Config, fl
 
 
 def decide(launches: list[Launch], concurrency: int, configs: list[Config] | None = None,
-           noise: float = NOISE) -> tuple[Config | None, str, Advice | None]:
-    """The next configuration to launch and why; None when tuning should stop."""
+           noise: float = NOISE, describe: Callable[[Config], str] = Config.label.fget
+           ) -> tuple[Config | None, str, Advice | None]:
+    """The next configuration to launch and why; None when tuning should stop. ``describe``
+    names a configuration in the engine's words."""
     try:
         model = fit(launches)
     except FitError as e:
@@ -145,7 +146,7 @@ def decide(launches: list[Launch], concurrency: int, configs: list[Config] | Non
         p = max(reach, key=lambda x: x.goodput.hi)
         return p.config, (f"could still win: predicted {p.goodput.mean:.1f}, interval up to {p.goodput.hi:.1f} "
                           f"vs {best:.1f} measured"), adv
-    return None, (f"predicted gain inside the noise: the best unmeasured, {top.config.label}, is predicted at "
+    return None, (f"predicted gain inside the noise: the best unmeasured, {describe(top.config)}, is predicted at "
                   f"{top.goodput.mean:.1f} vs {best:.1f} measured"), adv
 
 
@@ -153,7 +154,8 @@ async def tune_loop(source: Source, start: Config, budget: int, concurrency: int
                     levels: list[int] | None = None, configs: list[Config] | None = None,
                     prior: list[tuple[Step, Launch]] | None = None,
                     on_step: Callable[[Step, Launch], None] | None = None,
-                    progress: Callable[[str], None] | None = None) -> TuneResult:
+                    progress: Callable[[str], None] | None = None,
+                    describe: Callable[[Config], str] = Config.label.fget) -> TuneResult:
     """Measure ``start``, then up to ``budget`` relaunches chosen by the fitted model."""
     levels = levels or levels_for(concurrency)
     if concurrency not in levels:
@@ -163,7 +165,7 @@ async def tune_loop(source: Source, start: Config, budget: int, concurrency: int
 
     async def run(c: Config, reason: str, predicted: dict | None) -> None:
         if progress:
-            progress(f"launch {len(steps)}: {c.label} ({reason})")
+            progress(f"launch {len(steps)}: {describe(c)} ({reason})")
         ln = await source.measure(c, levels)
         st = Step(len(steps), c, reason, predicted, dict(ln.goodput), ln.failure)
         steps.append(st)
@@ -180,7 +182,7 @@ async def tune_loop(source: Source, start: Config, budget: int, concurrency: int
     stop = "relaunch budget spent"
     adv = None
     while len(steps) - 1 < budget:
-        nxt, why, adv = decide(launches, concurrency, configs)
+        nxt, why, adv = decide(launches, concurrency, configs, describe=describe)
         if nxt is None:
             stop = why
             break
@@ -191,7 +193,7 @@ async def tune_loop(source: Source, start: Config, budget: int, concurrency: int
         await run(nxt, why, pred)
     else:
         try:
-            _, _, adv = decide(launches, concurrency, configs)
+            _, _, adv = decide(launches, concurrency, configs, describe=describe)
         except TuneError:
             adv = None
     chosen, _ = _best_measured(launches, concurrency)
@@ -383,29 +385,31 @@ async def tune(base: P.Preset, budget: int, concurrency: int, out: Path, *, resu
         def on_step(st: Step, ln: Launch) -> None:
             _append(out, {**st.to_dict(), "capture": ln.label, "env": env_label})
 
-        result = await tune_loop(source, start, max(0, budget), concurrency, levels, configs or space(), prior,
-                                 on_step, progress)
+        describe = base.engine.config_label
+        result = await tune_loop(source, start, max(0, budget), concurrency, levels,
+                                 configs or space(topks=base.engine.topks), prior,
+                                 on_step, progress, describe)
         measured = result.measured()
         summary = {"kind": "result", "start": start.to_dict(), "chosen": result.chosen.to_dict(),
-                   "chosen_label": result.chosen.label + (f" with {env_label}" if env_label else ""),
+                   "chosen_label": describe(result.chosen) + (f" with {env_label}" if env_label else ""),
                    "concurrency": concurrency, "relaunches": sum(1 for r in load_log(out) if r.get("kind") == "launch") - 1,
                    "stop_reason": result.stop_reason, "nccl": env_label or None,
-                   "measured": {c.label: g for c, g in measured.items()},
-                   "failed": {st.config.label: st.failure for st in result.steps if st.failure}}
+                   "measured": {describe(c): g for c, g in measured.items()},
+                   "failed": {describe(st.config): st.failure for st in result.steps if st.failure}}
         if result.advice is not None:
             summary["advice"] = result.advice.to_dict(full=False)
         start_preset = preset_for(original, start, source.spec)
         chosen_preset = source.preset(result.chosen)
         if chosen_preset.hash() == start_preset.hash():
             summary["verdict"] = {"verdict": "start is already best",
-                                  "reason": f"no configuration measured faster than {start.label}"}
+                                  "reason": f"no configuration measured faster than {describe(start)}"}
             await session.stop_server()  # as the A/B (and sweep) do: the search's last server goes
         else:
             b = P.with_changes(chosen_preset, {"name": f"{original.name}-tuned",
                                                "description": f"tuitune tune at concurrency {concurrency}: "
                                                               f"{summary['chosen_label']}"})
             if progress:
-                progress(f"A/B: {start_preset.name} ({start.label}) vs {summary['chosen_label']}, {ab_rounds} rounds each")
+                progress(f"A/B: {start_preset.name} ({describe(start)}) vs {summary['chosen_label']}, {ab_rounds} rounds each")
             ab_over = {**(overrides or {}), "concurrency": concurrency,
                        "requests": max(int((overrides or {}).get("requests") or base.bench.requests), 2 * concurrency)}
             await session.stop_follow()

@@ -33,6 +33,8 @@ class Engine:
     errors: tuple[tuple[str, str], ...] = ()
     # the simulator's --sim-engine value when it plays this engine (None: its default dialect)
     sim_dialect: str | None = None
+    # draft tree widths this engine runs (1 = a chain): the space advise and tune search
+    topks: tuple[int, ...] = (1, 2, 4, 8)
 
     def launch_args(self, preset) -> list[str]:
         """The server's argv after ``-m MODULE``."""
@@ -52,6 +54,20 @@ class Engine:
     def speculative_view(self, preset) -> dict:
         """The resolved ``speculative.*`` keys of a speculative preset, as this engine spells them."""
         raise NotImplementedError
+
+    def static_config(self, preset) -> tuple[int, int, int] | None:
+        """(steps, topk, draft tokens) a speculative preset runs, or None when the engine picks
+        them at start (the configurations advise and tune compare; costmodel.Config's fields)."""
+        raise NotImplementedError
+
+    def config_changes(self, c) -> dict:
+        """The speculative section's keys that make a preset run configuration ``c`` (steps,
+        topk, draft_tokens; speculative), as this engine spells them. ValueError if it cannot."""
+        raise NotImplementedError
+
+    def config_label(self, c) -> str:
+        """Configuration ``c`` in this engine's words."""
+        return c.label
 
     def served_model(self, preset) -> str | None:
         """The model name the OpenAI API expects in requests (None: the server takes any)."""

@@ -57,6 +57,15 @@ class SGLang(Engine):
                     "set them to make runs comparable"]
         return []
 
+    def static_config(self, preset) -> tuple[int, int, int] | None:
+        r = preset.speculative.resolved()
+        return None if r.num_steps is None else (r.num_steps, r.eagle_topk, r.num_draft_tokens)
+
+    def config_changes(self, c) -> dict:
+        # a static configuration: any adaptive schedule is dropped
+        return {"num_steps": c.steps, "eagle_topk": c.topk, "num_draft_tokens": c.draft_tokens,
+                "adaptive_config": None}
+
     def speculative_view(self, preset) -> dict:
         r = preset.speculative.resolved()
         return {"speculative.algorithm": r.algorithm,

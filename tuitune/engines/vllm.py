@@ -68,6 +68,7 @@ class VLLM(Engine):
               ("Capturing CUDA graphs", "capturing graphs"), (STARTUP_COMPLETE, "http up"))  # a hint only
     errors = ERRORS
     sim_dialect = "vllm"
+    topks = (1,)  # EAGLE on vLLM drafts a chain
 
     def launch_args(self, preset) -> list[str]:
         args = preset.server.args
@@ -134,6 +135,20 @@ class VLLM(Engine):
         if s.draft_tensor_parallel_size is not None:
             view["speculative.draft_tensor_parallel_size"] = s.draft_tensor_parallel_size
         return view
+
+    def static_config(self, preset) -> tuple[int, int, int] | None:
+        n = preset.speculative.num_speculative_tokens
+        return None if n is None else (n, 1, n + 1)
+
+    def config_changes(self, c) -> dict:
+        if c.topk != 1:
+            raise ValueError(f"{c.label}: vLLM's EAGLE drafts a chain (topk 1), not a tree")
+        return {"num_speculative_tokens": c.steps}
+
+    def config_label(self, c) -> str:
+        if not c.speculative or c.topk != 1:
+            return c.label
+        return f"{c.steps} spec token{'s' if c.steps > 1 else ''} (verify {c.draft_tokens})"
 
     def served_model(self, preset) -> str | None:
         name = preset.server.args.get("served-model-name") or preset.server.args.get("model")

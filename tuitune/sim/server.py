@@ -95,6 +95,15 @@ class Request:
             n += more
         return n, done
 
+    async def all_words(self) -> list[str]:
+        """Every word of the answer, once the request is done (a non-streamed response)."""
+        words: list[str] = []
+        while True:
+            n, done = await self.take()
+            words += self.next_words(n)
+            if done:
+                return words
+
 
 class Window:
     """One EAGLE3_PROFILE window: phase sums, batch sizes and accepted lengths of its cycles."""
@@ -527,12 +536,7 @@ class Simulator:
         r = self.submit(self._prompt_tokens(body), int(sp.get("max_new_tokens", 128)))
         r.received_wall = received
         if not body.get("stream"):
-            words: list[str] = []
-            while True:
-                n, done = await r.take()
-                words += r.next_words(n)
-                if done:
-                    break
+            words = await r.all_words()
             ids = [hash(w) % 50000 for w in words]
             return web.json_response({"text": " ".join(words), "output_ids": ids,
                                       "meta_info": self.meta(r, True)})
@@ -571,12 +575,7 @@ class Simulator:
                     "total_tokens": r.prompt_tokens + r.produced}
 
         if not body.get("stream"):
-            words: list[str] = []
-            while True:
-                n, done = await r.take()
-                words += r.next_words(n)
-                if done:
-                    break
+            words = await r.all_words()
             return web.json_response({**base, "choices": [{"index": 0, "text": " ".join(words),
                                       "finish_reason": "length"}], "usage": usage()})
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))

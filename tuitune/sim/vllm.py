@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 
 from aiohttp import web
 
@@ -171,7 +172,7 @@ class VllmSimulator(Simulator):
 
     def _zero(self) -> dict:
         return {"drafts": 0, "accepted": 0, "per_pos": [0] * self.k, "gen": 0, "t0": time.monotonic(),
-                "cycles": 0, "draft": 0.0, "verify": 0.0, "verifies": []}
+                "cycles": 0, "draft": 0.0, "verify": 0.0, "verifies": [], "hist": Counter()}
 
     # ---- start-up ------------------------------------------------------------------------
     async def startup(self) -> bool:
@@ -244,6 +245,7 @@ class VllmSimulator(Simulator):
             self.acc["accepted"] += accepted
             for i in range(accepted):
                 self.acc["per_pos"][i] += 1
+            self.acc["hist"][accepted + 1] += 1  # tokens this verify kept, the bonus token included
             self.metrics.observe_draft(self.k, accepted)
         out = super().emit(r, n)
         self.acc["gen"] += out
@@ -302,10 +304,12 @@ class VllmSimulator(Simulator):
         s = sorted(a["verifies"])
         accept = 1 + a["accepted"] / max(1, a["drafts"])
         bs = max(1, round(a["drafts"] / n))
+        hist = ",".join(f"{k}:{c}" for k, c in sorted(a["hist"].items()))
         self.log.at("EngineCore_DP0", "gpu_model_runner.py:3906",
-                    f"EAGLE3_PROFILE v=1 cycles={n} bs={bs} steps={self.k} topk=1 draft_tokens={self.k + 1} "
-                    f"draft_ms={d:.3f} verify_ms={v:.3f} extend_ms=0.000 cycle_ms={d + v:.3f} "
-                    f"accept_len={accept:.3f} eff_tok_s={accept * bs / (d + v) * 1000:.2f} "
+                    f"EAGLE3_PROFILE v=2 cycles={n} bs={bs} steps={self.k} topk=1 draft_tokens={self.k + 1} "
+                    f"verify_tokens={bs * (self.k + 1)} draft_ms={d:.3f} verify_ms={v:.3f} extend_ms=0.000 "
+                    f"cycle_ms={d + v:.3f} accept_len={accept:.3f} accept_hist={hist} "
+                    f"eff_tok_s={accept * bs / (d + v) * 1000:.2f} "
                     f"p50_verify_ms={s[len(s) // 2]:.3f} p90_verify_ms={s[min(len(s) - 1, int(len(s) * 0.9))]:.3f} "
                     f"max_verify_ms={s[-1]:.3f} sync=sim")
 

@@ -12,6 +12,7 @@ from collections import deque
 from rich.text import Text
 from textual.widgets import Input, Select, Static
 
+from .. import engines
 from ..advise import neighbours
 from ..costmodel import Config, FitError, Launch, config_of_window, fit
 from ..events import Event, Marker, ProfileWindow, ServerState
@@ -32,6 +33,7 @@ class AdvisorPanel(Static):
         self.load: int | None = None  # requests the operator keeps running; None = read from the windows
         self.rows: list = []  # predictions shown, best first
         self.running: Config | None = None
+        self.engine: engines.Engine = engines.get("sglang")  # the loaded preset's (app sets it)
         self.concurrency = 1
         self.note = ""
         self._dirty = False
@@ -70,7 +72,7 @@ class AdvisorPanel(Static):
             self.rows = []
             self.update(f"no model yet: {e}")
             return
-        preds = [model.predict(c, self.concurrency) for c in neighbours(self.running)]
+        preds = [model.predict(c, self.concurrency) for c in neighbours(self.running, self.engine.topks)]
         self.rows = sorted(preds, key=lambda p: -p.goodput.mean)
         self.note = f"baseline from the {model.baseline_source}"
         self.update(self.render_rows())
@@ -89,11 +91,11 @@ class AdvisorPanel(Static):
             gain = p.goodput.mean / run.goodput.mean - 1 if run and run.goodput.mean > 0 else 0.0
             mark = "▶ " if p.config == best else ("● " if p.config == self.running else "  ")
             style = "bold green" if p.config == best and gain > 0 else ("bold" if p.config == self.running else "")
-            t.append(f"{mark}{p.config.label:<30} {p.goodput.mean:>9.1f} tok/s  "
+            t.append(f"{mark}{self.engine.config_label(p.config):<30} {p.goodput.mean:>9.1f} tok/s  "
                      f"[{max(0.0, p.goodput.lo):.0f}–{p.goodput.hi:.0f}] ", style=style)
             t.append(f"{gain:+6.1%}\n" if p.config != self.running else "running\n", style=style or "dim")
         if best is not None:
-            t.append(f"a: apply {best.label} to the config panel, then r relaunches   ", style="dim")
+            t.append(f"a: apply {self.engine.config_label(best)} to the config panel, then r relaunches   ", style="dim")
         t.append(self.note, style="dim")
         return t
 

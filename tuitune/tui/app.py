@@ -386,6 +386,8 @@ class TuituneApp(App):
             elif isinstance(ev, ServerState) and ev.state == "exited":
                 self.say(f"server {ev.pid} exited: {ev.detail}; r relaunches it", "error")
         s = self.session
+        if s.preset is not None:  # a replay of a capture without its preset keeps the default
+            self.advisor.engine = s.preset.engine  # the running server's engine decides the moves
         self.advisor.feed(events)
         self.advisor.refresh_model(s.load.concurrency if s.load is not None and s.load.on else None)
         telemetry = [ev for ev in events if isinstance(ev, (GpuSample, TelemetryState))]
@@ -492,7 +494,7 @@ class TuituneApp(App):
             self.say("no advice yet: the advisor needs profile windows of the running server", "warning")
             return
         apply_to_config(self.config, best)
-        self.say(f"config panel set to {best.label}: press r to relaunch with it")
+        self.say(f"config panel set to {self.advisor.engine.config_label(best)}: press r to relaunch with it")
 
     def action_bench(self) -> None:
         self._start_bench(None)

@@ -1,0 +1,91 @@
+"""A virtual environment holding the real vLLM release, enough of it to run its command line
+(``vllm serve``: argument parser, ``--help=all``, the serve subcommand's validation) on a machine
+with no GPU. tests/test_vllm_parser.py runs tuitune's rendered commands through it.
+
+vLLM's wheel is installed without its dependencies (they pin a CUDA torch and GPU kernels, several
+GB); torch is the CPU build, and of vLLM's own requirements only those its command line imports are
+installed, at the versions vLLM asks for. ``VLLM_TARGET_DEVICE=cpu`` lets vLLM pick its CPU
+platform, so the parser's defaults (which ask the platform for a device) can be computed.
+
+Run ``python tests/vllm_cli.py`` to build it ahead (CI does, before the suite); the test builds it
+itself otherwise. It lives in ``.cache/`` beside the repository (git-ignored) and is reused while
+its marker names the same release."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+RELEASE = "0.33.0"
+TORCH = "torch==2.13.0"  # the CPU build (a file this machine kind keeps on disk; PyPI's otherwise)
+ROOT = Path(__file__).resolve().parent.parent
+HOME = ROOT / ".cache" / f"vllm-cli-{RELEASE}"
+PYTHON = HOME / "bin" / "python"
+ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR", "VLLM_NO_USAGE_STATS": "1"}
+
+# what ``vllm serve`` imports before it serves (found by importing it in an empty environment)
+NEEDED = ("packaging", "uvloop", "pydantic", "regex", "numpy", "psutil", "cbor2", "pyzmq", "transformers",
+          "aiohttp", "requests", "openai-harmony", "openai", "msgspec", "cloudpickle", "pillow", "pybase64",
+          "cachetools", "py-cpuinfo", "fastapi", "uvicorn", "prometheus-client", "partial-json-parser",
+          "xgrammar", "llguidance", "watchfiles", "orjson", "einops")
+
+
+class Unreachable(Exception):
+    """The package registry could not be reached (the only reason the test may skip)."""
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirements(wheel: Path) -> list[str]:
+    """NEEDED, each with the version range vLLM's own metadata gives it (markers kept)."""
+    with zipfile.ZipFile(wheel) as z:
+        meta = z.read(f"vllm-{RELEASE}.dist-info/METADATA").decode()
+    pinned = {}
+    for line in meta.splitlines():
+        if line.startswith("Requires-Dist: ") and "extra ==" not in line:
+            req = line.removeprefix("Requires-Dist: ")
+            name = re.match(r"[A-Za-z0-9_.-]+", req).group(0)
+            pinned.setdefault(_norm(name), req)
+    return [pinned.get(_norm(n), n) for n in NEEDED]
+
+
+def _pip(*args: str) -> None:
+    r = subprocess.run([str(PYTHON), "-m", "pip", "--disable-pip-version-check", "-q", *args],
+                       capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        words = (r.stderr or r.stdout).strip()
+        if any(s in words for s in ("NewConnectionError", "Temporary failure in name resolution",
+                                    "Network is unreachable", "ConnectTimeout", "ProxyError",
+                                    "Max retries exceeded")):
+            raise Unreachable(words.splitlines()[-1][:300])
+        raise RuntimeError(f"pip {args[0]} failed: {words[-500:]}")
+
+
+def build() -> Path:
+    """The environment's python, built if missing. Raises Unreachable without a registry, and
+    RuntimeError (with pip's last words) when an install fails for another reason."""
+    marker = HOME / ".built"
+    if marker.is_file() and marker.read_text().strip() == RELEASE and PYTHON.exists():
+        return PYTHON
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(HOME)], check=True, timeout=300)
+    wheels = HOME / "wheels"
+    _pip("download", "--no-deps", "--only-binary=:all:", "-d", str(wheels), f"vllm=={RELEASE}")
+    wheel = next(wheels.glob(f"vllm-{RELEASE}-*.whl"))
+    _pip("install", TORCH)
+    _pip("install", "--no-deps", str(wheel))
+    _pip("install", *requirements(wheel))
+    wheel.unlink()  # 336 MB, installed now
+    marker.write_text(RELEASE + "\n")
+    return PYTHON
+
+
+if __name__ == "__main__":
+    try:
+        print(build())
+    except Unreachable as e:
+        print(f"vLLM's command line was not installed: the package registry is unreachable ({e})")
