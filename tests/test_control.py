@@ -255,6 +255,42 @@ async def test_tail_survives_link_cut_exactly_once(sshd, tmp_path):
     assert ("reconnecting", 1) in states and states.count(("connected", 0)) >= 2
 
 
+async def test_a_command_cancelled_while_it_starts_ends_at_once_and_leaves_nothing(transport, tmp_path):
+    """Stopping a tail right after starting it ("follow again", then quit) cancels the command while
+    it is being started. Locally, asyncio then killed only the shell and waited forever for the
+    pipes its child still held (CPython gh-103847): a hang, the child left running. Over SSH the
+    channel stayed open with its command, until sshd refused new channels. Cancelled at every step
+    of the start, a stream (and locally a command run) ends at once and leaves nothing behind."""
+    tag = f"{tmp_path}/cancelled-start"  # names this test's processes in the process table
+    child = f"{sys.executable} -c 'import time; time.sleep(300)' {tag}"
+
+    async def stream() -> None:
+        async for _ in transport.stream(child):
+            pass
+
+    async def gone() -> bool:
+        for _ in range(200):
+            if subprocess.run(["pgrep", "-f", tag], capture_output=True).returncode == 1:
+                return True
+            await asyncio.sleep(0.05)  # (not time.sleep: the loop must run to close the channel)
+        return False
+
+    # cancel after n turns of the event loop, or after a few hundred microseconds (both find the window)
+    points = [(n, 0.0) for n in range(10)] + [(0, k * 0.0005) for k in range(1, 16)]
+    # (a command run over SSH and cancelled is not killed: the channel closes and it runs to its end)
+    starts = [stream] + ([lambda: transport.run(f"{child}; true", timeout=None)] if transport.is_local else [])
+    for start in starts:
+        for turns, delay in points:
+            task = asyncio.ensure_future(start())
+            await asyncio.sleep(delay)
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, 20)
+            assert await gone(), f"a command cancelled after {turns} turns / {delay * 1e3:.1f} ms is still running"
+
+
 async def test_tail_truncation_and_no_process_left(sshd, tmp_path):
     log = tmp_path / "rot.log"
     log.write_text("a1\na2\n")

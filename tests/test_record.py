@@ -176,7 +176,8 @@ def test_ctrl_c_during_relaunch_or_bench_stops_quickly_with_a_closed_capture(tmp
         t0 = time.monotonic()
         proc.wait(30)
         took = time.monotonic() - t0
-        assert proc.returncode == 0 and took < 10, (name, took, proc.stderr.read()[-500:])  # ~1 s when idle
+        # the target is 2 s; measured 0.1-0.6 s on a loaded 2-core machine (benchmarks/ctrl_c_latency.py)
+        assert proc.returncode == 0 and took < 4, (name, took, proc.stderr.read()[-500:])
         cap = read_capture(out)
         assert not cap.truncated and len(cap.records) >= 1
         cli("stop", str(path), env=env)

@@ -187,6 +187,29 @@ async def test_quit_leaves_the_server_running_by_default(tmp_path):
     await ServerControl(LocalTransport(), s.preset, s.control.state_dir).stop()
 
 
+async def test_end_follows_a_stopped_tail_again_and_quitting_right_after_ends(tmp_path):
+    """End ("follow again") restarts a live tail that stopped, and quitting while that tail is still
+    starting ends at once, with the server stopped and no tailer left (it could hang: issue 13)."""
+    import subprocess
+    app, s = live_app(tmp_path)
+    async with app.run_test(size=SIZE_LIVE) as pilot:
+        await wait_ready(app, pilot, s)
+        pid = s.state.pid
+        await s.stop_follow()
+        assert not s.tail_running
+        await pilot.press("end")
+        await until(pilot, lambda: s.tail_running, 5, "the tail to follow again")
+        seen = len(app.logpane.lines)
+        await s.set_load(True)
+        await until(pilot, lambda: len(app.logpane.lines) > seen, 10, "new log lines")
+        await s.set_load(False)
+        await s.stop_follow()
+        await pilot.press("end", "q", "s")  # follow again, quit at once, stop the server
+        await until(pilot, lambda: not app.is_running, 20, "the app to exit")
+    assert not group_alive(pid)
+    assert subprocess.run(["pgrep", "-f", s.preset.server.log], capture_output=True).returncode == 1
+
+
 async def test_keymap_log_filter_and_load_keys(tmp_path, monkeypatch):
     cfg = tmp_path / "cfg" / "tuitune"
     cfg.mkdir(parents=True)

@@ -193,6 +193,17 @@ def classify(errors: list[ServerError]) -> tuple[str, str] | None:
     return None
 
 
+def _lock_answer(head: bytes) -> str | None:
+    """The lock helper's answer (LOCKED, BUSY …, ERROR …) among the complete lines received; any
+    other line is the remote shell's (a login script's noise: pyenv's rehash racing another
+    session printed "rm: cannot remove …" first, and that line was taken for the answer)."""
+    for raw in head.split(b"\n")[:-1]:
+        text = raw.decode("utf-8", "replace").strip()
+        if text.startswith(("LOCKED", "BUSY", "ERROR")):
+            return text
+    return None
+
+
 class ServerControl:
     def __init__(self, transport: Transport, preset: P.Preset, state_dir: str = STATE_DIR):
         self.t = transport
@@ -281,12 +292,14 @@ class ServerControl:
         path = f"{self.state_dir}/servers/{self.preset.server.port}.lock"
         stream = self.t.stream(self._remote("lock", path, info))
         try:
-            head = b""
-            async for chunk in stream:  # one line: LOCKED, BUSY …, ERROR …, or the shell's complaint
+            head, line = b"", None
+            async for chunk in stream:
                 head += chunk
-                if b"\n" in head:
+                line = _lock_answer(head)
+                if line is not None:
                     break
-            line = head.decode("utf-8", "replace").split("\n", 1)[0].strip()
+            if line is None:  # the helper never answered: what the shell said instead
+                line = head.decode("utf-8", "replace").strip()
             if not line.startswith("LOCKED"):
                 raise ControlError(self._busy_message(line), 1)
             yield

@@ -5,7 +5,10 @@ Everything they need arrives as arguments, never inside shell code.
 ``lock PATH INFO``: take an exclusive ``flock`` on PATH without waiting; print ``LOCKED`` and
 hold it until killed (the transport's lifeline kills it when tuitune lets go, exits or loses
 the link, so a crashed client never leaves the lock behind); or print ``BUSY`` and the holder's
-INFO, which the holder wrote into the file.
+INFO, which the holder wrote into the file. Taking the lock and writing INFO happen under a
+second, short-lived ``flock`` (PATH.gate), under which a caller that finds the lock taken also
+reads INFO: it always reads the holder's complete INFO, never an empty file or the note of a
+holder before it.
 
 ``owner PORT``: the processes that hold a listening TCP socket on PORT, as one JSON line:
 ``[{"pid", "sid", "ancestors", "argv"}]`` (from /proc/net/tcp{,6} and /proc/*/fd); it is how
@@ -19,16 +22,32 @@ import sys
 import time
 
 
+GATE_WAIT_S = 10.0  # the gate is held for microseconds; only a stopped process holds it longer
+
+
 def lock(path, info):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    gate = os.open(path + ".gate", os.O_RDWR | os.O_CREAT, 0o600)  # (a file, not the directory: NFS)
+    deadline = time.monotonic() + GATE_WAIT_S
+    while True:
+        try:
+            fcntl.flock(gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise OSError("%s.gate stayed locked for %.0f s" % (path, GATE_WAIT_S)) from None
+            time.sleep(0.005)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         sys.stdout.write("BUSY " + os.read(fd, 4096).decode("utf-8", "replace").strip() + "\n")
         return
-    os.ftruncate(fd, 0)
-    os.write(fd, info.encode())
+    else:
+        os.ftruncate(fd, 0)
+        os.write(fd, info.encode())
+    finally:
+        os.close(gate)  # releases the gate: the note is complete before anyone can look
     sys.stdout.write("LOCKED\n")
     sys.stdout.flush()
     while True:

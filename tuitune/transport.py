@@ -119,22 +119,18 @@ class LocalTransport(Transport):
     is_local = True
 
     async def _run(self, command: str, input: bytes | None) -> RunResult:
-        proc = await asyncio.create_subprocess_exec(
-            "bash", "-c", command, stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        proc = await _spawn(command, stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
+                            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         try:
             out, err = await proc.communicate(input)
         except asyncio.CancelledError:
-            _killpg(proc.pid)
-            await asyncio.shield(proc.wait())  # reap it, so nothing outlives the call
+            await _end(proc)  # nothing outlives the call
             raise
         return RunResult(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
     async def stream(self, command: str) -> AsyncIterator[bytes]:
-        proc = await asyncio.create_subprocess_exec(
-            "bash", "-c", lifeline(command), stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-            limit=4 * 1024 * 1024)
+        proc = await _spawn(lifeline(command), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                            stderr=asyncio.subprocess.STDOUT, limit=4 * 1024 * 1024)
         try:
             while True:
                 data = await proc.stdout.read(256 * 1024)
@@ -142,16 +138,52 @@ class LocalTransport(Transport):
                     break
                 yield data
         finally:
-            if proc.stdin and not proc.stdin.is_closing():
-                proc.stdin.close()
-            _killpg(proc.pid)
-            try:
-                await asyncio.wait_for(proc.wait(), 2)
-            except asyncio.TimeoutError:
-                pass
+            await _end(proc)
 
     async def forward_port(self, remote_port: int, remote_host: str = "127.0.0.1") -> int:
         return remote_port
+
+
+async def _spawn(command: str, **kw) -> asyncio.subprocess.Process:
+    """``bash -c command`` in a process group of its own, started whole even when cancelled meanwhile.
+
+    asyncio cannot take a cancel while it connects a new process's pipes: it kills bash alone and
+    then waits forever for pipes that bash's children still hold (CPython gh-103847, gh-125502).
+    Stopping a tail right after starting it ("follow again", then close) hung that way about once
+    in three and left the tailer running. So the start (milliseconds: a local fork) is let finish,
+    then the whole group is ended, and the cancel goes on.
+    """
+    task = asyncio.ensure_future(asyncio.create_subprocess_exec("bash", "-c", command, start_new_session=True, **kw))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await _settle(task)
+        if not task.cancelled() and task.exception() is None:
+            await _end(task.result())
+        raise
+
+
+async def _end(proc: asyncio.subprocess.Process) -> None:
+    """Kill the command's whole group and reap it (at most 2 s), even while being cancelled."""
+    if proc.stdin is not None and not proc.stdin.is_closing():
+        proc.stdin.close()
+    _killpg(proc.pid)
+    if await _settle(asyncio.ensure_future(asyncio.wait_for(proc.wait(), 2))):
+        raise asyncio.CancelledError  # one that came meanwhile is passed on, not lost
+
+
+async def _settle(task: asyncio.Future) -> bool:
+    """Wait until ``task`` is done (short, bounded clean-up that must not be cut half-way), whatever
+    it raised; True when we were cancelled meanwhile."""
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:
+            cancelled = True
+    if not task.cancelled():
+        task.exception()  # retrieved: a reap that timed out is not worth a warning
+    return cancelled
 
 
 def _killpg(pid: int) -> None:
@@ -493,7 +525,12 @@ class SshTransport(Transport):
         import asyncssh
         conn = await self._connection()
         with self._link_errors(conn):
-            r = await conn.run(command, input=input, check=False, encoding=None)
+            proc = await _open_process(conn, command, input=input)
+            try:
+                r = await proc.wait(check=False)
+            except asyncio.CancelledError:
+                proc.close()  # its channel, which asyncssh would keep open
+                raise
         status = r.exit_status if r.exit_status is not None else (128 + 9 if r.exit_signal else 255)
         return RunResult(status, (r.stdout or b"").decode("utf-8", "replace"),
                          (r.stderr or b"").decode("utf-8", "replace"))
@@ -502,7 +539,7 @@ class SshTransport(Transport):
         import asyncssh
         conn = await self._connection()
         with self._link_errors(conn):
-            proc = await conn.create_process(lifeline(command), encoding=None, stderr=asyncssh.STDOUT)
+            proc = await _open_process(conn, lifeline(command), stderr=asyncssh.STDOUT)
         try:
             while True:
                 try:
@@ -552,6 +589,27 @@ class SshTransport(Transport):
             self._conn = None
         self._close_jumps()
         self._notify("closed")
+
+
+async def _open_process(conn, command: str, **kw):
+    """``conn.create_process`` whose channel is closed even when we are cancelled while it opens.
+
+    asyncssh keeps a channel whose open was cancelled: the server confirms it later and nobody
+    closes it, so each such cancel (stopping a tail right after starting it) leaked a session with
+    its command until sshd's MaxSessions refused every new channel. Waiting for the confirmation
+    could take as long as a dead link does, so the channel is closed when it arrives instead.
+    """
+    task = asyncio.ensure_future(conn.create_process(command, encoding=None, **kw))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(_close_opened)
+        raise
+
+
+def _close_opened(task: asyncio.Future) -> None:
+    if not task.cancelled() and task.exception() is None:
+        task.result().close()
 
 
 def for_preset(preset) -> Transport:
