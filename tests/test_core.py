@@ -136,3 +136,40 @@ def test_cli_help_version_and_bad_usage():
     r = subprocess.run([sys.executable, "-c", "import sys, tuitune.cli; print(sorted(m for m in sys.modules if m.split('.')[0] in ('aiohttp','asyncssh','textual','pydantic','yaml')))"],
                        capture_output=True, text=True)
     assert r.stdout.strip() == "[]"  # --help pulls in none of the heavy dependencies
+
+
+# ---- asyncio: a cancelled clean-up never eats the caller's cancel --------------------------------
+
+async def test_cancel_and_wait_drops_the_childs_cancel_and_keeps_the_callers():
+    import asyncio
+
+    from tuitune.aio import cancel_and_wait
+
+    async def slow_to_stop():
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.3)  # a clean-up that takes a while (killing a remote tail)
+            raise
+
+    async def broken():
+        raise RuntimeError("ended badly")
+
+    child, failed = asyncio.ensure_future(slow_to_stop()), asyncio.ensure_future(broken())
+    await asyncio.sleep(0)
+    assert failed.done()
+    await cancel_and_wait(child, failed, None)  # both ends dropped, None skipped
+    assert child.cancelled()
+    # Ctrl-C reaches the caller while the child cleans up: it must come out, not be swallowed
+    child = asyncio.ensure_future(slow_to_stop())
+    await asyncio.sleep(0)
+    caller = asyncio.ensure_future(cancel_and_wait(child))
+    await asyncio.sleep(0.1)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert caller.cancelled()
+    failed = asyncio.ensure_future(broken())
+    await asyncio.sleep(0)
+    with pytest.raises(RuntimeError):  # what is not ignored comes out
+        await cancel_and_wait(failed, ignore=())

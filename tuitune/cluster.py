@@ -26,6 +26,7 @@ from typing import AsyncIterator, Awaitable, Callable
 
 from . import preset as P
 from . import redact
+from .aio import cancel_and_wait
 from .control import (CAUSE_TEXT, HEALTH_TIMEOUT_S, STATE_DIR, ControlError, ReadyResult, ServerControl,
                       ServerRecord, Status, classify)
 from .parse import parse_line
@@ -202,11 +203,7 @@ class ClusterControl:
         try:
             await asyncio.wait({head, others}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (head, others):
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, TransportError):
-                        await task
+            await cancel_and_wait(*(t for t in (head, others) if not t.done()), ignore=(TransportError,))
         if others.done() and not others.cancelled() and others.exception() is None and others.result():
             res = await self.node_failure(await self.first_death(recs, once=True) or others.result(), "start")
         else:

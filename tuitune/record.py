@@ -16,6 +16,7 @@ import sys
 import time
 
 from . import preset as P
+from .aio import cancel_and_wait
 from .bench import fetch_server_info
 from .capture import CaptureWriter, redacted_preset
 from .events import Event, LogLine, Marker, ProfileWindow
@@ -58,9 +59,7 @@ async def record(preset: P.Preset, out: str, *, duration: float | None = None, c
             task.result()
             return True
         finish()  # the capture is complete and closed before any cleanup on the target
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task, ignore=())
         return False
 
     try:

@@ -28,6 +28,7 @@ from .stream import EventStream
 from .parse import parse_line
 from .tail import LogTail, file_size
 from . import telemetry
+from .aio import cancel_and_wait
 from .transport import Transport, TransportError, for_preset
 
 ATTACH_BACKLOG = 256 * 1024  # bytes of an already-running server's log read on attach
@@ -185,12 +186,9 @@ class Session(EventStream):
     async def stop_follow(self) -> None:
         if self._tail is not None:
             self._tail.close()
-        for task in (self._tail_task, self._scrape_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        tasks = (self._tail_task, self._scrape_task)
         self._tail = self._tail_task = self._scrape_task = None
+        await cancel_and_wait(*tasks)
 
     # ---- relaunch -------------------------------------------------------------------------
     async def relaunch(self, preset: P.Preset | None = None) -> ReadyResult:
@@ -265,9 +263,7 @@ class Session(EventStream):
     async def _unwatch(self) -> None:
         task, self._watch_task = self._watch_task, None
         if task is not None and task is not asyncio.current_task():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await cancel_and_wait(task)
 
     async def _watch_loop(self) -> None:
         """While ready: notice that the process died (with the cause the log gave) or that someone
@@ -367,11 +363,7 @@ class Session(EventStream):
 
     async def stop_nodes(self) -> None:
         tasks, self._node_tasks = self._node_tasks, []
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait(*tasks)
 
     # ---- benchmark and load ---------------------------------------------------------------
     async def bench(self, label: str = "", on_result: Callable[[int, RequestResult], Awaitable[None] | None] | None = None,
@@ -439,11 +431,8 @@ class Session(EventStream):
         """Keep ``concurrency`` streams of requests running so that the server decodes."""
         if concurrency:
             self.load.concurrency = max(1, concurrency)
-        if self._load_task is not None:
-            self._load_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._load_task
-            self._load_task = None
+        task, self._load_task = self._load_task, None
+        await cancel_and_wait(task)
         self.load.on = on
         if on:
             self._load_task = asyncio.ensure_future(self._load_loop())

@@ -14,13 +14,13 @@ receive / transmit rate per GPU, attached to the next tick; where dmon fails, it
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shlex
 import statistics
 import time
 from typing import Callable
 
 from . import redact, smi
+from .aio import cancel_and_wait
 from .events import Event, GpuSample, TelemetryState
 from .metrics import GpuStore
 from .transport import LinkLost, Transport, TransportError
@@ -189,9 +189,7 @@ class Collector:
             try:
                 await self._stream()
             finally:
-                dmon.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await dmon  # let its stream kill the remote process before the loop goes
+                await cancel_and_wait(dmon)  # let its stream kill the remote process before the loop goes
         except TransportError as e:
             self._set("stopped", str(e))
 
@@ -339,7 +337,4 @@ class Collector:
 async def stop(collector: Collector | None, task: asyncio.Task | None) -> None:
     if collector is not None:
         collector.close()
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+    await cancel_and_wait(task)
