@@ -45,6 +45,16 @@ async def test_run_upload_and_decoding(transport, tmp_path):
         await transport.run("sleep 5", timeout=0.5)
 
 
+async def test_a_lock_helper_that_cannot_start_is_an_error_at_once(transport, tmp_path):
+    """A wrong server.python: the lock helper never answers, yet launch must not wait on it."""
+    p = P.with_changes(make_preset(tmp_path), {"server.python": str(tmp_path / "no such" / "python3")})
+    t0 = time.monotonic()
+    with pytest.raises(ControlError, match=r"cannot take the lock for port \d+: ERROR the lock helper exited "
+                                           r"\(127\): .*No such file or directory"):
+        await ServerControl(transport, p, state_dir=str(tmp_path / "state")).relaunch(30)
+    assert time.monotonic() - t0 < 10
+
+
 async def test_launch_ready_status_stop(transport, tmp_path):
     p = make_preset(tmp_path, env={"NCCL_PROTO": "LL", "NCCL_DEBUG": "INFO"})
     c = ServerControl(transport, p, state_dir=str(tmp_path / "state"))

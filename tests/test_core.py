@@ -173,3 +173,18 @@ async def test_cancel_and_wait_drops_the_childs_cancel_and_keeps_the_callers():
     await asyncio.sleep(0)
     with pytest.raises(RuntimeError):  # what is not ignored comes out
         await cancel_and_wait(failed, ignore=())
+    # clean-up in a `finally` after Ctrl-C: every child is waited for, then the cancel goes on
+    first, second = asyncio.ensure_future(slow_to_stop()), asyncio.ensure_future(slow_to_stop())
+
+    async def closing():
+        try:
+            await asyncio.sleep(10)
+        finally:
+            await cancel_and_wait(first, second)
+
+    caller = asyncio.ensure_future(closing())
+    await asyncio.sleep(0)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert first.cancelled() and second.cancelled()

@@ -28,10 +28,13 @@ from . import redact
 from .engines import CAUSE_ORDER, CAUSE_TEXT
 from .events import Event, ServerError
 from .parse import parse_line
+from .aio import cancel_and_wait
 from .tail import LogTail
 from .transport import Transport, TransportError
 
 STATE_DIR = "~/.cache/tuitune"
+LOCK_ANSWER_S = 60.0  # the lock helper answers in milliseconds; a python that hangs at start does not
+HELPER_EXITED = "ERROR the lock helper exited"
 HEALTH_TIMEOUT_S = 120.0  # once HTTP answers, the longest wait for /health 200 (a phase limit)
 _REMOTE = resources.files("tuitune").joinpath("remote.py").read_text()
 # true when process $p exists and is not a zombie (a zombie only waits for its parent to reap it)
@@ -290,16 +293,26 @@ class ServerControl:
                            "client": f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}",
                            "since": time.strftime("%H:%M:%S")})
         path = f"{self.state_dir}/servers/{self.preset.server.port}.lock"
-        stream = self.t.stream(self._remote("lock", path, info))
+        # a helper that dies without answering (a wrong server.python) still ends with an answer line:
+        # the stream itself stays open (the lifeline) and would be waited on forever
+        stream = self.t.stream(self._remote("lock", path, info) + f' || echo "{HELPER_EXITED} ($?)"')
         try:
             head, line = b"", None
-            async for chunk in stream:
-                head += chunk
-                line = _lock_answer(head)
-                if line is not None:
-                    break
+            try:
+                async with asyncio.timeout(LOCK_ANSWER_S):
+                    async for chunk in stream:
+                        head += chunk
+                        line = _lock_answer(head)
+                        if line is not None:
+                            break
+            except TimeoutError:
+                pass  # said below, with whatever the shell printed
+            said = [x.strip() for x in head.decode("utf-8", "replace").splitlines()
+                    if x.strip() and not x.startswith(HELPER_EXITED)]
             if line is None:  # the helper never answered: what the shell said instead
-                line = head.decode("utf-8", "replace").strip()
+                line = " ".join(said) or f"no answer in {LOCK_ANSWER_S:.0f} s"
+            elif line.startswith(HELPER_EXITED) and said:
+                line = f"{line}: {said[-1][:200]}"
             if not line.startswith("LOCKED"):
                 raise ControlError(self._busy_message(line), 1)
             yield
@@ -562,11 +575,7 @@ class ServerControl:
         finally:
             done.set()
             tail.close()
-            follower.cancel()
-            try:
-                await follower
-            except (asyncio.CancelledError, TransportError):
-                pass
+            await cancel_and_wait(follower, ignore=(TransportError,))
         res.elapsed_s = time.monotonic() - t0
         res.log_tail = lines[-40:]
         if res.ok:

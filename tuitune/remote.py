@@ -34,7 +34,7 @@ def lock(path, info):
         try:
             fcntl.flock(gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
             break
-        except OSError:
+        except BlockingIOError:  # held (for microseconds); any other error is raised at once
             if time.monotonic() > deadline:
                 raise OSError("%s.gate stayed locked for %.0f s" % (path, GATE_WAIT_S)) from None
             time.sleep(0.005)
