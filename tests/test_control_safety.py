@@ -198,6 +198,28 @@ async def test_every_loser_names_the_lock_holder(where, request, tmp_path):
         await t.close()
 
 
+@pytest.mark.parametrize("where", ["local", "ssh"])
+async def test_the_same_client_takes_the_lock_again_right_after_letting_go(where, request, tmp_path):
+    """Over SSH the helper dies just after its channel closes: this process's next take (stop, then
+    launch) waits for that instead of calling its own released lock busy; a take while another
+    task of this process holds the lock is still refused at once."""
+    t = LocalTransport() if where == "local" else SshTransport(SshTarget(**request.getfixturevalue("sshd").target()))
+    await t.connect()
+    c = ServerControl(t, make_preset(tmp_path, "again"), state_dir=str(tmp_path / "state"))
+    try:
+        for i in range(10):
+            async with c.locked(f"round{i}"):
+                pass
+        async with c.locked("outer"):
+            t0 = time.monotonic()
+            with pytest.raises(ControlError, match="is busy: tuitune outer of again by"):
+                async with c.locked("inner"):
+                    pass
+            assert time.monotonic() - t0 < 2
+    finally:
+        await t.close()
+
+
 async def test_the_lock_is_answered_through_a_noisy_remote_shell(tmp_path):
     """A login script that prints first (pyenv's rehash racing another session did, over SSH) is
     not taken for the lock helper's answer."""

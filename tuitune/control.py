@@ -35,6 +35,8 @@ from .transport import Transport, TransportError
 STATE_DIR = "~/.cache/tuitune"
 LOCK_ANSWER_S = 60.0  # the lock helper answers in milliseconds; a python that hangs at start does not
 HELPER_EXITED = "ERROR the lock helper exited"
+OWN_RELEASE_S = 3.0  # how long a lock this process let go may still read as held (its helper dying)
+_HELD: set[tuple[str, str]] = set()  # (target, lock path) this process holds now
 HEALTH_TIMEOUT_S = 120.0  # once HTTP answers, the longest wait for /health 200 (a phase limit)
 _REMOTE = resources.files("tuitune").joinpath("remote.py").read_text()
 # true when process $p exists and is not a zombie (a zombie only waits for its parent to reap it)
@@ -196,6 +198,14 @@ def classify(errors: list[ServerError]) -> tuple[str, str] | None:
     return None
 
 
+def _lock_holder(line: str) -> str | None:
+    """The client named in a BUSY answer's note, if it names one."""
+    try:
+        return json.loads(line[4:]).get("client") if line.startswith("BUSY") else None
+    except (ValueError, AttributeError):
+        return None
+
+
 def _lock_answer(head: bytes) -> str | None:
     """The lock helper's answer (LOCKED, BUSY …, ERROR …) among the complete lines received; any
     other line is the remote shell's (a login script's noise: pyenv's rehash racing another
@@ -289,35 +299,54 @@ class ServerControl:
         """Hold the target's lock for this port while changing what runs on it; a second caller
         is told who holds it. The lock lives as long as one remote process (``remote.py lock``),
         so a client that dies or loses its link releases it."""
-        info = json.dumps({"action": action, "preset": self.preset.name,
-                           "client": f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}",
+        client = f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"
+        info = json.dumps({"action": action, "preset": self.preset.name, "client": client,
                            "since": time.strftime("%H:%M:%S")})
         path = f"{self.state_dir}/servers/{self.preset.server.port}.lock"
+        key = (self.t.label, path)
+        deadline = time.monotonic() + OWN_RELEASE_S
+        while True:
+            stream, line = await self._ask_lock(path, info)
+            if line.startswith("LOCKED"):
+                break
+            await stream.aclose()
+            # our own lock, let go a moment ago: over SSH its helper dies just after the channel closes
+            releasing = _lock_holder(line) == client and key not in _HELD and time.monotonic() < deadline
+            if not releasing:
+                raise ControlError(self._busy_message(line), 1)
+            await asyncio.sleep(0.05)
+        _HELD.add(key)
+        try:
+            yield
+        finally:
+            _HELD.discard(key)
+            await stream.aclose()
+
+    async def _ask_lock(self, path: str, info: str) -> tuple[AsyncIterator[bytes], str]:
+        """The lock helper's stream (open: it holds the lock while it runs) and its answer line."""
         # a helper that dies without answering (a wrong server.python) still ends with an answer line:
         # the stream itself stays open (the lifeline) and would be waited on forever
         stream = self.t.stream(self._remote("lock", path, info) + f' || echo "{HELPER_EXITED} ($?)"')
+        head, line = b"", None
         try:
-            head, line = b"", None
-            try:
-                async with asyncio.timeout(LOCK_ANSWER_S):
-                    async for chunk in stream:
-                        head += chunk
-                        line = _lock_answer(head)
-                        if line is not None:
-                            break
-            except TimeoutError:
-                pass  # said below, with whatever the shell printed
-            said = [x.strip() for x in head.decode("utf-8", "replace").splitlines()
-                    if x.strip() and not x.startswith(HELPER_EXITED)]
-            if line is None:  # the helper never answered: what the shell said instead
-                line = " ".join(said) or f"no answer in {LOCK_ANSWER_S:.0f} s"
-            elif line.startswith(HELPER_EXITED) and said:
-                line = f"{line}: {said[-1][:200]}"
-            if not line.startswith("LOCKED"):
-                raise ControlError(self._busy_message(line), 1)
-            yield
-        finally:
+            async with asyncio.timeout(LOCK_ANSWER_S):
+                async for chunk in stream:
+                    head += chunk
+                    line = _lock_answer(head)
+                    if line is not None:
+                        break
+        except TimeoutError:
+            pass  # said below, with whatever the shell printed
+        except BaseException:
             await stream.aclose()
+            raise
+        said = [x.strip() for x in head.decode("utf-8", "replace").splitlines()
+                if x.strip() and not x.startswith(HELPER_EXITED)]
+        if line is None:  # the helper never answered: what the shell said instead
+            line = " ".join(said) or f"no answer in {LOCK_ANSWER_S:.0f} s"
+        elif line.startswith(HELPER_EXITED) and said:
+            line = f"{line}: {said[-1][:200]}"
+        return stream, line
 
     def _busy_message(self, line: str) -> str:
         port = self.preset.server.port
