@@ -198,12 +198,13 @@ def classify(errors: list[ServerError]) -> tuple[str, str] | None:
     return None
 
 
-def _lock_holder(line: str) -> str | None:
-    """The client named in a BUSY answer's note, if it names one."""
+def _lock_note(line: str) -> dict | None:
+    """The holder's note in a BUSY answer (action, preset, client, since), if it is one."""
     try:
-        return json.loads(line[4:]).get("client") if line.startswith("BUSY") else None
-    except (ValueError, AttributeError):
+        note = json.loads(line[4:]) if line.startswith("BUSY") else None
+    except ValueError:
         return None
+    return note if isinstance(note, dict) else None
 
 
 def _lock_answer(head: bytes) -> str | None:
@@ -311,7 +312,7 @@ class ServerControl:
                 break
             await stream.aclose()
             # our own lock, let go a moment ago: over SSH its helper dies just after the channel closes
-            releasing = _lock_holder(line) == client and key not in _HELD and time.monotonic() < deadline
+            releasing = (_lock_note(line) or {}).get("client") == client and key not in _HELD and time.monotonic() < deadline
             if not releasing:
                 raise ControlError(self._busy_message(line), 1)
             await asyncio.sleep(0.05)
@@ -353,9 +354,9 @@ class ServerControl:
         if not line.startswith("BUSY"):
             return f"{self.t.label}: cannot take the lock for port {port}: {line[-300:] or 'no answer'}"
         try:
-            h = json.loads(line[4:])
+            h = _lock_note(line)
             who = f"tuitune {h['action']} of {h['preset']} by {h['client']} (since {h['since']})"
-        except (ValueError, KeyError, TypeError):
+        except (KeyError, TypeError):  # no note, or one without these keys
             who = "another tuitune"
         return f"port {port} on {self.t.label} is busy: {who} holds its lock; try again when it has finished"
 

@@ -153,21 +153,19 @@ def _cell(v, unit: str, units: bool) -> str:
     return f"{v} {unit}" if units and unit else str(v)
 
 
+def _header(table: dict, fields: list[str], units: bool) -> list[str]:
+    return [", ".join(table[f][0] + (f" [{table[f][1]}]" if units and table[f][1] else "") for f in fields)]
+
+
 def query_gpu(box: Box, fields: list[str], header: bool, units: bool) -> str:
-    lines = []
-    if header:
-        lines.append(", ".join(FIELDS[f][0] + (f" [{FIELDS[f][1]}]" if units and FIELDS[f][1] else "")
-                               for f in fields))
+    lines = _header(FIELDS, fields, units) if header else []
     for g in box.sample():
         lines.append(", ".join(_cell(g[f], FIELDS[f][1], units) for f in fields))
     return "\n".join(lines) + "\n"
 
 
 def query_apps(box: Box, fields: list[str], header: bool, units: bool) -> str:
-    lines = []
-    if header:
-        lines.append(", ".join(APP_FIELDS[f][0] + (f" [{APP_FIELDS[f][1]}]" if units and APP_FIELDS[f][1] else "")
-                               for f in fields))
+    lines = _header(APP_FIELDS, fields, units) if header else []
     for g in box.sample():
         if not g["_held"]:
             continue
