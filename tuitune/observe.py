@@ -27,13 +27,18 @@ class ObserveError(Exception):
         self.code = code
 
 
+def preset_config(p: P.Preset) -> Config | None:
+    """The configuration a preset runs, as its engine spells it; None when the engine picks at start."""
+    if not p.is_speculative:
+        return OFF
+    shape = p.engine.static_config(p)
+    return Config(*shape) if shape is not None else None
+
+
 def _config(p: P.Preset | None, windows: list[ProfileWindow]) -> Config:
-    if p is not None:
-        if not p.is_speculative:
-            return OFF
-        shape = p.engine.static_config(p)
-        if shape is not None:
-            return Config(*shape)
+    known = preset_config(p) if p is not None else None
+    if known is not None:
+        return known
     configs = [c for c in map(config_of_window, windows) if c is not None]
     return max(set(configs), key=configs.count) if configs else OFF
 

@@ -26,9 +26,10 @@ from typing import Callable, Protocol
 
 from . import preset as P
 from .advise import Advice, advise, space
-from .costmodel import OFF, Config, FitError, Launch, fit
+from .costmodel import Config, FitError, Launch, fit
 from .control import ControlError
 from .jsonl import append_row, read_rows
+from .observe import preset_config
 
 NOISE = 0.02  # gains below this are inside launch-to-launch noise (FACTS §7: published gains are ~1-4 %)
 
@@ -52,13 +53,11 @@ def levels_for(concurrency: int) -> list[int]:
 
 
 def config_of(p: P.Preset) -> Config:
-    if not p.is_speculative:
-        return OFF
-    shape = p.engine.static_config(p)
-    if shape is None:
+    c = preset_config(p)
+    if c is None:
         raise TuneError(f"{p.name}: speculative.num_steps is unset (SGLang picks it at start); set it so that "
                         f"tune knows where it starts", 2)
-    return Config(*shape)
+    return c
 
 
 def preset_for(base: P.Preset, c: Config, spec_section: dict) -> P.Preset:
