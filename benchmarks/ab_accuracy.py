@@ -22,16 +22,23 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import make_preset  # noqa: E402
+
 from tuitune import preset as P  # noqa: E402
-from tuitune.ab import run_ab  # noqa: E402
-from tuitune.transport import LocalTransport  # noqa: E402
+from tuitune.experiments.ab import run_ab  # noqa: E402
+from tuitune.target.transport import LocalTransport  # noqa: E402
 
 
 async def main(n: int, rounds: int, max_tokens: int, requests: int) -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        a = make_preset(tmp, "a", args={"sim-speedup": 50, "sim-load-seconds": 0.05, "tp-size": 1},
-                        profile=False, requests=requests, max_tokens=max_tokens)
+        a = make_preset(
+            tmp,
+            "a",
+            args={"sim-speedup": 50, "sim-load-seconds": 0.05, "tp-size": 1},
+            profile=False,
+            requests=requests,
+            max_tokens=max_tokens,
+        )
         a2 = P.with_changes(a, {"name": "a-again"})
         b = P.with_changes(a, {"name": "b-5pct", "server.args.sim-scale": 0.95})
         t = LocalTransport()
@@ -42,11 +49,16 @@ async def main(n: int, rounds: int, max_tokens: int, requests: int) -> None:
             for i in range(n):
                 r = await run_ab(t, a, other, rounds, {}, stop_at_end=(i == n - 1))
                 verdicts.append(r["verdict"]["verdict"])
-                print(f"  {label} #{i + 1}: {r['verdict']['verdict']} (ratio {r['verdict'].get('ratio', float('nan')):.4f}, "
-                      f"p {r['verdict'].get('p_value', float('nan')):.3f})", flush=True)
+                print(
+                    f"  {label} #{i + 1}: {r['verdict']['verdict']} (ratio {r['verdict'].get('ratio', float('nan')):.4f}, "
+                    f"p {r['verdict'].get('p_value', float('nan')):.3f})",
+                    flush=True,
+                )
             results[label] = (sum(v == want for v in verdicts), len(verdicts), want)
-    print(f"\n{n} comparisons each, {rounds} rounds (launches per arm), {requests} requests of {max_tokens} tokens "
-          f"per launch, {time.perf_counter() - t0:.0f} s")
+    print(
+        f"\n{n} comparisons each, {rounds} rounds (launches per arm), {requests} requests of {max_tokens} tokens "
+        f"per launch, {time.perf_counter() - t0:.0f} s"
+    )
     for label, (ok, total, want) in results.items():
         print(f"{label}: verdict '{want}' in {ok}/{total} = {ok / total:.0%}")
 

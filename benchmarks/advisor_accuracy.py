@@ -38,11 +38,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tuitune.advise import space  # noqa: E402
-from tuitune.costmodel import Config, Launch, fit  # noqa: E402
-from tuitune.parse import parse_line  # noqa: E402
+from tuitune.decide.advise import space  # noqa: E402
+from tuitune.decide.costmodel import Config, Launch, fit  # noqa: E402
+from tuitune.experiments.tune import tune_loop  # noqa: E402
+from tuitune.measure.parse import parse_line  # noqa: E402
 from tuitune.sim import model as S  # noqa: E402
-from tuitune.tune import tune_loop  # noqa: E402
 
 CONCURRENCY = (1, 8, 32)
 WINDOW = 40
@@ -58,18 +58,29 @@ def random_machine(rng: random.Random, i: int) -> S.Machine:
     draft_mem = mem * rng.uniform(0.02, 0.10)
     a1 = rng.uniform(0.35, 0.9)  # weak to strong drafters
     r = rng.uniform(0.7, 0.95)
-    acc = [min(0.97, max(0.02, a1 * r ** d * math.exp(rng.gauss(0, 0.05)))) for d in range(8)]
+    acc = [min(0.97, max(0.02, a1 * r**d * math.exp(rng.gauss(0, 0.05)))) for d in range(8)]
     data = {
-        "name": f"random-{i}", "tp_size": tp, "topology": topology,
-        "target": {"mem_ms": round(mem, 3), "ms_per_token": round(mem / knee_n, 5),
-                   "knee_sharpness": round(rng.uniform(1.0, 6.0), 2), "comm_ms": round(comm, 3),
-                   "kv_ms_per_token": round(rng.uniform(0.0, 0.0003), 6),
-                   "verify_extra_ms": round(mem * rng.choice((0.0, 0.0, rng.uniform(0.05, 0.6))), 3)},
-        "draft": {"mem_ms": round(draft_mem, 4),
-                  "ms_per_token": round(draft_mem / math.exp(rng.uniform(math.log(50), math.log(1000))), 6)},
-        "extend_ms": round(draft_mem * rng.uniform(0.5, 2.0), 4), "sched_ms": round(rng.uniform(0.1, 0.6), 3),
-        "acceptance": [round(a, 3) for a in acc], "launch_sigma": round(rng.uniform(0.005, 0.02), 4),
-        "sibling_decay": round(rng.uniform(0.5, 0.9), 3)}
+        "name": f"random-{i}",
+        "tp_size": tp,
+        "topology": topology,
+        "target": {
+            "mem_ms": round(mem, 3),
+            "ms_per_token": round(mem / knee_n, 5),
+            "knee_sharpness": round(rng.uniform(1.0, 6.0), 2),
+            "comm_ms": round(comm, 3),
+            "kv_ms_per_token": round(rng.uniform(0.0, 0.0003), 6),
+            "verify_extra_ms": round(mem * rng.choice((0.0, 0.0, rng.uniform(0.05, 0.6))), 3),
+        },
+        "draft": {
+            "mem_ms": round(draft_mem, 4),
+            "ms_per_token": round(draft_mem / math.exp(rng.uniform(math.log(50), math.log(1000))), 6),
+        },
+        "extend_ms": round(draft_mem * rng.uniform(0.5, 2.0), 4),
+        "sched_ms": round(rng.uniform(0.1, 0.6), 3),
+        "acceptance": [round(a, 3) for a in acc],
+        "launch_sigma": round(rng.uniform(0.005, 0.02), 4),
+        "sibling_decay": round(rng.uniform(0.5, 0.9), 3),
+    }
     return S.machine_from_dict(data, data["name"])
 
 
@@ -94,8 +105,14 @@ class ModelSource:
         self.launches += 1
         launch_f = S.jitter(self.rng, self.m.launch_sigma)
         cfg = S.config_from_dict(self.m, sim_dict(c))
-        cfg = S.sim_config(self.m, algorithm=cfg.algorithm, steps=cfg.steps, topk=cfg.topk,
-                           draft_tokens=cfg.draft_tokens, launch_factor=launch_f)
+        cfg = S.sim_config(
+            self.m,
+            algorithm=cfg.algorithm,
+            steps=cfg.steps,
+            topk=cfg.topk,
+            draft_tokens=cfg.draft_tokens,
+            launch_factor=launch_f,
+        )
         ln = Launch(c)
         for bs in levels:
             if c.speculative:
@@ -104,9 +121,11 @@ class ModelSource:
             else:
                 cost = S.cycle_cost(cfg, bs)
                 step = cost.cycle_ms * S.jitter(self.rng, self.jitter / 3)
-                line = (f"[2026-11-30 09:00:00 TP0] Decode batch, #running-req: {bs}, #token: {bs * 300}, "
-                        f"token usage: 0.01, cuda graph: True, gen throughput (token/s): {bs / step * 1000:.2f}, "
-                        f"#queue-req: 0")
+                line = (
+                    f"[2026-11-30 09:00:00 TP0] Decode batch, #running-req: {bs}, #token: {bs * 300}, "
+                    f"token usage: 0.01, cuda graph: True, gen throughput (token/s): {bs / step * 1000:.2f}, "
+                    f"#queue-req: 0"
+                )
                 ln.decodes.append(parse_line(line))
             g = S.goodput(cfg, bs) * S.jitter(self.rng, 0.01)
             ln.goodput[bs] = g
@@ -128,11 +147,13 @@ class ModelSource:
         o = cost.other_ms
         tokens = sum(k * n for k, n in hist.items())
         acc = tokens / (WINDOW * bs)
-        line = (f"[2026-11-30 09:00:00 TP0] EAGLE3_PROFILE v=2 cycles={WINDOW} bs={bs} steps={cfg.steps} "
-                f"topk={cfg.topk} draft_tokens={cfg.draft_tokens} verify_tokens={bs * cfg.draft_tokens} "
-                f"draft_ms={d:.4f} verify_ms={v:.4f} extend_ms={e:.4f} other_ms={o:.4f} "
-                f"cycle_ms={d + v + e + o:.4f} accept_len={acc:.4f} "
-                f"accept_hist={','.join(f'{k}:{n}' for k, n in sorted(hist.items()))} sync=sim")
+        line = (
+            f"[2026-11-30 09:00:00 TP0] EAGLE3_PROFILE v=2 cycles={WINDOW} bs={bs} steps={cfg.steps} "
+            f"topk={cfg.topk} draft_tokens={cfg.draft_tokens} verify_tokens={bs * cfg.draft_tokens} "
+            f"draft_ms={d:.4f} verify_ms={v:.4f} extend_ms={e:.4f} other_ms={o:.4f} "
+            f"cycle_ms={d + v + e + o:.4f} accept_len={acc:.4f} "
+            f"accept_hist={','.join(f'{k}:{n}' for k, n in sorted(hist.items()))} sync=sim"
+        )
         return parse_line(line)
 
 
@@ -149,10 +170,11 @@ def spearman(xs: list[float], ys: list[float]) -> float:
                 r[order[k]] = (i + j) / 2
             i = j + 1
         return r
+
     rx, ry = ranks(xs), ranks(ys)
     n = len(xs)
     mx, my = sum(rx) / n, sum(ry) / n
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=False))
     return cov / math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
 
 
@@ -177,15 +199,32 @@ async def case(m: S.Machine, conc: int, budget: int, rng: random.Random, configs
         while len(extra) < 3:
             model = fit(extra)
             seen = {ln.config for ln in extra}
-            nxt = next((p.config for p in sorted((model.predict(c, conc) for c in configs),
-                                                 key=lambda p: -p.goodput.hi) if p.config not in seen), None)
+            nxt = next(
+                (
+                    p.config
+                    for p in sorted((model.predict(c, conc) for c in configs), key=lambda p: -p.goodput.hi)
+                    if p.config not in seen
+                ),
+                None,
+            )
             if nxt is None:
                 break
-            extra.append(await src.measure(nxt, sorted({max(1, conc // 4), conc, min(2 * conc if conc > 1 else 4, 256)})))
+            extra.append(
+                await src.measure(nxt, sorted({max(1, conc // 4), conc, min(2 * conc if conc > 1 else 4, 256)}))
+            )
         r3 = rho_after(extra[:3], m, conc, configs, true)
-    return {"machine": m.name, "concurrency": conc, "chosen": res.chosen.label, "optimum": opt_c.label,
-            "ratio": ratio, "relaunches": res.relaunches, "start_ratio": true[start] / true[opt_c],
-            "rho1": r1, "rho3": r3, "stop": res.stop_reason}
+    return {
+        "machine": m.name,
+        "concurrency": conc,
+        "chosen": res.chosen.label,
+        "optimum": opt_c.label,
+        "ratio": ratio,
+        "relaunches": res.relaunches,
+        "start_ratio": true[start] / true[opt_c],
+        "rho1": r1,
+        "rho3": r3,
+        "stop": res.stop_reason,
+    }
 
 
 def main() -> int:
@@ -205,29 +244,44 @@ def main() -> int:
             r = asyncio.run(case(m, conc, ns.budget, rng, configs))
             rows.append(r)
             if ns.verbose:
-                print(f"{m.name:<10} tp{m.tp_size} {m.topology:<6} c={conc:<3} chosen {r['chosen']:<30} "
-                      f"optimum {r['optimum']:<30} {r['ratio']:.3f} (start {r['start_ratio']:.3f}) "
-                      f"relaunches {r['relaunches']} rho1 {r['rho1']:.3f} rho3 {r['rho3']:.3f}", flush=True)
+                print(
+                    f"{m.name:<10} tp{m.tp_size} {m.topology:<6} c={conc:<3} chosen {r['chosen']:<30} "
+                    f"optimum {r['optimum']:<30} {r['ratio']:.3f} (start {r['start_ratio']:.3f}) "
+                    f"relaunches {r['relaunches']} rho1 {r['rho1']:.3f} rho3 {r['rho3']:.3f}",
+                    flush=True,
+                )
     n = len(rows)
     within = sum(1 for r in rows if r["ratio"] >= 0.98)
-    print(f"\n{ns.machines} random machines x concurrency {', '.join(map(str, CONCURRENCY))} = {n} cases, "
-          f"budget {ns.budget} relaunches, {len(configs)} configurations in the space ({time.time() - t0:.0f} s)")
-    print(f"(a) within 2 % of the optimum: {within}/{n} = {within / n:.1%}"
-          f"   (the start, chain of 3: {sum(1 for r in rows if r['start_ratio'] >= 0.98) / n:.1%})")
+    print(
+        f"\n{ns.machines} random machines x concurrency {', '.join(map(str, CONCURRENCY))} = {n} cases, "
+        f"budget {ns.budget} relaunches, {len(configs)} configurations in the space ({time.time() - t0:.0f} s)"
+    )
+    print(
+        f"(a) within 2 % of the optimum: {within}/{n} = {within / n:.1%}"
+        f"   (the start, chain of 3: {sum(1 for r in rows if r['start_ratio'] >= 0.98) / n:.1%})"
+    )
     worst = min(rows, key=lambda r: r["ratio"])
-    print(f"    mean ratio to optimum {sum(r['ratio'] for r in rows) / n:.4f}, worst {worst['ratio']:.3f} "
-          f"({worst['machine']} c={worst['concurrency']})")
+    print(
+        f"    mean ratio to optimum {sum(r['ratio'] for r in rows) / n:.4f}, worst {worst['ratio']:.3f} "
+        f"({worst['machine']} c={worst['concurrency']})"
+    )
     rel = [r["relaunches"] for r in rows]
-    print(f"(b) relaunches: mean {sum(rel) / n:.2f}, max {max(rel)}; "
-          + ", ".join(f"{k}: {rel.count(k)}" for k in range(ns.budget + 1)))
+    print(
+        f"(b) relaunches: mean {sum(rel) / n:.2f}, max {max(rel)}; "
+        + ", ".join(f"{k}: {rel.count(k)}" for k in range(ns.budget + 1))
+    )
     for key, what in (("rho1", "after one launch"), ("rho3", "after three launches")):
         vals = sorted(r[key] for r in rows)
-        print(f"(c) Spearman rho {what}: median {vals[n // 2]:.3f}, mean {sum(vals) / n:.3f}, "
-              f"10th percentile {vals[n // 10]:.3f}")
+        print(
+            f"(c) Spearman rho {what}: median {vals[n // 2]:.3f}, mean {sum(vals) / n:.3f}, "
+            f"10th percentile {vals[n // 10]:.3f}"
+        )
     for conc in CONCURRENCY:
         sub = [r for r in rows if r["concurrency"] == conc]
-        print(f"    concurrency {conc:>2}: within 2 % {sum(1 for r in sub if r['ratio'] >= 0.98)}/{len(sub)}, "
-              f"rho after 3 median {sorted(r['rho3'] for r in sub)[len(sub) // 2]:.3f}")
+        print(
+            f"    concurrency {conc:>2}: within 2 % {sum(1 for r in sub if r['ratio'] >= 0.98)}/{len(sub)}, "
+            f"rho after 3 median {sorted(r['rho3'] for r in sub)[len(sub) // 2]:.3f}"
+        )
     return 0
 
 

@@ -31,8 +31,8 @@ import urllib.request
 
 import aiohttp.client_proto
 
-from tuitune.bench import BenchConfig, client_session, run_bench, run_request
-from tuitune.metrics import quantile
+from tuitune.measure.bench import BenchConfig, client_session, run_bench, run_request
+from tuitune.measure.metrics import quantile
 
 ARRIVALS: list[tuple[float, bytes]] = []  # (perf_counter, bytes) of each data_received of the client
 _orig_data_received = aiohttp.client_proto.ResponseHandler.data_received
@@ -63,6 +63,7 @@ def receive_lags(cfg: BenchConfig, n: int, prompt: str) -> tuple[list[float], li
                 sends.append(r.send_ms)
                 firsts.append(lag(r.t0 + r.ttft_s, b'"completion_tokens"', True))  # the first token chunk
                 lasts.append(lag(r.t0 + r.e2e_s, b'"finish_reason": {', False))  # the final chunk
+
     try:
         asyncio.run(go())
     finally:
@@ -78,11 +79,34 @@ def p(xs: list[float]) -> str:
 def start_sim(port: int, *extra: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
     env.update({"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS"})
-    proc = subprocess.Popen([sys.executable, "-m", "tuitune.sim", "--port", str(port), "--sim-load-seconds", "0.3",
-                             "--tp-size", "8", "--disable-custom-all-reduce", "--num-continuous-decode-steps", "4",
-                             "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d",
-                             "--speculative-num-steps", "2", "--speculative-eagle-topk", "1", *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tuitune.sim",
+            "--port",
+            str(port),
+            "--sim-load-seconds",
+            "0.3",
+            "--tp-size",
+            "8",
+            "--disable-custom-all-reduce",
+            "--num-continuous-decode-steps",
+            "4",
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-draft-model-path",
+            "/d",
+            "--speculative-num-steps",
+            "2",
+            "--speculative-eagle-topk",
+            "1",
+            *extra,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     for _ in range(200):
         try:
             if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).status == 200:
@@ -107,30 +131,42 @@ def main() -> None:
     proc = start_sim(port, "--sim-acceptance", "1", "--sim-jitter", "0", "--sim-speedup", str(ns.speedup))
     try:
         for api in ("native", "openai"):
-            run = asyncio.run(run_bench(BenchConfig(f"http://127.0.0.1:{port}", requests=ns.requests, warmup=1,
-                                                    max_tokens=500, api=api)))
+            run = asyncio.run(
+                run_bench(
+                    BenchConfig(f"http://127.0.0.1:{port}", requests=ns.requests, warmup=1, max_tokens=500, api=api)
+                )
+            )
             expected = run.server["sim"]["expected_tok_s"]
             med = run.median_tok_s()
-            print(f"[{api}] decode {med:.2f} tok/s measured, {expected:.2f} expected by the cost model: "
-                  f"{(med - expected) / expected:+.2%} (target within ±2%), {run.failed} failed")
+            print(
+                f"[{api}] decode {med:.2f} tok/s measured, {expected:.2f} expected by the cost model: "
+                f"{(med - expected) / expected:+.2%} (target within ±2%), {run.failed} failed"
+            )
             ok = run.ok
             cpu = sorted(r.client_cpu_s * 1000 for r in ok)
             chunks = sum(r.chunks for r in ok) / len(ok)
-            print(f"[{api}] client CPU per request: p50 {quantile(cpu, 0.5):.1f} ms "
-                  f"({quantile(cpu, 0.5) * 1000 / chunks:.0f} µs per chunk, {chunks:.0f} chunks a request)")
+            print(
+                f"[{api}] client CPU per request: p50 {quantile(cpu, 0.5):.1f} ms "
+                f"({quantile(cpu, 0.5) * 1000 / chunks:.0f} µs per chunk, {chunks:.0f} chunks a request)"
+            )
             if api == "native":
                 lag = [r.client_lag_ms for r in ok if r.client_lag_ms is not None]
-                print(f"[{api}] outside both programs' code (request on the wire -> handler, last chunk "
-                      f"written -> stamped; loopback and wake-ups): {p(lag)}")
+                print(
+                    f"[{api}] outside both programs' code (request on the wire -> handler, last chunk "
+                    f"written -> stamped; loopback and wake-ups): {p(lag)}"
+                )
         cfg = BenchConfig(f"http://127.0.0.1:{port}", max_tokens=200, api="native")
         sends, firsts, lasts = receive_lags(cfg, ns.requests * 2, "Write a short poem about the sea.")
-        print(f"[native] send, the client's work before the request is on the wire (kept out of the "
-              f"figures): {p(sends)}")
+        print(
+            f"[native] send, the client's work before the request is on the wire (kept out of the figures): {p(sends)}"
+        )
         print(f"[native] receive, bytes handed to aiohttp -> first chunk stamped: {p(firsts)}")
         print(f"[native] receive, bytes handed to aiohttp -> last chunk stamped: {p(lasts)}")
-        total = [a + b for a, b in zip(firsts, lasts)]
-        print(f"[native] the client's own overhead in a request's figures (first + last chunk): {p(total)} "
-              f"(target < 1 ms)")
+        total = [a + b for a, b in zip(firsts, lasts, strict=False)]
+        print(
+            f"[native] the client's own overhead in a request's figures (first + last chunk): {p(total)} "
+            f"(target < 1 ms)"
+        )
     finally:
         proc.terminate()
         proc.wait(5)

@@ -21,23 +21,34 @@ import sys
 import tempfile
 import time
 
-from tuitune.parse import parse_line
+from tuitune.measure.parse import parse_line
 
 SAMPLES = [
-    (30, "[{s} TP0] Decode batch, #running-req: 1, #token: {n}, token usage: 0.00, accept len: 1.{a}, "
-         "accept rate: 0.4{a}, cuda graph: True, gen throughput (token/s): 9{a}.12, #queue-req: 0"),
-    (30, "[{s} TP0] EAGLE3_PROFILE v=1 cycles=40 bs=1 steps=2 topk=1 draft_tokens=3 draft_ms=0.4{a} "
-         "verify_ms=19.{a} extend_ms=0.20 other_ms=0.05 cycle_ms=20.{a} accept_len=1.{a} eff_tok_s=9{a}.5 sync=event"),
-    (10, "[{s} TP0] Prefill batch, #new-seq: 1, #new-token: {n}, #cached-token: 0, token usage: 0.00, "
-         "#running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, input throughput (token/s): 1{a}00.00"),
-    (20, "[{s}] INFO:     127.0.0.1:{n} - \"POST /generate HTTP/1.1\" 200 OK"),
+    (
+        30,
+        "[{s} TP0] Decode batch, #running-req: 1, #token: {n}, token usage: 0.00, accept len: 1.{a}, "
+        "accept rate: 0.4{a}, cuda graph: True, gen throughput (token/s): 9{a}.12, #queue-req: 0",
+    ),
+    (
+        30,
+        "[{s} TP0] EAGLE3_PROFILE v=1 cycles=40 bs=1 steps=2 topk=1 draft_tokens=3 draft_ms=0.4{a} "
+        "verify_ms=19.{a} extend_ms=0.20 other_ms=0.05 cycle_ms=20.{a} accept_len=1.{a} eff_tok_s=9{a}.5 sync=event",
+    ),
+    (
+        10,
+        "[{s} TP0] Prefill batch, #new-seq: 1, #new-token: {n}, #cached-token: 0, token usage: 0.00, "
+        "#running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, input throughput (token/s): 1{a}00.00",
+    ),
+    (20, '[{s}] INFO:     127.0.0.1:{n} - "POST /generate HTTP/1.1" 200 OK'),
     (10, "[{s} TP0] Cache flushed successfully! memory usage {n} tokens"),
 ]
 # --v2: profile lines of format v2 as the simulator writes them (histograms of accept lengths and
 # batch sizes, verify tokens)
-PROFILE_V2 = ("[{s} TP0] EAGLE3_PROFILE v=2 cycles=40 bs=8 steps=3 topk=1 draft_tokens=4 verify_tokens=32 "
-              "draft_ms=0.5{a} verify_ms=5.{a} extend_ms=0.20 other_ms=0.05 cycle_ms=6.{a} accept_len=2.{a} "
-              "accept_hist=1:1{a},2:8{a},3:6{a},4:5{a} bs_hist=7:3,8:37 eff_tok_s=29{a}.5 sync=sim")
+PROFILE_V2 = (
+    "[{s} TP0] EAGLE3_PROFILE v=2 cycles=40 bs=8 steps=3 topk=1 draft_tokens=4 verify_tokens=32 "
+    "draft_ms=0.5{a} verify_ms=5.{a} extend_ms=0.20 other_ms=0.05 cycle_ms=6.{a} accept_len=2.{a} "
+    "accept_hist=1:1{a},2:8{a},3:6{a},4:5{a} bs_hist=7:3,8:37 eff_tok_s=29{a}.5 sync=sim"
+)
 
 
 def build(path: str, n: int, ms: bool = False, v2: bool = False) -> None:
@@ -76,13 +87,15 @@ def main() -> None:
         build(ms_path, n, ms=True, v2=ns.v2)
         api_ms, _ = api_rate(ms_path)
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "tuitune", "parse", path, "--json"], check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "tuitune", "parse", path, "--json"], check=True, stdout=subprocess.DEVNULL
+        )
         cli = time.perf_counter() - t0
         t0 = time.perf_counter()
         # stdout captured: GNU grep stops at the first match when its output is /dev/null
-        subprocess.run(["grep", "-cE", "EAGLE3_PROFILE|Decode batch|Prefill batch", path], check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["grep", "-cE", "EAGLE3_PROFILE|Decode batch|Prefill batch", path], check=True, capture_output=True
+        )
         grep = time.perf_counter() - t0
     print(f"{n:,} lines, {events:,} events")
     print(f"parse_line API       {api:>12,.0f} lines/s  ({n / api:.2f} s)")

@@ -22,10 +22,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import SshServer, make_preset  # noqa: E402
-from tuitune.control import ServerControl  # noqa: E402
-from tuitune.metrics import quantile  # noqa: E402
-from tuitune.tail import LogTail  # noqa: E402
-from tuitune.transport import LocalTransport, SshTarget, SshTransport  # noqa: E402
+
+from tuitune.measure.metrics import quantile  # noqa: E402
+from tuitune.target.control import ServerControl  # noqa: E402
+from tuitune.target.tail import LogTail  # noqa: E402
+from tuitune.target.transport import LocalTransport, SshTarget, SshTransport  # noqa: E402
 
 
 async def tail_latency(t, log: Path, n: int = 1000) -> list[float]:
@@ -43,9 +44,17 @@ async def tail_latency(t, log: Path, n: int = 1000) -> list[float]:
 
     task = asyncio.ensure_future(consume())
     await asyncio.sleep(0.5)
-    writer = subprocess.Popen([sys.executable, "-c", (
-        "import sys,time\nf=open(sys.argv[1],'a',buffering=1)\n"
-        f"for i in range({n}):\n    f.write('t %.6f %d\\n' % (time.time(), i)); time.sleep(0.005)\n"), str(log)])
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys,time\nf=open(sys.argv[1],'a',buffering=1)\n"
+                f"for i in range({n}):\n    f.write('t %.6f %d\\n' % (time.time(), i)); time.sleep(0.005)\n"
+            ),
+            str(log),
+        ]
+    )
     await asyncio.wait_for(task, 60)
     writer.wait()
     tail.close()
@@ -54,12 +63,11 @@ async def tail_latency(t, log: Path, n: int = 1000) -> list[float]:
 
 async def relaunch_overhead(t, tmp: Path, runs: int = 5) -> tuple[list[float], list[float]]:
     ready_gap, stop_time = [], []
-    p = make_preset(tmp, "bench-relaunch", env={"SGLANG_LOG_MS": "1"},
-                    args={"sim-load-seconds": 0.5, "sim-speedup": 1})
+    p = make_preset(tmp, "bench-relaunch", env={"SGLANG_LOG_MS": "1"}, args={"sim-load-seconds": 0.5, "sim-speedup": 1})
     c = ServerControl(t, p, state_dir=str(tmp / "state"))
     for _ in range(runs):
         reported = {}
-        rec, res = await c.relaunch(60, on_phase=lambda ph, el: reported.setdefault(ph, time.time()))
+        rec, res = await c.relaunch(60, on_phase=lambda ph, el, seen=reported: seen.setdefault(ph, time.time()))
         ready_ts = None
         for line in Path(p.server.log).read_text().splitlines():
             if "fired up and ready" in line:
@@ -73,8 +81,10 @@ async def relaunch_overhead(t, tmp: Path, runs: int = 5) -> tuple[list[float], l
 
 def show(name: str, vals: list[float]) -> None:
     s = sorted(vals)
-    print(f"{name:<44} n={len(s):<5} p50 {quantile(s, 0.5):7.1f} ms   p99 {quantile(s, 0.99):7.1f} ms   "
-          f"max {s[-1]:7.1f} ms")
+    print(
+        f"{name:<44} n={len(s):<5} p50 {quantile(s, 0.5):7.1f} ms   p99 {quantile(s, 0.99):7.1f} ms   "
+        f"max {s[-1]:7.1f} ms"
+    )
 
 
 async def main() -> None:

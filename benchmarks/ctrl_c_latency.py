@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import group_alive, make_preset, wait_for  # noqa: E402
+
 from tuitune import preset as P  # noqa: E402
-from tuitune.capture import read_capture  # noqa: E402
+from tuitune.measure.capture import read_capture  # noqa: E402
 
 SCENARIOS = {
     "record-relaunch": ({"sim-load-seconds": 60, "sim-speedup": 1}, ["--relaunch"]),
@@ -46,8 +47,14 @@ def one(tmp: Path, name: str, i: int) -> tuple[float, str | None]:
     out = tmp / f"{name}-{i}.jsonl"
     env = {**os.environ, "HOME": str(tmp)}
     cmd = ["launch", str(path)] if name == "launch" else ["--record", str(out), str(path), *extra]
-    proc = subprocess.Popen([sys.executable, "-m", "tuitune", *cmd], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuitune", *cmd],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     state = tmp / ".cache" / "tuitune" / "servers" / f"{p.server.port}.json"
     try:
         wait_for(state.exists, 60, what="the server to start")
@@ -92,8 +99,10 @@ def main() -> None:
                 times.append(took)
                 if problem:
                     problems.append(problem)
-        print(f"{name:16s} median {statistics.median(times):.2f} s  max {max(times):.2f} s  "
-              f"min {min(times):.2f} s  problems {len(problems)}")
+        print(
+            f"{name:16s} median {statistics.median(times):.2f} s  max {max(times):.2f} s  "
+            f"min {min(times):.2f} s  problems {len(problems)}"
+        )
         for pr in problems:
             print(f"    {pr}")
 

@@ -20,18 +20,26 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from conftest import make_preset  # noqa: E402
-from tuitune import redact  # noqa: E402
-from tuitune.parse import parse_line  # noqa: E402
-from tuitune.session import Session  # noqa: E402
-from tuitune.tail import LogTail  # noqa: E402
+
+from tuitune.base import redact  # noqa: E402
+from tuitune.measure.parse import parse_line  # noqa: E402
+from tuitune.target.session import Session  # noqa: E402
+from tuitune.target.tail import LogTail  # noqa: E402
 
 
 def lines(n: int) -> dict[str, str]:
-    return {"vllm": "SpecDecoding metrics: " + "a" * n, "per-position": "SpecDecoding metrics: Per-position "
-            "acceptance rate: " + "0.5, " * (n // 5), "tail notices": "tail: " * (n // 6),
-            "profile": "EAGLE3_PROFILE " + "x=1 " * (n // 4), "decode": "Decode batch, " + "a: " * (n // 3),
-            "nccl": "NCCL INFO " * (n // 10), "prefixes": "[2026-01-01 00:00:00" * (n // 20),
-            "flags": "--api-key " * (n // 10), "assignments": "HF_TOKEN=" * (n // 9), "json": '"api_key": "' * (n // 12)}
+    return {
+        "vllm": "SpecDecoding metrics: " + "a" * n,
+        "per-position": "SpecDecoding metrics: Per-position acceptance rate: " + "0.5, " * (n // 5),
+        "tail notices": "tail: " * (n // 6),
+        "profile": "EAGLE3_PROFILE " + "x=1 " * (n // 4),
+        "decode": "Decode batch, " + "a: " * (n // 3),
+        "nccl": "NCCL INFO " * (n // 10),
+        "prefixes": "[2026-01-01 00:00:00" * (n // 20),
+        "flags": "--api-key " * (n // 10),
+        "assignments": "HF_TOKEN=" * (n // 9),
+        "json": '"api_key": "' * (n // 12),
+    }
 
 
 def per_line() -> None:
@@ -51,7 +59,9 @@ async def session_gap() -> None:
     tmp = Path(tempfile.mkdtemp())
     p = make_preset(tmp, "hostile")
     body = list(lines(80_000).values()) * 6
-    Path(p.server.log).write_text("\n".join(body) + "\n[2026-01-01 00:00:00] The server is fired up and ready to roll!\n")
+    Path(p.server.log).write_text(
+        "\n".join(body) + "\n[2026-01-01 00:00:00] The server is fired up and ready to roll!\n"
+    )
     session = Session(p, state_dir=str(tmp / "state"))
     got: list = []
     session.subscribe(got.extend)
@@ -74,8 +84,10 @@ async def session_gap() -> None:
     tick.cancel()
     await session.close()
     gaps.sort()
-    print(f"session tailing {sum(map(len, body)) / 1e6:.1f} MB of hostile lines: {elapsed:.2f} s; "
-          f"event-loop gap p50 {gaps[len(gaps) // 2] * 1000:.0f} ms, max {gaps[-1] * 1000:.0f} ms")
+    print(
+        f"session tailing {sum(map(len, body)) / 1e6:.1f} MB of hostile lines: {elapsed:.2f} s; "
+        f"event-loop gap p50 {gaps[len(gaps) // 2] * 1000:.0f} ms, max {gaps[-1] * 1000:.0f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -20,9 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import free_port, sim_pids  # noqa: E402
+
 from tuitune import preset as P  # noqa: E402
-from tuitune.metrics import quantile  # noqa: E402
-from tuitune.session import Session  # noqa: E402
+from tuitune.measure.metrics import quantile  # noqa: E402
+from tuitune.target.session import Session  # noqa: E402
 
 
 def two_nodes(tmp: Path) -> P.Preset:
@@ -57,8 +58,10 @@ async def main(trials: int) -> None:
             a, b = await trial(Path(d))
             reported.append(a * 1000)
             clean.append(b * 1000)
-    for name, xs in (("node killed -> server reported failed (others stopped)", reported),
-                     ("node killed -> no node process left", clean)):
+    for name, xs in (
+        ("node killed -> server reported failed (others stopped)", reported),
+        ("node killed -> no node process left", clean),
+    ):
         print(f"{name}: p50 {quantile(xs, 0.5):.0f} ms, max {max(xs):.0f} ms over {len(xs)} trials")
 
 

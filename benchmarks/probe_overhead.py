@@ -30,10 +30,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from fake_sglang import make_tree  # noqa: E402
-from tuitune.parse import parse_line  # noqa: E402
+
+from tuitune.measure.parse import parse_line  # noqa: E402
 from tuitune.probe import FILES  # noqa: E402
 
-GPU_WORK = '''
+GPU_WORK = """
 import os
 import torch
 from torch.profiler import record_function
@@ -66,9 +67,9 @@ def extend():
             torch.matmul(x3, DRAFT[0])
         else:
             draft_pass(x3)
-'''
+"""
 
-HARNESS = '''
+HARNESS = """
 import json, logging, sys, time, torch
 logging.basicConfig(level=logging.INFO, format="[%(asctime)s TP0] %(message)s", stream=sys.stdout)
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
@@ -99,15 +100,16 @@ else:
     cycles(400)
     torch.cuda.synchronize()
     print("CYCLE_MS %.6f" % ((time.perf_counter() - t0) / 400 * 1000))
-'''
+"""
 
 
 def run(tmp: Path, mode: str, extra_env: dict | None = None) -> tuple[str, list]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3_")}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp / "probe"), str(tmp / "fake")])
     env.update(extra_env or {})
-    r = subprocess.run([sys.executable, str(tmp / "harness.py"), mode], capture_output=True, text=True, env=env,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, str(tmp / "harness.py"), mode], capture_output=True, text=True, env=env, timeout=300
+    )
     if r.returncode != 0:
         raise SystemExit(r.stderr[-2000:])
     lines = [parse_line(x) for x in r.stdout.splitlines() if "EAGLE3_PROFILE" in x]
@@ -125,8 +127,10 @@ def main() -> None:
     if torch is None or not torch.cuda.is_available():
         print("probe_overhead: needs a CUDA GPU (see the README for the H200 figures); skipped")
         return
-    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
-          + (", extend = one small matmul (--tiny-extend)" if tiny else ""))
+    print(
+        f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+        + (", extend = one small matmul (--tiny-extend)" if tiny else "")
+    )
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         make_tree(tmp / "fake", "v2", work=GPU_WORK)
@@ -135,9 +139,12 @@ def main() -> None:
             (tmp / "probe" / name).write_bytes((ROOT / "tuitune" / "probe" / name).read_bytes())
         (tmp / "harness.py").write_text(HARNESS)
         results = {}
-        for rep in range(3):  # interleaved, three rounds
-            for mode, env in (("none", {}), ("event", {"EAGLE3_PROFILE": "1"}),
-                              ("host", {"EAGLE3_PROFILE": "1", "EAGLE3_PROFILE_SYNC": "host"})):
+        for _round in range(3):  # interleaved, three rounds
+            for mode, env in (
+                ("none", {}),
+                ("event", {"EAGLE3_PROFILE": "1"}),
+                ("host", {"EAGLE3_PROFILE": "1", "EAGLE3_PROFILE_SYNC": "host"}),
+            ):
                 out, lines = run(tmp, "timed", env)
                 ms = float(next(x for x in out.splitlines() if x.startswith("CYCLE_MS")).split()[1])
                 results.setdefault(mode, []).append((ms, lines))
@@ -149,16 +156,19 @@ def main() -> None:
             phases = ""
             if lines:
                 n = len(lines)
-                phases = "draft %.3f verify %.3f extend %.3f ms (%d windows, sync=%s)" % (
-                    sum(e.draft_ms for e in lines) / n, sum(e.verify_ms for e in lines) / n,
-                    sum(e.extend_ms for e in lines) / n, n, lines[0].sync)
+                phases = (
+                    f"draft {sum(e.draft_ms for e in lines) / n:.3f} verify {sum(e.verify_ms for e in lines) / n:.3f} "
+                    f"extend {sum(e.extend_ms for e in lines) / n:.3f} ms ({n} windows, sync={lines[0].sync})"
+                )
             print(f"{mode:<6} {ms:>28.4f} {(ms - base) / base:>+9.2%}   {phases}")
         out, lines = run(tmp, "profiler", {"EAGLE3_PROFILE": "1"})
-        prof = json.loads(next(x for x in out.splitlines() if x.startswith("PROFILER"))[len("PROFILER "):])
+        prof = json.loads(next(x for x in out.splitlines() if x.startswith("PROFILER"))[len("PROFILER ") :])
         # 100 warm-up cycles, then 200 under the profiler: windows of 40 from the 4th on lie inside it
         inside = lines[3:]
-        print(f"\nphase    probe (sync=event) ms   torch.profiler device ms   difference   ({len(inside)} windows "
-              "inside the profiled span)")
+        print(
+            f"\nphase    probe (sync=event) ms   torch.profiler device ms   difference   ({len(inside)} windows "
+            "inside the profiled span)"
+        )
         for phase in ("draft", "verify", "extend"):
             mine = sum(getattr(e, f"{phase}_ms") for e in inside) / len(inside)
             theirs = prof.get(f"phase_{phase}")

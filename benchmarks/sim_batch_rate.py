@@ -18,14 +18,16 @@ import asyncio
 import sys
 
 from simproc import running_sim
-from tuitune.bench import BenchConfig, run_bench
+
+from tuitune.measure.bench import BenchConfig, run_bench
 
 SPEEDUPS = (0.125, 0.25, 0.5, 1, 2, 4)
 
 
 def measure(speedup: float, streams: int, max_tokens: int, interval: int):
-    with running_sim("--sim-machine", "h200-llama8b", "--sim-speedup", str(speedup),
-                     "--stream-interval", str(interval)) as url:
+    with running_sim(
+        "--sim-machine", "h200-llama8b", "--sim-speedup", str(speedup), "--stream-interval", str(interval)
+    ) as url:
         run = asyncio.run(run_bench(BenchConfig(url, requests=1, warmup=1, max_tokens=max_tokens).at_level(streams)))
     return run.goodput()["tok_s"], run.sim_late_share or 0.0, run.failed
 
@@ -36,8 +38,10 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--stream-interval", type=int, default=1, help="SGLang's --stream-interval (chunks every N cycles)")
     ns = ap.parse_args()
-    print(f"{ns.streams} streams, h200-llama8b, no speculation, {ns.max_tokens} tokens a request, "
-          f"a chunk every {ns.stream_interval} cycle(s)")
+    print(
+        f"{ns.streams} streams, h200-llama8b, no speculation, {ns.max_tokens} tokens a request, "
+        f"a chunk every {ns.stream_interval} cycle(s)"
+    )
     print(f"{'speedup':>8} {'real tok/s':>11} {'req/s':>7} {'sim tok/s':>10} {'vs slowest':>10} {'late cycles':>11}")
     ref = None
     best = None
@@ -49,11 +53,16 @@ def main() -> int:
         good = rel >= 0.95 and late <= 0.05 and not failed
         if good:
             best = (speedup, real)
-        print(f"{speedup:>8g} {real:>11.0f} {real / ns.max_tokens:>7.1f} {simulated:>10.0f} {rel:>10.1%} {late:>11.1%}"
-              + ("" if good else "  <- falling behind"), flush=True)
+        print(
+            f"{speedup:>8g} {real:>11.0f} {real / ns.max_tokens:>7.1f} {simulated:>10.0f} {rel:>10.1%} {late:>11.1%}"
+            + ("" if good else "  <- falling behind"),
+            flush=True,
+        )
     if best:
-        print(f"\nsustainable: {best[1]:.0f} tok/s = {best[1] / ns.max_tokens:.1f} requests/s of {ns.max_tokens} "
-              f"tokens across {ns.streams} streams (--sim-speedup {best[0]:g} on h200-llama8b without speculation)")
+        print(
+            f"\nsustainable: {best[1]:.0f} tok/s = {best[1] / ns.max_tokens:.1f} requests/s of {ns.max_tokens} "
+            f"tokens across {ns.streams} streams (--sim-speedup {best[0]:g} on h200-llama8b without speculation)"
+        )
     return 0 if best else 1
 
 

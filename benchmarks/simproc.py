@@ -24,8 +24,12 @@ def running_sim(*args: str, env: dict[str, str] | None = None, log=None):
     port = free_port()
     full = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
     full.update(env or {})
-    proc = subprocess.Popen([sys.executable, "-m", "tuitune.sim", "--port", str(port), "--sim-load-seconds", "0.3",
-                             *args], stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT, env=full)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuitune.sim", "--port", str(port), "--sim-load-seconds", "0.3", *args],
+        stdout=log or subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        env=full,
+    )
     try:
         for _ in range(400):
             if proc.poll() is not None:

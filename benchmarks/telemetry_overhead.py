@@ -22,9 +22,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import SshServer  # noqa: E402
-from tuitune.events import GpuSample  # noqa: E402
-from tuitune.telemetry import Collector, command_prefix  # noqa: E402
-from tuitune.transport import SshTarget, SshTransport  # noqa: E402
+
+from tuitune.base.events import GpuSample  # noqa: E402
+from tuitune.target.telemetry import Collector, command_prefix  # noqa: E402
+from tuitune.target.transport import SshTarget, SshTransport  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -53,10 +54,12 @@ async def measure(seconds: float, period_ms: int) -> None:
             t = SshTransport(SshTarget(**sshd.target()))
             await t.connect()
             ticks: list[int] = []
-            prefix = command_prefix(f"env PYTHONPATH={ROOT} {{python}} -m tuitune.sim.nvidia_smi --sim-gpus 8",
-                                    sys.executable, 0)
-            c = Collector(t, prefix, lambda evs: ticks.extend(e.seq for e in evs if isinstance(e, GpuSample)),
-                          period_ms=period_ms)
+            prefix = command_prefix(
+                f"env PYTHONPATH={ROOT} {{python}} -m tuitune.sim.nvidia_smi --sim-gpus 8", sys.executable, 0
+            )
+            c = Collector(
+                t, prefix, lambda evs: ticks.extend(e.seq for e in evs if isinstance(e, GpuSample)), period_ms=period_ms
+            )
             task = asyncio.ensure_future(c.run())
             while not ticks:  # start-up (probe, first tick) is not the steady state
                 await asyncio.sleep(0.05)
@@ -70,12 +73,12 @@ async def measure(seconds: float, period_ms: int) -> None:
             await t.close()
         finally:
             sshd.stop()
-    print(f"telemetry over SSH on loopback, 8 GPUs every {period_ms} ms, {wall:.0f} s: "
-          f"{n} samples ({n / 8:.0f} ticks)")
+    print(f"telemetry over SSH on loopback, 8 GPUs every {period_ms} ms, {wall:.0f} s: {n} samples ({n / 8:.0f} ticks)")
     print(f"  collector (tuitune process): {cpu * 1000 / wall:.1f} ms CPU per s = {cpu / wall:.2%} of one core")
     print(f"  sshd session on the target:  {ssh_cpu * 1000 / wall:.1f} ms CPU per s = {ssh_cpu / wall:.2%} of one core")
 
 
 if __name__ == "__main__":
-    asyncio.run(measure(float(sys.argv[1]) if len(sys.argv) > 1 else 60.0,
-                        int(sys.argv[2]) if len(sys.argv) > 2 else 500))
+    asyncio.run(
+        measure(float(sys.argv[1]) if len(sys.argv) > 1 else 60.0, int(sys.argv[2]) if len(sys.argv) > 2 else 500)
+    )

@@ -24,8 +24,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import make_preset  # noqa: E402
 from textual import events  # noqa: E402
-from tuitune.metrics import quantile  # noqa: E402
-from tuitune.session import Session  # noqa: E402
+
+from tuitune.measure.metrics import quantile  # noqa: E402
+from tuitune.target.session import Session  # noqa: E402
 from tuitune.tui.app import TuituneApp, UserConfig  # noqa: E402
 
 
@@ -33,8 +34,9 @@ async def main(seconds: float) -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         # 20 ms cycles at speedup 20 = 1 ms: with an interval of 1, a profile line per cycle
-        p = make_preset(tmp, "flood", args={"sim-speedup": 20, "decode-log-interval": 1, "sim-load-seconds": 2},
-                        max_tokens=4000)
+        p = make_preset(
+            tmp, "flood", args={"sim-speedup": 20, "decode-log-interval": 1, "sim-load-seconds": 2}, max_tokens=4000
+        )
         s = Session(p, state_dir=str(tmp / "state"))
         app = TuituneApp(s, autostart="launch", load_on_start=True, user_config=UserConfig())
         async with app.run_test(size=(140, 44)):
@@ -58,8 +60,10 @@ async def main(seconds: float) -> None:
             await s.close(stop_server=True)
     lat = sorted(latencies)
     print(f"profile lines handled: {lines / wall:,.0f}/s (plus as many decode lines), for {wall:.1f} s")
-    print(f"key press -> screen updated: n={len(lat)} p50 {quantile(lat, 0.5):.0f} ms, p90 {quantile(lat, 0.9):.0f} ms, "
-          f"max {lat[-1]:.0f} ms (target < 100 ms)")
+    print(
+        f"key press -> screen updated: n={len(lat)} p50 {quantile(lat, 0.5):.0f} ms, p90 {quantile(lat, 0.9):.0f} ms, "
+        f"max {lat[-1]:.0f} ms (target < 100 ms)"
+    )
     print(f"tuitune CPU: {cpu / wall:.2f} cores (target < 0.5)")
 
 

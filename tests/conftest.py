@@ -22,8 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # downloaded or built wheel or environment (a module- or session-scoped fixture) are sent to the same
 # worker: it is then fetched once, and never built twice at once in the tree (`pip wheel` in ./build,
 # tests/vllm_cli.py in .cache/).
-SHARED_FIXTURES = {"installed": "built-wheel", "src": "vllm-wheel", "sglang_release": "sglang-wheel",
-                   "vllm_python": "vllm-cli"}
+SHARED_FIXTURES = {
+    "installed": "built-wheel",
+    "src": "vllm-wheel",
+    "sglang_release": "sglang-wheel",
+    "vllm_python": "vllm-cli",
+}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
@@ -47,7 +51,7 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
             return r.status
     except urllib.error.HTTPError as e:
         return e.code
-    except (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError):
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
         return None
 
 
@@ -72,16 +76,23 @@ class Sim:
         full_env.update(env or {})
         self.args = ["--port", str(self.port), *args]
         with open(self.log, "wb") as f:
-            self.proc = subprocess.Popen([sys.executable, "-m", "tuitune.sim", *self.args],
-                                         stdout=f, stderr=subprocess.STDOUT, env=full_env,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tuitune.sim", *self.args],
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                start_new_session=True,
+            )
 
     def text(self) -> str:
         return self.log.read_bytes().decode("utf-8", "replace")
 
     def wait_ready(self, timeout: float = 20.0) -> None:
-        wait_for(lambda: http_status(self.url + "/health") == 200 or self.proc.poll() is not None,
-                 timeout, what="sim /health 200")
+        wait_for(
+            lambda: http_status(self.url + "/health") == 200 or self.proc.poll() is not None,
+            timeout,
+            what="sim /health 200",
+        )
         assert self.proc.poll() is None, f"sim exited: {self.text()[-2000:]}"
 
     def stop(self) -> None:
@@ -112,10 +123,27 @@ def sglang_release(tmp_path_factory) -> Path:
     """SGLang 0.5.23's package directory, from its wheel (downloaded once a session; only the
     speculative sources and the dist-info unpacked). Skips when the registry is not reachable."""
     import zipfile
+
     tmp = tmp_path_factory.mktemp("sglang")
-    dl = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                         "--python-version", "3.11", "-d", str(tmp), "sglang==0.5.23"],
-                        capture_output=True, text=True, timeout=240)
+    dl = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.11",
+            "-d",
+            str(tmp),
+            "sglang==0.5.23",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     wheels = list(tmp.glob("sglang-*.whl"))
     if dl.returncode != 0 or not wheels:
         pytest.skip(f"the package registry is not reachable here: {dl.stderr.strip()[-200:]}")
@@ -124,12 +152,33 @@ def sglang_release(tmp_path_factory) -> Path:
     return tmp / "site" / "sglang"
 
 
-SPEC2 = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d",
-         "--speculative-num-steps", "2", "--speculative-eagle-topk", "1"]
-SEED_ARGS = ["--tp-size", "8", "--mem-fraction-static", "0.88", "--num-continuous-decode-steps", "4",
-             "--disable-custom-all-reduce"]
-TUNED_NCCL = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS",
-              "NCCL_MAX_NCHANNELS": "16", "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
+SPEC2 = [
+    "--speculative-algorithm",
+    "EAGLE3",
+    "--speculative-draft-model-path",
+    "/d",
+    "--speculative-num-steps",
+    "2",
+    "--speculative-eagle-topk",
+    "1",
+]
+SEED_ARGS = [
+    "--tp-size",
+    "8",
+    "--mem-fraction-static",
+    "0.88",
+    "--num-continuous-decode-steps",
+    "4",
+    "--disable-custom-all-reduce",
+]
+TUNED_NCCL = {
+    "NCCL_PROTO": "LL",
+    "NCCL_ALGO": "Ring",
+    "NCCL_P2P_LEVEL": "SYS",
+    "NCCL_MAX_NCHANNELS": "16",
+    "NCCL_BUFFSIZE": "16777216",
+    "NCCL_NTHREADS": "512",
+}
 
 
 # ---- a real OpenSSH sshd on loopback (TESTING.md recipe) ------------------------------------------
@@ -154,18 +203,36 @@ class SshServer:
         self.known_hosts = root / "known_hosts"
         self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {self.host_public}\n")
         self.config = root / "sshd_config"
-        self.config.write_text("\n".join([
-            f"Port {self.port}", "ListenAddress 127.0.0.1", f"HostKey {self.host_key_path}",
-            f"PidFile {root / 'sshd.pid'}", f"AuthorizedKeysFile {root / 'authorized_keys'}",
-            "PermitRootLogin prohibit-password", "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no", "AllowTcpForwarding yes",
-            "Subsystem sftp internal-sftp", "MaxStartups 100:30:200", "LogLevel ERROR", ""]))
+        self.config.write_text(
+            "\n".join(
+                [
+                    f"Port {self.port}",
+                    "ListenAddress 127.0.0.1",
+                    f"HostKey {self.host_key_path}",
+                    f"PidFile {root / 'sshd.pid'}",
+                    f"AuthorizedKeysFile {root / 'authorized_keys'}",
+                    "PermitRootLogin prohibit-password",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "UsePAM no",
+                    "StrictModes no",
+                    "AllowTcpForwarding yes",
+                    "Subsystem sftp internal-sftp",
+                    "MaxStartups 100:30:200",
+                    "LogLevel ERROR",
+                    "",
+                ]
+            )
+        )
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(self.config)],
-                                     stdout=subprocess.DEVNULL, stderr=open(self.root / "sshd.err", "ab"))
+        self.proc = subprocess.Popen(
+            ["/usr/sbin/sshd", "-D", "-e", "-f", str(self.config)],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.root / "sshd.err", "ab"),
+        )
         wait_for(self._accepts, 10, what="sshd to accept TCP")
 
     def _accepts(self) -> bool:
@@ -190,8 +257,13 @@ class SshServer:
                 pass
 
     def target(self) -> dict:
-        return {"host": "127.0.0.1", "port": self.port, "user": "root",
-                "identity_file": str(self.client_key_path), "known_hosts": str(self.known_hosts)}
+        return {
+            "host": "127.0.0.1",
+            "port": self.port,
+            "user": "root",
+            "identity_file": str(self.client_key_path),
+            "known_hosts": str(self.known_hosts),
+        }
 
 
 @pytest.fixture(scope="session")
@@ -204,24 +276,47 @@ def sshd(tmp_path_factory):
     server.stop()
 
 
-def make_preset(tmp: Path, name: str = "t", target=None, args: dict | None = None, env: dict | None = None,
-                spec_steps: int | None = 2, port: int | None = None, profile: bool = True, **bench):
+def make_preset(
+    tmp: Path,
+    name: str = "t",
+    target=None,
+    args: dict | None = None,
+    env: dict | None = None,
+    spec_steps: int | None = 2,
+    port: int | None = None,
+    profile: bool = True,
+    **bench,
+):
     """A simulator preset that starts in a fraction of a second, its log under ``tmp``."""
     from tuitune import preset as P
+
     data = {
         "name": name,
         "target": target or "local",
-        "server": {"python": sys.executable, "module": "tuitune.sim", "log": str(tmp / f"{name}.log"),
-                   "port": port or free_port(),
-                   "args": {"sim-load-seconds": 0.3, "sim-speedup": 10, "decode-log-interval": 10,
-                            "tp-size": 2, **(args or {})}},
+        "server": {
+            "python": sys.executable,
+            "module": "tuitune.sim",
+            "log": str(tmp / f"{name}.log"),
+            "port": port or free_port(),
+            "args": {
+                "sim-load-seconds": 0.3,
+                "sim-speedup": 10,
+                "decode-log-interval": 10,
+                "tp-size": 2,
+                **(args or {}),
+            },
+        },
         "env": env or {},
         "profile": profile,
         "bench": {"requests": 3, "warmup": 0, "max_tokens": 60, **bench},
     }
     if spec_steps:
-        data["speculative"] = {"algorithm": "EAGLE3", "draft_model_path": "/d", "num_steps": spec_steps,
-                               "eagle_topk": 1}
+        data["speculative"] = {
+            "algorithm": "EAGLE3",
+            "draft_model_path": "/d",
+            "num_steps": spec_steps,
+            "eagle_topk": 1,
+        }
     return P.from_dict(data)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-V2 = '''
+V2 = """
 import time
 from . import _work
 
@@ -32,9 +32,9 @@ class EAGLEWorkerV2:
         self.tp_rank = tp_rank
     def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
         return Result(_work.verify(batch))
-'''
+"""
 
-V1 = '''
+V1 = """
 from . import _work
 
 class EagleVerifyOutput:
@@ -54,9 +54,9 @@ class EAGLEWorker:
         return None, EagleVerifyOutput([n - 1 for n in lens]), None, True
     def forward_draft_extend_after_decode(self, batch):
         _work.extend()
-'''
+"""
 
-SLEEP_WORK = '''
+SLEEP_WORK = """
 import time
 ACCEPT = [2, 1, 3, 2]  # tokens a cycle, bonus included: mean 2.0
 _n = [0]
@@ -68,7 +68,7 @@ def verify(batch):
     return [ACCEPT[(_n[0] + i) % 4] for i in range(len(batch.reqs))]
 def extend():
     time.sleep(0.001)
-'''
+"""
 
 
 def make_tree(root: Path, layout: str = "v2", work: str = SLEEP_WORK, drop: str | None = None) -> Path:
@@ -86,7 +86,7 @@ def make_tree(root: Path, layout: str = "v2", work: str = SLEEP_WORK, drop: str 
     return root
 
 
-DRIVER = '''
+DRIVER = """
 import logging, sys
 logging.basicConfig(level=logging.INFO, format="[%(asctime)s TP0] %(message)s", stream=sys.stdout)
 layout, cycles, rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -110,4 +110,4 @@ else:
         w.verify(Batch(), None)
         w.forward_draft_extend_after_decode(Batch())
 print("patched:", getattr(type(v if layout == "v2" else w).verify, "__eagle3_probe__", False))
-'''
+"""

@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 from conftest import free_port
+
 from tuitune import preset as P
-from tuitune.ab import run_ab
-from tuitune.transport import LocalTransport
+from tuitune.experiments.ab import run_ab
+from tuitune.target.transport import LocalTransport
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,10 +19,20 @@ ROOT = Path(__file__).resolve().parent.parent
 def twin(name: str, tmp: Path, port: int) -> P.Preset:
     """A shipped simulator twin, sped up 20x, its log and state under tmp; quasi-random acceptance
     draws, so that 4 short launches resolve a 5.7 % difference."""
-    return P.with_changes(P.resolve(name), {
-        "server.log": str(tmp / f"{name}.log"), "server.port": port, "profile": False,
-        "server.args.sim-speedup": 20, "server.args.sim-load-seconds": 0.2, "server.args.sim-draws": "quasi",
-        "bench.requests": 4, "bench.warmup": 0, "bench.max_tokens": 300})
+    return P.with_changes(
+        P.resolve(name),
+        {
+            "server.log": str(tmp / f"{name}.log"),
+            "server.port": port,
+            "profile": False,
+            "server.args.sim-speedup": 20,
+            "server.args.sim-load-seconds": 0.2,
+            "server.args.sim-draws": "quasi",
+            "bench.requests": 4,
+            "bench.warmup": 0,
+            "bench.max_tokens": 300,
+        },
+    )
 
 
 def test_ab_cli_two_step_eagle3_beats_the_nccl_baseline(tmp_path):
@@ -30,9 +41,14 @@ def test_ab_cli_two_step_eagle3_beats_the_nccl_baseline(tmp_path):
     for name in ("sim-c2-baseline-nccl", "sim-c4-eagle3-2step-nccl"):
         files.append(P.save(twin(name, tmp_path, port), tmp_path / f"{name}.yaml"))
     out = tmp_path / "ab.json"
-    r = subprocess.run([sys.executable, "-m", "tuitune", "ab", str(files[0]), str(files[1]), "--rounds", "4",
-                        "--json", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300,
-                       env={**__import__("os").environ, "HOME": str(tmp_path)})
+    r = subprocess.run(
+        [sys.executable, "-m", "tuitune", "ab", str(files[0]), str(files[1]), "--rounds", "4", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env={**__import__("os").environ, "HOME": str(tmp_path)},
+    )
     assert r.returncode == 0, r.stderr
     assert "verdict: B (sim-c4-eagle3-2step-nccl) is faster" in r.stdout, r.stdout
     result = json.loads(out.read_text())
@@ -65,8 +81,10 @@ async def test_ab_with_one_arm_measured_while_capped_is_not_comparable(tmp_path)
     port = free_port()
     ctl = tmp_path / "ctl.json"
     cmd = f"{{python}} -m tuitune.sim.nvidia_smi --sim-port {{port}} --sim-control {ctl}"
-    a = P.with_changes(twin("sim-c2-baseline-nccl", tmp_path, port),
-                       {"telemetry": {"command": cmd, "period_ms": 200}, "bench.max_tokens": 600})
+    a = P.with_changes(
+        twin("sim-c2-baseline-nccl", tmp_path, port),
+        {"telemetry": {"command": cmd, "period_ms": 200}, "bench.max_tokens": 600},
+    )
     b = P.with_changes(a, {"name": "b"})
 
     def progress(msg: str) -> None:  # the simulated box starts power-capping when B is launched

@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import free_port
-from tuitune import advise as A
+
 from tuitune import preset as P
-from tuitune import speculative
-from tuitune.costmodel import OFF, Config, Launch, fit, tree_tau
+from tuitune.decide import advise as A
+from tuitune.decide.costmodel import OFF, Config, Launch, fit, tree_tau
+from tuitune.engines import speculative
 from tuitune.sim import model as S
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,8 +86,9 @@ def test_tree_tau_follows_the_published_model():
     m = S.load_machine("h100-llama8b")
     for steps, k, n in ((3, 2, 6), (2, 4, 8), (4, 8, 16)):
         cfg = S.sim_config(m, algorithm="EAGLE3", steps=steps, topk=k, draft_tokens=n)
-        assert tree_tau(list(m.acceptance), steps, k, n, m.sibling_decay) == \
-            pytest.approx(S.expected_accept_len(cfg), rel=0.02)
+        assert tree_tau(list(m.acceptance), steps, k, n, m.sibling_decay) == pytest.approx(
+            S.expected_accept_len(cfg), rel=0.02
+        )
 
 
 # ---- advise -----------------------------------------------------------------------------------
@@ -128,8 +129,12 @@ def _real_loader(package: Path):
     imports need a GPU build, so the function (it uses only json) is lifted out with ast."""
     path = package / "srt" / "speculative" / "adaptive_spec_params.py"
     tree = ast.parse(path.read_text())
-    keep = [n for n in tree.body if (isinstance(n, ast.FunctionDef) and n.name == "_load_adaptive_config")
-            or (isinstance(n, (ast.Assign, ast.AnnAssign)) and "DEFAULT_ADAPTIVE_CONFIG" in ast.unparse(n))]
+    keep = [
+        n
+        for n in tree.body
+        if (isinstance(n, ast.FunctionDef) and n.name == "_load_adaptive_config")
+        or (isinstance(n, (ast.Assign, ast.AnnAssign)) and "DEFAULT_ADAPTIVE_CONFIG" in ast.unparse(n))
+    ]
     assert len(keep) == 2, "SGLang moved its adaptive loader"
     ns: dict = {"json": json}
     exec(compile(ast.Module(body=keep, type_ignores=[]), str(path), "exec"), ns)
@@ -149,7 +154,7 @@ def test_emitted_schedule_follows_sglangs_loader_rules(tmp_path):
     cfg, why, path = _schedule(tmp_path)
     assert json.loads(path.read_text()) == cfg
     assert sorted(int(k) for k in cfg) == list(A.ADAPTIVE_BUCKETS)
-    for key, entry in cfg.items():
+    for entry in cfg.values():
         steps = entry["candidate_steps"]
         assert steps == sorted(set(steps)) and all(isinstance(s, int) and 0 <= s <= 8 for s in steps)
     assert A.check_adaptive(cfg)
@@ -159,9 +164,15 @@ def test_emitted_schedule_follows_sglangs_loader_rules(tmp_path):
         assert w["candidates"] == sorted(s for s, g in w["predicted"].items() if g >= best * 0.98)
 
 
-BAD_SCHEDULES = [[1, 2], {"x": {"candidate_steps": [1]}}, {"1": {"candidate_steps": []}},
-                 {"1": {"candidate_steps": [-1]}}, {"1": {"candidate_steps": [1.0]}},
-                 {"1": {"candidate_steps": "1,2"}}, {"8": {}}]
+BAD_SCHEDULES = [
+    [1, 2],
+    {"x": {"candidate_steps": [1]}},
+    {"1": {"candidate_steps": []}},
+    {"1": {"candidate_steps": [-1]}},
+    {"1": {"candidate_steps": [1.0]}},
+    {"1": {"candidate_steps": "1,2"}},
+    {"8": {}},
+]
 
 
 @pytest.mark.parametrize("bad", BAD_SCHEDULES)
@@ -174,7 +185,9 @@ def test_sglang_0_5_23s_own_loader_takes_the_emitted_schedule(tmp_path, sglang_r
     loader = _real_loader(sglang_release)
     cfg, _, path = _schedule(tmp_path)
     raw, entries = loader(str(path))
-    assert {k: v["candidate_steps"] for k, v in entries.items()} == {int(k): v["candidate_steps"] for k, v in cfg.items()}
+    assert {k: v["candidate_steps"] for k, v in entries.items()} == {
+        int(k): v["candidate_steps"] for k, v in cfg.items()
+    }
     for i, bad in enumerate(b for b in BAD_SCHEDULES if isinstance(b, dict)):  # and refuses what we refuse
         p = tmp_path / f"bad{i}.json"
         p.write_text(json.dumps(bad))
@@ -200,28 +213,58 @@ def test_preset_carries_the_schedule_into_the_command():
 def sim_preset(tmp: Path, name: str = "sim-c4-eagle3-2step-nccl") -> Path:
     """The seeds' C4 on the simulator, 20x faster; at concurrency 8 speculation loses there (the
     verify forward's fixed extra cost): the optimum is off, 57 % above the start."""
-    p = P.with_changes(P.resolve(name), {
-        "server.log": str(tmp / "sim.log"), "server.port": free_port(), "server.args.sim-speedup": 20,
-        "server.args.sim-load-seconds": 0.2, "server.args.decode-log-interval": 10,
-        "bench.requests": 4, "bench.warmup": 0, "bench.max_tokens": 120})
+    p = P.with_changes(
+        P.resolve(name),
+        {
+            "server.log": str(tmp / "sim.log"),
+            "server.port": free_port(),
+            "server.args.sim-speedup": 20,
+            "server.args.sim-load-seconds": 0.2,
+            "server.args.decode-log-interval": 10,
+            "bench.requests": 4,
+            "bench.warmup": 0,
+            "bench.max_tokens": 120,
+        },
+    )
     return P.save(p, tmp / "p.yaml")
 
 
 def tuitune(tmp: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tuitune", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout, env={**os.environ, "HOME": str(tmp)})
+    return subprocess.run(
+        [sys.executable, "-m", "tuitune", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+        env={**os.environ, "HOME": str(tmp)},
+    )
 
 
 def test_tune_finds_the_known_optimum_on_the_sim_and_proves_it(tmp_path):
     m = S.load_machine("seed-pcie8")
     env = P.resolve("sim-c4-eagle3-2step-nccl").env
-    truth = {c: S.expected_goodput(m, {**AA.sim_dict(c), "env": env, "disable_custom_all_reduce": True,
-                                       "num_continuous_decode_steps": 4}, 8) for c in A.space()}
+    truth = {
+        c: S.expected_goodput(
+            m, {**AA.sim_dict(c), "env": env, "disable_custom_all_reduce": True, "num_continuous_decode_steps": 4}, 8
+        )
+        for c in A.space()
+    }
     assert max(truth, key=truth.get) == OFF and truth[OFF] > 1.4 * truth[Config.chain(2)]
     preset = sim_preset(tmp_path)
     out = tmp_path / "out"
-    r = tuitune(tmp_path, "tune", str(preset), "--budget", "3", "--concurrency", "8", "--out", str(out),
-                "--json", str(tmp_path / "r.json"))
+    r = tuitune(
+        tmp_path,
+        "tune",
+        str(preset),
+        "--budget",
+        "3",
+        "--concurrency",
+        "8",
+        "--out",
+        str(out),
+        "--json",
+        str(tmp_path / "r.json"),
+    )
     assert r.returncode == 0, r.stderr + r.stdout
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["chosen"] == OFF.to_dict() and result["relaunches"] <= 3, r.stdout
@@ -244,15 +287,30 @@ def test_tune_resumes_and_says_when_the_start_is_best(tmp_path):
     # the seeds' C3 (5 steps) single stream: 2 steps are ~15 % faster, so the resumed loop relaunches
     preset = sim_preset(tmp_path, "sim-c3-eagle3-5step-nccl")
     out = tmp_path / "out"
-    r = tuitune(tmp_path, "tune", str(preset), "--budget", "0", "--concurrency", "1", "--out", str(out),
-                "--levels", "1,2")
+    r = tuitune(
+        tmp_path, "tune", str(preset), "--budget", "0", "--concurrency", "1", "--out", str(out), "--levels", "1,2"
+    )
     assert r.returncode == 0, r.stderr
     assert "verdict: the start is already best" in r.stdout and not (out / "best.yaml").exists()
     assert "not running" in tuitune(tmp_path, "status", str(preset)).stdout  # the search's server is stopped
     again = tuitune(tmp_path, "tune", str(preset), "--budget", "1", "--concurrency", "1", "--out", str(out))
     assert again.returncode == 2 and "already holds a tune log" in again.stderr
-    resumed = tuitune(tmp_path, "tune", str(preset), "--budget", "1", "--concurrency", "1", "--out", str(out),
-                      "--levels", "1,2", "--resume", "--ab-rounds", "1")
+    resumed = tuitune(
+        tmp_path,
+        "tune",
+        str(preset),
+        "--budget",
+        "1",
+        "--concurrency",
+        "1",
+        "--out",
+        str(out),
+        "--levels",
+        "1,2",
+        "--resume",
+        "--ab-rounds",
+        "1",
+    )
     assert resumed.returncode in (0, 1), resumed.stderr
     rows = [json.loads(x) for x in (out / "tune.jsonl").read_text().splitlines()]
     launched = [x for x in rows if x["kind"] == "launch"]
@@ -271,8 +329,9 @@ def test_cli_errors_are_one_sentence(tmp_path):
     assert r.returncode == 2 and "sglang-adaptive" in r.stderr
     r = tuitune(tmp_path, "advise", str(junk), "--concurrency", "0,x")
     assert r.returncode == 2 and "--concurrency" in r.stderr
-    base = P.save(P.with_changes(P.resolve("sim-c2-baseline-nccl"), {"server.log": str(tmp_path / "b.log")}),
-                  tmp_path / "b.yaml")
+    base = P.save(
+        P.with_changes(P.resolve("sim-c2-baseline-nccl"), {"server.log": str(tmp_path / "b.log")}), tmp_path / "b.yaml"
+    )
     r = tuitune(tmp_path, "tune", str(base), "--budget", "-1")
     assert r.returncode == 2 and "--budget" in r.stderr
     r = tuitune(tmp_path, "tune", str(base), "--budget", "2", "--out", str(tmp_path / "o"))
@@ -287,17 +346,35 @@ async def test_adaptive_schedule_runs_on_the_sim_and_windows_never_mix_steps(tmp
     the steps change while it runs (1 -> 3 at batch size 1, where h100-llama8b's drafter accepts
     ~0.7 drafts a cycle; 0 or 1 at batch size 8), each profile window names the steps of all its
     cycles, and the cost model fits from such a mix."""
-    from tuitune.bench import BenchConfig, run_bench
-    from tuitune.parse import parse_line
+    from tuitune.measure.bench import BenchConfig, run_bench
+    from tuitune.measure.parse import parse_line
+
     cfg = {"1": {"candidate_steps": [1, 3]}, "8": {"candidate_steps": [0, 1]}}
     A.check_adaptive(cfg)
     path = tmp_path / "adaptive.json"
     A.write_adaptive(str(path), cfg)
-    sim = sim_factory("--sim-machine", "h100-llama8b", "--speculative-algorithm", "EAGLE3",
-                      "--speculative-draft-model-path", "/d", "--speculative-num-steps", "1",
-                      "--speculative-eagle-topk", "1", "--speculative-adaptive", "--speculative-adaptive-config",
-                      str(path), "--sim-speedup", "10", "--sim-load-seconds", "0.1", "--decode-log-interval", "10",
-                      env={"EAGLE3_PROFILE": "1"})
+    sim = sim_factory(
+        "--sim-machine",
+        "h100-llama8b",
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        "/d",
+        "--speculative-num-steps",
+        "1",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-adaptive",
+        "--speculative-adaptive-config",
+        str(path),
+        "--sim-speedup",
+        "10",
+        "--sim-load-seconds",
+        "0.1",
+        "--decode-log-interval",
+        "10",
+        env={"EAGLE3_PROFILE": "1"},
+    )
     sim.wait_ready()
     await run_bench(BenchConfig(sim.url, requests=3, warmup=0, max_tokens=200, concurrency=1))
     await run_bench(BenchConfig(sim.url, requests=16, warmup=0, max_tokens=200, concurrency=8))
@@ -316,8 +393,17 @@ async def test_adaptive_schedule_runs_on_the_sim_and_windows_never_mix_steps(tmp
 def test_sim_refuses_an_adaptive_config_sglang_would_refuse(tmp_path, sim_factory):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"1": {"candidate_steps": [-1]}}))
-    sim = sim_factory("--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d",
-                      "--speculative-num-steps", "2", "--speculative-adaptive", "--speculative-adaptive-config", str(bad))
+    sim = sim_factory(
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        "/d",
+        "--speculative-num-steps",
+        "2",
+        "--speculative-adaptive",
+        "--speculative-adaptive-config",
+        str(bad),
+    )
     assert sim.proc.wait(20) == 1
     assert "ValueError: batch size 1: candidate_steps must be a non-empty list" in sim.text()
 
@@ -326,17 +412,43 @@ def test_tune_nccl_screens_then_keeps_the_variable_that_wins(tmp_path):
     """--nccl: nccl-bench (gloo here: CPU) ranks the grid; the start is measured with and without
     the winner; on the simulator's PCIe box NCCL_PROTO=LL cuts the all-reduces, so it stays."""
     import yaml
+
     machine = yaml.safe_load((S.machine_path("seed-pcie8")).read_text())
     machine.update(name="pcie2", tp_size=2)  # the seeds' box on two GPUs: its all-reduces, two ranks
     (tmp_path / "pcie2.yaml").write_text(yaml.safe_dump(machine))
-    p = P.with_changes(P.resolve(str(sim_preset(tmp_path))), {
-        "server.args.tp-size": 2, "server.args.sim-machine": str(tmp_path / "pcie2.yaml"),
-        **{f"env.{k}": None for k in P.resolve("sim-c4-eagle3-2step-nccl").env}})
+    p = P.with_changes(
+        P.resolve(str(sim_preset(tmp_path))),
+        {
+            "server.args.tp-size": 2,
+            "server.args.sim-machine": str(tmp_path / "pcie2.yaml"),
+            **{f"env.{k}": None for k in P.resolve("sim-c4-eagle3-2step-nccl").env},
+        },
+    )
     path = P.save(p, tmp_path / "untuned.yaml")
     out = tmp_path / "out"
-    r = tuitune(tmp_path, "tune", str(path), "--budget", "1", "--concurrency", "1", "--levels", "1,2",
-                "--nccl-grid", "env.NCCL_PROTO=LL", "--nccl-backend", "gloo", "--hidden-size", "256",
-                "--out", str(out), "--ab-rounds", "1", "--json", str(tmp_path / "r.json"))
+    r = tuitune(
+        tmp_path,
+        "tune",
+        str(path),
+        "--budget",
+        "1",
+        "--concurrency",
+        "1",
+        "--levels",
+        "1,2",
+        "--nccl-grid",
+        "env.NCCL_PROTO=LL",
+        "--nccl-backend",
+        "gloo",
+        "--hidden-size",
+        "256",
+        "--out",
+        str(out),
+        "--ab-rounds",
+        "1",
+        "--json",
+        str(tmp_path / "r.json"),
+    )
     assert r.returncode in (0, 1), r.stderr
     rows = [json.loads(x) for x in (out / "tune.jsonl").read_text().splitlines()]
     screen = next(x for x in rows if x["kind"] == "nccl")

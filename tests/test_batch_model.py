@@ -9,16 +9,28 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tuitune.bench import BenchConfig, BenchRun, RequestResult, stream_goodput
-from tuitune.crossover import level_verdict, schedule
+from tuitune.experiments.crossover import level_verdict, schedule
+from tuitune.measure.bench import BenchConfig, BenchRun, RequestResult, stream_goodput
 from tuitune.sim import model as M
 from tuitune.sim.server import Window
 
 CHAIN3 = {"algorithm": "EAGLE3", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}
 OFF = {"algorithm": None}
 PAPER = {2: 1.81, 4: 1.82, 8: 1.62, 16: 1.48, 24: 1.39, 32: 1.32, 48: 1.38, 56: 1.34, 64: 1.38}
-H200_TARGET = {1: 4.24, 4: 4.38, 16: 4.45, 32: 4.51, 64: 4.62, 96: 4.97, 128: 6.12, 256: 7.03, 384: 11.11,
-               512: 12.31, 768: 19.95, 1024: 23.23}
+H200_TARGET = {
+    1: 4.24,
+    4: 4.38,
+    16: 4.45,
+    32: 4.51,
+    64: 4.62,
+    96: 4.97,
+    128: 6.12,
+    256: 7.03,
+    384: 11.11,
+    512: 12.31,
+    768: 19.95,
+    1024: 23.23,
+}
 H200_DRAFT = {1: 0.19, 96: 0.19, 128: 0.26, 512: 0.56, 1024: 1.06}
 
 
@@ -36,19 +48,22 @@ def test_shipped_machines_load_and_the_default_is_the_seeds_box():
     assert m.tp_size == 1 and m.topology == "nvlink" and m.sibling_decay == 0.7 and m.verify_extra_ms == 0.0
 
 
-@pytest.mark.parametrize("edit, key", [
-    (lambda d: d.pop("sched_ms"), "sched_ms is missing"),
-    (lambda d: d["target"].pop("knee_sharpness"), "target.knee_sharpness is missing"),
-    (lambda d: d["target"].update(mem_ms="fast"), "target.mem_ms must be a number > 0"),
-    (lambda d: d["target"].update(knee_sharpness=400), "target.knee_sharpness must be a number in (0, 20]"),
-    (lambda d: d["draft"].update(ms_per_token=-1), "draft.ms_per_token must be a number >= 0"),
-    (lambda d: d.update(topology="infiniband"), "topology must be pcie or nvlink"),
-    (lambda d: d.update(acceptance=[0.8, 1.4]), "acceptance must be a non-empty list"),
-    (lambda d: d.update(tp_size=0), "tp_size must be an integer >= 1"),
-    (lambda d: d.update(flops=1), "unknown key flops"),
-    (lambda d: d["draft"].update(knee_sharpness=2), "unknown key draft.knee_sharpness"),
-    (lambda d: d.update(target=[1, 2]), "target must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "edit, key",
+    [
+        (lambda d: d.pop("sched_ms"), "sched_ms is missing"),
+        (lambda d: d["target"].pop("knee_sharpness"), "target.knee_sharpness is missing"),
+        (lambda d: d["target"].update(mem_ms="fast"), "target.mem_ms must be a number > 0"),
+        (lambda d: d["target"].update(knee_sharpness=400), "target.knee_sharpness must be a number in (0, 20]"),
+        (lambda d: d["draft"].update(ms_per_token=-1), "draft.ms_per_token must be a number >= 0"),
+        (lambda d: d.update(topology="infiniband"), "topology must be pcie or nvlink"),
+        (lambda d: d.update(acceptance=[0.8, 1.4]), "acceptance must be a non-empty list"),
+        (lambda d: d.update(tp_size=0), "tp_size must be an integer >= 1"),
+        (lambda d: d.update(flops=1), "unknown key flops"),
+        (lambda d: d["draft"].update(knee_sharpness=2), "unknown key draft.knee_sharpness"),
+        (lambda d: d.update(target=[1, 2]), "target must be a mapping"),
+    ],
+)
 def test_machine_file_errors_are_one_sentence_naming_the_key(tmp_path, edit, key):
     data = shipped("h100-llama8b")
     edit(data)
@@ -111,8 +126,9 @@ def test_chain_tree_and_expected_accept_length():
     assert M.expected_accept_len(chain) < M.expected_accept_len(tree) < 4
 
 
-@pytest.mark.parametrize("config", [CHAIN3, {"algorithm": "EAGLE3", "num_steps": 4, "eagle_topk": 4,
-                                             "num_draft_tokens": 16}])
+@pytest.mark.parametrize(
+    "config", [CHAIN3, {"algorithm": "EAGLE3", "num_steps": 4, "eagle_topk": 4, "num_draft_tokens": 16}]
+)
 def test_per_position_draws_average_to_the_expected_accept_length(config):
     cfg = M.config_from_dict(M.load_machine("h200-llama8b"), config)
     rng = random.Random(7)
@@ -121,7 +137,8 @@ def test_per_position_draws_average_to_the_expected_accept_length(config):
     assert mean == pytest.approx(M.expected_accept_len(cfg), rel=0.015)
     quasi = M.QuasiDraws(3)
     assert sum(M.draw_accepted(cfg, quasi) for _ in range(4000)) / 4000 == pytest.approx(
-        M.expected_accept_len(cfg), rel=0.03)
+        M.expected_accept_len(cfg), rel=0.03
+    )
 
 
 def test_expected_goodput_contract():
@@ -139,8 +156,9 @@ def test_expected_goodput_contract():
 
 def test_speculation_stops_paying_under_load_for_a_big_tree():
     tree = {"algorithm": "EAGLE3", "num_steps": 4, "eagle_topk": 4, "num_draft_tokens": 16}
-    ratio = [M.expected_goodput("h200-llama8b", tree, c) / M.expected_goodput("h200-llama8b", OFF, c)
-             for c in (1, 4, 16, 64)]
+    ratio = [
+        M.expected_goodput("h200-llama8b", tree, c) / M.expected_goodput("h200-llama8b", OFF, c) for c in (1, 4, 16, 64)
+    ]
     assert ratio[0] > 2 and ratio[-1] < 0.8 and ratio == sorted(ratio, reverse=True)
 
 
@@ -164,8 +182,11 @@ def run_of(concurrency: int, tokens: int, latency_s: float, n: int = 12, failed:
     """A finished bench run: n requests of `tokens` tokens, latencies spread ±5 % around latency_s."""
     run = BenchRun(BenchConfig("http://x", concurrency=concurrency))
     for i in range(n):
-        run.results.append(RequestResult(ok=True, completion_tokens=tokens, ttft_s=0.01,
-                                         e2e_s=latency_s * (0.95 + 0.1 * i / max(1, n - 1))))
+        run.results.append(
+            RequestResult(
+                ok=True, completion_tokens=tokens, ttft_s=0.01, e2e_s=latency_s * (0.95 + 0.1 * i / max(1, n - 1))
+            )
+        )
     run.results += [RequestResult(ok=False, error="HTTP 500") for _ in range(failed)]
     return run
 

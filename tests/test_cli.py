@@ -9,22 +9,40 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tuitune.bench import BenchConfig, BenchRun, RequestResult
+from tuitune.measure.bench import BenchConfig, BenchRun, RequestResult
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPTURE = ROOT / "tests" / "data" / "demo-capture.jsonl"
 
 
 def tuitune(*args, env=None, cwd=None):
-    return subprocess.run([sys.executable, "-m", "tuitune", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})}, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "tuitune", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+    )
 
 
 def test_bench_url_without_scheme_json_to_stdout_and_progress(sim_factory, tmp_path):
     sim = sim_factory("--tp-size", "2", "--sim-load-seconds", "0.2", "--sim-speedup", "10")
     sim.wait_ready()
-    r = tuitune("bench", "--url", f"127.0.0.1:{sim.port}", "--requests", "3", "--warmup", "0",
-                "--max-tokens", "40", "--json", "-", cwd=tmp_path)
+    r = tuitune(
+        "bench",
+        "--url",
+        f"127.0.0.1:{sim.port}",
+        "--requests",
+        "3",
+        "--warmup",
+        "0",
+        "--max-tokens",
+        "40",
+        "--json",
+        "-",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)  # stdout is the JSON alone
     assert len(data["results"]) == 3 and data["summary"]["requests"] == 3
@@ -36,9 +54,11 @@ def test_bench_url_without_scheme_json_to_stdout_and_progress(sim_factory, tmp_p
 
 def test_no_throughput_warning_on_a_short_run():
     """The server's last log interval is not the client's per-request rate: never compared."""
-    run = BenchRun(BenchConfig("http://x"), results=[RequestResult(ok=True, ttft_s=0.1, e2e_s=1.09, completion_tokens=100,
-                                                            spec_verify_ct=50)],
-                   server={"last_gen_throughput": 236.0, "avg_spec_accept_length": 2.05})
+    run = BenchRun(
+        BenchConfig("http://x"),
+        results=[RequestResult(ok=True, ttft_s=0.1, e2e_s=1.09, completion_tokens=100, spec_verify_ct=50)],
+        server={"last_gen_throughput": 236.0, "avg_spec_accept_length": 2.05},
+    )
     assert run.cross_check() == []
     run.server["avg_spec_accept_length"] = 3.0  # like for like: still checked
     assert "accept length" in run.cross_check()[0]
@@ -64,10 +84,11 @@ def test_preset_list_and_validate_json(tmp_path):
 def test_charts_are_plain_text_when_piped_or_no_color():
     r = tuitune("report", str(CAPTURE))  # stdout is a pipe here
     assert r.returncode == 0 and "tok/s per profile window" in r.stdout and "\x1b" not in r.stdout
-    from tuitune.report import chart, summarize_capture
+    from tuitune.measure.report import chart, summarize_capture
+
     rep = summarize_capture(str(CAPTURE))
     assert "\x1b" in chart([rep], colour=True) and "\x1b" not in chart([rep], colour=False)
-    from tuitune.report import colour_wanted
+    from tuitune.measure.report import colour_wanted
 
     class Tty:
         def isatty(self):
@@ -82,17 +103,40 @@ def test_charts_are_plain_text_when_piped_or_no_color():
 
 
 def test_sweep_plot_plain():
-    from tuitune.sweep import plot
-    result = {"table": [{"kind": "config", "tok_s": 100 + s, "changes": {"speculative.num_steps": s},
-                         "axes": {"speculative.num_steps": s}} for s in (1, 2, 3)]}
+    from tuitune.experiments.sweep import plot
+
+    result = {
+        "table": [
+            {
+                "kind": "config",
+                "tok_s": 100 + s,
+                "changes": {"speculative.num_steps": s},
+                "axes": {"speculative.num_steps": s},
+            }
+            for s in (1, 2, 3)
+        ]
+    }
     assert "\x1b" not in plot(result, colour=False) and "\x1b" in plot(result, colour=True)
 
 
 def complete(line: str, env=None) -> list[str]:
-    r = subprocess.run([sys.executable, "-m", "tuitune.cli"], env={
-        **os.environ, **(env or {}), "_ARGCOMPLETE": "1", "COMP_LINE": line, "COMP_POINT": str(len(line)),
-        "_ARGCOMPLETE_IFS": "\n"}, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
-        close_fds=False, preexec_fn=lambda: os.dup2(1, 8))  # argcomplete answers on fd 8
+    r = subprocess.run(
+        [sys.executable, "-m", "tuitune.cli"],
+        env={
+            **os.environ,
+            **(env or {}),
+            "_ARGCOMPLETE": "1",
+            "COMP_LINE": line,
+            "COMP_POINT": str(len(line)),
+            "_ARGCOMPLETE_IFS": "\n",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        close_fds=False,
+        preexec_fn=lambda: os.dup2(1, 8),
+    )  # argcomplete answers on fd 8
     return r.stdout.split("\n")
 
 

@@ -12,30 +12,52 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import free_port
+
 from tuitune import preset as P
-from tuitune.bench import BenchConfig, run_bench
-from tuitune.parse import parse_line
+from tuitune.measure.bench import BenchConfig, run_bench
+from tuitune.measure.parse import parse_line
 from tuitune.sim import model as M
 
 ROOT = Path(__file__).resolve().parent.parent
-CHAIN3 = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d",
-          "--speculative-num-steps", "3", "--speculative-eagle-topk", "1"]
+CHAIN3 = [
+    "--speculative-algorithm",
+    "EAGLE3",
+    "--speculative-draft-model-path",
+    "/d",
+    "--speculative-num-steps",
+    "3",
+    "--speculative-eagle-topk",
+    "1",
+]
 
 
 def tuitune(*args, tmp: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tuitune", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout, env={**os.environ, "HOME": str(tmp)})
+    return subprocess.run(
+        [sys.executable, "-m", "tuitune", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+        env={**os.environ, "HOME": str(tmp)},
+    )
 
 
 def sim_preset(tmp: Path, shipped: str, speedup: float, **bench) -> Path:
     """A shipped simulator preset, made quick to launch, its log and state under tmp."""
-    p = P.with_changes(P.resolve(shipped), {
-        "server.log": str(tmp / f"{shipped}.log"), "server.port": free_port(), "profile": True,
-        "server.args.sim-speedup": speedup, "server.args.sim-load-seconds": 0.2,
-        "server.args.decode-log-interval": 10, "server.args.sim-seed": 11,
-        **{f"bench.{k}": v for k, v in {"requests": 4, "warmup": 1, "max_tokens": 120, **bench}.items()}})
+    p = P.with_changes(
+        P.resolve(shipped),
+        {
+            "server.log": str(tmp / f"{shipped}.log"),
+            "server.port": free_port(),
+            "profile": True,
+            "server.args.sim-speedup": speedup,
+            "server.args.sim-load-seconds": 0.2,
+            "server.args.decode-log-interval": 10,
+            "server.args.sim-seed": 11,
+            **{f"bench.{k}": v for k, v in {"requests": 4, "warmup": 1, "max_tokens": 120, **bench}.items()},
+        },
+    )
     return P.save(p, tmp / f"{shipped}.yaml")
 
 
@@ -44,15 +66,28 @@ def test_bad_machine_file_is_a_one_sentence_usage_error(tmp_path):
     data = yaml.safe_load((M.MACHINES_DIR / "h100-llama8b.yaml").read_text())
     del data["target"]["comm_ms"]
     path.write_text(yaml.safe_dump(data))
-    r = subprocess.run([sys.executable, "-m", "tuitune.sim", "--sim-machine", str(path)], capture_output=True,
-                       text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-m", "tuitune.sim", "--sim-machine", str(path)], capture_output=True, text=True, timeout=30
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1].endswith("target.comm_ms is missing (it must be a number >= 0)")
 
 
 def test_sim_decodes_concurrent_requests_as_one_batch(sim_factory):
-    sim = sim_factory("--sim-machine", "h200-llama8b", "--sim-load-seconds", "0.2", "--sim-speedup", "2",
-                      "--decode-log-interval", "10", "--sim-seed", "5", *CHAIN3, env={"EAGLE3_PROFILE": "1"})
+    sim = sim_factory(
+        "--sim-machine",
+        "h200-llama8b",
+        "--sim-load-seconds",
+        "0.2",
+        "--sim-speedup",
+        "2",
+        "--decode-log-interval",
+        "10",
+        "--sim-seed",
+        "5",
+        *CHAIN3,
+        env={"EAGLE3_PROFILE": "1"},
+    )
     sim.wait_ready()
     run = asyncio.run(run_bench(BenchConfig(sim.url, requests=16, warmup=1, max_tokens=200, concurrency=8)))
     assert run.failed == 0
@@ -63,8 +98,7 @@ def test_sim_decodes_concurrent_requests_as_one_batch(sim_factory):
     # each request's accepted tokens are its own draws: accept lengths differ between requests
     assert len({round(r.accept_len, 3) for r in run.ok}) > 3
     # the measured goodput is the model's at this batch (context: ~25 prompt + 100 generated)
-    expected = 2 * M.expected_goodput("h200-llama8b", {"algorithm": "EAGLE3", "num_steps": 3,
-                                                       "context_tokens": 125}, 8)
+    expected = 2 * M.expected_goodput("h200-llama8b", {"algorithm": "EAGLE3", "num_steps": 3, "context_tokens": 125}, 8)
     assert run.goodput()["tok_s"] == pytest.approx(expected, rel=0.15)
 
 
@@ -74,8 +108,7 @@ def test_bench_cli_over_levels_reports_a_goodput_curve(tmp_path):
     try:
         # four streams before: their decode lines are in the log the bench attaches to (its backlog)
         url = f"http://127.0.0.1:{P.load(preset).server.port}"
-        assert not asyncio.run(run_bench(BenchConfig(url, requests=8, warmup=0, max_tokens=200,
-                                                     concurrency=4))).failed
+        assert not asyncio.run(run_bench(BenchConfig(url, requests=8, warmup=0, max_tokens=200, concurrency=4))).failed
         out = tmp_path / "b.json"
         r = tuitune("bench", str(preset), "--concurrency", "1,4", "--json", str(out), tmp=tmp_path)
     finally:
@@ -95,8 +128,17 @@ def test_bench_cli_over_levels_reports_a_goodput_curve(tmp_path):
 def test_crossover_found_on_the_seeds_box(tmp_path):
     preset = sim_preset(tmp_path, "sim-c4-eagle3-2step-nccl", speedup=4)
     out = tmp_path / "x.json"
-    r = tuitune("crossover", str(preset), "--concurrency", "1,4", "--json", str(out), "--plot",
-                str(tmp_path / "x.svg"), tmp=tmp_path)
+    r = tuitune(
+        "crossover",
+        str(preset),
+        "--concurrency",
+        "1,4",
+        "--json",
+        str(out),
+        "--plot",
+        str(tmp_path / "x.svg"),
+        tmp=tmp_path,
+    )
     assert r.returncode == 0, r.stderr + r.stdout
     assert "crossover: speculation stops paying at concurrency 4" in r.stdout, r.stdout
     result = json.loads(out.read_text())
@@ -121,8 +163,9 @@ def test_crossover_refuses_a_preset_without_speculation(tmp_path):
 
 def test_concurrency_64_bench_on_a_small_machine(sim_factory):
     """64 streams through the real client and simulator: the CI machine has 2 cores."""
-    sim = sim_factory("--sim-machine", "h100-llama8b", "--sim-load-seconds", "0.2", *CHAIN3,
-                      "--decode-log-interval", "10")
+    sim = sim_factory(
+        "--sim-machine", "h100-llama8b", "--sim-load-seconds", "0.2", *CHAIN3, "--decode-log-interval", "10"
+    )
     sim.wait_ready()
     run = asyncio.run(run_bench(BenchConfig(sim.url, requests=64, warmup=1, max_tokens=80).at_level(64)))
     assert run.failed == 0 and len(run.results) == 128
@@ -136,8 +179,18 @@ def test_concurrency_64_bench_on_a_small_machine(sim_factory):
 def test_sweep_over_concurrency_and_ab_at_a_concurrency(tmp_path):
     preset = sim_preset(tmp_path, "sim-h100-llama8b-eagle3", speedup=2, requests=2, max_tokens=60)
     out = tmp_path / "out"
-    r = tuitune("sweep", str(preset), "--grid", "bench.concurrency=1,4", "--baseline-every", "0", "--no-plot",
-                "--out", str(out), tmp=tmp_path)
+    r = tuitune(
+        "sweep",
+        str(preset),
+        "--grid",
+        "bench.concurrency=1,4",
+        "--baseline-every",
+        "0",
+        "--no-plot",
+        "--out",
+        str(out),
+        tmp=tmp_path,
+    )
     assert (out / "results.jsonl").exists(), r.stderr + r.stdout
     rows = {json.loads(x)["label"]: json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()}
     assert rows["concurrency=4"]["concurrency"] == 4 and rows["concurrency=4"]["requests"] == 8
@@ -146,22 +199,37 @@ def test_sweep_over_concurrency_and_ab_at_a_concurrency(tmp_path):
     assert "n/c (other concurrency)" in four  # the baseline ran one stream
     assert "best: concurrency=4" not in r.stdout  # never a winner against a one-stream baseline
     off = P.save(P.with_changes(P.load(preset), {"speculative": None, "name": "off"}), tmp_path / "off.yaml")
-    r = tuitune("ab", str(off), str(preset), "--rounds", "1", "--concurrency", "4", "--json",
-                str(tmp_path / "ab.json"), tmp=tmp_path)
+    r = tuitune(
+        "ab",
+        str(off),
+        str(preset),
+        "--rounds",
+        "1",
+        "--concurrency",
+        "4",
+        "--json",
+        str(tmp_path / "ab.json"),
+        tmp=tmp_path,
+    )
     result = json.loads((tmp_path / "ab.json").read_text())
     assert r.returncode == 0 and result["verdict"]["metric"] == "goodput"
     assert "medians of goodputs at concurrency 4" in r.stdout
     assert all(x["concurrency"] == 4 for x in result["launches"])
 
 
-@pytest.mark.parametrize("args, message", [
-    (["bench", "sim-c4-eagle3-2step-nccl", "--concurrency", "1,x"], "invalid concurrency list"),
-    (["bench", "sim-c4-eagle3-2step-nccl", "--concurrency", "4,4"], "invalid concurrency list"),
-    (["bench", "sim-c4-eagle3-2step-nccl", "--concurrency", "0"], "invalid concurrency list"),
-    (["ab", "sim-c2-baseline-nccl", "sim-c4-eagle3-2step-nccl", "--concurrency", "1,4"],
-     "--concurrency takes one level here (got 2)"),
-    (["crossover", "sim-c4-eagle3-2step-nccl", "--plot", "out.pdf"], "the file must end in .png or .svg"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["bench", "sim-c4-eagle3-2step-nccl", "--concurrency", "1,x"], "invalid concurrency list"),
+        (["bench", "sim-c4-eagle3-2step-nccl", "--concurrency", "4,4"], "invalid concurrency list"),
+        (["bench", "sim-c4-eagle3-2step-nccl", "--concurrency", "0"], "invalid concurrency list"),
+        (
+            ["ab", "sim-c2-baseline-nccl", "sim-c4-eagle3-2step-nccl", "--concurrency", "1,4"],
+            "--concurrency takes one level here (got 2)",
+        ),
+        (["crossover", "sim-c4-eagle3-2step-nccl", "--plot", "out.pdf"], "the file must end in .png or .svg"),
+    ],
+)
 def test_concurrency_flags_are_checked_before_anything_starts(tmp_path, args, message):
     r = tuitune(*args, tmp=tmp_path, timeout=30)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
@@ -173,5 +241,9 @@ def test_stream_interval_sends_a_chunk_every_n_cycles(sim_factory):
     run = asyncio.run(run_bench(BenchConfig(sim.url, requests=1, warmup=0, max_tokens=101)))
     r = run.results[0]
     assert r.ok and r.completion_tokens == 101 and r.chunks == 26  # the first token, then 100 in fours
-    assert subprocess.run([sys.executable, "-m", "tuitune.sim", "--stream-interval", "0"], capture_output=True,
-                          text=True, timeout=30).returncode == 2
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "tuitune.sim", "--stream-interval", "0"], capture_output=True, text=True, timeout=30
+        ).returncode
+        == 2
+    )

@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import group_alive, make_preset, wait_for
+
 from tuitune import preset as P
-from tuitune.control import ControlError, ServerControl, compute_drift, nccl_confirmation
-from tuitune.tail import LogTail
-from tuitune.transport import LocalTransport, SshTarget, SshTransport, TransportError
+from tuitune.target.control import ControlError, ServerControl, compute_drift, nccl_confirmation
+from tuitune.target.tail import LogTail
+from tuitune.target.transport import LocalTransport, SshTarget, SshTransport, TransportError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,8 +49,11 @@ async def test_a_lock_helper_that_cannot_start_is_an_error_at_once(transport, tm
     """A wrong server.python: the lock helper never answers, yet launch must not wait on it."""
     p = P.with_changes(make_preset(tmp_path), {"server.python": str(tmp_path / "no such" / "python3")})
     t0 = time.monotonic()
-    with pytest.raises(ControlError, match=r"cannot take the lock for port \d+: ERROR the lock helper exited "
-                                           r"\(127\): .*No such file or directory"):
+    with pytest.raises(
+        ControlError,
+        match=r"cannot take the lock for port \d+: ERROR the lock helper exited "
+        r"\(127\): .*No such file or directory",
+    ):
         await ServerControl(transport, p, state_dir=str(tmp_path / "state")).relaunch(30)
     assert time.monotonic() - t0 < 10
 
@@ -66,7 +69,8 @@ async def test_launch_ready_status_stop(transport, tmp_path):
     st = await c.status()
     assert st.running and st.record.pid == rec.pid and st.drift == [] and st.same_hash
     port = await transport.forward_port(p.server.port)
-    from tuitune.bench import BenchConfig, run_bench
+    from tuitune.measure.bench import BenchConfig, run_bench
+
     run = await run_bench(BenchConfig(transport.url(port), requests=2, warmup=0, max_tokens=40))
     assert run.failed == 0
     msg = await c.stop()
@@ -82,8 +86,13 @@ async def test_drift_of_a_server_started_by_hand(tmp_path):
     argv = [a for a in p.flags()]
     argv[argv.index("--speculative-num-steps") + 1] = "3"
     argv[argv.index("--speculative-num-draft-tokens") + 1] = "4"
-    proc = subprocess.Popen([sys.executable, "-m", "tuitune.sim", *argv], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuitune.sim", *argv],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         t = LocalTransport()
         c = ServerControl(t, p, state_dir=str(tmp_path / "state"))
@@ -128,10 +137,13 @@ async def test_unknown_flag_refused_without_stopping_the_running_server(tmp_path
     await c.stop()
 
 
-@pytest.mark.parametrize("args, env, cause, needle", [
-    ({"mem-fraction-static": 0.97}, {}, "oom", "CUDA out of memory"),
-    ({"sim-fault": "crash-after=0.5", "sim-load-seconds": 3, "sim-speedup": 1}, {}, "exception", "illegal memory"),
-])
+@pytest.mark.parametrize(
+    "args, env, cause, needle",
+    [
+        ({"mem-fraction-static": 0.97}, {}, "oom", "CUDA out of memory"),
+        ({"sim-fault": "crash-after=0.5", "sim-load-seconds": 3, "sim-speedup": 1}, {}, "exception", "illegal memory"),
+    ],
+)
 async def test_server_dying_at_start_is_classified(tmp_path, args, env, cause, needle):
     t = LocalTransport()
     p = make_preset(tmp_path, args=args, env=env)
@@ -234,12 +246,19 @@ async def _collect(tail: LogTail, n: int, timeout: float = 30) -> list[str]:
 async def test_tail_survives_link_cut_exactly_once(sshd, tmp_path):
     log = tmp_path / "live.log"
     log.write_bytes(b"")
-    writer = subprocess.Popen([sys.executable, "-c", (
-        "import sys,time\n"
-        "f=open(sys.argv[1],'ab',buffering=0)\n"
-        "for i in range(600):\n"
-        "    f.write(b'line %05d ' % i + b'x'*50 + (b'\\xff' if i % 97 == 0 else b'') + b'\\n'); time.sleep(0.005)\n"),
-        str(log)])
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys,time\n"
+                "f=open(sys.argv[1],'ab',buffering=0)\n"
+                "for i in range(600):\n"
+                "    f.write(b'line %05d ' % i + b'x'*50 + (b'\\xff' if i % 97 == 0 else b'') + b'\\n'); time.sleep(0.005)\n"
+            ),
+            str(log),
+        ]
+    )
     t = ssh_transport(sshd)
     states = []
     t.on_link = lambda s, a, d: states.append((s, a))
@@ -332,8 +351,11 @@ async def test_tail_truncation_and_no_process_left(sshd, tmp_path):
     assert got == ["a1", "a2", "b1", "b2"] and resets == 1
     tail.close()
     await t.close()
-    wait_for(lambda: subprocess.run(["pgrep", "-f", f"python.* -c .* {log} "], capture_output=True).returncode == 1,
-             5, what="remote tailer to exit")
+    wait_for(
+        lambda: subprocess.run(["pgrep", "-f", f"python.* -c .* {log} "], capture_output=True).returncode == 1,
+        5,
+        what="remote tailer to exit",
+    )
 
 
 async def test_host_key_unknown_refused_then_trusted(sshd, tmp_path):
@@ -343,27 +365,71 @@ async def test_host_key_unknown_refused_then_trusted(sshd, tmp_path):
     with pytest.raises(TransportError) as e:
         await t.connect()
     assert "host key is not trusted" in str(e.value) and "SHA256:" in str(e.value) and "tuitune trust" in str(e.value)
-    r = subprocess.run([sys.executable, "-m", "tuitune", "trust", "127.0.0.1", "--port", str(sshd.port),
-                        "--known-hosts", str(empty), "--yes"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tuitune",
+            "trust",
+            "127.0.0.1",
+            "--port",
+            str(sshd.port),
+            "--known-hosts",
+            str(empty),
+            "--yes",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0 and "SHA256:" in r.stdout, r.stderr
     t2 = ssh_transport(sshd, known_hosts=str(empty))
     await t2.connect()
     assert (await t2.run("echo ok")).stdout == "ok\n"
     await t2.close()
     # trusting again is a no-op; a different recorded key is never replaced
-    r = subprocess.run([sys.executable, "-m", "tuitune", "trust", "127.0.0.1", "--port", str(sshd.port),
-                        "--known-hosts", str(empty), "--yes"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tuitune",
+            "trust",
+            "127.0.0.1",
+            "--port",
+            str(sshd.port),
+            "--known-hosts",
+            str(empty),
+            "--yes",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0 and "already trusted" in r.stdout, r.stderr
     import asyncssh
+
     other = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
     empty.write_text(f"[127.0.0.1]:{sshd.port} {other}\n")
-    r = subprocess.run([sys.executable, "-m", "tuitune", "trust", "127.0.0.1", "--port", str(sshd.port),
-                        "--known-hosts", str(empty), "--yes"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tuitune",
+            "trust",
+            "127.0.0.1",
+            "--port",
+            str(sshd.port),
+            "--known-hosts",
+            str(empty),
+            "--yes",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 1 and "already has a different key" in r.stderr
 
 
 async def test_changed_host_key_refused_loudly(sshd, tmp_path):
     import asyncssh
+
     other = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
     kh = tmp_path / "kh"
     kh.write_text(f"[127.0.0.1]:{sshd.port} {other}\n")
@@ -373,6 +439,7 @@ async def test_changed_host_key_refused_loudly(sshd, tmp_path):
 
 async def test_dead_target_is_one_sentence(tmp_path):
     from conftest import free_port
+
     t = SshTransport(SshTarget("127.0.0.1", free_port(), "root", None, None), connect_timeout=3)
     with pytest.raises(TransportError, match="cannot connect"):
         await t.connect()
@@ -382,8 +449,9 @@ def run_cli(*args, home=None):
     env = dict(os.environ)
     if home:
         env["HOME"] = str(home)
-    return subprocess.run([sys.executable, "-m", "tuitune", *args], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "tuitune", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120
+    )
 
 
 def test_cli_over_ssh_launch_status_logs_stop(sshd, tmp_path):
@@ -410,7 +478,9 @@ def test_cli_launch_failure_is_clear(tmp_path):
     p = make_preset(tmp_path, "oom", args={"mem-fraction-static": 0.99})
     path = P.save(p, tmp_path / "oom.yaml")
     r = run_cli("launch", str(path), "--timeout", "30")
-    assert r.returncode == 1 and "out of memory" in r.stderr and "Traceback (most recent" not in r.stderr.splitlines()[-1]
+    assert (
+        r.returncode == 1 and "out of memory" in r.stderr and "Traceback (most recent" not in r.stderr.splitlines()[-1]
+    )
     assert r.stderr.strip().splitlines()[-1].startswith("tuitune: server exited during start")
 
 

@@ -14,34 +14,52 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import group_alive, make_preset, wait_for
-from tuitune import ncclbench as NB
+
 from tuitune import preset as P
-from tuitune.control import ControlError, ServerControl
-from tuitune.tail import LogTail, file_size
-from tuitune.transport import LocalTransport, SshTarget, SshTransport
+from tuitune.experiments import ncclbench as NB
+from tuitune.target.control import ControlError, ServerControl
+from tuitune.target.tail import LogTail, file_size
+from tuitune.target.transport import LocalTransport, SshTarget, SshTransport
 
 ROOT = Path(__file__).resolve().parent.parent
 
 # every way a value could break out of a shell word; {m} is the marker file that must never appear
-CORPUS = ['x"; touch {m}; echo "', "x'; touch {m}; echo '", "x`touch {m}`", "x$(touch {m})", "x; touch {m}",
-          'x\\"; touch {m}; #', "-x; touch {m}", "x\ntouch {m}", "x|touch {m}", "x&&touch {m}", "$(touch {m})",
-          '/x/i06"; fi; touch {m}; if false; then echo ".log']
+CORPUS = [
+    'x"; touch {m}; echo "',
+    "x'; touch {m}; echo '",
+    "x`touch {m}`",
+    "x$(touch {m})",
+    "x; touch {m}",
+    'x\\"; touch {m}; #',
+    "-x; touch {m}",
+    "x\ntouch {m}",
+    "x|touch {m}",
+    "x&&touch {m}",
+    "$(touch {m})",
+    '/x/i06"; fi; touch {m}; if false; then echo ".log',
+]
 
 
 def cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tuitune", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "tuitune", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 async def _first_batch_or_nothing(tail: LogTail, seconds: float = 1.0) -> None:
     async def one():
         async for _ in tail.batches():
             return
+
     try:
         await asyncio.wait_for(one(), seconds)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
     tail.close()
 
@@ -56,10 +74,21 @@ async def _every_snippet(t, tmp: Path, value: str) -> None:
     await t.upload(b"{}", path, 0o600)
     if "\n" in value:  # presets refuse it (item 16); the snippets above took it as data
         return
-    p = P.from_dict({"name": "q", "server": {"python": "/bin/true", "module": "tuitune.sim", "log": path,
-                                             "workdir": str(sub), "port": 1,
-                                             "args": {"model-path": value, "served-model-name": value}},
-                     "env": {"NCCL_SOCKET_IFNAME": value, "MY_VAR": value}, "profile": False})
+    p = P.from_dict(
+        {
+            "name": "q",
+            "server": {
+                "python": "/bin/true",
+                "module": "tuitune.sim",
+                "log": path,
+                "workdir": str(sub),
+                "port": 1,
+                "args": {"model-path": value, "served-model-name": value},
+            },
+            "env": {"NCCL_SOCKET_IFNAME": value, "MY_VAR": value},
+            "profile": False,
+        }
+    )
     c = ServerControl(t, P.with_changes(p, {"server.python": sys.executable}), state_dir=f"{sub}/st/{value}")
     await c.read_state()
     await c.clear_state()
@@ -69,8 +98,9 @@ async def _every_snippet(t, tmp: Path, value: str) -> None:
     await t.run(P.launch_command(p), timeout=30)
     await ServerControl(t, p, state_dir=f"{sub}/st/{value}").start()
     await NB.model_hidden_size(t, p)
-    await t.run(NB.worker_command(p, {"NCCL_SOCKET_IFNAME": value}, "/bin/true", "gloo", 1, [8], 1, 0, 2, False),
-                timeout=30)
+    await t.run(
+        NB.worker_command(p, {"NCCL_SOCKET_IFNAME": value}, "/bin/true", "gloo", 1, [8], 1, 0, 2, False), timeout=30
+    )
     p2 = P.with_changes(p, {"server.python": path})  # a python path with the value in it
     with pytest.raises(ControlError):
         await ServerControl(t, p2, state_dir=str(sub / "s2")).preflight(None)
@@ -117,11 +147,13 @@ def test_cli_logs_with_an_injecting_log_path(tmp_path):
 def test_upload_killed_midway_leaves_the_old_file(tmp_path):
     target = tmp_path / "state.json"
     target.write_text('{"old": true}')
-    code = ("import asyncio,sys\nfrom tuitune.transport import LocalTransport\n"
-            "async def slow():\n"
-            "    t = LocalTransport()\n"
-            "    await t.upload(b'x' * (400 * 1024 * 1024), sys.argv[1], 0o600)\n"
-            "asyncio.run(slow())\n")
+    code = (
+        "import asyncio,sys\nfrom tuitune.target.transport import LocalTransport\n"
+        "async def slow():\n"
+        "    t = LocalTransport()\n"
+        "    await t.upload(b'x' * (400 * 1024 * 1024), sys.argv[1], 0o600)\n"
+        "asyncio.run(slow())\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code, str(target)], cwd=ROOT)
     wait_for(lambda: glob.glob(str(target) + ".tuitune-tmp-*"), 30, what="the upload to start")
     proc.kill()
@@ -179,7 +211,7 @@ async def test_every_loser_names_the_lock_holder(where, request, tmp_path):
             lost: list[str] = []
             all_lost = asyncio.Event()
 
-            async def take(i: int) -> int:
+            async def take(i: int, lost: list[str] = lost, all_lost: asyncio.Event = all_lost) -> int:
                 try:
                     async with c.locked(f"act{i}"):
                         await asyncio.wait_for(all_lost.wait(), 60)  # held until every other caller gave up
@@ -224,8 +256,10 @@ async def test_the_lock_is_answered_through_a_noisy_remote_shell(tmp_path):
     """A login script that prints first (pyenv's rehash racing another session did, over SSH) is
     not taken for the lock helper's answer."""
     noisy = tmp_path / "python"
-    noisy.write_text(f"#!/bin/sh\necho 'rm: cannot remove /x/shims/tmp.1: No such file or directory' >&2\n"
-                     f"exec {sys.executable} \"$@\"\n")
+    noisy.write_text(
+        f"#!/bin/sh\necho 'rm: cannot remove /x/shims/tmp.1: No such file or directory' >&2\n"
+        f'exec {sys.executable} "$@"\n'
+    )
     noisy.chmod(0o755)
     p = P.with_changes(make_preset(tmp_path, "noisy"), {"server.python": str(noisy)})
     c1, c2 = (ServerControl(LocalTransport(), p, state_dir=str(tmp_path / "state")) for _ in range(2))
@@ -244,7 +278,8 @@ async def test_health_of_another_process_on_the_port_is_not_ready(tmp_path, sim_
     c = ServerControl(LocalTransport(), p, state_dir=str(tmp_path / "state"))
     sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
-        from tuitune.control import ServerRecord
+        from tuitune.target.control import ServerRecord
+
         rec = ServerRecord(sleeper.pid, other.port, p.name, p.hash(), time.time(), str(other.log))
         res = await c.wait_ready(rec, timeout_s=3)
         assert not res.ok and res.cause in ("timeout", "unhealthy")
@@ -305,7 +340,12 @@ def test_launch_timeout_stops_the_half_started_server(tmp_path):
     r = cli("launch", str(path), "--timeout", "2", env={"HOME": str(tmp_path)})
     assert r.returncode == 1
     err = [x for x in r.stderr.splitlines() if x.startswith("tuitune:")]
-    assert len(err) == 1 and "not ready after 2 s" in err[0] and "half-started server" in err[0] and "was stopped" in err[0]
+    assert (
+        len(err) == 1
+        and "not ready after 2 s" in err[0]
+        and "half-started server" in err[0]
+        and "was stopped" in err[0]
+    )
     pid = int(r.stdout.split("started pid ")[1].split(",")[0])
     assert not group_alive(pid)
     r = cli("launch", str(path), "--timeout", "2", "--keep-on-failure", env={"HOME": str(tmp_path)})
@@ -318,15 +358,24 @@ def test_launch_timeout_stops_the_half_started_server(tmp_path):
 @pytest.mark.parametrize("sig, code, name", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "SIGINT")])
 def test_signal_during_launch_stops_the_server_and_says_so(tmp_path, sig, code, name):
     p, path = _launch(tmp_path, "sig", {"sim-load-seconds": 60, "sim-speedup": 1})
-    proc = subprocess.Popen([sys.executable, "-m", "tuitune", "launch", str(path)], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "HOME": str(tmp_path)})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuitune", "launch", str(path)],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "HOME": str(tmp_path)},
+    )
     wait_for(lambda: _state_pid(tmp_path, p), 30, what="the server to start")
     pid = _state_pid(tmp_path, p)
     time.sleep(0.5)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == code, err
-    assert err.strip().splitlines()[-1] == f"tuitune: launch interrupted by {name}; the half-started server {pid} was stopped"
+    assert (
+        err.strip().splitlines()[-1]
+        == f"tuitune: launch interrupted by {name}; the half-started server {pid} was stopped"
+    )
     assert "Traceback" not in err and not group_alive(pid)
 
 
@@ -394,7 +443,8 @@ async def test_tail_rotated_while_the_link_is_down_restarts_at_zero(sshd, tmp_pa
 
 
 async def test_follow_again_restarts_a_stopped_tail(tmp_path):
-    from tuitune.session import Session
+    from tuitune.target.session import Session
+
     p = make_preset(tmp_path, "fol")
     s = Session(p, LocalTransport(), state_dir=str(tmp_path / "state"))
     await s.transport.connect()
@@ -411,7 +461,8 @@ async def test_follow_again_restarts_a_stopped_tail(tmp_path):
 
 async def test_a_reused_pid_is_never_stopped(tmp_path):
     """Same class as item 6: the recorded pid died unseen and now belongs to an unrelated program."""
-    from tuitune.control import ServerRecord
+    from tuitune.target.control import ServerRecord
+
     p = make_preset(tmp_path, "reuse")
     c = ServerControl(LocalTransport(), p, state_dir=str(tmp_path / "state"))
     other = subprocess.Popen(["sleep", "60"], start_new_session=True)

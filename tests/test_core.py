@@ -12,26 +12,49 @@ from pathlib import Path
 
 import pytest
 
-from tuitune import nccl, speculative, stats
-from tuitune.events import DecodeStats, ProfileWindow
-from tuitune.metrics import MetricsStore, Series
+from tuitune.base.events import DecodeStats, ProfileWindow
+from tuitune.engines import speculative
+from tuitune.measure import stats
+from tuitune.measure.metrics import MetricsStore, Series
+from tuitune.preset import nccl
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("name, value, ok", [
-    ("NCCL_PROTO", "LL", True), ("NCCL_PROTO", "ll128,simple", True), ("NCCL_PROTO", "^LL128", True),
-    ("NCCL_PROTO", "^LL128;allreduce:LL", True), ("NCCL_PROTO", "LLL", False), ("NCCL_PROTO", "", False),
-    ("NCCL_PROTO", "bogus:LL", False),
-    ("NCCL_ALGO", "Ring", True), ("NCCL_ALGO", "allreduce:tree", True), ("NCCL_ALGO", "^NVLS,PAT", True),
-    ("NCCL_ALGO", "Rings", False),
-    ("NCCL_P2P_LEVEL", "SYS", True), ("NCCL_P2P_LEVEL", "3", True), ("NCCL_P2P_LEVEL", "sys", False),
-    ("NCCL_NTHREADS", "512", True), ("NCCL_NTHREADS", "96", True), ("NCCL_NTHREADS", "100", False),
-    ("NCCL_NTHREADS", "1024", False), ("NCCL_MAX_NCHANNELS", "16", True), ("NCCL_MAX_NCHANNELS", "0", False),
-    ("NCCL_BUFFSIZE", "16777216", True), ("NCCL_BUFFSIZE", "16M", False), ("NCCL_NVLS_ENABLE", "2", True),
-    ("NCCL_NVLS_ENABLE", "3", False), ("NCCL_DEBUG", "info", True), ("NCCL_DEBUG_SUBSYS", "INIT,ENV,TUNING", True),
-    ("NCCL_DEBUG_SUBSYS", "INIT,FOO", False), ("NCCL_P2P_DISABLE", "1", True), ("NCCL_P2P_DISABLE", "yes", False),
-])
+@pytest.mark.parametrize(
+    "name, value, ok",
+    [
+        ("NCCL_PROTO", "LL", True),
+        ("NCCL_PROTO", "ll128,simple", True),
+        ("NCCL_PROTO", "^LL128", True),
+        ("NCCL_PROTO", "^LL128;allreduce:LL", True),
+        ("NCCL_PROTO", "LLL", False),
+        ("NCCL_PROTO", "", False),
+        ("NCCL_PROTO", "bogus:LL", False),
+        ("NCCL_ALGO", "Ring", True),
+        ("NCCL_ALGO", "allreduce:tree", True),
+        ("NCCL_ALGO", "^NVLS,PAT", True),
+        ("NCCL_ALGO", "Rings", False),
+        ("NCCL_P2P_LEVEL", "SYS", True),
+        ("NCCL_P2P_LEVEL", "3", True),
+        ("NCCL_P2P_LEVEL", "sys", False),
+        ("NCCL_NTHREADS", "512", True),
+        ("NCCL_NTHREADS", "96", True),
+        ("NCCL_NTHREADS", "100", False),
+        ("NCCL_NTHREADS", "1024", False),
+        ("NCCL_MAX_NCHANNELS", "16", True),
+        ("NCCL_MAX_NCHANNELS", "0", False),
+        ("NCCL_BUFFSIZE", "16777216", True),
+        ("NCCL_BUFFSIZE", "16M", False),
+        ("NCCL_NVLS_ENABLE", "2", True),
+        ("NCCL_NVLS_ENABLE", "3", False),
+        ("NCCL_DEBUG", "info", True),
+        ("NCCL_DEBUG_SUBSYS", "INIT,ENV,TUNING", True),
+        ("NCCL_DEBUG_SUBSYS", "INIT,FOO", False),
+        ("NCCL_P2P_DISABLE", "1", True),
+        ("NCCL_P2P_DISABLE", "yes", False),
+    ],
+)
 def test_nccl_check(name, value, ok):
     errors, _ = nccl.check(name, value)
     assert (not errors) == ok, errors
@@ -117,11 +140,21 @@ def test_core_never_imports_textual():
     for path in CORE_MODULES:
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             assert not any(n == "textual" or n.startswith("textual.") for n in names), path
-    mods = sorted({".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-                   for p in CORE_MODULES if p.name != "__main__.py"})
+    mods = sorted(
+        {
+            ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            for p in CORE_MODULES
+            if p.name != "__main__.py"
+        }
+    )
     code = f"import importlib, sys\nfor m in {mods!r}: importlib.import_module(m)\nassert 'textual' not in sys.modules, 'textual imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
@@ -133,17 +166,25 @@ def test_cli_help_version_and_bad_usage():
     assert r.stdout.strip().startswith("tuitune 0.")
     r = subprocess.run([sys.executable, "-m", "tuitune", "--bogus"], capture_output=True, text=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    r = subprocess.run([sys.executable, "-c", "import sys, tuitune.cli; print(sorted(m for m in sys.modules if m.split('.')[0] in ('aiohttp','asyncssh','textual','pydantic','yaml')))"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, tuitune.cli; print(sorted(m for m in sys.modules if m.split('.')[0] in ('aiohttp','asyncssh','textual','pydantic','yaml')))",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.stdout.strip() == "[]"  # --help pulls in none of the heavy dependencies
 
 
 # ---- asyncio: a cancelled clean-up never eats the caller's cancel --------------------------------
 
+
 async def test_cancel_and_wait_drops_the_childs_cancel_and_keeps_the_callers():
     import asyncio
 
-    from tuitune.aio import cancel_and_wait
+    from tuitune.base.aio import cancel_and_wait
 
     async def slow_to_stop():
         try:

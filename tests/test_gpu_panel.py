@@ -4,19 +4,34 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuitune.capture import Capture, Replay
-from tuitune.events import GpuSample, TelemetryState
+from tuitune.base.events import GpuSample, TelemetryState
+from tuitune.measure.capture import Capture, Replay
 from tuitune.tui.app import TuituneApp, UserConfig
 
 
 def tick(seq: int, n: int = 8, capped: int | None = None, straggler: int | None = None, util: float = 97.0):
     out = []
     for i in range(n):
-        out.append(GpuSample(
-            index=i, seq=seq, util=55.0 if i == straggler else util, mem_util=22.0, mem_used=126518.0,
-            mem_total=143771.0, power=690.0 if i == capped else 420.0, power_limit=700.0,
-            sm_clock=1470.0 if i == capped else 1980.0, sm_clock_max=1980.0, mem_clock=3201.0, temp=55.0,
-            reasons=0x4 if i == capped else 0x0, pcie_gen=5, pcie_width=16, name="NVIDIA H200"))
+        out.append(
+            GpuSample(
+                index=i,
+                seq=seq,
+                util=55.0 if i == straggler else util,
+                mem_util=22.0,
+                mem_used=126518.0,
+                mem_total=143771.0,
+                power=690.0 if i == capped else 420.0,
+                power_limit=700.0,
+                sm_clock=1470.0 if i == capped else 1980.0,
+                sm_clock_max=1980.0,
+                mem_clock=3201.0,
+                temp=55.0,
+                reasons=0x4 if i == capped else 0x0,
+                pcie_gen=5,
+                pcie_width=16,
+                name="NVIDIA H200",
+            )
+        )
     return out
 
 
@@ -79,7 +94,8 @@ async def test_telemetry_unavailable_is_one_notice_and_no_panel(tmp_path):
 
 
 async def test_a_recorded_capture_replays_into_the_panel(tmp_path):
-    from tuitune.capture import CaptureWriter, read_capture
+    from tuitune.measure.capture import CaptureWriter, read_capture
+
     w = CaptureWriter(tmp_path / "t.jsonl", {"preset": {}})
     w.write([TelemetryState("on", None, 8)], m=0.0)
     for seq in range(5):

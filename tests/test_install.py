@@ -27,15 +27,34 @@ def test_every_package_is_listed():
 def installed(tmp_path_factory):
     """A wheel built from the tree and installed (not editable) into a directory of its own."""
     tmp = tmp_path_factory.mktemp("wheel")
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                        "-w", str(tmp / "dist"), str(ROOT)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp / "dist"),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if r.returncode != 0 and "No module named pip" in r.stderr:
         pytest.skip("pip is not available in this interpreter")
     assert r.returncode == 0, r.stderr
     wheel = next((tmp / "dist").glob("tuitune-*.whl"))
     target = tmp / "site"
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
-                        str(wheel)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     return wheel, target
 
@@ -51,18 +70,37 @@ def test_wheel_ships_the_presets(installed):
 def test_installed_copy_finds_its_presets_outside_the_repo(installed, tmp_path):
     _, target = installed
     env = {**os.environ, "PYTHONPATH": str(target), "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "c")}
-    r = subprocess.run([sys.executable, "-c", "import tuitune, sys; print(tuitune.__file__)"], env=env,
-                       capture_output=True, text=True, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-c", "import tuitune, sys; print(tuitune.__file__)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert r.stdout.startswith(str(target)), r  # the installed copy, not the source tree
-    r = subprocess.run([sys.executable, "-c", "from tuitune.sim import model; "
-                        "print(model.load_machine('h100-llama8b').name, model.MACHINES_DIR)"],
-                       env=env, capture_output=True, text=True, cwd=tmp_path)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from tuitune.sim import model; print(model.load_machine('h100-llama8b').name, model.MACHINES_DIR)",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0 and r.stdout.startswith("h100-llama8b " + str(target)), r  # shipped machines too
-    r = subprocess.run([sys.executable, "-m", "tuitune", "preset", "list"], env=env, capture_output=True,
-                       text=True, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-m", "tuitune", "preset", "list"], env=env, capture_output=True, text=True, cwd=tmp_path
+    )
     assert r.returncode == 0 and re.search(r"^shipped\s+demo\s", r.stdout, re.M), r
-    r = subprocess.run([sys.executable, "-m", "tuitune", "preset", "show", "demo", "--command"], env=env,
-                       capture_output=True, text=True, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-m", "tuitune", "preset", "show", "demo", "--command"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0 and "tuitune.sim" in r.stdout, r
 
 
@@ -70,10 +108,14 @@ def test_version_bounds_match_what_the_code_uses():
     deps = {re.split(r"[<>=!~ \[]", d, maxsplit=1)[0].lower(): d for d in PYPROJECT["project"]["dependencies"]}
     # keymap ids (App.set_keymap), the help panel and Content labels: Textual 8
     assert re.search(r"textual>=8\.\d+,<9", deps["textual"]), deps["textual"]
-    import textual
     from importlib.metadata import version
+
+    import textual
+
     assert version("textual").split(".")[0] == "8", textual
-    assert "torch" not in " ".join(PYPROJECT["project"]["dependencies"] + PYPROJECT["project"]["optional-dependencies"]["test"])
+    assert "torch" not in " ".join(
+        PYPROJECT["project"]["dependencies"] + PYPROJECT["project"]["optional-dependencies"]["test"]
+    )
     assert any(d.startswith("torch") for d in PYPROJECT["project"]["optional-dependencies"]["nccl"])
 
 
@@ -81,9 +123,11 @@ def test_make_demo_installs_tuitune_alone_and_make_test_what_tests_need():
     if subprocess.run(["make", "--version"], capture_output=True).returncode != 0:
         pytest.skip("make not installed")
     env = {**os.environ, "VENV": "/nonexistent-venv"}
-    demo = subprocess.run(["make", "-n", "-B", "demo", "VENV=/nonexistent-venv"], cwd=ROOT, capture_output=True,
-                          text=True, env=env).stdout
+    demo = subprocess.run(
+        ["make", "-n", "-B", "demo", "VENV=/nonexistent-venv"], cwd=ROOT, capture_output=True, text=True, env=env
+    ).stdout
     assert "pip install -q -e ." in demo and "[test" not in demo and "torch" not in demo, demo
-    test = subprocess.run(["make", "-n", "-B", "test", "VENV=/nonexistent-venv"], cwd=ROOT, capture_output=True,
-                          text=True, env=env).stdout
+    test = subprocess.run(
+        ["make", "-n", "-B", "test", "VENV=/nonexistent-venv"], cwd=ROOT, capture_output=True, text=True, env=env
+    ).stdout
     assert ".[test,nccl]" in test, test  # nccl = torch, from the package index like everything else

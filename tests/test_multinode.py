@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import SshServer, free_port, group_alive, sim_pids
+
 from tuitune import preset as P
-from tuitune.cluster import ClusterControl, control_for
-from tuitune.control import ControlError
-from tuitune.transport import for_preset
+from tuitune.target.cluster import ClusterControl, control_for
+from tuitune.target.control import ControlError
+from tuitune.target.transport import for_preset
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,21 +45,32 @@ def machines(tmp_path_factory):
 
 
 def two_node_preset(machines, name="mn", env=None, node1_env=None) -> P.Preset:
-    return P.from_dict({
-        "name": name,
-        "target": {"nodes": [
-            machines[0].target(),
-            {**machines[1].target(), "server": {"port": free_port()},
-             "env": {"NCCL_SOCKET_IFNAME": "lo", **(node1_env or {})}},
-        ]},
-        "server": {"python": sys.executable, "module": "tuitune.sim", "log": "~/logs/server.log",
-                   "port": free_port(), "dist_init_port": free_port(),
-                   "args": {"sim-load-seconds": 0.3, "sim-speedup": 10, "decode-log-interval": 10,
-                            "tp-size": 4}},
-        "env": {"NCCL_DEBUG": "INFO", "NCCL_PROTO": "LL", **(env or {})},
-        "profile": True,
-        "bench": {"requests": 2, "warmup": 0, "max_tokens": 40},
-    })
+    return P.from_dict(
+        {
+            "name": name,
+            "target": {
+                "nodes": [
+                    machines[0].target(),
+                    {
+                        **machines[1].target(),
+                        "server": {"port": free_port()},
+                        "env": {"NCCL_SOCKET_IFNAME": "lo", **(node1_env or {})},
+                    },
+                ]
+            },
+            "server": {
+                "python": sys.executable,
+                "module": "tuitune.sim",
+                "log": "~/logs/server.log",
+                "port": free_port(),
+                "dist_init_port": free_port(),
+                "args": {"sim-load-seconds": 0.3, "sim-speedup": 10, "decode-log-interval": 10, "tp-size": 4},
+            },
+            "env": {"NCCL_DEBUG": "INFO", "NCCL_PROTO": "LL", **(env or {})},
+            "profile": True,
+            "bench": {"requests": 2, "warmup": 0, "max_tokens": 40},
+        }
+    )
 
 
 def pids_of(machine: SshServer) -> list[int]:
@@ -83,8 +94,11 @@ async def test_launch_relaunch_with_changed_nccl_and_stop(machines):
         st = await c.status()
         assert st.running and [n.status.running for n in st.nodes] == [True, True] and st.drift == []
 
-        p2 = P.with_changes(p, {"env.NCCL_PROTO": "LL128"}) if hasattr(P, "with_changes") else \
-            p.model_copy(update={"env": {**p.env, "NCCL_PROTO": "LL128"}})
+        p2 = (
+            P.with_changes(p, {"env.NCCL_PROTO": "LL128"})
+            if hasattr(P, "with_changes")
+            else p.model_copy(update={"env": {**p.env, "NCCL_PROTO": "LL128"}})
+        )
         c2 = control_for(t, p2)
         stopped = []
         rec2, res2 = await c2.relaunch(60, on_stopped=stopped.append)
@@ -121,7 +135,8 @@ async def test_a_node_dying_at_start_fails_the_server_and_stops_the_rest(machine
 
 
 async def test_a_node_killed_while_serving_fails_within_5s(machines):
-    from tuitune.session import Session
+    from tuitune.target.session import Session
+
     p = two_node_preset(machines, name="mn-kill")
     s = Session(p)
     try:
@@ -149,8 +164,13 @@ def test_preset_show_command_lists_every_node(machines, tmp_path):
     p = two_node_preset(machines)
     path = tmp_path / "mn.yaml"
     path.write_text(P.dumps(p))
-    r = subprocess.run([sys.executable, "-m", "tuitune", "preset", "show", "--command", str(path)],
-                       capture_output=True, text=True, timeout=30, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "tuitune", "preset", "show", "--command", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert out.count("--nnodes 2") == 2 and "--node-rank 0" in out and "--node-rank 1" in out
@@ -159,9 +179,10 @@ def test_preset_show_command_lists_every_node(machines, tmp_path):
 
 
 async def test_tui_shows_both_nodes(machines):
-    from tuitune.session import Session
+    from tuitune.target.session import Session
     from tuitune.tui.app import TuituneApp, UserConfig
     from tuitune.tui.screens import RelaunchScreen
+
     p = two_node_preset(machines, name="mn-tui")
     s = Session(p)
     app = TuituneApp(s, autostart="launch", user_config=UserConfig())
@@ -203,8 +224,9 @@ def test_shipped_two_node_preset_runs_locally(tmp_path):
     path.write_text(P.dumps(P.from_dict(data)))
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "tuitune", *args, str(path)], capture_output=True,
-                              text=True, timeout=120, cwd=ROOT)
+        return subprocess.run(
+            [sys.executable, "-m", "tuitune", *args, str(path)], capture_output=True, text=True, timeout=120, cwd=ROOT
+        )
 
     r = cli("launch")
     assert r.returncode == 0, r.stdout + r.stderr

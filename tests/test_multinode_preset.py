@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tuitune import nccl
 from tuitune import preset as P
+from tuitune.preset import nccl
 
 BASE = """name: mn
 target:
@@ -41,17 +41,28 @@ def test_each_node_renders_its_own_command():
     assert flat["target.nodes.1.env.NCCL_SOCKET_IFNAME"] == "enp3s0" and flat["server.dist_init_port"] == 5000
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda y: y.replace("tp-size: 16}", "tp-size: 16, nnodes: 2}"), "flag 'nnodes' is set by target.nodes"),
-    (lambda y: y.replace("  nodes:\n", "  host: x\n  nodes:\n"), "either target.host or target.nodes"),
-    (lambda y: y.replace("addr: 10.0.0.11,", "addr: 10.0.0.11, server: {port: 1},"), "node 0 serves HTTP"),
-    (lambda y: y.replace("- {host: gpu-b, port: 2222,", "- {host: gpu-a,"), "both use server.port 30000 on root@gpu-a"),
-    (lambda y: y.replace("    - {host: gpu-b, port: 2222, env: {NCCL_SOCKET_IFNAME: enp3s0}}\n", ""), "at least two nodes"),
-    (lambda y: y.replace("enp3s0", "'eth0,,eth1'"), "empty entry"),
-    (lambda y: y.replace("port: 30000", "port: 30000\n  dist_init_port: 30000"), "node 0's HTTP port too"),
-    (lambda y: y.replace("log: /data", "engine: vllm\n  log: /data").replace("model-path: /m", "model: /m"),
-     "multi-node servers are SGLang's"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda y: y.replace("tp-size: 16}", "tp-size: 16, nnodes: 2}"), "flag 'nnodes' is set by target.nodes"),
+        (lambda y: y.replace("  nodes:\n", "  host: x\n  nodes:\n"), "either target.host or target.nodes"),
+        (lambda y: y.replace("addr: 10.0.0.11,", "addr: 10.0.0.11, server: {port: 1},"), "node 0 serves HTTP"),
+        (
+            lambda y: y.replace("- {host: gpu-b, port: 2222,", "- {host: gpu-a,"),
+            "both use server.port 30000 on root@gpu-a",
+        ),
+        (
+            lambda y: y.replace("    - {host: gpu-b, port: 2222, env: {NCCL_SOCKET_IFNAME: enp3s0}}\n", ""),
+            "at least two nodes",
+        ),
+        (lambda y: y.replace("enp3s0", "'eth0,,eth1'"), "empty entry"),
+        (lambda y: y.replace("port: 30000", "port: 30000\n  dist_init_port: 30000"), "node 0's HTTP port too"),
+        (
+            lambda y: y.replace("log: /data", "engine: vllm\n  log: /data").replace("model-path: /m", "model: /m"),
+            "multi-node servers are SGLang's",
+        ),
+    ],
+)
 def test_multinode_mistakes_are_one_sentence(edit, message):
     with pytest.raises(P.PresetError) as e:
         P.loads(edit(BASE))
@@ -59,8 +70,12 @@ def test_multinode_mistakes_are_one_sentence(edit, message):
 
 
 def test_lint_per_node_variables_every_rank_shares():
-    p = P.loads(BASE.replace("env: {NCCL_SOCKET_IFNAME: enp3s0}",
-                             "env: {NCCL_SOCKET_IFNAME: enp3s0, NCCL_ALGO: Tree, NCCL_IB_DISABLE: 1, NCCL_IB_HCA: mlx5}"))
+    p = P.loads(
+        BASE.replace(
+            "env: {NCCL_SOCKET_IFNAME: enp3s0}",
+            "env: {NCCL_SOCKET_IFNAME: enp3s0, NCCL_ALGO: Tree, NCCL_IB_DISABLE: 1, NCCL_IB_HCA: mlx5}",
+        )
+    )
     w = P.warnings(p)
     assert any(x.startswith("target.nodes.1.env.NCCL_ALGO: every rank must use the same") for x in w)
     assert not any("NCCL_SOCKET_IFNAME" in x for x in w)  # a machine's interface may differ
@@ -68,18 +83,34 @@ def test_lint_per_node_variables_every_rank_shares():
 
 
 def test_network_variables_follow_nccls_rules():
-    ok = {"NCCL_SOCKET_IFNAME": "^docker,lo", "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1", "NCCL_IB_TIMEOUT": "22",
-          "NCCL_IB_RETRY_CNT": "7", "NCCL_SOCKET_FAMILY": "AF_INET6", "NCCL_CROSS_NIC": "2",
-          "NCCL_NET_GDR_LEVEL": "PHB", "NCCL_IB_QPS_PER_CONNECTION": "4", "NCCL_NET": "Socket"}
+    ok = {
+        "NCCL_SOCKET_IFNAME": "^docker,lo",
+        "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1",
+        "NCCL_IB_TIMEOUT": "22",
+        "NCCL_IB_RETRY_CNT": "7",
+        "NCCL_SOCKET_FAMILY": "AF_INET6",
+        "NCCL_CROSS_NIC": "2",
+        "NCCL_NET_GDR_LEVEL": "PHB",
+        "NCCL_IB_QPS_PER_CONNECTION": "4",
+        "NCCL_NET": "Socket",
+    }
     for k, v in ok.items():
         assert nccl.check(k, v) == ([], []), k
-    bad = {"NCCL_IB_TIMEOUT": "40", "NCCL_IB_RETRY_CNT": "8", "NCCL_IB_SL": "16", "NCCL_CROSS_NIC": "3",
-           "NCCL_SOCKET_FAMILY": "AF_UNIX", "NCCL_IB_HCA": "mlx5_0:a", "NCCL_SOCKET_NTHREADS": "17",
-           "NCCL_NET_GDR_LEVEL": "pxb"}
+    bad = {
+        "NCCL_IB_TIMEOUT": "40",
+        "NCCL_IB_RETRY_CNT": "8",
+        "NCCL_IB_SL": "16",
+        "NCCL_CROSS_NIC": "3",
+        "NCCL_SOCKET_FAMILY": "AF_UNIX",
+        "NCCL_IB_HCA": "mlx5_0:a",
+        "NCCL_SOCKET_NTHREADS": "17",
+        "NCCL_NET_GDR_LEVEL": "pxb",
+    }
     for k, v in bad.items():
         assert nccl.check(k, v)[0], k
     assert nccl.check_env({"NCCL_SOCKET_NTHREADS": "16", "NCCL_NSOCKS_PERTHREAD": "8"})[0] == [
-        "NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD is 128; NCCL allows at most 64"]
+        "NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD is 128; NCCL allows at most 64"
+    ]
     with pytest.raises(P.PresetError, match="at most 64"):
         P.loads(BASE.replace("NCCL_PROTO: LL", "NCCL_PROTO: LL, NCCL_SOCKET_NTHREADS: 16, NCCL_NSOCKS_PERTHREAD: 8"))
     # the network variables are checked but are not TUI toggles

@@ -10,8 +10,8 @@ import time
 import urllib.request
 
 import pytest
-
 from conftest import free_port, http_status, wait_for
+
 from tuitune.sim import multinode
 
 FAST = ["--sim-load-seconds", "0.3", "--sim-speedup", "10", "--tp-size", "16", "--nnodes", "2"]
@@ -62,8 +62,7 @@ def test_a_lost_node_fails_node0(sim_factory):
 
 def test_a_node_with_another_world_size_is_refused(sim_factory):
     n0, _, addr = pair(sim_factory, start1=False)
-    bad = sim_factory("--sim-load-seconds", "0.3", "--tp-size", "24", "--nnodes", "3", *addr,
-                      "--node-rank", "1")
+    bad = sim_factory("--sim-load-seconds", "0.3", "--tp-size", "24", "--nnodes", "3", *addr, "--node-rank", "1")
     assert bad.proc.wait(15) == 1
     assert "nnodes mismatch: node 0 has 2, this node 3" in bad.text()
     assert n0.proc.poll() is None  # still waiting for a node that fits
@@ -75,15 +74,17 @@ def test_no_matching_socket_interface_fails_init(sim_factory):
     assert "no socket interface found" in n0.text()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--nnodes", "2"], "--dist-init-addr HOST:PORT is required"),
-    (["--nnodes", "2", "--node-rank", "2", "--dist-init-addr", "h:1"], "node_rank (2) must be in"),
-    (["--nnodes", "3", "--tp-size", "8", "--dist-init-addr", "h:1"], "must be divisible by nnodes"),
-    (["--nnodes", "2", "--tp-size", "2", "--dist-init-addr", "h"], "is not HOST:PORT"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--nnodes", "2"], "--dist-init-addr HOST:PORT is required"),
+        (["--nnodes", "2", "--node-rank", "2", "--dist-init-addr", "h:1"], "node_rank (2) must be in"),
+        (["--nnodes", "3", "--tp-size", "8", "--dist-init-addr", "h:1"], "must be divisible by nnodes"),
+        (["--nnodes", "2", "--tp-size", "2", "--dist-init-addr", "h"], "is not HOST:PORT"),
+    ],
+)
 def test_multinode_flags_checked_like_sglang(args, message):
-    p = subprocess.run([sys.executable, "-m", "tuitune.sim", *args], capture_output=True, text=True,
-                       timeout=15)
+    p = subprocess.run([sys.executable, "-m", "tuitune.sim", *args], capture_output=True, text=True, timeout=15)
     assert p.returncode == 1 and message in p.stdout
 
 
@@ -102,8 +103,9 @@ def test_internode_cost_follows_the_network_variables():
     # GPU Direct RDMA off (level below the NIC-GPU distance) costs; at or above it is the default
     assert multinode.internode_ms({"NCCL_NET_GDR_LEVEL": "LOC"}, 2, 3) > ib
     assert multinode.internode_ms({"NCCL_NET_GDR_LEVEL": "SYS"}, 2, 3) == ib
-    more = multinode.internode_ms({"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_NTHREADS": "4",
-                                   "NCCL_NSOCKS_PERTHREAD": "2"}, 2, 3)
+    more = multinode.internode_ms(
+        {"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "2"}, 2, 3
+    )
     assert more < sock
     assert multinode.internode_ms({"NCCL_PROTO": "LL"}, 2, 3) < ib
 

@@ -10,21 +10,30 @@ from pathlib import Path
 
 import pytest
 
-from tuitune import grid as G
-from tuitune import ncclbench as NB
 from tuitune import preset as P
-from tuitune.transport import LocalTransport
+from tuitune.experiments import grid as G
+from tuitune.experiments import ncclbench as NB
+from tuitune.target.transport import LocalTransport
 
 torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def preset(tmp: Path, **env) -> P.Preset:
-    return P.from_dict({"name": "nb", "target": "local",
-                        "server": {"module": "tuitune.sim", "log": str(tmp / "nb.log"), "python": sys.executable,
-                                   "args": {"tp-size": 2, "model-path": str(tmp / "model")}},
-                        "speculative": {"algorithm": "EAGLE3", "draft_model_path": "/d", "num_steps": 2, "eagle_topk": 1},
-                        "env": {"NCCL_PROTO": "LL", **env}})
+    return P.from_dict(
+        {
+            "name": "nb",
+            "target": "local",
+            "server": {
+                "module": "tuitune.sim",
+                "log": str(tmp / "nb.log"),
+                "python": sys.executable,
+                "args": {"tp-size": 2, "model-path": str(tmp / "model")},
+            },
+            "speculative": {"algorithm": "EAGLE3", "draft_model_path": "/d", "num_steps": 2, "eagle_topk": 1},
+            "env": {"NCCL_PROTO": "LL", **env},
+        }
+    )
 
 
 def test_grid_parsing_and_combinations():
@@ -49,8 +58,9 @@ async def test_hidden_size_from_the_models_config(tmp_path):
 async def test_gloo_world_size_2_ranks_and_reports_failures(tmp_path):
     p = preset(tmp_path)
     grid = G.parse(["env.NCCL_PROTO=LL,Simple", "env.GLOO_SOCKET_IFNAME=unset,bogus0"])
-    report = await NB.run(LocalTransport(), p, grid, sizes=[4096, 16384], backend="gloo", iters=20, warmup=2,
-                          world_size=2, timeout_s=120)
+    report = await NB.run(
+        LocalTransport(), p, grid, sizes=[4096, 16384], backend="gloo", iters=20, warmup=2, world_size=2, timeout_s=120
+    )
     rows = {r["label"]: r for r in report["rows"]}
     ok = [r for r in report["rows"] if "results" in r]
     assert len(ok) == 2 and len(report["ranking"]) == 2
@@ -68,11 +78,29 @@ async def test_gloo_world_size_2_ranks_and_reports_failures(tmp_path):
 
 def test_cli_refuses_a_bad_nccl_value_and_bad_grids(tmp_path):
     path = P.save(preset(tmp_path), tmp_path / "nb.yaml")
-    for args, needle in ((["--grid", "env.NCCL_PROTO=LLL"], "'LLL' is not one of"),
-                         (["--grid", "speculative.num_steps=1,2"], "environment variables only"),
-                         (["--sizes", "abc"], "expected bytes")):
-        r = subprocess.run([sys.executable, "-m", "tuitune", "nccl-bench", str(path), "--backend", "gloo",
-                            "--hidden-size", "64", *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    for args, needle in (
+        (["--grid", "env.NCCL_PROTO=LLL"], "'LLL' is not one of"),
+        (["--grid", "speculative.num_steps=1,2"], "environment variables only"),
+        (["--sizes", "abc"], "expected bytes"),
+    ):
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tuitune",
+                "nccl-bench",
+                str(path),
+                "--backend",
+                "gloo",
+                "--hidden-size",
+                "64",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
         assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
@@ -80,8 +108,18 @@ def test_cli_refuses_a_bad_nccl_value_and_bad_grids(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here (CI never has one)")
 def test_nccl_world_size_1_on_a_gpu(tmp_path):
     p = preset(tmp_path)
-    report = asyncio.run(NB.run(LocalTransport(), p, G.parse(["env.NCCL_PROTO=LL,Simple"]), hidden_size=7168,
-                                world_size=1, iters=50, warmup=5, timeout_s=300))
+    report = asyncio.run(
+        NB.run(
+            LocalTransport(),
+            p,
+            G.parse(["env.NCCL_PROTO=LL,Simple"]),
+            hidden_size=7168,
+            world_size=1,
+            iters=50,
+            warmup=5,
+            timeout_s=300,
+        )
+    )
     ok = [r for r in report["rows"] if "results" in r]
     assert len(ok) == 2, report
     assert all(r["info"]["backend"] == "nccl" and r["info"]["device"] for r in ok)
@@ -94,8 +132,19 @@ def test_nccl_world_size_1_on_a_gpu(tmp_path):
 def test_nccl_world_size_2_confirms_settings_in_eager_and_graph_mode(tmp_path):
     p = preset(tmp_path)
     for graph in (False, True):
-        report = asyncio.run(NB.run(LocalTransport(), p, G.parse(["env.NCCL_PROTO=LL,Simple"]), hidden_size=7168,
-                                    world_size=2, iters=50, warmup=5, graph=graph, timeout_s=120))
+        report = asyncio.run(
+            NB.run(
+                LocalTransport(),
+                p,
+                G.parse(["env.NCCL_PROTO=LL,Simple"]),
+                hidden_size=7168,
+                world_size=2,
+                iters=50,
+                warmup=5,
+                graph=graph,
+                timeout_s=120,
+            )
+        )
         ok = [r for r in report["rows"] if "results" in r]
         assert len(ok) == 2, report
         for r in ok:

@@ -9,12 +9,12 @@ import sys
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from hypothesis import given, settings, strategies as st
-
-from tuitune import parse
-from tuitune.events import from_dict
-from tuitune.parse import parse_line, parse_lines, summarize
+from tuitune.base.events import from_dict
+from tuitune.measure import parse
+from tuitune.measure.parse import parse_line, parse_lines, summarize
 
 PROFILE_EXAMPLES = [
     "[2026-11-29 16:02:11 TP0] EAGLE3_PROFILE v=1 cycles=40 bs=1 steps=2 topk=1 draft_tokens=3 "
@@ -22,9 +22,11 @@ PROFILE_EXAMPLES = [
     "[2026-11-29 16:02:11.513 DP0 TP0] EAGLE3_PROFILE cycles=1 draft_ms=0.9 verify_ms=21.7 extend_ms=0.2 accept_len=2",
     "EAGLE3_PROFILE draft_ms=0.83 verify_ms=28.7 extend_ms=0.1 accept_len=1.73 p90_verify_ms=29.4 gpu=7",
 ]
-PROFILE_V2 = ("[2026-11-29 16:37:09 TP0] EAGLE3_PROFILE v=2 cycles=40 bs=8 steps=3 topk=1 draft_tokens=4 "
-              "verify_tokens=32 draft_ms=0.600 verify_ms=5.100 extend_ms=0.200 other_ms=0.400 cycle_ms=6.300 "
-              "accept_len=2.375 accept_hist=1:100,2:80,4:140 bs_hist=7:3,8:37 eff_tok_s=3015.87 sync=sim")
+PROFILE_V2 = (
+    "[2026-11-29 16:37:09 TP0] EAGLE3_PROFILE v=2 cycles=40 bs=8 steps=3 topk=1 draft_tokens=4 "
+    "verify_tokens=32 draft_ms=0.600 verify_ms=5.100 extend_ms=0.200 other_ms=0.400 cycle_ms=6.300 "
+    "accept_len=2.375 accept_hist=1:100,2:80,4:140 bs_hist=7:3,8:37 eff_tok_s=3015.87 sync=sim"
+)
 
 
 def test_profile_v2_fields_and_their_round_trip():
@@ -39,7 +41,10 @@ def test_profile_v2_fields_and_their_round_trip():
         line = PROFILE_V2.replace("accept_hist=1:100,2:80,4:140", f"accept_hist={bad}")
         for fast in (True, False):
             got = parse._profile(line, at, fast=fast)
-            assert got.kind == "profile" and got.accept_counts is None and got.batch_sizes == ev.batch_sizes, (bad, fast)
+            assert got.kind == "profile" and got.accept_counts is None and got.batch_sizes == ev.batch_sizes, (
+                bad,
+                fast,
+            )
     # what JSON would refuse is read field by field, with the same meaning
     assert parse_line(PROFILE_V2.replace("1:100,2:80,4:140", "01:5,2:007")).accept_counts == (5, 7)
 
@@ -65,32 +70,49 @@ def test_profile_malformed_and_nan():
     assert json.dumps(n.to_dict())  # NaN written as null, valid JSON
 
 
-DECODE_NEW = ("[2026-03-16 11:32:10 TP0] Decode batch, #running-req: 8, #token: 5120, token usage: 0.03, "
-              "accept len: 3.12, accept rate: 0.71, cuda graph: True, gen throughput (token/s): 812.40, #queue-req: 0")
-DECODE_OLD = ("[2025-10-22 10:27:57 TP0] Decode batch. #running-req: 1, #token: 186, token usage: 0.00, "
-              "accept len: 1.95, accept rate: 0.49, cuda graph: True, gen throughput (token/s): 178.86, #queue-req: 0, ")
+DECODE_NEW = (
+    "[2026-03-16 11:32:10 TP0] Decode batch, #running-req: 8, #token: 5120, token usage: 0.03, "
+    "accept len: 3.12, accept rate: 0.71, cuda graph: True, gen throughput (token/s): 812.40, #queue-req: 0"
+)
+DECODE_OLD = (
+    "[2025-10-22 10:27:57 TP0] Decode batch. #running-req: 1, #token: 186, token usage: 0.00, "
+    "accept len: 1.95, accept rate: 0.49, cuda graph: True, gen throughput (token/s): 178.86, #queue-req: 0, "
+)
 
 
 def test_decode_forms():
     a, b = parse_line(DECODE_NEW), parse_line(DECODE_OLD)
     assert a.kind == b.kind == "decode"
-    assert (a.running_req, a.token, a.accept_len, a.accept_rate, a.cuda_graph, a.gen_throughput, a.queue_req) == \
-        (8, 5120, 3.12, 0.71, True, 812.40, 0)
+    assert (a.running_req, a.token, a.accept_len, a.accept_rate, a.cuda_graph, a.gen_throughput, a.queue_req) == (
+        8,
+        5120,
+        3.12,
+        0.71,
+        True,
+        812.40,
+        0,
+    )
     assert (b.accept_len, b.gen_throughput, b.queue_req, b.extra) == (1.95, 178.86, 0, {})
-    it = parse_line("[2026-03-16 11:32:10.120 TP0] Decode batch [1234], #running-req: 2, #token: 9, "
-                    "#cached-token: 3, token usage: 0.01, cap len: 7, cpu graph: False, "
-                    "gen throughput (token/s): 50.00, #queue-req: 1, est. decode TFLOPS/s (per GPU): 12.5")
+    it = parse_line(
+        "[2026-03-16 11:32:10.120 TP0] Decode batch [1234], #running-req: 2, #token: 9, "
+        "#cached-token: 3, token usage: 0.01, cap len: 7, cpu graph: False, "
+        "gen throughput (token/s): 50.00, #queue-req: 1, est. decode TFLOPS/s (per GPU): 12.5"
+    )
     assert it.iteration == 1234 and it.cuda_graph is False and it.accept_len is None
     assert it.extra == {"cached_token": 3, "cap_len": 7, "est_decode_tflops_s_per_gpu": 12.5}
     assert parse_line("[t TP0] Decode batch, #running-req: 1").kind == "malformed"
 
 
 def test_prefill_forms():
-    old = parse_line("[2025-10-22 10:27:56 TP0] Prefill batch. #new-seq: 1, #new-token: 28, #cached-token: 0, "
-                     "token usage: 0.00, #running-req: 0, #queue-req: 0, ")
-    new = parse_line("[2026-03-16 11:32:09 TP0] Prefill batch, #new-seq: 2, #new-token: 512, #cached-token: 0, "
-                     "token usage: 0.01, #running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, "
-                     "input throughput (token/s): 9000.50")
+    old = parse_line(
+        "[2025-10-22 10:27:56 TP0] Prefill batch. #new-seq: 1, #new-token: 28, #cached-token: 0, "
+        "token usage: 0.00, #running-req: 0, #queue-req: 0, "
+    )
+    new = parse_line(
+        "[2026-03-16 11:32:09 TP0] Prefill batch, #new-seq: 2, #new-token: 512, #cached-token: 0, "
+        "token usage: 0.01, #running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, "
+        "input throughput (token/s): 9000.50"
+    )
     assert (old.new_seq, old.new_token, old.cached_token) == (1, 28, 0)
     assert new.input_throughput == 9000.5 and new.pending_token == 0 and new.cuda_graph is False and not new.extra
 
@@ -103,8 +125,16 @@ def test_startup_nccl_errors_vllm():
     assert (env.name, env.value) == ("NCCL_BUFFSIZE", "16777216")
     proto = parse_line("gpu-box:1234:1234 [0] NCCL INFO NCCL_PROTO set by environment to LL")
     assert proto.value == "LL"
-    algo = parse_line("gpu-box:1:1 [0] NCCL INFO AllReduce: 33554432 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..31}")
-    assert (algo.collective, algo.bytes, algo.algo, algo.proto, algo.channels) == ("AllReduce", 33554432, "RING", "SIMPLE", 32)
+    algo = parse_line(
+        "gpu-box:1:1 [0] NCCL INFO AllReduce: 33554432 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..31}"
+    )
+    assert (algo.collective, algo.bytes, algo.algo, algo.proto, algo.channels) == (
+        "AllReduce",
+        33554432,
+        "RING",
+        "SIMPLE",
+        32,
+    )
     cases = {
         "Traceback (most recent call last):": "traceback",
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB": "oom",
@@ -118,9 +148,11 @@ def test_startup_nccl_errors_vllm():
     for line, cat in cases.items():
         ev = parse_line(line)
         assert ev is not None and ev.kind == "error" and ev.category == cat, line
-    v = parse_line("INFO 05-01 12:00:00 [metrics.py:1] SpecDecoding metrics: Mean acceptance length: 2.31, "
-                   "Accepted throughput: 41.20 tokens/s, Drafted throughput: 89.10 tokens/s, Accepted: 412 tokens, "
-                   "Drafted: 891 tokens, Per-position acceptance rate: 0.712, 0.455, 0.301, Avg Draft acceptance rate: 46.2%")
+    v = parse_line(
+        "INFO 05-01 12:00:00 [metrics.py:1] SpecDecoding metrics: Mean acceptance length: 2.31, "
+        "Accepted throughput: 41.20 tokens/s, Drafted throughput: 89.10 tokens/s, Accepted: 412 tokens, "
+        "Drafted: 891 tokens, Per-position acceptance rate: 0.712, 0.455, 0.301, Avg Draft acceptance rate: 46.2%"
+    )
     assert v.mean_accept_len == 2.31 and v.per_position == (0.712, 0.455, 0.301)
     assert v.draft_acceptance_rate == 0.462 and (v.accepted, v.drafted) == (412, 891)
     old = parse_line("SpecDecoding metrics: Draft acceptance rate: 46.2%, Accepted: 412 tokens, Drafted: 891 tokens")
@@ -141,22 +173,78 @@ def _no_parser_bug(ev):
 @settings(max_examples=400, deadline=None)
 @given(st.text(max_size=300))
 def test_never_raises_on_text(s):
-    for line in (s, "EAGLE3_PROFILE " + s, "[2026-01-01 00:00:00 TP0] Decode batch, " + s, "Prefill batch, " + s,
-                 "NCCL INFO " + s, "SpecDecoding metrics: " + s):
+    for line in (
+        s,
+        "EAGLE3_PROFILE " + s,
+        "[2026-01-01 00:00:00 TP0] Decode batch, " + s,
+        "Prefill batch, " + s,
+        "NCCL INFO " + s,
+        "SpecDecoding metrics: " + s,
+    ):
         _no_parser_bug(parse_line(line))
 
 
 # ---- the fast path (JSON + msgspec) must agree with the exact field-by-field parser -------------
 
 # values that parse differently in Python and in msgspec's lax mode, or not at all
-TRICKY = ["nan", "NaN", "-nan", "inf", "-inf", "Infinity", "1e400", "1e3", "1E-2", "-0", "-0.0", "+1", ".5", "5.",
-          "1_0", " 1", "1 ", "٣", "²", "1.2.3", "0x10", "null", "true", "True", "TRUE", "False", "false", "1", "0", "2",
-          "01", "12.0", "12.5", "99999999999999999999", "-12345678901234567890", "12345678901234567.0",
-          "9007199254740993.0", "9007199254740993", "1.00000000000000001", "2251799813685247.25", "1e30", "-1e30",
-          "", "a b", "x,y", "1:2", "event", "é", "{}", "[1]"]
+TRICKY = [
+    "nan",
+    "NaN",
+    "-nan",
+    "inf",
+    "-inf",
+    "Infinity",
+    "1e400",
+    "1e3",
+    "1E-2",
+    "-0",
+    "-0.0",
+    "+1",
+    ".5",
+    "5.",
+    "1_0",
+    " 1",
+    "1 ",
+    "٣",
+    "²",
+    "1.2.3",
+    "0x10",
+    "null",
+    "true",
+    "True",
+    "TRUE",
+    "False",
+    "false",
+    "1",
+    "0",
+    "2",
+    "01",
+    "12.0",
+    "12.5",
+    "99999999999999999999",
+    "-12345678901234567890",
+    "12345678901234567.0",
+    "9007199254740993.0",
+    "9007199254740993",
+    "1.00000000000000001",
+    "2251799813685247.25",
+    "1e30",
+    "-1e30",
+    "",
+    "a b",
+    "x,y",
+    "1:2",
+    "event",
+    "é",
+    "{}",
+    "[1]",
+]
 # integers of 17+ digits, integral decimals, long fractions: where a float reading loses precision
-VALUE = st.one_of(st.sampled_from(TRICKY), st.from_regex(r"-?[0-9]{1,30}(\.[0-9]{0,20})?([eE][-+]?[0-9]{1,3})?", fullmatch=True),
-                  st.text(alphabet="0123456789.-+eE naifTrueFls,:=[]{}_²٣", max_size=8))
+VALUE = st.one_of(
+    st.sampled_from(TRICKY),
+    st.from_regex(r"-?[0-9]{1,30}(\.[0-9]{0,20})?([eE][-+]?[0-9]{1,3})?", fullmatch=True),
+    st.text(alphabet="0123456789.-+eE naifTrueFls,:=[]{}_²٣", max_size=8),
+)
 PROFILE_KEYS = list(parse._PROFILE_CONV) + ["gpu", "ts", "rank", "kind", "extra", "X", "a-b"]
 DECODE_NAMES = list(parse._DECODE_SPEC) + ["#cached-token", "cap len", "ts", "iteration", "extra"]
 PREFILL_NAMES = list(parse._PREFILL_SPEC) + ["est. x", "ts", "rank"]
@@ -164,12 +252,18 @@ PREFIXES = ["", "[2026-11-29 16:02:11 TP0] ", "[2026-11-29 16:02:11.513 DP0 TP0]
 
 
 def _same(a, b):
-    assert type(a) is type(b) and json.dumps(a.to_dict(), sort_keys=True) == json.dumps(b.to_dict(), sort_keys=True), (a, b)
+    assert type(a) is type(b) and json.dumps(a.to_dict(), sort_keys=True) == json.dumps(b.to_dict(), sort_keys=True), (
+        a,
+        b,
+    )
 
 
 @settings(max_examples=1500, deadline=None)
-@given(st.sampled_from(PREFIXES), st.lists(st.tuples(st.sampled_from(PROFILE_KEYS), VALUE), max_size=16),
-       st.sampled_from([" ", "  ", " \t"]))
+@given(
+    st.sampled_from(PREFIXES),
+    st.lists(st.tuples(st.sampled_from(PROFILE_KEYS), VALUE), max_size=16),
+    st.sampled_from([" ", "  ", " \t"]),
+)
 def test_profile_fast_path_agrees_with_exact(prefix, pairs, sep):
     line = prefix + "EAGLE3_PROFILE " + sep.join(f"{k}={v}" for k, v in pairs)
     at = line.find("EAGLE3_PROFILE")
@@ -182,9 +276,13 @@ def _canonical_profile(pairs):
 
 
 @settings(max_examples=1500, deadline=None)
-@given(st.sampled_from(PREFIXES), st.sampled_from(["Decode batch", "Decode batch [1234]", "Prefill batch"]),
-       st.sampled_from([", ", ". ", ",", " "]), st.lists(st.tuples(st.sampled_from(DECODE_NAMES + PREFILL_NAMES), VALUE),
-                                                        max_size=12), st.sampled_from(["", ", ", ",", " "]))
+@given(
+    st.sampled_from(PREFIXES),
+    st.sampled_from(["Decode batch", "Decode batch [1234]", "Prefill batch"]),
+    st.sampled_from([", ", ". ", ",", " "]),
+    st.lists(st.tuples(st.sampled_from(DECODE_NAMES + PREFILL_NAMES), VALUE), max_size=12),
+    st.sampled_from(["", ", ", ",", " "]),
+)
 def test_stats_fast_path_agrees_with_exact(prefix, marker, sep, pairs, tail):
     line = prefix + marker + sep + ", ".join(f"{k}: {v}" for k, v in pairs) + tail
     fn = parse._prefill if marker.startswith("Prefill") else parse._decode
@@ -195,38 +293,52 @@ def test_stats_fast_path_agrees_with_exact(prefix, marker, sep, pairs, tail):
 def test_fast_paths_take_the_lines_servers_print(monkeypatch):
     """The canonical lines do go the fast way (so the benchmark measures what users get): with the
     exact paths made to fail, they still parse."""
+
     def exact(*_a, **_k):
         raise AssertionError("the exact path ran")
+
     monkeypatch.setattr(parse, "_profile_exact", exact)
     monkeypatch.setattr(parse, "_fields", exact)
-    prefill = ("[2026-03-16 11:32:09 TP0] Prefill batch, #new-seq: 2, #new-token: 512, #cached-token: 0, "
-               "token usage: 0.01, #running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, "
-               "input throughput (token/s): 9000.50")
+    prefill = (
+        "[2026-03-16 11:32:09 TP0] Prefill batch, #new-seq: 2, #new-token: 512, #cached-token: 0, "
+        "token usage: 0.01, #running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, "
+        "input throughput (token/s): 9000.50"
+    )
     for line in [PROFILE_EXAMPLES[0], PROFILE_V2, DECODE_NEW, DECODE_OLD, prefill]:
         ev = parse_line(line)
         assert ev.kind in ("profile", "decode", "prefill") and ev.ts and ev.rank == "TP0", ev
     monkeypatch.undo()
     # and lines the fast path refuses still parse, exactly
-    ev = parse_line('[2026-11-29 16:02:11 TP0] EAGLE3_PROFILE draft_ms=1 verify_ms=2 extend_ms=3 accept_len=1.5 '
-                    'cycle_ms=6 ts=7 note="x"')
+    ev = parse_line(
+        "[2026-11-29 16:02:11 TP0] EAGLE3_PROFILE draft_ms=1 verify_ms=2 extend_ms=3 accept_len=1.5 "
+        'cycle_ms=6 ts=7 note="x"'
+    )
     assert ev.ts == "2026-11-29 16:02:11" and ev.extra == {"ts": 7, "note": '"x"'} and ev.cycle_ms == 6.0
 
 
 def test_no_parser_error_and_exact_integers():
     """Lines that used to end as Malformed("parser error: ValueError"), and integers that lost
     precision through float(): each now has a real reading or a real reason."""
-    for line in ["SpecDecoding metrics: Per-position acceptance rate: 1.2.3, 0.5", "SpecDecoding metrics: Accepted: ²",
-                 "EAGLE3_PROFILE draft_ms=1 verify_ms=2 extend_ms=1 accept_len=2 gpu=²",
-                 "Decode batch [²], gen throughput (token/s): 5", "Decode batch, #token: ², gen throughput (token/s): 5",
-                 "NCCL INFO AllReduce: " + "9" * 5000 + " Bytes -> Algo RING proto LL"]:
+    for line in [
+        "SpecDecoding metrics: Per-position acceptance rate: 1.2.3, 0.5",
+        "SpecDecoding metrics: Accepted: ²",
+        "EAGLE3_PROFILE draft_ms=1 verify_ms=2 extend_ms=1 accept_len=2 gpu=²",
+        "Decode batch [²], gen throughput (token/s): 5",
+        "Decode batch, #token: ², gen throughput (token/s): 5",
+        "NCCL INFO AllReduce: " + "9" * 5000 + " Bytes -> Algo RING proto LL",
+    ]:
         _no_parser_bug(parse_line(line))
     big = "-12345678901234567890"
     for fast in (True, False):
         line = f"EAGLE3_PROFILE cycles={big} draft_ms=1 verify_ms=2 extend_ms=1 accept_len=2"
         assert parse._profile(line, 0, fast=fast).cycles == int(big)
-    dec = parse_line("Decode batch, #token: 123456789012345678901, gen throughput (token/s): 5, x: 98765432109876543210")
+    dec = parse_line(
+        "Decode batch, #token: 123456789012345678901, gen throughput (token/s): 5, x: 98765432109876543210"
+    )
     assert dec.token == 123456789012345678901 and dec.extra == {"x": 98765432109876543210}
-    assert parse_line("EAGLE3_PROFILE cycles=2.5 draft_ms=1 verify_ms=2 extend_ms=1 accept_len=2").cycles == 1  # ignored, not cut to 2
+    assert (
+        parse_line("EAGLE3_PROFILE cycles=2.5 draft_ms=1 verify_ms=2 extend_ms=1 accept_len=2").cycles == 1
+    )  # ignored, not cut to 2
     v = parse_line("SpecDecoding metrics: Per-position acceptance rate: 0.5, 1.2.3, Accepted: 7 tokens")
     assert v.per_position == (0.5,) and v.accepted == 7
 
@@ -235,26 +347,42 @@ def test_no_parser_error_and_exact_integers():
 # the vLLM line); now every line costs time linear in its length, and only its first
 # parse.MAX_LINE characters are read at all.
 def _adversarial(n: int) -> dict[str, str]:
-    return {"vllm": "SpecDecoding metrics: " + "a" * n, "vllm-fields": "SpecDecoding metrics: " + "Accepted: 1, " * (n // 13),
-            "per-position": "SpecDecoding metrics: Per-position acceptance rate: " + "0.5, " * (n // 5),
-            "tail-notice": "tail: " * (n // 6), "profile": "EAGLE3_PROFILE " + "x=1 " * (n // 4),
-            "profile-eq": "EAGLE3_PROFILE " + "=" * n, "decode": "Decode batch, " + "a: " * (n // 3),
-            "decode-commas": "Decode batch, " + ", " * (n // 2), "nccl": "NCCL INFO " * (n // 10),
-            "nccl-name": "NCCL INFO NCCL_" + "A" * n, "nccl-algo": "NCCL INFO AllReduce: " * (n // 21),
-            "exception": "a" * n + "Error", "exceptions": "Error: " * (n // 7), "brackets": "[" * n,
-            "prefixes": "[2026-01-01 00:00:00" * (n // 20), "assignments": "key=" * (n // 4),
-            "flags": "--api-key " * (n // 10), "json": '"api_key": "' * (n // 12), "bearer": "Bearer " * (n // 7),
-            "digits": "9" * n, "errorish": "rror " * (n // 5), "dashes": "-" * n, "spaces": " " * n}
+    return {
+        "vllm": "SpecDecoding metrics: " + "a" * n,
+        "vllm-fields": "SpecDecoding metrics: " + "Accepted: 1, " * (n // 13),
+        "per-position": "SpecDecoding metrics: Per-position acceptance rate: " + "0.5, " * (n // 5),
+        "tail-notice": "tail: " * (n // 6),
+        "profile": "EAGLE3_PROFILE " + "x=1 " * (n // 4),
+        "profile-eq": "EAGLE3_PROFILE " + "=" * n,
+        "decode": "Decode batch, " + "a: " * (n // 3),
+        "decode-commas": "Decode batch, " + ", " * (n // 2),
+        "nccl": "NCCL INFO " * (n // 10),
+        "nccl-name": "NCCL INFO NCCL_" + "A" * n,
+        "nccl-algo": "NCCL INFO AllReduce: " * (n // 21),
+        "exception": "a" * n + "Error",
+        "exceptions": "Error: " * (n // 7),
+        "brackets": "[" * n,
+        "prefixes": "[2026-01-01 00:00:00" * (n // 20),
+        "assignments": "key=" * (n // 4),
+        "flags": "--api-key " * (n // 10),
+        "json": '"api_key": "' * (n // 12),
+        "bearer": "Bearer " * (n // 7),
+        "digits": "9" * n,
+        "errorish": "rror " * (n // 5),
+        "dashes": "-" * n,
+        "spaces": " " * n,
+    }
 
 
 @pytest.mark.parametrize("name", sorted(_adversarial(10)))
 def test_long_adversarial_lines_take_linear_time(name):
-    from tuitune import redact
+    from tuitune.base import redact
+
     line = _adversarial(1024 * 1024)[name]
     t0 = time.perf_counter()
     ev = parse_line(line)
     shown = redact.Redactor()(line)
-    masked = redact.text(line[:256 * 1024])  # the patterns alone, on more than a line is ever clipped to
+    masked = redact.text(line[: 256 * 1024])  # the patterns alone, on more than a line is ever clipped to
     elapsed = time.perf_counter() - t0
     assert elapsed < 2.0, f"{name}: {elapsed:.2f} s"  # ~10 ms here; quadratic code took minutes
     _no_parser_bug(ev)
@@ -286,14 +414,17 @@ def test_huge_line_and_empty_input():
 def test_parse_command(tmp_path):
     log = tmp_path / "server.log"
     log.write_bytes(("\n".join(PROFILE_EXAMPLES + [DECODE_NEW, "noise"]) + "\n").encode() + b"\xff\xfe bad\n")
-    out = subprocess.run([sys.executable, "-m", "tuitune", "parse", str(log), "--json"],
-                         capture_output=True, text=True, check=True).stdout.splitlines()
+    out = subprocess.run(
+        [sys.executable, "-m", "tuitune", "parse", str(log), "--json"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
     objs = [json.loads(x) for x in out]
     assert [o["kind"] for o in objs] == ["profile"] * 3 + ["decode"]
     assert objs[0]["verify_ms"] == 19.12 and objs[0]["rank"] == "TP0" and isinstance(objs[0]["cycles"], int)
-    table = subprocess.run([sys.executable, "-m", "tuitune", "parse", "-"], input=log.read_bytes(),
-                           capture_output=True, check=True).stdout.decode()
+    table = subprocess.run(
+        [sys.executable, "-m", "tuitune", "parse", "-"], input=log.read_bytes(), capture_output=True, check=True
+    ).stdout.decode()
     assert "profile" in table and "3" in table and "verify_ms" in table
-    missing = subprocess.run([sys.executable, "-m", "tuitune", "parse", str(tmp_path / "nope")],
-                             capture_output=True, text=True)
+    missing = subprocess.run(
+        [sys.executable, "-m", "tuitune", "parse", str(tmp_path / "nope")], capture_output=True, text=True
+    )
     assert missing.returncode == 2 and "cannot open" in missing.stderr and "Traceback" not in missing.stderr

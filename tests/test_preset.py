@@ -33,23 +33,35 @@ def test_seed_command_lines_reproduced_exactly():
     words = shlex.split(line.replace('"$HOME"', "~"))
     env = dict(w.split("=", 1) for w in words[3:] if "=" in w and not w.startswith("-"))
     env.pop("PYTHONPATH")  # the probe (issue 8) rides along; everything else is the seed's
-    assert env == {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS",
-                   "NCCL_MAX_NCHANNELS": "16", "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512",
-                   "EAGLE3_PROFILE": "1", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
-    argv = words[words.index("sglang.launch_server") + 1: words.index("2>&1") - 1 if "2>&1" in words else None]
-    seed = ("--model-path /shared/kimi-k2.5-int4 --trust-remote-code --tp-size 8 --mem-fraction-static 0.88 "
-            "--host 0.0.0.0 --port 8000 --num-continuous-decode-steps 4 --disable-custom-all-reduce "
-            "--speculative-algorithm EAGLE3 --speculative-draft-model-path /data/eagle3/output_100k_sglang/4 "
-            "--speculative-eagle-topk 1 --speculative-num-draft-tokens 3 --speculative-num-steps 2").split()
+    assert env == {
+        "NCCL_PROTO": "LL",
+        "NCCL_ALGO": "Ring",
+        "NCCL_P2P_LEVEL": "SYS",
+        "NCCL_MAX_NCHANNELS": "16",
+        "NCCL_BUFFSIZE": "16777216",
+        "NCCL_NTHREADS": "512",
+        "EAGLE3_PROFILE": "1",
+        "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1",
+    }
+    argv = words[words.index("sglang.launch_server") + 1 : words.index("2>&1") - 1 if "2>&1" in words else None]
+    seed = (
+        "--model-path /shared/kimi-k2.5-int4 --trust-remote-code --tp-size 8 --mem-fraction-static 0.88 "
+        "--host 0.0.0.0 --port 8000 --num-continuous-decode-steps 4 --disable-custom-all-reduce "
+        "--speculative-algorithm EAGLE3 --speculative-draft-model-path /data/eagle3/output_100k_sglang/4 "
+        "--speculative-eagle-topk 1 --speculative-num-draft-tokens 3 --speculative-num-steps 2"
+    ).split()
 
     def pairs(a):
         out, i = set(), 0
         while i < len(a):
             if i + 1 < len(a) and not a[i + 1].startswith("--"):
-                out.add((a[i], a[i + 1])); i += 2
+                out.add((a[i], a[i + 1]))
+                i += 2
             else:
-                out.add((a[i], None)); i += 1
+                out.add((a[i], None))
+                i += 1
         return out
+
     rendered = [w for w in argv if not w.startswith(">")]
     assert pairs(rendered) == pairs(seed)
     assert "~/ml-env/bin/python3" in words and ">/data/eagle3/synth_100k/logs/sglang_eagle3_nccl_2step.log" in line
@@ -68,26 +80,39 @@ def test_round_trip_minimal_and_stable(tmp_path):
     assert P.dumps(p) == "name: x\ntarget: local\nserver:\n  log: /tmp/x.log\n"
 
 
-@pytest.mark.parametrize("text, expected", [
-    (MIN + "env:\n  NCCL_PROTO: LLL\n",
-     "f.yaml: env.NCCL_PROTO: 'LLL' is not one of LL, LL128, Simple (optionally ^-prefixed or per collective)"),
-    (MIN + "env:\n  NCCL_NTHREADS: 100\n", "f.yaml: env.NCCL_NTHREADS: 100 is not a multiple of 32 in [64, 512]"),
-    (MIN + "env:\n  NCCL_P2P_LEVEL: sys\n", "f.yaml: env.NCCL_P2P_LEVEL: 'sys' is not one of LOC, NVL"),
-    (MIN + "bogus: 1\n", "f.yaml: bogus: unknown key"),
-    ("name: x\n", "f.yaml: server: required key is missing"),
-    (MIN + "server2: {}\n", "f.yaml: server2: unknown key"),
-    (MIN + "  port: 99999\n", "f.yaml: server.port: 99999: Input should be less than or equal to 65535"),
-    (MIN + "speculative:\n  algorithm: EAGLE3\n  draft_model_path: /d\n  num_steps: 2\n  eagle_topk: 2\n  num_draft_tokens: 9\n",
-     "f.yaml: speculative: num_draft_tokens 9 is more than num_steps * eagle_topk + 1 = 5"),
-    (MIN + "speculative:\n  algorithm: EAGLE3\n  draft_model_path: /d\n  eagle_topk: 2\n",
-     "f.yaml: speculative: num_steps, eagle_topk and num_draft_tokens are all-or-none"),
-    (MIN + "speculative:\n  algorithm: EAGLE3\n  num_steps: 2\n", "f.yaml: speculative: draft_model_path is required for EAGLE3"),
-    (MIN + "  args:\n    --tp-size: 8\n", "write it without the leading dashes"),
-    (MIN + "  args:\n    port: 1\n", "flag 'port' is set by server.port"),
-    (MIN + "env:\n  A: \"x\\ny\"\n", "holds a newline or NUL byte"),
-    ("name: x\nserver: [\n", "f.yaml: YAML syntax error at line 3, column 1"),
-    ("- a\n- b\n", "f.yaml: a preset is a YAML mapping"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (
+            MIN + "env:\n  NCCL_PROTO: LLL\n",
+            "f.yaml: env.NCCL_PROTO: 'LLL' is not one of LL, LL128, Simple (optionally ^-prefixed or per collective)",
+        ),
+        (MIN + "env:\n  NCCL_NTHREADS: 100\n", "f.yaml: env.NCCL_NTHREADS: 100 is not a multiple of 32 in [64, 512]"),
+        (MIN + "env:\n  NCCL_P2P_LEVEL: sys\n", "f.yaml: env.NCCL_P2P_LEVEL: 'sys' is not one of LOC, NVL"),
+        (MIN + "bogus: 1\n", "f.yaml: bogus: unknown key"),
+        ("name: x\n", "f.yaml: server: required key is missing"),
+        (MIN + "server2: {}\n", "f.yaml: server2: unknown key"),
+        (MIN + "  port: 99999\n", "f.yaml: server.port: 99999: Input should be less than or equal to 65535"),
+        (
+            MIN
+            + "speculative:\n  algorithm: EAGLE3\n  draft_model_path: /d\n  num_steps: 2\n  eagle_topk: 2\n  num_draft_tokens: 9\n",
+            "f.yaml: speculative: num_draft_tokens 9 is more than num_steps * eagle_topk + 1 = 5",
+        ),
+        (
+            MIN + "speculative:\n  algorithm: EAGLE3\n  draft_model_path: /d\n  eagle_topk: 2\n",
+            "f.yaml: speculative: num_steps, eagle_topk and num_draft_tokens are all-or-none",
+        ),
+        (
+            MIN + "speculative:\n  algorithm: EAGLE3\n  num_steps: 2\n",
+            "f.yaml: speculative: draft_model_path is required for EAGLE3",
+        ),
+        (MIN + "  args:\n    --tp-size: 8\n", "write it without the leading dashes"),
+        (MIN + "  args:\n    port: 1\n", "flag 'port' is set by server.port"),
+        (MIN + 'env:\n  A: "x\\ny"\n', "holds a newline or NUL byte"),
+        ("name: x\nserver: [\n", "f.yaml: YAML syntax error at line 3, column 1"),
+        ("- a\n- b\n", "f.yaml: a preset is a YAML mapping"),
+    ],
+)
 def test_errors_are_one_clear_sentence(text, expected):
     with pytest.raises(P.PresetError) as e:
         P.loads(text, "f.yaml")
@@ -99,18 +124,28 @@ def test_topk1_derives_draft_tokens_and_marks_it():
     p = P.loads(MIN + "speculative:\n  algorithm: EAGLE3\n  draft_model_path: /d\n  num_steps: 3\n  eagle_topk: 1\n")
     assert "--speculative-num-draft-tokens" in P.launch_command(p) and P.flatten(p)["speculative.num_draft_tokens"] == 4
     assert "speculative.num_draft_tokens" in P.derived_keys(p)
-    adj = P.loads(MIN + "speculative:\n  algorithm: EAGLE3\n  draft_model_path: /d\n  num_steps: 3\n  eagle_topk: 1\n  num_draft_tokens: 7\n")
+    adj = P.loads(
+        MIN
+        + "speculative:\n  algorithm: EAGLE3\n  draft_model_path: /d\n  num_steps: 3\n  eagle_topk: 1\n  num_draft_tokens: 7\n"
+    )
     assert any("adjusted by SGLang" in w for w in P.warnings(adj))
     assert P.flatten(adj)["speculative.num_draft_tokens"] == 4
 
 
 def test_quoting_and_home(tmp_path):
-    p = P.loads("name: q\nserver:\n  python: ~/env/bin/python3\n  workdir: /tmp/a b\n  log: ~/logs/x y.log\n"
-                "  args:\n    model-path: \"/m/it's $HOME; rm -rf /\"\nenv:\n  FOO: \"a b'c\"\n")
+    p = P.loads(
+        "name: q\nserver:\n  python: ~/env/bin/python3\n  workdir: /tmp/a b\n  log: ~/logs/x y.log\n"
+        '  args:\n    model-path: "/m/it\'s $HOME; rm -rf /"\nenv:\n  FOO: "a b\'c"\n'
+    )
     cmd = P.launch_command(p)
-    assert "cd -- '/tmp/a b' || exit 1" in cmd and '"$HOME"/env/bin/python3' in cmd and '"$HOME"/\'logs/x y.log\'' in cmd
-    out = subprocess.run(["bash", "-c", f"set -- {P.server_argv(p).split(' ', 1)[1]}; printf '%s\\n' \"$@\""],
-                         capture_output=True, text=True).stdout.splitlines()
+    assert (
+        "cd -- '/tmp/a b' || exit 1" in cmd and '"$HOME"/env/bin/python3' in cmd and "\"$HOME\"/'logs/x y.log'" in cmd
+    )
+    out = subprocess.run(
+        ["bash", "-c", f"set -- {P.server_argv(p).split(' ', 1)[1]}; printf '%s\\n' \"$@\""],
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
     assert "FOO=a b'c" in out and "/m/it's $HOME; rm -rf /" in out
 
 
@@ -121,7 +156,10 @@ def test_diff_lint_with_changes():
     assert keys == {"env.NCCL_PROTO": ("LL", "Simple"), "server.args.tp-size": (8, 4), "env.NCCL_ALGO": ("Ring", None)}
     with pytest.raises(P.PresetError):
         P.with_changes(a, {"env.NCCL_PROTO": "bogus"})
-    nv = P.loads(MIN + "  args:\n    tp-size: 8\nenv:\n  NCCL_PROTO: LL\n  NCCL_ALGO: NVLSTree\n  NCCL_DEBUG: INFO\nprofile: true\n")
+    nv = P.loads(
+        MIN
+        + "  args:\n    tp-size: 8\nenv:\n  NCCL_PROTO: LL\n  NCCL_ALGO: NVLSTree\n  NCCL_DEBUG: INFO\nprofile: true\n"
+    )
     advice = " ".join(P.lint(nv))
     for needle in ("custom all-reduce is on", "NVLSTree", "probe is on", "NCCL_DEBUG"):
         assert needle in advice
@@ -163,7 +201,10 @@ def test_preset_commands(tmp_path):
     assert "custom all-reduce" not in run_cli("preset", "lint", "c4-eagle3-2step-nccl").stdout
     r = run_cli("preset", "bogus")
     assert r.returncode == 2
-    for cmd in (["bench", "--url", "http://127.0.0.1:1", "--requests", "0"], ["ab", "demo", "demo", "--warmup", "-1"],
-                ["sweep", "demo", "--grid", "speculative.num_steps=1", "--max-tokens", "1"]):
+    for cmd in (
+        ["bench", "--url", "http://127.0.0.1:1", "--requests", "0"],
+        ["ab", "demo", "demo", "--warmup", "-1"],
+        ["sweep", "demo", "--grid", "speculative.num_steps=1", "--max-tokens", "1"],
+    ):
         r = run_cli(*cmd)
         assert r.returncode == 2 and "must be at least" in r.stderr, (cmd, r.stderr)

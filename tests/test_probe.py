@@ -6,22 +6,28 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
-
 from fake_sglang import DRIVER, make_tree
+
 from tuitune import preset as P
-from tuitune.parse import parse_line
+from tuitune.measure.parse import parse_line
 from tuitune.probe import FILES, check
 
 PROBE_DIR = Path(__file__).resolve().parent.parent / "tuitune" / "probe"
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_driver(tmp: Path, layout: str, cycles: int = 20, rank: int = 0, env: dict | None = None,
-               extra_path: list[Path] | None = None, switch: int | None = None) -> subprocess.CompletedProcess:
+def run_driver(
+    tmp: Path,
+    layout: str,
+    cycles: int = 20,
+    rank: int = 0,
+    env: dict | None = None,
+    extra_path: list[Path] | None = None,
+    switch: int | None = None,
+) -> subprocess.CompletedProcess:
     probe = tmp / "probe"
     probe.mkdir(exist_ok=True)
     for name in FILES:  # as the launch does: the probe files alone in a directory
@@ -32,8 +38,9 @@ def run_driver(tmp: Path, layout: str, cycles: int = 20, rank: int = 0, env: dic
     full = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3_")}
     full.update({"PYTHONPATH": os.pathsep.join(path), "EAGLE3_PROFILE_WINDOW": "5", **(env or {})})
     args = [layout, str(cycles), str(rank)] + ([str(switch)] if switch is not None else [])
-    return subprocess.run([sys.executable, str(driver), *args], capture_output=True,
-                          text=True, timeout=60, env=full, cwd=tmp)
+    return subprocess.run(
+        [sys.executable, str(driver), *args], capture_output=True, text=True, timeout=60, env=full, cwd=tmp
+    )
 
 
 @pytest.mark.parametrize("layout", ["v1", "v2"])
@@ -64,8 +71,12 @@ def test_probe_reads_the_steps_every_cycle_and_splits_the_window_when_they_chang
     r = run_driver(tmp_path, "v2", cycles=20, env={"EAGLE3_PROFILE": "1"}, switch=7)
     assert r.returncode == 0, r.stderr
     events = [parse_line(x) for x in r.stdout.splitlines() if "EAGLE3_PROFILE" in x]
-    assert [(ev.cycles, ev.steps, ev.draft_tokens, ev.verify_tokens) for ev in events] == \
-        [(5, 2, 3, 3), (2, 2, 3, 3), (5, 3, 4, 4), (5, 3, 4, 4)]  # cycles 0-4, 5-6 | 7-11, 12-16
+    assert [(ev.cycles, ev.steps, ev.draft_tokens, ev.verify_tokens) for ev in events] == [
+        (5, 2, 3, 3),
+        (2, 2, 3, 3),
+        (5, 3, 4, 4),
+        (5, 3, 4, 4),
+    ]  # cycles 0-4, 5-6 | 7-11, 12-16
     assert all(sum(ev.accept_counts) == ev.cycles for ev in events)
 
 
@@ -97,7 +108,8 @@ def test_a_probe_error_disables_the_probe_and_never_the_server(tmp_path, where):
     (inject / "sitecustomize.py").write_text(  # chained after the probe's own, once it is installed
         "import eagle3_probe\n"
         f"def boom(*a, **k):\n    raise RuntimeError('injected into {where}')\n"
-        f"eagle3_probe.Recorder.{where} = boom\n")
+        f"eagle3_probe.Recorder.{where} = boom\n"
+    )
     r = run_driver(tmp_path, "v2", cycles=20, env={"EAGLE3_PROFILE": "1"}, extra_path=[inject])
     assert r.returncode == 0, r.stderr  # the driver ran all 20 cycles
     warnings = [x for x in (r.stdout + r.stderr).splitlines() if "probe disabled" in x]
@@ -143,9 +155,17 @@ def test_check_reads_the_source_without_importing(tmp_path):
     assert report["version"] == "0.5.99.fake" and report["ok"] is True  # v1 complete; v2 lacks draft
     assert report["modules"]["sglang.srt.speculative.eagle_worker_v2"]["EagleDraftWorker.draft"]["found"] is False
     assert "sglang.srt.speculative.eagle_worker" in report["usable"]
-    r = subprocess.run([sys.executable, "-m", "tuitune", "probe", "check", "--sglang-path",
-                        str(tmp_path / "fake" / "sglang")], capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 0 and "MISSING EagleDraftWorker.draft" in r.stdout and "patchable phases: draft, extend, verify" in r.stdout
+    r = subprocess.run(
+        [sys.executable, "-m", "tuitune", "probe", "check", "--sglang-path", str(tmp_path / "fake" / "sglang")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert (
+        r.returncode == 0
+        and "MISSING EagleDraftWorker.draft" in r.stdout
+        and "patchable phases: draft, extend, verify" in r.stdout
+    )
 
 
 def test_check_against_the_real_sglang_release(sglang_release):
@@ -159,8 +179,11 @@ def test_launch_command_puts_the_probe_first_on_pythonpath(tmp_path):
     cmd = P.launch_command(p)
     assert 'EAGLE3_PROFILE=1 PYTHONPATH="$HOME/.cache/tuitune/probe${PYTHONPATH:+:$PYTHONPATH}"' in cmd
     assert "PYTHONPATH" not in P.launch_command(P.resolve("demo"))  # the simulator prints its own lines
-    out = subprocess.run(["bash", "-c", 'HOME=/h; PYTHONPATH=/a; echo "$HOME/.cache/tuitune/probe${PYTHONPATH:+:$PYTHONPATH}"'],
-                         capture_output=True, text=True).stdout.strip()
+    out = subprocess.run(
+        ["bash", "-c", 'HOME=/h; PYTHONPATH=/a; echo "$HOME/.cache/tuitune/probe${PYTHONPATH:+:$PYTHONPATH}"'],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     assert out == "/h/.cache/tuitune/probe:/a"
 
 
@@ -171,6 +194,7 @@ def test_event_timing_on_a_gpu(tmp_path):
         pytest.skip("no CUDA GPU here (CI never has one)")
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import probe_overhead as po
+
     make_tree(tmp_path / "fake", "v2", work=po.GPU_WORK)
     (tmp_path / "probe").mkdir()
     for name in FILES:
@@ -183,5 +207,6 @@ def test_event_timing_on_a_gpu(tmp_path):
     assert all(e.verify_ms > e.draft_ms > 0 for e in lines[1:])
     assert all(e.accept_len == pytest.approx(2.0) for e in lines)  # read from the GPU tensor, a window late
     # format v2: the histogram counted on the GPU (every request accepted 2 tokens), verify tokens
-    assert all(e.v == 2 and e.accept_counts == (0, e.cycles * e.bs) and e.verify_tokens == e.bs * e.draft_tokens
-               for e in lines)
+    assert all(
+        e.v == 2 and e.accept_counts == (0, e.cycles * e.bs) and e.verify_tokens == e.bs * e.draft_tokens for e in lines
+    )

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from tuitune.parse import parse_line
+from tuitune.measure.parse import parse_line
 from tuitune.probe import FILES, check
 
 PROBE_DIR = Path(__file__).resolve().parent.parent / "tuitune" / "probe"
 
-PROPOSER = '''
+PROPOSER = """
 import time
 class SpecDecodeBaseProposer:
     def __init__(self, k):
@@ -24,13 +24,13 @@ class SpecDecodeBaseProposer:
     def propose(self, *args, **kwargs):
         time.sleep(0.001 * self.num_speculative_tokens)
         return [[0] * self.num_speculative_tokens]
-'''
-EAGLE = '''
+"""
+EAGLE = """
 from .llm_base_proposer import SpecDecodeBaseProposer
 class EagleProposer(SpecDecodeBaseProposer):
     pass
-'''
-RUNNER = '''
+"""
+RUNNER = """
 import time
 from vllm.v1.spec_decode.eagle import EagleProposer
 ACCEPTED = [1, 0, 2, 1]  # drafts accepted a step: mean 1, so 2 tokens a step with the bonus
@@ -54,8 +54,8 @@ class GPUModelRunner:
         self.drafter.propose()
         self.n += 1
         return Output([[7] * (ACCEPTED[self.n % 4] + 1)])
-'''
-DRIVER = '''
+"""
+DRIVER = """
 import logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, datefmt="%m-%d %H:%M:%S",
                     format="(EngineCore_DP0 pid=%(process)d) %(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s")
@@ -66,12 +66,15 @@ for _ in range(int(sys.argv[1])):
     r.execute_model(SchedulerOutput())
     r.sample_tokens(None)
 print("patched:", getattr(GPUModelRunner.execute_model, "__eagle3_probe__", False))
-'''
+"""
 
 
 def make_vllm_tree(root: Path, drop: str | None = None) -> Path:
-    files = {"vllm/v1/spec_decode/llm_base_proposer.py": PROPOSER, "vllm/v1/spec_decode/eagle.py": EAGLE,
-             "vllm/v1/worker/gpu_model_runner.py": RUNNER}
+    files = {
+        "vllm/v1/spec_decode/llm_base_proposer.py": PROPOSER,
+        "vllm/v1/spec_decode/eagle.py": EAGLE,
+        "vllm/v1/worker/gpu_model_runner.py": RUNNER,
+    }
     for d in ("vllm", "vllm/v1", "vllm/v1/spec_decode", "vllm/v1/worker"):
         (root / d).mkdir(parents=True, exist_ok=True)
         (root / d / "__init__.py").write_text("")
@@ -88,10 +91,17 @@ def run(tmp: Path, cycles: int = 20, env: dict | None = None) -> subprocess.Comp
         (probe / name).write_bytes((PROBE_DIR / name).read_bytes())
     (tmp / "driver.py").write_text(DRIVER)
     full = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3_")}
-    full.update({"PYTHONPATH": os.pathsep.join([str(probe), str(tmp / "fake")]), "EAGLE3_PROFILE_WINDOW": "4",
-                 **(env or {})})
-    return subprocess.run([sys.executable, str(tmp / "driver.py"), str(cycles)], capture_output=True, text=True,
-                          timeout=60, env=full, cwd=tmp)
+    full.update(
+        {"PYTHONPATH": os.pathsep.join([str(probe), str(tmp / "fake")]), "EAGLE3_PROFILE_WINDOW": "4", **(env or {})}
+    )
+    return subprocess.run(
+        [sys.executable, str(tmp / "driver.py"), str(cycles)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=full,
+        cwd=tmp,
+    )
 
 
 def test_probe_times_vllm_steps(tmp_path):
@@ -119,8 +129,11 @@ def test_vllm_layout_without_a_method_runs_unprofiled_and_check_says_why(tmp_pat
     assert "EAGLE3_PROFILE v=" not in r.stdout
     report = check(str(tmp_path / "fake" / "vllm"), engine="vllm")
     assert report["version"] == "0.99.0.fake" and not report["ok"] and report["missing"] == ["step", "step_end"]
-    out = subprocess.run([sys.executable, "-m", "tuitune", "probe", "check", "--vllm-path",
-                          str(tmp_path / "fake" / "vllm")], capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parent.parent)
+    out = subprocess.run(
+        [sys.executable, "-m", "tuitune", "probe", "check", "--vllm-path", str(tmp_path / "fake" / "vllm")],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert out.returncode == 1 and "MISSING GPUModelRunner.sample_tokens (step_end)" in out.stdout
     assert "vLLM 0.99.0.fake" in out.stdout

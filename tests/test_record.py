@@ -11,16 +11,18 @@ import sys
 from pathlib import Path
 
 from conftest import free_port, make_preset, wait_for
+
 from tuitune import preset as P
-from tuitune.capture import CaptureWriter, read_capture
-from tuitune.events import ProfileWindow
+from tuitune.base.events import ProfileWindow
+from tuitune.measure.capture import CaptureWriter, read_capture
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def cli(*args, timeout=180, **kw):
-    return subprocess.run([sys.executable, "-m", "tuitune", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "tuitune", *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout, **kw
+    )
 
 
 def test_record_then_report_round_trip(tmp_path):
@@ -44,7 +46,9 @@ def test_record_then_report_round_trip(tmp_path):
     rep = json.loads(r.stdout)[0]
     assert rep["relaunches"] == 1 and rep["stats"]["verify_ms"]["n"] >= 20 and rep["stats"]["accept_len"]["mean"] > 1
     r = cli("report", str(out), str(out))
-    assert r.returncode == 0 and "verify_ms" in r.stdout and "+0.0%" in r.stdout and "tok/s per profile window" in r.stdout
+    assert (
+        r.returncode == 0 and "verify_ms" in r.stdout and "+0.0%" in r.stdout and "tok/s per profile window" in r.stdout
+    )
     cli("stop", str(path))
 
 
@@ -53,9 +57,24 @@ def test_killed_recording_still_reads_and_ctrl_c_finishes_cleanly(tmp_path):
     path = P.save(p, tmp_path / "kill.yaml")
     for sig, name in ((signal.SIGKILL, "killed.jsonl"), (signal.SIGINT, "interrupted.jsonl")):
         out = tmp_path / name
-        proc = subprocess.Popen([sys.executable, "-m", "tuitune", "--record", str(out), str(path), "--relaunch",
-                                 "--load", "--duration", "60"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        wait_for(lambda: out.exists() and out.stat().st_size > 20_000, 30, what="capture to grow")
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tuitune",
+                "--record",
+                str(out),
+                str(path),
+                "--relaunch",
+                "--load",
+                "--duration",
+                "60",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        wait_for(lambda out=out: out.exists() and out.stat().st_size > 20_000, 30, what="capture to grow")
         proc.send_signal(sig)
         rc = proc.wait(20)
         cap = read_capture(out)
@@ -87,8 +106,12 @@ def test_capture_errors_are_one_sentence(tmp_path):
     cap = read_capture(tmp_path / "old.jsonl")
     assert len(cap.records) == 1 and cap.skipped == 1
     assert cli("--record", str(tmp_path / "x.jsonl")).returncode == 2
-    assert "not running" in cli("--record", str(tmp_path / "x.jsonl"), str(P.save(make_preset(tmp_path, "off"),
-                                                                                      tmp_path / "off.yaml"))).stderr
+    assert (
+        "not running"
+        in cli(
+            "--record", str(tmp_path / "x.jsonl"), str(P.save(make_preset(tmp_path, "off"), tmp_path / "off.yaml"))
+        ).stderr
+    )
 
 
 def test_sweep_finds_the_seeds_answer_and_resumes(tmp_path):
@@ -97,21 +120,48 @@ def test_sweep_finds_the_seeds_answer_and_resumes(tmp_path):
     def twin(name: str) -> Path:
         # low-noise simulator (quasi-random acceptance draws, no launch-to-launch spread): 2 and 3
         # steps are 1.7 % apart in the model, closer than random draws over a short test resolve
-        p = P.with_changes(P.resolve(name), {
-            "server.log": str(tmp_path / f"{name}.log"), "server.port": port, "server.args.sim-speedup": 10,
-            "server.args.sim-load-seconds": 0.2, "server.args.sim-draws": "quasi",
-            "server.args.sim-launch-sigma": 0.0,
-            "bench.requests": 5, "bench.warmup": 0, "bench.max_tokens": 500})
+        p = P.with_changes(
+            P.resolve(name),
+            {
+                "server.log": str(tmp_path / f"{name}.log"),
+                "server.port": port,
+                "server.args.sim-speedup": 10,
+                "server.args.sim-load-seconds": 0.2,
+                "server.args.sim-draws": "quasi",
+                "server.args.sim-launch-sigma": 0.0,
+                "bench.requests": 5,
+                "bench.warmup": 0,
+                "bench.max_tokens": 500,
+            },
+        )
         return P.save(p, tmp_path / f"{name}.yaml")
 
     c4, c2, c1 = twin("sim-c4-eagle3-2step-nccl"), twin("sim-c2-baseline-nccl"), twin("sim-c1-baseline-untuned")
     out = tmp_path / "out"
-    args = ["sweep", str(c4), "--grid", "speculative.num_steps=1,2,3,4", "--grid", f"env=@{c2},@{c1}",
-            "--baseline", str(c2), "--out", str(out)]
-    proc = subprocess.Popen([sys.executable, "-m", "tuitune", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**os.environ, "HOME": str(tmp_path)})
-    wait_for(lambda: (out / "results.jsonl").exists() and len((out / "results.jsonl").read_text().splitlines()) >= 5,
-             120, what="five trials")
+    args = [
+        "sweep",
+        str(c4),
+        "--grid",
+        "speculative.num_steps=1,2,3,4",
+        "--grid",
+        f"env=@{c2},@{c1}",
+        "--baseline",
+        str(c2),
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuitune", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "HOME": str(tmp_path)},
+    )
+    wait_for(
+        lambda: (out / "results.jsonl").exists() and len((out / "results.jsonl").read_text().splitlines()) >= 5,
+        120,
+        what="five trials",
+    )
     proc.send_signal(signal.SIGINT)
     proc.wait(30)
     first = [json.loads(x)["trial"] for x in (out / "results.jsonl").read_text().splitlines()]
@@ -156,23 +206,38 @@ def test_record_on_a_running_server_starts_at_the_end(tmp_path):
 
 def test_ctrl_c_during_relaunch_or_bench_stops_quickly_with_a_closed_capture(tmp_path):
     env = {**os.environ, "HOME": str(tmp_path)}
-    for name, args, extra in (("slowstart", {"sim-load-seconds": 60, "sim-speedup": 1}, ["--relaunch"]),
-                              ("longbench", {}, ["--relaunch", "--bench", "100000"])):
+    for name, args, extra in (
+        ("slowstart", {"sim-load-seconds": 60, "sim-speedup": 1}, ["--relaunch"]),
+        ("longbench", {}, ["--relaunch", "--bench", "100000"]),
+    ):
         p = make_preset(tmp_path, name, args=args)
         path = P.save(p, tmp_path / f"{name}.yaml")
         out = tmp_path / f"{name}.jsonl"
-        proc = subprocess.Popen([sys.executable, "-m", "tuitune", "--record", str(out), str(path), *extra],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tuitune", "--record", str(out), str(path), *extra],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
         state = tmp_path / ".cache" / "tuitune" / "servers" / f"{p.server.port}.json"
         wait_for(state.exists, 30, what="the server to start")
         if "--bench" in extra:
-            wait_for(lambda: "Prefill batch" in Path(p.server.log).read_text(errors="replace")
-                     or "Decode batch" in Path(p.server.log).read_text(errors="replace"), 30, what="the bench")
+            wait_for(
+                lambda log=Path(p.server.log): (
+                    "Prefill batch" in log.read_text(errors="replace")
+                    or "Decode batch" in log.read_text(errors="replace")
+                ),
+                30,
+                what="the bench",
+            )
         else:
             import time
+
             time.sleep(1.0)
         proc.send_signal(signal.SIGINT)
         import time
+
         t0 = time.monotonic()
         proc.wait(30)
         took = time.monotonic() - t0

@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import make_preset, wait_for
-from tuitune import grid as G
+
 from tuitune import preset as P
-from tuitune import redact
-from tuitune.control import ControlError, ServerControl, ServerRecord, Status, compute_drift
-from tuitune.transport import LocalTransport, SshTarget, SshTransport, TransportError
+from tuitune.base import redact
+from tuitune.experiments import grid as G
+from tuitune.target.control import ControlError, ServerControl, ServerRecord, Status, compute_drift
+from tuitune.target.transport import LocalTransport, SshTarget, SshTransport, TransportError
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "hf_secret_4711"
@@ -27,8 +27,9 @@ TOKEN = "hf_secret_4711"
 
 def cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "tuitune", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "tuitune", *args], capture_output=True, text=True, timeout=timeout, env=full, cwd=ROOT
+    )
 
 
 def mode(path: Path) -> int:
@@ -47,11 +48,17 @@ def test_secret_names_and_masks():
         assert redact.secret_flag(flag), flag
     for flag in ("max-total-tokens", "speculative-num-draft-tokens", "speculative-token-map", "tokenizer-path"):
         assert not redact.secret_flag(flag), flag
-    assert redact.argv(["-m", "x", "--api-key", "sk-1", "--api-key=sk-2", "--port", "1"]) == \
-        ["-m", "x", "--api-key", "••••", "--api-key=••••", "--port", "1"]
+    assert redact.argv(["-m", "x", "--api-key", "sk-1", "--api-key=sk-2", "--port", "1"]) == [
+        "-m",
+        "x",
+        "--api-key",
+        "••••",
+        "--api-key=••••",
+        "--port",
+        "1",
+    ]
     cases = {
-        "server_args=ServerArgs(api_key='sk-live-1', admin_api_key=None, tokenizer_path='/t')":
-            "server_args=ServerArgs(api_key='••••', admin_api_key=None, tokenizer_path='/t')",
+        "server_args=ServerArgs(api_key='sk-live-1', admin_api_key=None, tokenizer_path='/t')": "server_args=ServerArgs(api_key='••••', admin_api_key=None, tokenizer_path='/t')",
         "launch --hf-token hf_x --max-total-tokens 4096": "launch --hf-token •••• --max-total-tokens 4096",
         "env 'HF_TOKEN=hf_y' 'NCCL_PROTO=LL'": "env 'HF_TOKEN=••••' 'NCCL_PROTO=LL'",
         '{"api_key": "sk-z", "port": 1}': '{"api_key": "••••", "port": 1}',
@@ -60,16 +67,20 @@ def test_secret_names_and_masks():
     for line, want in cases.items():
         assert redact.text(line) == want
     # the lines a server prints most are left exactly as they are
-    decode = ("[2026-03-16 11:32:10 TP0] Decode batch, #running-req: 8, #token: 5120, token usage: 0.03, "
-              "gen throughput (token/s): 812.40, #queue-req: 0")
+    decode = (
+        "[2026-03-16 11:32:10 TP0] Decode batch, #running-req: 8, #token: 5120, token usage: 0.03, "
+        "gen throughput (token/s): 812.40, #queue-req: 0"
+    )
     assert redact.text(decode) == decode
     assert redact.text("loaded with hunter22 as the password", ["hunter22"]) == "loaded with •••• as the password"
 
 
 def test_parse_command_masks_secrets_in_error_text(tmp_path):
     log = tmp_path / "server.log"
-    log.write_text("ValueError: invalid ServerArgs(api_key='sk-live-9', port=1)\n"
-                   "EAGLE3_PROFILE draft_ms=x verify_ms=1 extend_ms=1 accept_len=1 HF_TOKEN=hf_leak\n")
+    log.write_text(
+        "ValueError: invalid ServerArgs(api_key='sk-live-9', port=1)\n"
+        "EAGLE3_PROFILE draft_ms=x verify_ms=1 extend_ms=1 accept_len=1 HF_TOKEN=hf_leak\n"
+    )
     r = cli("parse", str(log), "--json")
     assert r.returncode == 0 and "sk-live-9" not in r.stdout and "hf_leak" not in r.stdout
     kinds = [json.loads(x)["kind"] for x in r.stdout.splitlines()]
@@ -77,10 +88,12 @@ def test_parse_command_masks_secrets_in_error_text(tmp_path):
 
 
 def test_status_drift_and_capture_meta_mask_secrets():
-    p = make_preset(Path("/tmp"), env={"HF_TOKEN": "running-value", "NCCL_PROTO": "LL"},
-                    args={"api-key": "sk-live-1"})
-    drift = compute_drift(P.with_changes(p, {"env.HF_TOKEN": "preset-value"}), ["python", "-m", "x", *p.flags()],
-                          {"HF_TOKEN": "running-value", "NCCL_PROTO": "LL", "EAGLE3_PROFILE": "1"})
+    p = make_preset(Path("/tmp"), env={"HF_TOKEN": "running-value", "NCCL_PROTO": "LL"}, args={"api-key": "sk-live-1"})
+    drift = compute_drift(
+        P.with_changes(p, {"env.HF_TOKEN": "preset-value"}),
+        ["python", "-m", "x", *p.flags()],
+        {"HF_TOKEN": "running-value", "NCCL_PROTO": "LL", "EAGLE3_PROFILE": "1"},
+    )
     assert [str(d) for d in drift] == ["env.HF_TOKEN: running ••••, preset •••• (values differ)"]
     rec = ServerRecord(1, 2, "t", "h", 0.0, "/l", argv=p.flags(), env=p.launch_env())
     text = json.dumps(Status(True, rec, drift=drift).to_dict())
@@ -101,9 +114,15 @@ def test_no_secret_in_status_drift_logs_record_or_preset_show(tmp_path):
     assert r.returncode == 0, r.stderr
     try:
         out = []
-        for args in (("status", str(yaml_b)), ("status", str(yaml_b), "--json"), ("logs", str(yaml_a), "-n", "200"),
-                     ("preset", "show", str(yaml_a)), ("preset", "show", str(yaml_a), "--json"),
-                     ("preset", "show", str(yaml_a), "--command"), ("preset", "diff", str(yaml_a), str(yaml_b))):
+        for args in (
+            ("status", str(yaml_b)),
+            ("status", str(yaml_b), "--json"),
+            ("logs", str(yaml_a), "-n", "200"),
+            ("preset", "show", str(yaml_a)),
+            ("preset", "show", str(yaml_a), "--json"),
+            ("preset", "show", str(yaml_a), "--command"),
+            ("preset", "diff", str(yaml_a), str(yaml_b)),
+        ):
             r = cli(*args)
             assert r.returncode == (4 if args[0] == "status" else 0), (args, r.stderr)  # 4: running, drifted
             out.append(r.stdout + r.stderr)
@@ -119,14 +138,22 @@ def test_no_secret_in_status_drift_logs_record_or_preset_show(tmp_path):
         cap = tmp_path / "cap.jsonl"
         cap.write_text("old\n")
         os.chmod(cap, 0o644)
-        rec = subprocess.Popen([sys.executable, "-m", "tuitune", str(yaml_a), "--record", str(cap), "--raw",
-                                "--duration", "6"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        rec = subprocess.Popen(
+            [sys.executable, "-m", "tuitune", str(yaml_a), "--record", str(cap), "--raw", "--duration", "6"],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         log = Path(p.server.log)
 
         # the idle server writes nothing more, so lines appended once the recorder's tail runs stay
-        wait_for(lambda: subprocess.run(["pgrep", "-f", f"tail .*{log}"]).returncode == 0, 30,
-                 what="the recorder to follow the log")
+        wait_for(
+            lambda: subprocess.run(["pgrep", "-f", f"tail .*{log}"]).returncode == 0,
+            30,
+            what="the recorder to follow the log",
+        )
         with open(log, "a") as f:
             f.write(f"environment: HF_TOKEN={TOKEN} NCCL_PROTO=LL\nValueError: token {TOKEN} rejected\n")
         _, err = rec.communicate(timeout=60)
@@ -142,8 +169,22 @@ def test_sweep_results_mask_secret_grid_values(tmp_path):
     p = make_preset(tmp_path, "sw", spec_steps=None, profile=False)
     base = P.save(p, tmp_path / "sw.yaml")
     out = tmp_path / "out"
-    r = cli("sweep", str(base), "--grid", "env.HF_TOKEN=tokA_1111,tokB_2222", "--baseline-every", "0",
-            "--requests", "2", "--max-tokens", "20", "--out", str(out), "--no-plot", timeout=240)
+    r = cli(
+        "sweep",
+        str(base),
+        "--grid",
+        "env.HF_TOKEN=tokA_1111,tokB_2222",
+        "--baseline-every",
+        "0",
+        "--requests",
+        "2",
+        "--max-tokens",
+        "20",
+        "--out",
+        str(out),
+        "--no-plot",
+        timeout=240,
+    )
     assert r.returncode in (0, 1), r.stderr
     written = (out / "results.jsonl").read_text() + (out / "results.csv").read_text() + r.stdout + r.stderr
     assert "tokA_1111" not in written and "tokB_2222" not in written
@@ -170,21 +211,38 @@ def test_trust_creates_ssh_dir_0700_and_known_hosts_0600(sshd, tmp_path):
 MIN = "name: x\nserver:\n  log: /tmp/x.log\n"
 
 
-@pytest.mark.parametrize("text, message", [
-    (MIN + "  port: 1\n  port: 2\n", "key 'port' appears twice (lines 4 and 5)"),
-    ("name: x\nenv:\n  NCCL_PROTO: LL\n  NCCL_ALGO: Ring\n  NCCL_PROTO: Simple\nserver: {log: /x}\n",
-     "key 'NCCL_PROTO' appears twice (lines 3 and 5)"),
-    (MIN + "  port: true\n", "server.port: True: Input should be a valid integer"),
-    (MIN + "profile: 1\n", "profile: 1: Input should be a valid boolean"),
-    (MIN + "  args: {tp-size: [1, 2]}\n", "server.args.tp-size: expected true/false, a number or text, not a list"),
-    ("name: x\nserver: 5\n", "server: expected a mapping (a YAML section of keys), not an integer"),
-    ("name: x\nserver:\n  log: '-n1 /etc/shadow'\n", "server.log: '-n1 /etc/shadow' is not an absolute path"),
-    ("name: x\nserver:\n  log: x.log\n", "server.log: 'x.log' is not an absolute path"),
-    (MIN + "  python: -c\n", "server.python: '-c' is not a command"),
-    ("name: x\nserver: " + "[" * 500 + "]" * 500 + "\n", "nested too deeply"),
-    ("name: x\nserver:\n" + "".join("  " * i + "- \n" for i in range(1, 600)), "nested too deeply"),
-], ids=["duplicate", "duplicate-env", "bool-port", "int-bool", "list-flag", "not-a-section", "log-option",
-        "log-relative", "python-option", "deep-flow", "deep-block"])  # short ids: the test id goes into the environment
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (MIN + "  port: 1\n  port: 2\n", "key 'port' appears twice (lines 4 and 5)"),
+        (
+            "name: x\nenv:\n  NCCL_PROTO: LL\n  NCCL_ALGO: Ring\n  NCCL_PROTO: Simple\nserver: {log: /x}\n",
+            "key 'NCCL_PROTO' appears twice (lines 3 and 5)",
+        ),
+        (MIN + "  port: true\n", "server.port: True: Input should be a valid integer"),
+        (MIN + "profile: 1\n", "profile: 1: Input should be a valid boolean"),
+        (MIN + "  args: {tp-size: [1, 2]}\n", "server.args.tp-size: expected true/false, a number or text, not a list"),
+        ("name: x\nserver: 5\n", "server: expected a mapping (a YAML section of keys), not an integer"),
+        ("name: x\nserver:\n  log: '-n1 /etc/shadow'\n", "server.log: '-n1 /etc/shadow' is not an absolute path"),
+        ("name: x\nserver:\n  log: x.log\n", "server.log: 'x.log' is not an absolute path"),
+        (MIN + "  python: -c\n", "server.python: '-c' is not a command"),
+        ("name: x\nserver: " + "[" * 500 + "]" * 500 + "\n", "nested too deeply"),
+        ("name: x\nserver:\n" + "".join("  " * i + "- \n" for i in range(1, 600)), "nested too deeply"),
+    ],
+    ids=[
+        "duplicate",
+        "duplicate-env",
+        "bool-port",
+        "int-bool",
+        "list-flag",
+        "not-a-section",
+        "log-option",
+        "log-relative",
+        "python-option",
+        "deep-flow",
+        "deep-block",
+    ],
+)  # short ids: the test id goes into the environment
 def test_preset_input_is_refused_in_one_sentence(tmp_path, text, message):
     with pytest.raises(P.PresetError) as e:
         P.loads(text, "p.yaml")
@@ -212,9 +270,14 @@ def test_grid_keys_are_checked_against_the_schema(tmp_path):
 
 def test_report_skips_and_counts_damaged_records(tmp_path):
     good = {"kind": "profile", "draft_ms": 1, "verify_ms": 20, "extend_ms": 1, "accept_len": 2, "cycle_ms": 22}
-    lines = [{"kind": "meta", "schema": 1, "preset": "not a mapping"},
-             {**good, "t": None, "m": 1.0}, {**good, "t": "x", "m": 1.0}, {**good, "draft_ms": "abc", "t": 1.0, "m": 1.0},
-             {"kind": "decode", "gen_throughput": [1], "t": 1.0, "m": 1.0}, {**good, "t": 1.0, "m": 2.0}]
+    lines = [
+        {"kind": "meta", "schema": 1, "preset": "not a mapping"},
+        {**good, "t": None, "m": 1.0},
+        {**good, "t": "x", "m": 1.0},
+        {**good, "draft_ms": "abc", "t": 1.0, "m": 1.0},
+        {"kind": "decode", "gen_throughput": [1], "t": 1.0, "m": 1.0},
+        {**good, "t": 1.0, "m": 2.0},
+    ]
     cap = tmp_path / "bad.jsonl"
     cap.write_text("".join(json.dumps(x) + "\n" for x in lines))
     r = cli("report", str(cap), "--no-chart")
@@ -260,8 +323,9 @@ async def test_bad_identity_file_is_one_sentence(sshd, tmp_path, which):
 async def test_tui_turns_worker_errors_into_notifications(sshd, tmp_path):
     """A .pub identity_file (an error the transport names) and an error nobody expected: the TUI
     stays up and shows each as a notification instead of exiting with WorkerFailed."""
-    from tuitune.session import Session
+    from tuitune.target.session import Session
     from tuitune.tui.app import TuituneApp, UserConfig
+
     pub = tmp_path / "id.pub"
     pub.write_bytes((sshd.root / "authorized_keys").read_bytes())
     p = make_preset(tmp_path, target={**sshd.target(), "identity_file": str(pub)})
@@ -289,14 +353,23 @@ async def test_hostile_log_lines_never_stall_the_session(tmp_path):
     30 s): the session's loop keeps ticking, long lines arrive cut and marked, the rest parses."""
     import asyncio
 
-    from tuitune.events import LogLine
-    from tuitune.parse import TRUNCATED
-    from tuitune.session import Session
+    from tuitune.base.events import LogLine
+    from tuitune.measure.parse import TRUNCATED
+    from tuitune.target.session import Session
+
     p = make_preset(tmp_path, "hostile")
-    hostile = ["SpecDecoding metrics: " + "a" * 80_000, "SpecDecoding metrics: Per-position acceptance rate: " + "0.5, " * 40_000,
-               "tail: " * 40_000, "EAGLE3_PROFILE " + "x=1 " * 60_000, "Decode batch, " + "a: " * 60_000,
-               "--api-key " * 20_000, "HF_TOKEN=" * 20_000]
-    Path(p.server.log).write_text("\n".join(hostile * 4) + "\n[2026-01-01 00:00:00] The server is fired up and ready to roll!\n")
+    hostile = [
+        "SpecDecoding metrics: " + "a" * 80_000,
+        "SpecDecoding metrics: Per-position acceptance rate: " + "0.5, " * 40_000,
+        "tail: " * 40_000,
+        "EAGLE3_PROFILE " + "x=1 " * 60_000,
+        "Decode batch, " + "a: " * 60_000,
+        "--api-key " * 20_000,
+        "HF_TOKEN=" * 20_000,
+    ]
+    Path(p.server.log).write_text(
+        "\n".join(hostile * 4) + "\n[2026-01-01 00:00:00] The server is fired up and ready to roll!\n"
+    )
     session = Session(p, state_dir=str(tmp_path / "state"))
     got: list = []
     session.subscribe(got.extend)

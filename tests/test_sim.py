@@ -13,10 +13,10 @@ import time
 import urllib.request
 
 import pytest
-
 from conftest import SEED_ARGS, SPEC2, TUNED_NCCL, group_alive, http_status, wait_for
-from tuitune.bench import BenchConfig, client_session, run_bench, run_request
-from tuitune.parse import parse_line
+
+from tuitune.measure.bench import BenchConfig, client_session, run_bench, run_request
+from tuitune.measure.parse import parse_line
 from tuitune.sim import model
 
 FAST = ["--sim-load-seconds", "0.4", "--sim-speedup", "10"]
@@ -25,8 +25,9 @@ FAST = ["--sim-load-seconds", "0.4", "--sim-speedup", "10"]
 def run_sim(*args, env=None, timeout=15) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "tuitune.sim", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full)
+    return subprocess.run(
+        [sys.executable, "-m", "tuitune.sim", *args], capture_output=True, text=True, timeout=timeout, env=full
+    )
 
 
 def get_json(url: str) -> dict:
@@ -46,9 +47,14 @@ def test_startup_log_and_health_transitions(sim_factory):
     # connection refused while loading, then 200; 503 during warm-up may be brief but must precede
     assert None in seen and 200 in seen
     text = sim.text()
-    order = ["server_args=ServerArgs(", "Load weight begin", "Capture cuda graph begin",
-             "Capture draft cuda graph begin", "Uvicorn running on http://127.0.0.1",
-             "The server is fired up and ready to roll!"]
+    order = [
+        "server_args=ServerArgs(",
+        "Load weight begin",
+        "Capture cuda graph begin",
+        "Capture draft cuda graph begin",
+        "Uvicorn running on http://127.0.0.1",
+        "The server is fired up and ready to roll!",
+    ]
     positions = [text.index(s) for s in order]
     assert positions == sorted(positions)
     assert "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1" in text
@@ -69,8 +75,9 @@ def test_health_503_during_warmup(sim_factory):
 
 
 def test_streaming_generate_profile_and_decode_lines(sim_factory):
-    sim = sim_factory(*FAST, *SPEC2, *SEED_ARGS, "--decode-log-interval", "10",
-                      env={"EAGLE3_PROFILE": "1", **TUNED_NCCL})
+    sim = sim_factory(
+        *FAST, *SPEC2, *SEED_ARGS, "--decode-log-interval", "10", env={"EAGLE3_PROFILE": "1", **TUNED_NCCL}
+    )
     sim.wait_ready()
     run = asyncio.run(run_bench(BenchConfig(sim.url, requests=2, warmup=0, max_tokens=200)))
     assert run.failed == 0
@@ -81,9 +88,18 @@ def test_streaming_generate_profile_and_decode_lines(sim_factory):
     prof = [e for e in events if e.kind == "profile"]
     dec = [e for e in events if e.kind == "decode"]
     assert prof and dec and all(e.kind != "malformed" for e in events)
-    exp = model.cycle_cost(model.sim_config(model.load_machine(None), continuous_decode_steps=4,
-                                            custom_all_reduce=False, algorithm="EAGLE3", steps=2, draft_tokens=3,
-                                            tp_size=8, env_factor=model.nccl_factor(TUNED_NCCL)))
+    exp = model.cycle_cost(
+        model.sim_config(
+            model.load_machine(None),
+            continuous_decode_steps=4,
+            custom_all_reduce=False,
+            algorithm="EAGLE3",
+            steps=2,
+            draft_tokens=3,
+            tp_size=8,
+            env_factor=model.nccl_factor(TUNED_NCCL),
+        )
+    )
     # the profile line reports real (sped-up) milliseconds
     assert prof[0].verify_ms == pytest.approx(exp.verify_ms / 10, rel=0.1)
     assert prof[0].steps == 2 and prof[0].draft_tokens == 3 and dec[0].accept_len is not None
@@ -102,8 +118,7 @@ def test_openai_non_streaming_and_info_endpoints(sim_factory):
     sim = sim_factory(*FAST, "--enable-metrics", *SPEC2, env={"SGLANG_RECORD_STEP_TIME": "1"})
     sim.wait_ready()
     body = json.dumps({"model": "x", "prompt": "hello", "max_tokens": 20}).encode()
-    req = urllib.request.Request(sim.url + "/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(sim.url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as r:
         out = json.loads(r.read())
     assert out["usage"]["completion_tokens"] == 20 and out["choices"][0]["text"]
@@ -128,13 +143,37 @@ def test_unknown_flag_exits_2_like_argparse():
     assert r.returncode == 2 and "unrecognized arguments: --no-such-flag" in r.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d",
-      "--speculative-num-steps", "2", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "9"],
-     "must be <= speculative_num_steps * speculative_eagle_topk + 1 (5)"),
-    (["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d",
-      "--speculative-eagle-topk", "2"], "must be unset when speculative_num_steps is unset"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            [
+                "--speculative-algorithm",
+                "EAGLE3",
+                "--speculative-draft-model-path",
+                "/d",
+                "--speculative-num-steps",
+                "2",
+                "--speculative-eagle-topk",
+                "2",
+                "--speculative-num-draft-tokens",
+                "9",
+            ],
+            "must be <= speculative_num_steps * speculative_eagle_topk + 1 (5)",
+        ),
+        (
+            [
+                "--speculative-algorithm",
+                "EAGLE3",
+                "--speculative-draft-model-path",
+                "/d",
+                "--speculative-eagle-topk",
+                "2",
+            ],
+            "must be unset when speculative_num_steps is unset",
+        ),
+    ],
+)
 def test_speculative_rules_refuse(args, message):
     r = run_sim(*args, "--sim-load-seconds", "0")
     assert r.returncode == 1 and message in r.stdout
@@ -144,13 +183,15 @@ def test_speculative_auto_choice(sim_factory):
     sim = sim_factory(*FAST, "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d")
     sim.wait_ready()
     info = get_json(sim.url + "/server_info")
-    assert (info["speculative_num_steps"], info["speculative_eagle_topk"],
-            info["speculative_num_draft_tokens"]) == (3, 1, 4)
+    assert (info["speculative_num_steps"], info["speculative_eagle_topk"], info["speculative_num_draft_tokens"]) == (
+        3,
+        1,
+        4,
+    )
 
 
 def test_nccl_debug_lines_and_tuning(sim_factory):
-    sim = sim_factory(*FAST, *SPEC2, env={**TUNED_NCCL, "NCCL_DEBUG": "INFO",
-                                          "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING"})
+    sim = sim_factory(*FAST, *SPEC2, env={**TUNED_NCCL, "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING"})
     sim.wait_ready()
     events = [e for e in map(parse_line, sim.text().splitlines()) if e]
     env = {e.name: e.value for e in events if e.kind == "nccl_env"}
@@ -227,8 +268,21 @@ def test_port_in_use_is_a_clear_error():
 
 def test_bench_rate_matches_cost_model_within_2_percent(sim_factory):
     # Deterministic acceptance (every draft accepted) isolates timing accuracy from sampling noise.
-    sim = sim_factory("--sim-load-seconds", "0.2", "--sim-speedup", "5", "--sim-acceptance", "1",
-                      "--sim-jitter", "0", "--sim-launch-sigma", "0.03", *SPEC2, *SEED_ARGS, env=TUNED_NCCL)
+    sim = sim_factory(
+        "--sim-load-seconds",
+        "0.2",
+        "--sim-speedup",
+        "5",
+        "--sim-acceptance",
+        "1",
+        "--sim-jitter",
+        "0",
+        "--sim-launch-sigma",
+        "0.03",
+        *SPEC2,
+        *SEED_ARGS,
+        env=TUNED_NCCL,
+    )
     sim.wait_ready()
     run = asyncio.run(run_bench(BenchConfig(sim.url, requests=4, warmup=1, max_tokens=301)))
     expected = run.server["sim"]["expected_tok_s"]
@@ -244,12 +298,13 @@ def test_bench_clock_starts_when_the_request_is_on_the_wire(sim_factory):
     """With a session that lacks the trace signal the clock starts before the request is built;
     with ``client_session`` it starts later, when the last byte was handed to the socket."""
     import aiohttp
+
     sim = sim_factory("--sim-load-seconds", "0.2", "--sim-speedup", "5")
     sim.wait_ready()
     cfg = BenchConfig(sim.url, max_tokens=8)
 
     async def one(traced: bool):
-        async with (client_session() if traced else aiohttp.ClientSession()) as session:
+        async with client_session() if traced else aiohttp.ClientSession() as session:
             t_call = time.perf_counter()
             r = await run_request(session, cfg, "hello")
             return t_call, r
@@ -261,20 +316,37 @@ def test_bench_clock_starts_when_the_request_is_on_the_wire(sim_factory):
 
 
 CALIBRATION = [  # (name, steps or None, tuned, seed tok/s)
-    ("C1", None, False, 62.9), ("C2", None, True, 88.8), ("C3", 5, True, 86.7),
-    ("C4", 2, True, 94.0), ("C7", 2, False, 75.9), ("C8", 5, False, 71.3)]
+    ("C1", None, False, 62.9),
+    ("C2", None, True, 88.8),
+    ("C3", 5, True, 86.7),
+    ("C4", 2, True, 94.0),
+    ("C7", 2, False, 75.9),
+    ("C8", 5, False, 71.3),
+]
 
 
 @pytest.mark.parametrize("name, steps, tuned, seed", CALIBRATION)
 def test_calibration_short_runs(sim_factory, name, steps, tuned, seed):
-    spec = [] if steps is None else ["--speculative-algorithm", "EAGLE3",
-                                     "--speculative-draft-model-path", "/d",
-                                     "--speculative-num-steps", str(steps),
-                                     "--speculative-eagle-topk", "1",
-                                     "--speculative-num-draft-tokens", str(steps + 1)]
+    spec = (
+        []
+        if steps is None
+        else [
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-draft-model-path",
+            "/d",
+            "--speculative-num-steps",
+            str(steps),
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            str(steps + 1),
+        ]
+    )
     speedup = 10
-    sim = sim_factory("--sim-load-seconds", "0.2", "--sim-speedup", str(speedup), *SEED_ARGS, *spec,
-                      env=TUNED_NCCL if tuned else {})
+    sim = sim_factory(
+        "--sim-load-seconds", "0.2", "--sim-speedup", str(speedup), *SEED_ARGS, *spec, env=TUNED_NCCL if tuned else {}
+    )
     sim.wait_ready()
     run = asyncio.run(run_bench(BenchConfig(sim.url, requests=6, warmup=1, max_tokens=500)))
     measured = run.median_tok_s() / speedup

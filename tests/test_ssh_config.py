@@ -8,13 +8,12 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
 from conftest import free_port
+
 from tuitune import preset as P
-from tuitune.transport import SshHop, SshTarget, ssh_route
+from tuitune.target.transport import SshHop, SshTarget, ssh_route
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh-agent") is None, reason="ssh-agent not installed")
 
@@ -41,9 +40,14 @@ Host gpu-box
     agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
     try:
         from conftest import wait_for
+
         wait_for(sock.exists, 10, what="ssh-agent socket")
-        env = {**os.environ, "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
-               "SSH_AUTH_SOCK": str(sock)}
+        env = {
+            **os.environ,
+            "HOME": str(tmp_path),
+            "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
+            "SSH_AUTH_SOCK": str(sock),
+        }
         subprocess.run(["ssh-add", "-q", str(sshd.client_key_path)], env=env, check=True, timeout=10)
         yield tmp_path, env
     finally:
@@ -52,19 +56,24 @@ Host gpu-box
 
 
 def tuitune(env, *args):
-    return subprocess.run([sys.executable, "-m", "tuitune", *args], env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "tuitune", *args], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_route_resolves_like_openssh(home, sshd, monkeypatch):
     tmp, _ = home
     monkeypatch.setenv("HOME", str(tmp))
     route = ssh_route(SshTarget("gpu-box"))
-    assert route == [SshHop("bastion", "127.0.0.1", sshd.port, "root", None),
-                     SshHop("gpu-box", "127.0.0.1", sshd.port, "root", "gpu-box-key")]
+    assert route == [
+        SshHop("bastion", "127.0.0.1", sshd.port, "root", None),
+        SshHop("gpu-box", "127.0.0.1", sshd.port, "root", "gpu-box-key"),
+    ]
     # OpenSSH looks a HostKeyAlias up as it is; asyncssh appends the port: the line lists both
-    assert [h.known_hosts_patterns for h in route] == [f"[127.0.0.1]:{sshd.port}",
-                                                       f"gpu-box-key,[gpu-box-key]:{sshd.port}"]
+    assert [h.known_hosts_patterns for h in route] == [
+        f"[127.0.0.1]:{sshd.port}",
+        f"gpu-box-key,[gpu-box-key]:{sshd.port}",
+    ]
     # what the preset says wins over the config (as `ssh -p` does); port 22 is recorded bare
     assert ssh_route(SshTarget("gpu-box", 22, "me"))[-1].known_hosts_name == "gpu-box-key"
     assert ssh_route(SshTarget("gpu-box", 22, "me"))[-1].user == "me"
@@ -75,9 +84,22 @@ def test_alias_proxyjump_agent_from_empty_known_hosts_to_status(home, sshd):
     presets = tmp / "cfg" / "tuitune" / "presets"
     presets.mkdir(parents=True)
     port = free_port()
-    P.save(P.from_dict({"name": "gpu", "target": {"host": "gpu-box"},
-                        "server": {"python": sys.executable, "module": "tuitune.sim", "log": str(tmp / "gpu.log"),
-                                   "port": port, "args": {"tp-size": 2}}}), presets / "gpu.yaml")
+    P.save(
+        P.from_dict(
+            {
+                "name": "gpu",
+                "target": {"host": "gpu-box"},
+                "server": {
+                    "python": sys.executable,
+                    "module": "tuitune.sim",
+                    "log": str(tmp / "gpu.log"),
+                    "port": port,
+                    "args": {"tp-size": 2},
+                },
+            }
+        ),
+        presets / "gpu.yaml",
+    )
     known = tmp / ".ssh" / "known_hosts"
     assert not known.exists()
 
@@ -104,15 +126,19 @@ def test_alias_proxyjump_agent_from_empty_known_hosts_to_status(home, sshd):
 
     # OpenSSH itself accepts what was recorded (same config; its jump child reads -F but not -o)
     cfg = tmp / "openssh_config"
-    cfg.write_text((tmp / ".ssh" / "config").read_text()
-                   + f"\nHost *\n    UserKnownHostsFile {known}\n    StrictHostKeyChecking yes\n    BatchMode yes\n")
-    r = subprocess.run(["ssh", "-F", str(cfg), "gpu-box", "echo", "via-openssh"], env=env, capture_output=True,
-                       text=True, timeout=30)
+    cfg.write_text(
+        (tmp / ".ssh" / "config").read_text()
+        + f"\nHost *\n    UserKnownHostsFile {known}\n    StrictHostKeyChecking yes\n    BatchMode yes\n"
+    )
+    r = subprocess.run(
+        ["ssh", "-F", str(cfg), "gpu-box", "echo", "via-openssh"], env=env, capture_output=True, text=True, timeout=30
+    )
     assert r.stdout.strip() == "via-openssh", r.stderr
 
 
 def test_changed_target_key_named_under_its_alias(home, sshd):
     import asyncssh
+
     tmp, env = home
     other = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
     known = tmp / ".ssh" / "known_hosts"

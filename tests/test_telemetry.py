@@ -9,17 +9,16 @@ import math
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, make_preset
-from tuitune import gpus as G
-from tuitune import smi
-from tuitune.events import GpuSample, TelemetryState
-from tuitune.metrics import GpuStore
-from tuitune.telemetry import CaptureThrottle, Collector, RunWatch, command_prefix, gpu_flags, stop
-from tuitune.transport import LocalTransport, SshTarget, SshTransport
+
+from tuitune.base.events import GpuSample, TelemetryState
+from tuitune.measure import smi
+from tuitune.measure.metrics import GpuStore
+from tuitune.target import gpus as G
+from tuitune.target.telemetry import CaptureThrottle, Collector, RunWatch, command_prefix, gpu_flags, stop
+from tuitune.target.transport import LocalTransport, SshTarget, SshTransport
 
 DATA = ROOT / "tests" / "data" / "nvidia-smi"  # shared/data/nvidia-smi plus captures of our own (README there)
 COMPANION = f"{sys.executable} -m tuitune.sim.nvidia_smi"
@@ -38,22 +37,64 @@ def test_query_with_header_and_units():
     t = smi.parse_query(read("query-idle-header.csv"))
     assert t.fields == list(smi.GPU_FIELDS) and not t.malformed  # clocks.current.sm -> clocks.sm, …
     assert t.rows == [
-        {"index": 0, "name": "NVIDIA H200", "util": 0.0, "mem_util": 0.0, "mem_used": 0.0, "mem_total": 143771.0,
-         "power": 88.54, "power_limit": 700.0, "sm_clock": 345.0, "sm_clock_max": 1980.0, "mem_clock": 3201.0,
-         "temp": 34.0, "reasons": 0x1, "pcie_gen": 5, "pcie_width": 16},
-        {"index": 1, "name": "NVIDIA H200", "util": 0.0, "mem_util": 0.0, "mem_used": 0.0, "mem_total": 143771.0,
-         "power": 77.91, "power_limit": 700.0, "sm_clock": 345.0, "sm_clock_max": 1980.0, "mem_clock": 3201.0,
-         "temp": 34.0, "reasons": 0x1, "pcie_gen": 5, "pcie_width": 16}]
+        {
+            "index": 0,
+            "name": "NVIDIA H200",
+            "util": 0.0,
+            "mem_util": 0.0,
+            "mem_used": 0.0,
+            "mem_total": 143771.0,
+            "power": 88.54,
+            "power_limit": 700.0,
+            "sm_clock": 345.0,
+            "sm_clock_max": 1980.0,
+            "mem_clock": 3201.0,
+            "temp": 34.0,
+            "reasons": 0x1,
+            "pcie_gen": 5,
+            "pcie_width": 16,
+        },
+        {
+            "index": 1,
+            "name": "NVIDIA H200",
+            "util": 0.0,
+            "mem_util": 0.0,
+            "mem_used": 0.0,
+            "mem_total": 143771.0,
+            "power": 77.91,
+            "power_limit": 700.0,
+            "sm_clock": 345.0,
+            "sm_clock_max": 1980.0,
+            "mem_clock": 3201.0,
+            "temp": 34.0,
+            "reasons": 0x1,
+            "pcie_gen": 5,
+            "pcie_width": 16,
+        },
+    ]
 
 
 def test_query_stream_without_header():
     t = smi.parse_query(read("query-load-stream.csv"), smi.GPU_FIELDS)
     assert len(t.rows) == 24 and not t.malformed
     assert [r["index"] for r in t.rows] == [0, 1] * 12
-    assert t.rows[0] == {"index": 0, "name": "NVIDIA H200", "util": 98.0, "mem_util": 23.0, "mem_used": 883.0,
-                         "mem_total": 143771.0, "power": 284.88, "power_limit": 700.0, "sm_clock": 1515.0,
-                         "sm_clock_max": 1980.0, "mem_clock": 3201.0, "temp": 49.0, "reasons": 0x4,
-                         "pcie_gen": 5, "pcie_width": 16}
+    assert t.rows[0] == {
+        "index": 0,
+        "name": "NVIDIA H200",
+        "util": 98.0,
+        "mem_util": 23.0,
+        "mem_used": 883.0,
+        "mem_total": 143771.0,
+        "power": 284.88,
+        "power_limit": 700.0,
+        "sm_clock": 1515.0,
+        "sm_clock_max": 1980.0,
+        "mem_clock": 3201.0,
+        "temp": 49.0,
+        "reasons": 0x4,
+        "pcie_gen": 5,
+        "pcie_width": 16,
+    }
     last = t.rows[-1]
     assert (last["util"], last["power"], last["sm_clock"], last["temp"]) == (100.0, 690.97, 1470.0, 55.0)
     assert [r["power"] for r in t.rows if r["index"] == 1][:3] == [270.90, 530.23, 689.64]
@@ -65,15 +106,64 @@ def test_compute_apps_table_and_nvlink():
     assert apps.fields == ["pid", "process_name", "used_memory"]
     assert apps.rows == [{"pid": 577, "process_name": "python3", "used_memory": 874.0}] * 2
     tab = smi.parse_table(read("smi-idle.txt"))
-    assert (tab.smi_version, tab.driver, tab.cuda, tab.stamp) == ("580.159.04", "580.159.04", "13.0",
-                                                                  "Mon Nov 30 08:07:50 2026")
-    assert [(g["index"], g["name"], g["bus_id"], g["temp"], g["power"], g["power_limit"], g["mem_used"],
-             g["mem_total"], g["util"], g["perf"], g["fan"], g["ecc_errors"], g["compute_mode"], g["mig"])
-            for g in tab.gpus] == [
-        (0, "NVIDIA H200", "00000000:00:06.0", 34.0, 100.0, 700.0, 0.0, 143771.0, 0.0, "P0", None, 0, "Default",
-         "Disabled"),
-        (1, "NVIDIA H200", "00000000:00:07.0", 34.0, 87.0, 700.0, 0.0, 143771.0, 0.0, "P0", None, 0, "Default",
-         "Disabled")]
+    assert (tab.smi_version, tab.driver, tab.cuda, tab.stamp) == (
+        "580.159.04",
+        "580.159.04",
+        "13.0",
+        "Mon Nov 30 08:07:50 2026",
+    )
+    assert [
+        (
+            g["index"],
+            g["name"],
+            g["bus_id"],
+            g["temp"],
+            g["power"],
+            g["power_limit"],
+            g["mem_used"],
+            g["mem_total"],
+            g["util"],
+            g["perf"],
+            g["fan"],
+            g["ecc_errors"],
+            g["compute_mode"],
+            g["mig"],
+        )
+        for g in tab.gpus
+    ] == [
+        (
+            0,
+            "NVIDIA H200",
+            "00000000:00:06.0",
+            34.0,
+            100.0,
+            700.0,
+            0.0,
+            143771.0,
+            0.0,
+            "P0",
+            None,
+            0,
+            "Default",
+            "Disabled",
+        ),
+        (
+            1,
+            "NVIDIA H200",
+            "00000000:00:07.0",
+            34.0,
+            87.0,
+            700.0,
+            0.0,
+            143771.0,
+            0.0,
+            "P0",
+            None,
+            0,
+            "Default",
+            "Disabled",
+        ),
+    ]
     assert tab.processes == []
     nv = smi.parse_nvlink(read("nvlink-status.txt"))
     assert sorted(nv) == [0, 1] and nv[1]["uuid"] == "GPU-5ec90601-772b-3f3e-4a44-5cc5a77333dc"
@@ -82,17 +172,24 @@ def test_compute_apps_table_and_nvlink():
 
 def test_every_shared_file_is_recognised_by_gpus_parse():
     kinds = {f.name: G.parse_file(f.read_text())["kind"] for f in sorted(DATA.iterdir()) if f.name != "README.md"}
-    assert kinds == {"compute-apps.csv": "apps", "nvlink-status.txt": "nvlink", "query-idle-header.csv": "query",
-                     "query-load-stream.csv": "query", "smi-idle.txt": "table",
-                     "h200-topo-m-1gpu.txt": "topo", "h200x2-topo-m.txt": "topo", "h200x2-dmon-t.txt": "dmon",
-                     "h200-dmon-pucvmt.txt": "dmon", "h200x2-nvlink-s.txt": "nvlink",
-                     "h200-help-query-gpu.txt": "help"}
+    assert kinds == {
+        "compute-apps.csv": "apps",
+        "nvlink-status.txt": "nvlink",
+        "query-idle-header.csv": "query",
+        "query-load-stream.csv": "query",
+        "smi-idle.txt": "table",
+        "h200-topo-m-1gpu.txt": "topo",
+        "h200x2-topo-m.txt": "topo",
+        "h200x2-dmon-t.txt": "dmon",
+        "h200-dmon-pucvmt.txt": "dmon",
+        "h200x2-nvlink-s.txt": "nvlink",
+        "h200-help-query-gpu.txt": "help",
+    }
 
 
 def test_values_nvidia_smi_cannot_give_are_none_not_zero():
     fields = ["index", "power.draw", "clocks_event_reasons.active", "utilization.gpu", "name"]
-    t = smi.parse_query("0, [N/A], [Not Supported], [GPU is lost], Tesla, with comma\n"
-                        "No devices were found\n", fields)
+    t = smi.parse_query("0, [N/A], [Not Supported], [GPU is lost], Tesla, with comma\nNo devices were found\n", fields)
     assert t.rows == [{"index": 0, "power": None, "reasons": None, "util": None, "name": "Tesla, with comma"}]
     assert t.malformed == ["No devices were found"]
     with pytest.raises(smi.SmiParseError):
@@ -109,18 +206,23 @@ def test_clock_event_reasons_decoded_to_words():
 
 
 def test_an_older_driver_is_asked_under_its_own_names():
-    old = smi.parse_help('"index"\nIndex.\n\n"clocks_throttle_reasons.active"\nWhy clocks are low.\n\n'
-                         '"clocks.current.sm" or "clocks.sm"\nSM clock.\n')
+    old = smi.parse_help(
+        '"index"\nIndex.\n\n"clocks_throttle_reasons.active"\nWhy clocks are low.\n\n'
+        '"clocks.current.sm" or "clocks.sm"\nSM clock.\n'
+    )
     fields = smi.supported(("index", "clocks_event_reasons.active", "clocks.sm", "power.draw"), old)
     assert fields == ["index", "clocks_throttle_reasons.active", "clocks.sm"]
     assert smi.parse_query("0, 0x0000000000000004, 1410\n", fields).rows == [
-        {"index": 0, "reasons": 0x4, "sm_clock": 1410.0}]
+        {"index": 0, "reasons": 0x4, "sm_clock": 1410.0}
+    ]
 
 
 def test_topo_matrix():
-    text = ("\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
-            "GPU0\t X \tNV18\tPIX\t0-47\t0\t\tN/A\nGPU1\tNV18\t X \tSYS\t48-95\t1\t\tN/A\n"
-            "NIC0\tPIX\tSYS\t X \t\t\t\t\n\nLegend:\n\n  X    = Self\n")
+    text = (
+        "\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+        "GPU0\t X \tNV18\tPIX\t0-47\t0\t\tN/A\nGPU1\tNV18\t X \tSYS\t48-95\t1\t\tN/A\n"
+        "NIC0\tPIX\tSYS\t X \t\t\t\t\n\nLegend:\n\n  X    = Self\n"
+    )
     assert smi.detect(text) == "topo"
     topo = smi.parse_topo(text)
     assert topo.devices == ["GPU0", "GPU1", "NIC0"]
@@ -153,8 +255,9 @@ def test_real_dmon_nvlink_and_help():
 
 
 def companion(*args: str) -> str:
-    return subprocess.run([sys.executable, "-m", "tuitune.sim.nvidia_smi", *args], capture_output=True,
-                          text=True, timeout=30, check=True).stdout
+    return subprocess.run(
+        [sys.executable, "-m", "tuitune.sim.nvidia_smi", *args], capture_output=True, text=True, timeout=30, check=True
+    ).stdout
 
 
 def test_companion_table_and_csv_have_the_real_layout():
@@ -162,7 +265,7 @@ def test_companion_table_and_csv_have_the_real_layout():
     mine = companion("--sim-gpus", "2").splitlines()
     mask = re.compile(r"\s+\d+W /")  # idle power differs from sample to sample
     assert len(mine) == len(real)
-    for a, b in list(zip(mine, real))[1:]:
+    for a, b in list(zip(mine, real, strict=False))[1:]:
         assert mask.sub(" W /", a) == mask.sub(" W /", b)
     head = read("query-idle-header.csv").splitlines()[0]
     out = companion("--sim-gpus", "2", "--query-gpu=" + ",".join(smi.GPU_FIELDS), "--format=csv").splitlines()
@@ -174,8 +277,12 @@ def test_companion_table_and_csv_have_the_real_layout():
     assert G.parse_file(companion("topo", "-m"))["devices"] == [f"GPU{i}" for i in range(8)]
     assert len(smi.parse_nvlink(companion("--sim-topology", "nvlink", "nvlink", "-s"))[7]["links"]) == 18
     assert set(smi.STREAM_FIELDS) <= smi.parse_help(companion("--help-query-gpu"))
-    bad = subprocess.run([sys.executable, "-m", "tuitune.sim.nvidia_smi", "--query-gpu=index,bogus.field",
-                          "--format=csv"], capture_output=True, text=True, timeout=30)
+    bad = subprocess.run(
+        [sys.executable, "-m", "tuitune.sim.nvidia_smi", "--query-gpu=index,bogus.field", "--format=csv"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert bad.returncode == 2 and '"bogus.field" is not a valid field' in bad.stdout
 
 
@@ -183,8 +290,14 @@ def test_companion_follows_the_simulator_load_and_capping(sim_factory, tmp_path)
     sim = sim_factory("--tp-size", "4", "--mem-fraction-static", "0.5", "--sim-load-seconds", "0.2")
     sim.wait_ready()
     control = tmp_path / "ctl.json"
-    base = ["--sim-port", str(sim.port), "--sim-control", str(control),
-            "--query-gpu=" + ",".join(smi.GPU_FIELDS), "--format=csv,noheader,nounits"]
+    base = [
+        "--sim-port",
+        str(sim.port),
+        "--sim-control",
+        str(control),
+        "--query-gpu=" + ",".join(smi.GPU_FIELDS),
+        "--format=csv,noheader,nounits",
+    ]
 
     def rows():
         return smi.parse_query(companion(*base), smi.GPU_FIELDS).rows
@@ -193,16 +306,29 @@ def test_companion_follows_the_simulator_load_and_capping(sim_factory, tmp_path)
     assert [r["mem_used"] > 0 for r in idle] == [True] * 4 + [False] * 4  # the TP group holds memory
     assert all(r["util"] == 0 and r["reasons"] == 0x1 for r in idle)
     import urllib.request
+
     body = json.dumps({"text": "hello", "sampling_params": {"max_new_tokens": 100000}}).encode()
-    reqs = [subprocess.Popen([sys.executable, "-c", "import sys,urllib.request;urllib.request.urlopen("
-                              f"urllib.request.Request('{sim.url}/generate', data=sys.argv[1].encode()), timeout=60)",
-                              body.decode()], stderr=subprocess.DEVNULL) for _ in range(2)]
+    reqs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys,urllib.request;urllib.request.urlopen("
+                f"urllib.request.Request('{sim.url}/generate', data=sys.argv[1].encode()), timeout=60)",
+                body.decode(),
+            ],
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(2)
+    ]
     try:
         for _ in range(50):
             if json.loads(urllib.request.urlopen(sim.url + "/server_info").read())["internal_states"][0][
-                    "num_running_reqs"]:
+                "num_running_reqs"
+            ]:
                 break
             import time
+
             time.sleep(0.1)
         busy = rows()
         assert all(r["util"] >= 90 for r in busy[:4]) and all(r["util"] == 0 for r in busy[4:])
@@ -235,8 +361,7 @@ def test_ticks_are_published_whole_and_never_twice():
     c.feed(b"2026/11/30 08:00:00.000, 0, 50\n2026/11/30 08:00:00.001, 1, 60\n2026/11/30 08:00:00.")
     assert samples(out) == []  # the first tick's size is not known until the next one starts
     c.feed(b"500, 0, 70\n2026/11/30 08:00:00.501, 1, 80\n")
-    assert [(s.seq, s.index, s.util) for s in samples(out)] == [(0, 0, 50.0), (0, 1, 60.0), (1, 0, 70.0),
-                                                                (1, 1, 80.0)]
+    assert [(s.seq, s.index, s.util) for s in samples(out)] == [(0, 0, 50.0), (0, 1, 60.0), (1, 0, 70.0), (1, 1, 80.0)]
     c.feed(b"2026/11/30 08:00:01.000, 0, 90\n")  # a drop mid-tick: the half tick is dropped, not published
     c._drop_partial()
     c.feed(b"2026/11/30 08:00:00.500, 0, 70\n2026/11/30 08:00:00.501, 1, 80\n")  # an old tick again
@@ -294,8 +419,9 @@ def test_run_watch_note_and_capture_throttle():
 
 def test_command_prefix_quotes_every_word():
     assert command_prefix(None, "/p", 1) == "nvidia-smi"
-    assert command_prefix("{python} -m x --port {port} 'a b;rm'", "/my py", 8000) == \
-        "'/my py' -m x --port 8000 'a b;rm'"
+    assert (
+        command_prefix("{python} -m x --port {port} 'a b;rm'", "/my py", 8000) == "'/my py' -m x --port 8000 'a b;rm'"
+    )
 
 
 async def run_collector(c: Collector, until, timeout: float = 30.0) -> None:
@@ -320,8 +446,13 @@ async def test_nvidia_smi_absent_is_one_notice():
 
 async def test_unknown_fields_are_dropped_after_asking_help():
     out: list = []
-    c = Collector(LocalTransport(), command_prefix(COMPANION, sys.executable, 1), out.extend, period_ms=100,
-                  fields=("timestamp", "index", "utilization.gpu", "fan.speed.of.the.future"))
+    c = Collector(
+        LocalTransport(),
+        command_prefix(COMPANION, sys.executable, 1),
+        out.extend,
+        period_ms=100,
+        fields=("timestamp", "index", "utilization.gpu", "fan.speed.of.the.future"),
+    )
     await run_collector(c, lambda: len(samples(out)) >= 16)
     assert c.fields == ["timestamp", "index", "utilization.gpu"]
     assert any(isinstance(e, TelemetryState) and "lacks fan.speed.of.the.future" in (e.detail or "") for e in out)
@@ -371,14 +502,23 @@ async def test_collector_over_ssh_survives_a_link_drop(sshd):
 
 async def test_bench_during_simulated_capping_is_marked_in_capture_report_and_runs(tmp_path):
     from tuitune import preset as P
-    from tuitune.record import record
-    from tuitune.report import format_report, summarize_capture
-    from tuitune.runs import RunBook, delta_mark
-    from tuitune.session import Session
+    from tuitune.experiments.record import record
+    from tuitune.measure.report import format_report, summarize_capture
+    from tuitune.measure.runs import RunBook, delta_mark
+    from tuitune.target.session import Session
+
     p = make_preset(tmp_path, "capped", args={"tp-size": 4}, max_tokens=400, requests=4)
     ctl = tmp_path / "ctl.json"
-    p = P.with_changes(p, {"telemetry": {"command": f"{{python}} -m tuitune.sim.nvidia_smi --sim-port {{port}} "
-                                                    f"--sim-control {ctl}", "period_ms": 200, "record_every_s": 0.5}})
+    p = P.with_changes(
+        p,
+        {
+            "telemetry": {
+                "command": f"{{python}} -m tuitune.sim.nvidia_smi --sim-port {{port}} --sim-control {ctl}",
+                "period_ms": 200,
+                "record_every_s": 0.5,
+            }
+        },
+    )
     session = Session(p, state_dir=str(tmp_path / "state"))
     book = RunBook()
     try:
@@ -400,13 +540,19 @@ async def test_bench_during_simulated_capping_is_marked_in_capture_report_and_ru
     assert book.delta(b)["verdict"] == "not comparable" and delta_mark(book.delta(b)) == "n/c"
     assert "measured while GPUs were held back" in " ".join(capped.summary()["warnings"])
     from tuitune.tui.runs import gpu_mark
-    assert gpu_mark(b.gpu_note) == "⚠ power" and gpu_mark("thermal cap GPU 3; straggler GPU 5") == "⚠ thermal +1" and gpu_mark(a.gpu_note) == ""
+
+    assert (
+        gpu_mark(b.gpu_note) == "⚠ power"
+        and gpu_mark("thermal cap GPU 3; straggler GPU 5") == "⚠ thermal +1"
+        and gpu_mark(a.gpu_note) == ""
+    )
 
     # headless capture of a capped run: telemetry recorded at its own rate, the run marked in report
     out = tmp_path / "cap.jsonl"
     p2 = P.with_changes(p, {"name": "capped2"})
-    stats = await record(p2, str(out), relaunch=True, bench=3, duration=1.0,
-                         session=Session(p2, state_dir=str(tmp_path / "state")))
+    stats = await record(
+        p2, str(out), relaunch=True, bench=3, duration=1.0, session=Session(p2, state_dir=str(tmp_path / "state"))
+    )
     assert stats["events"] > 0
     rep = summarize_capture(out)
     assert rep["runs"] and rep["runs"][0]["gpu_note"].startswith("power cap GPU 0,1,2,3")
@@ -416,31 +562,45 @@ async def test_bench_during_simulated_capping_is_marked_in_capture_report_and_ru
     assert "⚠ GPUs: power cap GPU 0,1,2,3" in text and "GPU means" in text
     ticks = [json.loads(ln) for ln in out.read_text().splitlines()[1:] if '"kind":"gpu"' in ln]
     ms = sorted({round(t["m"], 3) for t in ticks if t["index"] == 0})
-    assert all(b - a >= 0.45 for a, b in zip(ms, ms[1:]))  # bounded: one tick per 0.5 s at most
+    assert all(b - a >= 0.45 for a, b in zip(ms, ms[1:], strict=False))  # bounded: one tick per 0.5 s at most
     assert not math.isnan(rep["gpus"]["0"]["util"])
 
 
 def test_gpus_parse_command_line():
-    r = subprocess.run([sys.executable, "-m", "tuitune", "gpus", "--parse", str(DATA / "query-load-stream.csv"),
-                        "--json"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "tuitune", "gpus", "--parse", str(DATA / "query-load-stream.csv"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["kind"] == "query" and len(d["rows"]) == 24 and d["rows"][5]["power"] == 689.64
-    r = subprocess.run([sys.executable, "-m", "tuitune", "gpus", "--parse", str(DATA / "smi-idle.txt")],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "tuitune", "gpus", "--parse", str(DATA / "smi-idle.txt")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0 and "driver 580.159.04" in r.stdout and "100/700 W" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "tuitune", "gpus", "--parse", "/etc/hostname"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "tuitune", "gpus", "--parse", "/etc/hostname"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and r.stderr.startswith("tuitune: /etc/hostname:") and "Traceback" not in r.stderr
 
 
 def test_gpus_command_on_a_simulator_preset(tmp_path):
     from tuitune import preset as P
+
     p = make_preset(tmp_path, "g")
-    p = P.with_changes(p, {"telemetry": {"command": f"{{python}} -m tuitune.sim.nvidia_smi --sim-gpus 4"}})
+    p = P.with_changes(p, {"telemetry": {"command": "{python} -m tuitune.sim.nvidia_smi --sim-gpus 4"}})
     path = P.save(p, tmp_path / "g.yaml")
-    r = subprocess.run([sys.executable, "-m", "tuitune", "gpus", str(path), "--json"], capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "tuitune", "gpus", str(path), "--json"], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert [g["index"] for g in d["gpus"]] == [0, 1, 2, 3] and d["topology"]["devices"][-1] == "GPU3"
@@ -449,17 +609,27 @@ def test_gpus_command_on_a_simulator_preset(tmp_path):
     p = P.with_changes(p, {"telemetry": {"command": "tuitune-no-such-nvidia-smi"}})
     path = P.save(p, tmp_path / "g.yaml")
     r = subprocess.run([sys.executable, "-m", "tuitune", "gpus", str(path)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1 and r.stderr.strip() == \
-        "tuitune: tuitune-no-such-nvidia-smi not found on local: no GPU telemetry there"
+    assert (
+        r.returncode == 1
+        and r.stderr.strip() == "tuitune: tuitune-no-such-nvidia-smi not found on local: no GPU telemetry there"
+    )
 
 
 def test_gpus_watch_streams_one_object_per_tick(tmp_path):
     from tuitune import preset as P
-    p = P.with_changes(make_preset(tmp_path, "w"), {"telemetry": {
-        "command": "{python} -m tuitune.sim.nvidia_smi --sim-gpus 2", "period_ms": 200}})
+
+    p = P.with_changes(
+        make_preset(tmp_path, "w"),
+        {"telemetry": {"command": "{python} -m tuitune.sim.nvidia_smi --sim-gpus 2", "period_ms": 200}},
+    )
     path = P.save(p, tmp_path / "w.yaml")
-    proc = subprocess.Popen([sys.executable, "-m", "tuitune", "gpus", str(path), "--watch", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuitune", "gpus", str(path), "--watch", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         ticks = [json.loads(proc.stdout.readline()) for _ in range(3)]
     finally:
@@ -472,13 +642,20 @@ def test_gpus_watch_streams_one_object_per_tick(tmp_path):
 
 def test_preset_telemetry_key():
     from tuitune import preset as P
+
     base = "name: x\nserver: {log: /tmp/x.log}\n"
     assert P.loads(base).telemetry.command is None and "telemetry" not in P.to_dict(P.loads(base))
     p = P.loads(base + "telemetry: {command: '{python} -m tuitune.sim.nvidia_smi --sim-port {port}', period_ms: 250}")
-    assert P.to_dict(p)["telemetry"] == {"command": "{python} -m tuitune.sim.nvidia_smi --sim-port {port}",
-                                         "period_ms": 250}
-    for bad, says in (("{period_ms: 10}", "telemetry.period_ms"), ("{command: \"'open\"}", "not a list of shell words"),
-                      ("{command: ''}", "command is empty"), ("{rate: 1}", "telemetry.rate: unknown key")):
+    assert P.to_dict(p)["telemetry"] == {
+        "command": "{python} -m tuitune.sim.nvidia_smi --sim-port {port}",
+        "period_ms": 250,
+    }
+    for bad, says in (
+        ("{period_ms: 10}", "telemetry.period_ms"),
+        ('{command: "\'open"}', "not a list of shell words"),
+        ("{command: ''}", "command is empty"),
+        ("{rate: 1}", "telemetry.rate: unknown key"),
+    ):
         with pytest.raises(P.PresetError, match=re.escape(says)):
             P.loads(base + f"telemetry: {bad}", "p.yaml")
     for name in ("demo", "sim-c1-baseline-untuned", "sim-c4-eagle3-2step-nccl"):  # simulator presets: the companion

@@ -16,7 +16,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed (.ci/run installs it)")
@@ -31,14 +30,24 @@ class Term:
         cmd = f"{exe} demo" if exe.exists() else f"{sys.executable} -m tuitune demo"
         # tmux may hand the pane COLUMNS/LINES from the test process; the pty has the real size
         env = f"env -u COLUMNS -u LINES HOME={tmp_path} XDG_CONFIG_HOME={tmp_path}/cfg TERM=xterm-256color"
-        self.tmux("new-session", "-d", "-s", "app", "-x", str(cols), "-y", str(rows),
-                  f"{env} {cmd} --port {self.port}; echo EXITED=$?; sleep 30")
+        self.tmux(
+            "new-session",
+            "-d",
+            "-s",
+            "app",
+            "-x",
+            str(cols),
+            "-y",
+            str(rows),
+            f"{env} {cmd} --port {self.port}; echo EXITED=$?; sleep 30",
+        )
         size = self.tmux("display", "-p", "-t", "app", "#{window_width}x#{window_height}").strip()
         assert size == f"{cols}x{rows}", size
 
     def tmux(self, *args: str) -> str:
-        return subprocess.run(["tmux", "-L", self.sock, "-f", "/dev/null", *args], capture_output=True,
-                              text=True, timeout=10).stdout
+        return subprocess.run(
+            ["tmux", "-L", self.sock, "-f", "/dev/null", *args], capture_output=True, text=True, timeout=10
+        ).stdout
 
     def screen(self) -> str:
         return self.tmux("capture-pane", "-p", "-t", "app")
@@ -77,11 +86,17 @@ class Term:
     def cli(self, command: str) -> int:
         """`tuitune COMMAND` for the demo as this test runs it (its port and log)."""
         from tuitune import preset as P
-        p = P.with_changes(P.resolve("demo"), {"server.port": self.port,
-                                                "server.log": f"~/.cache/tuitune/logs/demo-{self.port}.log"})
+
+        p = P.with_changes(
+            P.resolve("demo"), {"server.port": self.port, "server.log": f"~/.cache/tuitune/logs/demo-{self.port}.log"}
+        )
         path = P.save(p, self.home / "demo-here.yaml")
-        return subprocess.run([sys.executable, "-m", "tuitune", command, str(path)], capture_output=True,
-                              timeout=60, env={**os.environ, "HOME": str(self.home)}).returncode
+        return subprocess.run(
+            [sys.executable, "-m", "tuitune", command, str(path)],
+            capture_output=True,
+            timeout=60,
+            env={**os.environ, "HOME": str(self.home)},
+        ).returncode
 
 
 def demo_status(term: Term) -> int:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-
 import pytest
-
 from conftest import group_alive, make_preset
+
 from tuitune import preset as P
-from tuitune.capture import Replay, read_capture
-from tuitune.session import Session
+from tuitune.measure.capture import Replay, read_capture
+from tuitune.target.session import Session
 from tuitune.tui.app import TuituneApp, UserConfig, load_user_config
 from tuitune.tui.screens import RelaunchScreen
 from tuitune.tui.screenshots import CAPTURE, SCENES, SIZE, prepare, scene_app
@@ -31,8 +30,9 @@ def live_app(tmp_path, **preset_kw) -> tuple[TuituneApp, Session]:
 
 
 async def wait_ready(app, pilot, session):
-    await until(pilot, lambda: session.state.state == "ready" and not isinstance(app.screen, RelaunchScreen),
-                30, "server ready")
+    await until(
+        pilot, lambda: session.state.state == "ready" and not isinstance(app.screen, RelaunchScreen), 30, "server ready"
+    )
 
 
 async def test_edit_steps_relaunch_and_new_numbers(tmp_path):
@@ -40,8 +40,12 @@ async def test_edit_steps_relaunch_and_new_numbers(tmp_path):
     async with app.run_test(size=SIZE_LIVE) as pilot:
         await wait_ready(app, pilot, s)
         await s.set_load(True)
-        await until(pilot, lambda: s.store.last_profile is not None and s.store.last_profile.steps == 2,
-                    15, "profile windows with 2 steps")
+        await until(
+            pilot,
+            lambda: s.store.last_profile is not None and s.store.last_profile.steps == 2,
+            15,
+            "profile windows with 2 steps",
+        )
         first_pid = s.state.pid
         app.config.query_one("#spec-num-steps").value = "4"
         await pilot.pause()
@@ -51,16 +55,25 @@ async def test_edit_steps_relaunch_and_new_numbers(tmp_path):
         await pilot.press("r")
         # The view closes by itself once the server is ready, which on the simulator can be sooner
         # than a poll comes round: wait for a new view to have been opened, not for it to be open.
-        await until(pilot, lambda: isinstance(app.relaunch_screen, RelaunchScreen) and app.relaunch_screen is not before,
-                    5, "the relaunch view")
+        await until(
+            pilot,
+            lambda: isinstance(app.relaunch_screen, RelaunchScreen) and app.relaunch_screen is not before,
+            5,
+            "the relaunch view",
+        )
         await wait_ready(app, pilot, s)
         assert app.relaunch_screen.finished
         assert s.state.pid != first_pid and s.running_preset.speculative.num_steps == 4
-        await until(pilot, lambda: s.store.last_profile is not None and s.store.last_profile.steps == 4,
-                    15, "profile windows with 4 steps")
+        await until(
+            pilot,
+            lambda: s.store.last_profile is not None and s.store.last_profile.steps == 4,
+            15,
+            "profile windows with 4 steps",
+        )
         assert s.load.on  # the load survives a relaunch
-        await until(pilot, lambda: "steps 4" in str(app.cycle.query_one("#bars").render()), 2,
-                    "the panel's next refresh")
+        await until(
+            pilot, lambda: "steps 4" in str(app.cycle.query_one("#bars").render()), 2, "the panel's next refresh"
+        )
         await s.close(stop_server=True)
 
 
@@ -159,8 +172,9 @@ async def test_save_and_reopen_preset(tmp_path, monkeypatch):
 async def test_server_crash_during_start_shows_cause(tmp_path):
     app, s = live_app(tmp_path, args={"mem-fraction-static": 0.97})
     async with app.run_test(size=SIZE_LIVE) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, RelaunchScreen) and app.screen.failed, 30,
-                    "the relaunch to fail")
+        await until(
+            pilot, lambda: isinstance(app.screen, RelaunchScreen) and app.screen.failed, 30, "the relaunch to fail"
+        )
         text = str(app.screen.query_one("#error").render())
         assert "out of memory" in text and "CUDA out of memory" in text
         assert "OutOfMemoryError" in str(app.screen.query_one("#lines").render())
@@ -182,8 +196,9 @@ async def test_quit_leaves_the_server_running_by_default(tmp_path):
         await pilot.press("enter")
         await until(pilot, lambda: not app.is_running, 10, "the app to exit")
     assert group_alive(pid)
-    from tuitune.control import ServerControl
-    from tuitune.transport import LocalTransport
+    from tuitune.target.control import ServerControl
+    from tuitune.target.transport import LocalTransport
+
     await ServerControl(LocalTransport(), s.preset, s.control.state_dir).stop()
 
 
@@ -191,6 +206,7 @@ async def test_end_follows_a_stopped_tail_again_and_quitting_right_after_ends(tm
     """End ("follow again") restarts a live tail that stopped, and quitting while that tail is still
     starting ends at once, with the server stopped and no tailer left (it could hang: issue 13)."""
     import subprocess
+
     app, s = live_app(tmp_path)
     async with app.run_test(size=SIZE_LIVE) as pilot:
         await wait_ready(app, pilot, s)
@@ -263,7 +279,8 @@ def test_snapshots(scene, size, snap_compare):
 
 async def test_relaunch_view_takes_updates_before_it_is_composed():
     # the 10 Hz refresh may reach the view between push_screen and its compose: it must not crash
-    from tuitune.events import ServerState
+    from tuitune.base.events import ServerState
+
     app = scene_app()
     async with app.run_test(size=SIZE) as pilot:
         screen = RelaunchScreen("x", "cmd")
@@ -281,16 +298,19 @@ async def test_advisor_panel_updates_from_windows_and_applies_the_top_suggestion
     import random
     import sys
     from pathlib import Path
+
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import advisor_accuracy as AA
-    from tuitune.costmodel import Config
+
+    from tuitune.decide.costmodel import Config
     from tuitune.sim import model as S
 
     src = AA.ModelSource(S.load_machine("h100-llama8b"), random.Random(5))
     launch = await src.measure(Config.chain(3), [8, 32, 64])
     app = scene_app()
     replay = app.session
-    from tuitune.events import Marker
+    from tuitune.base.events import Marker
+
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         app.tabs.active = "tab-advisor"
@@ -322,8 +342,12 @@ async def test_advisor_panel_updates_from_windows_and_applies_the_top_suggestion
         text = str(app.advisor.render())
         assert "steps 2 topk 1 tokens 3" in text and "a: apply" in text and "running" in text
         await pilot.press("a")
-        await until(pilot, lambda: app.draft is not before and app.draft.speculative.num_steps == 2, 5,
-                    "the config panel's edit")
+        await until(
+            pilot,
+            lambda: app.draft is not before and app.draft.speculative.num_steps == 2,
+            5,
+            "the config panel's edit",
+        )
         assert app.draft.speculative.num_draft_tokens == 3 and not app.draft_errors
         assert app.config.query_one("#spec-num-steps").value == "2"
         assert "config panel set to steps 2" in app.messages[-1]

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 from conftest import make_preset
 from test_tui import SIZE_LIVE, until, wait_ready
-from tuitune.session import Session
+
+from tuitune.target.session import Session
 from tuitune.tui.app import TuituneApp, UserConfig
 from tuitune.tui.chart import render
 
 
 async def test_load_drives_batch_size_and_a_multi_level_run_is_a_curve(tmp_path):
-    p = make_preset(tmp_path, "conc", args={"sim-machine": "h200-llama8b", "sim-speedup": 1, "tp-size": 1},
-                    requests=4, max_tokens=60, spec_steps=3)
+    p = make_preset(
+        tmp_path,
+        "conc",
+        args={"sim-machine": "h200-llama8b", "sim-speedup": 1, "tp-size": 1},
+        requests=4,
+        max_tokens=60,
+        spec_steps=3,
+    )
     s = Session(p, state_dir=str(tmp_path / "state"))
     app = TuituneApp(s, autostart="launch", user_config=UserConfig(bench_levels=[1, 4]))
     async with app.run_test(size=SIZE_LIVE) as pilot:
@@ -20,10 +27,18 @@ async def test_load_drives_batch_size_and_a_multi_level_run_is_a_curve(tmp_path)
         for _ in range(3):
             await pilot.press("plus")
         await until(pilot, lambda: s.load.concurrency == 4, 5, "four load streams")
-        await until(pilot, lambda: s.store.last_profile is not None and s.store.last_profile.bs == 4,
-                    20, "profile windows of batch 4")
-        await until(pilot, lambda: "batch sizes 4:" in str(app.cycle.query_one("#bars").render()), 3,
-                    "the batch-size distribution in the cycle panel")
+        await until(
+            pilot,
+            lambda: s.store.last_profile is not None and s.store.last_profile.bs == 4,
+            20,
+            "profile windows of batch 4",
+        )
+        await until(
+            pilot,
+            lambda: "batch sizes 4:" in str(app.cycle.query_one("#bars").render()),
+            3,
+            "the batch-size distribution in the cycle panel",
+        )
         await pilot.press("l")
         await until(pilot, lambda: not s.load.on, 5, "load off")
         await pilot.press("B")

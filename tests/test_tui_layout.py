@@ -21,8 +21,7 @@ def visible(widget) -> bool:
 def footer_keys(app) -> list[str]:
     """The keys the footer shows, left to right, and only those inside the screen."""
     footer = app.screen.query_one(Footer)
-    return [k.key for k in footer.query("FooterKey")
-            if k.region.width > 0 and k.region.right <= app.size.width]
+    return [k.key for k in footer.query("FooterKey") if k.region.width > 0 and k.region.right <= app.size.width]
 
 
 @SIZES
@@ -191,8 +190,9 @@ async def test_stop_server_asks_first():
 
 
 async def test_first_run_hint_until_the_first_profile_window():
-    from tuitune.capture import Replay, read_capture
+    from tuitune.measure.capture import Replay, read_capture
     from tuitune.tui.screenshots import CAPTURE
+
     replay = Replay(read_capture(CAPTURE), play=False)
     app = TuituneApp(replay, user_config=UserConfig())
     async with app.run_test(size=(80, 24)) as pilot:
@@ -210,6 +210,7 @@ async def test_save_dialog_flags_a_description_that_no_longer_matches(tmp_path, 
     app = scene_app()
     async with app.run_test(size=(80, 24)) as pilot:
         from tuitune import preset as P
+
         app.loaded = app.draft = P.with_changes(app.draft, {"description": "EAGLE-3, 2 steps, topk 1"})
         app.config.load(app.draft)
         app.config.query_one("#spec-num-steps").value = "3"
@@ -244,8 +245,9 @@ async def test_config_file_keymap_id_checked_and_theme_remembered(tmp_path):
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         assert app.theme == "nord"
-        assert any("no binding with id 'tuitune.relanch' (did you mean tuitune.relaunch?)" in m
-                   for m in app.messages), app.messages
+        assert any(
+            "no binding with id 'tuitune.relanch' (did you mean tuitune.relaunch?)" in m for m in app.messages
+        ), app.messages
         app.theme = "gruvbox"  # as the palette's "Change theme" does
         await pilot.pause()
     text = path.read_text()

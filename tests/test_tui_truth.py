@@ -9,8 +9,9 @@ import signal
 import time
 
 from conftest import group_alive, make_preset
+
 from tuitune import preset as P
-from tuitune.session import Session
+from tuitune.target.session import Session
 from tuitune.tui.app import TuituneApp, UserConfig
 from tuitune.tui.screens import QuitScreen, RelaunchScreen
 
@@ -33,8 +34,9 @@ def live(tmp_path, name="tui", stop_on_quit=False, autostart="launch", **kw):
 
 
 async def ready(app, pilot, s):
-    await until(pilot, lambda: s.state.state == "ready" and not isinstance(app.screen, RelaunchScreen), 30,
-                "server ready")
+    await until(
+        pilot, lambda: s.state.state == "ready" and not isinstance(app.screen, RelaunchScreen), 30, "server ready"
+    )
 
 
 def header(app) -> str:
@@ -77,13 +79,23 @@ async def test_relaunch_by_another_client_is_noticed(tmp_path):
         await other.relaunch()
         new = other.record.pid
         await other.close()
-        await until(pilot, lambda: any(f"relaunched by another tuitune or a `tuitune launch`: pid {old} → {new}"
-                                       in m for m in app.messages), 10, "the notice")
+        await until(
+            pilot,
+            lambda: any(
+                f"relaunched by another tuitune or a `tuitune launch`: pid {old} → {new}" in m for m in app.messages
+            ),
+            10,
+            "the notice",
+        )
         assert s.state.pid == new
         assert s.state.state == "ready" and s.running_preset is None  # not our configuration
         await s.set_load(True)
-        await until(pilot, lambda: s.store.last_profile is not None and s.store.last_profile.steps == 3, 15,
-                    "the new server's log followed")
+        await until(
+            pilot,
+            lambda: s.store.last_profile is not None and s.store.last_profile.steps == 3,
+            15,
+            "the new server's log followed",
+        )
         await s.close(stop_server=True)
 
 
@@ -107,8 +119,12 @@ async def test_diff_against_the_running_server_is_recomputed(tmp_path):
         assert "speculative.num_steps: 2 → 4" in diff()
         # the running server is relaunched with it: nothing differs any more
         await pilot.press("r")
-        await until(pilot, lambda: s.running_preset is not None and s.running_preset.name == "four"
-                    and s.state.state == "ready", 30, "relaunch")
+        await until(
+            pilot,
+            lambda: s.running_preset is not None and s.running_preset.name == "four" and s.state.state == "ready",
+            30,
+            "relaunch",
+        )
         await pilot.pause(0.3)
         assert diff() == ""
         await s.close(stop_server=True)
@@ -118,8 +134,10 @@ async def test_open_explains_a_preset_for_another_port(tmp_path):
     app, s = live(tmp_path, autostart=None)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        elsewhere = P.save(P.with_changes(s.preset, {"name": "other", "server.port": s.preset.server.port + 1}),
-                           tmp_path / "other.yaml")
+        elsewhere = P.save(
+            P.with_changes(s.preset, {"name": "other", "server.port": s.preset.server.port + 1}),
+            tmp_path / "other.yaml",
+        )
         app.action_open()
         await pilot.pause()
         app.screen.dismiss(elsewhere)
@@ -133,8 +151,12 @@ async def test_bench_progress_in_the_header(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await ready(app, pilot, s)
         await pilot.press("b")
-        await until(pilot, lambda: app.bench_progress is not None and app.bench_progress[0] >= 1, 30,
-                    f"the first request done {app.messages}")
+        await until(
+            pilot,
+            lambda: app.bench_progress is not None and app.bench_progress[0] >= 1,
+            30,
+            f"the first request done {app.messages}",
+        )
         await pilot.pause(0.15)
         assert "bench " in header(app) and "/4" in header(app)
         await until(pilot, lambda: not app.bench_running, 60, "the bench")

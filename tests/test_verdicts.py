@@ -9,19 +9,28 @@ import time
 from pathlib import Path
 
 from conftest import free_port, make_preset
+
 from tuitune import preset as P
-from tuitune.ab import ab_notes, format_ab, verdict
 from tuitune.cli import build_command_parser
-from tuitune.control import nccl_confirmation, nccl_note
-from tuitune.runs import RunBook
-from tuitune.sweep import format_table, summarize
+from tuitune.experiments.ab import ab_notes, format_ab, verdict
+from tuitune.experiments.sweep import format_table, summarize
+from tuitune.measure.runs import RunBook
+from tuitune.target.control import nccl_confirmation, nccl_note
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _row(arm: str, preset: str, tok: float, r: int) -> dict:
-    return {"arm": arm, "preset": preset, "median_tok_s": tok, "failed": 0, "errors": [], "round": r,
-            "ci95": [tok - 1, tok + 1], "accept_len": None}
+    return {
+        "arm": arm,
+        "preset": preset,
+        "median_tok_s": tok,
+        "failed": 0,
+        "errors": [],
+        "round": r,
+        "ci95": [tok - 1, tok + 1],
+        "accept_len": None,
+    }
 
 
 def test_ab_arms_are_positional_even_with_the_same_name():
@@ -43,25 +52,40 @@ def test_ab_notes_for_a_a_runs_and_too_few_rounds(tmp_path):
 
 def test_cli_ab_a_a_says_so(tmp_path):
     p = P.save(make_preset(tmp_path, "aa", profile=False), tmp_path / "aa.yaml")
-    r = subprocess.run([sys.executable, "-m", "tuitune", "ab", str(p), str(p), "--rounds", "1", "--requests", "2"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=180, env={**__import__("os").environ,
-                                                                                       "HOME": str(tmp_path)})
+    r = subprocess.run(
+        [sys.executable, "-m", "tuitune", "ab", str(p), str(p), "--rounds", "1", "--requests", "2"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=180,
+        env={**__import__("os").environ, "HOME": str(tmp_path)},
+    )
     assert r.returncode == 0, r.stderr
     assert "note: A/A run" in r.stderr and "note: --rounds 1 cannot reach p < 0.05" in r.stderr
     assert "this was an A/A run" in r.stdout
 
 
 def _trial(label: str, kind: str, tok: float, i: int, changes: dict | None = None) -> dict:
-    return {"trial": f"{kind}-{i}", "kind": kind, "label": label, "status": "ok", "tok_s_median": tok,
-            "values": [tok * (1 + d / 1000) for d in range(-5, 6)], "changes": changes or {}, "axes": {}}
+    return {
+        "trial": f"{kind}-{i}",
+        "kind": kind,
+        "label": label,
+        "status": "ok",
+        "tok_s_median": tok,
+        "values": [tok * (1 + d / 1000) for d in range(-5, 6)],
+        "changes": changes or {},
+        "axes": {},
+    }
 
 
 def test_sweep_baseline_is_a_candidate(tmp_path):
     base = make_preset(tmp_path, "sw", port=1234)
     # the only configuration is 0.4 % slower than the baseline: no best.yaml
-    rows = [_trial("baseline", "baseline", 100.0, 0), _trial("num_steps=3", "config", 99.6, 1,
-                                                             {"speculative.num_steps": 3}),
-            _trial("baseline", "baseline", 100.0, 2)]
+    rows = [
+        _trial("baseline", "baseline", 100.0, 0),
+        _trial("num_steps=3", "config", 99.6, 1, {"speculative.num_steps": 3}),
+        _trial("baseline", "baseline", 100.0, 2),
+    ]
     result = summarize(base, rows, tmp_path)
     assert result["best"] == "baseline" and "best_preset" not in result and not (tmp_path / "best.yaml").exists()
     assert "the baseline stays best" in format_table(result)
@@ -106,13 +130,29 @@ def test_nccl_bench_defaults_to_graphs_and_says_so_without_cuda(tmp_path):
     parse = build_command_parser("nccl-bench").parse_args
     assert parse(["x"]).graph is True and parse(["x", "--eager"]).graph is False
     import torch
+
     if torch.cuda.is_available():
         return  # the sentence is for machines without CUDA
     path = P.save(make_preset(tmp_path, "nb", port=free_port()), tmp_path / "nb.yaml")
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "tuitune", "nccl-bench", str(path), "--sizes", "4096",
-                        "--grid", "env.NCCL_PROTO=LL,Simple"], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                       env={**__import__("os").environ, "HOME": str(tmp_path)})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tuitune",
+            "nccl-bench",
+            str(path),
+            "--sizes",
+            "4096",
+            "--grid",
+            "env.NCCL_PROTO=LL,Simple",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**__import__("os").environ, "HOME": str(tmp_path)},
+    )
     took = time.monotonic() - t0
     err = [x for x in r.stderr.splitlines() if x.startswith("tuitune:")]
     assert r.returncode == 1 and len(err) == 1 and "no CUDA device(s)" in err[0], r.stderr
@@ -123,8 +163,10 @@ def test_nccl_bench_defaults_to_graphs_and_says_so_without_cuda(tmp_path):
 async def test_sweep_refuses_two_configurations_that_read_the_same(tmp_path, monkeypatch):
     """Same class as item 10: results are keyed by label, so two presets named alike would merge."""
     import pytest
-    from tuitune import grid as G
-    from tuitune.sweep import SweepError, sweep
+
+    from tuitune.experiments import grid as G
+    from tuitune.experiments.sweep import SweepError, sweep
+
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
     base = make_preset(tmp_path, "sw", port=free_port())
     one = P.save(P.with_changes(base, {"name": "twin", "env.NCCL_PROTO": "LL"}), tmp_path / "one.yaml")

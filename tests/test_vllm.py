@@ -16,24 +16,28 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import free_port, group_alive
+
 from tuitune import preset as P
-from tuitune import promscrape
-from tuitune.control import ControlError, ServerControl
 from tuitune.engines import vllm as V
-from tuitune.parse import parse_line
-from tuitune.transport import LocalTransport
+from tuitune.measure import promscrape
+from tuitune.measure.parse import parse_line
+from tuitune.target.control import ControlError, ServerControl
+from tuitune.target.transport import LocalTransport
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "(APIServer pid=4242) INFO 11-30 09:41:07 [loggers.py:257] "
 # vllm/v1/spec_decode/metrics.py (SpecDecodingLogging.log) and vllm/v1/metrics/loggers.py
-SPEC_FMT = ("SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: %.2f tokens/s, "
-            "Drafted throughput: %.2f tokens/s, Accepted: %d tokens, Drafted: %d tokens, "
-            "Per-position acceptance rate: %s, Avg Draft acceptance rate: %.1f%%")
-STATS_FMT = ("Engine 000: Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
-             "Running: %d reqs, Waiting: %d reqs, Preemptions: %d, %s KV cache usage: %.1f%%, "
-             "Prefix cache hit rate: %.1f%%")
+SPEC_FMT = (
+    "SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: %.2f tokens/s, "
+    "Drafted throughput: %.2f tokens/s, Accepted: %d tokens, Drafted: %d tokens, "
+    "Per-position acceptance rate: %s, Avg Draft acceptance rate: %.1f%%"
+)
+STATS_FMT = (
+    "Engine 000: Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
+    "Running: %d reqs, Waiting: %d reqs, Preemptions: %d, %s KV cache usage: %.1f%%, "
+    "Prefix cache hit rate: %.1f%%"
+)
 
 VLLM_MIN = {"name": "v", "server": {"engine": "vllm", "log": "/tmp/v.log", "args": {"model": "/m"}}}
 
@@ -47,12 +51,13 @@ def vllm_preset(**spec) -> P.Preset:
 
 # ---- presets --------------------------------------------------------------------------------------
 
+
 def test_vllm_preset_renders_serve_and_speculative_config():
     p = P.resolve("vllm-c4-eagle3-2tok-nccl")
     assert p.server.module == "vllm.entrypoints.cli.main" and p.bench.api == "openai"
     line = P.launch_command(p).splitlines()[1]
     words = shlex.split(line.replace('"$HOME"', "~"))
-    argv = words[words.index("vllm.entrypoints.cli.main") + 1: words.index("2>&1") if "2>&1" in words else None]
+    argv = words[words.index("vllm.entrypoints.cli.main") + 1 : words.index("2>&1") if "2>&1" in words else None]
     assert argv[:2] == ["serve", "/shared/kimi-k2.5-int4"]
     cfg = json.loads(argv[argv.index("--speculative-config") + 1])
     assert cfg == {"method": "eagle3", "model": "/data/eagle3/output_100k_sglang/4", "num_speculative_tokens": 2}
@@ -68,17 +73,30 @@ def test_vllm_preset_renders_serve_and_speculative_config():
     assert q.server.port == 8000 and q.flags()[:2] == ["serve", "/m"]
 
 
-@pytest.mark.parametrize("spec, server, message", [
-    ({"num_speculative_tokens": 2, "eagle_topk": 1}, {}, "speculative.eagle_topk: vLLM's EAGLE drafts a chain"),
-    ({"num_speculative_tokens": 2, "num_steps": 2}, {}, "speculative.num_steps is SGLang's; vLLM spells it "
-                                                        "num_speculative_tokens"),
-    ({}, {}, "speculative.num_speculative_tokens is required on vLLM"),
-    ({"num_speculative_tokens": 2, "algorithm": "NGRAM"}, {}, "speculative.algorithm: NGRAM is not driven"),
-    ({"num_speculative_tokens": 2, "draft_tensor_parallel_size": 4}, {"tensor-parallel-size": 8},
-     "speculative.draft_tensor_parallel_size: vLLM allows 1 or the target's tensor parallel size (8), not 4"),
-    ({"num_speculative_tokens": 2}, {"speculative-config": "{}"}, "flag 'speculative-config' is set by speculative"),
-    ({"num_speculative_tokens": 2}, {"model": None}, "server.args.model: vLLM needs the model to serve"),
-])
+@pytest.mark.parametrize(
+    "spec, server, message",
+    [
+        ({"num_speculative_tokens": 2, "eagle_topk": 1}, {}, "speculative.eagle_topk: vLLM's EAGLE drafts a chain"),
+        (
+            {"num_speculative_tokens": 2, "num_steps": 2},
+            {},
+            "speculative.num_steps is SGLang's; vLLM spells it num_speculative_tokens",
+        ),
+        ({}, {}, "speculative.num_speculative_tokens is required on vLLM"),
+        ({"num_speculative_tokens": 2, "algorithm": "NGRAM"}, {}, "speculative.algorithm: NGRAM is not driven"),
+        (
+            {"num_speculative_tokens": 2, "draft_tensor_parallel_size": 4},
+            {"tensor-parallel-size": 8},
+            "speculative.draft_tensor_parallel_size: vLLM allows 1 or the target's tensor parallel size (8), not 4",
+        ),
+        (
+            {"num_speculative_tokens": 2},
+            {"speculative-config": "{}"},
+            "flag 'speculative-config' is set by speculative",
+        ),
+        ({"num_speculative_tokens": 2}, {"model": None}, "server.args.model: vLLM needs the model to serve"),
+    ],
+)
 def test_vllm_validation_is_one_sentence_per_engine(spec, server, message):
     data = json.loads(json.dumps(VLLM_MIN))
     data["server"]["args"].update(server)
@@ -90,10 +108,13 @@ def test_vllm_validation_is_one_sentence_per_engine(spec, server, message):
 
 
 def test_engine_specific_keys_and_apis_are_refused_on_the_other_engine():
-    with pytest.raises(P.PresetError, match="num_speculative_tokens is a vLLM setting .*SGLang spells it "
-                                            "speculative.num_steps"):
-        P.loads("name: x\nserver:\n  log: /l\nspeculative:\n  algorithm: EAGLE3\n  draft_model_path: /d\n"
-                "  num_speculative_tokens: 2\n")
+    with pytest.raises(
+        P.PresetError, match="num_speculative_tokens is a vLLM setting .*SGLang spells it speculative.num_steps"
+    ):
+        P.loads(
+            "name: x\nserver:\n  log: /l\nspeculative:\n  algorithm: EAGLE3\n  draft_model_path: /d\n"
+            "  num_speculative_tokens: 2\n"
+        )
     with pytest.raises(P.PresetError, match="bench.api: vLLM serves only the OpenAI API"):
         P.from_dict({**VLLM_MIN, "bench": {"api": "native"}})
     with pytest.raises(P.PresetError, match="server.engine"):
@@ -101,7 +122,8 @@ def test_engine_specific_keys_and_apis_are_refused_on_the_other_engine():
     p = vllm_preset(algorithm="eagle", num_speculative_tokens=4)  # vLLM's own spelling reads too
     assert json.loads(p.flags()[p.flags().index("--speculative-config") + 1])["method"] == "eagle"
     assert "server.args.model-path is SGLang's flag; vLLM spells it model" in P.lint(
-        P.from_dict({**VLLM_MIN, "server": {**VLLM_MIN["server"], "args": {"model": "/m", "model-path": "/m"}}}))
+        P.from_dict({**VLLM_MIN, "server": {**VLLM_MIN["server"], "args": {"model": "/m", "model-path": "/m"}}})
+    )
     schema = P.json_schema()
     assert "num_speculative_tokens" in json.dumps(schema) and '"vllm"' in json.dumps(schema)
 
@@ -113,11 +135,13 @@ def test_diff_across_engines_and_sim_dialect_flags():
     sim = P.resolve("sim-vllm-eagle3")
     assert sim.flags()[:4] == ["--sim-engine", "vllm", "serve", "/shared/kimi-k2.5-int4"]
     from tuitune.sim.vllm import build_parser
+
     ns = build_parser().parse_args(sim.flags())  # the dialect's parser takes what tuitune renders
     assert ns.speculative_config["num_speculative_tokens"] == 2 and ns.tensor_parallel_size == 8
 
 
 # ---- log lines ------------------------------------------------------------------------------------
+
 
 def test_vllm_log_lines_parse_exactly():
     spec = parse_line(PREFIX + SPEC_FMT % (2.31, 41.2, 89.1, 412, 891, "0.712, 0.455, 0.301", 46.2))
@@ -131,15 +155,24 @@ def test_vllm_log_lines_parse_exactly():
     assert stats.kind == "decode" and stats.gen_throughput == 812.4 and (stats.running_req, stats.queue_req) == (8, 2)
     assert stats.token_usage == pytest.approx(0.034) and stats.accept_len is None
     assert stats.extra == {"avg_prompt_throughput": 12.5, "preemptions": 1.0, "prefix_cache_hit_rate": 0.0}
-    fetch = parse_line(PREFIX + "Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: "
-                       "5.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs, KV fetch: 1 waiting to start, 0 in progress, "
-                       "0 completed waiting, GPU KV cache usage: 1.0%")
-    assert fetch.gen_throughput == 5.0 and fetch.extra["kv_fetch"] == "1 waiting to start, 0 in progress, 0 completed waiting"
-    worker = parse_line("(Worker_TP1 pid=77) INFO 11-30 09:41:07 [gpu_model_runner.py:1] EAGLE3_PROFILE v=1 "
-                        "draft_ms=0.4 verify_ms=20.1 extend_ms=0 accept_len=1.9")
+    fetch = parse_line(
+        PREFIX + "Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: "
+        "5.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs, KV fetch: 1 waiting to start, 0 in progress, "
+        "0 completed waiting, GPU KV cache usage: 1.0%"
+    )
+    assert (
+        fetch.gen_throughput == 5.0
+        and fetch.extra["kv_fetch"] == "1 waiting to start, 0 in progress, 0 completed waiting"
+    )
+    worker = parse_line(
+        "(Worker_TP1 pid=77) INFO 11-30 09:41:07 [gpu_model_runner.py:1] EAGLE3_PROFILE v=1 "
+        "draft_ms=0.4 verify_ms=20.1 extend_ms=0 accept_len=1.9"
+    )
     assert worker.kind == "profile" and worker.rank == "TP1" and worker.ts == "11-30 09:41:07"
-    old = parse_line("INFO 05-06 12:00:00 metrics.py:345] Avg prompt throughput: 0.0 tokens/s, "
-                     "Avg generation throughput: 41.2 tokens/s, Running: 1 reqs, Swapped: 0 reqs, Pending: 0 reqs")
+    old = parse_line(
+        "INFO 05-06 12:00:00 metrics.py:345] Avg prompt throughput: 0.0 tokens/s, "
+        "Avg generation throughput: 41.2 tokens/s, Running: 1 reqs, Swapped: 0 reqs, Pending: 0 reqs"
+    )
     assert old.gen_throughput == 41.2 and old.ts == "05-06 12:00:00"
     bad = parse_line(PREFIX + "SpecDecoding metrics: Accepted: many tokens")
     assert bad.kind == "malformed" and "not a number" in bad.reason
@@ -166,13 +199,19 @@ def test_vllm_failures_are_classified():
 
 # ---- /metrics -------------------------------------------------------------------------------------
 
+
 def vllm_page(drafts: int, draft_tokens: int, accepted: int, per_pos: list[int], gen: int) -> str:
     """A /metrics page as vLLM writes it: prometheus_client counters with vLLM's names and labels."""
     import prometheus_client as pc
+
     reg = pc.CollectorRegistry()
     lv = ["/m", "0"]
-    for name, value in ((V.NUM_DRAFTS, drafts), (V.NUM_DRAFT_TOKENS, draft_tokens), (V.NUM_ACCEPTED, accepted),
-                        (V.GENERATION_TOKENS, gen)):
+    for name, value in (
+        (V.NUM_DRAFTS, drafts),
+        (V.NUM_DRAFT_TOKENS, draft_tokens),
+        (V.NUM_ACCEPTED, accepted),
+        (V.GENERATION_TOKENS, gen),
+    ):
         pc.Counter(name, "doc", ["model_name", "engine"], registry=reg).labels(*lv).inc(value)
     c = pc.Counter(V.ACCEPTED_PER_POS, "doc", ["model_name", "engine", "position"], registry=reg)
     for i, v in enumerate(per_pos):
@@ -192,8 +231,10 @@ def test_metrics_counter_deltas_become_windows():
     idle = s.feed(vllm_page(5, 15, 7, [4, 2, 1], 10), t=14.0)
     assert idle.drafts is None and idle.per_position is None and idle.gen_tok_s == 0.0
     sglang = promscrape.Scraper()
-    page = ('# TYPE sglang:spec_accept_length gauge\nsglang:spec_accept_length{model_name="m"} 2.5\n'
-            '# TYPE sglang:gen_throughput gauge\nsglang:gen_throughput{model_name="m"} 90.0\n')
+    page = (
+        '# TYPE sglang:spec_accept_length gauge\nsglang:spec_accept_length{model_name="m"} 2.5\n'
+        '# TYPE sglang:gen_throughput gauge\nsglang:gen_throughput{model_name="m"} 90.0\n'
+    )
     sglang.feed(page, 0.0)
     w = sglang.feed(page, 1.0)
     assert (w.engine, w.accept_len, w.gen_tok_s) == ("sglang", 2.5, 90.0)
@@ -205,21 +246,37 @@ def test_metrics_counter_deltas_become_windows():
 
 # ---- the whole loop on the simulator's vLLM dialect ---------------------------------------------
 
+
 def sim_vllm(tmp: Path, name: str = "v", tokens: int | None = 2, port: int | None = None, **args) -> P.Preset:
-    data = {"name": name, "target": "local",
-            "server": {"engine": "vllm", "python": sys.executable, "module": "tuitune.sim",
-                       "log": str(tmp / f"{name}.log"), "port": port or free_port(),
-                       "args": {"model": "/shared/m", "tensor-parallel-size": 2, "sim-load-seconds": 0.3,
-                                "sim-speedup": 10, **args}},
-            "env": {"VLLM_LOG_STATS_INTERVAL": "1"}, "profile": True,
-            "bench": {"requests": 3, "warmup": 0, "max_tokens": 60}}
+    data = {
+        "name": name,
+        "target": "local",
+        "server": {
+            "engine": "vllm",
+            "python": sys.executable,
+            "module": "tuitune.sim",
+            "log": str(tmp / f"{name}.log"),
+            "port": port or free_port(),
+            "args": {
+                "model": "/shared/m",
+                "tensor-parallel-size": 2,
+                "sim-load-seconds": 0.3,
+                "sim-speedup": 10,
+                **args,
+            },
+        },
+        "env": {"VLLM_LOG_STATS_INTERVAL": "1"},
+        "profile": True,
+        "bench": {"requests": 3, "warmup": 0, "max_tokens": 60},
+    }
     if tokens:
         data["speculative"] = {"algorithm": "EAGLE3", "draft_model_path": "/d", "num_speculative_tokens": tokens}
     return P.from_dict(data)
 
 
 async def test_launch_bench_relaunch_and_stop_on_vllm(tmp_path):
-    from tuitune.bench import BenchConfig, run_bench
+    from tuitune.measure.bench import BenchConfig, run_bench
+
     t = LocalTransport()
     p = sim_vllm(tmp_path)
     c = ServerControl(t, p, state_dir=str(tmp_path / "state"))
@@ -229,9 +286,20 @@ async def test_launch_bench_relaunch_and_stop_on_vllm(tmp_path):
     assert phases[-1] == "ready" and res.ready_line_at is None  # ready from /health alone
     st = await c.status()
     assert st.running and st.drift == [] and st.same_hash
-    smi = subprocess.run([sys.executable, "-m", "tuitune.sim.nvidia_smi", "--sim-port", str(p.server.port),
-                          "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=30)
+    smi = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tuitune.sim.nvidia_smi",
+            "--sim-port",
+            str(p.server.port),
+            "--query-gpu=index,memory.used",
+            "--format=csv,noheader,nounits",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     used = [float(x.split(",")[1]) for x in smi.stdout.splitlines()]
     assert used[0] > 10_000 and used[1] > 10_000 and used[2] < 10_000, smi.stdout  # TP 2 holds memory
     url = t.url(await t.forward_port(p.server.port))
@@ -245,8 +313,9 @@ async def test_launch_bench_relaunch_and_stop_on_vllm(tmp_path):
     # relaunch with a changed num_speculative_tokens: a new server, the new chain in its lines
     p3 = P.with_changes(p, {"speculative.num_speculative_tokens": 3})
     c3 = ServerControl(t, p3, state_dir=str(tmp_path / "state"))
-    children = [int(x) for x in subprocess.run(["pgrep", "-P", str(rec.pid)], capture_output=True,
-                                               text=True).stdout.split()]
+    children = [
+        int(x) for x in subprocess.run(["pgrep", "-P", str(rec.pid)], capture_output=True, text=True).stdout.split()
+    ]
     assert children and all(os.getpgid(x) != rec.pid for x in children)  # the engine core left the group
     rec3, _ = await c3.relaunch(30)
     assert rec3.pid != rec.pid and not group_alive(rec.pid)
@@ -260,10 +329,12 @@ async def test_launch_bench_relaunch_and_stop_on_vllm(tmp_path):
     assert st.same_hash and st.drift == []
     stale = await ServerControl(t, p, state_dir=str(tmp_path / "state")).status()
     assert any(d.key == "flag --speculative-config" for d in stale.drift)  # the old preset sees the change
-    other = await ServerControl(t, P.with_changes(p3, {"server.args.model": "/shared/other"}),
-                                state_dir=str(tmp_path / "state")).status()
+    other = await ServerControl(
+        t, P.with_changes(p3, {"server.args.model": "/shared/other"}), state_dir=str(tmp_path / "state")
+    ).status()
     assert [(d.running, d.preset) for d in other.drift if d.key == "arguments"] == [
-        ("serve /shared/m", "serve /shared/other")]  # vLLM's model is positional
+        ("serve /shared/m", "serve /shared/other")
+    ]  # vLLM's model is positional
     await c3.stop()
     assert not await c3.port_busy()
 
@@ -281,8 +352,14 @@ async def test_vllm_start_failures_name_their_cause(tmp_path):
 
 
 def cli(*args, timeout=240, env=None):
-    return subprocess.run([sys.executable, "-m", "tuitune", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "tuitune", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 async def test_cli_commands_on_a_vllm_preset(tmp_path):
@@ -301,7 +378,8 @@ async def test_cli_commands_on_a_vllm_preset(tmp_path):
     cap = tmp_path / "cap.jsonl"
     r = cli("--record", str(cap), str(path), "--load", "--duration", "7", env=home)  # 3 scrapes, 2 s apart
     assert r.returncode == 0, r.stderr
-    from tuitune.capture import read_capture
+    from tuitune.measure.capture import read_capture
+
     kinds = {rec.event.kind for rec in read_capture(cap).records}
     assert {"vllm_spec", "decode", "profile", "metrics"} <= kinds, kinds
     windows = [rec.event for rec in read_capture(cap).records if rec.event.kind == "metrics"]
@@ -318,8 +396,10 @@ async def test_cli_commands_on_a_vllm_preset(tmp_path):
     assert r.returncode == 0 and "stopped" in r.stdout
     # the capture replays in the TUI: engine in the header, the per-position row in the cycle panel
     from test_tui import SIZE, until
-    from tuitune.capture import Replay
+
+    from tuitune.measure.capture import Replay
     from tuitune.tui.app import TuituneApp, UserConfig
+
     replay = Replay(read_capture(cap), speed=50.0)
     app = TuituneApp(replay, user_config=UserConfig())
     async with app.run_test(size=SIZE) as pilot:
@@ -331,8 +411,12 @@ async def test_cli_commands_on_a_vllm_preset(tmp_path):
 
 def test_ab_and_sweep_on_vllm_presets(tmp_path):
     port = free_port()
-    one = P.save(P.with_changes(sim_vllm(tmp_path, "one", tokens=1, port=port), {"profile": False}), tmp_path / "1.yaml")
-    two = P.save(P.with_changes(sim_vllm(tmp_path, "two", tokens=2, port=port), {"profile": False}), tmp_path / "2.yaml")
+    one = P.save(
+        P.with_changes(sim_vllm(tmp_path, "one", tokens=1, port=port), {"profile": False}), tmp_path / "1.yaml"
+    )
+    two = P.save(
+        P.with_changes(sim_vllm(tmp_path, "two", tokens=2, port=port), {"profile": False}), tmp_path / "2.yaml"
+    )
     home = {"HOME": str(tmp_path)}
     r = cli("ab", str(one), str(two), "--rounds", "2", "--json", str(tmp_path / "ab.json"), env=home)
     assert r.returncode == 0, r.stderr
@@ -340,10 +424,19 @@ def test_ab_and_sweep_on_vllm_presets(tmp_path):
     assert [x["preset"] for x in result["launches"]] == ["one", "two", "one", "two"]
     assert all(x["failed"] == 0 for x in result["launches"]) and "verdict:" in r.stdout
     # across engines on one box: refused while the two sides are measured through different APIs
-    sglang = P.with_changes(P.resolve("sim-c4-eagle3-2step-nccl"), {
-        "server.log": str(tmp_path / "s.log"), "server.port": port, "profile": False,
-        "server.args.sim-speedup": 10, "server.args.sim-load-seconds": 0.3, "bench.requests": 3,
-        "bench.warmup": 0, "bench.max_tokens": 60})
+    sglang = P.with_changes(
+        P.resolve("sim-c4-eagle3-2step-nccl"),
+        {
+            "server.log": str(tmp_path / "s.log"),
+            "server.port": port,
+            "profile": False,
+            "server.args.sim-speedup": 10,
+            "server.args.sim-load-seconds": 0.3,
+            "bench.requests": 3,
+            "bench.warmup": 0,
+            "bench.max_tokens": 60,
+        },
+    )
     native = P.save(sglang, tmp_path / "s.yaml")
     r = cli("ab", str(native), str(two), "--rounds", "1", env=home)
     assert r.returncode == 2 and "not comparable; set bench.api: openai in both" in r.stderr
@@ -352,8 +445,9 @@ def test_ab_and_sweep_on_vllm_presets(tmp_path):
     assert r.returncode == 0, r.stderr
     assert [x["failed"] for x in json.loads((tmp_path / "x.json").read_text())["launches"]] == [0, 0]
     out = tmp_path / "sweep"
-    r = cli("sweep", str(two), "--grid", "speculative.num_speculative_tokens=1,3", "--out", str(out), "--no-plot",
-            env=home)
+    r = cli(
+        "sweep", str(two), "--grid", "speculative.num_speculative_tokens=1,3", "--out", str(out), "--no-plot", env=home
+    )
     assert r.returncode == 0, r.stderr
     rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     tokens = {x["changes"].get("speculative.num_speculative_tokens") for x in rows if x.get("changes")}
@@ -364,10 +458,12 @@ def test_ab_and_sweep_on_vllm_presets(tmp_path):
 
 # ---- advise and tune: vLLM's space is chains ------------------------------------------------------
 
+
 def test_vllm_configurations_are_chains_in_its_own_words():
-    from tuitune import advise as A
-    from tuitune.costmodel import OFF, Config
-    from tuitune.tune import config_of, preset_for
+    from tuitune.decide import advise as A
+    from tuitune.decide.costmodel import OFF, Config
+    from tuitune.experiments.tune import config_of, preset_for
+
     p = vllm_preset(num_speculative_tokens=2)
     eng = p.engine
     assert A.space(topks=eng.topks) == [OFF] + [Config.chain(n) for n in range(1, A.MAX_STEPS + 1)]
@@ -387,12 +483,30 @@ def test_vllm_configurations_are_chains_in_its_own_words():
 def test_tune_and_advise_on_vllm_walk_chains(tmp_path):
     """`tune` on the simulator's vLLM dialect relaunches only configurations vLLM can run, names
     them as vLLM does, and its captures feed `advise` (which refuses to mix engines)."""
-    p = P.with_changes(sim_vllm(tmp_path, "tv", **{"sim-speedup": 20, "sim-load-seconds": 0.2}),
-                       {"bench.requests": 4, "bench.max_tokens": 120})
+    p = P.with_changes(
+        sim_vllm(tmp_path, "tv", **{"sim-speedup": 20, "sim-load-seconds": 0.2}),
+        {"bench.requests": 4, "bench.max_tokens": 120},
+    )
     path = P.save(p, tmp_path / "tv.yaml")
     out = tmp_path / "out"
-    r = cli("tune", str(path), "--budget", "2", "--concurrency", "4", "--levels", "1,4", "--out", str(out),
-            "--ab-rounds", "1", "--json", str(tmp_path / "r.json"), env={"HOME": str(tmp_path)}, timeout=400)
+    r = cli(
+        "tune",
+        str(path),
+        "--budget",
+        "2",
+        "--concurrency",
+        "4",
+        "--levels",
+        "1,4",
+        "--out",
+        str(out),
+        "--ab-rounds",
+        "1",
+        "--json",
+        str(tmp_path / "r.json"),
+        env={"HOME": str(tmp_path)},
+        timeout=400,
+    )
     assert r.returncode in (0, 1), r.stderr + r.stdout
     assert "launch 0: 2 spec tokens (verify 3) (the starting configuration)" in r.stdout, r.stdout
     rows = [json.loads(x) for x in (out / "tune.jsonl").read_text().splitlines()]
@@ -410,7 +524,8 @@ def test_tune_and_advise_on_vllm_walk_chains(tmp_path):
     assert ", histograms)" in adv.stdout, adv.stdout  # the per-position acceptance came from accept_hist
     emit = cli("advise", *caps, "--emit", "sglang-adaptive", str(tmp_path / "s.json"))
     assert emit.returncode == 2 and "SGLang's schedule; vLLM has no adaptive speculation" in emit.stderr
-    from tuitune.capture import CaptureWriter
+    from tuitune.measure.capture import CaptureWriter
+
     sg = tmp_path / "sglang.jsonl"
     CaptureWriter(sg, {"preset": P.to_dict(P.resolve("demo"))}).close()
     mixed = cli("advise", caps[0], str(sg))
@@ -419,11 +534,14 @@ def test_tune_and_advise_on_vllm_walk_chains(tmp_path):
 
 # ---- TUI ------------------------------------------------------------------------------------------
 
+
 async def test_tui_engine_header_spec_tokens_edit_and_position_row(tmp_path):
     from test_tui import SIZE_LIVE, until, wait_ready
-    from tuitune.session import Session
+
+    from tuitune.target.session import Session
     from tuitune.tui.app import TuituneApp, UserConfig
     from tuitune.tui.screens import RelaunchScreen
+
     s = Session(sim_vllm(tmp_path, "tui-v"), state_dir=str(tmp_path / "state"))
     app = TuituneApp(s, autostart="launch", user_config=UserConfig())
     async with app.run_test(size=SIZE_LIVE) as pilot:
@@ -434,8 +552,12 @@ async def test_tui_engine_header_spec_tokens_edit_and_position_row(tmp_path):
         assert cfg.query_one("#spec-num-steps").value == "2" and cfg.query_one("#spec-eagle-topk").disabled
         await s.set_load(True)
         bars = lambda: str(app.cycle.query_one("#bars").render())  # noqa: E731
-        await until(pilot, lambda: "accept by position  1" in bars() and " 3 " not in bars().split("position")[-1],
-                    20, "a two-position acceptance row")
+        await until(
+            pilot,
+            lambda: "accept by position  1" in bars() and " 3 " not in bars().split("position")[-1],
+            20,
+            "a two-position acceptance row",
+        )
         # the advisor fits vLLM's windows and offers only what vLLM runs (chains), in its words
         app.tabs.active = "tab-advisor"
         await until(pilot, lambda: app.advisor.rows, 20, "the advisor's first fit")
@@ -461,8 +583,12 @@ async def test_tui_engine_header_spec_tokens_edit_and_position_row(tmp_path):
         await pilot.pause()
         before = app.relaunch_screen
         await pilot.press("r")
-        await until(pilot, lambda: isinstance(app.relaunch_screen, RelaunchScreen) and app.relaunch_screen is not before,
-                    5, "the relaunch view")
+        await until(
+            pilot,
+            lambda: isinstance(app.relaunch_screen, RelaunchScreen) and app.relaunch_screen is not before,
+            5,
+            "the relaunch view",
+        )
         await wait_ready(app, pilot, s)
         assert s.running_preset.speculative.num_speculative_tokens == 3
         await until(pilot, lambda: " 3 " in bars().split("accept by position")[-1], 20, "a three-position row")

@@ -18,18 +18,18 @@ import time
 from pathlib import Path
 
 import pytest
-
 import vllm_cli
 from conftest import free_port
+
 from tuitune import preset as P
-from tuitune import promscrape
-from tuitune.control import ServerControl
-from tuitune.parse import parse_line
-from tuitune.transport import LocalTransport
+from tuitune.measure import promscrape
+from tuitune.measure.parse import parse_line
+from tuitune.target.control import ServerControl
+from tuitune.target.transport import LocalTransport
 
 # Everything up to serving is vLLM's own: `vllm` main, the serve subparser, validate(). The serve
 # step prints what the parser produced instead of starting an engine.
-SHIM = r'''
+SHIM = r"""
 import json, sys
 import vllm.entrypoints.cli.serve as _serve
 
@@ -38,10 +38,12 @@ def _parsed(args):
     print("TUITUNE-PARSED " + json.dumps(out, default=repr), flush=True)
 
 _serve.ServeSubcommand.cmd = staticmethod(_parsed)
-'''
+"""
 
 # several argument lists in one interpreter (importing vLLM takes seconds); errors are captured per list
-BATCH = SHIM + r'''
+BATCH = (
+    SHIM
+    + r"""
 import contextlib, io
 from vllm.entrypoints.cli.main import main
 for argv in json.load(sys.stdin):
@@ -52,7 +54,8 @@ for argv in json.load(sys.stdin):
             main()
     except SystemExit as e:
         print("TUITUNE-EXIT " + json.dumps([e.code, err.getvalue().strip().splitlines()[-1:]]), flush=True)
-'''
+"""
+)
 
 
 @pytest.fixture(scope="module")
@@ -70,16 +73,28 @@ def env() -> dict[str, str]:
 def c4(tmp_path: Path, python: Path, **changes) -> P.Preset:
     """The shipped vLLM twin of seed C4 on this machine: vLLM's python, a local log, a free port."""
     base = P.resolve("vllm-c4-eagle3-2tok-nccl")
-    return P.with_changes(base, {"target": "local", "server.python": str(python), "server.port": free_port(),
-                                 "server.log": str(tmp_path / f"{base.name}.log"), **changes})
+    return P.with_changes(
+        base,
+        {
+            "target": "local",
+            "server.python": str(python),
+            "server.port": free_port(),
+            "server.log": str(tmp_path / f"{base.name}.log"),
+            **changes,
+        },
+    )
 
 
 def parse_all(python: Path, argvs: list[list[str]]) -> list[tuple[str, object]]:
     """("parsed", namespace dict) or ("exit", [code, last stderr line]) for each argument list."""
-    r = subprocess.run([str(python), "-c", BATCH], input=json.dumps(argvs), capture_output=True, text=True,
-                       env=env(), timeout=300)
-    out = [(line.split(" ", 1)[0].removeprefix("TUITUNE-").lower(), json.loads(line.split(" ", 1)[1]))
-           for line in r.stdout.splitlines() if line.startswith(("TUITUNE-PARSED ", "TUITUNE-EXIT "))]
+    r = subprocess.run(
+        [str(python), "-c", BATCH], input=json.dumps(argvs), capture_output=True, text=True, env=env(), timeout=300
+    )
+    out = [
+        (line.split(" ", 1)[0].removeprefix("TUITUNE-").lower(), json.loads(line.split(" ", 1)[1]))
+        for line in r.stdout.splitlines()
+        if line.startswith(("TUITUNE-PARSED ", "TUITUNE-EXIT "))
+    ]
     assert len(out) == len(argvs), (r.returncode, r.stdout[-800:], r.stderr[-1500:])
     return out
 
@@ -89,20 +104,37 @@ def test_rendered_commands_pass_vllms_parser(tmp_path, vllm_python):
     variants = [
         shipped,
         # what the config panel's edit and `advise`'s alternatives produce: other chain lengths, EAGLE-1
-        P.with_changes(shipped, {"speculative.num_speculative_tokens": 5, "speculative.algorithm": "EAGLE",
-                                 "speculative.draft_tensor_parallel_size": 1}),
-        P.with_changes(shipped, {"speculative.num_speculative_tokens": 1,
-                                 "speculative.draft_tensor_parallel_size": 8}),
+        P.with_changes(
+            shipped,
+            {
+                "speculative.num_speculative_tokens": 5,
+                "speculative.algorithm": "EAGLE",
+                "speculative.draft_tensor_parallel_size": 1,
+            },
+        ),
+        P.with_changes(shipped, {"speculative.num_speculative_tokens": 1, "speculative.draft_tensor_parallel_size": 8}),
         # a baseline (no speculation) and the flags operators add most often
-        P.with_changes(shipped, {"speculative": None, "server.args.served-model-name": "kimi",
-                                 "server.args.max-model-len": 32768, "server.args.max-num-seqs": 64,
-                                 "server.args.enforce-eager": True, "server.args.trust-remote-code": False}),
+        P.with_changes(
+            shipped,
+            {
+                "speculative": None,
+                "server.args.served-model-name": "kimi",
+                "server.args.max-model-len": 32768,
+                "server.args.max-num-seqs": 64,
+                "server.args.enforce-eager": True,
+                "server.args.trust-remote-code": False,
+            },
+        ),
     ]
-    results = parse_all(vllm_python, [p.flags() for p in variants] + [
-        ["serve", "/m", "--no-such-flag"],  # the controls: the parser does refuse what it does not know
-        ["serve", "/m", "--speculative-config", "{not json"],
-    ])
-    for p, (kind, ns) in zip(variants, results):
+    results = parse_all(
+        vllm_python,
+        [p.flags() for p in variants]
+        + [
+            ["serve", "/m", "--no-such-flag"],  # the controls: the parser does refuse what it does not know
+            ["serve", "/m", "--speculative-config", "{not json"],
+        ],
+    )
+    for p, (kind, ns) in zip(variants, results, strict=False):
         assert kind == "parsed", (p.flags(), ns)
         assert ns["subparser"] == "serve" and ns["model_tag"] == p.server.args["model"]
         assert ns["port"] == p.server.port and ns["host"] == "0.0.0.0"
@@ -110,11 +142,19 @@ def test_rendered_commands_pass_vllms_parser(tmp_path, vllm_python):
         assert ns["disable_custom_all_reduce"] is True
         assert ns["speculative_config"] == (p.engine.speculative_config(p) if p.is_speculative else None)
         assert ns["trust_remote_code"] is bool(p.server.args.get("trust-remote-code"))
-    assert results[1][1]["speculative_config"] == {"method": "eagle", "model": "/data/eagle3/output_100k_sglang/4",
-                                                   "num_speculative_tokens": 5, "draft_tensor_parallel_size": 1}
+    assert results[1][1]["speculative_config"] == {
+        "method": "eagle",
+        "model": "/data/eagle3/output_100k_sglang/4",
+        "num_speculative_tokens": 5,
+        "draft_tensor_parallel_size": 1,
+    }
     extra = results[3][1]
     assert (extra["served_model_name"], extra["max_model_len"], extra["max_num_seqs"], extra["enforce_eager"]) == (
-        ["kimi"], 32768, 64, True)
+        ["kimi"],
+        32768,
+        64,
+        True,
+    )
     (k1, (code1, why1)), (k2, (code2, why2)) = results[-2:]
     assert (k1, code1, k2, code2) == ("exit", 2, "exit", 2)
     assert "--no-such-flag" in why1[0] and "--speculative-config" in why2[0], (why1, why2)
@@ -147,14 +187,17 @@ async def test_preflight_reads_the_real_help_and_the_launch_line_parses(tmp_path
     assert lines, log[-1500:]
     ns = json.loads(lines[-1].split(" ", 1)[1])
     assert ns["model_tag"] == "/shared/kimi-k2.5-int4" and ns["port"] == p.server.port
-    assert ns["speculative_config"] == {"method": "eagle3", "model": "/data/eagle3/output_100k_sglang/4",
-                                        "num_speculative_tokens": 2}
+    assert ns["speculative_config"] == {
+        "method": "eagle3",
+        "model": "/data/eagle3/output_100k_sglang/4",
+        "num_speculative_tokens": 2,
+    }
 
 
 # vLLM's own spec-decode statistics: the scheduler's per-step stats, the logger's line (through
 # vLLM's logger and format), and the Prometheus counters rendered by prometheus_client as the
 # server's /metrics does. Two logging intervals of 4 and 5 drafts of 3 tokens each.
-STATS = r'''
+STATS = r"""
 import json, types, prometheus_client
 from vllm.logger import configure_logging_from_args
 from vllm.v1.spec_decode.metrics import SpecDecodingLogging, SpecDecodingProm, SpecDecodingStats
@@ -172,12 +215,17 @@ for accepted in ([3, 1, 0, 2], [3, 3, 2, 0, 1]):
     log.log()
     pages.append(prometheus_client.generate_latest().decode())
 print("TUITUNE-PAGES " + json.dumps(pages), flush=True)
-'''
+"""
 
 
 def test_vllms_own_stat_code_writes_what_tuitune_reads(vllm_python):
-    r = subprocess.run([str(vllm_python), "-c", STATS], capture_output=True, text=True, timeout=300,
-                       env={**env(), "VLLM_LOGGING_LEVEL": "INFO"})
+    r = subprocess.run(
+        [str(vllm_python), "-c", STATS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env(), "VLLM_LOGGING_LEVEL": "INFO"},
+    )
     out = r.stdout + r.stderr
     lines = [x for x in out.splitlines() if "SpecDecoding metrics: " in x]
     assert r.returncode == 0 and len(lines) == 2, out[-2000:]
@@ -185,7 +233,12 @@ def test_vllms_own_stat_code_writes_what_tuitune_reads(vllm_python):
     assert first.kind == second.kind == "vllm_spec", lines
     assert first.ts is not None  # vLLM's own prefix gave the time
     assert (first.mean_accept_len, first.accepted, first.drafted, first.per_position) == (2.5, 6, 12, (0.75, 0.5, 0.25))
-    assert (second.mean_accept_len, second.accepted, second.drafted, second.per_position) == (2.8, 9, 15, (0.8, 0.6, 0.4))
+    assert (second.mean_accept_len, second.accepted, second.drafted, second.per_position) == (
+        2.8,
+        9,
+        15,
+        (0.8, 0.6, 0.4),
+    )
     pages = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("TUITUNE-PAGES "))[14:])
     s = promscrape.Scraper()
     assert s.feed(pages[0], 0.0) is None  # the first page is the reference

@@ -13,49 +13,86 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from test_vllm import SPEC_FMT, STATS_FMT, vllm_page
+
 from tuitune import preset as P
-from tuitune import promscrape
 from tuitune.engines import vllm as V
-from tuitune.parse import parse_line
+from tuitune.measure import promscrape
+from tuitune.measure.parse import parse_line
 from tuitune.probe import check
 
 RELEASE = "0.33.0"
-FILES = ("vllm/logger.py", "vllm/v1/spec_decode/metrics.py", "vllm/v1/metrics/loggers.py",
-         "vllm/engine/arg_utils.py", "vllm/entrypoints/common/cli_args.py", "vllm/entrypoints/cli/main.py",
-         "vllm/entrypoints/cli/serve.py", "vllm/config/speculative.py", "vllm/v1/core/kv_cache_planning.py",
-         "vllm/transformers_utils/config.py", "vllm/v1/worker/gpu_model_runner.py",
-         "vllm/v1/spec_decode/eagle.py", "vllm/v1/spec_decode/llm_base_proposer.py",
-         "vllm/v1/worker/gpu/model_runner.py", "vllm/v1/worker/gpu/spec_decode/eagle/speculator.py",
-         "vllm/v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py")
+FILES = (
+    "vllm/logger.py",
+    "vllm/v1/spec_decode/metrics.py",
+    "vllm/v1/metrics/loggers.py",
+    "vllm/engine/arg_utils.py",
+    "vllm/entrypoints/common/cli_args.py",
+    "vllm/entrypoints/cli/main.py",
+    "vllm/entrypoints/cli/serve.py",
+    "vllm/config/speculative.py",
+    "vllm/v1/core/kv_cache_planning.py",
+    "vllm/transformers_utils/config.py",
+    "vllm/v1/worker/gpu_model_runner.py",
+    "vllm/v1/spec_decode/eagle.py",
+    "vllm/v1/spec_decode/llm_base_proposer.py",
+    "vllm/v1/worker/gpu/model_runner.py",
+    "vllm/v1/worker/gpu/spec_decode/eagle/speculator.py",
+    "vllm/v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py",
+)
 
 
 @pytest.fixture(scope="module")
 def src(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("vllm")
-    dl = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                         "--python-version", "3.11", "-d", str(tmp), f"vllm=={RELEASE}"],
-                        capture_output=True, text=True, timeout=600)
+    dl = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.11",
+            "-d",
+            str(tmp),
+            f"vllm=={RELEASE}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     wheels = list(tmp.glob("vllm-*.whl"))
     if dl.returncode != 0 or not wheels:
         pytest.skip(f"the package registry is not reachable here: {dl.stderr.strip()[-200:]}")
     with zipfile.ZipFile(wheels[0]) as z:
-        z.extractall(tmp / "site", [n for n in z.namelist() if n in FILES or n.startswith(f"vllm-{RELEASE}.dist-info/")])
+        z.extractall(
+            tmp / "site", [n for n in z.namelist() if n in FILES or n.startswith(f"vllm-{RELEASE}.dist-info/")]
+        )
     return tmp / "site"
 
 
 def strings(path: Path) -> set[str]:
     """Every string constant of a module, f-strings' literal parts included (adjacent literals are
     one constant once parsed)."""
-    return {n.value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant)
-            and isinstance(n.value, str)}
+    return {
+        n.value
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    }
 
 
 def class_fields(path: Path, *names: str) -> set[str]:
     tree = ast.parse(path.read_text())
-    return {a.target.id for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name in names
-            for a in c.body if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name)}
+    return {
+        a.target.id
+        for c in ast.walk(tree)
+        if isinstance(c, ast.ClassDef) and c.name in names
+        for a in c.body
+        if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name)
+    }
 
 
 def test_log_formats_are_the_releases(src):
@@ -67,12 +104,24 @@ def test_log_formats_are_the_releases(src):
     assert "Engine {:03d}: " in logger_parts
     # a line written by Python's logging with vLLM's own format and date format parses exactly
     tree = ast.parse((v / "logger.py").read_text())
-    consts = {t.id: n.value for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
-              if isinstance(t, ast.Name) and t.id in ("_FORMAT", "_DATE_FORMAT")}
+    consts = {
+        t.id: n.value
+        for n in tree.body
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name) and t.id in ("_FORMAT", "_DATE_FORMAT")
+    }
     fmt = "".join(x.value for x in consts["_FORMAT"].values if isinstance(x, ast.Constant))  # prefix env unset
     datefmt = consts["_DATE_FORMAT"].value
-    rec = logging.LogRecord("vllm.v1.metrics.loggers", logging.INFO, "loggers.py", 257,
-                            SPEC_FMT, (2.31, 41.2, 89.1, 412, 891, "0.712, 0.455, 0.301", 46.2), None)
+    rec = logging.LogRecord(
+        "vllm.v1.metrics.loggers",
+        logging.INFO,
+        "loggers.py",
+        257,
+        SPEC_FMT,
+        (2.31, 41.2, 89.1, 412, 891, "0.712, 0.455, 0.301", 46.2),
+        None,
+    )
     rec.vllm_process_name, rec.fileinfo = "Worker_TP3", "loggers.py"
     line = logging.Formatter(fmt, datefmt).format(rec)
     ev = parse_line(line)
@@ -99,8 +148,10 @@ def test_rendered_commands_use_flags_the_release_has(src):
     """Cheap and early (no install): the flags are among those the parser is built from."""
     v = src / "vllm"
     literal = {x for x in strings(v / "engine/arg_utils.py") if x.startswith("--")}
-    frontend = {"--" + f.replace("_", "-") for f in class_fields(v / "entrypoints/common/cli_args.py",
-                                                               "FrontendArgs", "BaseFrontendArgs")}
+    frontend = {
+        "--" + f.replace("_", "-")
+        for f in class_fields(v / "entrypoints/common/cli_args.py", "FrontendArgs", "BaseFrontendArgs")
+    }
     known = literal | frontend
     assert {"--port", "--host", "--speculative-config"} <= known
     for name in ("vllm-c4-eagle3-2tok-nccl", "sim-vllm-eagle3"):

@@ -27,10 +27,36 @@ PYTHON = HOME / "bin" / "python"
 ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR", "VLLM_NO_USAGE_STATS": "1"}
 
 # what ``vllm serve`` imports before it serves (found by importing it in an empty environment)
-NEEDED = ("packaging", "uvloop", "pydantic", "regex", "numpy", "psutil", "cbor2", "pyzmq", "transformers",
-          "aiohttp", "requests", "openai-harmony", "openai", "msgspec", "cloudpickle", "pillow", "pybase64",
-          "cachetools", "py-cpuinfo", "fastapi", "uvicorn", "prometheus-client", "partial-json-parser",
-          "xgrammar", "llguidance", "watchfiles", "orjson", "einops")
+NEEDED = (
+    "packaging",
+    "uvloop",
+    "pydantic",
+    "regex",
+    "numpy",
+    "psutil",
+    "cbor2",
+    "pyzmq",
+    "transformers",
+    "aiohttp",
+    "requests",
+    "openai-harmony",
+    "openai",
+    "msgspec",
+    "cloudpickle",
+    "pillow",
+    "pybase64",
+    "cachetools",
+    "py-cpuinfo",
+    "fastapi",
+    "uvicorn",
+    "prometheus-client",
+    "partial-json-parser",
+    "xgrammar",
+    "llguidance",
+    "watchfiles",
+    "orjson",
+    "einops",
+)
 
 
 class Unreachable(Exception):
@@ -55,13 +81,25 @@ def requirements(wheel: Path) -> list[str]:
 
 
 def _pip(*args: str) -> None:
-    r = subprocess.run([str(PYTHON), "-m", "pip", "--disable-pip-version-check", "-q", *args],
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [str(PYTHON), "-m", "pip", "--disable-pip-version-check", "-q", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if r.returncode != 0:
         words = (r.stderr or r.stdout).strip()
-        if any(s in words for s in ("NewConnectionError", "Temporary failure in name resolution",
-                                    "Network is unreachable", "ConnectTimeout", "ProxyError",
-                                    "Max retries exceeded")):
+        if any(
+            s in words
+            for s in (
+                "NewConnectionError",
+                "Temporary failure in name resolution",
+                "Network is unreachable",
+                "ConnectTimeout",
+                "ProxyError",
+                "Max retries exceeded",
+            )
+        ):
             raise Unreachable(words.splitlines()[-1][:300])
         raise RuntimeError(f"pip {args[0]} failed: {words[-500:]}")
 

@@ -12,9 +12,9 @@ import contextlib
 import json
 import re
 import sys
-from typing import Callable
+from collections.abc import Callable
 
-from . import __version__
+from tuitune import __version__
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {}
 
@@ -29,11 +29,13 @@ def command(name: str, help: str):
     def wrap(fn):
         COMMANDS[name] = (help, fn)
         return fn
+
     return wrap
 
 
 def _load_preset(name: str):
-    from . import preset as P
+    from tuitune import preset as P
+
     try:
         return P.resolve(name)
     except P.PresetError as e:
@@ -69,12 +71,14 @@ def _open_lines(path: str):
 
 
 def cmd_parse(ns) -> int:
-    from .parse import parse_line, summarize
-    from .redact import Redactor
+    from tuitune.base.redact import Redactor
+    from tuitune.measure.parse import parse_line, summarize
+
     masked = Redactor().event  # error messages and malformed lines quote the log: mask what looks secret
     events = (masked(ev) for ev in map(parse_line, _open_lines(ns.file)) if ev is not None)
     if ns.json:
         import msgspec
+
         encode = msgspec.json.Encoder().encode  # NaN becomes null; unset fields are left out
         write = sys.stdout.buffer.write
         for ev in events:
@@ -127,18 +131,28 @@ def _preset_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_preset_list(ns) -> int:
-    from . import preset as P
+    from tuitune import preset as P
+
     rows = P.listing()
     if ns.json:
-        _print_json([{"origin": o, "name": None if n == "(invalid)" else n, "path": str(path),
-                      "valid": n != "(invalid)", ("error" if n == "(invalid)" else "description"): d}
-                     for o, path, n, d in rows])
+        _print_json(
+            [
+                {
+                    "origin": o,
+                    "name": None if n == "(invalid)" else n,
+                    "path": str(path),
+                    "valid": n != "(invalid)",
+                    ("error" if n == "(invalid)" else "description"): d,
+                }
+                for o, path, n, d in rows
+            ]
+        )
         return 0
     if not rows:
         print(f"no presets in {P.user_dir()} or {P.shipped_dir()}")
         return 0
     width = max(len(r[2]) for r in rows)
-    for origin, path, name, desc in rows:
+    for origin, _path, name, desc in rows:
         print(f"{origin:<8} {name:<{width}}  {desc}")
     print(f"\nuser presets: {P.user_dir()}")
     return 0
@@ -153,8 +167,9 @@ def _fmt(v) -> str:
 
 
 def cmd_preset_show(ns) -> int:
-    from . import preset as P
-    from . import redact
+    from tuitune import preset as P
+    from tuitune.base import redact
+
     p = _load_preset(ns.preset)
     shown = (lambda text: text) if ns.reveal else redact.Redactor(p)
     if ns.command:
@@ -162,8 +177,15 @@ def cmd_preset_show(ns) -> int:
         return 0
     flat = P.flatten(p) if ns.reveal else redact.flat(P.flatten(p))
     if ns.json:
-        _print_json({"name": p.name, "hash": p.hash(), "resolved": flat,
-                     "derived": sorted(P.derived_keys(p)), "command": shown(P.launch_script(p))})
+        _print_json(
+            {
+                "name": p.name,
+                "hash": p.hash(),
+                "resolved": flat,
+                "derived": sorted(P.derived_keys(p)),
+                "command": shown(P.launch_script(p)),
+            }
+        )
         return 0
     derived = P.derived_keys(p)
     print(f"# {p.name}  (hash {p.hash()})")
@@ -179,15 +201,23 @@ def cmd_preset_show(ns) -> int:
 
 
 def cmd_preset_validate(ns) -> int:
-    from . import preset as P
+    from tuitune import preset as P
+
     if ns.json:
         out, bad = [], False
         for name in ns.presets:
             try:
                 path = P.find(name)
                 p = P.load(path)
-                out.append({"preset": name, "ok": True, "name": p.name, "hash": p.hash(),
-                            "warnings": P.warnings(p) + P.file_warnings(path, p)})
+                out.append(
+                    {
+                        "preset": name,
+                        "ok": True,
+                        "name": p.name,
+                        "hash": p.hash(),
+                        "warnings": P.warnings(p) + P.file_warnings(path, p),
+                    }
+                )
             except P.PresetError as e:
                 bad = True
                 out.append({"preset": name, "ok": False, "error": str(e)})
@@ -210,13 +240,19 @@ def cmd_preset_validate(ns) -> int:
 
 
 def cmd_preset_diff(ns) -> int:
-    from . import preset as P
-    from . import redact
+    from tuitune import preset as P
+    from tuitune.base import redact
+
     a, b = _load_preset(ns.a), _load_preset(ns.b)
     changes = P.diff(a, b)
     if ns.json:
-        _print_json([{"key": k, "a": ra, "b": rb, **({"differ": va != vb} if note else {})}
-                     for k, va, vb in changes for ra, rb, note in [redact.pair(k, va, vb)]])
+        _print_json(
+            [
+                {"key": k, "a": ra, "b": rb, **({"differ": va != vb} if note else {})}
+                for k, va, vb in changes
+                for ra, rb, note in [redact.pair(k, va, vb)]
+            ]
+        )
         return 0
     if not changes:
         print(f"{a.name} and {b.name} launch the same server")
@@ -230,7 +266,8 @@ def cmd_preset_diff(ns) -> int:
 
 
 def cmd_preset_lint(ns) -> int:
-    from . import preset as P
+    from tuitune import preset as P
+
     p = _load_preset(ns.preset)
     advice = P.lint(p) + P.file_warnings(P.find(ns.preset), p)
     if not advice:
@@ -241,7 +278,8 @@ def cmd_preset_lint(ns) -> int:
 
 
 def cmd_preset_schema(ns) -> int:
-    from . import preset as P
+    from tuitune import preset as P
+
     _print_json(P.json_schema())
     return 0
 
@@ -251,13 +289,15 @@ def cmd_preset_schema(ns) -> int:
 
 def _run_async(coro):
     import asyncio
+
     return asyncio.run(coro)
 
 
 def _errors():
     """Exceptions of the core that become one clear sentence (exit 1 or their own code)."""
-    from .control import ControlError
-    from .transport import TransportError
+    from tuitune.target.control import ControlError
+    from tuitune.target.transport import TransportError
+
     return ControlError, TransportError
 
 
@@ -269,8 +309,9 @@ def _link_printer(state: str, attempt: int, detail: str | None) -> None:
 
 
 def _with_control(preset):
-    from .cluster import control_for
-    from .transport import for_preset
+    from tuitune.target.cluster import control_for
+    from tuitune.target.transport import for_preset
+
     t = for_preset(preset)
     t.on_link = _link_printer
     return t, control_for(t, preset)
@@ -301,8 +342,9 @@ async def _guarded(coro_fn, transport, control=None):
 
 
 def _any_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--any", action="store_true",
-                   help="act on the server on the preset's port even if another preset started it")
+    p.add_argument(
+        "--any", action="store_true", help="act on the server on the preset's port even if another preset started it"
+    )
 
 
 def _run_signalled(go, transport, what: str, cleanup: Callable[[], str | None] = lambda: None, control=None):
@@ -324,8 +366,9 @@ def _run_signalled(go, transport, what: str, cleanup: Callable[[], str | None] =
             if not got:
                 raise
             done = cleanup()
-            raise CliError(f"{what} interrupted by {signal.Signals(got[0]).name}" + (f"; {done}" if done else ""),
-                           128 + got[0]) from None
+            raise CliError(
+                f"{what} interrupted by {signal.Signals(got[0]).name}" + (f"; {done}" if done else ""), 128 + got[0]
+            ) from None
 
     return _run_async(main())
 
@@ -334,11 +377,18 @@ def _run_signalled(go, transport, what: str, cleanup: Callable[[], str | None] =
 def _launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("preset")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for ready (default 900)")
-    p.add_argument("--health-timeout", type=float, default=120.0,
-                   help="seconds /health may take to answer 200 once HTTP is up (default 120)")
+    p.add_argument(
+        "--health-timeout",
+        type=float,
+        default=120.0,
+        help="seconds /health may take to answer 200 once HTTP is up (default 120)",
+    )
     p.add_argument("--no-wait", action="store_true", help="return once the process is started")
-    p.add_argument("--keep-on-failure", action="store_true",
-                   help="leave a server that failed to become ready running (to inspect it)")
+    p.add_argument(
+        "--keep-on-failure",
+        action="store_true",
+        help="leave a server that failed to become ready running (to inspect it)",
+    )
     _any_arg(p)
     p.set_defaults(run=cmd_launch)
 
@@ -354,16 +404,22 @@ def cmd_launch(ns) -> int:
     async def go():
         try:
             rec, res = await control.relaunch(
-                ns.timeout, wait=not ns.no_wait, on_phase=lambda name, el: print(f"  {el:6.1f}s  {name}", flush=True),
-                after_start=_print_started, on_stopped=lambda msg: print(f"stopped: {msg}"),
-                allow_any=ns.any, keep_on_failure=ns.keep_on_failure, health_timeout_s=ns.health_timeout)
+                ns.timeout,
+                wait=not ns.no_wait,
+                on_phase=lambda name, el: print(f"  {el:6.1f}s  {name}", flush=True),
+                after_start=_print_started,
+                on_stopped=lambda msg: print(f"stopped: {msg}"),
+                allow_any=ns.any,
+                keep_on_failure=ns.keep_on_failure,
+                health_timeout_s=ns.health_timeout,
+            )
         finally:
             _print_warnings(control)
         if res is None:
             return 0
         print(f"ready in {res.elapsed_s:.1f}s")
         seen = getattr(control, "node_nccl", None) or [res.nccl_env]  # each node's own log
-        for i, (node, env) in enumerate(zip(p.node_presets(), seen)):
+        for i, (node, env) in enumerate(zip(p.node_presets(), seen, strict=False)):
             _print_nccl(node, env, f"node {i} " if p.is_multinode else "")
         return 0
 
@@ -378,7 +434,8 @@ def _print_warnings(control) -> None:
 
 def _print_nccl(p, seen: dict, where: str = "") -> None:
     """NCCL's own confirmation of the preset's NCCL variables, or why there is none."""
-    from .control import nccl_confirmation, nccl_note
+    from tuitune.target.control import nccl_confirmation, nccl_note
+
     for name, state, got in nccl_confirmation(p, seen):
         if state == "unconfirmed":
             continue  # the note says why
@@ -415,8 +472,11 @@ STATUS_NOT_RUNNING = 3
 STATUS_DRIFT = 4
 
 
-@command("status", "is the server running, and does it run what the preset says (drift); "
-                   "exit 0 yes, 3 not running, 4 running but differs")
+@command(
+    "status",
+    "is the server running, and does it run what the preset says (drift); "
+    "exit 0 yes, 3 not running, 4 running but differs",
+)
 def _status_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("preset")
     p.add_argument("--pid", type=int, help="inspect this process (a server started by hand)")
@@ -441,22 +501,25 @@ def cmd_status(ns) -> int:
         _print_warnings(control)
         if st.running and ns.pid is None and not ns.any and (why := control.foreign(st.record)):
             raise CliError(why, 2)
-        code = STATUS_NOT_RUNNING if not st.running else (
-            STATUS_DRIFT if st.drift or st.same_hash is False else 0)
+        code = STATUS_NOT_RUNNING if not st.running else (STATUS_DRIFT if st.drift or st.same_hash is False else 0)
         if ns.json:
             _print_json(st.to_dict())
             return code
         for n in getattr(st, "nodes", []):
             r = n.status.record
-            print(f"  node {n.index} on {n.label}: " + (f"running, pid {r.pid}" if n.status.running else
-                                                        f"not running ({n.status.note or 'no server'})"))
+            print(
+                f"  node {n.index} on {n.label}: "
+                + (f"running, pid {r.pid}" if n.status.running else f"not running ({n.status.note or 'no server'})")
+            )
         if not st.running:
             print(f"{p.name}: not running" + (f" ({st.note})" if st.note else ""))
             return code
         rec = st.record
-        print(f"{p.name}: running, pid {rec.pid}, up {_duration(st.uptime_s)}, preset hash "
-              f"{rec.preset_hash or '?'}" + ("" if st.same_hash in (True, None) else
-                                             f" (preset now {p.hash()}: edited since launch)"))
+        print(
+            f"{p.name}: running, pid {rec.pid}, up {_duration(st.uptime_s)}, preset hash "
+            f"{rec.preset_hash or '?'}"
+            + ("" if st.same_hash in (True, None) else f" (preset now {p.hash()}: edited since launch)")
+        )
         if st.drift:
             print(f"drift: {len(st.drift)} difference(s) between the running process and the preset")
             for d in st.drift:
@@ -478,9 +541,10 @@ def _logs_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_logs(ns) -> int:
-    from .preset import shell_path
-    from .redact import Redactor
-    from .tail import LogTail, file_size
+    from tuitune.base.redact import Redactor
+    from tuitune.preset import shell_path
+    from tuitune.target.tail import LogTail, file_size
+
     p = _load_preset(ns.preset)
     nodes = p.node_presets()
     if not 0 <= ns.node < len(nodes):
@@ -505,7 +569,9 @@ def cmd_logs(ns) -> int:
     return _run_async(_guarded(go, t))
 
 
-@command("trust", "fetch the SSH host keys of a preset's target (and its jump hosts), show them, add them to known_hosts")
+@command(
+    "trust", "fetch the SSH host keys of a preset's target (and its jump hosts), show them, add them to known_hosts"
+)
 def _trust_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", metavar="PRESET|HOST", help="a preset, or a host / ~/.ssh/config alias")
     p.add_argument("--port", type=int)
@@ -517,8 +583,9 @@ def _trust_args(p: argparse.ArgumentParser) -> None:
 
 def _trust_target(ns):
     """The SSH target of a preset of that name or path, else the host as given."""
-    from . import preset as P
-    from .transport import SshTarget
+    from tuitune import preset as P
+    from tuitune.target.transport import SshTarget
+
     try:
         path = P.find(ns.target)
     except P.PresetError:
@@ -530,7 +597,7 @@ def _trust_target(ns):
 
 
 def cmd_trust(ns) -> int:
-    from .transport import TransportError, trust_route
+    from tuitune.target.transport import TransportError, trust_route
 
     def confirm(hop, key) -> bool:
         if ns.yes:
@@ -568,9 +635,14 @@ def _bench_overrides(p: argparse.ArgumentParser, levels: bool = False) -> None:
     p.add_argument("--requests", type=int, help="measured requests (at least 2 per stream at concurrency > 1)")
     p.add_argument("--warmup", type=int)
     p.add_argument("--max-tokens", type=int)
-    p.add_argument("--concurrency", type=_levels, metavar="C,C,..." if levels else "C",
-                   help="concurrent request streams; a list measures each level in turn (goodput curve)"
-                   if levels else "concurrent request streams")
+    p.add_argument(
+        "--concurrency",
+        type=_levels,
+        metavar="C,C,..." if levels else "C",
+        help="concurrent request streams; a list measures each level in turn (goodput curve)"
+        if levels
+        else "concurrent request streams",
+    )
     p.add_argument("--api", choices=["native", "openai"])
 
 
@@ -578,16 +650,28 @@ def _one_level(ns) -> int | None:
     if ns.concurrency is None:
         return None
     if len(ns.concurrency) > 1:
-        raise CliError(f"--concurrency takes one level here (got {len(ns.concurrency)}); "
-                       "`tuitune bench` and `tuitune crossover` measure several", 2)
+        raise CliError(
+            f"--concurrency takes one level here (got {len(ns.concurrency)}); "
+            "`tuitune bench` and `tuitune crossover` measure several",
+            2,
+        )
     return ns.concurrency[0]
 
 
 def _overrides(ns, level: int | None = None) -> dict:
     """The bench flags given on the command line, checked (bench, ab and sweep share them)."""
     level = _one_level(ns) if level is None else level
-    ov = {k: v for k, v in (("requests", ns.requests), ("warmup", ns.warmup), ("max_tokens", ns.max_tokens),
-                            ("concurrency", level), ("api", ns.api)) if v is not None}
+    ov = {
+        k: v
+        for k, v in (
+            ("requests", ns.requests),
+            ("warmup", ns.warmup),
+            ("max_tokens", ns.max_tokens),
+            ("concurrency", level),
+            ("api", ns.api),
+        )
+        if v is not None
+    }
     for k, v in ov.items():
         least = 0 if k == "warmup" else (2 if k == "max_tokens" else 1)
         if isinstance(v, int) and v < least:
@@ -601,8 +685,12 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("preset", nargs="?")
     g.add_argument("--url", help="benchmark this server URL instead of a preset's")
     _bench_overrides(p, levels=True)
-    p.add_argument("--json", metavar="OUT", help="write every request and the summary (per level) as JSON (- for "
-                                                 "standard output; the human summary then goes to standard error)")
+    p.add_argument(
+        "--json",
+        metavar="OUT",
+        help="write every request and the summary (per level) as JSON (- for "
+        "standard output; the human summary then goes to standard error)",
+    )
     _any_arg(p)
     p.set_defaults(run=cmd_bench)
 
@@ -610,6 +698,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
 def _write_json(path: str, obj) -> None:
     """Atomically to a file, or to standard output for ``-``."""
     import os
+
     if path == "-":
         json.dump(obj, sys.stdout, indent=1, default=str)
         sys.stdout.write("\n")
@@ -626,6 +715,7 @@ def _write_json(path: str, obj) -> None:
 def _bench_url(url: str) -> str:
     """``host:port`` means http://host:port (what people paste from a server's log)."""
     from urllib.parse import urlsplit
+
     url = url.strip().rstrip("/")
     if "://" not in url:
         url = "http://" + url
@@ -656,7 +746,8 @@ class _BenchProgress:
 
 
 def cmd_bench(ns) -> int:
-    from .bench import BenchConfig, format_levels, format_summary, level_row, run_bench
+    from tuitune.measure.bench import BenchConfig, format_levels, format_summary, level_row, run_bench
+
     levels = ns.concurrency or [None]
     _overrides(ns, level=levels[0])  # checks the other flags before anything starts
 
@@ -665,8 +756,12 @@ def cmd_bench(ns) -> int:
         human = format_summary(summaries[0]) if len(runs) == 1 else format_levels(summaries)
         print(human, file=sys.stderr if ns.json == "-" else sys.stdout)
         if ns.json:
-            _write_json(ns.json, runs[0].to_dict() if len(runs) == 1 else
-                        {"levels": [r.to_dict() for r in runs], "curve": [level_row(s) for s in summaries]})
+            _write_json(
+                ns.json,
+                runs[0].to_dict()
+                if len(runs) == 1
+                else {"levels": [r.to_dict() for r in runs], "curve": [level_row(s) for s in summaries]},
+            )
         return 0 if all(r.ok and not r.failed for r in runs) else 1
 
     def progress(c) -> None:
@@ -674,6 +769,7 @@ def cmd_bench(ns) -> int:
             print(f"concurrency {c}…", file=sys.stderr, flush=True)
 
     if ns.url:
+
         async def go_url():
             runs = []
             for c in levels:
@@ -683,9 +779,11 @@ def cmd_bench(ns) -> int:
                 print(f"bench: {cfg.warmup} warm-up + {cfg.requests} requests against {cfg.url}…", file=sys.stderr)
                 runs.append(await run_bench(cfg, _BenchProgress(cfg.requests)))
             return runs
+
         return report(_run_async(go_url()))
     p = _load_preset(ns.preset)
-    from .session import Session
+    from tuitune.target.session import Session
+
     session = Session(p)
     session.transport.on_link = _link_printer
 
@@ -700,8 +798,9 @@ def cmd_bench(ns) -> int:
             progress(conc)
             ov = _overrides(ns, level=c)
             n = BenchConfig.for_preset("", p, ov).requests  # at least two requests per stream
-            print(f"bench: {ov.get('warmup', p.bench.warmup)} warm-up + {n} requests on {session.label}…",
-                  file=sys.stderr)
+            print(
+                f"bench: {ov.get('warmup', p.bench.warmup)} warm-up + {n} requests on {session.label}…", file=sys.stderr
+            )
             runs.append(await session.bench(on_result=_BenchProgress(n), **ov))
         return runs
 
@@ -712,8 +811,13 @@ def cmd_bench(ns) -> int:
 def _ab_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("a", help="baseline preset")
     p.add_argument("b", help="candidate preset")
-    p.add_argument("--rounds", type=int, default=4, help="launches per preset (default 4; 4 is the "
-                   "fewest with which the exact Mann-Whitney test can reach p < 0.05)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=4,
+        help="launches per preset (default 4; 4 is the "
+        "fewest with which the exact Mann-Whitney test can reach p < 0.05)",
+    )
     p.add_argument("--min-effect", type=float, default=0.01, help="smallest ratio change that counts (0.01 = 1%%)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for each launch")
     _bench_overrides(p)
@@ -723,7 +827,8 @@ def _ab_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_ab(ns) -> int:
-    from .ab import ab_notes, format_ab, run_ab
+    from tuitune.experiments.ab import ab_notes, format_ab, run_ab
+
     a, b = _load_preset(ns.a), _load_preset(ns.b)
     if a.target.label() != b.target.label():
         raise CliError(f"{a.name} and {b.name} must run on the same target to be interleaved", 2)
@@ -734,13 +839,25 @@ def cmd_ab(ns) -> int:
     ov = _overrides(ns)
     api_a, api_b = (ov.get("api", p.bench.api) for p in (a, b))
     if api_a != api_b:  # /generate and /v1/completions are timed differently (ITL spread evenly)
-        raise CliError(f"{a.name} is benchmarked through the {api_a} API and {b.name} through the {api_b} "
-                       "API, which is not comparable; set bench.api: openai in both (or pass --api openai)", 2)
+        raise CliError(
+            f"{a.name} is benchmarked through the {api_a} API and {b.name} through the {api_b} "
+            "API, which is not comparable; set bench.api: openai in both (or pass --api openai)",
+            2,
+        )
     t, _ = _with_control(a)
 
     async def go():
-        return await run_ab(t, a, b, ns.rounds, ov, ns.min_effect, ns.timeout,
-                            progress=lambda msg: print(msg, flush=True), allow_any=ns.any)
+        return await run_ab(
+            t,
+            a,
+            b,
+            ns.rounds,
+            ov,
+            ns.min_effect,
+            ns.timeout,
+            progress=lambda msg: print(msg, flush=True),
+            allow_any=ns.any,
+        )
 
     result = _run_async(_guarded(go, t))
     print(format_ab(result))
@@ -757,8 +874,9 @@ def _crossover_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("preset", help="a preset with speculation on; its twin has it off")
     _bench_overrides(p, levels=True)
     p.add_argument("--rounds", type=int, default=1, help="times each level is measured per arm (default 1)")
-    p.add_argument("--min-effect", type=float, default=0.02,
-                   help="smallest speedup change that counts (0.02 = 2%%, default)")
+    p.add_argument(
+        "--min-effect", type=float, default=0.02, help="smallest speedup change that counts (0.02 = 2%%, default)"
+    )
     p.add_argument("--plot", metavar="OUT.png|OUT.svg", help="also write the plot to a file")
     p.add_argument("--no-plot", action="store_true", help="leave out the terminal plot")
     p.add_argument("--json", metavar="OUT", help="write the levels, speedups and verdict as JSON")
@@ -767,7 +885,9 @@ def _crossover_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_crossover(ns) -> int:
     from pathlib import Path
-    from .crossover import CrossoverError, crossover, format_result, plot_text, write_plot
+
+    from tuitune.experiments.crossover import CrossoverError, crossover, format_result, plot_text, write_plot
+
     p = _load_preset(ns.preset)
     levels = ns.concurrency or [1, 4, 16, 64]
     if ns.rounds < 1 or not 0 <= ns.min_effect < 1:
@@ -778,14 +898,23 @@ def cmd_crossover(ns) -> int:
     ov.pop("concurrency", None)
     try:
         with _core_errors():
-            result = _run_async(crossover(p, sorted(levels), ov, rounds=ns.rounds, min_effect=ns.min_effect,
-                                          progress=lambda m: print(m, flush=True)))
+            result = _run_async(
+                crossover(
+                    p,
+                    sorted(levels),
+                    ov,
+                    rounds=ns.rounds,
+                    min_effect=ns.min_effect,
+                    progress=lambda m: print(m, flush=True),
+                )
+            )
     except CrossoverError as e:
         raise CliError(str(e), 2) from None
     print()
     print(format_result(result))
     if not ns.no_plot:
         import shutil
+
         print()
         chart = plot_text(result, width=min(shutil.get_terminal_size((100, 24)).columns, 120))
         print(chart if sys.stdout.isatty() else re.sub(r"\x1b\[[0-9;]*m", "", chart))  # no colour codes in files
@@ -806,29 +935,49 @@ def cmd_crossover(ns) -> int:
 @command("nccl-bench", "rank NCCL settings with an all-reduce micro-benchmark at decode sizes")
 def _ncclbench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("preset")
-    p.add_argument("--grid", action="append", default=[], metavar="env.VAR=V1,V2,...",
-                   help="a grid axis (repeatable); 'unset' leaves the variable out")
-    p.add_argument("--sizes", help="message sizes in bytes, comma-separated (default: decode all-reduces "
-                                   "from the model's hidden size)")
+    p.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="env.VAR=V1,V2,...",
+        help="a grid axis (repeatable); 'unset' leaves the variable out",
+    )
+    p.add_argument(
+        "--sizes",
+        help="message sizes in bytes, comma-separated (default: decode all-reduces from the model's hidden size)",
+    )
     p.add_argument("--hidden-size", type=int, help="the model's hidden size when config.json is not readable")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--graph", action="store_true", default=True,
-                      help="replay the all-reduces in a CUDA graph, as SGLang decode does (the default)")
-    mode.add_argument("--eager", dest="graph", action="store_false",
-                      help="time eager all-reduces instead (they can rank protocols differently from decode)")
+    mode.add_argument(
+        "--graph",
+        action="store_true",
+        default=True,
+        help="replay the all-reduces in a CUDA graph, as SGLang decode does (the default)",
+    )
+    mode.add_argument(
+        "--eager",
+        dest="graph",
+        action="store_false",
+        help="time eager all-reduces instead (they can rank protocols differently from decode)",
+    )
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--world-size", type=int, help="processes (default: the preset's tp-size)")
-    p.add_argument("--backend", choices=["nccl", "gloo"], default="nccl",
-                   help="gloo: CPU, for trying the tool out (NCCL variables are not exercised)")
+    p.add_argument(
+        "--backend",
+        choices=["nccl", "gloo"],
+        default="nccl",
+        help="gloo: CPU, for trying the tool out (NCCL variables are not exercised)",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per configuration")
     p.add_argument("--json", metavar="OUT")
     p.set_defaults(run=cmd_ncclbench)
 
 
 def cmd_ncclbench(ns) -> int:
-    from . import grid as G
-    from . import ncclbench as NB
+    from tuitune.experiments import grid as G
+    from tuitune.experiments import ncclbench as NB
+
     p = _load_preset(ns.preset)
     try:
         grid = G.parse(ns.grid)
@@ -848,9 +997,20 @@ def cmd_ncclbench(ns) -> int:
 
     async def go():
         try:
-            return await NB.run(t, p, grid, sizes=sizes, hidden_size=ns.hidden_size, graph=ns.graph, iters=ns.iters,
-                                warmup=ns.warmup, world_size=ns.world_size, backend=ns.backend, timeout_s=ns.timeout,
-                                progress=lambda m: print(m, file=sys.stderr, flush=True))
+            return await NB.run(
+                t,
+                p,
+                grid,
+                sizes=sizes,
+                hidden_size=ns.hidden_size,
+                graph=ns.graph,
+                iters=ns.iters,
+                warmup=ns.warmup,
+                world_size=ns.world_size,
+                backend=ns.backend,
+                timeout_s=ns.timeout,
+                progress=lambda m: print(m, file=sys.stderr, flush=True),
+            )
         except NB.NcclBenchError as e:
             raise CliError(str(e), e.code) from None
 
@@ -873,8 +1033,9 @@ def _report_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_report(ns) -> int:
-    from .capture import CaptureError
-    from .report import chart, colour_wanted, format_report, summarize_capture
+    from tuitune.measure.capture import CaptureError
+    from tuitune.measure.report import chart, colour_wanted, format_report, summarize_capture
+
     try:
         reports = [summarize_capture(c) for c in ns.captures]
     except CaptureError as e:
@@ -885,6 +1046,7 @@ def cmd_report(ns) -> int:
     print(format_report(reports))
     if not ns.no_chart:
         import shutil
+
         cols = shutil.get_terminal_size((100, 24)).columns
         print()
         print(chart(reports, width=min(cols, 120), colour=colour_wanted()))
@@ -894,9 +1056,14 @@ def cmd_report(ns) -> int:
 @command("sweep", "relaunch, bench and record every configuration of a grid, against a baseline")
 def _sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("preset")
-    p.add_argument("--grid", action="append", required=True, metavar="KEY=V1,V2,...",
-                   help="a preset path and its values (repeatable): speculative.num_steps=1,2,3, "
-                        "env.NCCL_PROTO=LL,unset, env=@tuned-preset,@untuned-preset")
+    p.add_argument(
+        "--grid",
+        action="append",
+        required=True,
+        metavar="KEY=V1,V2,...",
+        help="a preset path and its values (repeatable): speculative.num_steps=1,2,3, "
+        "env.NCCL_PROTO=LL,unset, env=@tuned-preset,@untuned-preset",
+    )
     p.add_argument("--baseline", help="baseline preset (default: PRESET itself)")
     p.add_argument("--repeats", type=int, default=1, help="launches per configuration (default 1)")
     p.add_argument("--baseline-every", type=int, default=4, help="re-measure the baseline every N trials")
@@ -909,9 +1076,11 @@ def _sweep_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_sweep(ns) -> int:
     from pathlib import Path
-    from . import grid as G
-    from .report import colour_wanted
-    from .sweep import SweepError, format_table, plot, sweep
+
+    from tuitune.experiments import grid as G
+    from tuitune.experiments.sweep import SweepError, format_table, plot, sweep
+    from tuitune.measure.report import colour_wanted
+
     base = _load_preset(ns.preset)
     baseline = _load_preset(ns.baseline) if ns.baseline else None
     if ns.repeats < 1 or ns.baseline_every < 0:
@@ -922,9 +1091,19 @@ def cmd_sweep(ns) -> int:
         raise CliError(str(e), 2) from None
     ControlError, TransportError = _errors()
     try:
-        result = _run_async(sweep(base, grid, Path(ns.out), baseline=baseline, repeats=ns.repeats,
-                                  baseline_every=ns.baseline_every, resume=ns.resume, overrides=_overrides(ns),
-                                  progress=lambda m: print(m, flush=True)))
+        result = _run_async(
+            sweep(
+                base,
+                grid,
+                Path(ns.out),
+                baseline=baseline,
+                repeats=ns.repeats,
+                baseline_every=ns.baseline_every,
+                resume=ns.resume,
+                overrides=_overrides(ns),
+                progress=lambda m: print(m, flush=True),
+            )
+        )
     except SweepError as e:
         raise CliError(str(e), 2) from None
     except (ControlError, TransportError) as e:
@@ -952,25 +1131,39 @@ def _int_list(text: str, flag: str) -> list[int]:
     return sorted(set(vals))
 
 
-@command("advise", "predict every configuration's goodput from a running server or captures; the best, the next measurement")
+@command(
+    "advise", "predict every configuration's goodput from a running server or captures; the best, the next measurement"
+)
 def _advise_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("sources", nargs="+", metavar="PRESET|CAPTURE",
-                   help="a preset (its running server's log is read) or captures (one launch each)")
-    p.add_argument("--concurrency", help="concurrencies to advise for, comma-separated (default: the load the "
-                                         "windows were measured at, or the preset's bench.concurrency)")
+    p.add_argument(
+        "sources",
+        nargs="+",
+        metavar="PRESET|CAPTURE",
+        help="a preset (its running server's log is read) or captures (one launch each)",
+    )
+    p.add_argument(
+        "--concurrency",
+        help="concurrencies to advise for, comma-separated (default: the load the "
+        "windows were measured at, or the preset's bench.concurrency)",
+    )
     p.add_argument("--top", type=int, default=5, help="configurations shown per concurrency (default 5)")
     p.add_argument("--json", action="store_true", help="everything (model, all predictions) as JSON")
-    p.add_argument("--emit", nargs=2, metavar=("FORMAT", "FILE"),
-                   help="write an engine schedule: sglang-adaptive FILE.json (SGLang --speculative-adaptive-config)")
+    p.add_argument(
+        "--emit",
+        nargs=2,
+        metavar=("FORMAT", "FILE"),
+        help="write an engine schedule: sglang-adaptive FILE.json (SGLang --speculative-adaptive-config)",
+    )
     p.add_argument("--buckets", help="batch-size keys of the emitted schedule (default 1,2,4,8,16,32,64)")
     p.set_defaults(run=cmd_advise)
 
 
 def cmd_advise(ns) -> int:
-    from . import advise as A
-    from . import engines
-    from .costmodel import FitError, fit
-    from .observe import ObserveError, launches_from
+    from tuitune import engines
+    from tuitune.decide import advise as A
+    from tuitune.decide.costmodel import FitError, fit
+    from tuitune.experiments.observe import ObserveError, launches_from
+
     if ns.emit and ns.emit[0] != "sglang-adaptive":
         raise CliError(f"--emit {ns.emit[0]!r}: the only format is sglang-adaptive", 2)
     if ns.top < 1:
@@ -986,8 +1179,9 @@ def cmd_advise(ns) -> int:
         raise CliError(str(e), 1) from None
     engine = engines.get(launches[-1].engine)
     if ns.emit and engine.name != "sglang":
-        raise CliError(f"--emit sglang-adaptive is SGLang's schedule; {engine.label} has no adaptive "
-                       f"speculation to load it", 2)
+        raise CliError(
+            f"--emit sglang-adaptive is SGLang's schedule; {engine.label} has no adaptive speculation to load it", 2
+        )
     levels = wanted or [load]
     try:
         model = fit(launches)
@@ -1010,8 +1204,10 @@ def cmd_advise(ns) -> int:
         return 0
     print(A.format_advice(model, advices, top=ns.top, describe=engine.config_label))
     if schedule is not None:
-        print(f"\nwrote {ns.emit[1]} (SGLang --speculative-adaptive-config; candidates within "
-              f"{A.TOLERANCE:.0%} of each bucket's best):")
+        print(
+            f"\nwrote {ns.emit[1]} (SGLang --speculative-adaptive-config; candidates within "
+            f"{A.TOLERANCE:.0%} of each bucket's best):"
+        )
         for w in why:
             print(f"  batch size >= {w['key']:<4} (judged at {w['batch_size']}): candidate_steps {w['candidates']}")
         print("  use it: speculative.adaptive_config: /path/on/the/target.json in the preset (eagle_topk 1)")
@@ -1025,14 +1221,26 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, help="the load to tune for (default: the preset's bench.concurrency)")
     p.add_argument("--out", default="tune-out", help="directory for the log, captures and best.yaml (default tune-out)")
     p.add_argument("--resume", action="store_true", help="continue the run logged in OUT/tune.jsonl")
-    p.add_argument("--levels", help="load levels benchmarked per launch (default: concurrency/4, concurrency, 2 x concurrency)")
+    p.add_argument(
+        "--levels", help="load levels benchmarked per launch (default: concurrency/4, concurrency, 2 x concurrency)"
+    )
     p.add_argument("--ab-rounds", type=int, default=4, help="launches per arm of the final A/B (default 4)")
-    p.add_argument("--nccl", action="store_true", help="first rank NCCL settings with nccl-bench (seconds) and "
-                                                        "measure the start with the winner (one relaunch)")
-    p.add_argument("--nccl-grid", action="append", default=[], metavar="env.VAR=V1,V2,...",
-                   help="the NCCL settings --nccl ranks (repeatable; default NCCL_PROTO x NCCL_ALGO)")
+    p.add_argument(
+        "--nccl",
+        action="store_true",
+        help="first rank NCCL settings with nccl-bench (seconds) and measure the start with the winner (one relaunch)",
+    )
+    p.add_argument(
+        "--nccl-grid",
+        action="append",
+        default=[],
+        metavar="env.VAR=V1,V2,...",
+        help="the NCCL settings --nccl ranks (repeatable; default NCCL_PROTO x NCCL_ALGO)",
+    )
     p.add_argument("--nccl-backend", choices=["nccl", "gloo"], default="nccl", help="gloo: CPU, for trying it out")
-    p.add_argument("--hidden-size", type=int, help="the model's hidden size for --nccl when config.json is not readable")
+    p.add_argument(
+        "--hidden-size", type=int, help="the model's hidden size for --nccl when config.json is not readable"
+    )
     p.add_argument("--requests", type=int)
     p.add_argument("--warmup", type=int)
     p.add_argument("--max-tokens", type=int)
@@ -1042,7 +1250,9 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_tune(ns) -> int:
     from pathlib import Path
-    from .tune import TuneError, format_result, tune
+
+    from tuitune.experiments.tune import TuneError, format_result, tune
+
     base = _load_preset(ns.preset)
     if ns.budget < 0:
         raise CliError(f"--budget must be at least 0 (got {ns.budget})", 2)
@@ -1056,10 +1266,23 @@ def cmd_tune(ns) -> int:
     ov = _overrides(ns)
     ControlError, TransportError = _errors()
     try:
-        result = _run_async(tune(base, ns.budget, conc, Path(ns.out), resume=ns.resume, levels=levels, overrides=ov,
-                                 ab_rounds=ns.ab_rounds, nccl=ns.nccl or bool(ns.nccl_grid),
-                                 nccl_backend=ns.nccl_backend, nccl_grid=ns.nccl_grid,
-                                 hidden_size=ns.hidden_size, progress=lambda m: print(m, flush=True)))
+        result = _run_async(
+            tune(
+                base,
+                ns.budget,
+                conc,
+                Path(ns.out),
+                resume=ns.resume,
+                levels=levels,
+                overrides=ov,
+                ab_rounds=ns.ab_rounds,
+                nccl=ns.nccl or bool(ns.nccl_grid),
+                nccl_backend=ns.nccl_backend,
+                nccl_grid=ns.nccl_grid,
+                hidden_size=ns.hidden_size,
+                progress=lambda m: print(m, flush=True),
+            )
+        )
     except TuneError as e:
         raise CliError(str(e), e.code) from None
     except (ControlError, TransportError) as e:
@@ -1080,15 +1303,20 @@ def _probe_args(p: argparse.ArgumentParser) -> None:
     s = sub.add_parser("check", help="read SGLang's source (ast, no import, no GPU) and report the patchable phases")
     s.add_argument("--sglang-path", help="the sglang package directory (default: the one this python finds)")
     s.add_argument("--vllm-path", help="check a vLLM tree instead: the vllm package directory")
-    s.add_argument("--engine", choices=["sglang", "vllm"], help="the engine installed for this python to check "
-                   "(default sglang, or vllm with --vllm-path)")
+    s.add_argument(
+        "--engine",
+        choices=["sglang", "vllm"],
+        help="the engine installed for this python to check (default sglang, or vllm with --vllm-path)",
+    )
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_probe_check)
 
 
 def cmd_probe_check(ns) -> int:
     import os
-    from .probe import check
+
+    from tuitune.probe import check
+
     engine = ns.engine or ("vllm" if ns.vllm_path else "sglang")
     path = ns.vllm_path or ns.sglang_path
     label = {"sglang": "SGLang", "vllm": "vLLM"}[engine]
@@ -1105,14 +1333,23 @@ def cmd_probe_check(ns) -> int:
         raise CliError(report["error"], 1)
     print(f"{label} {report.get('version') or '(version unknown)'} at {report['sglang']}")
     if not report["modules"]:
-        print("  no EAGLE module found" + (" (neither v1 eagle_worker.py nor v2 eagle_worker_v2.py)"
-                                           if engine == "sglang" else " (no V1 model runner or proposer)"))
+        print(
+            "  no EAGLE module found"
+            + (
+                " (neither v1 eagle_worker.py nor v2 eagle_worker_v2.py)"
+                if engine == "sglang"
+                else " (no V1 model runner or proposer)"
+            )
+        )
     for module, entries in report["modules"].items():
         print(f"  {module}")
         for name, e in entries.items():
             print(f"    {'ok     ' if e['found'] else 'MISSING'} {name} ({e['phase']})")
-    print("patchable phases: " + (", ".join(report["phases"]) or "none")
-          + ("" if report["ok"] else "  -> the server would run unprofiled"))
+    print(
+        "patchable phases: "
+        + (", ".join(report["phases"]) or "none")
+        + ("" if report["ok"] else "  -> the server would run unprofiled")
+    )
     return 0 if report["ok"] else 1
 
 
@@ -1123,8 +1360,11 @@ def cmd_probe_check(ns) -> int:
 def _gpus_args(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("preset", nargs="?")
-    g.add_argument("--parse", metavar="FILE", help="saved nvidia-smi output (query CSV, the table, topo -m, "
-                                                   "nvlink -s, dmon), or - for standard input")
+    g.add_argument(
+        "--parse",
+        metavar="FILE",
+        help="saved nvidia-smi output (query CSV, the table, topo -m, nvlink -s, dmon), or - for standard input",
+    )
     p.add_argument("--json", action="store_true", help="JSON (with --watch: one object per sample)")
     p.add_argument("--watch", action="store_true", help="keep refreshing from one nvidia-smi stream")
     p.add_argument("--fields", help="with --parse: the columns of a CSV saved without its header")
@@ -1132,8 +1372,9 @@ def _gpus_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_gpus(ns) -> int:
-    from . import gpus as G
-    from .smi import SmiParseError
+    from tuitune.measure.smi import SmiParseError
+    from tuitune.target import gpus as G
+
     if ns.parse:
         if ns.watch:
             raise CliError("--watch does not apply with --parse", 2)
@@ -1149,7 +1390,8 @@ def cmd_gpus(ns) -> int:
         return 0
     if ns.fields:
         raise CliError("--fields only applies with --parse", 2)
-    from .telemetry import for_preset
+    from tuitune.target.telemetry import for_preset
+
     p = _load_preset(ns.preset)
     t, _ = _with_control(p)
     prefix = for_preset(p)
@@ -1175,11 +1417,14 @@ async def _watch_gpus(t, prefix: str, period_ms: int, as_json: bool) -> None:
     """Redraw on every tick of one long-lived stream; processes re-read every few seconds."""
     import asyncio
     import time
+
     import msgspec
-    from . import gpus as G
-    from .events import GpuSample, TelemetryState
-    from .metrics import GpuStore
-    from .telemetry import Collector, gpu_flags
+
+    from tuitune.base.events import GpuSample, TelemetryState
+    from tuitune.measure.metrics import GpuStore
+    from tuitune.target import gpus as G
+    from tuitune.target.telemetry import Collector, gpu_flags
+
     known = await G.known_fields(t, prefix)
     snap = await G.snapshot(t, prefix, known)
     store = GpuStore()
@@ -1199,8 +1444,12 @@ async def _watch_gpus(t, prefix: str, period_ms: int, as_json: bool) -> None:
         if as_json:
             sys.stdout.write(json.dumps({"seq": store.seq, "gpus": rows}) + "\n")
         else:
-            sys.stdout.write(clear + G.format_gpus(rows, procs["rows"], gpu_flags(store, False))
-                             + (f"\n\n{topo}" if topo else "") + "\n")
+            sys.stdout.write(
+                clear
+                + G.format_gpus(rows, procs["rows"], gpu_flags(store, False))
+                + (f"\n\n{topo}" if topo else "")
+                + "\n"
+            )
         sys.stdout.flush()
 
     async def refresh_procs() -> None:
@@ -1219,7 +1468,8 @@ async def _watch_gpus(t, prefix: str, period_ms: int, as_json: bool) -> None:
 
 
 def _run_tui(session, **kw) -> int:
-    from .tui.app import TuituneApp
+    from tuitune.tui.app import TuituneApp
+
     app = TuituneApp(session, **kw)
     app.run()
     return 0
@@ -1227,29 +1477,36 @@ def _run_tui(session, **kw) -> int:
 
 @command("demo", "the TUI against the built-in simulator (presets/demo.yaml), load on")
 def _demo_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--port", type=int, help="serve the simulator on this port instead of the preset's 30123 "
-                                            "(two demos side by side; tests)")
+    p.add_argument(
+        "--port",
+        type=int,
+        help="serve the simulator on this port instead of the preset's 30123 (two demos side by side; tests)",
+    )
     p.set_defaults(run=cmd_demo)
 
 
 def cmd_demo(ns) -> int:
-    from . import preset as P
-    from .session import Session
+    from tuitune import preset as P
+    from tuitune.target.session import Session
+
     path = P.shipped_dir() / "demo.yaml"
     preset = _load_preset(str(path))
     if ns.port is not None:
         if not 1 <= ns.port <= 65535:
             raise CliError(f"--port must be between 1 and 65535 (got {ns.port})", 2)
-        preset = P.with_changes(preset, {"server.port": ns.port,
-                                         "server.log": f"~/.cache/tuitune/logs/demo-{ns.port}.log"})
+        preset = P.with_changes(
+            preset, {"server.port": ns.port, "server.log": f"~/.cache/tuitune/logs/demo-{ns.port}.log"}
+        )
     # the demo owns the simulator it starts: quitting stops it unless asked otherwise
-    return _run_tui(Session(preset), autostart="launch-if-stopped", load_on_start=True, preset_path=path,
-                    stop_on_quit=True)
+    return _run_tui(
+        Session(preset), autostart="launch-if-stopped", load_on_start=True, preset_path=path, stop_on_quit=True
+    )
 
 
 def cmd_tui(ns) -> int:
-    from . import preset as P
-    from .session import Session
+    from tuitune import preset as P
+    from tuitune.target.session import Session
+
     if ns.preset is None:
         build_parser().print_help()
         return 0
@@ -1269,7 +1526,8 @@ def _replay_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_replay(ns) -> int:
-    from .capture import CaptureError, Replay, read_capture
+    from tuitune.measure.capture import CaptureError, Replay, read_capture
+
     if ns.speed <= 0:
         raise CliError(f"--speed must be positive (got {ns.speed})", 2)
     try:
@@ -1290,19 +1548,22 @@ def _completion_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_completion(ns) -> int:
     import argcomplete
+
     sys.stdout.write(argcomplete.shellcode(["tuitune"], shell=ns.shell))
     return 0
 
 
 def _complete_presets(prefix, **_):
-    from . import preset as P
+    from tuitune import preset as P
+
     return sorted({name for _, _, name, _ in P.listing() if name != "(invalid)" and name.startswith(prefix)})
 
 
 def _complete_grid(prefix, **_):
     """``KEY=`` for the settable preset paths (flattened keys of the demo preset, plus env.NCCL_*)."""
-    from . import nccl
-    from . import preset as P
+    from tuitune import preset as P
+    from tuitune.preset import nccl
+
     if "=" in prefix:
         return []
     keys = set(P.flatten(P.load(P.shipped_dir() / "demo.yaml")))
@@ -1343,11 +1604,14 @@ MAIN_USAGE = """tuitune [PRESET]                 interactive TUI for the preset'
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="tuitune", usage=MAIN_USAGE,
+        prog="tuitune",
+        usage=MAIN_USAGE,
         description="Live-profile and tune speculative-decoding LLM servers (SGLang EAGLE-3) over SSH.",
-        epilog="commands:\n" + "\n".join(f"  {n:<12} {h}" for n, (h, _) in COMMANDS.items())
-               + "\n\nRun `tuitune COMMAND --help` for a command's options.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog="commands:\n"
+        + "\n".join(f"  {n:<12} {h}" for n, (h, _) in COMMANDS.items())
+        + "\n\nRun `tuitune COMMAND --help` for a command's options.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--version", action="version", version=f"tuitune {__version__}")
     return p
 
@@ -1361,8 +1625,10 @@ def build_command_parser(name: str) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     import os
+
     if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions: answer and exit
         import argcomplete
+
         argcomplete.autocomplete(_completion_parser())
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -1390,12 +1656,21 @@ def build_main_parser() -> argparse.ArgumentParser:
     stop.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
     stop.add_argument("--cycles", type=int, metavar="N", help="stop after N profiled cycles")
     g.add_argument("--relaunch", action="store_true", help="relaunch the server first")
-    g.add_argument("--load", type=int, nargs="?", const=1, metavar="C",
-                   help="keep C concurrent request streams running (default 1)")
+    g.add_argument(
+        "--load",
+        type=int,
+        nargs="?",
+        const=1,
+        metavar="C",
+        help="keep C concurrent request streams running (default 1)",
+    )
     g.add_argument("--bench", type=int, metavar="N", help="run a benchmark of N requests at the start")
     g.add_argument("--raw", action="store_true", help="keep the raw log lines too")
-    g.add_argument("--from-start", action="store_true",
-                   help="on a running server, record its whole log so far too (default: from now on)")
+    g.add_argument(
+        "--from-start",
+        action="store_true",
+        help="on a running server, record its whole log so far too (default: from now on)",
+    )
     p.set_defaults(run=cmd_main)
     return p
 
@@ -1412,8 +1687,9 @@ def cmd_main(ns) -> int:
 
 
 def cmd_record(ns) -> int:
-    from .capture import CaptureError
-    from .record import RecordError, record
+    from tuitune.experiments.record import RecordError, record
+    from tuitune.measure.capture import CaptureError
+
     if ns.preset is None:
         raise CliError("--record needs a PRESET", 2)
     for flag in ("duration", "cycles", "load", "bench"):
@@ -1423,9 +1699,20 @@ def cmd_record(ns) -> int:
     p = _load_preset(ns.preset)
     ControlError, TransportError = _errors()
     try:
-        stats = _run_async(record(p, ns.record, duration=ns.duration, cycles=ns.cycles, relaunch=ns.relaunch,
-                                  load=ns.load, bench=ns.bench, raw=ns.raw, progress=sys.stderr.isatty(),
-                                  from_start=ns.from_start))
+        stats = _run_async(
+            record(
+                p,
+                ns.record,
+                duration=ns.duration,
+                cycles=ns.cycles,
+                relaunch=ns.relaunch,
+                load=ns.load,
+                bench=ns.bench,
+                raw=ns.raw,
+                progress=sys.stderr.isatty(),
+                from_start=ns.from_start,
+            )
+        )
     except (RecordError, CaptureError, TransportError) as e:
         raise CliError(str(e), 1) from None
     except ControlError as e:
@@ -1433,7 +1720,9 @@ def cmd_record(ns) -> int:
             print(f"  | {line}", file=sys.stderr)
         raise CliError(str(e), e.code) from None
     if sys.stderr.isatty():
-        print(f"{ns.record}: {stats['events']} events, {stats['bytes']} bytes, {stats['seconds']:.1f} s", file=sys.stderr)
+        print(
+            f"{ns.record}: {stats['events']} events, {stats['bytes']} bytes, {stats['seconds']:.1f} s", file=sys.stderr
+        )
     return 0
 
 

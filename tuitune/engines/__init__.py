@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .base import CAUSE_ORDER, CAUSE_TEXT, HF_ERRORS, Engine
-from .sglang import SGLang
-from .vllm import VLLM
+from tuitune.engines.base import CAUSE_ORDER, CAUSE_TEXT, HF_ERRORS, Engine
+from tuitune.engines.sglang import SGLang
+from tuitune.engines.vllm import VLLM
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (SGLang(), VLLM())}
 NAMES = tuple(ENGINES)

@@ -10,14 +10,22 @@ Engine methods take the preset as an argument (duck-typed: this layer sits below
 from __future__ import annotations
 
 # Failure causes the parser can tell apart, most telling first (control picks the first present).
-CAUSE_ORDER = ("oom", "nccl", "bad_argument", "model_not_found", "port_in_use", "init_failed",
-               "exception", "traceback")
-CAUSE_TEXT = {"oom": "out of memory", "nccl": "NCCL error", "bad_argument": "bad argument",
-              "model_not_found": "model not found", "port_in_use": "port in use",
-              "init_failed": "initialization failed", "exception": "exception", "traceback": "exception"}
+CAUSE_ORDER = ("oom", "nccl", "bad_argument", "model_not_found", "port_in_use", "init_failed", "exception", "traceback")
+CAUSE_TEXT = {
+    "oom": "out of memory",
+    "nccl": "NCCL error",
+    "bad_argument": "bad argument",
+    "model_not_found": "model not found",
+    "port_in_use": "port in use",
+    "init_failed": "initialization failed",
+    "exception": "exception",
+    "traceback": "exception",
+}
 # Hugging Face's wording when a model path or id does not resolve (any engine loading through it)
-HF_ERRORS = (("is not a local folder and is not a valid model identifier", "model_not_found"),
-             ("RepositoryNotFoundError", "model_not_found"))
+HF_ERRORS = (
+    ("is not a local folder and is not a valid model identifier", "model_not_found"),
+    ("RepositoryNotFoundError", "model_not_found"),
+)
 
 
 class Engine:

@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 import re
 
-from ..events import DecodeStats, Event, Malformed, VllmSpec
-from .base import Engine
+from tuitune.base.events import DecodeStats, Event, Malformed, VllmSpec
+from tuitune.engines.base import Engine
 
 SPEC_MARKER = "SpecDecoding metrics: "
 STATS_MARKER = "Avg prompt throughput: "
@@ -37,25 +37,33 @@ GENERATION_TOKENS = "vllm:generation_tokens"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 
-_PREFIX = re.compile(r"(?:\(([\w.-]+) pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
-                     r"(\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) \[?[\w.-]+:\d+\] ")  # older releases: no "["
+_PREFIX = re.compile(
+    r"(?:\(([\w.-]+) pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+    r"(\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) \[?[\w.-]+:\d+\] "
+)  # older releases: no "["
 _RANK = re.compile(r"(?:DP|TP|PP|EP)\d+")
 
-SPEC_FIELDS = {"Mean acceptance length": "mean_accept_len", "Accepted throughput": "accepted_tok_s",
-               "Drafted throughput": "drafted_tok_s", "Accepted": "accepted", "Drafted": "drafted",
-               "Per-position acceptance rate": "per_position",
-               "Avg Draft acceptance rate": "draft_acceptance_rate",
-               "Draft acceptance rate": "draft_acceptance_rate"}  # the older line's name
+SPEC_FIELDS = {
+    "Mean acceptance length": "mean_accept_len",
+    "Accepted throughput": "accepted_tok_s",
+    "Drafted throughput": "drafted_tok_s",
+    "Accepted": "accepted",
+    "Drafted": "drafted",
+    "Per-position acceptance rate": "per_position",
+    "Avg Draft acceptance rate": "draft_acceptance_rate",
+    "Draft acceptance rate": "draft_acceptance_rate",
+}  # the older line's name
 _SPEC_INT = ("accepted", "drafted")
-STATS_FIELDS = {"Avg generation throughput": "gen_throughput", "Running": "running_req",
-                "Waiting": "queue_req"}
+STATS_FIELDS = {"Avg generation throughput": "gen_throughput", "Running": "running_req", "Waiting": "queue_req"}
 
 # (text in a log line, failure cause): vLLM's own wording of its most common start-up failures
-ERRORS = (("No available memory for the cache blocks", "oom"),
-          ("larger than the available KV cache memory", "oom"),
-          ("Invalid repository ID or local directory specified", "model_not_found"),
-          ("validation error for SpeculativeConfig", "bad_argument"),
-          ("validation errors for SpeculativeConfig", "bad_argument"))
+ERRORS = (
+    ("No available memory for the cache blocks", "oom"),
+    ("larger than the available KV cache memory", "oom"),
+    ("Invalid repository ID or local directory specified", "model_not_found"),
+    ("validation error for SpeculativeConfig", "bad_argument"),
+    ("validation errors for SpeculativeConfig", "bad_argument"),
+)
 
 
 class VLLM(Engine):
@@ -64,8 +72,12 @@ class VLLM(Engine):
     default_module = "vllm.entrypoints.cli.main"  # what the `vllm` console script runs
     default_port = 8000
     reserved_args = {"port": "server.port", "speculative-config": "speculative", "sc": "speculative"}
-    phases = (("Starting to load model", "loading weights"), ("Loading drafter model", "loading draft model"),
-              ("Capturing CUDA graphs", "capturing graphs"), (STARTUP_COMPLETE, "http up"))  # a hint only
+    phases = (
+        ("Starting to load model", "loading weights"),
+        ("Loading drafter model", "loading draft model"),
+        ("Capturing CUDA graphs", "capturing graphs"),
+        (STARTUP_COMPLETE, "http up"),
+    )  # a hint only
     errors = ERRORS
     sim_dialect = "vllm"
     topks = (1,)  # EAGLE on vLLM drafts a chain
@@ -84,54 +96,73 @@ class VLLM(Engine):
     @staticmethod
     def speculative_config(preset) -> dict:
         s = preset.speculative
-        cfg = {"method": METHODS[s.algorithm], "model": s.draft_model_path,
-               "num_speculative_tokens": s.num_speculative_tokens}
+        cfg = {
+            "method": METHODS[s.algorithm],
+            "model": s.draft_model_path,
+            "num_speculative_tokens": s.num_speculative_tokens,
+        }
         if s.draft_tensor_parallel_size is not None:
             cfg["draft_tensor_parallel_size"] = s.draft_tensor_parallel_size
         return cfg
 
     def validate(self, preset) -> None:
         if not isinstance(preset.server.args.get("model"), str):
-            raise ValueError("server.args.model: vLLM needs the model to serve (a path or a Hugging Face "
-                             "id; rendered as `serve MODEL`)")
+            raise ValueError(
+                "server.args.model: vLLM needs the model to serve (a path or a Hugging Face "
+                "id; rendered as `serve MODEL`)"
+            )
         s = preset.speculative
         if s is None or s.algorithm is None:
             return
         if s.algorithm not in METHODS:
-            raise ValueError(f"speculative.algorithm: {s.algorithm} is not driven by tuitune on vLLM "
-                             f"(use {' or '.join(METHODS)})")
+            raise ValueError(
+                f"speculative.algorithm: {s.algorithm} is not driven by tuitune on vLLM (use {' or '.join(METHODS)})"
+            )
         if not s.draft_model_path:
             raise ValueError(f"speculative.draft_model_path is required for {s.algorithm}")
         if s.eagle_topk is not None:
-            raise ValueError("speculative.eagle_topk: vLLM's EAGLE drafts a chain, one candidate a "
-                             "position, so topk does not exist there; remove it")
+            raise ValueError(
+                "speculative.eagle_topk: vLLM's EAGLE drafts a chain, one candidate a "
+                "position, so topk does not exist there; remove it"
+            )
         if s.num_steps is not None:
             raise ValueError("speculative.num_steps is SGLang's; vLLM spells it num_speculative_tokens")
         if s.num_draft_tokens is not None:
-            raise ValueError("speculative.num_draft_tokens is SGLang's; vLLM verifies "
-                             "num_speculative_tokens + 1 tokens, so set num_speculative_tokens only")
+            raise ValueError(
+                "speculative.num_draft_tokens is SGLang's; vLLM verifies "
+                "num_speculative_tokens + 1 tokens, so set num_speculative_tokens only"
+            )
         if s.adaptive_config is not None:
             raise ValueError("speculative.adaptive_config is SGLang's adaptive schedule; vLLM has no such flag")
         if s.num_speculative_tokens is None:
-            raise ValueError("speculative.num_speculative_tokens is required on vLLM (how many tokens "
-                             "the draft proposes each step)")
+            raise ValueError(
+                "speculative.num_speculative_tokens is required on vLLM (how many tokens the draft proposes each step)"
+            )
         dtp = s.draft_tensor_parallel_size
         if dtp is not None and dtp not in (1, preset.tp_size()):
-            raise ValueError(f"speculative.draft_tensor_parallel_size: vLLM allows 1 or the target's "
-                             f"tensor parallel size ({preset.tp_size()}), not {dtp}")
+            raise ValueError(
+                f"speculative.draft_tensor_parallel_size: vLLM allows 1 or the target's "
+                f"tensor parallel size ({preset.tp_size()}), not {dtp}"
+            )
 
     def lint(self, preset) -> list[str]:
         out = []
-        for sglang, vllm in (("model-path", "model"), ("mem-fraction-static", "gpu-memory-utilization"),
-                             ("tp-size", "tensor-parallel-size")):
+        for sglang, vllm in (
+            ("model-path", "model"),
+            ("mem-fraction-static", "gpu-memory-utilization"),
+            ("tp-size", "tensor-parallel-size"),
+        ):
             if sglang in preset.server.args:
                 out.append(f"server.args.{sglang} is SGLang's flag; vLLM spells it {vllm}")
         return out
 
     def speculative_view(self, preset) -> dict:
         s = preset.speculative
-        view = {"speculative.algorithm": s.algorithm, "speculative.draft_model_path": s.draft_model_path,
-                "speculative.num_speculative_tokens": s.num_speculative_tokens}
+        view = {
+            "speculative.algorithm": s.algorithm,
+            "speculative.draft_model_path": s.draft_model_path,
+            "speculative.num_speculative_tokens": s.num_speculative_tokens,
+        }
         if s.draft_tensor_parallel_size is not None:
             view["speculative.draft_tensor_parallel_size"] = s.draft_tensor_parallel_size
         return view
@@ -205,7 +236,7 @@ def spec_line(line: str, at: int) -> Event:
     """A ``SpecDecoding metrics:`` line, newest or older format."""
     ts, rank = prefix(line, at)
     kw: dict = {}
-    for name, value in _items(line[at + len(SPEC_MARKER):].rstrip()):
+    for name, value in _items(line[at + len(SPEC_MARKER) :].rstrip()):
         key = SPEC_FIELDS.get(name)
         if key is None:
             continue
@@ -240,8 +271,9 @@ def stats_line(line: str, at: int) -> Event:
                 kw["token_usage"] = _num(value) / 100.0
             else:
                 n = value.split()[0].rstrip("%") if value else ""
-                extra[re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")] = \
+                extra[re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")] = (
                     float(n) if re.fullmatch(r"-?\d+(\.\d+)?", n) and len(value.split()) <= 2 else value
+                )
         except (ValueError, IndexError):
             return Malformed("Avg prompt throughput", f"{name}: {value!r} is not a number", line[:500], ts, rank)
     if "gen_throughput" not in kw:

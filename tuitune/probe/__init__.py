@@ -16,4 +16,5 @@ def files() -> dict[str, bytes]:
 
 def check(sglang_path: str | None = None, engine: str = "sglang") -> dict:
     from . import eagle3_probe
+
     return eagle3_probe.check(sglang_path, engine)

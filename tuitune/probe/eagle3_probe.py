@@ -58,7 +58,8 @@ TARGETS = {
     "vllm.v1.spec_decode.llm_base_proposer": {"SpecDecodeBaseProposer": {"propose": "draft"}},
     "vllm.v1.worker.gpu.model_runner": {"GPUModelRunner": {"execute_model": "step", "sample_tokens": "step_end"}},
     "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator": {
-        "TargetDependentARSpeculator": {"propose": "draft"}},
+        "TargetDependentARSpeculator": {"propose": "draft"}
+    },
 }
 PHASES = ("draft", "verify", "extend")
 HIST_LEN = 33  # accepted lengths counted per cycle: 1..33 (steps up to 32), longer ones in the last
@@ -69,6 +70,7 @@ ENGINE_PHASES = {"sglang": ("draft", "extend", "verify"), "vllm": ("draft", "ste
 def _version(package: str = "sglang") -> str:
     try:
         from importlib.metadata import version
+
         return version(package)
     except Exception:  # noqa: BLE001 - a version is only for the message
         return "unknown"
@@ -96,12 +98,23 @@ class Recorder:
 
     @staticmethod
     def _new_cycle() -> dict:
-        return {"draft": [], "verify": [], "extend": [], "step": [], "accept": [], "hist": [], "bs": None,
-                "t0": None, "steps": None, "draft_tokens": None}
+        return {
+            "draft": [],
+            "verify": [],
+            "extend": [],
+            "step": [],
+            "accept": [],
+            "hist": [],
+            "bs": None,
+            "t0": None,
+            "steps": None,
+            "draft_tokens": None,
+        }
 
     def _setup(self, worker) -> None:
         try:
             import torch
+
             self.torch = torch
             self.cuda = torch.cuda.is_available()
         except ImportError:
@@ -110,8 +123,12 @@ class Recorder:
             self.sync = "host"
         want = int(os.environ.get("EAGLE3_PROFILE_RANK", "0"))
         rank = getattr(worker, "tp_rank", None)
-        if rank is None and self.torch is not None and self.torch.distributed.is_available() \
-                and self.torch.distributed.is_initialized():
+        if (
+            rank is None
+            and self.torch is not None
+            and self.torch.distributed.is_available()
+            and self.torch.distributed.is_initialized()
+        ):
             rank = self.torch.distributed.get_rank()
         self.enabled = (rank or 0) == want
         v = getattr(worker, "topk", None)
@@ -124,8 +141,11 @@ class Recorder:
             v = getattr(worker, attr, None)
             if isinstance(v, int) and not isinstance(v, bool):
                 self.cycle[key] = v
-        k = getattr(getattr(worker, "speculative_config", None), "num_speculative_tokens",
-                    getattr(worker, "num_speculative_tokens", None))
+        k = getattr(
+            getattr(worker, "speculative_config", None),
+            "num_speculative_tokens",
+            getattr(worker, "num_speculative_tokens", None),
+        )
         if isinstance(k, int) and not isinstance(k, bool):  # vLLM: a chain of k drafts, k + 1 tokens verified
             self.cycle.update(steps=k, draft_tokens=k + 1)
             self.meta["topk"] = 1
@@ -193,10 +213,10 @@ class Recorder:
                     # a window later, after the window's events completed (an .item() here would
                     # drain the whole stream)
                     if self.host_acc is None:
-                        self.host_acc = self.torch.zeros(4 * self.window + 8, dtype=self.torch.float32,
-                                                         pin_memory=True)
-                        self.host_hist = self.torch.zeros((len(self.host_acc), HIST_LEN), dtype=self.torch.int32,
-                                                          pin_memory=True)
+                        self.host_acc = self.torch.zeros(4 * self.window + 8, dtype=self.torch.float32, pin_memory=True)
+                        self.host_hist = self.torch.zeros(
+                            (len(self.host_acc), HIST_LEN), dtype=self.torch.int32, pin_memory=True
+                        )
                         self.lengths = self.torch.arange(1, HIST_LEN + 1, device=lens.device)
                     i = self.slot % len(self.host_acc)
                     self.slot += 1
@@ -235,8 +255,10 @@ class Recorder:
         self.cycle = self._new_cycle()
         if c["verify"] or c["step"]:
             c["wall_ms"] = (time.perf_counter() - c["t0"]) * 1000.0 if c["t0"] else math.nan
-            if self.cycles and (self.cycles[0]["steps"], self.cycles[0]["draft_tokens"]) != \
-                    (c["steps"], c["draft_tokens"]):
+            if self.cycles and (self.cycles[0]["steps"], self.cycles[0]["draft_tokens"]) != (
+                c["steps"],
+                c["draft_tokens"],
+            ):
                 self._close_window()  # the steps changed (adaptive mode): one line per configuration
             self.cycles.append(c)
         if len(self.cycles) >= self.window:
@@ -293,18 +315,29 @@ class Recorder:
         verifies.sort()
         first = window[0]
         config = [("steps", first["steps"]), ("topk", self.meta.get("topk")), ("draft_tokens", first["draft_tokens"])]
-        fields = [("v", 2), ("cycles", n)] + ([("bs", bs)] if bs else []) + \
-            [(k, val) for k, val in config if val is not None] + \
-            ([("verify_tokens", round(verify_tokens / n))] if verify_tokens else []) + \
-            [("draft_ms", f"{d:.3f}"), ("verify_ms", f"{v:.3f}"), ("extend_ms", f"{e:.3f}"),
-             ("cycle_ms", f"{cycle:.3f}"), ("accept_len", f"{accept:.3f}")]
+        fields = (
+            [("v", 2), ("cycles", n)]
+            + ([("bs", bs)] if bs else [])
+            + [(k, val) for k, val in config if val is not None]
+            + ([("verify_tokens", round(verify_tokens / n))] if verify_tokens else [])
+            + [
+                ("draft_ms", f"{d:.3f}"),
+                ("verify_ms", f"{v:.3f}"),
+                ("extend_ms", f"{e:.3f}"),
+                ("cycle_ms", f"{cycle:.3f}"),
+                ("accept_len", f"{accept:.3f}"),
+            ]
+        )
         if any(hist):
             fields.append(("accept_hist", ",".join(f"{i + 1}:{k}" for i, k in enumerate(hist) if k)))
         if bs and cycle > 0 and not math.isnan(accept):
             fields.append(("eff_tok_s", f"{accept * bs / cycle * 1000:.2f}"))
-        fields += [("p50_verify_ms", f"{verifies[len(verifies) // 2]:.3f}"),
-                   ("p90_verify_ms", f"{verifies[min(n - 1, int(n * 0.9))]:.3f}"),
-                   ("max_verify_ms", f"{verifies[-1]:.3f}"), ("sync", self.sync)]
+        fields += [
+            ("p50_verify_ms", f"{verifies[len(verifies) // 2]:.3f}"),
+            ("p90_verify_ms", f"{verifies[min(n - 1, int(n * 0.9))]:.3f}"),
+            ("max_verify_ms", f"{verifies[-1]:.3f}"),
+            ("sync", self.sync),
+        ]
         line = "EAGLE3_PROFILE " + " ".join(f"{k}={val}" for k, val in fields)
         (self.logger or logging.getLogger("sglang")).info(line)
 
@@ -328,7 +361,9 @@ def _disable(error: BaseException) -> None:
     try:
         (rec.logger or logging.getLogger("sglang")).warning(
             "EAGLE3_PROFILE: probe disabled after an internal error (%s: %s); the server runs on unprofiled",
-            type(error).__name__, error)
+            type(error).__name__,
+            error,
+        )
     except Exception:  # noqa: BLE001 - not even the warning may fail the server's call
         pass
 
@@ -386,7 +421,11 @@ def patch_module(module) -> list[str]:
         package = module.__name__.split(".")[0]
         logging.getLogger(module.__name__).warning(
             "EAGLE3_PROFILE: %s %s: %s not found in %s; the server runs unprofiled",
-            {"vllm": "vLLM"}.get(package, "SGLang"), _version(package), ", ".join(missing), module.__name__)
+            {"vllm": "vLLM"}.get(package, "SGLang"),
+            _version(package),
+            ", ".join(missing),
+            module.__name__,
+        )
         _unpatch(module)
     return missing
 
@@ -451,15 +490,16 @@ def check(sglang_path: str | None = None, engine: str = "sglang") -> dict:
     vfile = os.path.join(root, "_version.py")
     if os.path.exists(vfile):
         for node in ast.walk(ast.parse(open(vfile, encoding="utf-8").read())):
-            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") in ("__version__", "version")
-                                                    for t in node.targets):
+            if isinstance(node, ast.Assign) and any(
+                getattr(t, "id", "") in ("__version__", "version") for t in node.targets
+            ):
                 if isinstance(node.value, ast.Constant):
                     version = node.value.value
     if version is None:  # an installed wheel: the dist-info beside the package says it
         parent = os.path.dirname(os.path.abspath(root))
         for entry in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
             if entry.startswith(f"{engine}-") and entry.endswith(".dist-info"):
-                version = entry[len(engine) + 1:-len(".dist-info")]
+                version = entry[len(engine) + 1 : -len(".dist-info")]
     found: dict[str, dict] = {}
     for module, classes in TARGETS.items():
         if module.split(".")[0] != engine:
@@ -469,8 +509,11 @@ def check(sglang_path: str | None = None, engine: str = "sglang") -> dict:
         if not os.path.exists(path):
             continue
         tree = ast.parse(open(path, encoding="utf-8").read())
-        defined = {n.name: {m.name for m in n.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
-                   for n in tree.body if isinstance(n, ast.ClassDef)}
+        defined = {
+            n.name: {m.name for m in n.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            for n in tree.body
+            if isinstance(n, ast.ClassDef)
+        }
         for cls, methods in classes.items():
             for meth, phase in methods.items():
                 ok = meth in defined.get(cls, set())
@@ -478,12 +521,21 @@ def check(sglang_path: str | None = None, engine: str = "sglang") -> dict:
     usable = [m for m, entries in found.items() if all(e["found"] for e in entries.values())]
     phases = sorted({e["phase"] for m in usable for e in found[m].values()})
     missing = sorted(set(ENGINE_PHASES[engine]) - set(phases))
-    return {"sglang": root, "engine": engine, "version": version, "modules": found, "usable": usable,
-            "phases": phases, "missing": missing, "ok": not missing}
+    return {
+        "sglang": root,
+        "engine": engine,
+        "version": version,
+        "modules": found,
+        "usable": usable,
+        "phases": phases,
+        "missing": missing,
+        "ok": not missing,
+    }
 
 
 if __name__ == "__main__":
     import argparse
+
     ap = argparse.ArgumentParser(description="check which EAGLE phases the probe can patch")
     ap.add_argument("--check", action="store_true", required=True)
     ap.add_argument("--sglang-path", help="the engine's package directory (default: the one this python finds)")

@@ -15,26 +15,33 @@ from __future__ import annotations
 import bisect
 import json
 
-from ..advise import check_adaptive
-
+from tuitune.decide.advise import check_adaptive
 
 # SGLang 0.5.23's schedule when --speculative-adaptive comes without a config file (FACTS §7)
-DEFAULT = {"1": {"candidate_steps": [1, 3, 5, 7], "down_hysteresis": -0.25},
-           "8": {"candidate_steps": [0, 1, 3], "down_hysteresis": 0.0},
-           "32": {"candidate_steps": [0, 1], "down_hysteresis": 0.0},
-           "64": {"candidate_steps": [0], "down_hysteresis": 0.0}}
+DEFAULT = {
+    "1": {"candidate_steps": [1, 3, 5, 7], "down_hysteresis": -0.25},
+    "8": {"candidate_steps": [0, 1, 3], "down_hysteresis": 0.0},
+    "32": {"candidate_steps": [0, 1], "down_hysteresis": 0.0},
+    "64": {"candidate_steps": [0], "down_hysteresis": 0.0},
+}
 
 
-def from_args(ns) -> "AdaptiveSteps | None":
+def from_args(ns) -> AdaptiveSteps | None:
     """The adaptive schedule the flags ask for, or None; ValueError as SGLang refuses at start."""
     if not ns.speculative_adaptive:
         return None
     if ns.speculative_algorithm not in ("EAGLE", "EAGLE3"):
         raise ValueError(f"speculative adaptive supports EAGLE/EAGLE3 only (got {ns.speculative_algorithm})")
     if ns.speculative_eagle_topk != 1:
-        raise ValueError(f"speculative adaptive supports speculative_eagle_topk=1 only (got {ns.speculative_eagle_topk})")
+        raise ValueError(
+            f"speculative adaptive supports speculative_eagle_topk=1 only (got {ns.speculative_eagle_topk})"
+        )
     path = ns.speculative_adaptive_config
-    return AdaptiveSteps.from_file(path, ns.speculative_num_steps) if path else AdaptiveSteps(DEFAULT, ns.speculative_num_steps)
+    return (
+        AdaptiveSteps.from_file(path, ns.speculative_num_steps)
+        if path
+        else AdaptiveSteps(DEFAULT, ns.speculative_num_steps)
+    )
 
 
 class _Bucket:
@@ -81,12 +88,15 @@ class AdaptiveSteps:
     def __init__(self, config: dict, initial_steps: int):
         check_adaptive(config)
         shared = {k: v for k, v in config.items() if not k.isdigit()}
-        self.buckets = {int(k): _Bucket(e["candidate_steps"], {**shared, **e}, initial_steps)
-                        for k, e in config.items() if k.isdigit()}
+        self.buckets = {
+            int(k): _Bucket(e["candidate_steps"], {**shared, **e}, initial_steps)
+            for k, e in config.items()
+            if k.isdigit()
+        }
         self.keys = sorted(self.buckets)
 
     @classmethod
-    def from_file(cls, path: str, initial_steps: int) -> "AdaptiveSteps":
+    def from_file(cls, path: str, initial_steps: int) -> AdaptiveSteps:
         try:
             with open(path) as f:
                 config = json.load(f)

@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from . import model
+from tuitune.sim import model
 
 DEFAULT_PORT = 30000
 FAULTS = ("crash-after", "hang-on-sigterm", "health-hang", "garbage")
-TOPK1_WARNING = ("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 "
-                 "when speculative_eagle_topk == 1")
+TOPK1_WARNING = "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1"
 
 
 def _bool_flag(p: argparse.ArgumentParser, name: str, help: str) -> None:
@@ -21,9 +20,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m tuitune.sim",
         description="tuitune's SGLang emulator: behaves like `python -m sglang.launch_server` "
-                    "on the seeds' 8-GPU PCIe box, through logs and HTTP, with no GPU.")
-    p.add_argument("--model-path", "--model", dest="model_path", default="sim/kimi-k2.5-int4",
-                   help="model path (only echoed)")
+        "on the seeds' 8-GPU PCIe box, through logs and HTTP, with no GPU.",
+    )
+    p.add_argument(
+        "--model-path", "--model", dest="model_path", default="sim/kimi-k2.5-int4", help="model path (only echoed)"
+    )
     p.add_argument("--tokenizer-path", default=None)
     _bool_flag(p, "--trust-remote-code", "accepted for compatibility")
     p.add_argument("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
@@ -34,57 +35,98 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-continuous-decode-steps", type=int, default=1)
     _bool_flag(p, "--disable-custom-all-reduce", "use NCCL for every all-reduce")
     _bool_flag(p, "--enable-nccl-nvls", "accepted for compatibility")
-    p.add_argument("--speculative-algorithm", default=None,
-                   choices=["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"])
-    p.add_argument("--speculative-draft-model-path", "--speculative-draft-model",
-                   dest="speculative_draft_model_path", default=None)
+    p.add_argument("--speculative-algorithm", default=None, choices=["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"])
+    p.add_argument(
+        "--speculative-draft-model-path", "--speculative-draft-model", dest="speculative_draft_model_path", default=None
+    )
     p.add_argument("--speculative-num-steps", type=int, default=None)
     p.add_argument("--speculative-eagle-topk", type=int, default=None)
     p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
     _bool_flag(p, "--speculative-adaptive", "change the steps while running (SGLang's adaptive mode)")
     p.add_argument("--speculative-adaptive-config", default=None, metavar="FILE.json")
     p.add_argument("--decode-log-interval", type=int, default=40)
-    p.add_argument("--stream-interval", type=int, default=1,
-                   help="decode cycles between two streamed chunks of a request (default 1)")
+    p.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="decode cycles between two streamed chunks of a request (default 1)",
+    )
     _bool_flag(p, "--enable-metrics", "serve Prometheus metrics on /metrics")
     p.add_argument("--cuda-graph-max-bs", type=int, default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--context-length", type=int, default=None)
-    p.add_argument("--log-level", default="info",
-                   choices=["debug", "info", "warning", "error", "critical"])
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
     p.add_argument("--served-model-name", default=None)
     # Multi-node (see multinode.py): every node runs the same command with its own rank.
     p.add_argument("--nnodes", type=int, default=1)
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--dist-init-addr", default=None, help="node 0's HOST:PORT for start-up")
-    p.add_argument("--dist-timeout", type=float, default=600.0,
-                   help="seconds to wait for every node to join (SGLang: torch's init timeout)")
+    p.add_argument(
+        "--dist-timeout",
+        type=float,
+        default=600.0,
+        help="seconds to wait for every node to join (SGLang: torch's init timeout)",
+    )
     # Simulator knobs.
     g = p.add_argument_group("simulator")
-    g.add_argument("--sim-load-seconds", type=float, default=3.0,
-                   help="simulated weight loading + graph capture time (default 3)")
-    g.add_argument("--sim-seed", type=int, default=None,
-                   help="random seed (acceptance, jitter, launch speed); default: new every launch")
-    g.add_argument("--sim-machine", default=None, metavar="FILE",
-                   help="machine file (presets/machines/*.yaml), or a shipped machine's name "
-                        "(seed-pcie8, h100-llama8b, h200-llama8b); default: seed-pcie8, the seeds' box")
-    g.add_argument("--sim-launch-sigma", type=float, default=None,
-                   help="log-normal sigma of the per-launch speed factor (default: the machine's)")
-    g.add_argument("--sim-topology", choices=["pcie", "nvlink"], default=None,
-                   help="override the machine's topology")
-    g.add_argument("--sim-acceptance", default=None,
-                   help="override the machine's acceptance: " + ", ".join(model.ACCEPTANCE_PROFILES)
-                        + " or comma-separated per-position rates")
-    g.add_argument("--sim-fault", action="append", default=[], metavar="FAULT",
-                   help="crash-after=SECONDS, hang-on-sigterm, health-hang, garbage (repeatable)")
-    g.add_argument("--sim-speedup", type=float, default=1.0,
-                   help="the simulated clock runs N times faster (rates ×N, latencies ÷N)")
-    g.add_argument("--sim-scale", type=float, default=1.0,
-                   help="multiply every cost by F (0.95 = a config 5%% faster; for A/B accuracy tests)")
-    g.add_argument("--sim-draws", choices=["random", "quasi"], default="random",
-                   help="acceptance draws: random (default) or quasi (low-discrepancy: low-noise comparisons)")
-    g.add_argument("--sim-jitter", type=float, default=0.02,
-                   help="log-normal sigma of per-cycle timing noise (default 0.02)")
+    g.add_argument(
+        "--sim-load-seconds", type=float, default=3.0, help="simulated weight loading + graph capture time (default 3)"
+    )
+    g.add_argument(
+        "--sim-seed",
+        type=int,
+        default=None,
+        help="random seed (acceptance, jitter, launch speed); default: new every launch",
+    )
+    g.add_argument(
+        "--sim-machine",
+        default=None,
+        metavar="FILE",
+        help="machine file (presets/machines/*.yaml), or a shipped machine's name "
+        "(seed-pcie8, h100-llama8b, h200-llama8b); default: seed-pcie8, the seeds' box",
+    )
+    g.add_argument(
+        "--sim-launch-sigma",
+        type=float,
+        default=None,
+        help="log-normal sigma of the per-launch speed factor (default: the machine's)",
+    )
+    g.add_argument("--sim-topology", choices=["pcie", "nvlink"], default=None, help="override the machine's topology")
+    g.add_argument(
+        "--sim-acceptance",
+        default=None,
+        help="override the machine's acceptance: "
+        + ", ".join(model.ACCEPTANCE_PROFILES)
+        + " or comma-separated per-position rates",
+    )
+    g.add_argument(
+        "--sim-fault",
+        action="append",
+        default=[],
+        metavar="FAULT",
+        help="crash-after=SECONDS, hang-on-sigterm, health-hang, garbage (repeatable)",
+    )
+    g.add_argument(
+        "--sim-speedup",
+        type=float,
+        default=1.0,
+        help="the simulated clock runs N times faster (rates ×N, latencies ÷N)",
+    )
+    g.add_argument(
+        "--sim-scale",
+        type=float,
+        default=1.0,
+        help="multiply every cost by F (0.95 = a config 5%% faster; for A/B accuracy tests)",
+    )
+    g.add_argument(
+        "--sim-draws",
+        choices=["random", "quasi"],
+        default="random",
+        help="acceptance draws: random (default) or quasi (low-discrepancy: low-noise comparisons)",
+    )
+    g.add_argument(
+        "--sim-jitter", type=float, default=0.02, help="log-normal sigma of per-cycle timing noise (default 0.02)"
+    )
     return p
 
 
@@ -122,8 +164,10 @@ def parse_acceptance(p: argparse.ArgumentParser, spec: str | None) -> tuple[floa
     except ValueError:
         rates = ()
     if not rates or not all(0.0 <= r <= 1.0 for r in rates):
-        p.error(f"--sim-acceptance: {spec!r} is neither a profile "
-                f"({', '.join(model.ACCEPTANCE_PROFILES)}) nor rates in [0, 1]")
+        p.error(
+            f"--sim-acceptance: {spec!r} is neither a profile "
+            f"({', '.join(model.ACCEPTANCE_PROFILES)}) nor rates in [0, 1]"
+        )
     return rates
 
 
@@ -152,10 +196,13 @@ def resolve_speculative(ns: argparse.Namespace) -> list[str]:
         if ns.speculative_eagle_topk is not None or ns.speculative_num_draft_tokens is not None:
             raise ServerArgsError(
                 "speculative_eagle_topk and speculative_num_draft_tokens must be unset "
-                "when speculative_num_steps is unset (they are chosen automatically)")
+                "when speculative_num_steps is unset (they are chosen automatically)"
+            )
         ns.speculative_num_steps, ns.speculative_eagle_topk, ns.speculative_num_draft_tokens = 3, 1, 4
-        warnings.append("speculative_num_steps, speculative_eagle_topk and "
-                        "speculative_num_draft_tokens are automatically set to 3, 1, 4")
+        warnings.append(
+            "speculative_num_steps, speculative_eagle_topk and "
+            "speculative_num_draft_tokens are automatically set to 3, 1, 4"
+        )
     if ns.speculative_eagle_topk is None:
         ns.speculative_eagle_topk = 1
     if ns.speculative_num_steps < 1 or ns.speculative_eagle_topk < 1:
@@ -170,5 +217,6 @@ def resolve_speculative(ns: argparse.Namespace) -> list[str]:
     if ns.speculative_num_draft_tokens > limit:
         raise ServerArgsError(
             f"speculative_num_draft_tokens ({ns.speculative_num_draft_tokens}) must be <= "
-            f"speculative_num_steps * speculative_eagle_topk + 1 ({limit})")
+            f"speculative_num_steps * speculative_eagle_topk + 1 ({limit})"
+        )
     return warnings

@@ -32,16 +32,25 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
 # an installed package holds the presets (machines included) as tuitune/presets; a checkout at the top
-MACHINES_DIR = next((d for d in (Path(__file__).resolve().parents[1] / "presets" / "machines",
-                                 Path(__file__).resolve().parents[2] / "presets" / "machines") if d.is_dir()),
-                    Path(__file__).resolve().parents[2] / "presets" / "machines")
+MACHINES_DIR = next(
+    (
+        d
+        for d in (
+            Path(__file__).resolve().parents[1] / "presets" / "machines",
+            Path(__file__).resolve().parents[2] / "presets" / "machines",
+        )
+        if d.is_dir()
+    ),
+    Path(__file__).resolve().parents[2] / "presets" / "machines",
+)
 DEFAULT_MACHINE = "seed-pcie8"
 # Mean context of a running request in steady state: tuitune's bench prompts (~25 tokens) plus
 # half of the default 500 generated tokens.
@@ -128,8 +137,6 @@ def nccl_factor(env: dict[str, str]) -> float:
     return f
 
 
-
-
 # ---- machines ------------------------------------------------------------------------------------
 
 
@@ -140,13 +147,14 @@ class MachineError(ValueError):
 @dataclass(frozen=True, slots=True)
 class Curve:
     """Time of one forward over ``n`` tokens: memory-bound floor, compute slope, knee sharpness."""
+
     mem_ms: float
     ms_per_token: float
     knee: float
 
     def __call__(self, n: float) -> float:
         k = self.knee
-        return (self.mem_ms ** k + (self.ms_per_token * max(n, 1)) ** k) ** (1.0 / k)
+        return (self.mem_ms**k + (self.ms_per_token * max(n, 1)) ** k) ** (1.0 / k)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,9 +179,14 @@ _NUM = (int, float)
 # key -> (required, check, what is allowed); nested sections have their own tables.
 _POS = (lambda v: isinstance(v, _NUM) and not isinstance(v, bool) and v > 0, "a number > 0")
 _NONNEG = (lambda v: isinstance(v, _NUM) and not isinstance(v, bool) and v >= 0, "a number >= 0")
-_TARGET = {"mem_ms": (True, *_POS), "ms_per_token": (True, *_NONNEG), "knee_sharpness": (True, lambda v: _POS[0](v) and v <= 20, "a number in (0, 20]"),
-           "comm_ms": (True, *_NONNEG), "kv_ms_per_token": (True, *_NONNEG),
-           "verify_extra_ms": (False, *_NONNEG)}
+_TARGET = {
+    "mem_ms": (True, *_POS),
+    "ms_per_token": (True, *_NONNEG),
+    "knee_sharpness": (True, lambda v: _POS[0](v) and v <= 20, "a number in (0, 20]"),
+    "comm_ms": (True, *_NONNEG),
+    "kv_ms_per_token": (True, *_NONNEG),
+    "verify_extra_ms": (False, *_NONNEG),
+}
 _DRAFT = {"mem_ms": (True, *_POS), "ms_per_token": (True, *_NONNEG)}
 _TOP = {
     "name": (True, lambda v: isinstance(v, str) and v.strip() != "", "a non-empty name"),
@@ -183,9 +196,15 @@ _TOP = {
     "draft": (True, None, "a section"),
     "extend_ms": (True, *_NONNEG),
     "sched_ms": (True, *_NONNEG),
-    "acceptance": (True, lambda v: isinstance(v, list) and v != [] and all(
-        isinstance(a, _NUM) and not isinstance(a, bool) and 0 <= a <= 1 for a in v),
-        "a non-empty list of conditional acceptance rates in [0, 1], one per draft position"),
+    "acceptance": (
+        True,
+        lambda v: (
+            isinstance(v, list)
+            and v != []
+            and all(isinstance(a, _NUM) and not isinstance(a, bool) and 0 <= a <= 1 for a in v)
+        ),
+        "a non-empty list of conditional acceptance rates in [0, 1], one per draft position",
+    ),
     "launch_sigma": (False, *_NONNEG),
     "sibling_decay": (False, *_POS),
 }
@@ -213,15 +232,21 @@ def machine_from_dict(data: Any, where: str = "machine") -> Machine:
     dr = _check(where, d["draft"], _DRAFT, "draft.")
     k = float(t["knee_sharpness"])
     return Machine(
-        name=d["name"], tp_size=d["tp_size"], topology=d["topology"],
+        name=d["name"],
+        tp_size=d["tp_size"],
+        topology=d["topology"],
         target=Curve(float(t["mem_ms"]), float(t["ms_per_token"]), k),
-        comm_ms=float(t["comm_ms"]), kv_ms_per_token=float(t["kv_ms_per_token"]),
+        comm_ms=float(t["comm_ms"]),
+        kv_ms_per_token=float(t["kv_ms_per_token"]),
         verify_extra_ms=float(t.get("verify_extra_ms", 0.0)),
         draft=Curve(float(dr["mem_ms"]), float(dr["ms_per_token"]), k),
-        extend_ms=float(d["extend_ms"]), sched_ms=float(d["sched_ms"]),
+        extend_ms=float(d["extend_ms"]),
+        sched_ms=float(d["sched_ms"]),
         acceptance=tuple(float(a) for a in d["acceptance"]),
-        launch_sigma=float(d.get("launch_sigma", 0.01)), sibling_decay=float(d.get("sibling_decay", 0.7)),
-        source=where)
+        launch_sigma=float(d.get("launch_sigma", 0.01)),
+        sibling_decay=float(d.get("sibling_decay", 0.7)),
+        source=where,
+    )
 
 
 def machine_path(spec: str | Path | None) -> Path:
@@ -295,8 +320,9 @@ class SimConfig:
 
 def sim_config(machine: Machine, *, algorithm=None, steps=0, topk=1, draft_tokens=0, **kw) -> SimConfig:
     """A SimConfig with its draft tree built (the tree depends on the acceptance and the budget)."""
-    cfg = SimConfig(machine, algorithm=algorithm, steps=steps or 0, topk=topk or 1,
-                    draft_tokens=draft_tokens or 0, **kw)
+    cfg = SimConfig(
+        machine, algorithm=algorithm, steps=steps or 0, topk=topk or 1, draft_tokens=draft_tokens or 0, **kw
+    )
     return replace(cfg, tree=build_tree(cfg)) if cfg.speculative else cfg
 
 
@@ -332,7 +358,7 @@ def cycle_cost(cfg: SimConfig, bs: int = 1, context: float = DEFAULT_CONTEXT_TOK
 
 def rank_prob(a: float, k: int, b: float) -> float:
     """Probability that the target's token is the drafter's rank-k candidate at a depth."""
-    return a if k == 1 else (1 - a) * ((k - 1) ** -b - k ** -b)
+    return a if k == 1 else (1 - a) * ((k - 1) ** -b - k**-b)
 
 
 def build_tree(cfg: SimConfig) -> tuple[tuple[int, ...], ...]:
@@ -422,10 +448,17 @@ def config_from_dict(machine: Machine, config: dict) -> SimConfig:
     if algo is not None and (topk == 1 or tokens is None):
         tokens = steps + 1 if topk == 1 else steps * topk + 1
     env = {k: str(v) for k, v in (config.get("env") or {}).items()}
-    return sim_config(machine, algorithm=algo, steps=steps or 0, topk=topk or 1, draft_tokens=tokens or 0,
-                      tp_size=config.get("tp_size"), env_factor=nccl_factor(env),
-                      custom_all_reduce=not config.get("disable_custom_all_reduce", False),
-                      continuous_decode_steps=int(config.get("num_continuous_decode_steps") or 1))
+    return sim_config(
+        machine,
+        algorithm=algo,
+        steps=steps or 0,
+        topk=topk or 1,
+        draft_tokens=tokens or 0,
+        tp_size=config.get("tp_size"),
+        env_factor=nccl_factor(env),
+        custom_all_reduce=not config.get("disable_custom_all_reduce", False),
+        continuous_decode_steps=int(config.get("num_continuous_decode_steps") or 1),
+    )
 
 
 def expected_goodput(machine: str | Path | Machine | None, config: dict, concurrency: int) -> float:
@@ -450,7 +483,7 @@ def prefill_ms(cfg: SimConfig, prompt_tokens: int) -> float:
     return (cfg.machine.target(prompt_tokens) + cfg.comm_ms()) * cfg.launch_factor
 
 
-PHI = (5 ** 0.5 - 1) / 2
+PHI = (5**0.5 - 1) / 2
 
 
 class QuasiDraws:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from . import model
-from .args import ServerArgsError
+from tuitune.sim import model
+from tuitune.sim.args import ServerArgsError
 
 # Kimi-K2.5 / DeepSeek-V3: 61 layers, two tensor-parallel all-reduces each per forward.
 ALLREDUCES_PER_FORWARD = 122
@@ -162,8 +162,10 @@ def nccl_net_lines(env: dict[str, str], head: str) -> tuple[list[str], str | Non
     """NCCL INFO lines about the network (with NCCL_DEBUG=INFO) and a fatal WARN, if any."""
     ifname = socket_interface(env)
     if ifname is None:
-        return [], (f"{head} WARN Bootstrap : no socket interface found (NCCL_SOCKET_IFNAME="
-                    f"{env.get('NCCL_SOCKET_IFNAME', '')}; this node has {', '.join(interfaces())})")
+        return [], (
+            f"{head} WARN Bootstrap : no socket interface found (NCCL_SOCKET_IFNAME="
+            f"{env.get('NCCL_SOCKET_IFNAME', '')}; this node has {', '.join(interfaces())})"
+        )
     lines = [f"{head} INFO Bootstrap : Using {ifname}:127.0.0.1<0>"]
     kind, hcas = transport(env)
     if kind == "IB":
@@ -195,13 +197,12 @@ class Rendezvous:
 
     async def start(self) -> None:
         # torch's store binds every interface on node 0
-        self.server = await asyncio.start_server(self._peer, host=None, port=self.dist.port,
-                                                 reuse_address=True)
+        self.server = await asyncio.start_server(self._peer, host=None, port=self.dist.port, reuse_address=True)
 
     async def _peer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             words = (await asyncio.wait_for(reader.readline(), 10)).decode("ascii", "replace").split()
-        except (asyncio.TimeoutError, ConnectionError):
+        except (TimeoutError, ConnectionError):
             writer.close()
             return
         err = None
@@ -252,7 +253,7 @@ async def join(dist: Dist, timeout: float) -> tuple[asyncio.StreamReader, asynci
     writer.write(f"join {dist.rank} {dist.nnodes}\n".encode())
     try:
         answer = await asyncio.wait_for(reader.readline(), max(0.1, deadline - loop.time()))
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return f"timed out after {timeout:g} s waiting for the other nodes to join"
     text = answer.decode("ascii", "replace").strip()
     if text != "ok":
@@ -262,6 +263,7 @@ async def join(dist: Dist, timeout: float) -> tuple[asyncio.StreamReader, asynci
 
 async def dummy_health(host: str, port: int) -> web.AppRunner:
     """What SGLang serves on a node of rank > 0: /health and /health_generate, always 200."""
+
     async def ok(request: web.Request) -> web.Response:
         return web.Response(status=200)
 
@@ -272,7 +274,6 @@ async def dummy_health(host: str, port: int) -> web.AppRunner:
     await runner.setup()
     await web.TCPSite(runner, host, port, reuse_address=True).start()
     return runner
-
 
 
 class Node:
@@ -298,8 +299,7 @@ class Node:
             return True
         log, d = self.sim.log, self.dist
         timeout = self.sim.ns.dist_timeout
-        log.line(f"Init torch distributed begin. nnodes={d.nnodes} node_rank={d.rank} "
-                 f"dist_init_addr={d.host}:{d.port}")
+        log.line(f"Init torch distributed begin. nnodes={d.nnodes} node_rank={d.rank} dist_init_addr={d.host}:{d.port}")
         if self.worker:
             got = await join(d, timeout)
             if isinstance(got, str):
@@ -313,13 +313,15 @@ class Node:
                 return self.fail(
                     "torch.distributed.DistNetworkError: The server socket has failed to listen on "
                     f"any local network address. port: {d.port}, code: {-(e.errno or 0)}, "
-                    f"message: {(e.strerror or str(e)).lower()}")
+                    f"message: {(e.strerror or str(e)).lower()}"
+                )
             try:
                 await asyncio.wait_for(self.rendezvous.all_joined.wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return self.fail(
                     f"torch.distributed.DistStoreError: Timed out after {timeout:g} seconds waiting "
-                    f"for clients. {len(self.rendezvous.peers) + 1}/{d.nnodes} clients joined.")
+                    f"for clients. {len(self.rendezvous.peers) + 1}/{d.nnodes} clients joined."
+                )
         log.line("Init torch distributed ends. mem usage=0.00 GB")
         return True
 
@@ -332,7 +334,8 @@ class Node:
             f"torch.distributed.DistBackendError: [Rank 0] NCCL watchdog: communicator aborted: "
             f"node {rank} (ranks {rank * self.per_node}..{(rank + 1) * self.per_node - 1}) closed "
             "the connection\nncclRemoteError: A call failed possibly due to a network error or a "
-            "remote process exiting prematurely.")
+            "remote process exiting prematurely."
+        )
         self.sim.kill_children()
         os._exit(1)
 
@@ -346,11 +349,18 @@ class Node:
         try:
             runner = await dummy_health(ns.host, ns.port)
         except OSError as e:
-            log.line(f"ERROR:    [Errno {e.errno}] error while attempting to bind on address "
-                     f"({ns.host!r}, {ns.port}): {(e.strerror or str(e)).lower()}", rank=None, force=True)
+            log.line(
+                f"ERROR:    [Errno {e.errno}] error while attempting to bind on address "
+                f"({ns.host!r}, {ns.port}): {(e.strerror or str(e)).lower()}",
+                rank=None,
+                force=True,
+            )
             return 1
-        log.line(f"Dummy health check server started on http://{ns.host}:{ns.port} "
-                 f"(node {self.dist.rank} of {self.dist.nnodes})", rank=None)
+        log.line(
+            f"Dummy health check server started on http://{ns.host}:{ns.port} "
+            f"(node {self.dist.rank} of {self.dist.nnodes})",
+            rank=None,
+        )
         reader, writer = self.link
         lost = asyncio.ensure_future(reader.read())
         stop = asyncio.ensure_future(self.sim.stopping.wait())
@@ -364,12 +374,13 @@ class Node:
         if self.sim.stopping.is_set():
             return 0
         first = self.dist.rank * self.per_node
-        self.sim.log.line(f"[rank{first}]: NCCL communicator was aborted: node 0 "
-                          f"({self.dist.host}:{self.dist.port}) closed the connection "
-                          "(ncclRemoteError: remote process exited or there was a network error)",
-                          force=True)
-        self.sim.log.line(f"Scheduler or DataParallelController {os.getpid()} terminated with 1",
-                          rank=None, force=True)
+        self.sim.log.line(
+            f"[rank{first}]: NCCL communicator was aborted: node 0 "
+            f"({self.dist.host}:{self.dist.port}) closed the connection "
+            "(ncclRemoteError: remote process exited or there was a network error)",
+            force=True,
+        )
+        self.sim.log.line(f"Scheduler or DataParallelController {os.getpid()} terminated with 1", rank=None, force=True)
         return 1
 
     def close(self) -> None:

@@ -39,7 +39,11 @@ FIELDS = {
     "name": ("name", "", "Product name of the board."),
     "uuid": ("uuid", "", "Globally unique, immutable identifier of the GPU."),
     "utilization.gpu": ("utilization.gpu", "%", "Share of the past sample period during which kernels ran."),
-    "utilization.memory": ("utilization.memory", "%", "Share of the past sample period spent reading or writing memory."),
+    "utilization.memory": (
+        "utilization.memory",
+        "%",
+        "Share of the past sample period spent reading or writing memory.",
+    ),
     "memory.used": ("memory.used", "MiB", "Memory allocated by active contexts."),
     "memory.total": ("memory.total", "MiB", "Installed memory."),
     "power.draw": ("power.draw", "W", "Last measured power draw of the board."),
@@ -52,10 +56,19 @@ FIELDS = {
     "pcie.link.gen.current": ("pcie.link.gen.current", "", "Current PCIe link generation."),
     "pcie.link.width.current": ("pcie.link.width.current", "", "Current PCIe link width."),
 }
-ALIASES = {"clocks.current.sm": "clocks.sm", "clocks.current.memory": "clocks.mem",
-           "clocks_throttle_reasons.active": "clocks_event_reasons.active"}
-APP_FIELDS = {"pid": ("pid", ""), "process_name": ("process_name", ""), "used_memory": ("used_gpu_memory", "MiB"),
-              "used_gpu_memory": ("used_gpu_memory", "MiB"), "gpu_uuid": ("gpu_uuid", ""), "gpu_name": ("gpu_name", "")}
+ALIASES = {
+    "clocks.current.sm": "clocks.sm",
+    "clocks.current.memory": "clocks.mem",
+    "clocks_throttle_reasons.active": "clocks_event_reasons.active",
+}
+APP_FIELDS = {
+    "pid": ("pid", ""),
+    "process_name": ("process_name", ""),
+    "used_memory": ("used_gpu_memory", "MiB"),
+    "used_gpu_memory": ("used_gpu_memory", "MiB"),
+    "gpu_uuid": ("gpu_uuid", ""),
+    "gpu_name": ("gpu_name", ""),
+}
 USAGE = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
 
 
@@ -82,8 +95,13 @@ def server_load(port: int | None) -> Load:
     else:
         return Load()
     state = (info.get("internal_states") or [{}])[0]
-    return Load(True, int(info.get("tp_size") or 1), float(info.get("mem_fraction_static") or 0.88),
-                int(state.get("num_running_reqs") or 0), state.get("pid"))
+    return Load(
+        True,
+        int(info.get("tp_size") or 1),
+        float(info.get("mem_fraction_static") or 0.88),
+        int(state.get("num_running_reqs") or 0),
+        state.get("pid"),
+    )
 
 
 class Box:
@@ -135,14 +153,30 @@ class Box:
                 clock, target, reasons = 1200 + 15 * self.rng.randrange(12), HOT_TEMP, REASON["thermal"]
             prev = self.temp[i]
             self.temp[i] = target if prev is None else prev + (target - prev) * lag
-            out.append({
-                "timestamp": stamp, "index": i, "name": NAME, "uuid": self.uuids[i],
-                "utilization.gpu": round(util), "utilization.memory": round(util * 0.23),
-                "memory.used": int(MEM_TOTAL * load.mem_fraction) if held else 0, "memory.total": MEM_TOTAL,
-                "power.draw": f"{power:.2f}", "power.limit": f"{POWER_LIMIT:.2f}", "clocks.sm": clock,
-                "clocks.max.sm": SM_MAX, "clocks.mem": MEM_CLOCK, "temperature.gpu": round(self.temp[i]),
-                "clocks_event_reasons.active": f"0x{reasons:016x}", "pcie.link.gen.current": 5,
-                "pcie.link.width.current": 16, "_held": held, "_pid": load.pid, "_busy": busy})
+            out.append(
+                {
+                    "timestamp": stamp,
+                    "index": i,
+                    "name": NAME,
+                    "uuid": self.uuids[i],
+                    "utilization.gpu": round(util),
+                    "utilization.memory": round(util * 0.23),
+                    "memory.used": int(MEM_TOTAL * load.mem_fraction) if held else 0,
+                    "memory.total": MEM_TOTAL,
+                    "power.draw": f"{power:.2f}",
+                    "power.limit": f"{POWER_LIMIT:.2f}",
+                    "clocks.sm": clock,
+                    "clocks.max.sm": SM_MAX,
+                    "clocks.mem": MEM_CLOCK,
+                    "temperature.gpu": round(self.temp[i]),
+                    "clocks_event_reasons.active": f"0x{reasons:016x}",
+                    "pcie.link.gen.current": 5,
+                    "pcie.link.width.current": 16,
+                    "_held": held,
+                    "_pid": load.pid,
+                    "_busy": busy,
+                }
+            )
         return out
 
 
@@ -169,8 +203,14 @@ def query_apps(box: Box, fields: list[str], header: bool, units: bool) -> str:
     for g in box.sample():
         if not g["_held"]:
             continue
-        vals = {"pid": g["_pid"] or 0, "process_name": "python3", "used_memory": g["memory.used"] - 500,
-                "used_gpu_memory": g["memory.used"] - 500, "gpu_uuid": g["uuid"], "gpu_name": g["name"]}
+        vals = {
+            "pid": g["_pid"] or 0,
+            "process_name": "python3",
+            "used_memory": g["memory.used"] - 500,
+            "used_gpu_memory": g["memory.used"] - 500,
+            "gpu_uuid": g["uuid"],
+            "gpu_name": g["name"],
+        }
         lines.append(", ".join(_cell(vals[f], APP_FIELDS[f][1], units) for f in fields))
     return "\n".join(lines) + ("\n" if lines else "")
 
@@ -178,28 +218,35 @@ def query_apps(box: Box, fields: list[str], header: bool, units: bool) -> str:
 def table(box: Box) -> str:
     """The default ``nvidia-smi`` screen, column for column as driver 580 prints it."""
     bar = "+-----------------------------------------+------------------------+----------------------+"
-    out = [time.strftime("%a %b %d %H:%M:%S %Y") + "       ",
-           "+" + "-" * 89 + "+",
-           f"| NVIDIA-SMI {DRIVER}             Driver Version: {DRIVER}     CUDA Version: {CUDA}     |",
-           bar,
-           "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
-           "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
-           "|                                         |                        |               MIG M. |",
-           "|=========================================+========================+======================|"]
+    out = [
+        time.strftime("%a %b %d %H:%M:%S %Y") + "       ",
+        "+" + "-" * 89 + "+",
+        f"| NVIDIA-SMI {DRIVER}             Driver Version: {DRIVER}     CUDA Version: {CUDA}     |",
+        bar,
+        "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
+        "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
+        "|                                         |                        |               MIG M. |",
+        "|=========================================+========================+======================|",
+    ]
     samples = box.sample()
     for g in samples:
         bus = f"00000000:00:{6 + g['index']:02X}.0"
         out.append(f"| {g['index']:>3}  {g['name']:<31}On  | {bus:>18} Off | {0:>20} |")
-        out.append(f"| N/A  {g['temperature.gpu']:>3}C    P0 {round(float(g['power.draw'])):>14}W / "
-                   f"{round(float(g['power.limit'])):>4}W | {str(g['memory.used']) + 'MiB':>10} / "
-                   f"{str(g['memory.total']) + 'MiB':>9} | {str(g['utilization.gpu']) + '%':>7}      Default |")
+        out.append(
+            f"| N/A  {g['temperature.gpu']:>3}C    P0 {round(float(g['power.draw'])):>14}W / "
+            f"{round(float(g['power.limit'])):>4}W | {str(g['memory.used']) + 'MiB':>10} / "
+            f"{str(g['memory.total']) + 'MiB':>9} | {str(g['utilization.gpu']) + '%':>7}      Default |"
+        )
         out.append(f"|{'':41}|{'':24}|{'Disabled':>21} |")
         out.append(bar)
-    out += ["", "+" + "-" * 89 + "+",
-            "| Processes:" + " " * 78 + "|",
-            "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |",
-            "|        ID   ID                                                               Usage      |",
-            "|" + "=" * 89 + "|"]
+    out += [
+        "",
+        "+" + "-" * 89 + "+",
+        "| Processes:" + " " * 78 + "|",
+        "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |",
+        "|        ID   ID                                                               Usage      |",
+        "|" + "=" * 89 + "|",
+    ]
     procs = [g for g in samples if g["_held"]]
     if not procs:
         out.append("|  No running processes found" + " " * 61 + "|")
@@ -226,14 +273,19 @@ def topo(box: Box, nvlink: bool) -> str:
                 cells.append("NODE" if i // half == j // half else "SYS")
         node = i // half
         lines.append(f"GPU{i}\t" + "\t".join(cells) + f"\t{node * 48}-{node * 48 + 47}\t{node}\t\tN/A")
-    lines += ["", "Legend:", "",
-              "  X    = Self",
-              "  SYS  = PCIe path that also crosses the link between NUMA nodes",
-              "  NODE = PCIe path through host bridges of one NUMA node",
-              "  PHB  = PCIe path through a host bridge (the CPU)",
-              "  PXB  = PCIe path through several bridges, not the host bridge",
-              "  PIX  = PCIe path through at most one bridge",
-              "  NV#  = a bonded set of # NVLinks", ""]
+    lines += [
+        "",
+        "Legend:",
+        "",
+        "  X    = Self",
+        "  SYS  = PCIe path that also crosses the link between NUMA nodes",
+        "  NODE = PCIe path through host bridges of one NUMA node",
+        "  PHB  = PCIe path through a host bridge (the CPU)",
+        "  PXB  = PCIe path through several bridges, not the host bridge",
+        "  PIX  = PCIe path through at most one bridge",
+        "  NV#  = a bonded set of # NVLinks",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -262,8 +314,7 @@ def help_query() -> str:
 
 def split_args(argv: list[str]) -> tuple[dict, list[str]]:
     """The companion's own --sim-* options, then nvidia-smi's arguments."""
-    opts = {"port": None, "gpus": 8, "capping": None, "straggler": None, "control": None, "seed": 0,
-            "topology": "pcie"}
+    opts = {"port": None, "gpus": 8, "capping": None, "straggler": None, "control": None, "seed": 0, "topology": "pcie"}
     rest = []
     it = iter(argv)
     for a in it:

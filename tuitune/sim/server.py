@@ -16,17 +16,19 @@ from dataclasses import dataclass, field, replace
 
 from aiohttp import web
 
-from . import adaptive as sim_adaptive
-from . import args as sim_args
-from . import model, multinode
+from tuitune.sim import adaptive as sim_adaptive
+from tuitune.sim import args as sim_args
+from tuitune.sim import model, multinode
 
 VERSION = "0.5.3 (tuitune.sim)"
 HIDDEN_SIZE = 7168  # Kimi-K2.5 / DeepSeek-V3 shape: decode all-reduce = hidden × tokens × 2 B
 NCCL_PROTOS = {"ll", "ll128", "simple"}
 NCCL_ALGOS = {"ring", "tree", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat"}
-WORDS = ("the of and to in is that it for as with was on be by this are from at or an which "
-         "model token decode cycle verify draft tensor parallel kernel graph cache memory "
-         "latency throughput speculative accept reject batch stream server request").split()
+WORDS = (
+    "the of and to in is that it for as with was on be by this are from at or an which "
+    "model token decode cycle verify draft tensor parallel kernel graph cache memory "
+    "latency throughput speculative accept reject batch stream server request"
+).split()
 
 
 class Log:
@@ -140,22 +142,30 @@ class Window:
         p50, p90 = srt[len(srt) // 2], srt[min(len(srt) - 1, int(len(srt) * 0.9))]
         hist = ",".join(f"{k}:{c}" for k, c in sorted(self.accept_hist.items()))
         bs_hist = ",".join(f"{k}:{c}" for k, c in sorted(self.bs_hist.items()))
-        return (f"EAGLE3_PROFILE v=2 cycles={n} bs={bs} steps={cfg.steps} topk={cfg.topk} "
-                f"draft_tokens={cfg.draft_tokens} verify_tokens={bs * cfg.draft_tokens} draft_ms={d:.3f} "
-                f"verify_ms={v:.3f} extend_ms={e:.3f} other_ms={o:.3f} cycle_ms={cycle:.3f} "
-                f"accept_len={accept_len:.3f} accept_hist={hist} bs_hist={bs_hist} eff_tok_s={eff:.2f} "
-                f"p50_verify_ms={p50:.3f} p90_verify_ms={p90:.3f} max_verify_ms={srt[-1]:.3f} sync=sim")
+        return (
+            f"EAGLE3_PROFILE v=2 cycles={n} bs={bs} steps={cfg.steps} topk={cfg.topk} "
+            f"draft_tokens={cfg.draft_tokens} verify_tokens={bs * cfg.draft_tokens} draft_ms={d:.3f} "
+            f"verify_ms={v:.3f} extend_ms={e:.3f} other_ms={o:.3f} cycle_ms={cycle:.3f} "
+            f"accept_len={accept_len:.3f} accept_hist={hist} bs_hist={bs_hist} eff_tok_s={eff:.2f} "
+            f"p50_verify_ms={p50:.3f} p90_verify_ms={p90:.3f} max_verify_ms={srt[-1]:.3f} sync=sim"
+        )
 
 
 class Simulator:
-    def __init__(self, ns, faults: sim_args.Faults, machine: model.Machine,
-                 acceptance: tuple[float, ...] | None, warnings: list[str]):
+    def __init__(
+        self,
+        ns,
+        faults: sim_args.Faults,
+        machine: model.Machine,
+        acceptance: tuple[float, ...] | None,
+        warnings: list[str],
+    ):
         self.ns = ns
         self.faults = faults
         self.log = Log(ns.log_level)
         self.speedup = max(1e-3, ns.sim_speedup)
         if ns.sim_seed is None:
-            ns.sim_seed = random.SystemRandom().randrange(2 ** 31)
+            ns.sim_seed = random.SystemRandom().randrange(2**31)
         self.rng = random.Random(ns.sim_seed)
         self.uniform = model.QuasiDraws(ns.sim_seed) if ns.sim_draws == "quasi" else (lambda d: self.rng.random())
         self.env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
@@ -253,11 +263,12 @@ class Simulator:
                     self.log.plain(ln)
             if fatal:
                 self.log.plain(fatal)
-                self.traceback("torch.distributed.DistBackendError: NCCL error: unhandled system "
-                               "error, NCCL version 2.27.3\nncclSystemError: " + fatal.split(" WARN ", 1)[1])
+                self.traceback(
+                    "torch.distributed.DistBackendError: NCCL error: unhandled system "
+                    "error, NCCL version 2.27.3\nncclSystemError: " + fatal.split(" WARN ", 1)[1]
+                )
                 return False
-        for var, allowed, what in (("NCCL_PROTO", NCCL_PROTOS, "protocol"),
-                                   ("NCCL_ALGO", NCCL_ALGOS, "algorithm")):
+        for var, allowed, what in (("NCCL_PROTO", NCCL_PROTOS, "protocol"), ("NCCL_ALGO", NCCL_ALGOS, "algorithm")):
             bad = _nccl_tokens_ok(self.env.get(var, ""), allowed)
             if bad is not None:
                 self.log.plain(f"{head} WARN Invalid {what} {bad!r} in {var}")
@@ -265,7 +276,8 @@ class Simulator:
                     "torch.distributed.DistBackendError: NCCL error in: "
                     "../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, invalid usage "
                     "(run with NCCL_DEBUG=WARN for details), NCCL version 2.27.3\n"
-                    "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.")
+                    "ncclInvalidUsage: This usually reflects invalid usage of NCCL library."
+                )
                 return False
         if debug in ("INFO", "TRACE") and ("TUNING" in subsys or subsys == "ALL"):
             tokens = self.cfg.draft_tokens if self.cfg.speculative else 1
@@ -274,8 +286,9 @@ class Simulator:
             algo = self._chosen(self.env.get("NCCL_ALGO", ""), ["RING", "TREE"], "RING")
             chans = self.env.get("NCCL_MAX_NCHANNELS", "32")
             hi = max(0, int(chans) - 1) if chans.isdigit() else 31
-            self.log.plain(f"{head} INFO AllReduce: {size} Bytes -> Algo {algo} proto {proto} "
-                           f"channel{{Lo..Hi}}={{0..{hi}}}")
+            self.log.plain(
+                f"{head} INFO AllReduce: {size} Bytes -> Algo {algo} proto {proto} channel{{Lo..Hi}}={{0..{hi}}}"
+            )
         return True
 
     @staticmethod
@@ -289,28 +302,40 @@ class Simulator:
 
     def traceback(self, final: str) -> None:
         self.log.line("Scheduler hit an exception: Traceback (most recent call last):", force=True)
-        self.log.plain('  File "/usr/lib/python3/dist-packages/sglang/srt/managers/scheduler.py", '
-                       'line 2870, in run_scheduler_process')
+        self.log.plain(
+            '  File "/usr/lib/python3/dist-packages/sglang/srt/managers/scheduler.py", '
+            "line 2870, in run_scheduler_process"
+        )
         self.log.plain("    scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank, dp_rank)")
-        self.log.plain('  File "/usr/lib/python3/dist-packages/sglang/srt/model_executor/'
-                       'model_runner.py", line 412, in init_torch_distributed')
+        self.log.plain(
+            '  File "/usr/lib/python3/dist-packages/sglang/srt/model_executor/'
+            'model_runner.py", line 412, in init_torch_distributed'
+        )
         self.log.plain("    initialize_model_parallel(tensor_model_parallel_size=self.tp_size)")
         for ln in final.splitlines():
             self.log.plain(ln)
-        self.log.line("Received sigquit from a child process. It usually means the child failed.",
-                      rank=None, force=True)
+        self.log.line(
+            "Received sigquit from a child process. It usually means the child failed.", rank=None, force=True
+        )
 
     def spawn_scheduler_children(self) -> None:
         """Like SGLang, run helper processes in the same process group (one per extra rank, max 2)."""
-        code = ("import os,signal,sys,time\n"
-                f"hang={self.faults.hang_on_sigterm!r}\n"
-                "signal.signal(signal.SIGTERM, signal.SIG_IGN if hang else signal.SIG_DFL)\n"
-                "p=int(sys.argv[1])\n"
-                "while os.getppid()==p: time.sleep(0.2)\n")
+        code = (
+            "import os,signal,sys,time\n"
+            f"hang={self.faults.hang_on_sigterm!r}\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN if hang else signal.SIG_DFL)\n"
+            "p=int(sys.argv[1])\n"
+            "while os.getppid()==p: time.sleep(0.2)\n"
+        )
         for _ in range(min(2, self.ns.tp_size - 1)):
-            self.children.append(subprocess.Popen(
-                [sys.executable, "-c", code, str(os.getpid())],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            self.children.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", code, str(os.getpid())],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
 
     async def startup(self) -> bool:
         ns = self.ns
@@ -327,32 +352,36 @@ class Simulator:
             self.traceback(
                 "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB. GPU 0 has "
                 "a total capacity of 94.97 GiB of which 1.12 GiB is free. Of the allocated memory "
-                f"{90.3:.2f} GiB is allocated by PyTorch (mem_fraction_static={ns.mem_fraction_static}).")
+                f"{90.3:.2f} GiB is allocated by PyTorch (mem_fraction_static={ns.mem_fraction_static})."
+            )
             return False
         self.log.line("Load weight begin. avail mem=93.62 GB")
         steps = 4
         for i in range(1, steps + 1):
             await self.sleep_sim(load * 0.55 / steps)
-            self.log.plain(f"Loading safetensors checkpoint shards: {100 * i // steps}% "
-                           f"Completed | {i * 16}/64")
-        self.log.line("Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, "
-                      "avail mem=22.41 GB, mem usage=71.21 GB.")
+            self.log.plain(f"Loading safetensors checkpoint shards: {100 * i // steps}% Completed | {i * 16}/64")
+        self.log.line(
+            "Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, avail mem=22.41 GB, mem usage=71.21 GB."
+        )
         self.log.line("KV Cache is allocated. #tokens: 1062144, K size: 8.02 GB, V size: 8.02 GB")
         self.log.line("Capture cuda graph begin. This can take up to several minutes. avail mem=5.12 GB")
         await self.sleep_sim(load * 0.3 if self.cfg.speculative else load * 0.4)
-        self.log.line(f"Capture cuda graph end. Time elapsed: {load * 0.3:.2f} s. mem usage=1.02 GB. "
-                      "avail mem=4.10 GB.")
+        self.log.line(
+            f"Capture cuda graph end. Time elapsed: {load * 0.3:.2f} s. mem usage=1.02 GB. avail mem=4.10 GB."
+        )
         if self.cfg.speculative:
-            self.log.line("Capture draft cuda graph begin. This can take up to several minutes. "
-                          "avail mem=4.10 GB")
+            self.log.line("Capture draft cuda graph begin. This can take up to several minutes. avail mem=4.10 GB")
             await self.sleep_sim(load * 0.1)
-            self.log.line(f"Capture draft cuda graph end. Time elapsed: {load * 0.1:.2f} s. "
-                          "mem usage=0.31 GB. avail mem=3.79 GB.")
+            self.log.line(
+                f"Capture draft cuda graph end. Time elapsed: {load * 0.1:.2f} s. mem usage=0.31 GB. avail mem=3.79 GB."
+            )
             self.log.line("Capture draft extend cuda graph begin. avail mem=3.79 GB")
             self.log.line("Capture draft extend cuda graph end. Time elapsed: 0.05 s.")
-        self.log.line(f"max_total_num_tokens=1062144, chunked_prefill_size=8192, "
-                      f"max_prefill_tokens=16384, max_running_requests={self.max_running}, "
-                      f"context_len=262144")
+        self.log.line(
+            f"max_total_num_tokens=1062144, chunked_prefill_size=8192, "
+            f"max_prefill_tokens=16384, max_running_requests={self.max_running}, "
+            f"context_len=262144"
+        )
         return True
 
     # ---- scheduler -----------------------------------------------------------------------
@@ -379,10 +408,12 @@ class Simulator:
                 ms = model.prefill_ms(self.cfg, tokens)
                 deadline += self.scaled(ms)
                 await asyncio.sleep(max(0.0, deadline - loop.time()))
-                self.log.line(f"Prefill batch, #new-seq: {len(new)}, #new-token: {tokens}, #cached-token: 0, "
-                              f"token usage: 0.00, #running-req: {len(self.running)}, #queue-req: "
-                              f"{len(self.waiting)}, #pending-token: 0, cuda graph: False, "
-                              f"input throughput (token/s): {tokens / max(ms, 1e-3) * 1000:.2f}")
+                self.log.line(
+                    f"Prefill batch, #new-seq: {len(new)}, #new-token: {tokens}, #cached-token: 0, "
+                    f"token usage: 0.00, #running-req: {len(self.running)}, #queue-req: "
+                    f"{len(self.waiting)}, #pending-token: 0, cuda graph: False, "
+                    f"input throughput (token/s): {tokens / max(ms, 1e-3) * 1000:.2f}"
+                )
                 now = loop.time()
                 for r in new:
                     r.first_token_time = now
@@ -419,8 +450,9 @@ class Simulator:
             self.running = [r for r in self.running if not r.finished]
             if self.record_step_time:
                 self.step_times.setdefault(bs, deque(maxlen=1000)).append(round(cycle / 1000 / self.speedup, 6))
-            win.add(bs, accepted, draft / self.speedup, verify / self.speedup, extend / self.speedup,
-                    other / self.speedup)
+            win.add(
+                bs, accepted, draft / self.speedup, verify / self.speedup, extend / self.speedup, other / self.speedup
+            )
             if self.faults.garbage and self.rng.random() < 0.05:
                 self.log.raw(b"\xff\xfe garbage \xc3\x28 bytes " + b"x" * self.rng.randint(0, 300) + b"\n")
                 if self.rng.random() < 0.1:
@@ -429,7 +461,7 @@ class Simulator:
                 self.report_window(win, loop.time())
                 win = Window(loop.time())
 
-    def adapt_steps(self, win: "Window", bs: int, now: float) -> "Window":
+    def adapt_steps(self, win: Window, bs: int, now: float) -> Window:
         """Adaptive mode: the steps for this batch size; a profile window never mixes two."""
         steps = self.adaptive.steps_for(bs)
         if steps == self.cfg.steps:
@@ -449,24 +481,32 @@ class Simulator:
             self.cycles_late += 1
             if not self.lag_warned and self.cycles_late >= 50:
                 self.lag_warned = True
-                self.log.line(f"WARNING: simulator is {late_s * 1000:.1f} ms behind its clock (CPU-bound at "
-                              f"{len(self.running)} running requests): its figures are too slow; lower --sim-speedup",
-                              force=True)
+                self.log.line(
+                    f"WARNING: simulator is {late_s * 1000:.1f} ms behind its clock (CPU-bound at "
+                    f"{len(self.running)} running requests): its figures are too slow; lower --sim-speedup",
+                    force=True,
+                )
 
-    def report_window(self, win: "Window", now: float) -> None:
+    def report_window(self, win: Window, now: float) -> None:
         elapsed = max(now - win.start, 1e-9)
         self.last_gen_throughput = win.tokens / elapsed
         bs = len(self.running)
         spec = self.cfg.speculative
-        fields = [f"#running-req: {bs}", f"#token: {sum(r.prompt_tokens + r.produced for r in self.running)}",
-                  "token usage: 0.00"]
+        fields = [
+            f"#running-req: {bs}",
+            f"#token: {sum(r.prompt_tokens + r.produced for r in self.running)}",
+            "token usage: 0.00",
+        ]
         accept_len = win.tokens / max(1, win.verifies)
         if spec:
             self.last_accept_len = accept_len
             rate = (accept_len - 1) / max(1, self.cfg.draft_tokens - 1)
             fields += [f"accept len: {accept_len:.2f}", f"accept rate: {rate:.2f}"]
-        fields += ["cuda graph: True", f"gen throughput (token/s): {self.last_gen_throughput:.2f}",
-                   f"#queue-req: {len(self.waiting)}"]
+        fields += [
+            "cuda graph: True",
+            f"gen throughput (token/s): {self.last_gen_throughput:.2f}",
+            f"#queue-req: {len(self.waiting)}",
+        ]
         self.log.line("Decode batch, " + ", ".join(fields))
         if spec and self.profile:
             self.log.line(win.profile_line(self.cfg))
@@ -490,20 +530,30 @@ class Simulator:
     def submit(self, prompt_tokens: int, max_tokens: int) -> Request:
         self.req_counter += 1
         self.num_requests_total += 1
-        r = Request(rid=f"{self.req_counter:032x}", prompt_tokens=max(1, prompt_tokens),
-                    max_tokens=max(1, max_tokens), arrival=time.monotonic(),
-                    rng=random.Random(self.ns.sim_seed * 1_000_003 + self.req_counter))
+        r = Request(
+            rid=f"{self.req_counter:032x}",
+            prompt_tokens=max(1, prompt_tokens),
+            max_tokens=max(1, max_tokens),
+            arrival=time.monotonic(),
+            rng=random.Random(self.ns.sim_seed * 1_000_003 + self.req_counter),
+        )
         self.waiting.append(r)
         self.wake.set()
         return r
 
     def meta(self, r: Request, finish: bool) -> dict:
-        m = {"id": r.rid, "finish_reason": {"type": "length", "length": r.max_tokens} if finish else None,
-             "prompt_tokens": r.prompt_tokens, "completion_tokens": r.produced, "cached_tokens": 0,
-             "e2e_latency": time.monotonic() - r.arrival,
-             # sim-only: wall clock when the handler got the request and when this chunk is written,
-             # so a client on the same machine can measure the latency it adds itself
-             "sim_received_wall": r.received_wall, "sim_sent_wall": time.time()}
+        m = {
+            "id": r.rid,
+            "finish_reason": {"type": "length", "length": r.max_tokens} if finish else None,
+            "prompt_tokens": r.prompt_tokens,
+            "completion_tokens": r.produced,
+            "cached_tokens": 0,
+            "e2e_latency": time.monotonic() - r.arrival,
+            # sim-only: wall clock when the handler got the request and when this chunk is written,
+            # so a client on the same machine can measure the latency it adds itself
+            "sim_received_wall": r.received_wall,
+            "sim_sent_wall": time.time(),
+        }
         if self.cfg.speculative:
             m["spec_verify_ct"] = r.verify_ct
         return m
@@ -522,11 +572,13 @@ class Simulator:
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise web.HTTPBadRequest(text='{"error": "request body is not valid JSON"}',
-                                     content_type="application/json")
+            raise web.HTTPBadRequest(
+                text='{"error": "request body is not valid JSON"}', content_type="application/json"
+            ) from None
         if not isinstance(body, dict):
-            raise web.HTTPBadRequest(text='{"error": "request body must be a JSON object"}',
-                                     content_type="application/json")
+            raise web.HTTPBadRequest(
+                text='{"error": "request body must be a JSON object"}', content_type="application/json"
+            )
         return body
 
     async def h_generate(self, request: web.Request) -> web.StreamResponse:
@@ -538,10 +590,8 @@ class Simulator:
         if not body.get("stream"):
             words = await r.all_words()
             ids = [hash(w) % 50000 for w in words]
-            return web.json_response({"text": " ".join(words), "output_ids": ids,
-                                      "meta_info": self.meta(r, True)})
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})
+            return web.json_response({"text": " ".join(words), "output_ids": ids, "meta_info": self.meta(r, True)})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         # Cumulative text and ids, as SGLang's native stream sends them, kept as JSON text that
         # grows by appending: re-encoding the whole lists per chunk made 64 streams CPU-bound.
@@ -552,8 +602,10 @@ class Simulator:
                 words = r.next_words(n)  # plain ASCII words: nothing to escape
                 text += (" " if text else "") + " ".join(words)
                 ids_json += ("," if ids_json else "") + ",".join(str(hash(w) % 50000) for w in words)
-                await resp.write(f'data: {{"text": "{text}", "output_ids": [{ids_json}], "meta_info": '
-                                 f'{json.dumps(self.meta(r, done))}}}\n\n'.encode())
+                await resp.write(
+                    f'data: {{"text": "{text}", "output_ids": [{ids_json}], "meta_info": '
+                    f"{json.dumps(self.meta(r, done))}}}\n\n".encode()
+                )
                 if done:
                     break
             await resp.write(b"data: [DONE]\n\n")
@@ -567,17 +619,29 @@ class Simulator:
         body = await self._json(request)
         r = self.submit(self._prompt_tokens(body), int(body.get("max_tokens", 16)))
         created = int(time.time())
-        base = {"id": f"cmpl-{r.rid}", "object": "text_completion", "created": created,
-                "model": self.ns.served_model_name or self.ns.model_path}
+        base = {
+            "id": f"cmpl-{r.rid}",
+            "object": "text_completion",
+            "created": created,
+            "model": self.ns.served_model_name or self.ns.model_path,
+        }
 
         def usage() -> dict:
-            return {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.produced,
-                    "total_tokens": r.prompt_tokens + r.produced}
+            return {
+                "prompt_tokens": r.prompt_tokens,
+                "completion_tokens": r.produced,
+                "total_tokens": r.prompt_tokens + r.produced,
+            }
 
         if not body.get("stream"):
             words = await r.all_words()
-            return web.json_response({**base, "choices": [{"index": 0, "text": " ".join(words),
-                                      "finish_reason": "length"}], "usage": usage()})
+            return web.json_response(
+                {
+                    **base,
+                    "choices": [{"index": 0, "text": " ".join(words), "finish_reason": "length"}],
+                    "usage": usage(),
+                }
+            )
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
@@ -585,15 +649,16 @@ class Simulator:
             while True:
                 n, done = await r.take()
                 delta = " " + " ".join(r.next_words(n))
-                chunk = {**base, "choices": [{"index": 0, "text": delta,
-                                              "finish_reason": "length" if done else None}],
-                         "usage": None}
+                chunk = {
+                    **base,
+                    "choices": [{"index": 0, "text": delta, "finish_reason": "length" if done else None}],
+                    "usage": None,
+                }
                 await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 if done:
                     break
             if include_usage:
-                await resp.write(b"data: " + json.dumps({**base, "choices": [], "usage": usage()}).encode()
-                                 + b"\n\n")
+                await resp.write(b"data: " + json.dumps({**base, "choices": [], "usage": usage()}).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
         except ConnectionResetError:
             pass
@@ -608,29 +673,48 @@ class Simulator:
 
     def server_info(self) -> dict:
         info = {k: v for k, v in vars(self.ns).items() if not k.startswith("sim_")}
-        state = {"last_gen_throughput": self.last_gen_throughput,
-                 "avg_spec_accept_length": (self.total_accept / self.total_verify
-                                            if self.total_verify else None),
-                 "num_running_reqs": len(self.running), "pid": os.getpid()}  # for sim.nvidia_smi
+        state = {
+            "last_gen_throughput": self.last_gen_throughput,
+            "avg_spec_accept_length": (self.total_accept / self.total_verify if self.total_verify else None),
+            "num_running_reqs": len(self.running),
+            "pid": os.getpid(),
+        }  # for sim.nvidia_smi
         if self.record_step_time:
             state["step_time_dict"] = {str(bs): list(v) for bs, v in self.step_times.items()}
-        info.update(version=VERSION, internal_states=[state], sim=self.expected(),
-                    status="ready" if self.ready else "starting")
+        info.update(
+            version=VERSION, internal_states=[state], sim=self.expected(), status="ready" if self.ready else "starting"
+        )
         return info
 
     async def h_server_info(self, request: web.Request) -> web.Response:
         return web.json_response(self.server_info())
 
     async def h_model_info(self, request: web.Request) -> web.Response:
-        return web.json_response({"model_path": self.ns.model_path,
-                                  "tokenizer_path": self.ns.tokenizer_path or self.ns.model_path,
-                                  "is_generation": True})
+        return web.json_response(
+            {
+                "model_path": self.ns.model_path,
+                "tokenizer_path": self.ns.tokenizer_path or self.ns.model_path,
+                "is_generation": True,
+            }
+        )
 
     async def h_models(self, request: web.Request) -> web.Response:
         name = self.ns.served_model_name or self.ns.model_path
-        return web.json_response({"object": "list", "data": [
-            {"id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
-             "root": name, "max_model_len": self.ns.context_length or 262144}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": name,
+                        "object": "model",
+                        "created": int(time.time()),
+                        "owned_by": "sglang",
+                        "root": name,
+                        "max_model_len": self.ns.context_length or 262144,
+                    }
+                ],
+            }
+        )
 
     async def h_flush(self, request: web.Request) -> web.Response:
         return web.Response(text="Cache flushed.\nPlease check backend logs for more details.\n")
@@ -642,15 +726,19 @@ class Simulator:
         rate = (acc - 1) / max(1, self.cfg.draft_tokens - 1) if self.cfg.speculative else 0.0
         lines = []
         for metric, kind, value in (
-                ("gen_throughput", "gauge", self.last_gen_throughput),
-                ("spec_accept_length", "gauge", acc),
-                ("spec_accept_rate", "gauge", rate),
-                ("num_running_reqs", "gauge", len(self.running)),
-                ("num_queue_reqs", "gauge", len(self.waiting)),
-                ("num_requests_total", "counter", self.num_requests_total),
-                ("generation_tokens_total", "counter", self.generation_tokens_total)):
-            lines += [f"# HELP sglang:{metric} {metric.replace('_', ' ')}",
-                      f"# TYPE sglang:{metric} {kind}", f"sglang:{metric}{lbl} {float(value)}"]
+            ("gen_throughput", "gauge", self.last_gen_throughput),
+            ("spec_accept_length", "gauge", acc),
+            ("spec_accept_rate", "gauge", rate),
+            ("num_running_reqs", "gauge", len(self.running)),
+            ("num_queue_reqs", "gauge", len(self.waiting)),
+            ("num_requests_total", "counter", self.num_requests_total),
+            ("generation_tokens_total", "counter", self.generation_tokens_total),
+        ):
+            lines += [
+                f"# HELP sglang:{metric} {metric.replace('_', ' ')}",
+                f"# TYPE sglang:{metric} {kind}",
+                f"sglang:{metric}{lbl} {float(value)}",
+            ]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     def build_app(self) -> web.Application:
@@ -672,8 +760,10 @@ class Simulator:
     # ---- main ----------------------------------------------------------------------------
     async def crash_timer(self) -> None:
         await self.sleep_sim(self.faults.crash_after)
-        self.traceback("RuntimeError: CUDA error: an illegal memory access was encountered\n"
-                       "CUDA kernel errors might be asynchronously reported at some other API call.")
+        self.traceback(
+            "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+            "CUDA kernel errors might be asynchronously reported at some other API call."
+        )
         self.kill_children()
         os._exit(1)
 
@@ -688,8 +778,9 @@ class Simulator:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             if sig == signal.SIGTERM and self.faults.hang_on_sigterm:
-                loop.add_signal_handler(sig, lambda: self.log.line("SIGTERM received; ignoring it "
-                                                                   "(sim fault hang-on-sigterm)"))
+                loop.add_signal_handler(
+                    sig, lambda: self.log.line("SIGTERM received; ignoring it (sim fault hang-on-sigterm)")
+                )
             else:
                 loop.add_signal_handler(sig, self.stopping.set)
         tasks = []
@@ -715,15 +806,19 @@ class Simulator:
                 site = web.TCPSite(runner, self.ns.host, self.ns.port, reuse_address=True)
                 await site.start()
             except OSError as e:
-                self.log.line(f"ERROR:    [Errno {e.errno}] error while attempting to bind on address "
-                              f"({self.ns.host!r}, {self.ns.port}): {e.strerror.lower() if e.strerror else e}",
-                              rank=None, force=True)
+                self.log.line(
+                    f"ERROR:    [Errno {e.errno}] error while attempting to bind on address "
+                    f"({self.ns.host!r}, {self.ns.port}): {e.strerror.lower() if e.strerror else e}",
+                    rank=None,
+                    force=True,
+                )
                 return 1
             self.log.line(f"INFO:     Started server process [{os.getpid()}]", rank=None)
             self.log.line("INFO:     Waiting for application startup.", rank=None)
             self.log.line("INFO:     Application startup complete.", rank=None)
-            self.log.line(f"INFO:     Uvicorn running on http://{self.ns.host}:{self.ns.port} "
-                          "(Press CTRL+C to quit)", rank=None)
+            self.log.line(
+                f"INFO:     Uvicorn running on http://{self.ns.host}:{self.ns.port} (Press CTRL+C to quit)", rank=None
+            )
             tasks.append(asyncio.ensure_future(self.scheduler()))
             await self.warmup()
             await self.stopping.wait()
@@ -735,18 +830,20 @@ class Simulator:
             if runner is not None:
                 try:
                     await asyncio.wait_for(runner.cleanup(), 1.0)
-                except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - exiting anyway
+                except (TimeoutError, Exception):  # noqa: BLE001 - exiting anyway
                     pass
             self.kill_children()
             self.node.close()
 
     async def warmup(self) -> None:
-        self.log.line(f'INFO:     127.0.0.1:{40000 + os.getpid() % 20000} - "GET /get_model_info '
-                      'HTTP/1.1" 200 OK', rank=None)
+        self.log.line(
+            f'INFO:     127.0.0.1:{40000 + os.getpid() % 20000} - "GET /get_model_info HTTP/1.1" 200 OK', rank=None
+        )
         r = self.submit(8, 1)
         await r.out.get()
-        self.log.line(f'INFO:     127.0.0.1:{40001 + os.getpid() % 20000} - "POST /generate '
-                      'HTTP/1.1" 200 OK', rank=None)
+        self.log.line(
+            f'INFO:     127.0.0.1:{40001 + os.getpid() % 20000} - "POST /generate HTTP/1.1" 200 OK', rank=None
+        )
         await self.sleep_sim(max(0.05, self.ns.sim_load_seconds * 0.05))
         self.ready = True
         self.log.line("The server is fired up and ready to roll!", rank=None)

@@ -29,22 +29,31 @@ from collections import Counter
 
 from aiohttp import web
 
-from . import args as sim_args
-from . import model
-from .server import Log, Simulator
+from tuitune.sim import args as sim_args
+from tuitune.sim.server import Log, Simulator
 
 VERSION = "0.33.0"
 KV_TOKENS = 1_062_144  # the KV cache's capacity in tokens, as the SGLang dialect reports it
-ROUTES = (("GET", "/health", "h_health"), ("GET", "/metrics", "h_metrics"), ("GET", "/version", "h_version"),
-          ("GET", "/v1/models", "h_models"), ("POST", "/v1/completions", "h_completions"))
+ROUTES = (
+    ("GET", "/health", "h_health"),
+    ("GET", "/metrics", "h_metrics"),
+    ("GET", "/version", "h_version"),
+    ("GET", "/v1/models", "h_models"),
+    ("POST", "/v1/completions", "h_completions"),
+)
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50, "trace": 5}
 
 
 class VllmLog(Log):
     """vLLM's log prefix; the SGLang-only lines the shared scheduler prints are left out."""
 
-    SGLANG_ONLY = ("Prefill batch", "Decode batch", "EAGLE3_PROFILE", "The server is fired up",
-                   "INFO:     Uvicorn running on")  # vLLM serves on a socket it bound itself
+    SGLANG_ONLY = (
+        "Prefill batch",
+        "Decode batch",
+        "EAGLE3_PROFILE",
+        "The server is fired up",
+        "INFO:     Uvicorn running on",
+    )  # vLLM serves on a socket it bound itself
 
     def __init__(self, level: str):
         super().__init__(level)
@@ -70,14 +79,18 @@ class VllmLog(Log):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vllm", description="tuitune's vLLM emulator (vLLM 0.33 dialect)")
-    p.add_argument("--sim-engine", choices=["sglang", "vllm"], default="vllm",
-                   help="which engine the simulator plays")
+    p.add_argument("--sim-engine", choices=["sglang", "vllm"], default="vllm", help="which engine the simulator plays")
     sub = p.add_subparsers(dest="subparser", required=True)
-    s = sub.add_parser("serve", usage="vllm serve [model_tag] [options]",
-                       help="Launch a local OpenAI-compatible API server")
+    s = sub.add_parser(
+        "serve", usage="vllm serve [model_tag] [options]", help="Launch a local OpenAI-compatible API server"
+    )
     s.add_argument("model_tag", nargs="?", default="Qwen/Qwen3-0.6B")
-    s.add_argument("--sim-engine", choices=["sglang", "vllm"], default="vllm",
-                   help="which engine the simulator plays (given before `serve`)")
+    s.add_argument(
+        "--sim-engine",
+        choices=["sglang", "vllm"],
+        default="vllm",
+        help="which engine the simulator plays (given before `serve`)",
+    )
     s.add_argument("--host", default=None)
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
@@ -116,24 +129,38 @@ def speculative(ns, tp: int) -> tuple[str | None, int, str | None]:
         return None, 0, None
     if not isinstance(cfg, dict):
         raise ValueError("speculative_config must be a JSON object")
-    unknown = sorted(set(cfg) - {"method", "model", "num_speculative_tokens", "draft_tensor_parallel_size",
-                                 "quantization", "max_model_len", "enforce_eager"})
+    unknown = sorted(
+        set(cfg)
+        - {
+            "method",
+            "model",
+            "num_speculative_tokens",
+            "draft_tensor_parallel_size",
+            "quantization",
+            "max_model_len",
+            "enforce_eager",
+        }
+    )
     if unknown:
         raise ValueError(f"1 validation error for SpeculativeConfig\n{unknown[0]}\n  Unexpected keyword argument")
     method = cfg.get("method")
     if method not in ("eagle", "eagle3"):
-        raise ValueError(f"1 validation error for SpeculativeConfig\nmethod\n  the simulator plays eagle "
-                         f"and eagle3 only (got {method!r})")
+        raise ValueError(
+            f"1 validation error for SpeculativeConfig\nmethod\n  the simulator plays eagle "
+            f"and eagle3 only (got {method!r})"
+        )
     k = cfg.get("num_speculative_tokens")
     if not isinstance(k, int) or k <= 0:
-        raise ValueError("1 validation error for SpeculativeConfig\nnum_speculative_tokens\n  "
-                         "Input should be greater than 0")
+        raise ValueError(
+            "1 validation error for SpeculativeConfig\nnum_speculative_tokens\n  Input should be greater than 0"
+        )
     if not cfg.get("model"):
         raise ValueError("num_speculative_tokens was provided but without speculative model.")
     dtp = cfg.get("draft_tensor_parallel_size")
     if dtp not in (None, 1, tp):
-        raise ValueError(f"draft_tensor_parallel_size={dtp} cannot be other value than 1 or target "
-                         f"model tensor_parallel_size={tp}")
+        raise ValueError(
+            f"draft_tensor_parallel_size={dtp} cannot be other value than 1 or target model tensor_parallel_size={tp}"
+        )
     return method.upper(), k, cfg["model"]
 
 
@@ -146,14 +173,24 @@ def sglang_namespace(ns) -> argparse.Namespace:
     algo, k, draft = speculative(ns, ns.tensor_parallel_size)
     name = ns.served_model_name[0] if ns.served_model_name else ns.model_tag
     out.__dict__.update(
-        model_path=ns.model_tag, served_model_name=name, host=ns.host or "0.0.0.0", port=ns.port,
-        tp_size=ns.tensor_parallel_size, disable_custom_all_reduce=ns.disable_custom_all_reduce,
-        speculative_algorithm=algo, speculative_draft_model_path=draft,
-        speculative_num_steps=k or None, speculative_eagle_topk=1 if k else None,
-        speculative_num_draft_tokens=k + 1 if k else None, max_running_requests=ns.max_num_seqs,
-        context_length=ns.max_model_len, enable_metrics=True, decode_log_interval=1,
+        model_path=ns.model_tag,
+        served_model_name=name,
+        host=ns.host or "0.0.0.0",
+        port=ns.port,
+        tp_size=ns.tensor_parallel_size,
+        disable_custom_all_reduce=ns.disable_custom_all_reduce,
+        speculative_algorithm=algo,
+        speculative_draft_model_path=draft,
+        speculative_num_steps=k or None,
+        speculative_eagle_topk=1 if k else None,
+        speculative_num_draft_tokens=k + 1 if k else None,
+        max_running_requests=ns.max_num_seqs,
+        context_length=ns.max_model_len,
+        enable_metrics=True,
+        decode_log_interval=1,
         mem_fraction_static=ns.gpu_memory_utilization,
-        log_level="warning" if ns.uvicorn_log_level in ("warning", "error", "critical") else "info")
+        log_level="warning" if ns.uvicorn_log_level in ("warning", "error", "critical") else "info",
+    )
     return out
 
 
@@ -171,8 +208,18 @@ class VllmSimulator(Simulator):
         self.metrics = Metrics(ns.served_model_name, k)
 
     def _zero(self) -> dict:
-        return {"drafts": 0, "accepted": 0, "per_pos": [0] * self.k, "gen": 0, "t0": time.monotonic(),
-                "cycles": 0, "draft": 0.0, "verify": 0.0, "verifies": [], "hist": Counter()}
+        return {
+            "drafts": 0,
+            "accepted": 0,
+            "per_pos": [0] * self.k,
+            "gen": 0,
+            "t0": time.monotonic(),
+            "cycles": 0,
+            "draft": 0.0,
+            "verify": 0.0,
+            "verifies": [],
+            "hist": Counter(),
+        }
 
     # ---- start-up ------------------------------------------------------------------------
     async def startup(self) -> bool:
@@ -184,28 +231,41 @@ class VllmSimulator(Simulator):
         if not self.nccl_init():
             return False
         where = "gpu_model_runner.py:4979"
-        log.at("EngineCore_DP0", "core.py:95", f"Initializing a V1 LLM engine (v{VERSION}) with config: "
-               f"model={ns.model_path!r}, tensor_parallel_size={ns.tp_size}, speculative_config="
-               f"{self.vns.speculative_config!r}")
+        log.at(
+            "EngineCore_DP0",
+            "core.py:95",
+            f"Initializing a V1 LLM engine (v{VERSION}) with config: "
+            f"model={ns.model_path!r}, tensor_parallel_size={ns.tp_size}, speculative_config="
+            f"{self.vns.speculative_config!r}",
+        )
         if self.vns.gpu_memory_utilization < 0.2:
             await self.sleep_sim(load * 0.4)
-            self.engine_failure("ValueError: No available memory for the cache blocks. Try increasing "
-                                "`gpu_memory_utilization` when initializing the engine.")
+            self.engine_failure(
+                "ValueError: No available memory for the cache blocks. Try increasing "
+                "`gpu_memory_utilization` when initializing the engine."
+            )
             return False
         log.at("EngineCore_DP0", where, f"Starting to load model {ns.model_path}...")
         await self.sleep_sim(load * 0.45)
         if self.cfg.speculative:
             log.at("EngineCore_DP0", "gpu_model_runner.py:5010", "Loading drafter model...")
             await self.sleep_sim(load * 0.1)
-        log.at("EngineCore_DP0", "gpu_model_runner.py:5089",
-               f"Model loading took 71.21 GiB memory and {load * 0.55:.6f} seconds")
+        log.at(
+            "EngineCore_DP0",
+            "gpu_model_runner.py:5089",
+            f"Model loading took 71.21 GiB memory and {load * 0.55:.6f} seconds",
+        )
         log.at("EngineCore_DP0", "gpu_worker.py:773", "Available KV cache memory: 16.04 GiB")
         log.plain("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|██████████| 67/67")
         await self.sleep_sim(load * 0.35)
-        log.at("EngineCore_DP0", "gpu_model_runner.py:6517",
-               f"Graph capturing finished in {max(1, round(load * 0.35))} secs, took 0.52 GiB")
-        log.at("EngineCore_DP0", "core.py:413",
-               f"init engine (profile, create kv cache, warmup model) took {load:.2f} s")
+        log.at(
+            "EngineCore_DP0",
+            "gpu_model_runner.py:6517",
+            f"Graph capturing finished in {max(1, round(load * 0.35))} secs, took 0.52 GiB",
+        )
+        log.at(
+            "EngineCore_DP0", "core.py:413", f"init engine (profile, create kv cache, warmup model) took {load:.2f} s"
+        )
         log.at("APIServer", "launcher.py:188", "Available routes are:")
         for method, path, _ in ROUTES:
             log.at("APIServer", "launcher.py:197", f"Route: {path}, Methods: {method}")
@@ -214,19 +274,22 @@ class VllmSimulator(Simulator):
 
     def spawn_engine_core(self) -> None:
         """EngineCore (and, past TP 1, workers): children that leave the server's process group."""
-        code = ("import os,sys,time\nos.setpgid(0, 0)\np=int(sys.argv[1])\n"
-                "while os.getppid()==p: time.sleep(0.2)\n")
+        code = "import os,sys,time\nos.setpgid(0, 0)\np=int(sys.argv[1])\nwhile os.getppid()==p: time.sleep(0.2)\n"
         for _ in range(1 + min(1, self.ns.tp_size - 1)):
-            self.children.append(subprocess.Popen(
-                [sys.executable, "-c", code, str(os.getpid())],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            self.children.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", code, str(os.getpid())],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         self.log.pids["EngineCore_DP0"] = self.children[0].pid
 
     def engine_failure(self, final: str) -> None:
         self.log.at("EngineCore_DP0", "core.py:1036", "EngineCore failed to start.", force=True)
         self.log.plain("Traceback (most recent call last):")
-        self.log.plain('  File "/usr/lib/python3/dist-packages/vllm/v1/engine/core.py", line 1027, '
-                       'in run_engine_core')
+        self.log.plain('  File "/usr/lib/python3/dist-packages/vllm/v1/engine/core.py", line 1027, in run_engine_core')
         self.log.plain(final)
 
     def traceback(self, final: str) -> None:
@@ -281,19 +344,26 @@ class VllmSimulator(Simulator):
         in_cache = sum(r.prompt_tokens + r.produced for r in self.running)
         usage = min(100.0, in_cache / KV_TOKENS * 100)
         where = "loggers.py:257"
-        self.log.at("APIServer", where, f"Engine 000: Avg prompt throughput: {prompt / elapsed:.1f} tokens/s, "
-                    f"Avg generation throughput: {a['gen'] / elapsed:.1f} tokens/s, Running: {len(self.running)} "
-                    f"reqs, Waiting: {len(self.waiting)} reqs, GPU KV cache usage: {usage:.1f}%, "
-                    f"Prefix cache hit rate: 0.0%")
+        self.log.at(
+            "APIServer",
+            where,
+            f"Engine 000: Avg prompt throughput: {prompt / elapsed:.1f} tokens/s, "
+            f"Avg generation throughput: {a['gen'] / elapsed:.1f} tokens/s, Running: {len(self.running)} "
+            f"reqs, Waiting: {len(self.waiting)} reqs, GPU KV cache usage: {usage:.1f}%, "
+            f"Prefix cache hit rate: 0.0%",
+        )
         if a["drafts"]:
             drafted = a["drafts"] * self.k
             rates = ", ".join(f"{c / a['drafts']:.3f}" for c in a["per_pos"])
-            self.log.at("APIServer", "metrics.py:142",
-                        f"SpecDecoding metrics: Mean acceptance length: {1 + a['accepted'] / a['drafts']:.2f}, "
-                        f"Accepted throughput: {a['accepted'] / elapsed:.2f} tokens/s, "
-                        f"Drafted throughput: {drafted / elapsed:.2f} tokens/s, Accepted: {a['accepted']} tokens, "
-                        f"Drafted: {drafted} tokens, Per-position acceptance rate: {rates}, "
-                        f"Avg Draft acceptance rate: {a['accepted'] / drafted * 100:.1f}%")
+            self.log.at(
+                "APIServer",
+                "metrics.py:142",
+                f"SpecDecoding metrics: Mean acceptance length: {1 + a['accepted'] / a['drafts']:.2f}, "
+                f"Accepted throughput: {a['accepted'] / elapsed:.2f} tokens/s, "
+                f"Drafted throughput: {drafted / elapsed:.2f} tokens/s, Accepted: {a['accepted']} tokens, "
+                f"Drafted: {drafted} tokens, Per-position acceptance rate: {rates}, "
+                f"Avg Draft acceptance rate: {a['accepted'] / drafted * 100:.1f}%",
+            )
         if self.profile and self.cfg.speculative and a["cycles"]:
             self.log_profile(a)
 
@@ -305,28 +375,52 @@ class VllmSimulator(Simulator):
         accept = 1 + a["accepted"] / max(1, a["drafts"])
         bs = max(1, round(a["drafts"] / n))
         hist = ",".join(f"{k}:{c}" for k, c in sorted(a["hist"].items()))
-        self.log.at("EngineCore_DP0", "gpu_model_runner.py:3906",
-                    f"EAGLE3_PROFILE v=2 cycles={n} bs={bs} steps={self.k} topk=1 draft_tokens={self.k + 1} "
-                    f"verify_tokens={bs * (self.k + 1)} draft_ms={d:.3f} verify_ms={v:.3f} extend_ms=0.000 "
-                    f"cycle_ms={d + v:.3f} accept_len={accept:.3f} accept_hist={hist} "
-                    f"eff_tok_s={accept * bs / (d + v) * 1000:.2f} "
-                    f"p50_verify_ms={s[len(s) // 2]:.3f} p90_verify_ms={s[min(len(s) - 1, int(len(s) * 0.9))]:.3f} "
-                    f"max_verify_ms={s[-1]:.3f} sync=sim")
+        self.log.at(
+            "EngineCore_DP0",
+            "gpu_model_runner.py:3906",
+            f"EAGLE3_PROFILE v=2 cycles={n} bs={bs} steps={self.k} topk=1 draft_tokens={self.k + 1} "
+            f"verify_tokens={bs * (self.k + 1)} draft_ms={d:.3f} verify_ms={v:.3f} extend_ms=0.000 "
+            f"cycle_ms={d + v:.3f} accept_len={accept:.3f} accept_hist={hist} "
+            f"eff_tok_s={accept * bs / (d + v) * 1000:.2f} "
+            f"p50_verify_ms={s[len(s) // 2]:.3f} p90_verify_ms={s[min(len(s) - 1, int(len(s) * 0.9))]:.3f} "
+            f"max_verify_ms={s[-1]:.3f} sync=sim",
+        )
 
     # ---- HTTP ----------------------------------------------------------------------------
     async def h_completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)
         if body.get("model") not in (None, self.ns.served_model_name):
-            return web.json_response({"error": {"message": f"The model `{body.get('model')}` does not exist.",
-                                                "type": "NotFoundError", "param": "model", "code": 404}},
-                                     status=404)
+            return web.json_response(
+                {
+                    "error": {
+                        "message": f"The model `{body.get('model')}` does not exist.",
+                        "type": "NotFoundError",
+                        "param": "model",
+                        "code": 404,
+                    }
+                },
+                status=404,
+            )
         return await super().h_completions(request)
 
     async def h_models(self, request: web.Request) -> web.Response:
         name = self.ns.served_model_name
-        return web.json_response({"object": "list", "data": [
-            {"id": name, "object": "model", "created": int(time.time()), "owned_by": "vllm",
-             "root": self.ns.model_path, "parent": None, "max_model_len": self.ns.context_length or 262144}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": name,
+                        "object": "model",
+                        "created": int(time.time()),
+                        "owned_by": "vllm",
+                        "root": self.ns.model_path,
+                        "parent": None,
+                        "max_model_len": self.ns.context_length or 262144,
+                    }
+                ],
+            }
+        )
 
     async def h_version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": VERSION})
@@ -349,7 +443,9 @@ class Metrics:
 
     def __init__(self, model_name: str, k: int):
         import prometheus_client as pc
-        from ..engines import vllm as names
+
+        from tuitune.engines import vllm as names
+
         self.pc = pc
         self.registry = pc.CollectorRegistry()
         labels, values = ["model_name", "engine"], [model_name, "0"]
@@ -359,17 +455,23 @@ class Metrics:
 
         self.generation = counter(names.GENERATION_TOKENS, "Number of generation tokens processed.")
         self.prompt = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.running = pc.Gauge(names.RUNNING, "Number of requests in model execution batches.", labels,
-                                registry=self.registry).labels(*values)
-        self.waiting = pc.Gauge(names.WAITING, "Number of requests waiting to be processed.", labels,
-                                registry=self.registry).labels(*values)
+        self.running = pc.Gauge(
+            names.RUNNING, "Number of requests in model execution batches.", labels, registry=self.registry
+        ).labels(*values)
+        self.waiting = pc.Gauge(
+            names.WAITING, "Number of requests waiting to be processed.", labels, registry=self.registry
+        ).labels(*values)
         self.k = k
         if k:
             self.drafts = counter(names.NUM_DRAFTS, "Number of spec decoding drafts.")
             self.draft_tokens = counter(names.NUM_DRAFT_TOKENS, "Number of draft tokens.")
             self.accepted = counter(names.NUM_ACCEPTED, "Number of accepted tokens.")
-            per_pos = pc.Counter(names.ACCEPTED_PER_POS, "Accepted tokens per draft position.",
-                                 labels + ["position"], registry=self.registry)
+            per_pos = pc.Counter(
+                names.ACCEPTED_PER_POS,
+                "Accepted tokens per draft position.",
+                labels + ["position"],
+                registry=self.registry,
+            )
             self.per_pos = [per_pos.labels(*values, str(i)) for i in range(k)]
 
     def observe_draft(self, drafted: int, accepted: int) -> None:
@@ -397,10 +499,12 @@ def main(argv: list[str]) -> int:
     except ValueError as e:
         log.at("APIServer", "api_server.py:1", "Error in inspecting model architecture", force=True)
         log.plain("Traceback (most recent call last):")
-        log.plain('  File "/usr/lib/python3/dist-packages/vllm/engine/arg_utils.py", line 1790, '
-                  'in create_speculative_config')
-        log.plain(f"pydantic_core._pydantic_core.ValidationError: {e}" if "validation error" in str(e)
-                  else f"ValueError: {e}")
+        log.plain(
+            '  File "/usr/lib/python3/dist-packages/vllm/engine/arg_utils.py", line 1790, in create_speculative_config'
+        )
+        log.plain(
+            f"pydantic_core._pydantic_core.ValidationError: {e}" if "validation error" in str(e) else f"ValueError: {e}"
+        )
         return 1
     sim = VllmSimulator(ns, vns, faults, machine, acceptance, non_default)
     try:

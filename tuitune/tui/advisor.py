@@ -12,10 +12,10 @@ from collections import deque
 from rich.text import Text
 from textual.widgets import Input, Select, Static
 
-from .. import engines
-from ..advise import neighbours
-from ..costmodel import Config, FitError, Launch, config_of_window, fit
-from ..events import Event, Marker, ProfileWindow, ServerState
+from tuitune import engines
+from tuitune.base.events import Event, Marker, ProfileWindow, ServerState
+from tuitune.decide.advise import neighbours
+from tuitune.decide.costmodel import Config, FitError, Launch, config_of_window, fit
 
 REFIT_S = 2.0
 KEEP = 400  # windows of the current launch used for the fit (the newest)
@@ -44,8 +44,9 @@ class AdvisorPanel(Static):
             if isinstance(ev, ProfileWindow):
                 self.windows.append(ev)
                 self._dirty = True
-            elif (isinstance(ev, Marker) and ev.text.startswith("relaunch:")) or \
-                    (isinstance(ev, ServerState) and ev.state == "starting" and ev.phase == "launching"):
+            elif (isinstance(ev, Marker) and ev.text.startswith("relaunch:")) or (
+                isinstance(ev, ServerState) and ev.state == "starting" and ev.phase == "launching"
+            ):
                 self.windows.clear()  # a new launch: the old windows describe another server
                 self._dirty = True
 
@@ -91,11 +92,16 @@ class AdvisorPanel(Static):
             gain = p.goodput.mean / run.goodput.mean - 1 if run and run.goodput.mean > 0 else 0.0
             mark = "▶ " if p.config == best else ("● " if p.config == self.running else "  ")
             style = "bold green" if p.config == best and gain > 0 else ("bold" if p.config == self.running else "")
-            t.append(f"{mark}{self.engine.config_label(p.config):<30} {p.goodput.mean:>9.1f} tok/s  "
-                     f"[{max(0.0, p.goodput.lo):.0f}–{p.goodput.hi:.0f}] ", style=style)
+            t.append(
+                f"{mark}{self.engine.config_label(p.config):<30} {p.goodput.mean:>9.1f} tok/s  "
+                f"[{max(0.0, p.goodput.lo):.0f}–{p.goodput.hi:.0f}] ",
+                style=style,
+            )
             t.append(f"{gain:+6.1%}\n" if p.config != self.running else "running\n", style=style or "dim")
         if best is not None:
-            t.append(f"a: apply {self.engine.config_label(best)} to the config panel, then r relaunches   ", style="dim")
+            t.append(
+                f"a: apply {self.engine.config_label(best)} to the config panel, then r relaunches   ", style="dim"
+            )
         t.append(self.note, style="dim")
         return t
 
@@ -110,5 +116,9 @@ def apply_to_config(panel, c: Config) -> None:
     if algo.value == "none":
         base = panel.base
         algo.value = base.speculative.algorithm if base is not None and base.is_speculative else "EAGLE3"
-    for wid, v in (("#spec-num-steps", c.steps), ("#spec-eagle-topk", c.topk), ("#spec-num-draft-tokens", c.draft_tokens)):
+    for wid, v in (
+        ("#spec-num-steps", c.steps),
+        ("#spec-eagle-topk", c.topk),
+        ("#spec-num-draft-tokens", c.draft_tokens),
+    ):
         panel.query_one(wid, Input).value = str(v)

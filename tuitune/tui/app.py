@@ -23,22 +23,22 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Input, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState
 
-from .. import preset as P
-from .. import redact
-from ..bench import BenchConfig, level_row
-from ..control import ControlError
-from ..events import Event, GpuSample, LogLine, Marker, ProfileWindow, ServerState, TelemetryState
-from ..runs import RunBook, delta_mark
-from ..transport import TransportError
-from .advisor import AdvisorPanel, apply_to_config
-from .chart import ChartPanel
-from .config import ConfigPanel
-from .cycle import CyclePanel
-from .gpus import GpuPanel
-from .header import StatusHeader
-from .logpane import LogPane
-from .runs import RunsTable
-from .screens import ConfirmScreen, OpenScreen, QuitScreen, RelaunchScreen, SaveScreen
+from tuitune import preset as P
+from tuitune.base import redact
+from tuitune.base.events import Event, GpuSample, LogLine, Marker, ProfileWindow, ServerState, TelemetryState
+from tuitune.measure.bench import BenchConfig, level_row
+from tuitune.measure.runs import RunBook, delta_mark
+from tuitune.target.control import ControlError
+from tuitune.target.transport import TransportError
+from tuitune.tui.advisor import AdvisorPanel, apply_to_config
+from tuitune.tui.chart import ChartPanel
+from tuitune.tui.config import ConfigPanel
+from tuitune.tui.cycle import CyclePanel
+from tuitune.tui.gpus import GpuPanel
+from tuitune.tui.header import StatusHeader
+from tuitune.tui.logpane import LogPane
+from tuitune.tui.runs import RunsTable
+from tuitune.tui.screens import ConfirmScreen, OpenScreen, QuitScreen, RelaunchScreen, SaveScreen
 
 REFRESH_S = 0.1
 
@@ -123,18 +123,21 @@ def remember_theme(path: Path, theme: str) -> None:
 class TuituneCommands(Provider):
     """Command palette entries for the rarer actions, listed as soon as the palette opens."""
 
-    COMMANDS = (("Stop the server…", "confirm_stop_server", "asks first; the session stays open"),
-                ("Clear the runs table", "clear_runs", "forget every benchmark row"),
-                ("Bench over concurrency levels", "bench_levels", "the goodput curve (B)"),
-                ("Bench at the load's concurrency", "bench_at_load", "as many streams as the load runs"),
-                ("Switch chart", "chart", "tok/s per run / phase times / goodput curve (c)"),
-                ("Show the log", "show_log", "the log tab (g toggles)"),
-                ("Show the chart", "show_chart", "the chart tab (g toggles)"),
-                ("Show or hide the config panel", "toggle_config", "e edits it"),
-                ("Load: one more stream", "load_more", "+"), ("Load: one stream fewer", "load_less", "−"),
-                ("NCCL confirmation", "nccl_report", "what NCCL said it applied"),
-                ("Reload the preset from its file", "revert", "discard the edits"),
-                ("Follow the log again", "follow_log", "End or G"))
+    COMMANDS = (
+        ("Stop the server…", "confirm_stop_server", "asks first; the session stays open"),
+        ("Clear the runs table", "clear_runs", "forget every benchmark row"),
+        ("Bench over concurrency levels", "bench_levels", "the goodput curve (B)"),
+        ("Bench at the load's concurrency", "bench_at_load", "as many streams as the load runs"),
+        ("Switch chart", "chart", "tok/s per run / phase times / goodput curve (c)"),
+        ("Show the log", "show_log", "the log tab (g toggles)"),
+        ("Show the chart", "show_chart", "the chart tab (g toggles)"),
+        ("Show or hide the config panel", "toggle_config", "e edits it"),
+        ("Load: one more stream", "load_more", "+"),
+        ("Load: one stream fewer", "load_less", "−"),
+        ("NCCL confirmation", "nccl_report", "what NCCL said it applied"),
+        ("Reload the preset from its file", "revert", "discard the edits"),
+        ("Follow the log again", "follow_log", "End or G"),
+    )
 
     def _available(self):
         app = self.app
@@ -203,13 +206,30 @@ class TuituneApp(App):
         Binding("left", "seek(-10)", "−10s", show=False, id="tuitune.seek_back"),
         Binding("escape", "leave_input", show=False, id="tuitune.escape"),
     ]
-    LIVE_ONLY = {"relaunch", "bench", "bench_levels", "bench_at_load", "toggle_load", "load_more", "load_less",
-                 "stop_server", "confirm_stop_server"}
+    LIVE_ONLY = {
+        "relaunch",
+        "bench",
+        "bench_levels",
+        "bench_at_load",
+        "toggle_load",
+        "load_more",
+        "load_less",
+        "stop_server",
+        "confirm_stop_server",
+    }
     REPLAY_ONLY = {"pause", "seek"}
 
-    def __init__(self, session, *, autostart: str | None = None, load_on_start: bool = False,
-                 user_config: UserConfig | None = None, preset_path: Path | None = None,
-                 clock=time.time, stop_on_quit: bool = False):
+    def __init__(
+        self,
+        session,
+        *,
+        autostart: str | None = None,
+        load_on_start: bool = False,
+        user_config: UserConfig | None = None,
+        preset_path: Path | None = None,
+        clock=time.time,
+        stop_on_quit: bool = False,
+    ):
         super().__init__()
         self.stop_on_quit = stop_on_quit  # the quit dialog's default (the demo owns its simulator)
         self.session = session
@@ -281,24 +301,34 @@ class TuituneApp(App):
             known = self._binding_ids()
             for bid in cfg.keymap:
                 if bid not in known:
-                    errors.append(f"{cfg.path or 'config'}: keymap: no binding with id {bid!r}"
-                                  f"{_did_you_mean(bid, known)}; it is ignored")
+                    errors.append(
+                        f"{cfg.path or 'config'}: keymap: no binding with id {bid!r}"
+                        f"{_did_you_mean(bid, known)}; it is ignored"
+                    )
             self.set_keymap({k: v for k, v in cfg.keymap.items() if k in known})
         if cfg.theme:
             if cfg.theme in self.available_themes:
                 self.theme = cfg.theme
             else:
-                errors.append(f"{cfg.path or 'config'}: theme {cfg.theme!r} is not a theme"
-                              f"{_did_you_mean(cfg.theme, self.available_themes)}; using {self.theme}")
+                errors.append(
+                    f"{cfg.path or 'config'}: theme {cfg.theme!r} is not a theme"
+                    f"{_did_you_mean(cfg.theme, self.available_themes)}; using {self.theme}"
+                )
         for err in errors:
             self.say(err, "warning")
         self._theme_ready = True
 
     def _binding_ids(self) -> set[str]:
-        from . import screens
+        from tuitune.tui import screens
+
         ids = {b.id for b in self.BINDINGS if isinstance(b, Binding) and b.id}
-        for cls in (screens.RelaunchScreen, screens.SaveScreen, screens.OpenScreen, screens.QuitScreen,
-                    screens.ConfirmScreen):
+        for cls in (
+            screens.RelaunchScreen,
+            screens.SaveScreen,
+            screens.OpenScreen,
+            screens.QuitScreen,
+            screens.ConfirmScreen,
+        ):
             ids |= {b.id for b in cls.BINDINGS if isinstance(b, Binding) and b.id}
         return ids
 
@@ -358,8 +388,11 @@ class TuituneApp(App):
         elif not running:
             self.say(f"{self.session.preset.name}: server not running — press r to launch it", "warning")
         elif status.drift:
-            self.say(f"running server differs from the preset in {len(status.drift)} setting(s): "
-                     + "; ".join(str(d) for d in status.drift[:3]), "warning")
+            self.say(
+                f"running server differs from the preset in {len(status.drift)} setting(s): "
+                + "; ".join(str(d) for d in status.drift[:3]),
+                "warning",
+            )
         if self.load_on_start:
             await self.session.set_load(True)
 
@@ -380,8 +413,12 @@ class TuituneApp(App):
                 self._dirty_cycle = True
             elif isinstance(ev, Marker) and ev.text.startswith("warning: "):
                 self.say(ev.text.removeprefix("warning: "), "warning")
-            elif isinstance(ev, ServerState) and self.relaunch_screen is not None \
-                    and not self.relaunch_screen.finished and ev.state == "starting":
+            elif (
+                isinstance(ev, ServerState)
+                and self.relaunch_screen is not None
+                and not self.relaunch_screen.finished
+                and ev.state == "starting"
+            ):
                 self.relaunch_screen.set_phase(ev)
             elif isinstance(ev, ServerState) and ev.state == "exited":
                 self.say(f"server {ev.pid} exited: {ev.detail}; r relaunches it", "error")
@@ -397,16 +434,26 @@ class TuituneApp(App):
                 if isinstance(ev, TelemetryState) and ev.state in ("unavailable", "stopped") and ev.detail:
                     self.say(ev.detail, "warning")
         self.header.show(
-            s.label, self.draft.name if self.draft else "?", self.modified, s.state, s.link, s.load,
-            s.record.started if s.record else None, self.clock(), bench=self.bench_progress,
-            engine=self.draft.engine.label if self.draft else None)
-        if self._diff_for is None or self._diff_for[0] is not s.running_preset \
-                or self._diff_for[1] is not self.draft:
+            s.label,
+            self.draft.name if self.draft else "?",
+            self.modified,
+            s.state,
+            s.link,
+            s.load,
+            s.record.started if s.record else None,
+            self.clock(),
+            bench=self.bench_progress,
+            engine=self.draft.engine.label if self.draft else None,
+        )
+        if self._diff_for is None or self._diff_for[0] is not s.running_preset or self._diff_for[1] is not self.draft:
             self.update_diff()
         if self._dirty_cycle:
             self._dirty_cycle = False
-            self.cycle.refresh_from(s.store, bool(self.draft and self.draft.is_speculative),
-                                    self.draft.engine.label if self.draft else "SGLang")
+            self.cycle.refresh_from(
+                s.store,
+                bool(self.draft and self.draft.is_speculative),
+                self.draft.engine.label if self.draft else "SGLang",
+            )
         stale = self.stale_reason()
         if self._dirty_runs or stale != self._last_stale:
             self._dirty_runs = False
@@ -436,7 +483,7 @@ class TuituneApp(App):
         self.update_diff()
 
     def update_diff(self) -> None:
-        """"Differs from the running server": running → draft, redrawn whenever either changes
+        """ "Differs from the running server": running → draft, redrawn whenever either changes
         (an edit, a relaunch here or elsewhere, open, revert, save)."""
         running, draft = self.session.running_preset, self.draft
         self._diff_for = (running, draft)
@@ -455,7 +502,9 @@ class TuituneApp(App):
         if self.relaunch_worker is not None and self.relaunch_worker.state == WorkerState.RUNNING:
             self.say("a relaunch is already in progress", "warning")
             return
-        self.relaunch_screen = RelaunchScreen(self.draft.name, redact.Redactor(self.draft)(P.launch_command(self.draft)))
+        self.relaunch_screen = RelaunchScreen(
+            self.draft.name, redact.Redactor(self.draft)(P.launch_command(self.draft))
+        )
         self.push_screen(self.relaunch_screen)
         self.relaunch_worker = self.run_relaunch(self.draft)
 
@@ -526,8 +575,10 @@ class TuituneApp(App):
         n = sum(c.requests for c in cfgs)  # at least two requests per stream at each level
         done: list[float] = []
         self.bench_progress = (0, n, None)
-        self.say(f"benchmark: {preset.bench.warmup} warm-up + {n} requests of {preset.bench.max_tokens} tokens at "
-                 f"concurrency {', '.join(map(str, levels))}…")
+        self.say(
+            f"benchmark: {preset.bench.warmup} warm-up + {n} requests of {preset.bench.max_tokens} tokens at "
+            f"concurrency {', '.join(map(str, levels))}…"
+        )
 
         def progress(_i: int, r) -> None:
             if r.ok and r.decode_tok_s is not None:
@@ -550,17 +601,28 @@ class TuituneApp(App):
             self.say(f"benchmark: no request succeeded ({errors[:200]}); no row added", "error")
             return
         first = runs[0]
-        r = self.book.add(preset.name, preset, first.tok_s(), first.summary(), first.cycle_ms, started=self.clock(),
-                          env_drift=first.env_drift, gpu_note=next((run.gpu_note for run in runs if run.gpu_note), None),
-                          levels=[level_row(run.summary()) for run in runs] if len(runs) > 1 else None)
+        r = self.book.add(
+            preset.name,
+            preset,
+            first.tok_s(),
+            first.summary(),
+            first.cycle_ms,
+            started=self.clock(),
+            env_drift=first.env_drift,
+            gpu_note=next((run.gpu_note for run in runs if run.gpu_note), None),
+            levels=[level_row(run.summary()) for run in runs] if len(runs) > 1 else None,
+        )
         self._dirty_runs = True
         if len(runs) > 1:
             self.chart.mode = "goodput"
         mark = delta_mark(self.book.delta(r))
-        self.say(f"run #{r.id}: {r.median:.1f} tok/s" + ("" if mark == "—" else f", {mark} vs baseline")
-                 + (f", {r.failed} failed" if r.failed else "")
-                 + (f"; GPUs held back: {r.gpu_note}" if r.gpu_note else ""),
-                 "error" if r.failed else "information")
+        self.say(
+            f"run #{r.id}: {r.median:.1f} tok/s"
+            + ("" if mark == "—" else f", {mark} vs baseline")
+            + (f", {r.failed} failed" if r.failed else "")
+            + (f"; GPUs held back: {r.gpu_note}" if r.gpu_note else ""),
+            "error" if r.failed else "information",
+        )
 
     def action_mark_baseline(self) -> None:
         table = self.runs_table
@@ -594,8 +656,11 @@ class TuituneApp(App):
         if self.draft_errors:
             self.say("fix the configuration first: " + next(iter(self.draft_errors.values())), "error")
             return
-        default = str(self.preset_path) if self.preset_path and self.preset_path.parent != P.shipped_dir() \
+        default = (
+            str(self.preset_path)
+            if self.preset_path and self.preset_path.parent != P.shipped_dir()
             else self.draft.name
+        )
 
         def done(answer: tuple[str, str] | None) -> None:
             if not answer:
@@ -616,8 +681,9 @@ class TuituneApp(App):
             self.config.load(self.draft)
             self.say(f"saved {saved}")
 
-        self.push_screen(SaveScreen(default, self.draft.description or "",
-                                    stale_description(self.loaded, self.draft)), done)
+        self.push_screen(
+            SaveScreen(default, self.draft.description or "", stale_description(self.loaded, self.draft)), done
+        )
 
     def action_open(self) -> None:
         def done(path: Path | None) -> None:
@@ -632,9 +698,12 @@ class TuituneApp(App):
             if (p.target.label(), p.server.port) != here:
                 # a session follows one server (its port's state file, log and forward): loading a
                 # preset for another one here would leave that server untracked
-                self.say(f"{p.name} runs on {p.target.label()} port {p.server.port}; this session follows "
-                         f"{here[0]} port {here[1]}. Quit and run `tuitune {path}` to work on it, or "
-                         f"change its port to {here[1]} to try it here", "error")
+                self.say(
+                    f"{p.name} runs on {p.target.label()} port {p.server.port}; this session follows "
+                    f"{here[0]} port {here[1]}. Quit and run `tuitune {path}` to work on it, or "
+                    f"change its port to {here[1]} to try it here",
+                    "error",
+                )
                 return
             self.loaded = self.draft = p
             self.preset_path = path
@@ -721,16 +790,24 @@ class TuituneApp(App):
         if not rows:
             self.say("no NCCL variables in this preset to confirm")
             return
-        self.say("; ".join(f"{k}: {state}" for k, state, _ in rows) + (f" ({note})" if note else ""),
-                 "warning" if note else "information")
+        self.say(
+            "; ".join(f"{k}: {state}" for k, state, _ in rows) + (f" ({note})" if note else ""),
+            "warning" if note else "information",
+        )
 
     def action_confirm_stop_server(self) -> None:
         def done(yes: bool | None) -> None:
             if yes:
                 self.run_worker(self.action_stop_server(), group="stop", exit_on_error=False)
 
-        self.push_screen(ConfirmScreen(f"Stop the server of {self.session.preset.name} "
-                                       f"(pid {self.session.state.pid or '?'})?", "Stop it [s]", "s"), done)
+        self.push_screen(
+            ConfirmScreen(
+                f"Stop the server of {self.session.preset.name} (pid {self.session.state.pid or '?'})?",
+                "Stop it [s]",
+                "s",
+            ),
+            done,
+        )
 
     async def action_stop_server(self) -> None:
         try:
@@ -767,8 +844,9 @@ class TuituneApp(App):
             if choice in ("leave", "stop"):
                 self.run_worker(self._close_session(choice == "stop"), group="quit", exit_on_error=False)
 
-        self.push_screen(QuitScreen(self.session.preset.name, starting=st == "starting",
-                                    default_stop=self.stop_on_quit), done)
+        self.push_screen(
+            QuitScreen(self.session.preset.name, starting=st == "starting", default_stop=self.stop_on_quit), done
+        )
 
     async def _close_session(self, stop_server: bool) -> None:
         self.cancel_relaunch()  # a start in progress is stopped, never left half-started
@@ -786,6 +864,5 @@ def stale_description(loaded: P.Preset | None, draft: P.Preset) -> str:
         return ""
     for key, old, new in P.diff(loaded, draft):
         if old is not None and re.search(rf"(?<![\w.]){re.escape(str(old))}(?![\w.])", desc):
-            return (f"the description mentions {old}, but {key} is now "
-                    f"{'(unset)' if new is None else new}: update it?")
+            return f"the description mentions {old}, but {key} is now {'(unset)' if new is None else new}: update it?"
     return ""

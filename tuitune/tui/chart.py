@@ -7,8 +7,8 @@ import math
 from rich.text import Text
 from textual.widgets import Static
 
-from ..metrics import MetricsStore
-from ..runs import RunBook
+from tuitune.measure.metrics import MetricsStore
+from tuitune.measure.runs import RunBook
 
 MODES = ("runs", "phases", "goodput")
 

@@ -12,12 +12,14 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Checkbox, Input, Label, Select, Static
 
-from .. import nccl, speculative
-from ..preset import Preset, PresetError, with_changes
+from tuitune.engines import speculative
+from tuitune.preset import Preset, PresetError, nccl, with_changes
 
 ALGORITHMS = [("none (baseline)", "none")] + [(a, a) for a in speculative.ALGORITHMS]
-SERVER_FLAGS = (("num-continuous-decode-steps", "cont. decode steps", "int"),
-                ("mem-fraction-static", "mem fraction static", "float"))
+SERVER_FLAGS = (
+    ("num-continuous-decode-steps", "cont. decode steps", "int"),
+    ("mem-fraction-static", "mem fraction static", "float"),
+)
 
 
 def _wid(name: str) -> str:
@@ -98,8 +100,9 @@ class ConfigPanel(VerticalScroll):
                         yield Select([(c, c) for c in var.choices], allow_blank=True, id=f"val-{w}")
                     else:
                         yield Input(placeholder=f"default: {var.default}", id=f"val-{w}")
-                yield Static(var.help + (f" (deprecated: {var.deprecated_by})" if var.deprecated_by else ""),
-                             classes="help")
+                yield Static(
+                    var.help + (f" (deprecated: {var.deprecated_by})" if var.deprecated_by else ""), classes="help"
+                )
                 yield Static("", id=f"err-{w}", classes="error -empty")
 
     def on_mount(self) -> None:
@@ -125,7 +128,8 @@ class ConfigPanel(VerticalScroll):
                 v = args.get(flag)
                 self.query_one(f"#flag-{flag}", Input).value = "" if v is None else str(v)
             self.query_one("#flag-disable-custom-all-reduce", Checkbox).value = bool(
-                args.get("disable-custom-all-reduce", False))
+                args.get("disable-custom-all-reduce", False)
+            )
             for var in nccl.CATALOGUE.values():
                 w = _wid(var.name)
                 value = preset.env.get(var.name)
@@ -252,7 +256,8 @@ class ConfigPanel(VerticalScroll):
 
     def show_diff(self, lines: list[str]) -> None:
         self.query_one("#diff", Static).update(
-            ("differs from the running server:\n" + "\n".join(lines)) if lines else "")
+            ("differs from the running server:\n" + "\n".join(lines)) if lines else ""
+        )
 
     def on_input_changed(self, event: Input.Changed) -> None:
         event.stop()

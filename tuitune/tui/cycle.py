@@ -7,7 +7,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
-from ..metrics import MetricsStore
+from tuitune.measure.metrics import MetricsStore
 
 BAR_WIDTH = 36  # at most; narrower terminals get shorter bars, never wrapped ones
 BAR_TEXT = 7 + 21  # the name before a bar, the figures after it
@@ -23,6 +23,8 @@ def sparkline(values: list[float], lo: float, hi: float, width: int) -> str:
         frac = min(1.0, max(0.0, (v - lo) / span))
         out.append(BLOCKS[min(len(BLOCKS) - 1, int(frac * len(BLOCKS)))])
     return "".join(out)
+
+
 SPARKS = (("accept_len", "accept len", "{:.2f}"), ("tok_s", "tok/s", "{:.1f}"), ("verify_ms", "verify ms", "{:.2f}"))
 
 
@@ -101,16 +103,18 @@ class CyclePanel(Vertical):
         per_pos = store.last_per_position
         room = bars.size.width or (self.size.width - 4 if self.size.width > 4 else 100)
         if p is not None:
-            text = phase_bars(p.draft_ms, p.verify_ms, p.extend_ms, p.cycle_ms,
-                              max(8, min(BAR_WIDTH, room - BAR_TEXT)))
+            text = phase_bars(p.draft_ms, p.verify_ms, p.extend_ms, p.cycle_ms, max(8, min(BAR_WIDTH, room - BAR_TEXT)))
             summary = f"cycle {p.cycle_ms:.2f} ms · accept len {p.accept_len:.2f} · "
             text.append(summary, style="bold")
             text.append(f"{p.tok_s:.1f} tok/s", style="bold green")
             used = len(summary) + len(f"{p.tok_s:.1f} tok/s")
             # the most telling extras first; what does not fit on the line is left out
             extra: list[str] = []
-            for item in ([f"steps {p.steps} topk {p.topk}"] if p.steps is not None else []) + \
-                    ([f"bs {p.bs}"] if p.bs else []) + [f"{p.cycles} cycles"]:
+            for item in (
+                ([f"steps {p.steps} topk {p.topk}"] if p.steps is not None else [])
+                + ([f"bs {p.bs}"] if p.bs else [])
+                + [f"{p.cycles} cycles"]
+            ):
                 if used + len(", ".join([*extra, item])) + 3 <= room:
                     extra.append(item)
             if extra:
@@ -137,8 +141,11 @@ class CyclePanel(Vertical):
                 if per_pos:
                     t.append("\n")
                     t.append(position_row(per_pos))
-                t.append("\nno EAGLE3_PROFILE lines: set `profile: true` in the preset (the probe) for "
-                         "draft / verify / extend times", style="dim")
+                t.append(
+                    "\nno EAGLE3_PROFILE lines: set `profile: true` in the preset (the probe) for "
+                    "draft / verify / extend times",
+                    style="dim",
+                )
             else:
                 t.append("\nbaseline server (no speculation): decode throughput only", style="dim")
             bars.update(t)
@@ -146,8 +153,11 @@ class CyclePanel(Vertical):
         else:
             bars.update(self._waiting())
         for key, _, fmt in SPARKS:
-            series = store[key] if p is not None or key not in ("accept_len", "tok_s") else \
-                store["decode_accept_len" if key == "accept_len" else "gen_throughput"]
+            series = (
+                store[key]
+                if p is not None or key not in ("accept_len", "tok_s")
+                else store["decode_accept_len" if key == "accept_len" else "gen_throughput"]
+            )
             values = series.values()
             spark = self.query_one(f"#spark-{key}", Static)
             lo, hi = series.display_range()

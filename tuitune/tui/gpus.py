@@ -10,16 +10,22 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from ..events import Event, GpuSample, TelemetryState
-from ..metrics import GpuStore
-from ..telemetry import gpu_flags
-from .cycle import sparkline
+from tuitune.base.events import Event, GpuSample, TelemetryState
+from tuitune.measure.metrics import GpuStore
+from tuitune.target.telemetry import gpu_flags
+from tuitune.tui.cycle import sparkline
 
 MODES = ("full", "summary", "hidden")
 MIN_HEIGHT_FOR_ROWS = 36  # below this many terminal rows, the panel shrinks to its summary line
-FLAG_STYLE = {"power cap": "bold yellow", "power brake": "bold red", "SW thermal": "bold red",
-              "HW thermal": "bold red", "HW slowdown": "bold red", "straggler": "bold magenta",
-              "idle under load": "bold red"}
+FLAG_STYLE = {
+    "power cap": "bold yellow",
+    "power brake": "bold red",
+    "SW thermal": "bold red",
+    "HW thermal": "bold red",
+    "HW slowdown": "bold red",
+    "straggler": "bold magenta",
+    "idle under load": "bold red",
+}
 
 
 def bar(frac: float, width: int) -> str:

@@ -7,8 +7,15 @@ import time
 from rich.text import Text
 from textual.widgets import Static
 
-STATE_STYLE = {"ready": "bold green", "starting": "bold yellow", "stopping": "yellow", "failed": "bold red",
-               "exited": "bold red", "stopped": "dim", "replay": "bold cyan"}
+STATE_STYLE = {
+    "ready": "bold green",
+    "starting": "bold yellow",
+    "stopping": "yellow",
+    "failed": "bold red",
+    "exited": "bold red",
+    "stopped": "dim",
+    "replay": "bold cyan",
+}
 
 
 CAUSE_MAX = 70  # of the header line; the whole message is in the notification and the log
@@ -22,9 +29,19 @@ def _dur(s: float) -> str:
 class StatusHeader(Static):
     DEFAULT_CSS = "StatusHeader { height: 1; background: $boost; padding: 0 1; }"
 
-    def show(self, target: str, preset: str, modified: bool, state, link, load, started: float | None,
-             now: float | None = None, bench: tuple[int, int, float | None] | None = None,
-             engine: str | None = None) -> None:
+    def show(
+        self,
+        target: str,
+        preset: str,
+        modified: bool,
+        state,
+        link,
+        load,
+        started: float | None,
+        now: float | None = None,
+        bench: tuple[int, int, float | None] | None = None,
+        engine: str | None = None,
+    ) -> None:
         now = time.time() if now is None else now
         t = Text()
         t.append("tuitune ", style="bold")
@@ -47,14 +64,16 @@ class StatusHeader(Static):
             if started:
                 t.append(f" · up {_dur(now - started)}")
         elif st in ("failed", "exited") and state.detail:
-            cause = state.detail if len(state.detail) <= CAUSE_MAX else state.detail[:CAUSE_MAX - 1] + "…"
+            cause = state.detail if len(state.detail) <= CAUSE_MAX else state.detail[: CAUSE_MAX - 1] + "…"
             t.append(f": {cause}", style="red")
         elif st == "replay" and state.phase == "end":
             t.append(" (end)")
         t.append(" │ link ")
         ls = link.state
-        t.append(f"{ls}" + (f" ({link.attempt})" if ls == "reconnecting" else ""),
-                 style="green" if ls in ("connected", "replay") else ("yellow" if ls == "reconnecting" else "red"))
+        t.append(
+            f"{ls}" + (f" ({link.attempt})" if ls == "reconnecting" else ""),
+            style="green" if ls in ("connected", "replay") else ("yellow" if ls == "reconnecting" else "red"),
+        )
         if bench is not None:
             done, total, med = bench
             t.append(" │ bench ")

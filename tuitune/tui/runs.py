@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.widgets import DataTable
 
-from ..runs import RunBook, delta_mark
+from tuitune.measure.runs import RunBook, delta_mark
 
 COLUMNS = ("#", "conc", "tok/s", "95% CI", "Δ vs base", "accept", "cycle ms", "failed", "gpus", "config (vs baseline)")
 
@@ -44,13 +44,17 @@ class RunsTable(DataTable):
             summary = book.config_summary(run)
             self.add_row(
                 Text(f"{run.id}{' ★' if base else ''}", style="bold" if base else ""),
-                run.concurrency_text, f"{run.median:.1f}", f"{lo:.1f}–{hi:.1f}", Text(mark, style=style),
+                run.concurrency_text,
+                f"{run.median:.1f}",
+                f"{lo:.1f}–{hi:.1f}",
+                Text(mark, style=style),
                 f"{run.accept_len:.2f}" if run.accept_len else "—",
                 f"{run.cycle_ms:.2f}" if run.cycle_ms else "—",
                 str(run.failed) if run.failed else "",
                 Text(gpu_mark(run.gpu_note), style="bold yellow"),
                 Text(summary if len(summary) <= 48 else summary[:47] + "…"),
-                key=str(run.id))
+                key=str(run.id),
+            )
         self.set_class(bool(book.runs), "-has-runs")
         if book.runs:
             self.move_cursor(row=min(max(keep, 0), len(book.runs) - 1))

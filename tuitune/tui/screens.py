@@ -17,15 +17,17 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from .. import preset as P
-from .. import redact
+from tuitune import preset as P
+from tuitune.base import redact
 
 
 class RelaunchScreen(ModalScreen[None]):
     """Phase, elapsed time and the last log lines of a relaunch; Esc cancels a start."""
 
-    BINDINGS = [Binding("escape", "cancel", "cancel / close", id="relaunch.cancel"),
-                Binding("q", "app.quit_app", "quit", id="relaunch.quit")]
+    BINDINGS = [
+        Binding("escape", "cancel", "cancel / close", id="relaunch.cancel"),
+        Binding("q", "app.quit_app", "quit", id="relaunch.quit"),
+    ]
     DEFAULT_CSS = """
     RelaunchScreen { align: center middle; }
     RelaunchScreen > Vertical { width: 110; max-width: 100%; height: 26; max-height: 100%; border: thick $primary;
@@ -143,8 +145,10 @@ class SaveScreen(ModalScreen[tuple[str, str] | None]):
 class OpenScreen(ModalScreen[Path | None]):
     """Pick a preset; the diff against the current configuration is shown before loading."""
 
-    BINDINGS = [Binding("escape", "cancel", "cancel", id="open.cancel"),
-                Binding("q", "app.quit_app", "quit", id="open.quit")]
+    BINDINGS = [
+        Binding("escape", "cancel", "cancel", id="open.cancel"),
+        Binding("q", "app.quit_app", "quit", id="open.quit"),
+    ]
     DEFAULT_CSS = """
     OpenScreen { align: center middle; }
     OpenScreen > Vertical { width: 120; max-width: 100%; height: 32; max-height: 100%; border: thick $primary;
@@ -161,10 +165,17 @@ class OpenScreen(ModalScreen[Path | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label("open a preset: Enter loads one for this server (not launched until you press r); "
-                        "one marked ≠ runs on another target or port")
-            yield OptionList(*[Option(f"{self._mark(path)} {origin:<8} {name:<28} {desc[:70]}", id=str(i))
-                               for i, (origin, path, name, desc) in enumerate(self.entries)], id="presets")
+            yield Label(
+                "open a preset: Enter loads one for this server (not launched until you press r); "
+                "one marked ≠ runs on another target or port"
+            )
+            yield OptionList(
+                *[
+                    Option(f"{self._mark(path)} {origin:<8} {name:<28} {desc[:70]}", id=str(i))
+                    for i, (origin, path, name, desc) in enumerate(self.entries)
+                ],
+                id="presets",
+            )
             yield Static("", id="preview")
 
     def _mark(self, path: Path) -> str:
@@ -207,10 +218,12 @@ class QuitScreen(ModalScreen[str | None]):
     """Quit while a server of ours runs: leave it running or stop it. The default (Enter) is to
     leave a real server running and to stop the demo's simulator (``default_stop``)."""
 
-    BINDINGS = [Binding("escape", "cancel", "cancel", id="quit.cancel"),
-                Binding("enter", "default", "default", show=False, id="quit.default"),
-                Binding("y", "leave", "leave running", id="quit.leave"),
-                Binding("s", "stop", "stop server", id="quit.stop")]
+    BINDINGS = [
+        Binding("escape", "cancel", "cancel", id="quit.cancel"),
+        Binding("enter", "default", "default", show=False, id="quit.default"),
+        Binding("y", "leave", "leave running", id="quit.leave"),
+        Binding("s", "stop", "stop server", id="quit.stop"),
+    ]
     DEFAULT_CSS = """
     QuitScreen { align: center middle; }
     QuitScreen > Vertical { width: 64; max-width: 100%; height: auto; max-height: 100%; border: thick $primary;
@@ -234,10 +247,14 @@ class QuitScreen(ModalScreen[str | None]):
                 yield Label(Content(f"Quit tuitune. The server of {self.preset} is running: leave it running?"))
             with Horizontal():
                 if not self.starting:
-                    yield Button(Content("Leave it running [y]" + (" ⏎" if not self.default_stop else "")), id="leave",
-                                 variant="default" if self.default_stop else "primary")
-                yield Button(Content("Stop the server [s]" + (" ⏎" if self.default_stop else "")), id="stop",
-                             variant="error")
+                    yield Button(
+                        Content("Leave it running [y]" + (" ⏎" if not self.default_stop else "")),
+                        id="leave",
+                        variant="default" if self.default_stop else "primary",
+                    )
+                yield Button(
+                    Content("Stop the server [s]" + (" ⏎" if self.default_stop else "")), id="stop", variant="error"
+                )
             yield Label("Esc: back to tuitune", classes="hint")
 
     def on_mount(self) -> None:

@@ -9,13 +9,13 @@ import random
 import sys
 from pathlib import Path
 
-from .. import preset as P
-from ..capture import Replay, read_capture
-from ..events import GpuSample, ServerState, TelemetryState
-from ..metrics import summarize
-from ..stats import bootstrap_median_ci
-from .app import TuituneApp, UserConfig
-from .screens import RelaunchScreen
+from tuitune import preset as P
+from tuitune.base.events import GpuSample, ServerState, TelemetryState
+from tuitune.measure.capture import Replay, read_capture
+from tuitune.measure.metrics import summarize
+from tuitune.measure.stats import bootstrap_median_ci
+from tuitune.tui.app import TuituneApp, UserConfig
+from tuitune.tui.screens import RelaunchScreen
 
 CAPTURE = Path(__file__).resolve().parent.parent.parent / "tests" / "data" / "demo-capture.jsonl"
 SIZE = (140, 44)  # wide: the config panel stays open beside the panels
@@ -42,10 +42,13 @@ def _runs(app: TuituneApp) -> None:
     for preset, scale, drift in ((base, 1.0, []), (base, 0.76, lost), (five, 0.93, [])):
         values = [rate * scale * rng.gauss(1.0, 0.01) for _ in range(10)]
         s = summarize(values)
-        summary = {"tok_s": {**s.as_dict(), "ci95": list(bootstrap_median_ci(values))}, "failed": 0,
-                   "requests": 10, "accept_len": {"mean": 1.9 if preset is not five else 2.0}}
-        app.book.add(preset.name, preset, values, summary, cycle_ms=20.1 / scale, started=CLOCK - 60,
-                     env_drift=drift)
+        summary = {
+            "tok_s": {**s.as_dict(), "ci95": list(bootstrap_median_ci(values))},
+            "failed": 0,
+            "requests": 10,
+            "accept_len": {"mean": 1.9 if preset is not five else 2.0},
+        }
+        app.book.add(preset.name, preset, values, summary, cycle_ms=20.1 / scale, started=CLOCK - 60, env_drift=drift)
     app._dirty_runs = True
 
 
@@ -57,13 +60,28 @@ def _gpus(app: TuituneApp) -> None:
         ticks = []
         for i in range(8):
             hot = i == 3 and seq >= 20
-            ticks.append(GpuSample(
-                index=i, seq=seq, util=round(55 + 8 * rng.random()) if i == 5 else round(95 + 5 * rng.random()),
-                mem_util=23.0, mem_used=126518.0, mem_total=143771.0, power=round(430 + 40 * rng.random(), 2),
-                power_limit=700.0, sm_clock=1290.0 if hot else 1980.0, sm_clock_max=1980.0, mem_clock=3201.0,
-                temp=88.0 if hot else float(52 + rng.randrange(5)), reasons=0x20 if hot else 0x0, pcie_gen=5,
-                pcie_width=16, pcie_rx=float(900 + rng.randrange(300)), pcie_tx=float(300 + rng.randrange(100)),
-                name="NVIDIA H200"))
+            ticks.append(
+                GpuSample(
+                    index=i,
+                    seq=seq,
+                    util=round(55 + 8 * rng.random()) if i == 5 else round(95 + 5 * rng.random()),
+                    mem_util=23.0,
+                    mem_used=126518.0,
+                    mem_total=143771.0,
+                    power=round(430 + 40 * rng.random(), 2),
+                    power_limit=700.0,
+                    sm_clock=1290.0 if hot else 1980.0,
+                    sm_clock_max=1980.0,
+                    mem_clock=3201.0,
+                    temp=88.0 if hot else float(52 + rng.randrange(5)),
+                    reasons=0x20 if hot else 0x0,
+                    pcie_gen=5,
+                    pcie_width=16,
+                    pcie_rx=float(900 + rng.randrange(300)),
+                    pcie_tx=float(300 + rng.randrange(100)),
+                    name="NVIDIA H200",
+                )
+            )
         app.session.publish(ticks)
     _runs(app)
     app.book.runs[-1].gpu_note = "thermal cap GPU 3 (50% of samples); straggler GPU 5 (100%)"
@@ -102,15 +120,22 @@ async def prepare(app: TuituneApp, pilot, scene: str) -> None:
         app.refresh_views()
         app.advisor.refresh_model(force=True)
     elif scene == "failure":
-        message = ("server exited during start (out of memory): CUDA out of memory. Tried to allocate 3.50 GiB. "
-                   "GPU 0 has a total capacity of 94.97 GiB of which 1.12 GiB is free.")
+        message = (
+            "server exited during start (out of memory): CUDA out of memory. Tried to allocate 3.50 GiB. "
+            "GPU 0 has a total capacity of 94.97 GiB of which 1.12 GiB is free."
+        )
         app.session.state = ServerState("failed", "failed", message)  # what the header shows behind it
         screen = await _relaunch_view(app)
-        screen.done(False, message,
-                    ["[2026-11-29 16:02:01 TP0] Load weight begin. avail mem=93.62 GB",
-                     "[2026-11-29 16:02:02 TP0] Scheduler hit an exception: Traceback (most recent call last):",
-                     '  File "/usr/lib/python3/dist-packages/sglang/srt/managers/scheduler.py", line 2870',
-                     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB."])
+        screen.done(
+            False,
+            message,
+            [
+                "[2026-11-29 16:02:01 TP0] Load weight begin. avail mem=93.62 GB",
+                "[2026-11-29 16:02:02 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+                '  File "/usr/lib/python3/dist-packages/sglang/srt/managers/scheduler.py", line 2870',
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB.",
+            ],
+        )
     app.refresh_views()
     await pilot.pause()
 

@@ -1,0 +1,252 @@
+"""Advice from a fitted cost model: every configuration's predicted goodput, the best few, the
+measurement worth making next, and SGLang's own adaptive schedule (core; no UI).
+
+The space (SGLang's rules, ``speculative.resolve``): speculation off; steps 1-8; topk 1, 2, 4,
+8; draft tokens = steps + 1 for topk 1, and for trees the budgets in ``TREE_TOKENS`` that SGLang
+accepts (``steps < draft_tokens <= steps × topk + 1``) plus the full tree. An engine that drafts
+chains only (vLLM: ``Engine.topks == (1,)``) gets the chains and "off".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tuitune.decide.costmodel import OFF, Config, CostModel, Prediction
+
+MAX_STEPS = 8
+TOPKS = (1, 2, 4, 8)
+TREE_TOKENS = (4, 6, 8, 12, 16, 24, 32, 48, 64)
+ADAPTIVE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # SGLang's keys are lower bounds of batch-size ranges
+TOLERANCE = 0.02  # "within 2 % of the best" (adaptive candidates; ties)
+
+
+def space(max_steps: int = MAX_STEPS, topks: tuple[int, ...] = TOPKS) -> list[Config]:
+    out = [OFF]
+    for steps in range(1, max_steps + 1):
+        for k in topks:
+            if k == 1:
+                out.append(Config.chain(steps))
+                continue
+            full = steps * k + 1
+            budgets = {n for n in TREE_TOKENS if steps + 1 < n <= full}
+            if full <= max(TREE_TOKENS):
+                budgets.add(full)
+            out.extend(Config(steps, k, n) for n in sorted(budgets))
+    return out
+
+
+def rank(model: CostModel, concurrency: int, configs: list[Config] | None = None) -> list[Prediction]:
+    preds = [model.predict(c, concurrency) for c in (configs or space())]
+    preds.sort(key=lambda p: -p.goodput.mean)
+    return preds
+
+
+@dataclass
+class Advice:
+    concurrency: int
+    ranking: list[Prediction]
+    running: Prediction | None
+    measured: dict[Config, float]  # goodput a benchmark measured at this concurrency
+    next_measurement: Prediction | None
+
+    @property
+    def best(self) -> Prediction:
+        return self.ranking[0]
+
+    def gain(self, p: Prediction) -> float | None:
+        """Predicted gain of ``p`` over the running configuration (a fraction)."""
+        if self.running is None or self.running.goodput.mean <= 0:
+            return None
+        return p.goodput.mean / self.running.goodput.mean - 1.0
+
+    def top(self, n: int = 5) -> list[Prediction]:
+        return self.ranking[:n]
+
+    def to_dict(self, full: bool = True) -> dict:
+        def row(p: Prediction) -> dict:
+            d = p.to_dict()
+            g = self.gain(p)
+            if g is not None:
+                d["gain_over_running"] = g
+            if p.config in self.measured:
+                d["measured_goodput"] = self.measured[p.config]
+            return d
+
+        out = {
+            "concurrency": self.concurrency,
+            "top": [row(p) for p in self.top()],
+            "running": row(self.running) if self.running else None,
+            "next_measurement": row(self.next_measurement) if self.next_measurement else None,
+        }
+        if full:
+            out["all"] = [row(p) for p in self.ranking]
+        return out
+
+
+def next_measurement(ranking: list[Prediction], measured: set[Config]) -> Prediction | None:
+    """The unmeasured configuration whose interval reaches above the best prediction and is the
+    widest: measuring it shrinks the uncertainty that could still change the answer the most."""
+    best = ranking[0].goodput.mean
+    open_ = [p for p in ranking if p.config not in measured and p.goodput.hi > best]
+    return max(open_, key=lambda p: p.goodput.sd, default=None)
+
+
+def advise(
+    model: CostModel, concurrency: int, running: Config | None = None, configs: list[Config] | None = None
+) -> Advice:
+    ranking = rank(model, concurrency, configs)
+    measured = {ln.config: ln.goodput[concurrency] for ln in model.launches if concurrency in ln.goodput}
+    run = next((p for p in ranking if p.config == running), None) if running is not None else None
+    if running is not None and run is None:
+        run = model.predict(running, concurrency)
+    seen = {ln.config for ln in model.launches}
+    return Advice(concurrency, ranking, run, measured, next_measurement(ranking, seen))
+
+
+def neighbours(c: Config, topks: tuple[int, ...] = TOPKS) -> list[Config]:
+    """The running configuration and the moves an operator would try next: steps ±1, the other
+    topk values (of those the engine runs) at a comparable budget, speculation off."""
+    out = [c]
+    if c.speculative:
+        for s in (c.steps - 1, c.steps + 1):
+            if 1 <= s <= MAX_STEPS:
+                out.append(Config.chain(s) if c.topk == 1 else Config(s, c.topk, min(c.draft_tokens, s * c.topk + 1)))
+        for k in topks:
+            if k != c.topk:
+                n = c.steps + 1 if k == 1 else min(max(c.draft_tokens, c.steps + 2), c.steps * k + 1)
+                out.append(Config(c.steps, k, n))
+        out.append(OFF)
+    else:
+        out += [Config.chain(s) for s in (1, 2, 3)]
+    seen: list[Config] = []
+    for x in out:
+        if x not in seen:
+            seen.append(x)
+    return seen
+
+
+# ---- SGLang's adaptive schedule -----------------------------------------------------------------
+
+
+def adaptive_schedule(
+    model: CostModel, buckets: tuple[int, ...] = ADAPTIVE_BUCKETS, tolerance: float = TOLERANCE
+) -> tuple[dict, list[dict]]:
+    """An SGLang ``--speculative-adaptive-config`` and the reasoning per bucket.
+
+    SGLang routes a batch of size bs to the largest key <= bs (FACTS §7), and adapts steps only
+    with topk 1; so each key gets the chain steps (0 = off) that the model ranks within
+    ``tolerance`` of the best at the bucket's middle batch size (geometric, to the next key).
+    """
+    keys = sorted(set(int(b) for b in buckets if int(b) >= 1))
+    if not keys:
+        raise ValueError("no batch-size buckets given")
+    steps = [OFF] + [Config.chain(s) for s in range(1, MAX_STEPS + 1)]
+    cfg: dict = {}
+    why: list[dict] = []
+    for i, key in enumerate(keys):
+        nxt = keys[i + 1] if i + 1 < len(keys) else key
+        bs = max(1, round(math.sqrt(key * max(key, nxt - 1))))
+        preds = sorted((model.predict(c, bs) for c in steps), key=lambda p: -p.goodput.mean)
+        best = preds[0].goodput.mean
+        chosen = sorted(p.config.steps for p in preds if p.goodput.mean >= best * (1 - tolerance))
+        cfg[str(key)] = {"candidate_steps": chosen}
+        why.append(
+            {
+                "key": key,
+                "batch_size": bs,
+                "candidates": chosen,
+                "predicted": {p.config.steps: round(p.goodput.mean, 1) for p in preds},
+            }
+        )
+    check_adaptive(cfg)
+    return cfg, why
+
+
+def check_adaptive(cfg) -> dict[int, list[int]]:
+    """SGLang 0.5.23's loader rules (``adaptive_spec_params._load_adaptive_config``): a JSON object
+    whose keys made of digits are batch sizes (others are ignored), each an object with a non-empty
+    ``candidate_steps`` list of ints >= 0; at least one such key. Raises ValueError (one sentence)."""
+    if not isinstance(cfg, dict):
+        raise ValueError(f"an adaptive config must be a JSON object, got {type(cfg).__name__}")
+    out: dict[int, list[int]] = {}
+    for key, entry in cfg.items():
+        if not isinstance(key, str) or not key.isdigit():
+            continue
+        steps = entry.get("candidate_steps") if isinstance(entry, dict) else None
+        if (
+            not isinstance(steps, list)
+            or not steps
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps)
+        ):
+            raise ValueError(
+                f"batch size {key}: candidate_steps must be a non-empty list of integers >= 0 (got {steps!r})"
+            )
+        out[int(key)] = steps
+    if not out:
+        raise ValueError(
+            "an adaptive config needs at least one batch-size key made of digits, "
+            'e.g. {"1": {"candidate_steps": [1, 3]}}'
+        )
+    return out
+
+
+def write_adaptive(path: str, cfg: dict) -> None:
+    import os
+
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:  # one batch-size key a line: reads and diffs well
+        f.write("{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in cfg.items()) + "\n}\n")
+    os.replace(tmp, path)
+
+
+# ---- text ---------------------------------------------------------------------------------------
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"{x:+.1%}"
+
+
+def format_advice(
+    model: CostModel, advices: list[Advice], top: int = 5, describe: Callable[[Config], str] = Config.label.fget
+) -> str:
+    """The advice as text; ``describe`` names a configuration in the engine's words."""
+    s = model.summary()
+    v = s["verify"]
+    acc = s["acceptance"]
+    lines = [
+        f"model from {s['launches']} launch(es): verify {v['fixed_ms'] + v['floor_ms']:.2f} ms floor, "
+        f"{v['ms_per_token'] * 1000:.1f} µs/token after the knee (tokens seen {v['tokens_seen'][0]:.0f}-"
+        f"{v['tokens_seen'][1]:.0f}); acceptance per position "
+        + " ".join(f"{a:.2f}" for a in acc["per_position"][:6])
+        + f" (measured to position {acc['measured_positions']}, {acc['source']})",
+        f"baseline step from the {s['baseline']['source']}",
+    ]
+    for a in advices:
+        lines.append("")
+        lines.append(f"concurrency {a.concurrency}:")
+        lines.append(f"  {'#':>2} {'configuration':<30} {'goodput tok/s':>14} {'95% interval':>21} {'gain':>7}  accept")
+        rows = a.top(top)
+        if a.running is not None and a.running not in rows:
+            rows = rows + [a.running]
+        for p in rows:
+            tag = "  (running)" if a.running is not None and p.config == a.running.config else ""
+            if p.config in a.measured:
+                tag += f"  measured {a.measured[p.config]:.1f}"
+            num = f"{a.ranking.index(p) + 1:>2}"
+            lines.append(
+                f"  {num} {describe(p.config):<30} {p.goodput.mean:>14.1f} "
+                f"{max(0.0, p.goodput.lo):>10.1f}-{p.goodput.hi:<10.1f} {_pct(a.gain(p)):>7}  "
+                f"{p.tau:.2f}{tag}"
+            )
+        if a.next_measurement is not None:
+            n = a.next_measurement
+            lines.append(
+                f"  measure next: {describe(n.config)} (predicted {n.goodput.mean:.1f}, interval up to "
+                f"{n.goodput.hi:.1f}: the widest that could still beat the best)"
+            )
+        else:
+            lines.append("  measure next: nothing (no unmeasured configuration could beat the best)")
+    return "\n".join(lines)

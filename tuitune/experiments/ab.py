@@ -1,0 +1,211 @@
+"""Interleaved A/B: relaunch and bench A, B, A, B … and decide with the launch as the unit.
+
+Why the launch: NCCL variables and speculative settings are read once at process start, and a
+launch brings its own placement, clocks and graph capture. Requests of one launch share all of
+that, so they are not independent samples of the configuration; treating them as such makes tiny
+launch-to-launch differences look significant. Each launch therefore contributes one number (its
+median decode tok/s; at concurrency > 1 its goodput, all streams together), and A and B
+alternate so that drift over time (thermal, other tenants) hits both arms alike. GPU telemetry
+runs for the whole comparison: a launch measured while clocks were capped or a GPU straggled,
+beside launches measured without, makes the verdict "not comparable".
+
+The arms are positional (A is the first preset given, B the second), never told apart by name:
+two presets may share a ``name:``, and ``ab X X`` is a deliberate A/A run that measures how
+different two identical arms look.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+
+from tuitune.measure import stats
+from tuitune.measure.bench import BenchConfig, run_bench
+from tuitune.preset import Preset
+from tuitune.target import telemetry
+from tuitune.target.cluster import controlling
+from tuitune.target.transport import Transport
+
+MIN_ROUNDS = 4  # with fewer launches per arm the exact two-sided U test cannot reach p < 0.05
+
+
+def ab_notes(a: Preset, b: Preset, rounds: int) -> list[str]:
+    """What the user should know before the run starts (one sentence each)."""
+    notes = []
+    if a.hash() == b.hash():
+        notes.append(
+            f"A/A run: both arms launch the same configuration ({a.name}), so any 'significant' difference is noise"
+        )
+    if rounds < MIN_ROUNDS:
+        notes.append(
+            f"--rounds {rounds} cannot reach p < 0.05 with the exact Mann-Whitney test "
+            f"(it needs {MIN_ROUNDS} launches per arm), so the verdict can only be "
+            f"'no significant difference'"
+        )
+    return notes
+
+
+async def bench_launch(
+    t: Transport,
+    p: Preset,
+    overrides: dict,
+    timeout_s: float,
+    listeners: list | None = None,
+    allowed: set[str] | None = None,
+    allow_any: bool = False,
+) -> dict:
+    """Relaunch ``p`` (replacing only a server of a preset in ``allowed``), bench it, return one
+    launch's row (``listeners``: where telemetry is handed)."""
+    async with controlling(t, p) as control:
+        rec, ready = await control.relaunch(timeout_s, allowed=allowed, allow_any=allow_any)
+    port = await t.forward_port(p.server.port)
+    watch = telemetry.RunWatch()
+    if listeners is not None:
+        listeners.append(watch.feed)
+    try:
+        run = await run_bench(BenchConfig.for_preset(t.url(port), p, overrides))
+    finally:
+        if listeners is not None:
+            listeners.remove(watch.feed)
+    s = run.summary()
+    tok = s.get("tok_s") or {}
+    return {
+        "preset": p.name,
+        "hash": p.hash(),
+        "pid": rec.pid,
+        "ready_s": ready.elapsed_s,
+        "concurrency": run.config.concurrency,
+        "goodput": (s.get("goodput") or {}).get("tok_s", math.nan),
+        "median_tok_s": tok.get("median", math.nan),
+        "ci95": tok.get("ci95"),
+        "accept_len": (s.get("accept_len") or {}).get("mean"),
+        "requests": s["requests"],
+        "failed": s["failed"],
+        "errors": s["errors"],
+        "server": s.get("server"),
+        "time": time.time(),
+        "gpu_note": watch.note(),
+    }
+
+
+def verdict(launches: list[dict], min_effect: float) -> dict:
+    """Arm B against arm A, each launch one sample (rows carry their arm, "A" or "B")."""
+    bad = [x for x in launches if x["failed"]]
+    if bad:
+        return {
+            "verdict": "not comparable",
+            "reason": f"{len(bad)} launch(es) had failed requests ({bad[0]['preset']}: {', '.join(bad[0]['errors'])})",
+        }
+    held = [x for x in launches if x.get("gpu_note")]
+    if held and len(held) < len(launches):
+        x = held[0]
+        return {
+            "verdict": "not comparable",
+            "reason": f"GPUs were held back during {len(held)} of {len(launches)} launches "
+            f"({x['preset']}, round {x.get('round', '?')}: {x['gpu_note']})",
+        }
+    key = metric(launches)
+    va = [x[key] for x in launches if x["arm"] == "A"]
+    vb = [x[key] for x in launches if x["arm"] == "B"]
+    return {**stats.compare(va, vb, min_effect), "metric": key}
+
+
+def metric(launches: list[dict]) -> str:
+    """One stream: its decode speed; several: the goodput of all of them (what a server sells)."""
+    return "goodput" if any(x.get("concurrency", 1) > 1 for x in launches) else "median_tok_s"
+
+
+async def run_ab(
+    t: Transport,
+    a: Preset,
+    b: Preset,
+    rounds: int,
+    overrides: dict,
+    min_effect: float = 0.01,
+    timeout_s: float = 900.0,
+    progress: Callable[[str], None] | None = None,
+    stop_at_end: bool = True,
+    allow_any: bool = False,
+) -> dict:
+    launches = []
+    listeners: list = []
+    allowed = {a.name, b.name}
+    gpus = (
+        telemetry.Collector(
+            t, telemetry.for_preset(a), lambda evs: [f(evs) for f in list(listeners)], a.telemetry.period_ms
+        )
+        if a.telemetry.enabled
+        else None
+    )
+    task = asyncio.ensure_future(gpus.run()) if gpus else None
+    try:
+        for r in range(1, rounds + 1):
+            for arm, p in (("A", a), ("B", b)):
+                if progress:
+                    progress(f"round {r}/{rounds}: launching {arm} ({p.name})")
+                row = await bench_launch(t, p, overrides, timeout_s, listeners, allowed, allow_any and not launches)
+                row["round"], row["arm"] = r, arm
+                launches.append(row)
+                if a.server.port != b.server.port:  # one server at a time, or the arms share the GPUs
+                    async with controlling(t, p) as control:
+                        await control.stop()
+                if progress:
+                    progress(
+                        f"  {p.name}: {row['median_tok_s']:.2f} tok/s median"
+                        + (f", {row['failed']} failed" if row["failed"] else "")
+                        + (f", GPUs held back: {row['gpu_note']}" if row["gpu_note"] else "")
+                    )
+    finally:
+        await telemetry.stop(gpus, task)
+    if stop_at_end:
+        async with controlling(t, b) as control:
+            await control.stop()
+    return {
+        "a": a.name,
+        "b": b.name,
+        "aa": a.hash() == b.hash(),
+        "rounds": rounds,
+        "launches": launches,
+        "notes": ab_notes(a, b, rounds),
+        "verdict": verdict(launches, min_effect),
+    }
+
+
+def format_ab(result: dict) -> str:
+    lines = [
+        f"{'round':>5}  {'arm':<3} {'preset':<28} {'tok/s':>9} {'95% CI':>17} {'goodput':>9} {'accept':>7} {'failed':>6}"
+    ]
+    for x in result["launches"]:
+        ci = x.get("ci95") or [math.nan, math.nan]
+        acc = f"{x['accept_len']:.2f}" if x.get("accept_len") else "-"
+        lines.append(
+            f"{x['round']:>5}  {x['arm']:<3} {x['preset']:<28} {x['median_tok_s']:>9.2f} "
+            f"{ci[0]:>8.2f}-{ci[1]:<8.2f} {x.get('goodput', math.nan):>9.1f} {acc:>7} {x['failed']:>6}"
+            + (f"  ⚠ GPUs: {x['gpu_note']}" if x.get("gpu_note") else "")
+        )
+    v = result["verdict"]
+    if v["verdict"] == "not comparable":
+        lines.append(f"\nverdict: not comparable: {v['reason']}")
+        return "\n".join(lines)
+    lo, hi = v["ratio_ci"]
+    a, b = f"A ({result['a']})", f"B ({result['b']})"
+    what = (
+        "goodputs at concurrency " + str(result["launches"][0].get("concurrency"))
+        if v.get("metric") == "goodput"
+        else "launch medians"
+    )
+    lines.append(f"\nmedians of {what}: {a} {v['baseline_median']:.2f}, {b} {v['candidate_median']:.2f} tok/s")
+    lines.append(
+        f"ratio B/A = {v['ratio']:.4f} (95% CI {lo:.4f}-{hi:.4f}), "
+        f"Mann-Whitney p = {v['p_value']:.3f} over {v['n_baseline']}+{v['n_candidate']} launches"
+    )
+    lines.append(
+        f"verdict: {b} is {v['verdict']}"
+        if v["verdict"] != "no significant difference"
+        else f"verdict: no significant difference (minimum effect {v['min_effect']:.0%})"
+    )
+    if result.get("aa"):
+        lines.append("this was an A/A run (the same configuration in both arms): a difference here is noise")
+    return "\n".join(lines)

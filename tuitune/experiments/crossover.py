@@ -1,0 +1,227 @@
+"""`tuitune crossover`: where speculation stops paying, on this box, for this drafter.
+
+The preset and its twin with speculation off (everything else the same) are benchmarked at each
+concurrency level, interleaved: level 1 on then off, level 2 off then on, … (A B B A …), so that
+drift over the run hits both arms alike and the server running at the end of one level serves
+the start of the next (levels + 1 launches, not 2 × levels). Per level: goodput of each arm, the
+speedup (on / off) with a 95 % bootstrap CI over requests, and a verdict. The crossover is the
+first level where speculation is significantly slower.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from tuitune import preset as P
+from tuitune.measure import stats
+from tuitune.measure.bench import SIM_LATE_LIMIT, BenchRun, stream_goodput
+from tuitune.target.session import Session
+
+ARMS = ("on", "off")
+
+
+class CrossoverError(Exception):
+    pass
+
+
+def twin(preset: P.Preset) -> P.Preset:
+    """The same preset with speculation off."""
+    return P.with_changes(
+        preset,
+        {"speculative": None, "name": f"{preset.name}-nospec", "description": f"{preset.name} with speculation off"},
+    )
+
+
+def schedule(levels: list[int], rounds: int) -> list[tuple[int, str]]:
+    """(level, arm) in measuring order: A B, B A, A B … so consecutive levels share a launch."""
+    order, flip = [], False
+    for _ in range(rounds):
+        for c in levels:
+            order += [(c, arm) for arm in (ARMS[::-1] if flip else ARMS)]
+            flip = not flip
+    return order
+
+
+def level_verdict(on: list[BenchRun], off: list[BenchRun], level: int, min_effect: float) -> dict:
+    """One level: goodput per arm, speedup with its CI, and whether speculation pays there."""
+    row: dict = {"concurrency": level}
+    failed = sum(r.failed for r in on + off)
+    pairs = {arm: [p for r in runs for p in r.goodput_pairs()] for arm, runs in (("on", on), ("off", off))}
+    for arm, runs in (("on", on), ("off", off)):
+        ps = pairs[arm]
+        row[arm] = {
+            "goodput": stream_goodput(ps, level) if ps else math.nan,
+            "batch_size": _mean([b for r in runs for b in r.batch_sizes]),
+            "accept_len": _mean([r.accept_len for r in runs for r in r.ok if r.accept_len]),
+        }
+    late = [r for r in on + off if r.sim_late_share is not None and r.sim_late_share > SIM_LATE_LIMIT]
+    held = [r for r in on + off if r.gpu_note]
+    mixed = held and len(held) < len(on + off)  # GPUs held back in one arm's runs only, as in `ab`
+    if failed or late or mixed or not pairs["on"] or not pairs["off"]:
+        why = (
+            f"{failed} request(s) failed"
+            if failed
+            else f"the simulator fell behind its clock ({late[0].sim_late_share:.0%} of cycles late): lower --sim-speedup"
+            if late
+            else f"GPUs were held back during part of it ({held[0].gpu_note})"
+            if mixed
+            else "no successful request in one arm"
+        )
+        return {**row, "speedup": math.nan, "ci95": [math.nan, math.nan], "verdict": "not comparable", "reason": why}
+    row["speedup"] = row["on"]["goodput"] / row["off"]["goodput"]
+    lo, hi = stats.bootstrap_ratio_ci(pairs["off"], pairs["on"], statistic=lambda s: stream_goodput(s, level))
+    row["ci95"] = [lo, hi]
+    row["verdict"] = (
+        "faster" if lo > 1 + min_effect else "slower" if hi < 1 - min_effect else "no significant difference"
+    )
+    # A level the server could not batch is not the level it claims to be: say so.
+    short = [arm for arm in ARMS if row[arm]["batch_size"] is not None and row[arm]["batch_size"] < 0.5 * level]
+    if short:
+        row["note"] = (
+            f"the server ran about {row[short[0]]['batch_size']:.0f} requests at once "
+            f"(speculation {short[0]}), not {level}"
+        )
+    return row
+
+
+def _mean(vals: list[float]) -> float | None:
+    return sum(vals) / len(vals) if vals else None
+
+
+def summarize(preset: P.Preset, levels: list[int], runs: dict, min_effect: float) -> dict:
+    rows = [level_verdict(runs[(c, "on")], runs[(c, "off")], c, min_effect) for c in levels]
+    cross = next((r["concurrency"] for r in rows if r["verdict"] == "slower"), None)
+    return {
+        "preset": preset.name,
+        "twin": twin(preset).name,
+        "levels": rows,
+        "crossover": cross,
+        "min_effect": min_effect,
+        "comparable": all(r["verdict"] != "not comparable" for r in rows),
+    }
+
+
+async def crossover(
+    preset: P.Preset,
+    levels: list[int],
+    overrides: dict | None = None,
+    rounds: int = 1,
+    min_effect: float = 0.02,
+    progress: Callable[[str], None] | None = None,
+    session: Session | None = None,
+) -> dict:
+    if not preset.is_speculative:
+        raise CrossoverError(f"{preset.name} has no speculation to turn off (speculative.algorithm is unset)")
+    arms = {"on": preset, "off": twin(preset)}
+    runs: dict[tuple[int, str], list[BenchRun]] = {(c, a): [] for c in levels for a in ARMS}
+    session = session or Session(preset)
+    await session.connect()
+    running = None
+    try:
+        for level, arm in schedule(levels, rounds):
+            if running != arm:
+                if progress:
+                    progress(f"launching {arms[arm].name}")
+                await session.relaunch(arms[arm])
+                running = arm
+            run = await session.bench(
+                label=f"{arms[arm].name} c={level}", **{**(overrides or {}), "concurrency": level}
+            )
+            runs[(level, arm)].append(run)
+            if progress:
+                gp = run.goodput()
+                progress(
+                    f"  concurrency {level}, speculation {arm}: "
+                    + (f"{gp['tok_s']:.1f} tok/s" if gp else "no successful request")
+                    + (f", {run.failed} failed" if run.failed else "")
+                )
+        await session.stop_server()
+    finally:
+        await session.close()
+    return summarize(preset, levels, runs, min_effect)
+
+
+def format_result(result: dict) -> str:
+    lines = [f"{'conc':>5} {'spec on tok/s':>14} {'spec off tok/s':>15} {'speedup':>8} {'95% CI':>15}  verdict"]
+    for r in result["levels"]:
+        lo, hi = r["ci95"]
+        lines.append(
+            f"{r['concurrency']:>5} {r['on']['goodput']:>14.1f} {r['off']['goodput']:>15.1f} "
+            f"{r['speedup']:>8.3f} {lo:>7.3f}-{hi:<7.3f}  {r['verdict']}"
+            + (f" ({r['reason']})" if r.get("reason") else "")
+        )
+        if r.get("note"):
+            lines.append(f"      note: {r['note']}")
+    if not result["comparable"]:
+        lines.append("\ncrossover: not comparable (see the levels above)")
+    elif result["crossover"] is not None:
+        lines.append(
+            f"\ncrossover: speculation stops paying at concurrency {result['crossover']} "
+            f"(the first level where it is significantly slower)"
+        )
+    else:
+        lines.append(
+            f"\ncrossover: not within the tested range (speculation is never significantly slower "
+            f"at concurrency {', '.join(str(r['concurrency']) for r in result['levels'])})"
+        )
+    return "\n".join(lines)
+
+
+def _series(result: dict) -> tuple[list[int], dict[str, list[float]]]:
+    xs = [r["concurrency"] for r in result["levels"]]
+    return xs, {f"speculation {arm}": [r[arm]["goodput"] for r in result["levels"]] for arm in ARMS}
+
+
+def plot_text(result: dict, width: int = 100, height: int = 20) -> str:
+    """Goodput against concurrency for both arms, in the terminal (plotext)."""
+    import plotext as plt
+
+    xs, series = _series(result)
+    plt.clear_figure()
+    plt.plotsize(width, height)
+    plt.theme("clear")
+    if max(xs) >= 8 * min(xs):
+        plt.xscale("log")
+    for name, ys in series.items():
+        plt.plot(xs, ys, label=name, marker="dot")
+    if result["crossover"] is not None:
+        plt.vertical_line(result["crossover"])
+    plt.title("goodput (tok/s) against concurrency" + (", | = crossover" if result["crossover"] is not None else ""))
+    plt.xlabel("concurrent requests")
+    return plt.build()
+
+
+def write_plot(result: dict, path: Path) -> None:
+    """The same plot as a PNG or SVG file (matplotlib: `pip install 'tuitune[plot]'`)."""
+    if path.suffix.lower() not in (".png", ".svg"):
+        raise CrossoverError(f"--plot {path}: the file must end in .png or .svg")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise CrossoverError("--plot needs matplotlib: pip install 'tuitune[plot]'") from None
+    xs, series = _series(result)
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    try:
+        for name, ys in series.items():
+            ax.plot(xs, ys, marker="o", label=name)
+        if max(xs) >= 8 * min(xs):
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        if result["crossover"] is not None:
+            ax.axvline(result["crossover"], color="grey", linestyle="--", label="crossover")
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylabel("goodput (output tok/s)")
+        ax.set_title(f"{result['preset']}: speculation on vs off")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, metadata={"Date": None} if path.suffix.lower() == ".svg" else None)
+    except OSError as e:
+        raise CrossoverError(f"--plot {path}: cannot write it ({e.strerror or e})") from None
+    finally:
+        plt.close(fig)

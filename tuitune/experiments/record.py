@@ -1,0 +1,155 @@
+"""Headless capture: the live event stream of a preset's server, written to a capture file.
+
+Same session pipeline as the TUI (so a replay shows what the TUI would have shown), no Textual.
+On a server that is already running it records from the end of the log (what happens from now
+on), unless ``from_start``. Stops after ``duration`` seconds counted from ready, after ``cycles``
+profiled cycles, or on Ctrl-C / SIGTERM, also in the middle of a relaunch or a benchmark (those
+are cancelled; a half-started server is stopped), and always finishes the file cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+
+from tuitune import preset as P
+from tuitune.base.aio import cancel_and_wait
+from tuitune.base.events import Event, LogLine, Marker, ProfileWindow
+from tuitune.measure.bench import fetch_server_info
+from tuitune.measure.capture import CaptureWriter, redacted_preset
+from tuitune.target.session import Session
+from tuitune.target.telemetry import CaptureThrottle
+
+
+class RecordError(Exception):
+    pass
+
+
+async def record(
+    preset: P.Preset,
+    out: str,
+    *,
+    duration: float | None = None,
+    cycles: int | None = None,
+    relaunch: bool = False,
+    load: int | None = None,
+    bench: int | None = None,
+    raw: bool = False,
+    progress: bool = False,
+    session: Session | None = None,
+    from_start: bool = False,
+) -> dict:
+    session = session or Session(preset)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    counted = {"cycles": 0}
+    writer: CaptureWriter | None = None
+    t0 = time.monotonic()
+    finished: list[bool] = []
+
+    def finish() -> None:
+        if writer is not None and not finished:
+            finished.append(True)
+            with contextlib.suppress(ValueError, NameError):  # not subscribed yet
+                session.subscribers.remove(sink)
+            writer.close()
+
+    async def unless_stopped(coro) -> bool:
+        """Run ``coro`` unless Ctrl-C / SIGTERM comes first; then cancel it (False)."""
+        task = asyncio.ensure_future(coro)
+        waiter = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if task.done():
+            task.result()
+            return True
+        finish()  # the capture is complete and closed before any cleanup on the target
+        await cancel_and_wait(task, ignore=())
+        return False
+
+    try:
+        status = await session.connect(backlog=None if from_start else 0)
+        if not relaunch and not status.running:
+            raise RecordError(
+                f"{preset.name}: server not running on {session.transport.label}; pass --relaunch to start it"
+            )
+        info = await _server_info(session) if status.running else {}
+        meta = {
+            "preset": redacted_preset(P.to_dict(preset)),
+            "preset_hash": preset.hash(),
+            "target": preset.target.label(),
+            "server_version": info.get("version"),
+            "raw": raw,
+        }
+        writer = CaptureWriter(out, meta)
+        gpu_rate = CaptureThrottle(preset.telemetry.record_every_s)  # telemetry at its own, bounded rate
+
+        def sink(events: list[Event]) -> None:
+            kept = gpu_rate.filter(events if raw else [e for e in events if not isinstance(e, LogLine)])
+            if kept:
+                writer.write(kept)
+            for e in events:
+                if isinstance(e, ProfileWindow):
+                    counted["cycles"] += e.cycles
+            if cycles is not None and counted["cycles"] >= cycles:
+                stop.set()
+
+        session.subscribe(sink)
+        writer.write([session.state])
+        if relaunch:
+            if not await unless_stopped(session.relaunch()):
+                return _stats(writer, t0, counted)
+            version = (await _server_info(session)).get("version")
+            if version:
+                writer.write([Marker(f"server version {version}", preset.name, preset.hash())])
+        t0 = time.monotonic()  # --duration counts from ready
+        if load:
+            await session.set_load(True, load)
+        if bench and not await unless_stopped(session.bench(requests=bench)):
+            return _stats(writer, t0, counted)
+        while not stop.is_set():
+            if duration is not None and time.monotonic() - t0 >= duration:
+                break
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.5)
+            if progress and writer is not None:
+                el = time.monotonic() - t0
+                sys.stderr.write(
+                    f"\rrecording {out}: {writer.events} events, {writer.events / max(el, 1e-9):.0f}/s, "
+                    f"{el:.0f}s elapsed, {counted['cycles']} cycles   "
+                )
+                sys.stderr.flush()
+    finally:
+        finish()
+        if progress:
+            sys.stderr.write("\n")
+        with contextlib.suppress(Exception):
+            await session.close(stop_server=False)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+    return _stats(writer, t0, counted)
+
+
+def _stats(writer: CaptureWriter | None, t0: float, counted: dict) -> dict:
+    return {
+        "events": writer.events if writer else 0,
+        "bytes": writer.bytes if writer else 0,
+        "seconds": time.monotonic() - t0,
+        "cycles": counted["cycles"],
+    }
+
+
+async def _server_info(session: Session) -> dict:
+    import aiohttp
+
+    if session.url is None:
+        return {}
+    async with aiohttp.ClientSession() as http:
+        return await fetch_server_info(http, session.url)

@@ -1,0 +1,397 @@
+"""`tuitune sweep`: relaunch, bench and record every configuration of a grid, with a baseline.
+
+Each trial is one launch (the unit of replication): relaunch with the trial's preset, wait ready,
+benchmark, and record the events of the trial to ``captures/``. The baseline is relaunched and
+re-measured every ``baseline_every`` trials and at the end, so that a drifting machine shows up as
+a drifting baseline instead of as a false winner. Every finished trial is appended to
+``results.jsonl`` (and ``results.csv``) at once; ``--resume`` skips the trials already there.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tuitune import preset as P
+from tuitune.base.jsonl import append_row, read_rows
+from tuitune.experiments import grid as G
+from tuitune.measure import stats
+from tuitune.measure.capture import CaptureWriter, redacted_preset
+from tuitune.measure.metrics import quantile
+from tuitune.target.control import ControlError
+from tuitune.target.session import Session
+from tuitune.target.telemetry import CaptureThrottle
+from tuitune.target.transport import TransportError
+
+CSV_FIELDS = (
+    "trial",
+    "kind",
+    "label",
+    "repeat",
+    "status",
+    "concurrency",
+    "tok_s_median",
+    "ci_low",
+    "ci_high",
+    "goodput",
+    "accept_len",
+    "cycle_ms",
+    "requests",
+    "failed",
+    "reason",
+    "preset_hash",
+    "time",
+)
+
+
+class SweepError(Exception):
+    pass
+
+
+def trial_id(kind: str, label: str, index: int) -> str:
+    return f"{kind}-{hashlib.sha1(label.encode()).hexdigest()[:8]}-{index}"
+
+
+def plan(base: P.Preset, grid: dict, baseline: P.Preset, repeats: int, baseline_every: int) -> list[dict]:
+    trials: list[dict] = []
+    n_base = 0
+
+    def add_baseline() -> None:
+        nonlocal n_base
+        trials.append(
+            {
+                "id": trial_id("baseline", "baseline", n_base),
+                "kind": "baseline",
+                "label": "baseline",
+                "changes": {},
+                "repeat": n_base,
+                "preset": baseline,
+            }
+        )
+        n_base += 1
+
+    add_baseline()
+    done = 0
+    for rep in range(repeats):
+        for changes in G.combinations(grid):
+            label = G.label(changes, grid)
+            p, reason = G.apply(base, changes)
+            trials.append(
+                {
+                    "id": trial_id("config", label, rep),
+                    "kind": "config",
+                    "label": label,
+                    "changes": changes,
+                    "repeat": rep,
+                    "preset": p,
+                    "reason": reason,
+                }
+            )
+            if p is not None:
+                done += 1
+                if baseline_every and done % baseline_every == 0:
+                    add_baseline()
+    if trials[-1]["kind"] != "baseline":
+        add_baseline()
+    return trials
+
+
+def load_results(out: Path) -> list[dict]:
+    return read_rows(out / "results.jsonl")
+
+
+def _append(out: Path, row: dict) -> None:
+    append_row(out / "results.jsonl", row)
+    new = not (out / "results.csv").exists()
+    with open(out / "results.csv", "a", newline="") as f:
+        w = csv.DictWriter(f, CSV_FIELDS, extrasaction="ignore")
+        if new:
+            w.writeheader()
+        w.writerow(row)
+
+
+async def run_trial(session: Session, trial: dict, out: Path, overrides: dict) -> dict:
+    p: P.Preset = trial["preset"]
+    row = {
+        "trial": trial["id"],
+        "kind": trial["kind"],
+        "label": trial["label"],
+        "repeat": trial["repeat"],
+        "changes": G.masked(trial["changes"]),
+        "axes": {k: G.show(v, k) for k, v in trial["changes"].items()},
+        "time": time.time(),
+    }
+    if p is None:
+        return {**row, "status": "skipped", "reason": trial.get("reason")}
+    row["preset_hash"] = p.hash()
+    (out / "captures").mkdir(exist_ok=True)
+    writer = CaptureWriter(
+        out / "captures" / f"{trial['id']}.jsonl.gz",
+        {
+            "preset": redacted_preset(P.to_dict(p)),
+            "preset_hash": p.hash(),
+            "target": p.target.label(),
+            "trial": trial["id"],
+        },
+    )
+    gpu_rate = CaptureThrottle(p.telemetry.record_every_s)
+
+    def sink(events: list) -> None:
+        writer.write(gpu_rate.filter(events))
+
+    session.subscribe(sink)
+    try:
+        await session.relaunch(p)
+        run = await session.bench(label=trial["label"], **overrides)
+    except (ControlError, TransportError) as e:
+        return {**row, "status": "failed", "reason": str(e)}
+    finally:
+        session.subscribers.remove(sink)
+        writer.close()
+    s = run.summary()
+    tok = s.get("tok_s") or {}
+    ci = tok.get("ci95") or [None, None]
+    return {
+        **row,
+        "status": "ok" if not run.failed else "failed",
+        "reason": "; ".join(s["errors"]) if run.failed else None,
+        "concurrency": run.config.concurrency,
+        "goodput": (s.get("goodput") or {}).get("tok_s"),
+        "tok_s_median": tok.get("median"),
+        "ci_low": ci[0],
+        "ci_high": ci[1],
+        "accept_len": (s.get("accept_len") or {}).get("mean"),
+        "cycle_ms": run.cycle_ms,
+        "gpu_note": run.gpu_note,
+        "requests": s["requests"],
+        "failed": s["failed"],
+        "values": run.tok_s(),
+    }
+
+
+async def sweep(
+    base: P.Preset,
+    grid: dict,
+    out: Path,
+    *,
+    baseline: P.Preset | None = None,
+    repeats: int = 1,
+    baseline_every: int = 4,
+    resume: bool = False,
+    overrides: dict | None = None,
+    progress: Callable[[str], None] | None = None,
+    session: Session | None = None,
+) -> dict:
+    baseline = baseline or base
+    if (baseline.target.label(), baseline.server.port) != (base.target.label(), base.server.port):
+        raise SweepError(f"baseline {baseline.name} must run on the same target and port as {base.name}")
+    out.mkdir(parents=True, exist_ok=True)
+    done_rows = load_results(out)
+    if done_rows and not resume:
+        raise SweepError(f"{out} already holds results; pass --resume to continue, or choose another --out")
+    done = {r["trial"] for r in done_rows}
+    labels = [G.label(c, grid) for c in G.combinations(grid)]
+    twins = sorted({x for x in labels if labels.count(x) > 1})
+    if twins:  # trials and results are keyed by label: two configurations must never share one
+        raise SweepError(f"two grid configurations read the same ({twins[0]}); give the presets distinct names")
+    trials = plan(base, grid, baseline, repeats, baseline_every)
+    session = session or Session(base)
+    status = await session.connect()
+    foreign = session.control.foreign(status.record, {base.name, baseline.name}) if status.running else None
+    if foreign:
+        await session.close()
+        raise SweepError(
+            foreign.replace("pass --any to act on it anyway", "stop it first (`tuitune stop PRESET --any`)")
+        )
+    try:
+        for i, trial in enumerate(trials, 1):
+            if trial["id"] in done:
+                continue
+            if progress:
+                progress(
+                    f"[{i}/{len(trials)}] {trial['kind']} {trial['label']}"
+                    + (f" (repeat {trial['repeat'] + 1})" if repeats > 1 and trial["kind"] == "config" else "")
+                )
+            row = await run_trial(session, trial, out, overrides or {})
+            _append(out, row)
+            if progress:
+                if row["status"] == "ok":
+                    progress(f"    {row['tok_s_median']:.2f} tok/s")
+                else:
+                    progress(f"    {row['status']}: {row.get('reason')}")
+        await session.stop_server()
+    finally:
+        await session.close()
+    real = {t["id"]: t["changes"] for t in trials}  # results.jsonl holds secrets masked; best.yaml needs them
+    return summarize(
+        base, [{**r, "changes": real.get(r["trial"], r.get("changes", {}))} for r in load_results(out)], out
+    )
+
+
+def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict:
+    """Per configuration: launch medians, pooled requests, Δ vs baseline; sorted by tok/s."""
+    groups: dict[str, dict] = {}
+    for r in rows:
+        g = groups.setdefault(
+            r["label"],
+            {
+                "label": r["label"],
+                "kind": r["kind"],
+                "changes": r.get("changes", {}),
+                "axes": r.get("axes", {}),
+                "launches": [],
+                "values": [],
+                "accept": [],
+                "cycle": [],
+                "goodput": [],
+                "concurrency": r.get("concurrency", 1),
+                "skipped": None,
+                "failed": 0,
+            },
+        )
+        if r["status"] == "skipped":
+            g["skipped"] = r.get("reason")
+        elif r["status"] == "ok":
+            g["launches"].append(r["tok_s_median"])
+            g["values"].extend(r.get("values") or [])
+            if r.get("accept_len"):
+                g["accept"].append(r["accept_len"])
+            if r.get("cycle_ms"):
+                g["cycle"].append(r["cycle_ms"])
+            if r.get("goodput"):
+                g["goodput"].append(r["goodput"])
+        else:
+            g["failed"] += 1
+    base_g = groups.get("baseline")
+    table = []
+    for g in groups.values():
+        if not g["launches"]:
+            table.append({"label": g["label"], "kind": g["kind"], "skipped": g["skipped"], "failed": g["failed"]})
+            continue
+        launches = sorted(g["launches"])
+        entry = {
+            "label": g["label"],
+            "kind": g["kind"],
+            "changes": g["changes"],
+            "axes": g["axes"],
+            "launches": len(launches),
+            "tok_s": quantile(launches, 0.5),
+            "ci95": list(stats.bootstrap_median_ci(g["values"])),
+            "accept_len": sum(g["accept"]) / len(g["accept"]) if g["accept"] else None,
+            "cycle_ms": sum(g["cycle"]) / len(g["cycle"]) if g["cycle"] else None,
+            "failed": g["failed"],
+            "concurrency": g["concurrency"],
+            "goodput": quantile(sorted(g["goodput"]), 0.5) if g["goodput"] else None,
+        }
+        if base_g and g is not base_g and g["concurrency"] != base_g["concurrency"]:
+            # per-request speed falls as the batch grows: no comparison with another concurrency
+            entry["delta"] = {
+                "ratio": float("nan"),
+                "ratio_ci": [float("nan")] * 2,
+                "p_value": float("nan"),
+                "verdict": "not comparable",
+            }
+        elif base_g and base_g["launches"] and g is not base_g:
+            # launches are the unit once both sides have 4; before that, a request-level check
+            if len(g["launches"]) >= 4 and len(base_g["launches"]) >= 4:
+                cmp = stats.compare(base_g["launches"], g["launches"])
+                entry["delta_unit"] = "launch"
+            else:
+                cmp = stats.compare(base_g["values"], g["values"])
+                entry["delta_unit"] = "request"
+            entry["delta"] = {k: cmp[k] for k in ("ratio", "ratio_ci", "p_value", "verdict")}
+        table.append(entry)
+    ranked = sorted([t for t in table if "tok_s" in t], key=lambda t: -t["tok_s"])
+    # the baseline is a candidate too: a configuration wins only when significantly faster than it
+    # (a configuration at another concurrency is "not comparable", so never the best)
+    best = next(
+        (t for t in ranked if t["kind"] == "config" and (t.get("delta") or {}).get("verdict") == "faster"), None
+    )
+    result = {
+        "preset": base.name,
+        "table": ranked + [t for t in table if "tok_s" not in t],
+        "best": best["label"] if best else None,
+    }
+    if best is None and base_g and base_g["launches"]:
+        result["best"] = "baseline"
+        result["best_note"] = "no configuration was significantly faster than the baseline: the baseline stays best"
+    if best and out is not None:
+        p, _ = G.apply(base, best["changes"])
+        if p is not None:
+            name = f"{base.name}-best"
+            P.save(
+                P.with_changes(p, {"name": name, "description": f"best of the sweep in {out}: {best['label']}"}),
+                out / "best.yaml",
+            )
+            result["best_preset"] = str(out / "best.yaml")
+    return result
+
+
+def format_table(result: dict) -> str:
+    lines = [
+        f"{'config':<40} {'conc':>4} {'tok/s':>8} {'95% CI':>17} {'goodput':>9} {'launches':>8} {'accept':>7} "
+        f"{'cycle ms':>9} {'Δ vs baseline':>22}"
+    ]
+    for t in result["table"]:
+        if "tok_s" not in t:
+            why = f"skipped: {t['skipped']}" if t.get("skipped") else f"{t['failed']} failed launch(es)"
+            lines.append(f"{t['label']:<40} {why}")
+            continue
+        lo, hi = t["ci95"]
+        d = t.get("delta")
+        if d and d["verdict"] == "not comparable":
+            delta = "n/c (other concurrency)"
+        elif d:
+            mark = {"faster": "▲", "slower": "▼"}.get(d["verdict"], "≈")
+            delta = f"{(d['ratio'] - 1) * 100:+.1f}% {mark} p={d['p_value']:.3f}"
+        else:
+            delta = "—"
+        acc = f"{t['accept_len']:.2f}" if t.get("accept_len") else "—"
+        cyc = f"{t['cycle_ms']:.2f}" if t.get("cycle_ms") else "—"
+        gp = f"{t['goodput']:.1f}" if t.get("goodput") else "—"
+        lines.append(
+            f"{t['label']:<40} {t.get('concurrency', 1):>4} {t['tok_s']:>8.2f} {lo:>8.2f}-{hi:<8.2f} {gp:>9} "
+            f"{t['launches']:>8} {acc:>7} {cyc:>9} {delta:>22}"
+        )
+    if result.get("best_note"):
+        lines.append(f"\nbest: {result['best_note']} (no best.yaml written)")
+    elif result.get("best"):
+        lines.append(
+            f"\nbest: {result['best']}"
+            + (f" (written to {result['best_preset']})" if result.get("best_preset") else "")
+        )
+    return "\n".join(lines)
+
+
+def plot(result: dict, width: int = 100, height: int = 18, colour: bool = True) -> str | None:
+    """tok/s against steps, one line per other setting (when the grid has speculative.num_steps)."""
+    rows = [
+        t
+        for t in result["table"]
+        if t.get("kind") == "config" and "tok_s" in t and "speculative.num_steps" in (t.get("changes") or {})
+    ]
+    if not rows:
+        return None
+    import plotext as plt
+
+    lines: dict[str, list[tuple[int, float]]] = {}
+    for t in rows:
+        rest = " ".join(f"{k.split('.')[-1]}={v}" for k, v in t["axes"].items() if k != "speculative.num_steps")
+        lines.setdefault(rest or "preset", []).append((t["changes"]["speculative.num_steps"], t["tok_s"]))
+    plt.clear_figure()
+    plt.plotsize(width, height)
+    plt.theme("clear")
+    for name, pts in lines.items():
+        pts.sort()
+        plt.plot([p[0] for p in pts], [p[1] for p in pts], label=name, marker="dot")
+    base = next((t for t in result["table"] if t.get("kind") == "baseline" and "tok_s" in t), None)
+    if base:
+        plt.horizontal_line(base["tok_s"])
+    plt.title("tok/s against speculative steps" + (" (horizontal line: baseline)" if base else ""))
+    plt.xlabel("speculative.num_steps")
+    from tuitune.measure.report import finish_chart
+
+    return finish_chart(plt.build(), colour)

@@ -1,0 +1,612 @@
+"""Benchmark client: streamed requests against SGLang's native or OpenAI API, per-request timing.
+
+Figures per request (FACTS.md §5): TTFT, end-to-end latency, decode tok/s =
+(completion_tokens - 1) / (e2e - ttft), inter-token latency with a multi-token chunk's gap divided
+by its token count, accept length = completion_tokens / spec_verify_ct. Token counts come from the
+server (meta_info / usage), never from counting chunks. Every wait is bounded.
+
+Chunks are read as raw SSE bytes; intermediate chunks only need two integers, so they are read with
+a byte search instead of a full JSON decode (cumulative text makes native chunks grow to kilobytes);
+the last chunk is decoded fully.
+
+Where the clock starts and stops: a request's clock starts when its last byte has been handed to
+the socket (aiohttp's request-sent trace signal, in the sessions ``client_session`` makes), not
+when the client begins building it, so the client's own work before sending stays out of TTFT
+and end-to-end latency. A chunk is timestamped as soon as its bytes are read, before any parsing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field, replace
+from importlib import resources
+
+from tuitune.measure import stats
+from tuitune.measure.metrics import quantile, summarize
+
+SIM_LATE_LIMIT = 0.10  # above this share of late cycles a simulator's figures are not its model's
+_COMPLETION = re.compile(rb'"completion_tokens":\s*(\d+)')
+_VERIFY = re.compile(rb'"spec_verify_ct":\s*(\d+)')
+
+
+def prompts() -> list[str]:
+    return json.loads(resources.files("tuitune").joinpath("data/prompts.json").read_text("utf-8"))
+
+
+@dataclass(slots=True)
+class RequestResult:
+    ok: bool
+    error: str | None = None
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    completion_tokens: int | None = None
+    spec_verify_ct: int | None = None
+    itl_ms_median: float | None = None
+    server_e2e_s: float | None = None  # the server's own e2e_latency, when it reports one
+    client_lag_ms: float | None = None  # request on the wire -> handler + last chunk written -> stamped (sim only)
+    send_ms: float | None = None  # the client's work before the request was on the wire (outside the figures)
+    t0: float = field(default=0.0, repr=False)  # perf_counter() when the clock started (this process only)
+    itls: list[float] = field(default_factory=list, repr=False)  # every inter-token gap (ms), for pooled ITL
+    chunks: int = 0
+    client_cpu_s: float = 0.0
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        if not self.ok or not self.completion_tokens or self.completion_tokens < 2:
+            return None
+        span = (self.e2e_s or 0) - (self.ttft_s or 0)
+        return (self.completion_tokens - 1) / span if span > 0 else None
+
+    @property
+    def accept_len(self) -> float | None:
+        if self.spec_verify_ct and self.completion_tokens:
+            return self.completion_tokens / self.spec_verify_ct
+        return None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        del d["t0"], d["itls"]
+        d["decode_tok_s"] = self.decode_tok_s
+        d["accept_len"] = self.accept_len
+        return d
+
+
+@dataclass
+class BenchConfig:
+    url: str
+    requests: int = 10
+    warmup: int = 2
+    max_tokens: int = 500
+    concurrency: int = 1
+    api: str = "native"  # native | openai
+    timeout_s: float | None = None  # per request; default from max_tokens
+    connect_timeout_s: float = 10.0
+    label: str = ""
+    model: str | None = None  # OpenAI API model name; None: the first of /v1/models
+
+    def request_timeout(self) -> float:
+        return self.timeout_s or max(30.0, self.max_tokens * 0.5)
+
+    @classmethod
+    def for_preset(cls, url: str, preset, overrides: dict | None = None, label: str = "") -> BenchConfig:
+        """The preset's bench settings, with command-line overrides (requests, warmup, …) on top."""
+        b = {**preset.bench.model_dump(), **(overrides or {})}
+        return cls(
+            url,
+            requests=b["requests"],
+            warmup=b["warmup"],
+            max_tokens=b["max_tokens"],
+            concurrency=b["concurrency"],
+            api=b["api"],
+            label=label or preset.name,
+            model=preset.engine.served_model(preset),
+        ).at_level(b["concurrency"])
+
+    def at_level(self, concurrency: int) -> BenchConfig:
+        """This config at another concurrency: at least two requests per stream, so that every
+        stream is measured in the steady state and not only while the batch fills."""
+        if concurrency <= 1:
+            return replace(self, concurrency=1)
+        return replace(self, concurrency=concurrency, requests=max(self.requests, 2 * concurrency))
+
+
+def stream_goodput(pairs, concurrency: int) -> float:
+    """Goodput from (tokens, latency) pairs: each of ``concurrency`` streams sends its requests
+    back to back, so a stream produces Σ tokens / Σ latency and the streams together that many
+    times over. Unlike tokens ÷ wall time, the tail where the last requests run alone (a smaller
+    batch) does not count."""
+    return concurrency * sum(t for t, _ in pairs) / sum(e for _, e in pairs)
+
+
+@dataclass
+class BenchRun:
+    config: BenchConfig
+    results: list[RequestResult] = field(default_factory=list)
+    server: dict = field(default_factory=dict)  # cross-check figures from /server_info
+    started: float = 0.0
+    wall_s: float = 0.0
+    measured_s: float = 0.0  # wall time of the measured requests alone (warm-up excluded)
+    cycle_ms: float | None = None  # mean cycle of the profile windows the server logged meanwhile
+    batch_sizes: list[int] = field(default_factory=list)  # #running-req of the server's decode lines meanwhile
+    sim_late_share: float | None = None  # simulator only: share of its cycles that started late meanwhile
+    env_drift: list[str] | None = None  # variables the server's real environment lacked vs its preset (None: unknown)
+    gpu_note: str | None = None  # GPUs capped or a straggler meanwhile (telemetry.RunWatch)
+
+    @property
+    def ok(self) -> list[RequestResult]:
+        return [r for r in self.results if r.ok]
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for r in self.results if not r.ok)
+
+    def tok_s(self) -> list[float]:
+        return [r.decode_tok_s for r in self.ok if r.decode_tok_s is not None]
+
+    def goodput_pairs(self) -> list[tuple[int, float]]:
+        """(completion tokens, latency) of every successful request: what goodput is made of."""
+        return [(r.completion_tokens, r.e2e_s) for r in self.ok if r.completion_tokens and r.e2e_s]
+
+    def goodput(self) -> dict | None:
+        """Output tok/s of all streams together, with a 95 % bootstrap CI over requests."""
+        pairs = self.goodput_pairs()
+        if not pairs:
+            return None
+        c = min(self.config.concurrency, len(self.results))
+        lo, hi = stats.bootstrap_ci(pairs, lambda sample: stream_goodput(sample, c))
+        tokens = sum(t for t, _ in pairs)
+        return {
+            "tok_s": stream_goodput(pairs, c),
+            "ci95": [lo, hi],
+            "tokens": tokens,
+            "wall_tok_s": tokens / self.measured_s if self.measured_s > 0 else None,
+        }
+
+    def summary(self) -> dict:
+        vals = self.tok_s()
+        s = summarize(vals)
+        out: dict = {
+            "label": self.config.label,
+            "concurrency": self.config.concurrency,
+            "requests": len(self.results),
+            "failed": self.failed,
+            "errors": sorted({r.error for r in self.results if r.error}),
+        }
+        if s:
+            lo, hi = stats.bootstrap_median_ci(vals)
+            srt = sorted(vals)
+            out["tok_s"] = {**s.as_dict(), "p99": quantile(srt, 0.99), "ci95": [lo, hi]}
+        gp = self.goodput()
+        if gp:
+            out["goodput"] = gp
+        for name, vs in (
+            ("ttft_ms", [r.ttft_s * 1000 for r in self.ok if r.ttft_s is not None]),
+            ("e2e_s", [r.e2e_s for r in self.ok if r.e2e_s is not None]),
+            ("itl_ms", [g for r in self.ok for g in r.itls]),  # every gap, pooled
+            ("accept_len", [r.accept_len for r in self.ok if r.accept_len is not None]),
+            ("batch_size", self.batch_sizes),
+        ):
+            ss = summarize(vs)
+            if ss:
+                out[name] = {**ss.as_dict(), "p99": quantile(sorted(vs), 0.99)}
+        out["server"] = self.server
+        out["warnings"] = self.cross_check()
+        if self.gpu_note:
+            out["gpu_note"] = self.gpu_note
+            out["warnings"].append(f"measured while GPUs were held back: {self.gpu_note}")
+        return out
+
+    def median_tok_s(self) -> float:
+        vals = self.tok_s()
+        return quantile(sorted(vals), 0.5) if vals else math.nan
+
+    def cross_check(self) -> list[str]:
+        """Client figures against the server's own, when they measure the same thing (>10 % apart =
+        warning). Throughput is not compared: the server's last_gen_throughput is its last log
+        interval, which on a short run also counts idle time and other clients' requests, so the
+        two disagree without anything being wrong (the "server says" line still shows it)."""
+        out = []
+        if self.sim_late_share is not None and self.sim_late_share > SIM_LATE_LIMIT:
+            out.append(
+                f"the simulator fell behind its clock ({self.sim_late_share:.0%} of its cycles started late): "
+                f"this machine cannot serve {self.config.concurrency} streams at this --sim-speedup, so the "
+                f"figures are too slow; lower --sim-speedup"
+            )
+        acc = [r.accept_len for r in self.ok if r.accept_len]
+        srv_acc = self.server.get("avg_spec_accept_length")
+        if acc and srv_acc:
+            mine = sum(acc) / len(acc)
+            if abs(srv_acc - mine) / mine > 0.10:
+                out.append(
+                    f"client accept length {mine:.2f} and server avg_spec_accept_length "
+                    f"{srv_acc:.2f} differ by {abs(srv_acc - mine) / mine:.0%}"
+                )
+        return out
+
+    def to_dict(self) -> dict:
+        return {
+            "config": asdict(self.config),
+            "summary": self.summary(),
+            "results": [r.to_dict() for r in self.results],
+            "started": self.started,
+            "wall_s": self.wall_s,
+            "measured_s": self.measured_s,
+        }
+
+
+class _Sent:
+    """Filled by the trace signal: when the request's last byte was handed to the socket."""
+
+    __slots__ = ("t",)
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+
+def client_session(**kw):
+    """An aiohttp session whose requests report when they are on the wire (see the module doc)."""
+    import aiohttp
+
+    async def sent(_session, ctx, _params) -> None:
+        if isinstance(ctx.trace_request_ctx, _Sent):
+            ctx.trace_request_ctx.t = time.perf_counter()
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_headers_sent.append(sent)
+    trace.on_request_chunk_sent.append(sent)  # the body follows the headers: the last one wins
+    return aiohttp.ClientSession(trace_configs=[trace], **kw)
+
+
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+def _payload(api: str, prompt: str, max_tokens: int, model: str | None = None) -> tuple[str, dict]:
+    if api == "openai":
+        return "/v1/completions", {
+            "model": model or "default",
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        }
+    return "/generate", {
+        "text": prompt,
+        "stream": True,
+        "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
+    }
+
+
+async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
+    import aiohttp
+
+    path, body = _payload(cfg.api, prompt, cfg.max_tokens, cfg.model)
+    data = json.dumps(body).encode()
+    res = RequestResult(ok=False)
+    sent = _Sent()
+    start = time.perf_counter()
+    start_wall = time.time()
+    cpu0 = time.process_time()
+    last_t = None
+    last_tokens = 0
+    itls: list[float] = []
+    final: dict | None = None
+    final_recv_wall = 0.0
+    try:
+        timeout = aiohttp.ClientTimeout(
+            total=cfg.request_timeout(), sock_connect=cfg.connect_timeout_s, sock_read=min(60.0, cfg.request_timeout())
+        )
+        async with session.post(
+            cfg.url.rstrip("/") + path, data=data, headers=_JSON_HEADERS, timeout=timeout, trace_request_ctx=sent
+        ) as resp:
+            if sent.t:  # the clock starts when the request is on the wire
+                res.send_ms = (sent.t - start) * 1000
+                start_wall += sent.t - start
+                start = sent.t
+            res.t0 = start
+            if resp.status != 200:
+                text = (await resp.text())[:200].strip()
+                res.error = f"HTTP {resp.status}" + (f": {text}" if text else "")
+                return res
+            buf = b""
+            async for chunk in resp.content.iter_any():
+                now = time.perf_counter()  # every event completed by these bytes arrived now
+                buf += chunk
+                while True:
+                    cut = buf.find(b"\n\n")
+                    if cut < 0:
+                        break
+                    event, buf = buf[:cut], buf[cut + 2 :]
+                    if not event.startswith(b"data:"):
+                        continue
+                    payload = event[5:].strip()
+                    if payload == b"[DONE]":
+                        continue
+                    if cfg.api == "openai":
+                        # Text chunks carry "usage": null; only the last one is decoded fully.
+                        if b'"usage": null' not in payload and b'"usage":null' not in payload:
+                            final = json.loads(payload)
+                            if not (final.get("choices") or [{}])[0].get("text"):
+                                continue
+                        if last_t is None:
+                            res.ttft_s = now - start
+                        last_t = now
+                        res.chunks += 1
+                        continue
+                    m = _COMPLETION.search(payload)
+                    if m is None:
+                        continue
+                    tokens = int(m.group(1))
+                    if b'"finish_reason": null' not in payload and b'"finish_reason":null' not in payload:
+                        final = json.loads(payload)
+                        final_recv_wall = time.time() - (time.perf_counter() - now)
+                    n = tokens - last_tokens
+                    if n <= 0:
+                        continue
+                    res.chunks += 1
+                    if last_t is None:
+                        res.ttft_s = now - start
+                    else:
+                        itls.append((now - last_t) * 1000 / n)
+                    last_t = now
+                    last_tokens = tokens
+        res.e2e_s = (last_t or time.perf_counter()) - start
+        if cfg.api == "openai":
+            usage = (final or {}).get("usage") or {}
+            res.completion_tokens = usage.get("completion_tokens")
+            if res.completion_tokens is None:
+                res.error = "stream ended without usage (completion tokens unknown)"
+                return res
+            if res.completion_tokens > 1 and res.ttft_s is not None:
+                # chunk sizes are unknown here: spread the decode span evenly over the tokens
+                itls = [(res.e2e_s - res.ttft_s) * 1000 / (res.completion_tokens - 1)]
+        else:
+            meta = (final or {}).get("meta_info") or {}
+            res.completion_tokens = meta.get("completion_tokens", last_tokens or None)
+            res.spec_verify_ct = meta.get("spec_verify_ct")
+            res.server_e2e_s = meta.get("e2e_latency")
+            if meta.get("sim_received_wall") and meta.get("sim_sent_wall"):
+                # request: client start -> handler; last chunk: written -> timestamped by the client
+                res.client_lag_ms = (
+                    (meta["sim_received_wall"] - start_wall) + (final_recv_wall - meta["sim_sent_wall"])
+                ) * 1000
+            if final is None:
+                res.error = "stream ended before the last chunk (connection dropped?)"
+                return res
+        if itls:
+            itls.sort()
+            res.itl_ms_median = quantile(itls, 0.5)
+            res.itls = itls
+        res.ok = bool(res.completion_tokens)
+        if not res.ok:
+            res.error = "no tokens generated"
+    except TimeoutError:
+        res.error = f"timed out after {cfg.request_timeout():.0f} s"
+    except aiohttp.ClientConnectorError as e:
+        res.error = f"cannot connect: {e.os_error.strerror if e.os_error else e}"
+    except aiohttp.ServerDisconnectedError:
+        res.error = "server disconnected (not ready yet, or it went away)"
+    except aiohttp.ClientPayloadError:
+        res.error = "connection dropped mid-stream"
+    except aiohttp.ClientError as e:
+        res.error = f"{type(e).__name__}: {e}"
+    except (json.JSONDecodeError, ValueError) as e:
+        res.error = f"bad response: {e}"
+    finally:
+        res.client_cpu_s = time.process_time() - cpu0
+    return res
+
+
+async def fetch_server_info(session, url: str, timeout: float = 5.0) -> dict:
+    """last_gen_throughput, avg_spec_accept_length, step_time_dict, version; {} if unavailable."""
+    import aiohttp
+
+    for path in ("/server_info", "/get_server_info", "/version"):  # vLLM: /version only
+        try:
+            async with session.get(url.rstrip("/") + path, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                if resp.status != 200:
+                    continue
+                info = await resp.json(content_type=None)
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            continue
+        if not isinstance(info, dict):
+            continue
+        state = (info.get("internal_states") or [{}])[0] or {}
+        out = {k: state[k] for k in ("last_gen_throughput", "avg_spec_accept_length") if state.get(k)}
+        if state.get("step_time_dict"):
+            steps = [s for v in state["step_time_dict"].values() for s in v]
+            if steps:
+                out["step_time_ms_median"] = quantile(sorted(steps), 0.5) * 1000
+        if info.get("version"):
+            out["version"] = info["version"]
+        if isinstance(info.get("sim"), dict):
+            out["sim"] = info["sim"]
+        return out
+    return {}
+
+
+async def served_model(session, url: str, timeout: float = 5.0) -> str | None:
+    """The first model id of /v1/models (vLLM refuses requests for any other name); None if unknown."""
+    import aiohttp
+
+    try:
+        async with session.get(url.rstrip("/") + "/v1/models", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            data = await resp.json(content_type=None) if resp.status == 200 else {}
+    except (TimeoutError, aiohttp.ClientError, ValueError):
+        return None
+    models = data.get("data") if isinstance(data, dict) else None
+    first = models[0] if isinstance(models, list) and models and isinstance(models[0], dict) else {}
+    return first.get("id") if isinstance(first.get("id"), str) else None
+
+
+async def run_bench(
+    cfg: BenchConfig,
+    on_result: Callable[[int, RequestResult], Awaitable[None] | None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> BenchRun:
+    """Warm-up requests (discarded), then ``requests`` measured ones at ``concurrency``.
+
+    Above concurrency 1 the warm-up is one wave of ``concurrency`` short requests, so that the
+    server has run this batch size (its CUDA graph, its KV blocks) before the clock starts."""
+    import aiohttp
+
+    run = BenchRun(cfg, started=time.time())
+    ps = prompts()
+    t0 = time.perf_counter()
+    connector = aiohttp.TCPConnector(limit=max(4, cfg.concurrency * 2), force_close=False)
+    async with client_session(connector=connector) as session:
+        if cfg.api == "openai" and cfg.model is None:
+            cfg.model = await served_model(session, cfg.url)
+        if cfg.warmup and cfg.concurrency > 1:
+            wave = replace(cfg, max_tokens=min(cfg.max_tokens, 64))
+            warm = await asyncio.gather(
+                *(run_request(session, wave, ps[i % len(ps)]) for i in range(max(cfg.warmup, cfg.concurrency)))
+            )
+        else:
+            warm = []
+            for i in range(cfg.warmup):
+                warm.append(await run_request(session, cfg, ps[i % len(ps)]))
+                if not warm[-1].ok and warm[-1].error.startswith(("cannot connect", "server disconnected")):
+                    break
+        down = [
+            r for r in warm if not r.ok and r.error and r.error.startswith(("cannot connect", "server disconnected"))
+        ]
+        if down:
+            run.results.append(down[0])  # server not up: fail fast instead of timing out each request
+            run.wall_s = time.perf_counter() - t0
+            return run
+        # the simulator's own counters before the measured requests (a real server has none)
+        before = ((await fetch_server_info(session, cfg.url)).get("sim") or {}) if cfg.concurrency > 1 else {}
+        t_measured = time.perf_counter()
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        for i in range(cfg.requests):
+            queue.put_nowait(i)
+
+        async def worker() -> None:
+            while not queue.empty() and not (stop and stop.is_set()):
+                i = queue.get_nowait()
+                r = await run_request(session, cfg, ps[(cfg.warmup + i) % len(ps)])
+                run.results.append(r)
+                if on_result is not None:
+                    maybe = on_result(i, r)
+                    if asyncio.iscoroutine(maybe):
+                        await maybe
+
+        await asyncio.gather(*(worker() for _ in range(min(cfg.concurrency, cfg.requests))))
+        run.measured_s = time.perf_counter() - t_measured
+        run.server = await fetch_server_info(session, cfg.url)
+        after = run.server.get("sim") or {}
+        if "cycles_late" in before and "cycles_late" in after and after["cycles"] > before["cycles"]:
+            run.sim_late_share = (after["cycles_late"] - before["cycles_late"]) / (after["cycles"] - before["cycles"])
+    run.wall_s = time.perf_counter() - t0
+    return run
+
+
+def level_row(s: dict) -> dict:
+    """One concurrency level of a summary, flattened for the curve table and JSON."""
+
+    def pick(key: str, stat: str):
+        return (s.get(key) or {}).get(stat)
+
+    gp = s.get("goodput") or {}
+    return {
+        "concurrency": s.get("concurrency", 1),
+        "goodput": gp.get("tok_s"),
+        "goodput_ci95": gp.get("ci95"),
+        "decode_tok_s": pick("tok_s", "median"),
+        "ttft_ms_p50": pick("ttft_ms", "median"),
+        "ttft_ms_p99": pick("ttft_ms", "p99"),
+        "itl_ms_p50": pick("itl_ms", "median"),
+        "itl_ms_p99": pick("itl_ms", "p99"),
+        "accept_len": pick("accept_len", "mean"),
+        "batch_size": pick("batch_size", "mean"),
+        "requests": s["requests"],
+        "failed": s["failed"],
+    }
+
+
+def _num(v, spec: str) -> str:
+    """``format(v, spec)``, or a dash as wide and aligned as the number would be."""
+    if v is not None:
+        return format(v, spec)
+    width = int("".join(ch for ch in spec.split(".")[0] if ch.isdigit()) or 0)
+    return format("—", ("<" if spec.startswith("<") else ">") + str(width))
+
+
+def format_levels(summaries: list[dict]) -> str:
+    """The goodput curve: one line per concurrency level."""
+    head = (
+        f"{'conc':>5} {'goodput tok/s':>14} {'95% CI':>17} {'per-req tok/s':>13} {'TTFT p50/p99 ms':>16} "
+        f"{'ITL p50/p99 ms':>15} {'accept':>6} {'batch':>6} {'ok':>8}"
+    )
+    lines = [head]
+    for s in summaries:
+        r = level_row(s)
+        ci = r["goodput_ci95"] or [None, None]
+        lines.append(
+            f"{r['concurrency']:>5} {_num(r['goodput'], '14.1f')} "
+            f"{_num(ci[0], '8.1f')}-{_num(ci[1], '<8.1f')} {_num(r['decode_tok_s'], '13.1f')} "
+            f"{_num(r['ttft_ms_p50'], '7.0f')}/{_num(r['ttft_ms_p99'], '<8.0f')} "
+            f"{_num(r['itl_ms_p50'], '7.2f')}/{_num(r['itl_ms_p99'], '<7.2f')} "
+            f"{_num(r['accept_len'], '6.2f')} {_num(r['batch_size'], '6.1f')} "
+            f"{r['requests'] - r['failed']:>4}/{r['requests']:<3}"
+        )
+    for s in summaries:
+        for e in s.get("errors", []):
+            lines.append(f"  concurrency {s.get('concurrency', 1)}: error: {e}")
+    lines.append(
+        "goodput: output tok/s of all streams together; batch: mean #running-req in the server's log (— without one)"
+    )
+    return "\n".join(lines)
+
+
+def format_summary(s: dict) -> str:
+    lines = []
+    tok = s.get("tok_s")
+    label = f"{s['label']}: " if s.get("label") else ""
+    if tok:
+        lo, hi = tok["ci95"]
+        lines.append(
+            f"{label}decode {tok['median']:.1f} tok/s median (95% CI {lo:.1f}-{hi:.1f}), "
+            f"mean {tok['mean']:.1f}, p90 {tok['p90']:.1f}, min {tok['min']:.1f}, max {tok['max']:.1f}"
+        )
+    else:
+        lines.append(f"{label}no successful request")
+    extra = []
+    gp = s.get("goodput")
+    if gp and s.get("concurrency", 1) > 1:
+        extra.append(
+            f"goodput {gp['tok_s']:.1f} tok/s at concurrency {s['concurrency']} "
+            f"(95% CI {gp['ci95'][0]:.1f}-{gp['ci95'][1]:.1f})"
+        )
+    if s.get("batch_size"):
+        extra.append(f"batch {s['batch_size']['mean']:.1f}")
+    if s.get("ttft_ms"):
+        extra.append(f"TTFT {s['ttft_ms']['median']:.0f} ms")
+    if s.get("itl_ms"):
+        extra.append(f"ITL {s['itl_ms']['median']:.2f} ms")
+    if s.get("accept_len"):
+        extra.append(f"accept length {s['accept_len']['mean']:.2f}")
+    extra.append(f"{s['requests'] - s['failed']}/{s['requests']} ok")
+    lines.append("  " + ", ".join(extra))
+    srv = s.get("server") or {}
+    if srv.get("last_gen_throughput") or srv.get("avg_spec_accept_length"):
+        bits = []
+        if srv.get("last_gen_throughput"):
+            bits.append(f"gen throughput {srv['last_gen_throughput']:.1f} tok/s")
+        if srv.get("avg_spec_accept_length"):
+            bits.append(f"accept length {srv['avg_spec_accept_length']:.2f}")
+        if srv.get("step_time_ms_median"):
+            bits.append(f"step {srv['step_time_ms_median']:.2f} ms")
+        lines.append("  server says: " + ", ".join(bits))
+    for e in s.get("errors", []):
+        lines.append(f"  error: {e}")
+    for w in s.get("warnings", []):
+        lines.append(f"  warning: {w}")
+    return "\n".join(lines)

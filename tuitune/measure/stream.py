@@ -1,0 +1,33 @@
+"""An event stream: what the TUI and the recorder subscribe to, live (Session) or replayed (Replay)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from tuitune.base.events import Event
+from tuitune.measure.metrics import MetricsStore
+
+Subscriber = Callable[[list[Event]], None]
+
+
+class EventStream:
+    live = False  # a live stream can relaunch, benchmark and load its server
+    label = "?"  # where the events come from, for the header
+    record = None  # the running server's record, when there is one
+    load = None  # background load state, for live streams
+
+    def __init__(self) -> None:
+        self.store = MetricsStore()
+        self.subscribers: list[Subscriber] = []
+
+    def subscribe(self, fn: Subscriber) -> None:
+        self.subscribers.append(fn)
+
+    def publish(self, events: list[Event]) -> None:
+        """Feed the metrics store, then every subscriber (one call per batch, never per event)."""
+        now = time.monotonic()
+        for ev in events:
+            self.store.feed(ev, now)
+        for fn in list(self.subscribers):
+            fn(events)

@@ -1,0 +1,852 @@
+"""Server control on the target: preflight -> stop -> start -> wait ready; status and drift.
+
+State lives on the target in ``~/.cache/tuitune/servers/<port>.json`` (pid = process group =
+session, preset name and hash, start time, log path, argv), so that tuitune only ever stops
+servers it started, from any machine, and so that ``status`` can compare the running process's
+real environment and argv (``/proc/PID/environ``, ``/proc/PID/cmdline``) with the preset: the
+seeds lost their NCCL variables silently after a restart; drift makes that visible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import getpass
+import json
+import os
+import re
+import shlex
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+
+from tuitune import preset as P
+from tuitune.base import redact
+from tuitune.base.aio import cancel_and_wait
+from tuitune.base.events import Event, ServerError
+from tuitune.engines import CAUSE_ORDER, CAUSE_TEXT
+from tuitune.measure.parse import parse_line
+from tuitune.target.tail import LogTail
+from tuitune.target.transport import Transport, TransportError
+
+STATE_DIR = "~/.cache/tuitune"
+LOCK_ANSWER_S = 60.0  # the lock helper answers in milliseconds; a python that hangs at start does not
+HELPER_EXITED = "ERROR the lock helper exited"
+OWN_RELEASE_S = 3.0  # how long a lock this process let go may still read as held (its helper dying)
+_HELD: set[tuple[str, str]] = set()  # (target, lock path) this process holds now
+HEALTH_TIMEOUT_S = 120.0  # once HTTP answers, the longest wait for /health 200 (a phase limit)
+_REMOTE = resources.files("tuitune.target.remote").joinpath("remote.py").read_text()
+# true when process $p exists and is not a zombie (a zombie only waits for its parent to reap it)
+LIVE_SH = 's=$(sed \'s/.*) //\' /proc/$p/stat 2>/dev/null | cut -c1); [ -n "$s" ] && [ "$s" != Z ]'
+# exit 0: the module is there; 3: it (or its package: find_spec raises for "sglang.x" without
+# sglang) is not installed; 5: its package fails to import, the reason on stderr
+FIND_MODULE_PY = """import importlib.util, sys
+try:
+    found = importlib.util.find_spec(sys.argv[1]) is not None
+except ImportError:
+    found = False
+except Exception as e:
+    print(f"{type(e).__name__}: {e}", file=sys.stderr)
+    sys.exit(5)
+sys.exit(0 if found else 3)
+"""
+
+
+class ControlError(Exception):
+    """One sentence; ``code`` 2 for bad input (preflight refusals), 1 for failed work."""
+
+    def __init__(self, message: str, code: int = 1, log_tail: list[str] | None = None):
+        super().__init__(message)
+        self.code = code
+        self.log_tail = log_tail or []
+
+
+@dataclass
+class ServerRecord:
+    pid: int
+    port: int
+    preset: str
+    preset_hash: str
+    started: float
+    log: str
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def pgid(self) -> int:
+        return self.pid  # setsid: the server leads its own session and process group
+
+
+@dataclass
+class Drift:
+    key: str
+    running: str | None
+    preset: str | None
+
+    def shown(self) -> Drift:
+        """This difference as it may be printed or written: a secret's values masked."""
+        r, p, _ = redact.pair(self.key, self.running, self.preset)
+        return Drift(self.key, r, p)
+
+    def __str__(self) -> str:
+        r, p, note = redact.pair(self.key, self.running, self.preset)
+        r = "(unset)" if r is None else r
+        p = "(unset)" if p is None else p
+        return f"{self.key}: running {r}, preset {p}{note}"
+
+
+@dataclass
+class Status:
+    running: bool
+    record: ServerRecord | None = None
+    uptime_s: float | None = None
+    drift: list[Drift] = field(default_factory=list)
+    same_hash: bool | None = None
+    note: str | None = None
+
+    def to_dict(self) -> dict:
+        rec = asdict(self.record) if self.record else None
+        if rec is not None:
+            rec["argv"], rec["env"] = redact.argv(rec["argv"]), redact.env(rec["env"])
+        return {
+            "running": self.running,
+            "record": rec,
+            "uptime_s": self.uptime_s,
+            "same_hash": self.same_hash,
+            "note": self.note,
+            "drift": [asdict(d.shown()) for d in self.drift],
+        }
+
+
+@dataclass
+class ReadyResult:
+    ok: bool
+    elapsed_s: float
+    phase: str
+    cause: str | None = None
+    message: str | None = None
+    log_tail: list[str] = field(default_factory=list)
+    errors: list[ServerError] = field(default_factory=list)
+    nccl_env: dict[str, str] = field(default_factory=dict)
+    ready_line_at: float | None = None  # monotonic time the ready line was read
+    reported_at: float | None = None
+
+
+def _flag_pairs(argv: list[str]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--"):
+            if "=" in a:
+                k, v = a.split("=", 1)
+                out[k] = v
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                out[a] = argv[i + 1]
+                i += 1
+            else:
+                out[a] = None
+        i += 1
+    return out
+
+
+def _positionals(argv: list[str]) -> list[str]:
+    """Arguments that are neither flags nor flag values (vLLM's ``serve MODEL``)."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i].startswith("--"):
+            i += 1 if "=" in argv[i] or i + 1 >= len(argv) or argv[i + 1].startswith("--") else 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
+def compute_drift(preset: P.Preset, argv: list[str], environ: dict[str, str]) -> list[Drift]:
+    """What differs between a running process and the preset: env variables and flags."""
+    drift: list[Drift] = []
+    want_env = preset.launch_env()
+    for k, v in want_env.items():
+        if environ.get(k) != v:
+            drift.append(Drift(f"env.{k}", environ.get(k), v))
+    for k, v in sorted(environ.items()):
+        if k.startswith("NCCL_") and k not in want_env:
+            drift.append(Drift(f"env.{k}", v, None))
+    try:
+        m = argv.index("-m")
+        server_args = argv[m + 2 :]
+    except ValueError:
+        server_args = argv[1:]
+    have_pos, want_pos = _positionals(server_args), _positionals(preset.flags())
+    if have_pos != want_pos:
+        drift.append(Drift("arguments", " ".join(have_pos) or None, " ".join(want_pos) or None))
+    have, want = _flag_pairs(server_args), _flag_pairs(preset.flags())
+    for k in list(dict.fromkeys([*want, *have])):
+        if k not in have:
+            drift.append(Drift(f"flag {k}", None, want[k] or "(set)"))
+        elif k not in want:
+            drift.append(Drift(f"flag {k}", have[k] or "(set)", None))
+        elif have[k] != want[k]:
+            drift.append(Drift(f"flag {k}", have[k], want[k]))
+    return drift
+
+
+def classify(errors: list[ServerError]) -> tuple[str, str] | None:
+    """The most telling cause among error events: (category, message)."""
+    for cat in CAUSE_ORDER:
+        for e in errors:
+            if e.category == cat and (cat != "traceback" or len(errors) == 1):
+                return cat, e.message
+    return None
+
+
+def _lock_note(line: str) -> dict | None:
+    """The holder's note in a BUSY answer (action, preset, client, since), if it is one."""
+    try:
+        note = json.loads(line[4:]) if line.startswith("BUSY") else None
+    except ValueError:
+        return None
+    return note if isinstance(note, dict) else None
+
+
+def _lock_answer(head: bytes) -> str | None:
+    """The lock helper's answer (LOCKED, BUSY …, ERROR …) among the complete lines received; any
+    other line is the remote shell's (a login script's noise: pyenv's rehash racing another
+    session printed "rm: cannot remove …" first, and that line was taken for the answer)."""
+    for raw in head.split(b"\n")[:-1]:
+        text = raw.decode("utf-8", "replace").strip()
+        if text.startswith(("LOCKED", "BUSY", "ERROR")):
+            return text
+    return None
+
+
+class ServerControl:
+    def __init__(self, transport: Transport, preset: P.Preset, state_dir: str = STATE_DIR):
+        self.t = transport
+        self.preset = preset
+        self.state_dir = state_dir
+        self._help_flags: set[str] | None = None
+        self.warnings: list[str] = []
+        self.cleanup: str | None = None  # what a failed or cancelled relaunch did with its server
+
+    # ---- state ---------------------------------------------------------------------------
+    @property
+    def state_path(self) -> str:
+        return f"{self.state_dir}/servers/{self.preset.server.port}.json"
+
+    def _remote(self, *args: str) -> str:
+        """A ``remote.py`` command with the server's python; every argument quoted."""
+        return f"{P.shell_path(self.preset.python())} -I -S -c {shlex.quote(_REMOTE)} " + " ".join(
+            P.shell_path(a) if a.startswith("~") else shlex.quote(a) for a in args
+        )
+
+    async def read_state(self) -> ServerRecord | None:
+        """The record of the server tuitune started on this port; an empty or corrupt state file
+        (a client killed in the middle of an old, non-atomic write) is recovered from the process
+        that listens on the port, and ``warnings`` says so."""
+        r = await self.t.run(
+            f"[ -e {P.shell_path(self.state_path)} ] || exit 3; cat -- {P.shell_path(self.state_path)}", timeout=30
+        )
+        if r.exit_status == 3:
+            return None
+        try:
+            d = json.loads(r.stdout)
+            return ServerRecord(**{k: d[k] for k in ServerRecord.__dataclass_fields__ if k in d})
+        except (ValueError, TypeError, KeyError):
+            return await self._recover(r.stdout)
+
+    async def _recover(self, text: str) -> ServerRecord | None:
+        what = "empty" if not text.strip() else "corrupt"
+        port = self.preset.server.port
+        ours = [
+            o
+            for o in await self.port_owners()
+            if "--port" in o["argv"] and str(port) in o["argv"] and self.preset.server.module in o["argv"]
+        ]
+        if not ours:
+            await self.clear_state()
+            self.warnings.append(
+                f"state file {self.state_path} was {what} and no {self.preset.server.module} "
+                f"server listens on port {port}; removed it"
+            )
+            return None
+        leader = min(ours, key=lambda o: (o["pid"] != o["sid"], o["pid"]))
+        pid = leader["sid"] if await self.alive(leader["sid"]) else leader["pid"]
+        view = await self.process_view(pid)
+        argv, env = view if view is not None else (leader["argv"], {})
+        same = not compute_drift(self.preset, argv, env)
+        flags = argv[argv.index("-m") + 2 :] if "-m" in argv else argv[1:]  # as start() records them
+        rec = ServerRecord(
+            pid=pid,
+            port=port,
+            preset=self.preset.name if same else "(recovered)",
+            preset_hash=self.preset.hash() if same else "",
+            started=time.time(),
+            log=self.preset.server.log,
+            argv=flags,
+            env={k: v for k, v in env.items() if k in self.preset.launch_env()},
+        )
+        await self.write_state(rec)
+        self.warnings.append(
+            f"state file {self.state_path} was {what}; recovered server {pid} from port {port} "
+            f"and its command line" + ("" if same else " (it does not match this preset)")
+        )
+        return rec
+
+    async def write_state(self, rec: ServerRecord) -> None:
+        await self.t.upload(json.dumps(asdict(rec), indent=1).encode(), self.state_path, 0o600)
+
+    async def clear_state(self) -> None:
+        await self.t.run(f"rm -f -- {P.shell_path(self.state_path)}", timeout=30)
+
+    async def port_owners(self) -> list[dict]:
+        """Processes with a listening socket on the preset's port (pid, sid, ancestors, argv)."""
+        r = await self.t.run(self._remote("owner", str(int(self.preset.server.port))), timeout=30)
+        try:
+            return json.loads(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise ControlError(
+                f"{self.t.label}: cannot tell which process listens on port "
+                f"{self.preset.server.port}: {(r.stderr or r.stdout).strip()[-200:]}"
+            ) from None
+
+    async def owns_port(self, pid: int) -> bool:
+        """Whether ``pid`` or a process of its session, or one descended from it, listens on the port."""
+        return any(o["pid"] == pid or o["sid"] == pid or pid in o["ancestors"] for o in await self.port_owners())
+
+    @contextlib.asynccontextmanager
+    async def locked(self, action: str) -> AsyncIterator[None]:
+        """Hold the target's lock for this port while changing what runs on it; a second caller
+        is told who holds it. The lock lives as long as one remote process (``remote.py lock``),
+        so a client that dies or loses its link releases it."""
+        client = f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"
+        info = json.dumps(
+            {"action": action, "preset": self.preset.name, "client": client, "since": time.strftime("%H:%M:%S")}
+        )
+        path = f"{self.state_dir}/servers/{self.preset.server.port}.lock"
+        key = (self.t.label, path)
+        deadline = time.monotonic() + OWN_RELEASE_S
+        while True:
+            stream, line = await self._ask_lock(path, info)
+            if line.startswith("LOCKED"):
+                break
+            await stream.aclose()
+            # our own lock, let go a moment ago: over SSH its helper dies just after the channel closes
+            releasing = (
+                (_lock_note(line) or {}).get("client") == client and key not in _HELD and time.monotonic() < deadline
+            )
+            if not releasing:
+                raise ControlError(self._busy_message(line), 1)
+            await asyncio.sleep(0.05)
+        _HELD.add(key)
+        try:
+            yield
+        finally:
+            _HELD.discard(key)
+            await stream.aclose()
+
+    async def _ask_lock(self, path: str, info: str) -> tuple[AsyncIterator[bytes], str]:
+        """The lock helper's stream (open: it holds the lock while it runs) and its answer line."""
+        # a helper that dies without answering (a wrong server.python) still ends with an answer line:
+        # the stream itself stays open (the lifeline) and would be waited on forever
+        stream = self.t.stream(self._remote("lock", path, info) + f' || echo "{HELPER_EXITED} ($?)"')
+        head, line = b"", None
+        try:
+            async with asyncio.timeout(LOCK_ANSWER_S):
+                async for chunk in stream:
+                    head += chunk
+                    line = _lock_answer(head)
+                    if line is not None:
+                        break
+        except TimeoutError:
+            pass  # said below, with whatever the shell printed
+        except BaseException:
+            await stream.aclose()
+            raise
+        said = [
+            x.strip()
+            for x in head.decode("utf-8", "replace").splitlines()
+            if x.strip() and not x.startswith(HELPER_EXITED)
+        ]
+        if line is None:  # the helper never answered: what the shell said instead
+            line = " ".join(said) or f"no answer in {LOCK_ANSWER_S:.0f} s"
+        elif line.startswith(HELPER_EXITED) and said:
+            line = f"{line}: {said[-1][:200]}"
+        return stream, line
+
+    def _busy_message(self, line: str) -> str:
+        port = self.preset.server.port
+        if not line.startswith("BUSY"):
+            return f"{self.t.label}: cannot take the lock for port {port}: {line[-300:] or 'no answer'}"
+        try:
+            h = _lock_note(line)
+            who = f"tuitune {h['action']} of {h['preset']} by {h['client']} (since {h['since']})"
+        except (KeyError, TypeError):  # no note, or one without these keys
+            who = "another tuitune"
+        return f"port {port} on {self.t.label} is busy: {who} holds its lock; try again when it has finished"
+
+    def foreign(self, rec: ServerRecord | None, allowed: set[str] | None = None) -> str | None:
+        """Why acting on ``rec`` would act on another preset's server, or None."""
+        names = allowed or {self.preset.name}
+        if rec is None or rec.preset in names:
+            return None
+        return (
+            f"the server on port {rec.port} of {self.t.label} (pid {rec.pid}) was started by preset "
+            f"{rec.preset}, not {self.preset.name}; pass --any to act on it anyway"
+        )
+
+    async def alive(self, pid: int) -> bool:
+        r = await self.t.run(f"p={int(pid)}; {LIVE_SH}", timeout=30)
+        return r.ok
+
+    async def port_busy(self, port: int | None = None) -> bool:
+        port = port or self.preset.server.port
+        r = await self.t.run(f"(exec 3<>/dev/tcp/127.0.0.1/{int(port)}) 2>/dev/null", timeout=30)
+        return r.ok
+
+    # ---- preflight -----------------------------------------------------------------------
+    async def server_flags(self) -> set[str]:
+        if self._help_flags is None:
+            py = P.shell_path(self.preset.python())
+            helps = " ".join(shlex.quote(a) for a in self.preset.help_args())
+            r = await self.t.run(f"{py} -m {shlex.quote(self.preset.server.module)} {helps}", timeout=180)
+            if not r.ok:
+                raise ControlError(
+                    f"{self.t.label}: `{self.preset.python()} -m {self.preset.server.module} "
+                    f"{helps}` failed (exit {r.exit_status}): "
+                    f"{(r.stderr or r.stdout).strip().splitlines()[-1:] or ['no output']}"[:400]
+                )
+            self._help_flags = set(re.findall(r"(--[A-Za-z0-9][A-Za-z0-9_-]*)", r.stdout))
+        return self._help_flags
+
+    async def install_probe(self) -> dict:
+        """Upload the probe to the target and check, from SGLang's source, what it can patch."""
+        from tuitune import probe
+
+        for name, data in probe.files().items():
+            await self.t.upload(data, f"{probe.REMOTE_DIR}/{name}")
+        r = await self.t.run(
+            f"{P.shell_path(self.preset.python())} {P.shell_path(probe.REMOTE_DIR + '/eagle3_probe.py')} "
+            "--check " + " ".join(self.preset.engine.probe_check_args()),
+            timeout=60,
+        )
+        try:
+            return json.loads(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return {"ok": False, "error": (r.stderr or r.stdout).strip()[-200:] or f"exit {r.exit_status}"}
+
+    async def preflight(self, replacing: ServerRecord | None) -> None:
+        """Refuse a relaunch that cannot work, before anything running is touched."""
+        p = self.preset
+        py = P.shell_path(p.python())
+        r = await self.t.run(
+            f"command -v -- {py} >/dev/null || [ -x {py} ] || exit 4; {py} -c "
+            f"{shlex.quote(FIND_MODULE_PY)} {shlex.quote(p.server.module)}",
+            timeout=60,
+        )
+        if r.exit_status == 4:
+            raise ControlError(f"{self.t.label}: server.python {p.python()} does not exist", 2)
+        if r.exit_status == 3:
+            raise ControlError(f"{self.t.label}: module {p.server.module} is not installed for {p.python()}", 2)
+        if r.exit_status == 5:
+            why = (r.stderr.strip().splitlines() or ["no message"])[-1][:200]
+            raise ControlError(
+                f"{self.t.label}: module {p.server.module} cannot be imported with {p.python()} ({why})", 2
+            )
+        if not r.ok:
+            raise ControlError(f"{self.t.label}: cannot run {p.python()}: {r.stderr.strip()[:200]}", 2)
+        known = await self.server_flags()
+        unknown = [f for f in p.flag_names() if f not in known]
+        if unknown:
+            raise ControlError(
+                f"flag {unknown[0]} is not accepted by {p.server.module} on {self.t.label} "
+                f"(not in its --help); refusing to relaunch",
+                2,
+            )
+        if p.uses_probe:
+            report = await self.install_probe()
+            if not report.get("ok"):
+                why = report.get("error") or (
+                    f"{p.engine.label} {report.get('version') or '?'} lacks "
+                    f"{', '.join(report.get('missing') or ['a phase'])}"
+                )
+                self.warnings.append(
+                    f"profile: the probe cannot time every phase here ({why}); "
+                    "the server will log its own decode lines only"
+                )
+        if await self.port_busy():
+            ours = replacing is not None and replacing.port == p.server.port and await self.alive(replacing.pid)
+            if not ours:
+                raise ControlError(
+                    f"port {p.server.port} on {self.t.label} is in use by a process tuitune "
+                    f"did not start; stop it (or `tuitune stop PRESET --pid PID`) first",
+                    2,
+                )
+
+    # ---- start / stop --------------------------------------------------------------------
+    async def start(self) -> ServerRecord:
+        p = self.preset
+        await self.t.run(f'mkdir -p -- "$(dirname -- {P.shell_path(p.server.log)})"', timeout=30)
+        r = await self.t.run(P.launch_command(p), timeout=60)
+        pid_text = r.stdout.strip().splitlines()[-1:] if r.stdout.strip() else []
+        if not r.ok or not pid_text or not pid_text[0].isdigit():
+            raise ControlError(
+                f"{self.t.label}: the launch command failed (exit {r.exit_status}): "
+                f"{(r.stderr or r.stdout).strip()[:300]}"
+            )
+        rec = ServerRecord(
+            pid=int(pid_text[0]),
+            port=p.server.port,
+            preset=p.name,
+            preset_hash=p.hash(),
+            started=time.time(),
+            log=p.server.log,
+            argv=p.flags(),
+            env=p.launch_env(),
+        )
+        await self.write_state(rec)
+        return rec
+
+    async def stop(self, pid: int | None = None, grace_s: float = 10.0, allow_any: bool = False) -> str:
+        """Stop the server tuitune started on this port for this preset (or ``pid``), under the lock."""
+        async with self.locked("stop"):
+            return await self._stop(pid, grace_s, allow_any)
+
+    async def _stop(self, pid: int | None = None, grace_s: float = 10.0, allow_any: bool = True) -> str:
+        """TERM the group, wait, KILL; refuses another preset's server unless ``allow_any``."""
+        rec = await self.read_state()
+        if pid is None and not allow_any and (why := self.foreign(rec)) and await self.alive(rec.pid):
+            raise ControlError(why, 2)
+        target = pid if pid is not None else (rec.pid if rec else None)
+        if target is None:
+            return "no server started by tuitune on this port"
+        if pid is None and rec and not await self.alive(rec.pid):
+            await self.clear_state()
+            return f"server {rec.pid} was not running (state cleared)"
+        if pid is None and rec and not await self.still_ours(rec):
+            await self.clear_state()
+            return f"server {rec.pid} is gone and its pid now runs another program (state cleared, nothing stopped)"
+        steps = max(1, int(grace_s / 0.1))
+        port = int(self.preset.server.port)
+        clear = f"rm -f -- {P.shell_path(self.state_path)}; " if rec and rec.pid == target else ""
+        # one round trip: TERM, wait, KILL, wait for the port, clear the state. A group is alive
+        # while any of its members is (LIVE_SH), and so are descendants that left the group (an
+        # engine's workers may), listed first, while their parents still hold them; exit 0
+        # stopped, 10 killed, 3 survived, 4 port busy
+        script = (
+            f"g={int(target)}; tree() {{ for c in $(pgrep -P $1 2>/dev/null); do echo $c; tree $c; done; }}; "
+            f"t=$(tree $g); alive() {{ for p in $(pgrep -g $g 2>/dev/null) $g $t; do "
+            f"{LIVE_SH} && return 0; done; return 1; }}; "
+            f"free() {{ ! (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null; }}; how=0; "
+            f"kill -TERM -- -$g 2>/dev/null || kill -TERM $g 2>/dev/null; kill -TERM $t 2>/dev/null; "
+            f"for i in $(seq {steps}); do alive || break; sleep 0.1; done; "
+            f"if alive; then how=10; kill -KILL -- -$g 2>/dev/null; kill -KILL $g $t 2>/dev/null; "
+            f"for i in $(seq 30); do alive || break; sleep 0.1; done; alive && exit 3; fi; "
+            f"for i in $(seq 100); do free && break; sleep 0.1; done; free || exit 4; "
+            f"{clear}exit $how"
+        )
+        r = await self.t.run(script, timeout=grace_s + 30)
+        if r.exit_status == 3:
+            raise ControlError(f"process group {target} on {self.t.label} survived SIGKILL")
+        if r.exit_status == 4:
+            raise ControlError(f"server {target} stopped but port {port} is still in use")
+        how = "killed after the grace period" if r.exit_status == 10 else "stopped"
+        return f"server {target} {how}; port {self.preset.server.port} free"
+
+    # ---- wait ready ----------------------------------------------------------------------
+    async def wait_ready(
+        self,
+        rec: ServerRecord,
+        timeout_s: float = 900.0,
+        on_phase: Callable[[str, float], None] | None = None,
+        on_line: Callable[[str, Event | None], None] | None = None,
+        health_timeout_s: float = HEALTH_TIMEOUT_S,
+    ) -> ReadyResult:
+        """Poll /health until ready, dead or timed out; the log only names phases and causes.
+
+        Ready means /health answers 200 *and* the port's listening socket belongs to ``rec.pid``
+        or one of its children (a 200 from another server on the port proves nothing). Once
+        HTTP is up (the socket is ours, or /health answers at all), /health must turn 200
+        within ``health_timeout_s``.
+        """
+        import aiohttp
+
+        t0 = time.monotonic()
+        res = ReadyResult(ok=False, elapsed_s=0.0, phase="starting")
+        lines: list[str] = []
+        http_up = asyncio.Event()
+        ready_line = asyncio.Event()
+        done = asyncio.Event()
+
+        def set_phase(name: str) -> None:
+            res.phase = name
+            if on_phase:
+                on_phase(name, time.monotonic() - t0)
+
+        set_phase("starting")
+        tail = LogTail(self.t, rec.log, python=self.preset.python())
+        shown = redact.Redactor(self.preset)
+
+        async def follow() -> None:
+            async for batch in tail.batches():
+                for line in batch.lines:
+                    lines.append(shown(line))
+                    if len(lines) > 200:
+                        del lines[:100]
+                    ev = parse_line(line)
+                    if on_line:
+                        on_line(line, ev)
+                    if ev is None:
+                        for needle, phase in self.preset.engine.phases:
+                            if needle in line:
+                                set_phase(phase)
+                        continue
+                    if ev.kind == "error":
+                        res.errors.append(ev)
+                    elif ev.kind == "nccl_env":
+                        res.nccl_env[ev.name] = ev.value
+                    elif ev.kind == "http_up":
+                        set_phase("http up")
+                        http_up.set()
+                    elif ev.kind == "ready":
+                        res.ready_line_at = time.monotonic()
+                        ready_line.set()
+
+        local_port = await self.t.forward_port(rec.port)
+        url = self.t.url(local_port) + "/health"
+
+        async def health(session) -> int | None:
+            try:
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
+                    return r.status
+            except (TimeoutError, aiohttp.ClientError, OSError):
+                return None
+
+        async def watch() -> None:
+            http_since: float | None = None
+            last: int | None = None
+            owned = False  # a listening socket on the port belongs to rec.pid or its children
+            async with aiohttp.ClientSession() as session:
+                while not done.is_set():
+                    waiter = asyncio.ensure_future(ready_line.wait())
+                    await asyncio.wait({waiter}, timeout=0.5)
+                    waiter.cancel()
+                    if owned:  # our process holds the listening socket: only /health is left
+                        status = await health(session)
+                        if status == 200:
+                            res.ok = True
+                            return
+                        living = await self.alive(rec.pid)
+                    else:  # one round trip per poll: the checks on the target run side by side
+                        status, owned, living = await asyncio.gather(
+                            health(session), self.owns_port(rec.pid), self.alive(rec.pid)
+                        )
+                        if status == 200 and owned:
+                            res.ok = True
+                            return
+                    last = status if status is not None else last
+                    if http_since is None and (status is not None or http_up.is_set() or owned):
+                        http_since = time.monotonic()
+                        if res.phase != "http up":
+                            set_phase("http up")
+                    if not living:
+                        await asyncio.sleep(0.3)  # let the last lines of the log arrive
+                        return
+                    now = time.monotonic()
+                    if http_since is not None and now - http_since > health_timeout_s:
+                        res.message = (
+                            f"HTTP has been up for {now - http_since:.0f} s but /health never answered "
+                            f"200 (last answer: {last or 'none'}; phase limit {health_timeout_s:.0f} s)"
+                        )
+                        res.cause = "unhealthy"
+                        return
+                    if now - t0 > timeout_s:
+                        res.message = f"not ready after {timeout_s:.0f} s (phase: {res.phase})"
+                        res.cause = "timeout"
+                        return
+
+        follower = asyncio.ensure_future(follow())
+        try:
+            await watch()
+        finally:
+            done.set()
+            tail.close()
+            await cancel_and_wait(follower, ignore=(TransportError,))
+        res.elapsed_s = time.monotonic() - t0
+        res.log_tail = lines[-40:]
+        if res.ok:
+            res.reported_at = time.monotonic()
+            set_phase("ready")
+        elif res.cause is None:
+            found = classify(res.errors)
+            res.cause, detail = found if found else ("exited", "the process exited without an error line")
+            res.message = shown(f"server exited during start ({CAUSE_TEXT.get(res.cause, res.cause)}): {detail}")[:400]
+            set_phase("failed")
+        return res
+
+    async def relaunch(
+        self,
+        timeout_s: float = 900.0,
+        wait: bool = True,
+        on_phase: Callable[[str, float], None] | None = None,
+        before_stop: Callable[[], Awaitable[None]] | None = None,
+        after_start: Callable[[ServerRecord], Awaitable[None]] | None = None,
+        on_stopped: Callable[[str], None] | None = None,
+        *,
+        allowed: set[str] | None = None,
+        allow_any: bool = False,
+        keep_on_failure: bool = False,
+        health_timeout_s: float = HEALTH_TIMEOUT_S,
+    ) -> tuple[ServerRecord, ReadyResult | None]:
+        """Under the port's lock: preflight (nothing touched if it refuses), stop what runs, start,
+        wait until ready (unless ``wait`` is false: then the result is None once the process is
+        started).
+
+        Refuses to replace a server that a preset outside ``allowed`` (default: this one) started,
+        unless ``allow_any``. Raises ControlError when the server does not become ready (the log
+        tail attached); that failure, and a cancellation (Ctrl-C, SIGTERM), stop the half-started
+        server first unless ``keep_on_failure``. ``cleanup`` says what happened to it.
+        """
+        self.warnings = []
+        self.cleanup = None
+        async with self.locked("launch"):
+            current = await self.read_state()
+            if not allow_any and (why := self.foreign(current, allowed)) and await self.alive(current.pid):
+                raise ControlError(why, 2)
+            await self.preflight(current)
+            if before_stop is not None:
+                await before_stop()
+            if current is not None:
+                msg = await self._stop()
+                if on_stopped is not None:
+                    on_stopped(msg)
+            rec = await self.start()
+            if after_start is not None:
+                await after_start(rec)
+            if not wait:
+                return rec, None
+            try:
+                res = await self.wait_ready(rec, timeout_s, on_phase=on_phase, health_timeout_s=health_timeout_s)
+            except asyncio.CancelledError:
+                await asyncio.shield(self._after_failure(rec, keep_on_failure))
+                raise
+            if not res.ok:
+                await self._after_failure(rec, keep_on_failure)
+                raise ControlError(f"{res.message or 'server did not become ready'}; {self.cleanup}", 1, res.log_tail)
+            return rec, res
+
+    async def _after_failure(self, rec: ServerRecord, keep: bool) -> None:
+        """Never leave a half-started server behind unknowingly: stop it, or say that it was kept."""
+        if keep:
+            self.cleanup = f"server {rec.pid} left running (--keep-on-failure)"
+            return
+        try:
+            await self._stop(grace_s=5)
+            self.cleanup = f"the half-started server {rec.pid} was stopped"
+        except (ControlError, TransportError) as e:
+            self.cleanup = f"stopping the half-started server {rec.pid} failed: {e}"
+
+    # ---- status --------------------------------------------------------------------------
+    async def process_view(self, pid: int) -> tuple[list[str], dict[str, str]] | None:
+        r = await self.t.run(
+            f"base64 -w0 /proc/{int(pid)}/cmdline && echo && base64 -w0 /proc/{int(pid)}/environ", timeout=30
+        )
+        if not r.ok:
+            return None
+        parts = r.stdout.split("\n")
+        try:
+            argv = [a.decode("utf-8", "replace") for a in base64.b64decode(parts[0]).split(b"\0") if a]
+            env_items = [e.decode("utf-8", "replace") for e in base64.b64decode(parts[1]).split(b"\0") if e]
+        except (ValueError, IndexError):
+            return None
+        return argv, dict(e.split("=", 1) for e in env_items if "=" in e)
+
+    async def still_ours(self, rec: ServerRecord) -> bool:
+        """Whether ``rec.pid`` still runs a server for ``rec.port`` (a pid can be reused after the
+        server died unseen; stopping that pid's group would kill an unrelated program)."""
+        view = await self.process_view(rec.pid)
+        if view is None:
+            return True  # not readable (another user's process): the alive check has to do
+        argv = view[0]
+        return any(
+            a == f"--port={rec.port}" or (a == "--port" and argv[i + 1 : i + 2] == [str(rec.port)])
+            for i, a in enumerate(argv)
+        )
+
+    async def status(self, pid: int | None = None) -> Status:
+        rec = await self.read_state()
+        if pid is not None and (rec is None or rec.pid != pid):
+            rec = ServerRecord(
+                pid=pid,
+                port=self.preset.server.port,
+                preset="(by hand)",
+                preset_hash="",
+                started=0.0,
+                log=self.preset.server.log,
+            )
+        if rec is None:
+            busy = await self.port_busy()
+            return Status(
+                False,
+                note=f"port {self.preset.server.port} is in use by a server tuitune did not start" if busy else None,
+            )
+        if not await self.alive(rec.pid):
+            return Status(False, rec, note=f"server {rec.pid} recorded but not running")
+        if pid is None and not await self.still_ours(rec):
+            return Status(False, rec, note=f"server {rec.pid} recorded, but that pid now runs another program")
+        view = await self.process_view(rec.pid)
+        st = Status(
+            True,
+            rec,
+            uptime_s=time.time() - rec.started if rec.started else None,
+            same_hash=rec.preset_hash == self.preset.hash() if rec.preset_hash else None,
+        )
+        if view is not None:
+            st.drift = compute_drift(self.preset, *view)
+        return st
+
+
+NCCL_ECHO_LEVELS = ("INFO", "TRACE")  # NCCL prints the variables it applied only at these levels
+
+
+def _nccl_vars(preset: P.Preset) -> dict[str, str]:
+    return {
+        k: v for k, v in preset.env.items() if k.startswith("NCCL_") and k not in ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS")
+    }
+
+
+def nccl_confirmation(preset: P.Preset, seen: dict[str, str]) -> list[tuple[str, str, str | None]]:
+    """(variable, applied | missing | different | unconfirmed, value NCCL echoed) for each NCCL_*
+    in the preset; "unconfirmed" when NCCL_DEBUG is not INFO, since NCCL then echoes nothing."""
+    echoes = str(preset.env.get("NCCL_DEBUG", "")).upper() in NCCL_ECHO_LEVELS
+    out = []
+    for k, v in _nccl_vars(preset).items():
+        got = seen.get(k)
+        if not echoes:
+            state = "unconfirmed"
+        else:
+            state = "missing" if got is None else ("applied" if got.strip() == v.strip() else "different")
+        out.append((k, state, got))
+    return out
+
+
+def nccl_note(preset: P.Preset, seen: dict[str, str]) -> str | None:
+    """One sentence when NCCL's confirmation is impossible or suspiciously absent, else None."""
+    want = _nccl_vars(preset)
+    if not want:
+        return None
+    if str(preset.env.get("NCCL_DEBUG", "")).upper() not in NCCL_ECHO_LEVELS:
+        return (
+            f"NCCL_DEBUG=INFO is needed to confirm that NCCL applied the preset's {len(want)} NCCL "
+            f"variable(s); add it to the preset's env"
+        )
+    if not seen:
+        return (
+            f"NCCL echoed none of the preset's {len(want)} NCCL variable(s) although NCCL_DEBUG=INFO is "
+            f"set: they may not have reached the server (see `tuitune status` for drift), or no NCCL "
+            f"communicator was created"
+        )
+    return None
