@@ -243,10 +243,6 @@ class Replay(EventStream):
         self.paused = paused
         self._wake.set()
 
-    def set_speed(self, speed: float) -> None:
-        self.speed = max(0.01, speed)
-        self._wake.set()
-
     async def connect(self) -> None:
         if self.play:
             self._task = asyncio.ensure_future(self._run())
