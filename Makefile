@@ -5,7 +5,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test setup screenshots bench clean
+.PHONY: demo test setup screenshots bench docs clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -17,6 +17,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[test,nccl]'
+	touch $@
+
+$(VENV)/.installed-docs: pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[docs]'
 	touch $@
 
 setup: $(VENV)/.installed
@@ -31,8 +35,12 @@ test: $(VENV)/.installed-test
 screenshots: $(VENV)/.installed-test
 	$(BIN)/python -m tuitune.tui.screenshots screenshots
 
+# the documentation site, strictly: a broken link or anchor, or a page missing from nav, fails (into site/)
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 bench: $(VENV)/.installed-test
 	for f in benchmarks/*.py; do $(BIN)/python $$f || exit 1; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .cache site

@@ -1,0 +1,201 @@
+"""The documentation: the site builds strictly, every command, flag and preset key is on it, and the
+README stays a front door."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuitune import cli
+from tuitune import preset as P
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+README_MAX_LINES = 200
+
+
+def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # mkdocs-material's banner, not a warning of ours
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config), "--site-dir", str(site)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=100,
+    )
+
+
+def docs_text() -> str:
+    return "\n".join(p.read_text() for p in sorted(DOCS.glob("*.md")))
+
+
+# ---- the site ------------------------------------------------------------------------------------
+
+
+def test_the_site_builds_strictly(tmp_path):
+    r = mkdocs_build(ROOT / "mkdocs.yml", tmp_path / "site")
+    assert r.returncode == 0, r.stdout + r.stderr
+    pages = {p.stem for p in DOCS.glob("*.md")}
+    built = {p.parent.name for p in (tmp_path / "site").glob("*/index.html")} | {"index"}
+    assert pages <= built, f"pages not built: {sorted(pages - built)}"
+
+
+def _copy_site(tmp: Path) -> Path:
+    """mkdocs.yml and docs/ in ``tmp``; screenshots/ linked, as docs/screenshots links ../screenshots."""
+    shutil.copy(ROOT / "mkdocs.yml", tmp / "mkdocs.yml")
+    shutil.copytree(DOCS, tmp / "docs", symlinks=True)
+    (tmp / "screenshots").symlink_to(ROOT / "screenshots")
+    return tmp / "mkdocs.yml"
+
+
+@pytest.mark.parametrize(
+    "breakage, said",
+    [
+        ("link", "not found"),
+        ("anchor", "does not contain an anchor"),
+        ("off-nav", 'not included in the "nav"'),
+        ("image", "not found"),
+    ],
+)
+def test_the_strict_build_fails_on_a_broken_link_anchor_image_or_a_page_off_the_nav(tmp_path, breakage, said):
+    config = _copy_site(tmp_path)
+    page = tmp_path / "docs" / "presets.md"
+    if breakage == "link":
+        page.write_text(page.read_text() + "\nSee [nothing](no-such-page.md).\n")
+    elif breakage == "anchor":
+        page.write_text(page.read_text() + "\nSee [nothing](commands.md#no-such-section).\n")
+    elif breakage == "image":
+        page.write_text(page.read_text() + "\n![nothing](screenshots/no-such-screenshot.svg)\n")
+    else:
+        (tmp_path / "docs" / "orphan.md").write_text("# A page nobody listed\n")
+    r = mkdocs_build(config, tmp_path / "site")
+    assert r.returncode != 0
+    assert said in r.stdout + r.stderr
+
+
+# ---- commands and flags --------------------------------------------------------------------------
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _flags(parser: argparse.ArgumentParser) -> list[str]:
+    return [s for a in parser._actions for s in a.option_strings if s not in ("-h", "--help")]
+
+
+def cli_commands() -> dict[str, list[str]]:
+    """Every command of the CLI's parser (``preset show``, ``probe check`` …) and its flags."""
+    out: dict[str, list[str]] = {}
+    for name in cli.COMMANDS:
+        parser = cli.build_command_parser(name)
+        out[name] = _flags(parser)
+        for sub, sp in _subcommands(parser).items():
+            out[f"{name} {sub}"] = _flags(sp)
+    return out
+
+
+def test_the_parser_has_commands_to_check():
+    cmds = cli_commands()
+    assert {"bench", "preset", "preset show", "probe check", "tune"} <= set(cmds)
+    assert "--concurrency" in cmds["bench"] and "--reveal" in cmds["preset show"]
+
+
+def test_every_command_is_on_a_docs_page_and_in_the_readme():
+    text = docs_text()
+    readme = (ROOT / "README.md").read_text()
+    missing = [c for c in cli_commands() if f"tuitune {c}" not in text]
+    assert not missing, f"commands on no docs page: {missing}"
+    top = [c for c in cli.COMMANDS if f"`tuitune {c}" not in readme]
+    assert not top, f"commands missing from the README's table: {top}"
+    assert "tuitune --record" in readme and "tuitune --record" in text
+
+
+def _sections(md: str) -> dict[str, str]:
+    """Heading text -> that section's text, subsections included (fenced blocks are not headings)."""
+    heads: list[tuple[int, int, str]] = []  # (line, level, title)
+    lines = md.split("\n")
+    fenced = False
+    for i, line in enumerate(lines):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (m := re.match(r"(#+) (.*)", line)):
+            heads.append((i, len(m.group(1)), m.group(2).strip()))
+    out = {}
+    for k, (i, level, title) in enumerate(heads):
+        end = next((j for j, lv, _ in heads[k + 1 :] if lv <= level), len(lines))
+        out[title] = "\n".join(lines[i + 1 : end])
+    return out
+
+
+def _mentions(text: str, flag: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text) is not None
+
+
+def test_every_flag_is_in_its_commands_section_of_the_commands_page():
+    sections = _sections((DOCS / "commands.md").read_text())
+    missing = []
+    for cmd, flags in cli_commands().items():
+        top = cmd.split()[0]
+        section = sections.get(f"`tuitune {top}`")
+        if section is None:
+            missing.append(f"no section `tuitune {top}`")
+            continue
+        missing += [f"tuitune {cmd} {f}" for f in flags if not _mentions(section, f)]
+    main = sections.get("`tuitune [PRESET]`", "") + sections.get("`tuitune --record`", "")
+    missing += [f"tuitune {f}" for f in _flags(cli.build_main_parser()) if not _mentions(main, f)]
+    assert not missing, f"not on docs/commands.md in their command's section: {missing}"
+
+
+# ---- preset keys ---------------------------------------------------------------------------------
+
+
+def preset_keys() -> list[str]:
+    """Every key of the preset's JSON Schema, dotted (a list's items as ``*``: ``target.nodes.*.host``)."""
+    schema = P.json_schema()
+    defs = schema.get("$defs", {})
+
+    def walk(node: dict, prefix: str) -> list[str]:
+        if "$ref" in node:
+            return walk(defs[node["$ref"].rsplit("/", 1)[-1]], prefix)
+        out = []
+        for alt in node.get("anyOf", []):
+            out += walk(alt, prefix)
+        if "items" in node:
+            out += walk(node["items"], f"{prefix}.*")
+        for key, sub in node.get("properties", {}).items():
+            dotted = f"{prefix}.{key}" if prefix else key
+            out += [dotted, *walk(sub, dotted)]
+        return out
+
+    return list(dict.fromkeys(walk(schema, "")))
+
+
+def test_every_preset_key_is_on_the_presets_page():
+    keys = preset_keys()
+    assert {"server.engine", "speculative.num_speculative_tokens", "target.nodes.*.server.port"} <= set(keys)
+    page = (DOCS / "presets.md").read_text()
+    missing = [k for k in keys if f"`{k}`" not in page]
+    assert not missing, f"preset keys missing from docs/presets.md (add them to its key tables): {missing}"
+
+
+# ---- the README -----------------------------------------------------------------------------------
+
+
+def test_the_readme_is_a_front_door():
+    text = (ROOT / "README.md").read_text()
+    n = len(text.splitlines())
+    assert n <= README_MAX_LINES, f"README.md has {n} lines; keep it within {README_MAX_LINES} (move the rest to docs/)"
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):  # its links point at files that exist
+        if not target.startswith(("http://", "https://")):
+            assert (ROOT / target).exists(), f"README.md links to {target}, which does not exist"
