@@ -125,7 +125,7 @@ def main() -> None:
     except ImportError:
         torch = None
     if torch is None or not torch.cuda.is_available():
-        print("probe_overhead: needs a CUDA GPU (see the README for the H200 figures); skipped")
+        print("probe_overhead: needs a CUDA GPU (see docs/probe.md for the H200 figures); skipped")
         return
     print(
         f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"

@@ -2,7 +2,7 @@
 
 Each configuration runs as a real `python -m tuitune.sim` process with the seeds' flags and
 variables, benched single stream with max_tokens 500 by tuitune's own client; verify and cycle
-times come from the simulator's EAGLE3_PROFILE lines. Prints the table the README shows.
+times come from the simulator's EAGLE3_PROFILE lines. Prints the table docs/simulator.md shows.
 
     python benchmarks/sim_calibration.py [--requests N]
 """
