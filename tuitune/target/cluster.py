@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from tuitune import preset as P
 from tuitune.base import redact
@@ -358,3 +359,9 @@ class ClusterControl:
         elif down:
             st.note = "; ".join(f"{self.label(i)}: {v.note}" for i, v in enumerate(views) if v.note) or None
         return st
+
+
+if TYPE_CHECKING:  # mypy holds both controls to the interface the session and the commands use
+
+    def _both_are_controllers(t: Transport, p: P.Preset) -> tuple[Controller, Controller]:
+        return ServerControl(t, p), ClusterControl(t, p)
