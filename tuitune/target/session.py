@@ -43,7 +43,6 @@ from tuitune.target.control import (
     Controller,
     ReadyResult,
     ServerControl,
-    ServerRecord,
     Status,
     classify,
     nccl_confirmation,
