@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tuitune.experiments.crossover import level_verdict, schedule
+from tuitune.experiments.crossover import launches, level_verdict, schedule
 from tuitune.measure.bench import BenchConfig, BenchRun, RequestResult, stream_goodput
 from tuitune.sim import model as M
 from tuitune.sim.server import Window
@@ -204,6 +204,9 @@ def test_goodput_and_its_ci():
 
 def test_crossover_order_and_verdicts():
     assert schedule([1, 4, 16], 1) == [(1, "on"), (1, "off"), (4, "off"), (4, "on"), (16, "on"), (16, "off")]
+    # levels + 1 launches, each benchmarking its levels in one go (the shared level-bench routine)
+    assert launches(schedule([1, 4, 16], 1)) == [("on", [1]), ("off", [1, 4]), ("on", [4, 16]), ("off", [16])]
+    assert len(launches(schedule([1, 4], 2))) == 5  # a round's last arm serves the next round's first level
     faster = level_verdict([run_of(4, 100, 1.0)], [run_of(4, 100, 1.5)], 4, 0.02)
     assert faster["verdict"] == "faster" and faster["speedup"] == pytest.approx(1.5, rel=0.01)
     slower = level_verdict([run_of(64, 100, 2.0)], [run_of(64, 100, 1.0)], 64, 0.02)

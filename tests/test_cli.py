@@ -155,3 +155,43 @@ def test_shell_completion_of_commands_presets_and_grid_keys(tmp_path):
 def test_demo_port_option_is_checked():
     r = tuitune("demo", "--port", "0")
     assert r.returncode == 2 and "--port must be between 1 and 65535" in r.stderr
+
+
+# ---- one error mapper: every command says a failed server's last log lines -----------------------
+
+
+def test_tune_prints_the_failed_servers_last_log_lines(tmp_path):
+    """tune's final A/B relaunches the start; when that server dies at start, tune says why in the
+    server's own words, as launch does (it used to drop the log tail)."""
+    from conftest import make_preset
+
+    from tuitune import preset as P
+    from tuitune.decide.costmodel import OFF
+    from tuitune.experiments.tune import config_of
+    from tuitune.measure.capture import CaptureWriter
+
+    # the start does not fit in memory any more (the simulator's OOM at start, with its traceback)
+    base = make_preset(tmp_path, args={"mem-fraction-static": 0.97})
+    path = P.save(base, tmp_path / "p.yaml")
+    out = tmp_path / "out"
+    (out / "captures").mkdir(parents=True)
+    rows = []
+    # an earlier search (resumed, budget spent): speculation off measured faster than the start
+    for i, (config, goodput) in enumerate([(config_of(base), 10.0), (OFF, 20.0)]):
+        cap = out / "captures" / f"launch-{i:02d}.jsonl.gz"
+        CaptureWriter(cap, {"preset": P.to_dict(base), "tune_config": config.to_dict()}).close()
+        rows.append(
+            {"kind": "launch", "round": i, "config": config.to_dict(), "goodput": {"1": goodput}, "capture": str(cap)}
+        )
+    (out / "tune.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = tuitune(
+        "tune", str(path), "--budget", "0", "--concurrency", "1", "--out", str(out), "--resume", "--ab-rounds", "1",
+        env={"HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert r.returncode == 1, r.stdout + r.stderr
+    tail = [line for line in r.stderr.splitlines() if line.startswith("  | ")]
+    ours = [line for line in r.stderr.splitlines() if not line.startswith("  | ")]
+    assert "A/B:" in r.stdout and not any("Traceback" in line for line in ours), r.stderr
+    assert tail and any("CUDA out of memory" in line for line in tail), r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("tuitune: ") and "out of memory" in last

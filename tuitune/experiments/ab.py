@@ -60,6 +60,7 @@ async def bench_launch(
     launch's row (``listeners``: where telemetry is handed)."""
     async with controlling(t, p) as control:
         rec, ready = await control.relaunch(timeout_s, allowed=allowed, allow_any=allow_any)
+        assert ready is not None  # it waited: ready, or an error was raised
     port = await t.forward_port(p.server.port)
     watch = telemetry.RunWatch()
     if listeners is not None:

@@ -17,13 +17,18 @@ from pathlib import Path
 from tuitune import preset as P
 from tuitune.measure import stats
 from tuitune.measure.bench import SIM_LATE_LIMIT, BenchRun, stream_goodput
+from tuitune.measure.levels import bench_levels
 from tuitune.target.session import Session
 
 ARMS = ("on", "off")
 
 
 class CrossoverError(Exception):
-    pass
+    """One sentence; ``code`` 2 for bad input (nothing to compare), 1 for failed work (the plot file)."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(message)
+        self.code = code
 
 
 def twin(preset: P.Preset) -> P.Preset:
@@ -42,6 +47,17 @@ def schedule(levels: list[int], rounds: int) -> list[tuple[int, str]]:
             order += [(c, arm) for arm in (ARMS[::-1] if flip else ARMS)]
             flip = not flip
     return order
+
+
+def launches(order: list[tuple[int, str]]) -> list[tuple[str, list[int]]]:
+    """The schedule as launches: each arm with the levels measured before the next relaunch."""
+    out: list[tuple[str, list[int]]] = []
+    for level, arm in order:
+        if out and out[-1][0] == arm:
+            out[-1][1].append(level)
+        else:
+            out.append((arm, [level]))
+    return out
 
 
 def level_verdict(on: list[BenchRun], off: list[BenchRun], level: int, min_effect: float) -> dict:
@@ -118,25 +134,26 @@ async def crossover(
     runs: dict[tuple[int, str], list[BenchRun]] = {(c, a): [] for c in levels for a in ARMS}
     session = session or Session(preset)
     await session.connect()
-    running = None
     try:
-        for level, arm in schedule(levels, rounds):
-            if running != arm:
-                if progress:
-                    progress(f"launching {arms[arm].name}")
-                await session.relaunch(arms[arm])
-                running = arm
-            run = await session.bench(
-                label=f"{arms[arm].name} c={level}", **{**(overrides or {}), "concurrency": level}
-            )
-            runs[(level, arm)].append(run)
+        for arm, group in launches(schedule(levels, rounds)):
             if progress:
-                gp = run.goodput()
-                progress(
-                    f"  concurrency {level}, speculation {arm}: "
-                    + (f"{gp['tok_s']:.1f} tok/s" if gp else "no successful request")
-                    + (f", {run.failed} failed" if run.failed else "")
-                )
+                progress(f"launching {arms[arm].name}")
+            await session.relaunch(arms[arm])
+
+            def done(cfg, run, arm=arm) -> None:
+                runs[(cfg.concurrency, arm)].append(run)
+                if progress:
+                    gp = run.goodput()
+                    progress(
+                        f"  concurrency {cfg.concurrency}, speculation {arm}: "
+                        + (f"{gp['tok_s']:.1f} tok/s" if gp else "no successful request")
+                        + (f", {run.failed} failed" if run.failed else "")
+                    )
+
+            def label(c, name=arms[arm].name) -> str:
+                return f"{name} c={c}"
+
+            await bench_levels(session, group, overrides, label=label, on_run=done)
         await session.stop_server()
     finally:
         await session.close()
@@ -196,14 +213,14 @@ def plot_text(result: dict, width: int = 100, height: int = 20) -> str:
 def write_plot(result: dict, path: Path) -> None:
     """The same plot as a PNG or SVG file (matplotlib: `pip install 'tuitune[plot]'`)."""
     if path.suffix.lower() not in (".png", ".svg"):
-        raise CrossoverError(f"--plot {path}: the file must end in .png or .svg")
+        raise CrossoverError(f"--plot {path}: the file must end in .png or .svg", 2)
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise CrossoverError("--plot needs matplotlib: pip install 'tuitune[plot]'") from None
+        raise CrossoverError("--plot needs matplotlib: pip install 'tuitune[plot]'", 1) from None
     xs, series = _series(result)
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     try:
@@ -222,6 +239,6 @@ def write_plot(result: dict, path: Path) -> None:
         fig.tight_layout()
         fig.savefig(path, metadata={"Date": None} if path.suffix.lower() == ".svg" else None)
     except OSError as e:
-        raise CrossoverError(f"--plot {path}: cannot write it ({e.strerror or e})") from None
+        raise CrossoverError(f"--plot {path}: cannot write it ({e.strerror or e})", 1) from None
     finally:
         plt.close(fig)

@@ -30,6 +30,7 @@ from tuitune.base.jsonl import append_row, read_rows
 from tuitune.decide.advise import Advice, advise, space
 from tuitune.decide.costmodel import Config, FitError, Launch, fit
 from tuitune.experiments.observe import preset_config
+from tuitune.measure.levels import bench_levels
 from tuitune.target.control import ControlError
 
 NOISE = 0.02  # gains below this are inside launch-to-launch noise (FACTS §7: published gains are ~1-4 %)
@@ -297,14 +298,20 @@ class SessionSource:
             except ControlError as e:  # this configuration does not start (OOM, a refused flag …): the
                 launch.failure = str(e)  # loop records it and moves on; the link failing still stops it
                 return launch
-            for level in levels:
-                level_of[0] = level
-                b = {**self.overrides, "concurrency": level}
-                b["requests"] = max(int(b.get("requests") or p.bench.requests), 2 * level)
-                run = await self.session.bench(label=f"{config.short} c={level}", **b)
+
+            def starting(cfg) -> None:
+                level_of[0] = cfg.concurrency
+
+            def done(cfg, run) -> None:
                 gp = run.goodput() if not run.failed else None
                 if gp:
-                    launch.goodput[level] = gp["tok_s"]
+                    launch.goodput[cfg.concurrency] = gp["tok_s"]
+
+            # two requests at least, also at concurrency 1 (above it, two per stream: BenchConfig.at_level)
+            b = {**self.overrides, "requests": max(int(self.overrides.get("requests") or p.bench.requests), 2)}
+            await bench_levels(
+                self.session, levels, b, label=lambda c: f"{config.short} c={c}", on_level=starting, on_run=done
+            )
             await asyncio.sleep(self.settle_s)  # the tail's last batch (windows logged at the end)
         finally:
             self.session.subscribers.remove(sink)

@@ -34,7 +34,12 @@ SCHEMA = 1
 
 
 class CaptureError(Exception):
-    """A capture that cannot be read at all (one sentence)."""
+    """A capture that cannot be read at all, or written (one sentence); ``code`` is the exit
+    status it means on the command line: 2 for an input that is not a capture, 1 for a failed write."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(message)
+        self.code = code
 
 
 def _open_write(path: Path) -> IO[bytes]:
@@ -55,7 +60,7 @@ class CaptureWriter:
         try:
             self._f = _open_write(self.path)
         except OSError as e:
-            raise CaptureError(f"{self.path}: cannot create it ({e.strerror or e})") from None
+            raise CaptureError(f"{self.path}: cannot create it ({e.strerror or e})", 1) from None
         self._enc = msgspec.json.Encoder()
         self._buf: list[bytes] = []
         self.flush_every = flush_every

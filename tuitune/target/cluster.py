@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tuitune import preset as P
 from tuitune.base import redact
@@ -33,6 +33,8 @@ from tuitune.target.control import (
     HEALTH_TIMEOUT_S,
     STATE_DIR,
     ControlError,
+    Controller,
+    NodeView,
     ReadyResult,
     ServerControl,
     ServerRecord,
@@ -47,7 +49,7 @@ TAIL_LINES = 40
 FOLLOWER_MARKS = ("ncclRemoteError", "remote process exit")
 
 
-def control_for(transport: Transport, preset: P.Preset, state_dir: str | None = None):
+def control_for(transport: Transport, preset: P.Preset, state_dir: str | None = None) -> Controller:
     """The control of ``preset``'s server: one machine's, or every node's in step."""
     kw = {"state_dir": state_dir} if state_dir else {}
     if preset.is_multinode:
@@ -56,34 +58,15 @@ def control_for(transport: Transport, preset: P.Preset, state_dir: str | None = 
 
 
 @contextlib.asynccontextmanager
-async def controlling(transport: Transport, preset: P.Preset, state_dir: str | None = None):
+async def controlling(
+    transport: Transport, preset: P.Preset, state_dir: str | None = None
+) -> AsyncIterator[Controller]:
     """``control_for`` for one use: a multi-node control's links to the other nodes are closed after."""
     c = control_for(transport, preset, state_dir)
     try:
         yield c
     finally:
-        if isinstance(c, ClusterControl):
-            await c.close()
-
-
-@dataclass
-class NodeView:
-    """One node of a multi-node server as ``status`` sees it."""
-
-    index: int
-    label: str
-    status: Status
-
-    def to_dict(self) -> dict:
-        return {"node": self.index, "target": self.label, **self.status.to_dict()}
-
-
-@dataclass
-class ClusterStatus(Status):
-    nodes: list[NodeView] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return {**super().to_dict(), "nodes": [n.to_dict() for n in self.nodes]}
+        await c.close()
 
 
 class ClusterControl:
@@ -104,6 +87,10 @@ class ClusterControl:
         self.cleanup: str | None = None
         self.records: list[ServerRecord] = []
         self.node_nccl: list[dict[str, str]] = []  # NCCL variables each node's log confirmed
+
+    @property
+    def nodes(self) -> list[ServerControl]:
+        return self.controls
 
     def label(self, i: int) -> str:
         return f"node {i} ({self.controls[i].t.label})"
@@ -314,9 +301,12 @@ class ClusterControl:
             self.cleanup = f"stopping the nodes failed: {e}"
 
     # ---- serving -------------------------------------------------------------------------
-    async def watch(self, recs: list[ServerRecord] | None = None) -> ReadyResult:
-        """While serving: returns when a node dies, after stopping the others (its cause attached)."""
+    async def watch(self, recs: list[ServerRecord] | None = None) -> ReadyResult | None:
+        """While serving: returns when a node dies, after stopping the others (its cause attached);
+        None at once when the nodes' records are not all known (nothing to watch)."""
         recs = recs or self.records
+        if len(recs) != len(self.controls):
+            return None
         await self.first_death(recs)
         await asyncio.sleep(POLL_S)  # a node's peers follow it within moments: see them all
         res = await self.node_failure(await self.first_death(recs, once=True), "serving")
@@ -324,6 +314,10 @@ class ClusterControl:
             await self._after_failure(False)
         res.message = f"{res.message}; {self.cleanup}"
         return res
+
+    def nccl_by_node(self, res: ReadyResult) -> list[tuple[P.Preset, dict[str, str]]]:
+        """Each node's preset and what its own log confirmed (node 0's result alone if none was read)."""
+        return list(zip(self.node_presets, self.node_nccl or [res.nccl_env], strict=False))
 
     def foreign(self, rec: ServerRecord | None, allowed: set[str] | None = None) -> str | None:
         """Why node 0's server (``rec``) belongs to another preset, or None."""
@@ -340,12 +334,13 @@ class ClusterControl:
                     raise ControlError(f"{self.label(i)}: {why}", 2)
             return "; ".join(await self._stop_all(grace_s, allow_any=True))
 
-    async def status(self, pid: int | None = None) -> ClusterStatus:
-        """Node 0's status, running only if every node runs, drift of every node (keys prefixed)."""
+    async def status(self, pid: int | None = None) -> Status:
+        """Node 0's status, running only if every node runs, drift of every node (keys prefixed).
+        A server found running on every node is the one ``watch`` then watches."""
         views = await self._gather(c.status(pid if i == 0 else None) for i, c in enumerate(self.controls))
         head = views[0]
         nodes = [NodeView(i, c.t.label, v) for i, (c, v) in enumerate(zip(self.controls, views, strict=False))]
-        st = ClusterStatus(
+        st = Status(
             running=all(v.running for v in views),
             record=head.record,
             uptime_s=head.uptime_s,
@@ -356,9 +351,17 @@ class ClusterControl:
             for d in v.drift:
                 d.key = f"node{i}.{d.key}"
                 st.drift.append(d)
+        if st.running:
+            self.records = [v.record for v in views if v.record is not None]
         down = [f"{self.label(i)}: {v.note or 'not running'}" for i, v in enumerate(views) if not v.running]
         if down and len(down) < len(views):
             st.note = "partly running: " + "; ".join(down) + " (relaunch or stop it as a whole)"
         elif down:
             st.note = "; ".join(f"{self.label(i)}: {v.note}" for i, v in enumerate(views) if v.note) or None
         return st
+
+
+if TYPE_CHECKING:  # mypy holds both controls to the interface the session and the commands use
+
+    def _both_are_controllers(t: Transport, p: P.Preset) -> tuple[Controller, Controller]:
+        return ServerControl(t, p), ClusterControl(t, p)

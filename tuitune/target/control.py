@@ -19,9 +19,10 @@ import re
 import shlex
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
+from typing import Protocol
 
 from tuitune import preset as P
 from tuitune.base import redact
@@ -106,6 +107,7 @@ class Status:
     drift: list[Drift] = field(default_factory=list)
     same_hash: bool | None = None
     note: str | None = None
+    nodes: list[NodeView] = field(default_factory=list)  # each node of a multi-node server (none on one machine)
 
     def to_dict(self) -> dict:
         rec = asdict(self.record) if self.record else None
@@ -118,7 +120,20 @@ class Status:
             "same_hash": self.same_hash,
             "note": self.note,
             "drift": [asdict(d.shown()) for d in self.drift],
+            **({"nodes": [n.to_dict() for n in self.nodes]} if self.nodes else {}),
         }
+
+
+@dataclass
+class NodeView:
+    """One node of a multi-node server as ``status`` sees it."""
+
+    index: int
+    label: str
+    status: Status
+
+    def to_dict(self) -> dict:
+        return {"node": self.index, "target": self.label, **self.status.to_dict()}
 
 
 @dataclass
@@ -221,6 +236,59 @@ def _lock_answer(head: bytes) -> str | None:
         if text.startswith(("LOCKED", "BUSY", "ERROR")):
             return text
     return None
+
+
+class Controller(Protocol):
+    """The control of one server: ``ServerControl`` on one machine, ``ClusterControl``
+    (tuitune.target.cluster) on several in step. The session and the commands hold one of these
+    and never ask which: what differs between the two is a member here."""
+
+    t: Transport  # node 0's link (the caller's)
+    preset: P.Preset
+    state_dir: str
+    warnings: list[str]  # what the last relaunch (or status) found worth saying
+    cleanup: str | None  # what a failed or cancelled relaunch did with its server
+
+    @property
+    def nodes(self) -> Sequence[ServerControl]:
+        """Each node's own control, node 0 first (only itself on one machine)."""
+        ...
+
+    def foreign(self, rec: ServerRecord | None, allowed: set[str] | None = None) -> str | None: ...
+
+    def locked(self, action: str) -> contextlib.AbstractAsyncContextManager[None]: ...
+
+    async def relaunch(
+        self,
+        timeout_s: float = 900.0,
+        wait: bool = True,
+        on_phase: Callable[[str, float], None] | None = None,
+        before_stop: Callable[[], Awaitable[None]] | None = None,
+        after_start: Callable[[ServerRecord], Awaitable[None]] | None = None,
+        on_stopped: Callable[[str], None] | None = None,
+        *,
+        allowed: set[str] | None = None,
+        allow_any: bool = False,
+        keep_on_failure: bool = False,
+        health_timeout_s: float = HEALTH_TIMEOUT_S,
+    ) -> tuple[ServerRecord, ReadyResult | None]: ...
+
+    async def stop(self, pid: int | None = None, grace_s: float = 10.0, allow_any: bool = False) -> str: ...
+
+    async def status(self, pid: int | None = None) -> Status: ...
+
+    def nccl_by_node(self, res: ReadyResult) -> list[tuple[P.Preset, dict[str, str]]]:
+        """Each node's preset with the NCCL variables its log confirmed after ``res``'s start."""
+        ...
+
+    async def watch(self) -> ReadyResult | None:
+        """While serving: returns when the server failed as a whole (why attached), or None at once
+        when there is nothing to watch beyond its one process (which its session polls)."""
+        ...
+
+    async def close(self) -> None:
+        """Close the links this control opened itself (node 0's belongs to the caller)."""
+        ...
 
 
 class ServerControl:
@@ -775,6 +843,20 @@ class ServerControl:
             a == f"--port={rec.port}" or (a == "--port" and argv[i + 1 : i + 2] == [str(rec.port)])
             for i, a in enumerate(argv)
         )
+
+    # ---- as a Controller: one machine is a server of one node ------------------------------
+    @property
+    def nodes(self) -> list[ServerControl]:
+        return [self]
+
+    def nccl_by_node(self, res: ReadyResult) -> list[tuple[P.Preset, dict[str, str]]]:
+        return [(self.preset, res.nccl_env)]
+
+    async def watch(self) -> ReadyResult | None:
+        return None  # one process, no nodes to keep in step: the session polls it and reads its log
+
+    async def close(self) -> None:
+        return None  # it opens no link of its own
 
     async def status(self, pid: int | None = None) -> Status:
         rec = await self.read_state()

@@ -1,16 +1,22 @@
-"""`tuitune gpus`: what every GPU of the target is doing, as a table (like gpustat) or JSON; and
-`tuitune gpus --parse FILE` for saved nvidia-smi output. Reads through tuitune.smi, as the collector.
+"""`tuitune gpus`: what every GPU of the target is doing, as a table (like gpustat) or JSON, once or
+live (``watch``); and `tuitune gpus --parse FILE` for saved nvidia-smi output. Reads through
+tuitune.smi, as the collector.
 """
 
 from __future__ import annotations
 
+import asyncio
 import shlex
+from collections.abc import Callable
 from dataclasses import asdict
 
-from tuitune.base.events import GpuSample
+import msgspec
+
+from tuitune.base.aio import cancel_and_wait
+from tuitune.base.events import GpuSample, TelemetryState
 from tuitune.measure import smi
 from tuitune.measure.metrics import GpuStore
-from tuitune.target.telemetry import SAMPLE_KEYS, gpu_flags
+from tuitune.target.telemetry import SAMPLE_KEYS, Collector, gpu_flags
 from tuitune.target.transport import LinkLost, Transport
 
 SNAPSHOT_FIELDS = (*smi.GPU_FIELDS, "uuid")
@@ -85,6 +91,56 @@ async def processes(t: Transport, prefix: str, gpus: list[dict]) -> list[dict]:
     for a in apps:
         a["gpu"] = by_uuid.get(a.get("gpu_uuid"))
     return apps
+
+
+PROCESSES_EVERY_S = 5.0  # how often `gpus --watch` re-reads the compute processes
+
+
+async def watch(
+    t: Transport,
+    prefix: str,
+    period_ms: int,
+    on_frame: Callable[[dict], None],
+    on_trouble: Callable[[str], None],
+) -> None:
+    """`gpus --watch`: one long-lived nvidia-smi stream (the collector's); every tick that brings
+    samples gives ``on_frame`` a frame: ``seq``, ``gpus`` (the last sample of each), ``processes``
+    (re-read every few seconds), ``flags`` and ``topology`` (read once). When the stream becomes
+    unavailable, stops or is interrupted, ``on_trouble`` gets one sentence. Runs until cancelled
+    or the stream ends."""
+    known = await known_fields(t, prefix)
+    snap = await snapshot(t, prefix, known)
+    store = GpuStore()
+    procs = {"rows": snap["processes"]}
+
+    def on(events) -> None:
+        for ev in events:
+            if isinstance(ev, TelemetryState) and ev.state in ("unavailable", "stopped", "interrupted"):
+                on_trouble(f"telemetry {ev.state}: {ev.detail}")
+            elif isinstance(ev, GpuSample):
+                store.feed(ev)
+        if not any(isinstance(ev, GpuSample) for ev in events):
+            return
+        on_frame(
+            {
+                "seq": store.seq,
+                "gpus": [msgspec.structs.asdict(g.last) for g in store.current() if g.last is not None],
+                "processes": procs["rows"],
+                "flags": gpu_flags(store, False),
+                "topology": snap.get("topology"),
+            }
+        )
+
+    async def refresh_procs() -> None:
+        while True:
+            await asyncio.sleep(PROCESSES_EVERY_S)
+            procs["rows"] = await processes(t, prefix, snap["gpus"])
+
+    task = asyncio.ensure_future(refresh_procs())
+    try:
+        await Collector(t, prefix, on, period_ms).run()
+    finally:
+        await cancel_and_wait(task)
 
 
 # ---- text --------------------------------------------------------------------------------------
@@ -162,8 +218,18 @@ def format_snapshot(snap: dict) -> str:
 # ---- --parse FILE ------------------------------------------------------------------------------
 
 
-def parse_file(text: str, fields: list[str] | None = None) -> dict:
-    """Any saved nvidia-smi output -> ``{"kind": …, …}`` (the same readers the collector uses)."""
+def parse_file(text: str, fields: list[str] | None = None, name: str | None = None) -> dict:
+    """Any saved nvidia-smi output -> ``{"kind": …, …}`` (the same readers the collector uses);
+    an error names the file (``name``) it was read from."""
+    try:
+        return _parse_file(text, fields)
+    except smi.SmiParseError as e:
+        if name is None:
+            raise
+        raise smi.SmiParseError(f"{name}: {e}") from None
+
+
+def _parse_file(text: str, fields: list[str] | None) -> dict:
     kind = smi.detect(text)
     if kind == "table":
         return {"kind": kind, **asdict(smi.parse_table(text))}

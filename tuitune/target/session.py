@@ -36,11 +36,13 @@ from tuitune.measure.bench import BenchConfig, BenchRun, RequestResult, client_s
 from tuitune.measure.parse import parse_line
 from tuitune.measure.stream import EventStream
 from tuitune.target import telemetry
-from tuitune.target.cluster import ClusterControl, control_for
+from tuitune.target.cluster import control_for
 from tuitune.target.control import (
     CAUSE_TEXT,
     ControlError,
+    Controller,
     ReadyResult,
+    ServerControl,
     Status,
     classify,
     nccl_confirmation,
@@ -77,7 +79,7 @@ class Session(EventStream):
         self.running_preset: P.Preset | None = None  # what the live server was launched from
         self.transport = transport or for_preset(preset)
         self.transport.on_link = self._on_link
-        self.control = control_for(self.transport, preset, state_dir)
+        self.control: Controller = control_for(self.transport, preset, state_dir)
         self._node_tasks: list[asyncio.Task] = []  # a multi-node server: other nodes' tails, the watch
         self.ready_timeout_s = ready_timeout_s
         self.state = ServerState("stopped")
@@ -104,9 +106,7 @@ class Session(EventStream):
 
     def node_labels(self) -> list[str]:
         """Each node's machine (one entry on one machine)."""
-        if isinstance(self.control, ClusterControl):
-            return [c.t.label for c in self.control.controls]
-        return [self.transport.label]
+        return [c.t.label for c in self.control.nodes]
 
     # ---- events ---------------------------------------------------------------------------
     def _set_state(
@@ -141,11 +141,7 @@ class Session(EventStream):
             await self._open_url()
             self._set_state("ready", "attached", pid=st.record.pid)
             await self.follow(from_end=True, backlog=backlog)
-            if isinstance(self.control, ClusterControl):
-                self.control.records = [n.status.record for n in st.nodes]
-                await self.watch_nodes(from_end=True)
-            else:
-                self._watch()
+            await self._serve(from_end=True)
         else:
             self._set_state("stopped", detail=st.note)
         return st
@@ -253,8 +249,8 @@ class Session(EventStream):
             async def after_start(rec) -> None:
                 old = self.control
                 self.preset, self.control, self.record = new, control, rec
-                if isinstance(old, ClusterControl) and old is not control:
-                    await old.close()  # its nodes' links; node 0's is the session's
+                if old is not control:
+                    await old.close()  # a multi-node control's links to its nodes; node 0's is the session's
                 self.store.clear()
                 self._set_state("starting", "launching", pid=rec.pid)
                 await self.follow()
@@ -273,16 +269,14 @@ class Session(EventStream):
                 self.last_ready = None
                 self._set_state("failed", detail=str(e))
                 raise
+            assert res is not None  # it waited: ready, or an error was raised
             self.last_ready = res
             self.running_preset = new
             if control.warnings:
                 self.publish([Marker(f"warning: {w}", new.name, new.hash()) for w in control.warnings])
             await self._open_url()
             self._set_state("ready", "ready", pid=rec.pid, elapsed=time.monotonic() - t0)
-            if isinstance(self.control, ClusterControl):
-                await self.watch_nodes()
-            else:
-                self._watch()
+            await self._serve()
             if was_loaded:
                 await self.set_load(True, self.load.concurrency)
             return res
@@ -296,6 +290,14 @@ class Session(EventStream):
         return msg
 
     # ---- watching a ready server ------------------------------------------------------------
+    async def _serve(self, from_end: bool = False) -> None:
+        """Watch the ready server: one machine's process is polled here (died? replaced?); a
+        multi-node server's other nodes are followed and watched as a whole (``watch_nodes``)."""
+        if len(self.control.nodes) > 1:
+            await self.watch_nodes(from_end=from_end)
+        else:
+            self._watch()
+
     def _watch(self) -> None:
         self._errors = []
         if self._watch_task is None or self._watch_task.done():
@@ -315,8 +317,9 @@ class Session(EventStream):
             if self._relaunch_lock.locked():
                 return  # our own relaunch: it watches again once ready
             try:
-                rec, alive = await asyncio.gather(self.control.read_state(), self.control.alive(self.record.pid))
-                replaced = rec is not None and rec.pid != self.record.pid and await self.control.alive(rec.pid)
+                node = self.control.nodes[0]
+                rec, alive = await asyncio.gather(node.read_state(), node.alive(self.record.pid))
+                replaced = rec is not None and rec.pid != self.record.pid and await node.alive(rec.pid)
             except TransportError:
                 continue  # the link state says why; check again once it is back
             if self._relaunch_lock.locked() or self.state.state not in ("ready", "exited"):
@@ -357,11 +360,11 @@ class Session(EventStream):
 
     def nccl_report(self) -> tuple[list[tuple[str, str, str | None]], str | None]:
         """NCCL's confirmation of the preset's NCCL variables, and a sentence when it cannot be trusted."""
-        seen = self.last_ready.nccl_env if self.last_ready else {}
-        if not (isinstance(self.control, ClusterControl) and self.last_ready and self.control.node_nccl):
-            return nccl_confirmation(self.preset, seen), nccl_note(self.preset, seen)
+        nodes = self.control.nccl_by_node(self.last_ready) if self.last_ready else [(self.preset, {})]
+        if len(nodes) == 1:
+            return nccl_confirmation(*nodes[0]), nccl_note(*nodes[0])
         rows, notes = [], []  # every node confirms from its own log
-        for i, (node, env) in enumerate(zip(self.preset.node_presets(), self.control.node_nccl, strict=False)):
+        for i, (node, env) in enumerate(nodes):
             rows += [(f"node {i} {k}", state, got) for k, state, got in nccl_confirmation(node, env)]
             notes += [f"node {i}: {n}" for n in [nccl_note(node, env)] if n]
         return rows, "; ".join(notes) or None
@@ -371,24 +374,24 @@ class Session(EventStream):
         """Follow every other node's log (lines for the log pane, errors into the stream) and fail
         the server the moment any node dies; the watch stops the other nodes first."""
         await self.stop_nodes()
-        c = self.control
-        if not isinstance(c, ClusterControl) or len(c.records) != len(c.controls):
-            return
-        self._node_tasks = [asyncio.ensure_future(self._follow_node(i, from_end)) for i in range(1, len(c.controls))]
-        self._node_tasks.append(asyncio.ensure_future(self._watch_cluster(c)))
+        self._node_tasks = [
+            asyncio.ensure_future(self._follow_node(i, c, from_end)) for i, c in enumerate(self.control.nodes) if i
+        ]
+        self._node_tasks.append(asyncio.ensure_future(self._watch_cluster()))
 
-    async def _watch_cluster(self, c: ClusterControl) -> None:
+    async def _watch_cluster(self) -> None:
         try:
-            res = await c.watch()
+            res = await self.control.watch()
         except (ControlError, TransportError) as e:
             self.publish([Marker(f"warning: watching the nodes failed: {e}")])
             return
+        if res is None:
+            return  # the nodes' servers are not all known: nothing to watch
         self.last_ready = None
         self._set_state("failed", detail=res.message)
 
-    async def _follow_node(self, i: int, from_end: bool) -> None:
-        c = self.control.controls[i]
-        log = self.control.records[i].log
+    async def _follow_node(self, i: int, c: ServerControl, from_end: bool) -> None:
+        log = c.preset.server.log
         offset = max(0, await file_size(c.t, log) - ATTACH_BACKLOG) if from_end else 0
         tail = LogTail(c.t, log, offset=offset)
         shown = redact.Redactor(c.preset)
@@ -411,15 +414,20 @@ class Session(EventStream):
         await cancel_and_wait(*tasks)
 
     # ---- benchmark and load ---------------------------------------------------------------
+    def bench_config(self, overrides: dict | None = None, label: str = "") -> BenchConfig:
+        """What ``bench`` runs with these overrides: the preset's bench section with them on top."""
+        return BenchConfig.for_preset(self.url or "", self.preset, overrides, label)
+
     async def bench(
         self,
         label: str = "",
         on_result: Callable[[int, RequestResult], Awaitable[None] | None] | None = None,
         **overrides,
     ) -> BenchRun:
+        """One benchmark run (a ``Bencher``, tuitune.measure.levels, as a bare URL is)."""
         if self.url is None:
             await self._open_url()
-        cfg = BenchConfig.for_preset(self.url, self.preset, overrides, label)
+        cfg = self.bench_config(overrides, label)
         was_loaded = self.load.on
         if was_loaded:
             await self.set_load(False)  # a benchmark measures alone
@@ -537,6 +545,5 @@ class Session(EventStream):
         if stop_server:
             with contextlib.suppress(ControlError, TransportError):
                 await self.control.stop()
-        if isinstance(self.control, ClusterControl):
-            await self.control.close()
+        await self.control.close()
         await self.transport.close()

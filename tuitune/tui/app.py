@@ -26,7 +26,8 @@ from textual.worker import Worker, WorkerState
 from tuitune import preset as P
 from tuitune.base import redact
 from tuitune.base.events import Event, GpuSample, LogLine, Marker, ProfileWindow, ServerState, TelemetryState
-from tuitune.measure.bench import BenchConfig, level_row
+from tuitune.measure.bench import level_row
+from tuitune.measure.levels import bench_levels, is_level, plan_levels
 from tuitune.measure.runs import RunBook, delta_mark
 from tuitune.target.control import ControlError
 from tuitune.target.transport import TransportError
@@ -87,7 +88,7 @@ def load_user_config(path: Path | None = None) -> UserConfig:
     else:
         cfg.errors.append(f"{path}: baseline_max_age_min must be a positive number of minutes")
     levels = data.get("bench_levels", cfg.bench_levels)
-    if isinstance(levels, list) and levels and all(isinstance(c, int) and 1 <= c <= 1024 for c in levels):
+    if isinstance(levels, list) and levels and all(map(is_level, levels)):
         cfg.bench_levels = sorted(set(levels))
     else:
         cfg.errors.append(f"{path}: bench_levels must be a list of concurrency levels, e.g. [1, 4, 16, 64]")
@@ -571,8 +572,7 @@ class TuituneApp(App):
         self.bench_running = True
         preset = self.session.running_preset or self.session.preset
         levels = levels or [preset.bench.concurrency]
-        cfgs = [BenchConfig.for_preset("", preset, {"concurrency": c}) for c in levels]
-        n = sum(c.requests for c in cfgs)  # at least two requests per stream at each level
+        n = sum(c.requests for c in plan_levels(self.session, levels, label=preset.name))  # 2+ per stream
         done: list[float] = []
         self.bench_progress = (0, n, None)
         self.say(
@@ -586,10 +586,8 @@ class TuituneApp(App):
             med = sorted(done)[len(done) // 2] if done else None
             self.bench_progress = (self.bench_progress[0] + 1, n, med)
 
-        runs = []
         try:
-            for c in levels:
-                runs.append(await self.session.bench(label=preset.name, concurrency=c, on_result=progress))
+            runs = await bench_levels(self.session, levels, label=preset.name, on_level=lambda _cfg: progress)
         except (ControlError, TransportError) as e:
             self.say(str(e), "error")
             return

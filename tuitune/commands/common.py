@@ -1,0 +1,207 @@
+"""What the command bodies share: the error they raise for bad usage, loading a preset, printing
+JSON, the link to a target, running a command's coroutine (with its clean-up on SIGINT/SIGTERM),
+and the bench flags that bench, ab, sweep, crossover and tune have in common.
+
+Imports stay lazy (inside the functions): building a command's parser loads no heavy module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+
+class CliError(Exception):
+    """Bad usage or failed work, in one sentence; ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+def load_preset(name: str):
+    from tuitune import preset as P
+
+    return P.resolve(name)  # a PresetError is the mapper's: exit 2
+
+
+def print_json(obj) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def write_json(path: str, obj) -> None:
+    """Atomically to a file, or to standard output for ``-``."""
+    import os
+
+    if path == "-":
+        json.dump(obj, sys.stdout, indent=1, default=str)
+        sys.stdout.write("\n")
+        return
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=1, default=str)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise CliError(f"{path}: cannot write it ({e.strerror or e})", 1) from None
+
+
+def open_lines(path: str):
+    """Lines of a file or stdin as text, invalid UTF-8 replaced; very long lines kept whole."""
+    if path == "-":
+        stream = sys.stdin.buffer
+    else:
+        try:
+            stream = open(path, "rb")
+        except OSError as e:
+            raise CliError(f"{path}: cannot open it ({e.strerror or e})", 2) from None
+    with stream:
+        for raw in stream:
+            yield raw.decode("utf-8", "replace").rstrip("\r\n")
+
+
+def run_async(coro):
+    import asyncio
+
+    return asyncio.run(coro)
+
+
+# ---- the target ---------------------------------------------------------------------------------
+
+
+def link_printer(state: str, attempt: int, detail: str | None) -> None:
+    if state == "reconnecting":
+        print(f"tuitune: link lost, reconnecting ({attempt})", file=sys.stderr)
+    elif state == "lost":
+        print(f"tuitune: link lost for good: {detail}", file=sys.stderr)
+
+
+def with_control(preset):
+    """The preset's transport (link losses said on stderr) and its server's control."""
+    from tuitune.target.cluster import control_for
+    from tuitune.target.transport import for_preset
+
+    t = for_preset(preset)
+    t.on_link = link_printer
+    return t, control_for(t, preset)
+
+
+async def guarded(coro_fn, transport, control=None):
+    """Run ``coro_fn()``, then close the control's own links and the transport, whatever happens."""
+    try:
+        return await coro_fn()
+    finally:
+        if control is not None:
+            await control.close()  # a multi-node server's links to its other nodes
+        await transport.close()
+
+
+def run_signalled(go, transport, what: str, cleanup: Callable[[], str | None] = lambda: None, control=None):
+    """Run a command whose interruption must clean up: SIGINT and SIGTERM cancel it (the core
+    stops what it half-started; ``cleanup`` then says what it did), then it ends in one sentence
+    with 130 or 143."""
+    import asyncio
+    import signal
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        got: list[int] = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, lambda s=sig: (got.append(s), task.cancel()))
+        try:
+            return await guarded(go, transport, control)
+        except asyncio.CancelledError:
+            if not got:
+                raise
+            done = cleanup()
+            raise CliError(
+                f"{what} interrupted by {signal.Signals(got[0]).name}" + (f"; {done}" if done else ""), 128 + got[0]
+            ) from None
+
+    return run_async(main())
+
+
+def print_warnings(control) -> None:
+    for w in control.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    control.warnings = []
+
+
+def any_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--any", action="store_true", help="act on the server on the preset's port even if another preset started it"
+    )
+
+
+# ---- bench flags --------------------------------------------------------------------------------
+
+
+def levels_arg(text: str) -> list[int]:
+    """``1,4,16,64`` -> [1, 4, 16, 64] (argparse turns the ValueError into a usage error)."""
+    from tuitune.measure.levels import parse_levels
+
+    return parse_levels(text)
+
+
+levels_arg.__name__ = "concurrency list (distinct integers 1..1024, e.g. 1,4,16,64)"
+
+
+def bench_flags(p: argparse.ArgumentParser, levels: bool = False) -> None:
+    p.add_argument("--requests", type=int, help="measured requests (at least 2 per stream at concurrency > 1)")
+    p.add_argument("--warmup", type=int)
+    p.add_argument("--max-tokens", type=int)
+    p.add_argument(
+        "--concurrency",
+        type=levels_arg,
+        metavar="C,C,..." if levels else "C",
+        help="concurrent request streams; a list measures each level in turn (goodput curve)"
+        if levels
+        else "concurrent request streams",
+    )
+    p.add_argument("--api", choices=["native", "openai"])
+
+
+def _one_level(ns) -> int | None:
+    if ns.concurrency is None:
+        return None
+    if len(ns.concurrency) > 1:
+        raise CliError(
+            f"--concurrency takes one level here (got {len(ns.concurrency)}); "
+            "`tuitune bench` and `tuitune crossover` measure several",
+            2,
+        )
+    return ns.concurrency[0]
+
+
+def overrides(ns, level: int | None = None) -> dict:
+    """The bench flags given on the command line, checked (bench, ab and sweep share them)."""
+    level = _one_level(ns) if level is None else level
+    ov = {
+        k: v
+        for k, v in (
+            ("requests", ns.requests),
+            ("warmup", ns.warmup),
+            ("max_tokens", ns.max_tokens),
+            ("concurrency", level),
+            ("api", ns.api),
+        )
+        if v is not None
+    }
+    for k, v in ov.items():
+        least = 0 if k == "warmup" else (2 if k == "max_tokens" else 1)
+        if isinstance(v, int) and v < least:
+            raise CliError(f"--{k.replace('_', '-')} must be at least {least} (got {v})", 2)
+    return ov
+
+
+def int_list(text: str, flag: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        vals = []
+    if not vals or any(v < 1 for v in vals):
+        raise CliError(f"{flag} {text!r}: expected positive integers, comma-separated (e.g. 1,8,32)", 2)
+    return sorted(set(vals))

@@ -1,0 +1,192 @@
+"""`tuitune preset list|show|validate|diff|lint|schema`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tuitune.commands.common import load_preset, print_json
+
+
+def preset_args(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    s = sub.add_parser("list", help="shipped presets and yours (~/.config/tuitune/presets)")
+    s.add_argument("--json", action="store_true", help="origin, name, path, description (or error) of each")
+    s.set_defaults(run=cmd_preset_list)
+    s = sub.add_parser("show", help="the resolved preset (derived values marked), or its command")
+    s.add_argument("preset")
+    s.add_argument("--command", action="store_true", help="print the launch command only")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--reveal", action="store_true", help="show secret values (tokens, keys, passwords) in clear")
+    s.set_defaults(run=cmd_preset_show)
+    s = sub.add_parser("validate", help="check presets; exit 2 if any is invalid")
+    s.add_argument("presets", nargs="+")
+    s.add_argument("--json", action="store_true", help="one result per preset: ok, hash, warnings or error")
+    s.set_defaults(run=cmd_preset_validate)
+    s = sub.add_parser("diff", help="changed keys between two presets")
+    s.add_argument("a")
+    s.add_argument("b")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(run=cmd_preset_diff)
+    s = sub.add_parser("lint", help="cross-setting advice")
+    s.add_argument("preset")
+    s.set_defaults(run=cmd_preset_lint)
+    s = sub.add_parser("schema", help="the preset schema as JSON Schema")
+    s.set_defaults(run=cmd_preset_schema)
+
+
+def cmd_preset_list(ns) -> int:
+    from tuitune import preset as P
+
+    rows = P.listing()
+    if ns.json:
+        print_json(
+            [
+                {
+                    "origin": o,
+                    "name": None if n == "(invalid)" else n,
+                    "path": str(path),
+                    "valid": n != "(invalid)",
+                    ("error" if n == "(invalid)" else "description"): d,
+                }
+                for o, path, n, d in rows
+            ]
+        )
+        return 0
+    if not rows:
+        print(f"no presets in {P.user_dir()} or {P.shipped_dir()}")
+        return 0
+    width = max(len(r[2]) for r in rows)
+    for origin, _path, name, desc in rows:
+        print(f"{origin:<8} {name:<{width}}  {desc}")
+    print(f"\nuser presets: {P.user_dir()}")
+    return 0
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "(unset)"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def cmd_preset_show(ns) -> int:
+    from tuitune import preset as P
+    from tuitune.base import redact
+
+    p = load_preset(ns.preset)
+    shown = (lambda text: text) if ns.reveal else redact.Redactor(p)
+    if ns.command:
+        print(shown(P.launch_script(p)))
+        return 0
+    flat = P.flatten(p) if ns.reveal else redact.flat(P.flatten(p))
+    if ns.json:
+        print_json(
+            {
+                "name": p.name,
+                "hash": p.hash(),
+                "resolved": flat,
+                "derived": sorted(P.derived_keys(p)),
+                "command": shown(P.launch_script(p)),
+            }
+        )
+        return 0
+    derived = P.derived_keys(p)
+    print(f"# {p.name}  (hash {p.hash()})")
+    if p.description:
+        print(f"# {p.description}")
+    width = max(len(k) for k in flat)
+    for k, v in flat.items():
+        mark = "   (derived)" if k in derived else ""
+        print(f"{k:<{width}}  {_fmt(v)}{mark}")
+    for w in P.warnings(p):
+        print(f"warning: {w}")
+    return 0
+
+
+def cmd_preset_validate(ns) -> int:
+    from tuitune import preset as P
+
+    if ns.json:
+        out, failed = [], False
+        for name in ns.presets:
+            try:
+                path = P.find(name)
+                p = P.load(path)
+                out.append(
+                    {
+                        "preset": name,
+                        "ok": True,
+                        "name": p.name,
+                        "hash": p.hash(),
+                        "warnings": P.warnings(p) + P.file_warnings(path, p),
+                    }
+                )
+            except P.PresetError as e:
+                failed = True
+                out.append({"preset": name, "ok": False, "error": str(e)})
+        print_json(out)
+        return 2 if failed else 0
+    bad = 0
+    for name in ns.presets:
+        try:
+            path = P.find(name)
+            p = P.load(path)
+        except P.PresetError as e:
+            print(f"tuitune: {e}", file=sys.stderr)
+            bad += 1
+            continue
+        ws = P.warnings(p) + P.file_warnings(path, p)
+        print(f"{name}: ok ({p.name}, hash {p.hash()})" + (f", {len(ws)} warning(s)" if ws else ""))
+        for w in ws:
+            print(f"  warning: {w}")
+    return 2 if bad else 0
+
+
+def cmd_preset_diff(ns) -> int:
+    from tuitune import preset as P
+    from tuitune.base import redact
+
+    a, b = load_preset(ns.a), load_preset(ns.b)
+    changes = P.diff(a, b)
+    if ns.json:
+        print_json(
+            [
+                {"key": k, "a": ra, "b": rb, **({"differ": va != vb} if note else {})}
+                for k, va, vb in changes
+                for ra, rb, note in [redact.pair(k, va, vb)]
+            ]
+        )
+        return 0
+    if not changes:
+        print(f"{a.name} and {b.name} launch the same server")
+        return 0
+    width = max(len(k) for k, _, _ in changes)
+    print(f"{'key':<{width}}  {a.name} -> {b.name}")
+    for k, va, vb in changes:
+        va, vb, note = redact.pair(k, va, vb)
+        print(f"{k:<{width}}  {_fmt(va)} -> {_fmt(vb)}{note}")
+    return 0
+
+
+def cmd_preset_lint(ns) -> int:
+    from tuitune import preset as P
+
+    p = load_preset(ns.preset)
+    advice = P.lint(p) + P.file_warnings(P.find(ns.preset), p)
+    if not advice:
+        print(f"{p.name}: no advice")
+    for a in advice:
+        print(f"- {a}")
+    return 0
+
+
+def cmd_preset_schema(ns) -> int:
+    from tuitune import preset as P
+
+    print_json(P.json_schema())
+    return 0
+
+
+PARSERS = {"preset": preset_args}

@@ -1,0 +1,246 @@
+"""`tuitune launch|stop|status|logs|trust`: one server's life on its target, and the SSH trust to reach it.
+
+Exit status as everywhere (0 done, 1 failed, 2 bad input); `status` adds 3 (not running) and 4
+(running, but not what the preset says: drift, or the preset was edited since the launch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tuitune.commands.common import (
+    CliError,
+    any_arg,
+    guarded,
+    load_preset,
+    print_json,
+    print_warnings,
+    run_async,
+    run_signalled,
+    with_control,
+)
+
+
+def launch_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("preset")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for ready (default 900)")
+    p.add_argument(
+        "--health-timeout",
+        type=float,
+        default=120.0,
+        help="seconds /health may take to answer 200 once HTTP is up (default 120)",
+    )
+    p.add_argument("--no-wait", action="store_true", help="return once the process is started")
+    p.add_argument(
+        "--keep-on-failure",
+        action="store_true",
+        help="leave a server that failed to become ready running (to inspect it)",
+    )
+    any_arg(p)
+    p.set_defaults(run=cmd_launch)
+
+
+async def _print_started(rec) -> None:
+    print(f"started pid {rec.pid}, log {rec.log}", flush=True)
+
+
+def cmd_launch(ns) -> int:
+    p = load_preset(ns.preset)
+    t, control = with_control(p)
+
+    async def go():
+        try:
+            rec, res = await control.relaunch(
+                ns.timeout,
+                wait=not ns.no_wait,
+                on_phase=lambda name, el: print(f"  {el:6.1f}s  {name}", flush=True),
+                after_start=_print_started,
+                on_stopped=lambda msg: print(f"stopped: {msg}"),
+                allow_any=ns.any,
+                keep_on_failure=ns.keep_on_failure,
+                health_timeout_s=ns.health_timeout,
+            )
+        finally:
+            print_warnings(control)
+        if res is None:
+            return 0
+        print(f"ready in {res.elapsed_s:.1f}s")
+        for i, (node, env) in enumerate(control.nccl_by_node(res)):  # each node's own log
+            _print_nccl(node, env, f"node {i} " if p.is_multinode else "")
+        return 0
+
+    return run_signalled(go, t, "launch", lambda: control.cleanup, control)
+
+
+def _print_nccl(p, seen: dict, where: str = "") -> None:
+    """NCCL's own confirmation of the preset's NCCL variables, or why there is none."""
+    from tuitune.target.control import nccl_confirmation, nccl_note
+
+    for name, state, got in nccl_confirmation(p, seen):
+        if state == "unconfirmed":
+            continue  # the note says why
+        print(f"  {where}{name}: {state}" + (f" (NCCL says {got})" if state == "different" else ""))
+    note = nccl_note(p, seen)
+    if note:
+        print(f"warning: {where}{note}", file=sys.stderr)
+
+
+def stop_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("preset")
+    p.add_argument("--pid", type=int, help="stop this process group instead (a server started by hand)")
+    p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
+    any_arg(p)
+    p.set_defaults(run=cmd_stop)
+
+
+def cmd_stop(ns) -> int:
+    p = load_preset(ns.preset)
+    t, control = with_control(p)
+
+    async def go():
+        try:
+            print(await control.stop(ns.pid, ns.grace, allow_any=ns.any))
+        finally:
+            print_warnings(control)
+        return 0
+
+    return run_async(guarded(go, t, control))
+
+
+STATUS_NOT_RUNNING = 3
+STATUS_DRIFT = 4
+
+
+def status_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("preset")
+    p.add_argument("--pid", type=int, help="inspect this process (a server started by hand)")
+    p.add_argument("--json", action="store_true")
+    any_arg(p)
+    p.set_defaults(run=cmd_status)
+
+
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def cmd_status(ns) -> int:
+    p = load_preset(ns.preset)
+    t, control = with_control(p)
+
+    async def go():
+        st = await control.status(ns.pid)
+        print_warnings(control)
+        if st.running and ns.pid is None and not ns.any and (why := control.foreign(st.record)):
+            raise CliError(why, 2)
+        code = STATUS_NOT_RUNNING if not st.running else (STATUS_DRIFT if st.drift or st.same_hash is False else 0)
+        if ns.json:
+            print_json(st.to_dict())
+            return code
+        for n in st.nodes:
+            r = n.status.record
+            print(
+                f"  node {n.index} on {n.label}: "
+                + (f"running, pid {r.pid}" if n.status.running else f"not running ({n.status.note or 'no server'})")
+            )
+        if not st.running:
+            print(f"{p.name}: not running" + (f" ({st.note})" if st.note else ""))
+            return code
+        rec = st.record
+        print(
+            f"{p.name}: running, pid {rec.pid}, up {_duration(st.uptime_s)}, preset hash "
+            f"{rec.preset_hash or '?'}"
+            + ("" if st.same_hash in (True, None) else f" (preset now {p.hash()}: edited since launch)")
+        )
+        if st.drift:
+            print(f"drift: {len(st.drift)} difference(s) between the running process and the preset")
+            for d in st.drift:
+                print(f"  {d}")
+        else:
+            print("no drift: environment and flags match the preset")
+        return code
+
+    return run_async(guarded(go, t, control))
+
+
+def logs_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("preset")
+    p.add_argument("-n", "--lines", type=int, default=40)
+    p.add_argument("-f", "--follow", action="store_true")
+    p.add_argument("--node", type=int, default=0, help="a multi-node server's node (default 0, rank 0)")
+    p.set_defaults(run=cmd_logs)
+
+
+def cmd_logs(ns) -> int:
+    from tuitune.base.redact import Redactor
+    from tuitune.preset import shell_path
+    from tuitune.target.tail import LogTail, file_size
+
+    p = load_preset(ns.preset)
+    nodes = p.node_presets()
+    if not 0 <= ns.node < len(nodes):
+        raise CliError(f"--node {ns.node}: {p.name} has node(s) 0..{len(nodes) - 1}", 2)
+    p = nodes[ns.node]
+    t, _ = with_control(p)
+    shown = Redactor(p)
+
+    async def go():
+        r = await t.run(f"tail -n {int(ns.lines)} -- {shell_path(p.server.log)}", timeout=60)
+        if not r.ok:
+            raise CliError(f"{t.label}: cannot read {p.server.log}: {r.stderr.strip()[:200]}", 1)
+        sys.stdout.writelines(shown(line) + "\n" for line in r.stdout.splitlines())
+        sys.stdout.flush()
+        if ns.follow:
+            tail = LogTail(t, p.server.log, offset=await file_size(t, p.server.log), python=p.python())
+            async for batch in tail.batches():
+                for line in batch.lines:
+                    print(shown(line), flush=True)
+        return 0
+
+    return run_async(guarded(go, t))
+
+
+def trust_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", metavar="PRESET|HOST", help="a preset, or a host / ~/.ssh/config alias")
+    p.add_argument("--port", type=int)
+    p.add_argument("--user")
+    p.add_argument("--known-hosts", help="file to append to (default: the preset's, else ~/.ssh/known_hosts)")
+    p.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
+    p.set_defaults(run=cmd_trust)
+
+
+def _trust_target(ns):
+    """The SSH target of a preset of that name or path, else the host as given."""
+    from tuitune import preset as P
+    from tuitune.target.transport import SshTarget
+
+    try:
+        path = P.find(ns.target)
+    except P.PresetError:
+        return SshTarget(ns.target, ns.port, ns.user, None, ns.known_hosts)
+    t = load_preset(str(path)).target
+    if t.is_local:
+        raise CliError(f"{ns.target}: the preset runs on this machine; there is no host key to trust", 2)
+    return SshTarget(t.host, ns.port or t.port, ns.user or t.user, None, ns.known_hosts or t.known_hosts)
+
+
+def cmd_trust(ns) -> int:
+    from tuitune.target.transport import trust_route
+
+    def confirm(hop, key) -> bool:
+        if ns.yes:
+            return True
+        if not sys.stdin.isatty():
+            raise CliError("not a terminal: pass --yes to trust without asking", 2)
+        return input(f"  trust it as {hop.known_hosts_name}? [y/N] ").strip().lower() in ("y", "yes")
+
+    if not run_async(trust_route(_trust_target(ns), confirm, print)):
+        print("not trusted")
+        return 1
+    return 0
+
+
+PARSERS = {"launch": launch_args, "stop": stop_args, "status": status_args, "logs": logs_args, "trust": trust_args}

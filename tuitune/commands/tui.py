@@ -1,0 +1,115 @@
+"""The TUI and what shares its entry: `tuitune [PRESET]` (the TUI, or `--record OUT` headless),
+`tuitune demo` (against the built-in simulator) and `tuitune replay CAPTURE`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tuitune.commands.common import CliError, load_preset, run_async
+
+
+def _run_tui(session, **kw) -> int:
+    from tuitune.tui.app import TuituneApp
+
+    app = TuituneApp(session, **kw)
+    app.run()
+    return 0
+
+
+def demo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--port",
+        type=int,
+        help="serve the simulator on this port instead of the preset's 30123 (two demos side by side; tests)",
+    )
+    p.set_defaults(run=cmd_demo)
+
+
+def cmd_demo(ns) -> int:
+    from tuitune import preset as P
+    from tuitune.target.session import Session
+
+    path = P.shipped_dir() / "demo.yaml"
+    preset = load_preset(str(path))
+    if ns.port is not None:
+        if not 1 <= ns.port <= 65535:
+            raise CliError(f"--port must be between 1 and 65535 (got {ns.port})", 2)
+        preset = P.with_changes(
+            preset, {"server.port": ns.port, "server.log": f"~/.cache/tuitune/logs/demo-{ns.port}.log"}
+        )
+    # the demo owns the simulator it starts: quitting stops it unless asked otherwise
+    return _run_tui(
+        Session(preset), autostart="launch-if-stopped", load_on_start=True, preset_path=path, stop_on_quit=True
+    )
+
+
+def cmd_tui(ns) -> int:
+    from tuitune import preset as P
+    from tuitune.target.session import Session
+
+    if ns.preset is None:
+        ns.show_help()
+        return 0
+    path = P.find(ns.preset)
+    preset = load_preset(str(path))
+    return _run_tui(Session(preset), autostart="attach", preset_path=path)
+
+
+def replay_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("capture")
+    p.add_argument("--speed", type=float, default=1.0, help="playback speed (default 1; 10 = ten times faster)")
+    p.set_defaults(run=cmd_replay)
+
+
+def cmd_replay(ns) -> int:
+    from tuitune.measure.capture import Replay, read_capture
+
+    if ns.speed <= 0:
+        raise CliError(f"--speed must be positive (got {ns.speed})", 2)
+    return _run_tui(Replay(read_capture(ns.capture), ns.speed))
+
+
+def cmd_main(ns) -> int:
+    if ns.record:
+        return cmd_record(ns)
+    for flag in ("duration", "cycles", "load", "bench"):
+        if getattr(ns, flag) is not None:
+            raise CliError(f"--{flag} only applies with --record OUT", 2)
+    if ns.relaunch or ns.raw or ns.from_start:
+        raise CliError("--relaunch, --raw and --from-start only apply with --record OUT", 2)
+    return cmd_tui(ns)
+
+
+def cmd_record(ns) -> int:
+    from tuitune.experiments.record import record
+
+    if ns.preset is None:
+        raise CliError("--record needs a PRESET", 2)
+    for flag in ("duration", "cycles", "load", "bench"):
+        v = getattr(ns, flag)
+        if v is not None and v <= 0:
+            raise CliError(f"--{flag} must be positive (got {v})", 2)
+    p = load_preset(ns.preset)
+    stats = run_async(
+        record(
+            p,
+            ns.record,
+            duration=ns.duration,
+            cycles=ns.cycles,
+            relaunch=ns.relaunch,
+            load=ns.load,
+            bench=ns.bench,
+            raw=ns.raw,
+            progress=sys.stderr.isatty(),
+            from_start=ns.from_start,
+        )
+    )
+    if sys.stderr.isatty():
+        print(
+            f"{ns.record}: {stats['events']} events, {stats['bytes']} bytes, {stats['seconds']:.1f} s", file=sys.stderr
+        )
+    return 0
+
+
+PARSERS = {"demo": demo_args, "replay": replay_args}

@@ -1,0 +1,90 @@
+"""`tuitune advise`: launches observed (tuitune.experiments.observe) -> a fitted cost model -> the
+predicted best configuration at each concurrency, and, on request, an engine schedule written to a
+file (SGLang's --speculative-adaptive-config).
+
+The models are pure (tuitune.decide); this module is the use case around them: it gathers the
+launches, fits, ranks the engine's configuration space, writes the schedule, and says the result
+as JSON or as text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tuitune import engines
+from tuitune.decide import advise as A
+from tuitune.decide.costmodel import Config, CostModel, FitError, fit
+from tuitune.experiments.observe import launches_from
+
+EMIT_FORMATS = ("sglang-adaptive",)
+
+
+class AdvisorError(Exception):
+    """One sentence; ``code`` 2 for bad input, 1 for failed work."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Advised:
+    model: CostModel
+    advices: list[A.Advice]
+    describe: Callable[[Config], str]  # the engine's name for a configuration
+    emitted: str | None = None  # the schedule's file
+    schedule: dict | None = None
+    buckets: list[dict] = field(default_factory=list)  # why each bucket got its candidates
+
+    def to_dict(self) -> dict:
+        out = {"model": self.model.summary(), "advice": [a.to_dict() for a in self.advices]}
+        if self.schedule is not None:
+            out["sglang_adaptive"] = {"file": self.emitted, "config": self.schedule, "buckets": self.buckets}
+        return out
+
+    def format(self, top: int = 5) -> str:
+        lines = [A.format_advice(self.model, self.advices, top=top, describe=self.describe)]
+        if self.schedule is not None:
+            lines.append(
+                f"\nwrote {self.emitted} (SGLang --speculative-adaptive-config; candidates within "
+                f"{A.TOLERANCE:.0%} of each bucket's best):"
+            )
+            for w in self.buckets:
+                lines.append(
+                    f"  batch size >= {w['key']:<4} (judged at {w['batch_size']}): candidate_steps {w['candidates']}"
+                )
+            lines.append("  use it: speculative.adaptive_config: /path/on/the/target.json in the preset (eagle_topk 1)")
+        return "\n".join(lines)
+
+
+async def advise_sources(
+    sources: list[str],
+    concurrencies: list[int] | None = None,
+    emit: str | None = None,
+    buckets: list[int] | None = None,
+) -> Advised:
+    """Advice for each of ``concurrencies`` (default: the load the launches were measured at) from
+    presets' running servers or captures; with ``emit``, SGLang's adaptive schedule over
+    ``buckets`` (batch sizes) is written to that file. Raises ObserveError (the sources),
+    ControlError / TransportError (a server's link) or AdvisorError."""
+    launches, running, load = await launches_from(sources)
+    engine = engines.get(launches[-1].engine)
+    if emit and engine.name != "sglang":
+        raise AdvisorError(
+            f"--emit sglang-adaptive is SGLang's schedule; {engine.label} has no adaptive speculation to load it", 2
+        )
+    try:
+        model = fit(launches)
+    except FitError as e:
+        raise AdvisorError(f"cannot fit a cost model: {e}", 1) from None
+    space = A.space(topks=engine.topks)
+    out = Advised(model, [A.advise(model, c, running, space) for c in concurrencies or [load]], engine.config_label)
+    if emit:
+        out.schedule, out.buckets = A.adaptive_schedule(model, tuple(buckets or A.ADAPTIVE_BUCKETS))
+        try:
+            A.write_adaptive(emit, out.schedule)
+        except OSError as e:
+            raise AdvisorError(f"{emit}: cannot write it ({e.strerror or e})", 1) from None
+        out.emitted = emit
+    return out
