@@ -111,5 +111,5 @@ def test_ruff_format():
 @pytest.mark.timeout(600)
 def test_mypy_core():
     """mypy on the files [tool.mypy] names (the core), cache in .cache/mypy."""
-    r = run([sys.executable, "-m", "mypy"])
+    r = run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml")])
     assert r.returncode == 0, report(r)

@@ -200,9 +200,12 @@ class Replay(EventStream):
         except P.PresetError:
             self.preset = None
         self.running_preset = self.preset
-        self.label = f"replay {capture.path.name}"
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
+
+    @property
+    def label(self) -> str:
+        return f"replay {self.capture.path.name}"
 
     @property
     def duration(self) -> float:
