@@ -476,7 +476,7 @@ class SshTransport(Transport):
         try:
             for i, hop in enumerate(hops):
                 last = i == len(hops) - 1
-                keys = [self._identity()] if last and t.identity_file else None
+                keys = [self._identity(t.identity_file)] if last and t.identity_file else None
                 conn = await connect_hop(
                     hop,
                     conn,
@@ -498,12 +498,12 @@ class SshTransport(Transport):
             c.abort()
         self._jumps = []
 
-    def _identity(self):
+    def _identity(self, identity_file: str):
         """The identity_file's private key, or one sentence on why it cannot be used (read here,
         not inside connect, where a bad file would raise a ValueError from deep in asyncssh)."""
         import asyncssh
 
-        path = Path(self.target.identity_file).expanduser()
+        path = Path(identity_file).expanduser()
         try:
             return asyncssh.read_private_key(str(path))
         except OSError as e:
