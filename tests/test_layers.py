@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+# one xdist worker runs them all: the tools' caches under .cache/ have one writer, lint-imports runs once
+pytestmark = pytest.mark.xdist_group("layers")
+
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 CONTRACTS = [c["name"] for c in PYPROJECT["tool"]["importlinter"]["contracts"]]
