@@ -25,7 +25,8 @@ async def cancel_and_wait(
         except asyncio.CancelledError:
             interrupted = True
     for t in live:
-        if not t.cancelled() and t.exception() is not None and not isinstance(t.exception(), ignore):
-            raise t.exception()
+        exc = None if t.cancelled() else t.exception()
+        if exc is not None and not isinstance(exc, ignore):
+            raise exc
     if interrupted or (me is not None and me.cancelling() > before):
         raise asyncio.CancelledError

@@ -18,7 +18,7 @@ class Event(msgspec.Struct, frozen=True, tag_field="kind", omit_defaults=True):
 
     @property
     def kind(self) -> str:
-        return type(self).__struct_config__.tag
+        return _tag(type(self))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: ``kind`` first, unset fields left out, NaN/inf as None."""
@@ -29,6 +29,13 @@ class Event(msgspec.Struct, frozen=True, tag_field="kind", omit_defaults=True):
                 continue
             d[n] = _clean(v)
         return d
+
+
+def _tag(cls: type[Event]) -> str:
+    tag = cls.__struct_config__.tag
+    if not isinstance(tag, str):  # every event class names its kind: tag="..."
+        raise TypeError(f"{cls.__name__} has no kind")
+    return tag
 
 
 def _clean(v: Any) -> Any:
@@ -70,7 +77,7 @@ def histogram(text: str | None, limit: int) -> dict[int, int] | None:
     return counts
 
 
-class ProfileWindow(Event, tag="profile", forbid_unknown_fields=True):
+class ProfileWindow(Event, frozen=True, tag="profile", forbid_unknown_fields=True):
     # forbid_unknown_fields: the parser's fast path decodes straight into this type and must fail
     # (and fall back to the exact path, which keeps unknown keys in ``extra``) on any other key.
     draft_ms: float
@@ -124,7 +131,7 @@ class ProfileWindow(Event, tag="profile", forbid_unknown_fields=True):
         return self.accept_len / self.cycle_ms * 1000.0 if self.cycle_ms > 0 else 0.0
 
 
-class DecodeStats(Event, tag="decode"):
+class DecodeStats(Event, frozen=True, tag="decode"):
     gen_throughput: float
     running_req: int | None = None
     token: int | None = None
@@ -139,7 +146,7 @@ class DecodeStats(Event, tag="decode"):
     rank: str | None = None
 
 
-class PrefillStats(Event, tag="prefill"):
+class PrefillStats(Event, frozen=True, tag="prefill"):
     new_seq: int | None = None
     new_token: int | None = None
     cached_token: int | None = None
@@ -154,25 +161,25 @@ class PrefillStats(Event, tag="prefill"):
     rank: str | None = None
 
 
-class HttpUp(Event, tag="http_up"):
+class HttpUp(Event, frozen=True, tag="http_up"):
     url: str
     ts: str | None = None
     rank: str | None = None
 
 
-class Ready(Event, tag="ready"):
+class Ready(Event, frozen=True, tag="ready"):
     ts: str | None = None
     rank: str | None = None
 
 
-class NcclEnv(Event, tag="nccl_env"):
+class NcclEnv(Event, frozen=True, tag="nccl_env"):
     name: str
     value: str
     ts: str | None = None
     rank: str | None = None
 
 
-class NcclAlgo(Event, tag="nccl_algo"):
+class NcclAlgo(Event, frozen=True, tag="nccl_algo"):
     collective: str
     bytes: int
     algo: str
@@ -182,14 +189,14 @@ class NcclAlgo(Event, tag="nccl_algo"):
     rank: str | None = None
 
 
-class ServerError(Event, tag="error"):
+class ServerError(Event, frozen=True, tag="error"):
     category: str  # traceback | exception | oom | nccl | init_failed | port_in_use | bad_argument
     message: str
     ts: str | None = None
     rank: str | None = None
 
 
-class VllmSpec(Event, tag="vllm_spec"):
+class VllmSpec(Event, frozen=True, tag="vllm_spec"):
     draft_acceptance_rate: float | None = None
     mean_accept_len: float | None = None
     accepted_tok_s: float | None = None
@@ -201,7 +208,7 @@ class VllmSpec(Event, tag="vllm_spec"):
     rank: str | None = None
 
 
-class MetricsWindow(Event, tag="metrics"):
+class MetricsWindow(Event, frozen=True, tag="metrics"):
     """What a server's Prometheus /metrics said between two scrapes (counter deltas, last gauges)."""
 
     engine: str  # vllm | sglang: whose metric names were read
@@ -217,7 +224,7 @@ class MetricsWindow(Event, tag="metrics"):
     queue_req: int | None = None
 
 
-class Malformed(Event, tag="malformed"):
+class Malformed(Event, frozen=True, tag="malformed"):
     marker: str
     reason: str
     line: str
@@ -228,12 +235,12 @@ class Malformed(Event, tag="malformed"):
 # ---- session events (made by the core, not parsed) ----------------------------------------
 
 
-class LogLine(Event, tag="log"):
+class LogLine(Event, frozen=True, tag="log"):
     text: str
     node: int | None = None  # a multi-node server's node (None: the server itself, rank 0)
 
 
-class ServerState(Event, tag="server_state"):
+class ServerState(Event, frozen=True, tag="server_state"):
     state: str  # stopped | starting | ready | failed | stopping
     phase: str | None = None  # starting | loading weights | capturing graphs | http up | ready
     detail: str | None = None
@@ -241,13 +248,13 @@ class ServerState(Event, tag="server_state"):
     elapsed_s: float | None = None
 
 
-class LinkState(Event, tag="link"):
+class LinkState(Event, frozen=True, tag="link"):
     state: str  # connected | reconnecting | closed
     attempt: int = 0
     detail: str | None = None
 
 
-class BenchSummary(Event, tag="bench"):
+class BenchSummary(Event, frozen=True, tag="bench"):
     label: str
     tok_s_median: float
     tok_s_ci_low: float
@@ -259,7 +266,7 @@ class BenchSummary(Event, tag="bench"):
     gpu_note: str | None = None  # GPUs capped or a straggler during the run (telemetry), else None
 
 
-class Marker(Event, tag="marker"):
+class Marker(Event, frozen=True, tag="marker"):
     """A note in the stream: a relaunch began, a config changed, load toggled…"""
 
     text: str
@@ -267,7 +274,7 @@ class Marker(Event, tag="marker"):
     preset_hash: str | None = None
 
 
-class GpuSample(Event, tag="gpu"):
+class GpuSample(Event, frozen=True, tag="gpu"):
     """One GPU at one telemetry tick (every GPU of a tick shares ``seq``); None = nvidia-smi had no value."""
 
     index: int
@@ -291,13 +298,13 @@ class GpuSample(Event, tag="gpu"):
     stamp: str | None = None  # nvidia-smi's own timestamp of the sample
 
 
-class TelemetryState(Event, tag="telemetry"):
+class TelemetryState(Event, frozen=True, tag="telemetry"):
     state: str  # starting | on | unavailable | interrupted | stopped
     detail: str | None = None
     gpus: int | None = None
 
 
-EVENT_TYPES: dict[str, type] = {c.__struct_config__.tag: c for c in Event.__subclasses__()}
+EVENT_TYPES: dict[str, type[Event]] = {_tag(c): c for c in Event.__subclasses__()}
 
 
 # fields that are plain floats: the JSON writers turn NaN into null, so null reads back as NaN
@@ -310,9 +317,9 @@ def from_dict(d: dict[str, Any]) -> Event | None:
     """Rebuild an event from its JSON shape, types checked; None for an unknown kind or a record
     whose fields have the wrong types (a string where a number belongs). Unknown fields are dropped."""
     kind = d.get("kind")
-    cls = EVENT_TYPES.get(kind) if isinstance(kind, str) else None
-    if cls is None:
+    if not isinstance(kind, str) or kind not in EVENT_TYPES:
         return None
+    cls = EVENT_TYPES[kind]
     kw = {n: d[n] for n in cls.__struct_fields__ if n in d}
     for n in _NAN_FIELDS[kind]:
         if n in kw and kw[n] is None:

@@ -108,9 +108,15 @@ def run_signalled(go, transport, what: str, cleanup: Callable[[], str | None] = 
     async def main():
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
+        assert task is not None  # main() runs as asyncio.run's task
         got: list[int] = []
+
+        def interrupted(sig: int) -> None:
+            got.append(sig)
+            task.cancel()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, lambda s=sig: (got.append(s), task.cancel()))
+            loop.add_signal_handler(sig, interrupted, sig)
         try:
             return await guarded(go, transport, control)
         except asyncio.CancelledError:

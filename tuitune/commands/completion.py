@@ -41,9 +41,9 @@ def add_completers(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Preset names and grid keys completed wherever a command takes them (for argcomplete)."""
     for action in _walk_actions(parser):
         if action.dest in ("preset", "a", "b", "baseline", "presets", "target"):
-            action.completer = _complete_presets  # type: ignore[attr-defined]
+            action.completer = _complete_presets
         elif action.dest == "grid":
-            action.completer = _complete_grid  # type: ignore[attr-defined]
+            action.completer = _complete_grid
     return parser
 
 

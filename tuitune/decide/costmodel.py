@@ -311,34 +311,39 @@ def fit_acceptance(launches: list[Launch]) -> Acceptance:
     trees = [w for w in windows if (w.topk or 1) > 1 and math.isfinite(w.accept_len)]
     if measured == 0:
         # no chain histogram: read a geometric profile off the accept lengths (v1 lines, trees)
-        obs = [
-            (config_of_window(w), w.accept_len, w.cycles * (w.bs or 1))
-            for w in windows
-            if math.isfinite(w.accept_len) and config_of_window(w) is not None
-        ]
+        obs = _observations([w for w in windows if math.isfinite(w.accept_len)])
         if not obs:
             raise FitError("no speculative profile window with an accept length to fit acceptance from")
-        best = None
-        for a1 in [i / 100 for i in range(2, 99)]:
+
+        def err(a1: float) -> float:
             prof = [a1 * math.exp(DECAY_PRIOR[0] * d) for d in range(MAX_DEPTH)]
-            err = sum(
+            return sum(
                 wt * (tree_tau(prof, c.steps, c.topk, c.draft_tokens, SIBLING_DECAY[0]) - acc) ** 2
                 for c, acc, wt in obs
             )
-            if best is None or err < best[0]:
-                best = (err, a1)
-        mean[0], sd[0], measured = best[1], 0.08, 1
+
+        mean[0], sd[0], measured = min([i / 100 for i in range(2, 99)], key=err), 0.08, 1
         trials[0] = 0.0
         source = "accept length (no histogram)"
     _extend_decay(mean, sd, measured, trials)
-    b = Estimate(*SIBLING_DECAY)
+    decay = Estimate(*SIBLING_DECAY)
     if trees:
-        b = _fit_sibling_decay(trees, mean) or b
-    return Acceptance(mean, sd, measured, b, source)
+        decay = _fit_sibling_decay(trees, mean) or decay
+    return Acceptance(mean, sd, measured, decay, source)
+
+
+def _observations(windows: list[ProfileWindow]) -> list[tuple[Config, float, int]]:
+    """(configuration, accept length, weight: cycles x batch) of each window that names its configuration."""
+    obs = []
+    for w in windows:
+        c = config_of_window(w)
+        if c is not None:
+            obs.append((c, w.accept_len, w.cycles * (w.bs or 1)))
+    return obs
 
 
 def _fit_sibling_decay(trees: list[ProfileWindow], mean: list[float]) -> Estimate | None:
-    obs = [(config_of_window(w), w.accept_len, w.cycles * (w.bs or 1)) for w in trees]
+    obs = _observations(trees)
     grid = [x / 100 for x in range(20, 151, 2)]
     errs = []
     for b in grid:
@@ -486,6 +491,7 @@ def fit(launches: list[Launch]) -> CostModel:
     vpts = []
     for w, x in zip(spec, wt, strict=False):
         c = config_of_window(w)
+        assert c is not None  # windows holds only those with a configuration
         bs = w.bs or 1
         n = w.verify_tokens or bs * c.draft_tokens
         vpts.append((float(n), float(bs), w.verify_ms, x))
@@ -495,9 +501,9 @@ def fit(launches: list[Launch]) -> CostModel:
             vpts.append((float(w.verify_tokens or bs), float(bs), w.verify_ms, float(w.cycles)))
     verify = fit_curve(vpts, with_bs=True, what="verify")
     dpts = [
-        (float((w.bs or 1) * (w.topk or 1)), float(w.bs or 1), w.draft_ms / w.steps, x)
+        (float((w.bs or 1) * (w.topk or 1)), float(w.bs or 1), w.draft_ms / steps, x)
         for w, x in zip(spec, wt, strict=False)
-        if w.draft_ms > 0
+        if w.draft_ms > 0 and (steps := w.steps)  # (every window in spec has steps)
     ]
     draft = fit_curve(dpts, with_bs=False, what="draft") if dpts else None
     icpt, slope, resid = weighted_line([float(w.bs or 1) for w in spec], [w.extend_ms for w in spec], wt)

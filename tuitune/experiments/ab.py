@@ -21,6 +21,7 @@ import math
 import time
 from collections.abc import Callable
 
+from tuitune.base.events import Event
 from tuitune.measure import stats
 from tuitune.measure.bench import BenchConfig, run_bench
 from tuitune.preset import Preset
@@ -130,13 +131,16 @@ async def run_ab(
     stop_at_end: bool = True,
     allow_any: bool = False,
 ) -> dict:
-    launches = []
-    listeners: list = []
+    launches: list[dict] = []
+    listeners: list[Callable[[list[Event]], None]] = []
     allowed = {a.name, b.name}
+
+    def to_listeners(evs: list[Event]) -> None:
+        for f in list(listeners):
+            f(evs)
+
     gpus = (
-        telemetry.Collector(
-            t, telemetry.for_preset(a), lambda evs: [f(evs) for f in list(listeners)], a.telemetry.period_ms
-        )
+        telemetry.Collector(t, telemetry.for_preset(a), to_listeners, a.telemetry.period_ms)
         if a.telemetry.enabled
         else None
     )

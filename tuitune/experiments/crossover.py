@@ -70,7 +70,7 @@ def level_verdict(on: list[BenchRun], off: list[BenchRun], level: int, min_effec
         row[arm] = {
             "goodput": stream_goodput(ps, level) if ps else math.nan,
             "batch_size": _mean([b for r in runs for b in r.batch_sizes]),
-            "accept_len": _mean([r.accept_len for r in runs for r in r.ok if r.accept_len]),
+            "accept_len": _mean([q.accept_len for r in runs for q in r.ok if q.accept_len]),
         }
     late = [r for r in on + off if r.sim_late_share is not None and r.sim_late_share > SIM_LATE_LIMIT]
     held = [r for r in on + off if r.gpu_note]

@@ -15,6 +15,7 @@ import shlex
 import time
 from collections.abc import Callable
 from importlib import resources
+from typing import Any
 
 from tuitune import preset as P
 from tuitune.base.events import NcclAlgo, NcclEnv, ServerError
@@ -53,7 +54,7 @@ async def model_hidden_size(t: Transport, preset: P.Preset) -> int | None:
 def decode_sizes(preset: P.Preset, hidden: int, dtype_bytes: int = 2) -> list[int]:
     """Decode all-reduce sizes: hidden × tokens per step × bytes (1 token; draft tokens for verify)."""
     sizes = [hidden * dtype_bytes]
-    if preset.is_speculative:
+    if preset.speculative is not None and preset.is_speculative:
         r = preset.speculative.resolved()
         if r.num_draft_tokens:
             sizes.append(hidden * r.num_draft_tokens * dtype_bytes)
@@ -68,7 +69,7 @@ def configs(preset: P.Preset, grid: dict) -> list[dict]:
         if bad:
             raise NcclBenchError(f"--grid {bad[0]}: nccl-bench varies environment variables only (env.…)", 2)
         p, reason = G.apply(preset, changes)
-        entry = {"changes": changes, "label": G.label(changes)}
+        entry: dict[str, Any] = {"changes": changes, "label": G.label(changes)}
         if p is None:
             entry["skipped"] = reason
         else:
@@ -212,7 +213,8 @@ async def run(
             row["info"] = {k: v for k, v in out["result"].items() if k != "results"}
         rows.append(row)
     decode_bytes = max(sizes)
-    ranked = sorted((x for x in rows if "results" in x), key=lambda x: _at(x, decode_bytes)["median_us"])
+    timed = [(at["median_us"], x) for x in rows if (at := _at(x, decode_bytes)) is not None]
+    ranked = [x for _, x in sorted(timed, key=lambda t: t[0])]
     return {
         "preset": preset.name,
         "world_size": world,

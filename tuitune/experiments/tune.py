@@ -139,7 +139,7 @@ def decide(
     concurrency: int,
     configs: list[Config] | None = None,
     noise: float = NOISE,
-    describe: Callable[[Config], str] = Config.label.fget,
+    describe: Callable[[Config], str] = lambda c: c.label,
 ) -> tuple[Config | None, str, Advice | None]:
     """The next configuration to launch and why; None when tuning should stop. ``describe``
     names a configuration in the engine's words."""
@@ -194,7 +194,7 @@ async def tune_loop(
     prior: list[tuple[Step, Launch]] | None = None,
     on_step: Callable[[Step, Launch], None] | None = None,
     progress: Callable[[str], None] | None = None,
-    describe: Callable[[Config], str] = Config.label.fget,
+    describe: Callable[[Config], str] = lambda c: c.label,
 ) -> TuneResult:
     """Measure ``start``, then up to ``budget`` relaunches chosen by the fitted model."""
     levels = levels or levels_for(concurrency)
@@ -255,6 +255,8 @@ class SessionSource:
         self._writer_cls, self._redact = CaptureWriter, redacted_preset
         self.session = session
         self.base = base
+        if base.speculative is None:  # (tune() refuses such a preset first)
+            raise TuneError(f"{base.name} has no speculative section: there is nothing to tune", 2)
         self.spec = base.speculative.model_dump()
         self.out = out
         self.overrides = overrides or {}

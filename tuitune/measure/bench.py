@@ -472,7 +472,8 @@ async def run_bench(
             warm = []
             for i in range(cfg.warmup):
                 warm.append(await run_request(session, cfg, ps[i % len(ps)]))
-                if not warm[-1].ok and warm[-1].error.startswith(("cannot connect", "server disconnected")):
+                last = warm[-1]
+                if not last.ok and last.error and last.error.startswith(("cannot connect", "server disconnected")):
                     break
         down = [
             r for r in warm if not r.ok and r.error and r.error.startswith(("cannot connect", "server disconnected"))

@@ -21,7 +21,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeGuard
 
 import msgspec
 
@@ -93,7 +93,7 @@ class CaptureWriter:
             self._buf.clear()
         self._f.flush()
         if isinstance(self._f, gzip.GzipFile):
-            self._f.fileobj.flush()  # type: ignore[union-attr]
+            self._f.fileobj.flush()
         self._last_flush = time.monotonic()
 
     def close(self) -> None:
@@ -132,7 +132,7 @@ def _lines(path: Path) -> Iterator[bytes]:
             return  # a gzip stream cut short: keep what was read
 
 
-def _is_number(v) -> bool:
+def _is_number(v: object) -> TypeGuard[int | float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -169,7 +169,7 @@ def iter_capture(path: str | Path) -> tuple[dict, Iterator[Record], dict]:
                 continue
             ev = from_dict(d) if isinstance(d, dict) else None
             t, m = (d.get("t", 0.0), d.get("m", 0.0)) if ev is not None else (None, None)
-            if not (_is_number(t) and _is_number(m)):  # "t": null or "t": "x" from a damaged file
+            if ev is None or not (_is_number(t) and _is_number(m)):  # "t": null or "t": "x" from a damaged file
                 stats["skipped"] += 1
                 continue
             yield Record(float(t), float(m), ev)
@@ -201,13 +201,16 @@ class Replay(EventStream):
         self.link = LinkState("replay")
         self.url = None
         try:
-            self.preset = P.from_dict(capture.meta.get("preset") or {}, str(capture.path))
+            self.preset: P.Preset | None = P.from_dict(capture.meta.get("preset") or {}, str(capture.path))
         except P.PresetError:
             self.preset = None
         self.running_preset = self.preset
-        self.label = f"replay {capture.path.name}"
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
+
+    @property
+    def label(self) -> str:
+        return f"replay {self.capture.path.name}"
 
     @property
     def duration(self) -> float:

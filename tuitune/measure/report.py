@@ -105,7 +105,7 @@ def summarize_capture(path: str | Path, keep_series: bool = True) -> dict:
         "server_version": meta.get("server_version"),
         "schema": meta.get("schema"),
         "events": events,
-        "duration_s": (last_m - first_m) if first_m is not None else 0.0,
+        "duration_s": (last_m - first_m) if first_m is not None and last_m is not None else 0.0,
         "truncated": stats["truncated"],
         "skipped": stats["skipped"],
         "relaunches": relaunches,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 from tuitune.base.events import Event
 from tuitune.measure.metrics import MetricsStore
@@ -11,15 +13,37 @@ from tuitune.measure.metrics import MetricsStore
 Subscriber = Callable[[list[Event]], None]
 
 
+class ServerInfo(Protocol):
+    """What readers of a stream see of the server it follows (a live stream's target.control.ServerRecord)."""
+
+    pid: int
+    started: float
+
+
+@dataclass
+class LoadState:
+    """A live stream's background load."""
+
+    on: bool = False
+    concurrency: int = 1
+    requests: int = 0
+    failed: int = 0
+    last_error: str | None = None
+
+
 class EventStream:
     live = False  # a live stream can relaunch, benchmark and load its server
-    label = "?"  # where the events come from, for the header
-    record = None  # the running server's record, when there is one
-    load = None  # background load state, for live streams
+    record: ServerInfo | None = None  # the running server's record, when there is one
+    load: LoadState | None = None  # background load state, for live streams
 
     def __init__(self) -> None:
         self.store = MetricsStore()
         self.subscribers: list[Subscriber] = []
+
+    @property
+    def label(self) -> str:
+        """Where the events come from, for the header."""
+        return "?"
 
     def subscribe(self, fn: Subscriber) -> None:
         self.subscribers.append(fn)

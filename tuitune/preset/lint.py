@@ -23,7 +23,7 @@ def flatten(preset: Preset) -> dict[str, Any]:
     }
     if preset.is_multinode:
         out["server.dist_init_port"] = preset.server.dist_init_port
-        for i, (node, n) in enumerate(zip(preset.target.nodes, preset.node_presets(), strict=False)):
+        for i, (node, n) in enumerate(zip(preset.target.nodes or [], preset.node_presets(), strict=False)):
             out[f"target.nodes.{i}"] = n.target.label()
             for k, v in node.server.model_dump(exclude_none=True).items():
                 out[f"target.nodes.{i}.server.{k}"] = v
@@ -45,7 +45,7 @@ def flatten(preset: Preset) -> dict[str, Any]:
 
 def derived_keys(preset: Preset) -> set[str]:
     keys = set()
-    if preset.is_speculative:
+    if preset.speculative is not None and preset.is_speculative:
         keys |= {f"speculative.{k}" for k in preset.speculative.resolved().derived}
     if not preset.server.python:
         keys.add("server.python")
@@ -83,7 +83,7 @@ def warnings(preset: Preset) -> list[str]:
     for n in preset.node_presets():
         where = f"{n.name.rsplit('.', 1)[1]} env" if preset.is_multinode else "env"
         out += [f"{where}: {w}" for w in nccl.check_env(n.env)[1]]
-    if preset.is_speculative:
+    if preset.speculative is not None and preset.is_speculative:
         for s in preset.speculative.resolved().adjusted:
             out.append(f"speculative: {s}")
     return out

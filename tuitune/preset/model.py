@@ -144,6 +144,8 @@ class Target(_Model):
 
     def node_target(self, i: int) -> Target:
         """Node ``i`` as a single-machine target; target's user/port/keys are the nodes' defaults."""
+        if not self.nodes:
+            raise ValueError(f"target {self.host} is one machine: it has no node {i}")
         n = self.nodes[i]
         keys = ("user", "port", "identity_file", "known_hosts")
         return Target(
@@ -380,6 +382,8 @@ class Preset(_Model):
 
     def dist_init_addr(self) -> str:
         """Where every node meets node 0 at start-up: its ``addr`` (default its host), the port."""
+        if not self.target.nodes:
+            raise ValueError("only a multi-node server has a --dist-init-addr")
         head = self.target.nodes[0]
         host = head.addr or ("127.0.0.1" if head.host in LOCAL_HOSTS else head.host)
         host = f"[{host}]" if ":" in host else host
@@ -389,9 +393,9 @@ class Preset(_Model):
         """One single-machine preset per node (all of them are the server): that node's target,
         ``server`` with its overrides, env = the preset's plus the node's, and SGLang's
         ``--nnodes``/``--node-rank``/``--dist-init-addr``. A one-machine preset is its own list."""
-        if not self.is_multinode:
-            return [self]
         nodes = self.target.nodes
+        if not nodes:  # (not is_multinode)
+            return [self]
         out = []
         for i, n in enumerate(nodes):
             over = {k: v for k, v in n.server.model_dump().items() if v is not None}
@@ -450,8 +454,8 @@ class Preset(_Model):
     def hash(self) -> str:
         """Identity of what is launched (server, speculative, environment, profile)."""
         if self.is_multinode:
-            key = [n.hash() for n in self.node_presets()]
-            return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
+            hashes = [n.hash() for n in self.node_presets()]
+            return hashlib.sha256(json.dumps(hashes).encode()).hexdigest()[:12]
         key = {
             "python": self.python(),
             "module": self.server.module,

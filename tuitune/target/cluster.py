@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from tuitune import preset as P
 from tuitune.base import redact
 from tuitune.base.aio import cancel_and_wait
+from tuitune.base.events import NcclEnv, ServerError
 from tuitune.measure.parse import parse_line
 from tuitune.target.control import (
     CAUSE_TEXT,
@@ -51,10 +52,10 @@ FOLLOWER_MARKS = ("ncclRemoteError", "remote process exit")
 
 def control_for(transport: Transport, preset: P.Preset, state_dir: str | None = None) -> Controller:
     """The control of ``preset``'s server: one machine's, or every node's in step."""
-    kw = {"state_dir": state_dir} if state_dir else {}
+    state = state_dir or STATE_DIR
     if preset.is_multinode:
-        return ClusterControl(transport, preset, **kw)
-    return ServerControl(transport, preset, **kw)
+        return ClusterControl(transport, preset, state)
+    return ServerControl(transport, preset, state)
 
 
 @contextlib.asynccontextmanager
@@ -220,8 +221,8 @@ class ClusterControl:
             await asyncio.wait({head, others}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             await cancel_and_wait(*(t for t in (head, others) if not t.done()), ignore=(TransportError,))
-        if others.done() and not others.cancelled() and others.exception() is None and others.result():
-            res = await self.node_failure(await self.first_death(recs, once=True) or others.result(), "start")
+        if others.done() and not others.cancelled() and others.exception() is None and (gone := others.result()):
+            res = await self.node_failure(await self.first_death(recs, once=True) or gone, "start")
         else:
             res = head.result()
             dead = await self.first_death(recs, once=True)
@@ -235,16 +236,14 @@ class ClusterControl:
             res.nccl_env = self.node_nccl[0]
         return res
 
-    async def first_death(
-        self, recs: list[ServerRecord], skip_head: bool = False, once: bool = False
-    ) -> list[int] | None:
-        """The nodes whose process is gone: polled until one is (or checked once: None if none)."""
+    async def first_death(self, recs: list[ServerRecord], skip_head: bool = False, once: bool = False) -> list[int]:
+        """The nodes whose process is gone: polled until one is (or checked once: [] if none)."""
         idx = [i for i in range(len(recs)) if not (skip_head and i == 0)]
         while True:
             alive = await asyncio.gather(*(self.controls[i].alive(recs[i].pid) for i in idx))
             dead = [i for i, ok in zip(idx, alive, strict=False) if not ok]
             if dead or once:
-                return dead or None
+                return dead
             await asyncio.sleep(POLL_S)
 
     async def log_tail(self, i: int, n: int = TAIL_LINES) -> list[str]:
@@ -260,7 +259,7 @@ class ClusterControl:
         tails = {i: await self.log_tail(i) for i in dead}
         first = next((i for i in dead if not any(m in line for line in tails[i] for m in FOLLOWER_MARKS)), dead[0])
         lines = tails[first]
-        errors = [ev for ev in map(parse_line, lines) if ev is not None and ev.kind == "error"]
+        errors = [ev for ev in map(parse_line, lines) if isinstance(ev, ServerError)]
         found = classify(errors)
         cause, detail = found if found else ("exited", "the process exited without an error line")
         also = [self.label(i) for i in dead if i != first]
@@ -284,7 +283,7 @@ class ClusterControl:
         seen: dict[str, str] = {}
         for line in r.stdout.splitlines():
             ev = parse_line(line)
-            if ev is not None and ev.kind == "nccl_env":
+            if isinstance(ev, NcclEnv):
                 seen[ev.name] = ev.value
         return seen
 
@@ -307,9 +306,9 @@ class ClusterControl:
         recs = recs or self.records
         if len(recs) != len(self.controls):
             return None
-        await self.first_death(recs)
+        dead = await self.first_death(recs)
         await asyncio.sleep(POLL_S)  # a node's peers follow it within moments: see them all
-        res = await self.node_failure(await self.first_death(recs, once=True), "serving")
+        res = await self.node_failure(await self.first_death(recs, once=True) or dead, "serving")
         async with self.locked("stop"):
             await self._after_failure(False)
         res.message = f"{res.message}; {self.cleanup}"
@@ -330,7 +329,7 @@ class ClusterControl:
         async with self.locked("stop"):
             for i, c in enumerate(self.controls):
                 rec = await c.read_state()
-                if not allow_any and (why := c.foreign(rec)) and await c.alive(rec.pid):
+                if not allow_any and rec is not None and (why := c.foreign(rec)) and await c.alive(rec.pid):
                     raise ControlError(f"{self.label(i)}: {why}", 2)
             return "; ".join(await self._stop_all(grace_s, allow_any=True))
 

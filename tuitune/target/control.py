@@ -19,7 +19,7 @@ import re
 import shlex
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from typing import Protocol
@@ -27,7 +27,7 @@ from typing import Protocol
 from tuitune import preset as P
 from tuitune.base import redact
 from tuitune.base.aio import cancel_and_wait
-from tuitune.base.events import Event, ServerError
+from tuitune.base.events import Event, NcclEnv, ServerError
 from tuitune.engines import CAUSE_ORDER, CAUSE_TEXT
 from tuitune.measure.parse import parse_line
 from tuitune.target.tail import LogTail
@@ -416,7 +416,7 @@ class ServerControl:
             _HELD.discard(key)
             await stream.aclose()
 
-    async def _ask_lock(self, path: str, info: str) -> tuple[AsyncIterator[bytes], str]:
+    async def _ask_lock(self, path: str, info: str) -> tuple[AsyncGenerator[bytes, None], str]:
         """The lock helper's stream (open: it holds the lock while it runs) and its answer line."""
         # a helper that dies without answering (a wrong server.python) still ends with an answer line:
         # the stream itself stays open (the lifeline) and would be waited on forever
@@ -450,9 +450,9 @@ class ServerControl:
         if not line.startswith("BUSY"):
             return f"{self.t.label}: cannot take the lock for port {port}: {line[-300:] or 'no answer'}"
         try:
-            h = _lock_note(line)
+            h = _lock_note(line) or {}
             who = f"tuitune {h['action']} of {h['preset']} by {h['client']} (since {h['since']})"
-        except (KeyError, TypeError):  # no note, or one without these keys
+        except KeyError:  # no note, or one without these keys
             who = "another tuitune"
         return f"port {port} on {self.t.label} is busy: {who} holds its lock; try again when it has finished"
 
@@ -586,7 +586,13 @@ class ServerControl:
     async def _stop(self, pid: int | None = None, grace_s: float = 10.0, allow_any: bool = True) -> str:
         """TERM the group, wait, KILL; refuses another preset's server unless ``allow_any``."""
         rec = await self.read_state()
-        if pid is None and not allow_any and (why := self.foreign(rec)) and await self.alive(rec.pid):
+        if (
+            pid is None
+            and not allow_any
+            and rec is not None
+            and (why := self.foreign(rec))
+            and await self.alive(rec.pid)
+        ):
             raise ControlError(why, 2)
         target = pid if pid is not None else (rec.pid if rec else None)
         if target is None:
@@ -672,9 +678,9 @@ class ServerControl:
                             if needle in line:
                                 set_phase(phase)
                         continue
-                    if ev.kind == "error":
+                    if isinstance(ev, ServerError):
                         res.errors.append(ev)
-                    elif ev.kind == "nccl_env":
+                    elif isinstance(ev, NcclEnv):
                         res.nccl_env[ev.name] = ev.value
                     elif ev.kind == "http_up":
                         set_phase("http up")
@@ -782,7 +788,12 @@ class ServerControl:
         self.cleanup = None
         async with self.locked("launch"):
             current = await self.read_state()
-            if not allow_any and (why := self.foreign(current, allowed)) and await self.alive(current.pid):
+            if (
+                not allow_any
+                and current is not None
+                and (why := self.foreign(current, allowed))
+                and await self.alive(current.pid)
+            ):
                 raise ControlError(why, 2)
             await self.preflight(current)
             if before_stop is not None:

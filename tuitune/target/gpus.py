@@ -9,6 +9,7 @@ import asyncio
 import shlex
 from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
 
 import msgspec
 
@@ -167,7 +168,8 @@ def format_gpus(gpus: list[dict], procs: list[dict] | None = None, flags: dict[i
         clk = f"{_n(g.get('sm_clock'))}/{_n(g.get('sm_clock_max'))}"
         pcie = f"{_n(g.get('pcie_gen'))}x{_n(g.get('pcie_width'))}" if g.get("pcie_gen") is not None else "—"
         words = [w for w in smi.decode_reasons(g.get("reasons")) if w != "idle"]
-        words += (flags or {}).get(g.get("index"), [])
+        index = g.get("index")
+        words += (flags or {}).get(index, []) if index is not None else []
         apps = [
             f"{p['process_name']}/{p['pid']}({_n(p.get('used_memory') and p['used_memory'] / 1024, '{:.1f}')}G)"
             for p in procs or []
@@ -295,7 +297,7 @@ def format_parsed(p: dict) -> str:
                 for r in p["rows"]
             ]
         )
-    ticks = {}
+    ticks: dict[Any, int] = {}  # GPU index (as the row has it) -> rows
     for r in p["rows"]:
         ticks[r.get("index")] = ticks.get(r.get("index"), 0) + 1
     n = max(ticks.values()) if ticks else 0

@@ -13,7 +13,6 @@ import contextlib
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import msgspec
 
@@ -34,7 +33,7 @@ from tuitune.base.events import (
 from tuitune.measure import promscrape
 from tuitune.measure.bench import BenchConfig, BenchRun, RequestResult, client_session, prompts, run_bench, run_request
 from tuitune.measure.parse import parse_line
-from tuitune.measure.stream import EventStream
+from tuitune.measure.stream import EventStream, LoadState
 from tuitune.target import telemetry
 from tuitune.target.cluster import control_for
 from tuitune.target.control import (
@@ -43,6 +42,7 @@ from tuitune.target.control import (
     Controller,
     ReadyResult,
     ServerControl,
+    ServerRecord,
     Status,
     classify,
     nccl_confirmation,
@@ -53,15 +53,6 @@ from tuitune.target.transport import Transport, TransportError, for_preset
 
 ATTACH_BACKLOG = 256 * 1024  # bytes of an already-running server's log read on attach
 WATCH_S = 0.5  # how often a ready server is checked (alive? relaunched elsewhere?): seen within 2 s
-
-
-@dataclass
-class LoadState:
-    on: bool = False
-    concurrency: int = 1
-    requests: int = 0
-    failed: int = 0
-    last_error: str | None = None
 
 
 class Session(EventStream):
@@ -84,8 +75,8 @@ class Session(EventStream):
         self.ready_timeout_s = ready_timeout_s
         self.state = ServerState("stopped")
         self.link = LinkState("connecting")
-        self.load = LoadState()
-        self.record = None
+        self.load: LoadState = LoadState()
+        self.record: ServerRecord | None = None
         self.url: str | None = None
         self.last_ready: ReadyResult | None = None
         self._tail: LogTail | None = None
@@ -146,9 +137,10 @@ class Session(EventStream):
             self._set_state("stopped", detail=st.note)
         return st
 
-    async def _open_url(self) -> None:
+    async def _open_url(self) -> str:
         port = await self.transport.forward_port(self.preset.server.port)
         self.url = self.transport.url(port)
+        return self.url
 
     async def follow(self, from_end: bool = False, backlog: int | None = ATTACH_BACKLOG) -> None:
         """(Re)start tailing the server's log; with ``from_end``, only the last ``backlog`` bytes
@@ -183,9 +175,10 @@ class Session(EventStream):
                         events.append(LogLine(shown(line)))
                         ev = parse_line(line)
                         if ev is not None:
-                            events.append(shown.event(ev))
+                            ev = shown.event(ev)
+                            events.append(ev)
                             if isinstance(ev, ServerError):
-                                self._errors = [*self._errors[-19:], events[-1]]
+                                self._errors = [*self._errors[-19:], ev]
                     if events:
                         self.publish(events)
             except TransportError as e:
@@ -324,13 +317,13 @@ class Session(EventStream):
                 continue  # the link state says why; check again once it is back
             if self._relaunch_lock.locked() or self.state.state not in ("ready", "exited"):
                 return
-            if replaced:
-                await self._adopt(rec)
+            if replaced and rec is not None:
+                await self._adopt(rec, self.record.pid)
             elif not alive and self.state.state == "ready":
                 await asyncio.sleep(0.2)  # let the last lines of its log arrive (for the cause)
-                self._exited(stopped_elsewhere=rec is None)
+                self._exited(self.record.pid, stopped_elsewhere=rec is None)
 
-    def _exited(self, stopped_elsewhere: bool) -> None:
+    def _exited(self, pid: int, stopped_elsewhere: bool) -> None:
         found = classify(self._errors)
         cause = (
             f"{CAUSE_TEXT.get(found[0], found[0])}: {found[1]}"
@@ -339,13 +332,13 @@ class Session(EventStream):
             if stopped_elsewhere
             else "killed, or exited without an error line in the log"
         )
-        self.publish([Marker(f"server {self.record.pid} exited ({cause})", self.preset.name, self.preset.hash())])
-        self._set_state("exited", "exited", detail=cause[:300], pid=self.record.pid)
+        self.publish([Marker(f"server {pid} exited ({cause})", self.preset.name, self.preset.hash())])
+        self._set_state("exited", "exited", detail=cause[:300], pid=pid)
         self.running_preset = None
 
-    async def _adopt(self, rec) -> None:
-        """Another client relaunched the server on our port: follow the new one and say so."""
-        old = self.record.pid
+    async def _adopt(self, rec: ServerRecord, old: int) -> None:
+        """Another client relaunched the server on our port (``old``: the pid we followed): follow
+        the new one and say so."""
         same = rec.preset_hash == self.preset.hash()
         self.record = rec
         self.running_preset = self.preset if same else None

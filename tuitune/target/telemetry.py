@@ -67,21 +67,24 @@ def gpu_flags(store: GpuStore, load_on: bool) -> dict[int, list[str]]:
     """Per GPU of the last tick: capping words (from clock event reasons), ``idle under load``
     (holds memory, load on, utilisation near 0), ``straggler`` (well below its busy peers)."""
     cur = store.current()
-    flags: dict[int, list[str]] = {g.index: [] for g in cur}
-    util = {g.index: recent_util(g) for g in cur}
-    for g in cur:
-        flags[g.index] += [
+    last = {g.index: g.last for g in cur if g.last is not None}  # (all of them: current() answered)
+    flags: dict[int, list[str]] = {
+        i: [
             w
-            for w in smi.decode_reasons(g.last.reasons)
+            for w in smi.decode_reasons(s.reasons)
             if w in ("power cap", "power brake", "SW thermal", "HW thermal", "HW slowdown")
         ]
-    used = [g.index for g in cur if holds_memory(g.last) and util[g.index] is not None]
+        for i, s in last.items()
+    }
+    util = {g.index: recent_util(g) for g in cur}
+    # GPUs that hold memory, with their utilisation
+    used = {i: u for i, s in last.items() if holds_memory(s) and (u := util[i]) is not None}
     if load_on:
-        flags.update({i: flags[i] + ["idle under load"] for i in used if util[i] < IDLE_UTIL})
+        flags.update({i: flags[i] + ["idle under load"] for i, u in used.items() if u < IDLE_UTIL})
     if len(used) >= 2:
-        for i in used:
-            peers = statistics.median(util[j] for j in used if j != i)
-            if peers >= STRAGGLER_PEERS and util[i] < peers - STRAGGLER_GAP:
+        for i, u in used.items():
+            peers = statistics.median(v for j, v in used.items() if j != i)
+            if peers >= STRAGGLER_PEERS and u < peers - STRAGGLER_GAP:
                 flags[i].append("straggler")
     return flags
 
@@ -111,7 +114,7 @@ class RunWatch:
         flags = gpu_flags(self.store, load_on=False)
         capped = False
         for g in self.store.current():
-            kind = smi.capping(g.last.reasons)
+            kind = smi.capping(g.last.reasons) if g.last is not None else None
             if kind:
                 self.capped.setdefault(kind, set()).add(g.index)
                 capped = True
@@ -346,14 +349,11 @@ class Collector:
         if self.state != "on":
             self.state = "on"
             events.append(TelemetryState("on", f"{len(tick)} GPU(s), every {self.period_ms} ms", len(tick)))
-        events += [
-            GpuSample(
-                seq=self.seq,
-                **{k: v for k, v in r.items() if k in SAMPLE_KEYS},
-                **dict(zip(("pcie_rx", "pcie_tx"), self.pcie.get(r["index"], ()), strict=False)),
+        for r in tick:
+            rx, tx = self.pcie.get(r["index"], (None, None))
+            events.append(
+                GpuSample(seq=self.seq, pcie_rx=rx, pcie_tx=tx, **{k: v for k, v in r.items() if k in SAMPLE_KEYS})
             )
-            for r in tick
-        ]
         self.publish(events)
 
 

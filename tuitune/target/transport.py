@@ -17,9 +17,13 @@ import hashlib
 import os
 import secrets
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import asyncssh  # imported where it is used: `tuitune --help` does not load it
 
 KEEPALIVE_INTERVAL = 15
 KEEPALIVE_COUNT = 3
@@ -81,7 +85,7 @@ class Transport:
     async def _run(self, command: str, input: bytes | None) -> RunResult:
         raise NotImplementedError
 
-    async def stream(self, command: str) -> AsyncIterator[bytes]:
+    async def stream(self, command: str) -> AsyncGenerator[bytes, None]:
         """Raw stdout chunks (stderr merged) of a long-running command; closing the iterator kills it."""
         raise NotImplementedError
         yield b""  # pragma: no cover
@@ -137,9 +141,10 @@ class LocalTransport(Transport):
         except asyncio.CancelledError:
             await _end(proc)  # nothing outlives the call
             raise
+        assert proc.returncode is not None  # communicate() waited for the exit
         return RunResult(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
-    async def stream(self, command: str) -> AsyncIterator[bytes]:
+    async def stream(self, command: str) -> AsyncGenerator[bytes, None]:
         proc = await _spawn(
             lifeline(command),
             stdin=asyncio.subprocess.PIPE,
@@ -147,6 +152,7 @@ class LocalTransport(Transport):
             stderr=asyncio.subprocess.STDOUT,
             limit=4 * 1024 * 1024,
         )
+        assert proc.stdout is not None  # stdout=PIPE
         try:
             while True:
                 data = await proc.stdout.read(256 * 1024)
@@ -454,7 +460,7 @@ class SshTransport(Transport):
         self.target = target
         self.label = target.label()
         self.connect_timeout = connect_timeout
-        self._conn = None
+        self._conn: asyncssh.SSHClientConnection | None = None
         self._forwards: dict[tuple[str, int], tuple[int, object]] = {}  # remote -> (local port, listener)
         self._lock = asyncio.Lock()
         self._closed = False
@@ -470,7 +476,7 @@ class SshTransport(Transport):
         try:
             for i, hop in enumerate(hops):
                 last = i == len(hops) - 1
-                keys = [self._identity()] if last and t.identity_file else None
+                keys = [self._identity(t.identity_file)] if last and t.identity_file else None
                 conn = await connect_hop(
                     hop,
                     conn,
@@ -492,12 +498,12 @@ class SshTransport(Transport):
             c.abort()
         self._jumps = []
 
-    def _identity(self):
+    def _identity(self, identity_file: str):
         """The identity_file's private key, or one sentence on why it cannot be used (read here,
         not inside connect, where a bad file would raise a ValueError from deep in asyncssh)."""
         import asyncssh
 
-        path = Path(self.target.identity_file).expanduser()
+        path = Path(identity_file).expanduser()
         try:
             return asyncssh.read_private_key(str(path))
         except OSError as e:
@@ -517,7 +523,7 @@ class SshTransport(Transport):
         async with self._lock:
             if self._conn is None:
                 self._conn = await self._open()
-                await self._restore_forwards()
+                await self._restore_forwards(self._conn)
         self._notify("connected")
 
     async def reconnect(self, max_attempts: int = 8, base_delay: float = 0.25, max_delay: float = 8.0) -> None:
@@ -539,7 +545,7 @@ class SshTransport(Transport):
                 self._notify("reconnecting", attempt)
                 try:
                     self._conn = await self._open()
-                    await self._restore_forwards()
+                    await self._restore_forwards(self._conn)
                     break
                 except LinkLost as e:
                     if attempt == max_attempts:
@@ -589,7 +595,7 @@ class SshTransport(Transport):
             status, (r.stdout or b"").decode("utf-8", "replace"), (r.stderr or b"").decode("utf-8", "replace")
         )
 
-    async def stream(self, command: str) -> AsyncIterator[bytes]:
+    async def stream(self, command: str) -> AsyncGenerator[bytes, None]:
         import asyncssh
 
         conn = await self._connection()
@@ -624,13 +630,13 @@ class SshTransport(Transport):
         self._forwards[key] = (listener.get_port(), listener)
         return listener.get_port()
 
-    async def _restore_forwards(self) -> None:
+    async def _restore_forwards(self, conn: asyncssh.SSHClientConnection) -> None:
         """After a reconnect, listen again on the same local ports (URLs stay valid)."""
         for (host, rport), (lport, _) in list(self._forwards.items()):
             try:
-                listener = await self._conn.forward_local_port("127.0.0.1", lport, host, rport)
+                listener = await conn.forward_local_port("127.0.0.1", lport, host, rport)
             except OSError:
-                listener = await self._conn.forward_local_port("127.0.0.1", 0, host, rport)
+                listener = await conn.forward_local_port("127.0.0.1", 0, host, rport)
             self._forwards[(host, rport)] = (listener.get_port(), listener)
 
     async def close(self) -> None:

@@ -1,0 +1,118 @@
+"""The tree's layers and style are checked by the suite, with the suite's python: import-linter's
+contracts ([tool.importlinter] in pyproject.toml), `ruff check`, `ruff format --check` and mypy on the
+core ([tool.mypy]). Each test fails with the tool's own report. The tools keep their caches under
+.cache/ (ignored by git), so a second run takes a second or two."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+# one xdist worker runs them all: the tools' caches under .cache/ have one writer, lint-imports runs once
+pytestmark = pytest.mark.xdist_group("layers")
+
+ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+CONTRACTS = [c["name"] for c in PYPROJECT["tool"]["importlinter"]["contracts"]]
+LAYERS = "layers: each imports only the layers below it"
+SIM_APART = "the simulator stands apart: it imports nothing of tuitune outside tuitune.sim"
+
+# `lint-imports` is importlinter.cli.lint_imports_command; run through the suite's python, not a script on PATH
+LINT_IMPORTS = "import sys; from importlinter.cli import lint_imports_command as c; sys.argv[0] = 'lint-imports'; c()"
+
+
+def run(args: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=540, stdin=subprocess.DEVNULL)
+
+
+def report(r: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {r.returncode}\n{r.stdout}{r.stderr}"
+
+
+def lint_imports(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return run([sys.executable, "-c", LINT_IMPORTS, "--no-logo", *args], cwd=cwd, env=env)
+
+
+def verdicts(out: str) -> dict[str, str]:
+    """{contract name: "KEPT" | "BROKEN"} from lint-imports' summary lines."""
+    found = {}
+    for line in out.splitlines():
+        m = re.fullmatch(r"(.+) (KEPT|BROKEN)", line.strip())
+        if m and m.group(1) in CONTRACTS:
+            found[m.group(1)] = m.group(2)
+    return found
+
+
+@pytest.fixture(scope="module")
+def contracts() -> tuple[dict[str, str], str]:
+    r = lint_imports("--cache-dir", str(ROOT / ".cache" / "import_linter"))
+    out = report(r)
+    found = verdicts(r.stdout)
+    assert set(found) == set(CONTRACTS), f"lint-imports did not judge every contract:\n{out}"
+    return found, out
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(
+            name,
+            # The eng helper (issue 23 point 4: sim/adaptive.py and sim/vllm.py import decide.advise and
+            # engines.vllm today) is making this contract KEPT. strict: once it is, this mark fails the
+            # suite until it is removed, so the contract cannot stay unchecked.
+            marks=pytest.mark.xfail(reason="the simulator still imports tuitune (eng's fix pending)", strict=True),
+        )
+        if name == SIM_APART
+        else name
+        for name in CONTRACTS
+    ],
+)
+def test_layer_contract_kept(contracts, name):
+    found, out = contracts
+    assert found[name] == "KEPT", f"contract broken: {name}\n{out}"
+
+
+@pytest.mark.timeout(600)
+def test_an_upward_import_breaks_the_layers(tmp_path):
+    """The contracts can fail: the same config on a copy of the package where tuitune.base (the bottom
+    layer) imports tuitune.target.control reports the layers contract BROKEN, naming that import."""
+    shutil.copytree(ROOT / "tuitune", tmp_path / "tuitune", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "layers.toml")
+    events = tmp_path / "tuitune" / "base" / "events.py"
+    text = events.read_text()
+    line = text.count("\n") + 1
+    events.write_text(text + "import tuitune.target.control  # noqa: E402\n")
+    # the copy, not the checkout (nor the installed tuitune), is what grimp finds and analyses
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    r = lint_imports("--no-cache", str(tmp_path / "layers.toml"), cwd=tmp_path, env=env)
+    out = report(r)
+    assert r.returncode != 0, out
+    assert verdicts(r.stdout)[LAYERS] == "BROKEN", out
+    assert f"tuitune.base.events -> tuitune.target.control (l.{line})" in out, out
+
+
+@pytest.mark.timeout(300)
+def test_ruff_check():
+    r = run([sys.executable, "-m", "ruff", "check", "."])
+    assert r.returncode == 0, report(r)
+
+
+@pytest.mark.timeout(300)
+def test_ruff_format():
+    r = run([sys.executable, "-m", "ruff", "format", "--check", "."])
+    assert r.returncode == 0, report(r)
+
+
+@pytest.mark.timeout(600)
+def test_mypy_core():
+    """mypy on the files [tool.mypy] names (the core), cache in .cache/mypy."""
+    r = run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml")])
+    assert r.returncode == 0, report(r)
