@@ -20,8 +20,9 @@ The prediction (``tuitune.decide.ncclstep``, the one ``tune --nccl`` uses): the 
 makes (2 a layer + 1, the benchmark counts them as they run and checks the count) times
 nccl-bench's median latency at their size; the predicted saving of a setting is the reference's
 (the first setting) all-reduce time minus its own, the measured saving the difference of the
-median step times. Noise: the spread of the block medians of a setting's step time; pairs of
-settings closer than their two noises together are not ranked. NVLink multicast stays off
+median step times. Each setting runs ``--repeats`` times (fresh processes, interleaved with the
+others); its noise is the larger of the spread of one run's block medians and the spread of its
+runs' medians; pairs of settings closer than their two noises together are not ranked. NVLink multicast stays off
 (``NCCL_NVLS_ENABLE=0``; a setting that turns it on is refused).
 
     python benchmarks/nccl_decode_step.py [--world-size 2] [--batches 1,2,4,8,16,32,64]
@@ -32,7 +33,8 @@ NCCL_ALGO ∈ {Ring, Tree}, the grid `tuitune nccl-bench` ranks. ``--backend glo
 orchestration on CPUs (NCCL is not used then: a trial of the script; the tests use it).
 ``--world-size 1`` runs the single-GPU parts (capture, replay, timing; one rank's share of the
 model with ``--shard 2``); PyTorch creates no NCCL communicator for one rank, so nothing is
-compared then. Needs one GPU a process for the nccl backend.
+compared then. Needs one GPU a process for the nccl backend. The figures, with the world they
+were measured in: docs/nccl-decode-step.md.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ WORKER = ROOT / "tuitune" / "target" / "remote" / "nccl_worker.py"
 # NVLink multicast can put a shared host's GPUs out of service: always off, in every process
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 DEFAULT_SETTINGS = [""] + [f"NCCL_PROTO={p} NCCL_ALGO={a}" for p in ("LL", "LL128", "Simple") for a in ("Ring", "Tree")]
-ECHO = re.compile(r"(NCCL_[A-Z0-9_]+) set by environment to (\S+)")
+ECHO = re.compile(r"(NCCL_[A-Z0-9_]+) set by environment to (\S+?)\.?(?=\s|$)", re.M)
 
 
 def parse_setting(text: str) -> dict[str, str]:
@@ -369,6 +371,49 @@ def run_setting(a: argparse.Namespace, env_vars: dict[str, str], argv: list[str]
     return row
 
 
+def merge(runs: list[dict]) -> dict:
+    """One setting's repeated runs (fresh processes each) as one row: medians across runs; the
+    noise is the larger of a run's block spread and the spread of the runs' medians (a CUDA graph
+    captured in another process can run some microseconds apart)."""
+    ok = [r for r in runs if "step" in r]
+    row = {"label": runs[0]["label"], "env": runs[0]["env"], "runs": len(runs)}
+    failed = [r["error"] for r in runs if "error" in r]
+    if failed:
+        row["failed_runs"] = failed
+    if not ok:
+        row["error"] = failed[0]
+        return row
+    row["echoed"] = ok[0]["echoed"]
+    sizes = [x["bytes"] for x in ok[0]["nccl_bench"]]
+    row["nccl_bench"] = [
+        {
+            "bytes": size,
+            "median_us": statistics.median(x["median_us"] for r in ok for x in r["nccl_bench"] if x["bytes"] == size),
+            "per_run_us": [x["median_us"] for r in ok for x in r["nccl_bench"] if x["bytes"] == size],
+        }
+        for size in sizes
+    ]
+    step = {k: v for k, v in ok[0]["step"].items() if k != "batches"}
+    step["batches"] = {}
+    for b, first in ok[0]["step"]["batches"].items():
+        each = [r["step"]["batches"][b] for r in ok]
+        medians = [x["step_us"] for x in each]
+        comp = [x["compute_us"] for x in each]
+        step["batches"][b] = {
+            "tokens": first["tokens"],
+            "step_us": statistics.median(medians),
+            "run_us": medians,
+            "noise_us": max(max(x["noise_us"] for x in each), max(medians) - min(medians)),
+            "compute_us": statistics.median(comp),
+            "compute_noise_us": max(max(x["compute_noise_us"] for x in each), max(comp) - min(comp)),
+            "replays": sum(x["replays"] for x in each),
+            "allreduces": first["allreduces"],
+            "allreduces_agree": all(x["allreduces"] == first["allreduces"] for x in each),
+        }
+    row["step"] = step
+    return row
+
+
 def analyse(a: argparse.Namespace, rows: list[dict]) -> dict:
     """Per batch: each setting's measured step, predicted and measured all-reduce time and saving
     against the reference (the first setting that ran), and whether the two rankings agree."""
@@ -407,7 +452,8 @@ def analyse(a: argparse.Namespace, rows: list[dict]) -> dict:
                     if (beyond and p.saving_us is not None and saving)
                     else None,
                     "beyond_noise": beyond,
-                    "allreduces_match": m["allreduces"] == [list(x) for x in shape.allreduces(tokens)],
+                    "allreduces_match": m["allreduces_agree"]
+                    and m["allreduces"] == [list(x) for x in shape.allreduces(tokens)],
                 }
             )
         pairs = agree = 0
@@ -440,6 +486,8 @@ def print_report(a: argparse.Namespace, rows: list[dict], an: dict) -> None:
     for r in rows:
         if "error" in r:
             print(f"  {r['label']}: failed: {r['error']}")
+        elif r.get("failed_runs"):
+            print(f"  {r['label']}: {len(r['failed_runs'])} of {r['runs']} runs failed: {r['failed_runs'][0]}")
         elif a.backend == "nccl":
             missing = [k for k in r["env"] if r["echoed"].get(k) != r["env"][k]]
             if missing:
@@ -500,6 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--blocks", type=int, default=5, help="blocks the replays are split into (noise: their medians' spread)"
     )
     p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=2, help="fresh runs of each setting, interleaved")
     p.add_argument("--bench-iters", type=int, default=200, help="nccl-bench's timed all-reduces a size")
     p.add_argument("--eager", dest="graph", action="store_false", help="no CUDA graphs (time each step eagerly)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a setting's run may take")
@@ -532,10 +581,12 @@ def main(argv: list[str] | None = None) -> int:
         skip = x == "--json"
         if not skip:
             child.append(x)
-    rows = []
-    for env_vars in settings:
-        print(f"running {label_of(env_vars)} ...", flush=True)
-        rows.append(run_setting(a, env_vars, child))
+    runs: dict[str, list[dict]] = {}
+    for rep in range(a.repeats):  # interleaved: drift of the machine spreads over every setting
+        for env_vars in settings:
+            print(f"running {label_of(env_vars)} ({rep + 1} of {a.repeats}) ...", flush=True)
+            runs.setdefault(label_of(env_vars), []).append(run_setting(a, env_vars, child))
+    rows = [merge(r) for r in runs.values()]
     an = analyse(a, rows)
     print_report(a, rows, an)
     if a.json:

@@ -209,10 +209,12 @@ def test_tune_nccl_screen_ranks_at_the_step_size_and_predicts_the_step_saving(tm
     assert bare["saving_per_allreduce_us"] == pytest.approx(lat["NCCL_PROTO=LL"] - lat[pred["winner"]])
 
 
+@pytest.mark.timeout(600)  # eight sets of fresh processes (each imports torch) on a shared CPU
 def test_decode_step_benchmark_on_gloo_runs_each_setting_and_checks_the_count(tmp_path):
     """benchmarks/nccl_decode_step.py's orchestration on CPUs (world size 2): every setting gets
-    nccl-bench's worker and the step in fresh processes; the step makes exactly the all-reduces
-    the prediction counts; savings are against the first setting; a failing setting is one line."""
+    nccl-bench's worker and the step in fresh processes, twice (interleaved); the step makes
+    exactly the all-reduces the prediction counts; savings are against the first setting; a
+    failing setting is one line."""
     from tuitune.decide import ncclstep as NS
 
     out = tmp_path / "ds.json"
@@ -250,6 +252,8 @@ def test_decode_step_benchmark_on_gloo_runs_each_setting_and_checks_the_count(tm
             "1",
             "--bench-iters",
             "10",
+            "--repeats",
+            "2",
             "--setting",
             "defaults",
             "--setting",
@@ -268,6 +272,7 @@ def test_decode_step_benchmark_on_gloo_runs_each_setting_and_checks_the_count(tm
     rows = {x["label"]: x for x in data["rows"]}
     assert list(rows) == ["defaults", "NCCL_PROTO=LL", "GLOO_SOCKET_IFNAME=bogus0"]
     assert "bogus0" in rows["GLOO_SOCKET_IFNAME=bogus0"]["error"] and "failed:" in r.stdout
+    assert r.stdout.count("running NCCL_PROTO=LL (") == 2
     shape = NS.TPShape(layers=2, hidden=64, dtype_bytes=4)  # gloo: float32
     an = data["analysis"]
     assert an["reference"] == "defaults"
@@ -276,7 +281,8 @@ def test_decode_step_benchmark_on_gloo_runs_each_setting_and_checks_the_count(tm
         for label in ("defaults", "NCCL_PROTO=LL"):
             m = rows[label]["step"]["batches"][str(b)]
             assert m["allreduces"] == [[5, tokens * 64 * 4]] == [list(x) for x in shape.allreduces(tokens)]
-            assert m["replays"] == 6 and m["step_us"] > 0 and m["compute_us"] > 0 and len(m["block_us"]) == 2
+            assert m["replays"] == 12 and m["step_us"] > 0 and m["compute_us"] > 0 and len(m["run_us"]) == 2
+            assert m["noise_us"] >= max(m["run_us"]) - min(m["run_us"])  # two fresh runs: their spread counts
         res = {x["label"]: x for x in an["batches"][str(b)]["rows"]}
         lat = {k: NS.latency_us(NS.points_of({"results": rows[k]["nccl_bench"]}), tokens * 256) for k in res}
         for label, x in res.items():
@@ -294,3 +300,24 @@ def test_decode_step_benchmark_refuses_nvlink_multicast():
         timeout=120,
     )
     assert r.returncode != 0 and "NVLink multicast stays off" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_tune_result_shows_the_nccl_prediction_beside_the_measured_gain():
+    from tuitune.experiments import tune as T
+
+    decided = {"predicted_gain": 0.136, "measured_gain": 0.121, "cycle_ms": 5.4}
+    pred = {"winner": "NCCL_PROTO=LL", "reference": "NCCL_PROTO=Simple", "step_saving_us": 739.6, "basis": "65 x"}
+    result = {
+        "concurrency": 2,
+        "relaunches": 1,
+        "stop_reason": "budget",
+        "measured": {},
+        "verdict": {"verdict": "start is already best", "reason": "r"},
+        "nccl_prediction": T._nccl_summary({"prediction": pred}, decided),
+    }
+    text = T.format_result(result)
+    assert "NCCL: nccl-bench's winner NCCL_PROTO=LL predicted to save 739.6 µs a decode step" in text
+    assert "(measured +12.1%, predicted +13.6%)" in text
+    assert "the prediction rests on: 65 x" in text
+    note = T.format_result({**result, "nccl_prediction": {"winner": "A", "note": "why not"}})
+    assert "no step prediction (why not)" in note
