@@ -12,13 +12,18 @@ lengths come back as a GPU tensor, as SGLang's do. Cycle time = wall time of 400
 (one synchronize at the end). `--tiny-extend` makes extend a single 7168 × 7168 matmul (about
 25 µs) instead, the first version of this workload: there the fixed few microseconds between a
 CUDA event and the kernel it brackets, which the profiler's kernel time leaves out, are a large
-share of the phase. Needs CUDA; run it on the GPU machine.
+share of the phase. It also counts the device operations the accept-length bookkeeping dispatches
+in one verify (the per-cycle cost the histogram adds). `--probe DIR` takes the probe's files from
+DIR instead of tuitune/probe (an older version, to measure before and after); `--rounds N`
+interleaved rounds (default 3; the median is shown). Needs CUDA; run it on the GPU machine.
 
-    python benchmarks/probe_overhead.py [--tiny-extend]
+    python benchmarks/probe_overhead.py [--tiny-extend] [--probe DIR] [--rounds N]
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -116,8 +121,48 @@ def run(tmp: Path, mode: str, extra_env: dict | None = None) -> tuple[str, list]
     return r.stdout, [e for e in lines if e is not None and e.kind == "profile"]
 
 
+def hot_path_ops(probe_dir: Path, torch) -> list[str]:
+    """The device operations (views excluded: they launch nothing) one verify's accept-length
+    bookkeeping dispatches, after a first call set things up: the histogram's cost a cycle."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    spec = importlib.util.spec_from_file_location("eagle3_probe_counted", probe_dir / "eagle3_probe.py")
+    ep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ep)
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view:
+                self.ops.append(str(func).removeprefix("aten.").removesuffix(".default"))
+            return func(*args, **(kwargs or {}))
+
+    class Worker:
+        tp_rank = 0
+
+    class Result:
+        accept_lens = torch.full((1,), 2, dtype=torch.int32, device="cuda")
+
+    rec = ep.Recorder(40, "event")
+    rec._setup(Worker())
+    rec._accept(Result())
+    with Count() as counted:
+        rec._accept(Result())
+    return counted.ops
+
+
 def main() -> None:
-    tiny = "--tiny-extend" in sys.argv[1:]
+    ap = argparse.ArgumentParser(description="the probe's cost on a GPU")
+    ap.add_argument("--tiny-extend", action="store_true", help="extend = one small matmul")
+    ap.add_argument(
+        "--probe", type=Path, default=ROOT / "tuitune" / "probe", help="the probe's files (default: this tree's)"
+    )
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (the median is shown)")
+    ns = ap.parse_args()
+    tiny = ns.tiny_extend
     if tiny:
         os.environ["TINY_EXTEND"] = "1"
     try:
@@ -128,18 +173,20 @@ def main() -> None:
         print("probe_overhead: needs a CUDA GPU (see docs/probe.md for the H200 figures); skipped")
         return
     print(
-        f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+        f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, probe from {ns.probe}"
         + (", extend = one small matmul (--tiny-extend)" if tiny else "")
     )
+    ops = hot_path_ops(ns.probe, torch)
+    print(f"accept-length bookkeeping a verify: {len(ops)} device op(s): {', '.join(ops)}")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         make_tree(tmp / "fake", "v2", work=GPU_WORK)
         (tmp / "probe").mkdir()
         for name in FILES:
-            (tmp / "probe" / name).write_bytes((ROOT / "tuitune" / "probe" / name).read_bytes())
+            (tmp / "probe" / name).write_bytes((ns.probe / name).read_bytes())
         (tmp / "harness.py").write_text(HARNESS)
         results = {}
-        for _round in range(3):  # interleaved, three rounds
+        for _round in range(ns.rounds):  # interleaved rounds
             for mode, env in (
                 ("none", {}),
                 ("event", {"EAGLE3_PROFILE": "1"}),
@@ -148,10 +195,15 @@ def main() -> None:
                 out, lines = run(tmp, "timed", env)
                 ms = float(next(x for x in out.splitlines() if x.startswith("CYCLE_MS")).split()[1])
                 results.setdefault(mode, []).append((ms, lines))
-        base = sorted(m for m, _ in results["none"])[1]
-        print(f"{'mode':<6} {'cycle ms (median of 3 runs)':>28} {'overhead':>9}   probe's phase means (last run)")
+
+        def median(values: list[float]) -> float:
+            return sorted(values)[len(values) // 2]
+
+        base = median([m for m, _ in results["none"]])
+        head = f"cycle ms (median of {ns.rounds} runs)"
+        print(f"{'mode':<6} {head:>28} {'overhead':>9}   probe's phase means (last run)")
         for mode in ("none", "event", "host"):
-            ms = sorted(m for m, _ in results[mode])[1]
+            ms = median([m for m, _ in results[mode]])
             lines = results[mode][-1][1][1:]  # the first window of a process is cold (CUDA/cuBLAS start-up)
             phases = ""
             if lines:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -210,3 +211,115 @@ def test_event_timing_on_a_gpu(tmp_path):
     assert all(
         e.v == 2 and e.accept_counts == (0, e.cycles * e.bs) and e.verify_tokens == e.bs * e.draft_tokens for e in lines
     )
+
+
+# ---- accept lengths as a tensor (SGLang's v2 verify returns them on the GPU) ----------------------
+
+
+class _Batch:
+    def __init__(self, n):
+        self.reqs = [object()] * n
+
+
+class _Result:
+    def __init__(self, lens):
+        self.accept_lens = lens
+
+
+class _Worker:
+    __module__ = "sglang.srt.speculative.eagle_worker_v2"
+    tp_rank = 0
+    speculative_num_steps = 2
+    speculative_num_draft_tokens = 3
+
+
+def _drive(rec, lens_seq, steps_at=None):
+    """Cycles through the recorder as the patched phases call it; ``steps_at``: {cycle: (steps, tokens)}."""
+    w = _Worker()
+    for i, lens in enumerate(lens_seq):
+        if steps_at and i in steps_at:
+            w.speculative_num_steps, w.speculative_num_draft_tokens = steps_at[i]
+        for phase, result in (("draft", None), ("verify", _Result(lens)), ("extend", None)):
+            token = rec.start(phase, w)
+            rec.stop(phase, token, w, (_Batch(len(lens)),), result)
+
+
+def _profile_lines(caplog):
+    events = [parse_line(r.getMessage()) for r in caplog.records if "EAGLE3_PROFILE" in r.getMessage()]
+    assert all(e is not None and e.kind == "profile" for e in events)
+    return events
+
+
+def test_tensor_accept_lengths_are_counted_per_window_across_ring_overflow_and_a_steps_change(caplog):
+    """The tensor path keeps the lengths in a ring on their device and counts them once a window:
+    every window's histogram and mean must be exactly its own cycles', also when the ring fills up
+    mid-window (cycles of 3000 requests against a 4096-slot ring) and when a steps change closes
+    a window early (that cycle's lengths, already in the ring, belong to the next window)."""
+    torch = pytest.importorskip("torch")
+    from tuitune.probe import eagle3_probe as ep
+
+    caplog.set_level(logging.INFO)
+    gen = torch.Generator().manual_seed(7)
+    sizes = [1, 5, 3000, 2, 3000, 3000, 7, 1, 3000, 4, 2, 3000, 1]
+    seq = [torch.randint(1, 5, (n,), generator=gen, dtype=torch.int32) for n in sizes]
+    seq[4][0] = 40  # longer than HIST_LEN: counted in the last bin, summed as it is
+    rec = ep.Recorder(5, "host")
+    _drive(rec, seq, steps_at={7: (3, 4)})
+    events = _profile_lines(caplog)
+    # cycles 0-4 | 5-6 (steps change at 7) | 7-11; cycle 12 stays in the open window
+    assert [(e.cycles, e.steps) for e in events] == [(5, 2), (2, 2), (5, 3)]
+    for e, cycles in zip(events, (seq[0:5], seq[5:7], seq[7:12]), strict=True):
+        flat = torch.cat(cycles)
+        want = [int((flat.clamp(1, ep.HIST_LEN) == k).sum()) for k in range(1, ep.HIST_LEN + 1)]
+        while want and want[-1] == 0:
+            want.pop()
+        assert list(e.accept_counts) == want
+        assert e.accept_len == pytest.approx(float(flat.double().mean()), abs=5e-4)
+    assert rec.lens.off == 3001 and rec.lens.start == 3000  # the ring did start over
+
+
+def test_the_ring_read_a_window_late_gives_each_window_its_own_counts():
+    """sync=event reads a window's counts when the next window closes: by then the ring already
+    counts the newer window, so each handle must keep its own (pinned rows in turn)."""
+    torch = pytest.importorskip("torch")
+    from tuitune.probe import eagle3_probe as ep
+
+    ring = ep._LensRing(torch, torch.ones(3, dtype=torch.int32), window=4)
+    handles = []
+    for k in range(6):  # window k: four cycles of three requests accepting k + 1
+        for _ in range(4):
+            ring.add(torch.full((3,), k + 1, dtype=torch.int32))
+        handles.append(ring.close())
+        if k:
+            counts, total = ring.read(handles[k - 1])  # one window late, as event mode reads
+            assert counts[k - 1] == 12 and sum(counts) == 12 and total == 12 * k
+
+
+@pytest.mark.gpu
+def test_the_histogram_costs_one_device_op_a_cycle_on_a_gpu():
+    """The accept-length histogram's hot path on a GPU: one copy a verify, nothing that waits
+    (profile v2 first counted it there each cycle: 5 kernels and 2 device-to-host copies)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU here (CI never has one)")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from tuitune.probe import eagle3_probe as ep
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view:  # views launch nothing
+                self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    rec = ep.Recorder(40, "event")
+    lens = torch.full((8,), 2, dtype=torch.int32, device="cuda")
+    rec._setup(_Worker())
+    rec._accept(_Result(lens))  # the first call allocates the ring
+    with Count() as counted:
+        rec._accept(_Result(lens))
+    assert counted.ops == ["aten.copy_.default"]

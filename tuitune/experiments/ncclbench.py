@@ -34,21 +34,27 @@ class NcclBenchError(Exception):
         self.code = code
 
 
-async def model_hidden_size(t: Transport, preset: P.Preset) -> int | None:
+async def model_config(t: Transport, preset: P.Preset) -> dict:
+    """The model's ``config.json`` on the target (its ``text_config`` for multimodal models), or {}."""
     path = preset.server.args.get("model-path") or preset.server.args.get("model")
     if not isinstance(path, str):
-        return None
+        return {}
     r = await t.run(f"cat -- {P.shell_path(path.rstrip('/') + '/config.json')} 2>/dev/null", timeout=30)
     if not r.ok:
-        return None
+        return {}
     try:
         cfg = json.loads(r.stdout)
     except ValueError:
-        return None
-    for node in (cfg, cfg.get("text_config") or {}):
-        if isinstance(node.get("hidden_size"), int):
-            return node["hidden_size"]
-    return None
+        return {}
+    if not isinstance(cfg, dict):
+        return {}
+    text = cfg.get("text_config")
+    return {**text, **cfg} if isinstance(text, dict) else cfg  # top-level keys first, as before
+
+
+async def model_hidden_size(t: Transport, preset: P.Preset) -> int | None:
+    v = (await model_config(t, preset)).get("hidden_size")
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def decode_sizes(preset: P.Preset, hidden: int, dtype_bytes: int = 2) -> list[int]:

@@ -27,6 +27,7 @@ from typing import Protocol
 
 from tuitune import preset as P
 from tuitune.base.jsonl import append_row, read_rows
+from tuitune.decide import ncclstep as NS
 from tuitune.decide.advise import Advice, advise, space
 from tuitune.decide.costmodel import Config, FitError, Launch, fit
 from tuitune.experiments.observe import preset_config
@@ -366,9 +367,11 @@ async def _nccl_screen(
     backend: str,
     hidden_size: int | None,
     progress: Callable[[str], None] | None,
-) -> tuple[dict, dict]:
-    """nccl-bench's ranking of a grid (default NCCL_PROTO x NCCL_ALGO) at decode sizes:
-    (changes of the winner, {} when the current setting wins; the report)."""
+    concurrency: int = 1,
+) -> tuple[dict, dict, dict]:
+    """nccl-bench's ranking of a grid (default NCCL_PROTO x NCCL_ALGO) at decode sizes and at the
+    size of a decode step at ``concurrency``: (changes of the winner, {} when the current setting
+    wins; the report; the winner's predicted decode-step saving, ``nccl_prediction``)."""
     from tuitune.experiments import grid as G
     from tuitune.experiments import ncclbench as NB
 
@@ -377,16 +380,75 @@ async def _nccl_screen(
         NB.validate_grid(grid)
     except (G.GridError, NB.NcclBenchError) as e:
         raise TuneError(f"--nccl-grid: {e}", 2) from None
+    cfg = await NB.model_config(session.transport, base)
+    hidden = hidden_size or (cfg.get("hidden_size") if isinstance(cfg.get("hidden_size"), int) else None)
+    layers = cfg.get("num_hidden_layers") if isinstance(cfg.get("num_hidden_layers"), int) else None
+    sizes = None
+    if hidden:
+        step = NS.TPShape(layers or 1, hidden).message_bytes(NS.step_tokens(concurrency, _draft_tokens(base)))
+        sizes = sorted({*NB.decode_sizes(base, hidden), step})  # ranked at the largest: the step's
     try:
         report = await NB.run(
-            session.transport, base, grid, hidden_size=hidden_size, backend=backend, progress=progress
+            session.transport, base, grid, sizes=sizes, hidden_size=hidden, backend=backend, progress=progress
         )
     except NB.NcclBenchError as e:
         raise TuneError(f"--nccl: {e}", e.code) from None
     if not report["ranking"]:
         raise TuneError("--nccl: no NCCL setting could be measured (see `tuitune nccl-bench` for the errors)")
     row = next(r for r in report["rows"] if r["label"] == report["ranking"][0])
-    return ({} if row.get("current") else row["changes"]), report
+    prediction = nccl_prediction(report, base, hidden, layers, concurrency)
+    return ({} if row.get("current") else row["changes"]), report, prediction
+
+
+def _draft_tokens(base: P.Preset) -> int | None:
+    """Tokens a request verifies a step (None without speculation: one)."""
+    spec = base.speculative
+    return spec.resolved().num_draft_tokens if base.is_speculative and spec is not None else None
+
+
+def nccl_prediction(report: dict, base: P.Preset, hidden: int | None, layers: int | None, concurrency: int) -> dict:
+    """What the screen's winner is predicted to save a decode step against the current setting
+    (``tuitune.decide.ncclstep``), and what that rests on; a step figure needs the model's layer
+    count (config.json's num_hidden_layers), else only the saving per all-reduce is given."""
+    tokens = NS.step_tokens(concurrency, _draft_tokens(base))
+    winner = report["ranking"][0]
+    current = next((r["label"] for r in report["rows"] if r.get("current") and "results" in r), None)
+    out: dict = {"winner": winner, "reference": current, "concurrency": concurrency, "tokens": tokens}
+    if not hidden:
+        out["note"] = "no hidden size: nothing predicted"
+        return out
+    rows = {r["label"]: NS.points_of(r) for r in report["rows"] if "results" in r}
+    size = NS.TPShape(layers=1, hidden=hidden).message_bytes(tokens)
+    lat = {label: NS.latency_us(pts, size) for label, pts in rows.items()}
+    out.update(bytes=size, allreduce_us=lat)
+    if current is None:
+        out["note"] = "the preset's current setting was not in the grid: no saving against it"
+        return out
+    cur_us, win_us = lat.get(current), lat.get(winner)
+    if cur_us is None or win_us is None:
+        out["note"] = f"nccl-bench did not measure {size} B: nothing predicted"
+        return out
+    out["saving_per_allreduce_us"] = cur_us - win_us
+    if layers is None:
+        out["note"] = "the model's layer count is unknown (no num_hidden_layers in its config.json): no step figure"
+        return out
+    shape = NS.TPShape(layers=layers, hidden=hidden)
+    step = {p.label: p for p in NS.predict(rows, shape, tokens, current)}
+    out.update(
+        allreduces=shape.count(),
+        step_saving_us=step[winner].saving_us,
+        basis=NS.basis(shape, tokens, report["world_size"])
+        + " (the target model's forward only: the draft model's few all-reduces are left out)",
+    )
+    return out
+
+
+def _cycle_ms(windows: list, concurrency: int) -> float | None:
+    """Median cycle of a launch's profile windows at ``concurrency`` (all of them if none is)."""
+    at = [w.cycle_ms for w in windows if w.bs == concurrency and w.cycle_ms > 0] or [
+        w.cycle_ms for w in windows if w.cycle_ms > 0
+    ]
+    return sorted(at)[len(at) // 2] if at else None
 
 
 async def tune(
@@ -431,10 +493,19 @@ async def tune(
     try:
         screen = next((r for r in rows if r.get("kind") == "nccl"), None)
         if nccl and screen is None:
-            changes, report = await _nccl_screen(session, base, nccl_grid or [], nccl_backend, hidden_size, progress)
-            screen = {"kind": "nccl", "changes": changes, "ranking": report["ranking"], "resolved": False}
+            changes, report, prediction = await _nccl_screen(
+                session, base, nccl_grid or [], nccl_backend, hidden_size, progress, concurrency
+            )
+            screen = {
+                "kind": "nccl",
+                "changes": changes,
+                "ranking": report["ranking"],
+                "resolved": False,
+                "prediction": prediction,
+            }
             _append(out, screen)
         env_label = ""
+        decided = None
         if screen is not None and screen["changes"]:
             # one launch of the start with the winner's variables decides whether they stay
             env_label = " ".join(
@@ -447,8 +518,14 @@ async def tune(
                 cur_src = SessionSource(session, base, out, overrides)
                 cur_src.count = sum(1 for r in rows if r.get("kind") == "launch")
                 lv = sorted({*(levels or levels_for(concurrency)), concurrency})
+                pred = screen.get("prediction") or {}
                 if progress:
                     progress(f"NCCL: nccl-bench ranks {env_label} first; measuring the start with and without it")
+                    if pred.get("step_saving_us") is not None:
+                        progress(
+                            f"NCCL: predicted to save {pred['step_saving_us']:.1f} µs a decode step at concurrency "
+                            f"{concurrency} against the current setting; rests on: {pred['basis']}"
+                        )
                 now = await cur_src.measure(start, lv)
                 _append(
                     out,
@@ -475,9 +552,17 @@ async def tune(
                     "env": env_label if keep else "",
                     "goodput": {"current": now.goodput.get(concurrency), "candidate": new.goodput.get(concurrency)},
                 }
+                # the prediction beside the measurement: the step saving over the start's own cycle
+                cycle = _cycle_ms(now.windows, concurrency)
+                if pred.get("step_saving_us") is not None and cycle:
+                    decided["predicted_gain"] = NS.predicted_gain(pred["step_saving_us"], cycle)
+                    decided["cycle_ms"] = cycle
+                if now.goodput.get(concurrency) and new.goodput.get(concurrency) is not None:
+                    decided["measured_gain"] = new.goodput[concurrency] / now.goodput[concurrency] - 1.0
                 _append(out, decided)
                 if progress:
-                    progress(f"NCCL: {'keeping' if keep else 'dropping'} {env_label}")
+                    said = _nccl_gains(decided)
+                    progress(f"NCCL: {'keeping' if keep else 'dropping'} {env_label}" + (f" ({said})" if said else ""))
             budget -= 1  # the launch with the screened variables
             if decided["env"]:
                 base = P.with_changes(base, screen["changes"])
@@ -514,6 +599,7 @@ async def tune(
             "relaunches": sum(1 for r in load_log(out) if r.get("kind") == "launch") - 1,
             "stop_reason": result.stop_reason,
             "nccl": env_label or None,
+            "nccl_prediction": _nccl_summary(screen, decided) if screen is not None and screen["changes"] else None,
             "measured": {describe(c): g for c, g in measured.items()},
             "failed": {describe(st.config): st.failure for st in result.steps if st.failure},
         }
@@ -557,8 +643,39 @@ async def tune(
         await session.close()
 
 
+def _nccl_gains(decided: dict | None) -> str:
+    """'measured +4.1 %, predicted +3.8 %' (what of the two is known)."""
+    if not decided:
+        return ""
+    parts = [
+        f"{what} {decided[key]:+.1%}"
+        for what, key in (("measured", "measured_gain"), ("predicted", "predicted_gain"))
+        if decided.get(key) is not None
+    ]
+    return ", ".join(parts)
+
+
+def _nccl_summary(screen: dict, decided: dict | None) -> dict:
+    pred = dict(screen.get("prediction") or {})
+    for key in ("predicted_gain", "measured_gain", "cycle_ms"):
+        if decided and decided.get(key) is not None:
+            pred[key] = decided[key]
+    return pred
+
+
 def format_result(r: dict) -> str:
     lines = [f"tuned at concurrency {r['concurrency']}: {r['relaunches']} relaunch(es); stopped: {r['stop_reason']}"]
+    pred = r.get("nccl_prediction") or {}
+    if pred.get("winner"):
+        if pred.get("step_saving_us") is not None:
+            said = _nccl_gains(pred)
+            lines.append(
+                f"NCCL: nccl-bench's winner {pred['winner']} predicted to save {pred['step_saving_us']:.1f} µs a "
+                f"decode step against {pred['reference']}" + (f" ({said})" if said else "")
+            )
+            lines.append(f"  the prediction rests on: {pred['basis']}")
+        elif pred.get("note"):
+            lines.append(f"NCCL: nccl-bench's winner {pred['winner']}; no step prediction ({pred['note']})")
     for label, g in sorted(r["measured"].items(), key=lambda kv: -kv[1]):
         lines.append(f"  {label:<32} {g:>10.1f} tok/s measured")
     for label, why in (r.get("failed") or {}).items():

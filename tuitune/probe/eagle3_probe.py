@@ -90,10 +90,7 @@ class Recorder:
         self.cycles: list[dict] = []  # closed cycles of the current window
         self.pending: list[dict] | None = None  # the previous window, read when this one closes
         self.meta: dict = {}
-        self.host_acc = None  # pinned slots for accept-length sums, copied without blocking
-        self.host_hist = None  # pinned rows for accept-length histograms, likewise
-        self.lengths = None  # 1..HIST_LEN on the GPU, to count lengths without a sync
-        self.slot = 0
+        self.lens: _LensRing | None = None  # accept lengths kept on the device, counted once a window
         self.in_step = False  # vLLM: inside a runner step
 
     @staticmethod
@@ -208,28 +205,14 @@ class Recorder:
         for obj in (result, *(result if isinstance(result, (tuple, list)) else ())):
             lens = getattr(obj, "accept_lens", None)
             if lens is not None:
-                if self.torch is not None and isinstance(lens, self.torch.Tensor) and lens.is_cuda:
-                    # reduce on the GPU and copy into a pinned slot without blocking; the slot is read
-                    # a window later, after the window's events completed (an .item() here would
-                    # drain the whole stream)
-                    if self.host_acc is None:
-                        self.host_acc = self.torch.zeros(4 * self.window + 8, dtype=self.torch.float32, pin_memory=True)
-                        self.host_hist = self.torch.zeros(
-                            (len(self.host_acc), HIST_LEN), dtype=self.torch.int32, pin_memory=True
-                        )
-                        self.lengths = self.torch.arange(1, HIST_LEN + 1, device=lens.device)
-                    i = self.slot % len(self.host_acc)
-                    self.slot += 1
-                    self.host_acc[i].copy_(lens.float().sum(), non_blocking=True)
-                    # counts per length by comparison with 1..HIST_LEN: fixed shape, so no sync
-                    # (bincount's output size depends on the data and would wait for it)
-                    flat = lens.reshape(-1, 1).clamp(1, HIST_LEN)
-                    self.host_hist[i].copy_((flat == self.lengths).sum(0, dtype=self.torch.int32), non_blocking=True)
-                    self.cycle["accept"].append((self.host_acc[i], lens.numel()))
-                    self.cycle["hist"].append(self.host_hist[i])
-                    return
                 if self.torch is not None and isinstance(lens, self.torch.Tensor):
-                    lens = [int(x) for x in lens.reshape(-1).tolist()]
+                    # one device-to-device copy a cycle into a ring on the tensor's device; the
+                    # window's histogram and sum are counted there when it closes and read a
+                    # window later (an .item() or .tolist() here would drain the whole stream)
+                    if self.lens is None:
+                        self.lens = _LensRing(self.torch, lens, self.window)
+                    self.cycle["lens_at"] = self.lens.add(lens)
+                    return
                 self._accept_list([int(x) for x in lens])
                 return
             per_req = getattr(obj, "accept_length_per_req_cpu", None)
@@ -259,13 +242,17 @@ class Recorder:
                 c["steps"],
                 c["draft_tokens"],
             ):
-                self._close_window()  # the steps changed (adaptive mode): one line per configuration
+                # the steps changed (adaptive mode): one line per configuration; this cycle's
+                # accept lengths, already in the ring, open the next window
+                self._close_window(c.get("lens_at"))
             self.cycles.append(c)
         if len(self.cycles) >= self.window:
             self._close_window()
 
-    def _close_window(self) -> None:
+    def _close_window(self, lens_upto: int | None = None) -> None:
         window, self.cycles = self.cycles, []
+        if self.lens is not None and window:
+            window[0]["lens"] = self.lens.close(lens_upto)
         if self.sync == "event":
             # this window's events are still in flight: log the previous one, now surely done
             if self.pending is not None:
@@ -282,9 +269,6 @@ class Recorder:
             return start.elapsed_time(end)
         return item
 
-    def _value(self, v) -> float:
-        return float(v.item()) if hasattr(v, "item") else float(v)
-
     def _log(self, window: list[dict]) -> None:
         sums = {p: 0.0 for p in PHASES}
         verifies: list[float] = []
@@ -299,11 +283,17 @@ class Recorder:
                 if p == "verify":
                     verifies.append(ms)
             for total, n in c["accept"]:
-                acc_total += self._value(total)
+                acc_total += total
                 acc_n += n
+            if c.get("lens") is not None and self.lens is not None:  # counted on the device at the window's close
+                counts, total = self.lens.read(c["lens"])
+                acc_total += total
+                acc_n += sum(counts)
+                for i, k in enumerate(counts):
+                    hist[i] += k
             for h in c["hist"]:
-                for i, k in enumerate(h.tolist() if hasattr(h, "tolist") else h):
-                    hist[i] += int(k)
+                for i, k in enumerate(h):
+                    hist[i] += k
             bs_total += c["bs"] or 0
             tokens = c["draft_tokens"] if c["steps"] != 0 else 1  # steps 0: one token a request
             verify_tokens += (c["bs"] or 0) * (tokens or 0)
@@ -340,6 +330,74 @@ class Recorder:
         ]
         line = "EAGLE3_PROFILE " + " ".join(f"{k}={val}" for k, val in fields)
         (self.logger or logging.getLogger("sglang")).info(line)
+
+
+class _LensRing:
+    """Accept lengths of a window kept on their device: a copy into a ring each cycle, counted there
+    (histogram and sum) when the window closes, copied to pinned memory without blocking, and read
+    a window later, once the window's events are done: nothing waits for the GPU.
+
+    ``[start, off)`` holds the open window's lengths. A ring that would overflow first folds them
+    into ``acc`` (counts per length 1..HIST_LEN, then their sum), on the device, and starts over.
+    """
+
+    ROWS = 4  # pinned rows in turn: a row is read at most one window after it was written
+
+    def __init__(self, torch, like, window: int):
+        self.torch = torch
+        dev = like.device
+        self.cuda = dev.type == "cuda"
+        self.buf = torch.empty(max(4096, 8 * window * like.numel()), dtype=like.dtype, device=dev)
+        self.off = self.start = 0
+        self.lengths = torch.arange(1, HIST_LEN + 1, dtype=like.dtype, device=dev)
+        self.acc = torch.zeros(HIST_LEN + 1, dtype=torch.int64, device=dev)
+        self.host = torch.zeros((self.ROWS, HIST_LEN + 1), dtype=torch.int64, pin_memory=self.cuda)
+        self.row = 0
+
+    def add(self, lens) -> int:
+        """Copy one cycle's lengths in (one device-to-device copy); where they start."""
+        flat = lens.reshape(-1)
+        n = flat.numel()
+        if self.off + n > len(self.buf):
+            self._fold(self.start, self.off)
+            if n > len(self.buf):
+                self.buf = self.torch.empty(2 * n, dtype=self.buf.dtype, device=self.buf.device)
+            self.off = self.start = 0
+        at = self.off
+        self.buf[at : at + n].copy_(flat, non_blocking=True)
+        self.off += n
+        return at
+
+    def _fold(self, a: int, b: int) -> None:
+        if b > a:
+            seg = self.buf[a:b]
+            # counts per length by comparison with 1..HIST_LEN: a fixed shape, so no sync
+            # (bincount's output size depends on the data and would wait for it)
+            self.acc[:HIST_LEN] += (seg.clamp(1, HIST_LEN).unsqueeze(1) == self.lengths).sum(0)
+            self.acc[HIST_LEN] += seg.sum()
+
+    def close(self, upto: int | None = None):
+        """Count the open window's lengths (those before ``upto``: a later cycle's open the next
+        window) and start copying the counts out; a handle for ``read``."""
+        upto = self.off if upto is None else upto
+        self._fold(self.start, upto)
+        row = self.host[self.row % self.ROWS]
+        self.row += 1
+        row.copy_(self.acc, non_blocking=True)
+        done = None
+        if self.cuda:
+            done = self.torch.cuda.Event()
+            done.record()
+        self.acc.zero_()
+        self.start = upto
+        return row, done
+
+    def read(self, handle) -> tuple[list[int], float]:
+        row, done = handle
+        if done is not None:
+            done.synchronize()  # recorded a window ago in event mode: returns at once
+        values = row.tolist()
+        return [int(k) for k in values[:HIST_LEN]], float(values[HIST_LEN])
 
 
 RECORDER: Recorder | None = None
