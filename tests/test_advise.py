@@ -311,7 +311,7 @@ def test_tune_resumes_and_says_when_the_start_is_best(tmp_path):
         "--ab-rounds",
         "1",
     )
-    assert resumed.returncode in (0, 1), resumed.stderr
+    assert resumed.returncode == 0, resumed.stderr + resumed.stdout
     rows = [json.loads(x) for x in (out / "tune.jsonl").read_text().splitlines()]
     launched = [x for x in rows if x["kind"] == "launch"]
     assert len(launched) == 2 and launched[0]["round"] == 0 and launched[1]["round"] == 1  # start not re-measured
@@ -449,7 +449,7 @@ def test_tune_nccl_screens_then_keeps_the_variable_that_wins(tmp_path):
         "--json",
         str(tmp_path / "r.json"),
     )
-    assert r.returncode in (0, 1), r.stderr
+    assert r.returncode == 0, r.stderr + r.stdout
     rows = [json.loads(x) for x in (out / "tune.jsonl").read_text().splitlines()]
     screen = next(x for x in rows if x["kind"] == "nccl")
     decision = next(x for x in rows if x["kind"] == "nccl_decision")

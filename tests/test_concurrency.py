@@ -173,7 +173,45 @@ def test_concurrency_64_bench_on_a_small_machine(sim_factory):
     assert max(decode) >= 56  # all 64 at once, give or take the stragglers of a loaded machine
     expected = M.expected_goodput("h100-llama8b", {"algorithm": "EAGLE3", "num_steps": 3, "context_tokens": 65}, 64)
     # below the steady state: new requests' prefills interrupt the batch, as on a real server
-    assert 0.6 * expected < run.goodput()["tok_s"] < 1.1 * expected
+    # (benchmarks/sim_concurrency.py --streams 64 --max-tokens 80 --speedup 1: 80-85 % of it)
+    assert 0.7 * expected < run.goodput()["tok_s"] < 1.02 * expected
+
+
+def sim_info(url: str) -> dict:
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/server_info", timeout=10) as r:
+        return json.loads(r.read())["sim"]
+
+
+def test_the_simulator_follows_its_model_at_32_streams(sim_factory):
+    """Spec vs no-spec at 32 streams (issue 26: an independent client once measured 1.16 against the
+    model's 1.41). With requests long enough that prefills are a small share, tuitune's client
+    measures the model's steady-state ratio within 10 %; and the simulator's own account (the
+    modelled time of the work it did against the wall time it took) says it kept up."""
+    got = {}
+    for name, args in (("off", []), ("on", CHAIN3)):
+        sim = sim_factory("--sim-machine", "h100-llama8b", "--sim-load-seconds", "0.2", "--sim-speedup", "0.5", *args)
+        sim.wait_ready()
+        before = sim_info(sim.url)
+        run = asyncio.run(run_bench(BenchConfig(sim.url, requests=32, warmup=1, max_tokens=200).at_level(32)))
+        after = sim_info(sim.url)
+        assert run.failed == 0
+        d = {k: after[k] - before[k] for k in ("model_busy_s", "wall_busy_s", "prefill_busy_s", "tokens")}
+        assert d["tokens"] >= 32 * 2 * 200 * 0.99  # warm-up and measured requests, all of them
+        # the process kept up: its busy wall time is its modelled time, give or take a few cycles
+        assert d["model_busy_s"] <= d["wall_busy_s"] < 1.05 * d["model_busy_s"], d
+        assert 0 < d["prefill_busy_s"] < 0.15 * d["model_busy_s"], d
+        # the client got what the simulator's model says of the work it did (tokens / modelled time)
+        did = d["tokens"] / d["model_busy_s"] / 0.5
+        assert 0.9 * did < run.goodput()["tok_s"] / 0.5 < 1.1 * did, (run.goodput(), did)
+        got[name] = run.goodput()["tok_s"] / 0.5
+    cfg = {"algorithm": "EAGLE3", "num_steps": 3, "eagle_topk": 1, "context_tokens": 120}
+    model = M.expected_goodput("h100-llama8b", cfg, 32) / M.expected_goodput(
+        "h100-llama8b", {"context_tokens": 120}, 32
+    )
+    assert model == pytest.approx(1.34, abs=0.03)
+    assert 0.9 * model < got["on"] / got["off"] < 1.1 * model, (got, model)
 
 
 def test_sweep_over_concurrency_and_ab_at_a_concurrency(tmp_path):

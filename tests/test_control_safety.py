@@ -449,12 +449,45 @@ async def test_follow_again_restarts_a_stopped_tail(tmp_path):
     s = Session(p, LocalTransport(), state_dir=str(tmp_path / "state"))
     await s.transport.connect()
     await s.relaunch()
+    from tuitune.base.events import LogLine
+
+    seen: list[str] = []
+    s.subscribe(lambda evs: seen.extend(e.text for e in evs if isinstance(e, LogLine)))
+    log = Path(p.server.log)
+
+    def append(line: str) -> None:
+        with log.open("a") as f:
+            f.write(line + "\n")
+
+    async def until_seen(line: str) -> None:
+        for _ in range(200):
+            if line in seen:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"{line!r} never came through the tail; last lines: {seen[-3:]}")
+
     try:
         assert s.tail_running and s.tail_state == "following"
+        append("MARK before the stop")
+        await until_seen("MARK before the stop")
         await s.stop_follow()
         assert not s.tail_running
+        append("MARK while stopped")
+        await asyncio.sleep(0.5)
+        assert "MARK while stopped" not in seen  # stopped means stopped
         await s.follow(from_end=True)
         assert s.tail_running
+        append("MARK after follow again")  # lines flow again: written after, read through the new tail
+        await until_seen("MARK after follow again")
+        await s.set_load(True)  # and the server's own lines, parsed into events
+        n = len(seen)
+        for _ in range(200):
+            if any(x.startswith("[") and "Decode batch" in x for x in seen[n:]):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("no decode line of the server came through after follow again")
+        await s.set_load(False)
     finally:
         await s.close(stop_server=True)
 

@@ -210,6 +210,11 @@ class Simulator:
         self.generation_tokens_total = 0
         self.cycles_total = self.cycles_late = 0
         self.lag_warned = False
+        # The process's own account of keeping up: modelled time (prefills + decode cycles, in real
+        # seconds) against the wall time the scheduler was busy; what is over is lag (the host's).
+        self.model_busy_s = self.prefill_busy_s = self.wall_busy_s = 0.0
+        self.busy_since: float | None = None
+        self.lag_s = 0.0  # how far the last cycle started behind its modelled start
         self.children: list[subprocess.Popen] = []
 
     # ---- helpers -------------------------------------------------------------------------
@@ -238,7 +243,18 @@ class Simulator:
             "machine": self.machine.name,
             "cycles": self.cycles_total,
             "cycles_late": self.cycles_late,  # started more than a cycle late: the host was too slow
+            # the model's time of the work done vs the wall time it took: wall - model is the lag
+            "model_busy_s": round(self.model_busy_s, 6),
+            "prefill_busy_s": round(self.prefill_busy_s, 6),
+            "wall_busy_s": round(self.busy_wall(), 6),
+            "lag_ms": round(self.lag_s * 1000, 3),
+            "tokens": self.generation_tokens_total,
         }
+
+    def busy_wall(self) -> float:
+        """Wall seconds the scheduler has had work, the current busy spell included."""
+        now = asyncio.get_running_loop().time() if self.busy_since is not None else 0.0
+        return self.wall_busy_s + (now - self.busy_since if self.busy_since is not None else 0.0)
 
     # ---- start-up ------------------------------------------------------------------------
     def nccl_init(self) -> bool:
@@ -394,12 +410,16 @@ class Simulator:
         while not self.stopping.is_set():
             if not self.waiting and not self.running:
                 self.wake.clear()
+                if self.busy_since is not None:
+                    # the spell ends when its last modelled work does (or now, if the host lagged)
+                    self.wall_busy_s += max(loop.time(), deadline or 0.0) - self.busy_since
+                    self.busy_since = None
                 deadline = None
                 await self.wake.wait()
                 win.start = loop.time()  # the idle time is no part of the window's throughput
                 continue
             if deadline is None:
-                deadline = loop.time()
+                deadline = self.busy_since = loop.time()
             if self.waiting and len(self.running) < self.max_running:
                 new = []
                 while self.waiting and len(self.running) + len(new) < self.max_running:
@@ -407,6 +427,8 @@ class Simulator:
                 tokens = sum(r.prompt_tokens for r in new)
                 ms = model.prefill_ms(self.cfg, tokens)
                 deadline += self.scaled(ms)
+                self.model_busy_s += self.scaled(ms)
+                self.prefill_busy_s += self.scaled(ms)
                 await asyncio.sleep(max(0.0, deadline - loop.time()))
                 self.log.line(
                     f"Prefill batch, #new-seq: {len(new)}, #new-token: {tokens}, #cached-token: 0, "
@@ -434,6 +456,7 @@ class Simulator:
             extend, other = cost.extend_ms * j, cost.other_ms
             cycle = draft + verify + extend + other
             deadline += self.scaled(cycle)
+            self.model_busy_s += self.scaled(cycle)
             delay = deadline - loop.time()
             await asyncio.sleep(max(0.0, delay))
             self.note_lag(-delay, self.scaled(cycle))
@@ -477,6 +500,7 @@ class Simulator:
     def note_lag(self, late_s: float, cycle_s: float) -> None:
         """Count cycles that started late: a CPU-bound simulator decodes slower than its model."""
         self.cycles_total += 1
+        self.lag_s = max(0.0, late_s)
         if late_s > max(0.002, cycle_s):
             self.cycles_late += 1
             if not self.lag_warned and self.cycles_late >= 50:
