@@ -10,10 +10,11 @@ from tuitune.preset.model import Preset, PresetError
 
 
 def shipped_dir() -> Path:
-    """An installed package holds the presets as tuitune/presets; a source checkout at the top level."""
+    """An installed package holds the presets as tuitune/presets; a source checkout at the top level
+    (tuitune/presets links there: the path shown is the real one, presets/)."""
     here = Path(__file__).resolve().parent.parent  # the tuitune package
     installed = here / "presets"
-    return installed if installed.is_dir() else here.parent / "presets"
+    return (installed if installed.is_dir() else here.parent / "presets").resolve()
 
 
 def user_dir() -> Path:
