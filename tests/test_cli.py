@@ -217,3 +217,19 @@ def test_preset_list_says_where_each_preset_runs_and_whether_it_can_run_here(tmp
     assert x["runs_on"].startswith("ssh root@127.0.0.1:") and x["runs_here"] is False and "refused" in x["why_not"]
     assert out[str(mine / "on-sshd.yaml")]["runs_here"] is True
     assert out[str(mine / "demo.yaml")]["shadows"] == str(ROOT / "presets" / "demo.yaml")
+
+
+def test_the_nccl_debug_note_is_for_a_real_server_and_said_once(tmp_path, capsys):
+    from conftest import make_preset
+
+    from tuitune.cli import _print_nccl
+
+    sim = make_preset(tmp_path, "s", env={"NCCL_PROTO": "LL"})
+    _print_nccl(sim, {})
+    assert capsys.readouterr().err == ""  # the simulator applies what it is given: nothing to confirm
+    real = P.with_changes(sim, {"server.module": "sglang.launch_server"})
+    said: set[str] = set()
+    for i in range(2):  # the nodes of one launch
+        _print_nccl(real, {}, f"node {i} ", said)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: node 0 NCCL_DEBUG=INFO is needed to confirm"), err

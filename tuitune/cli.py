@@ -424,8 +424,9 @@ def cmd_launch(ns) -> int:
             return 0
         print(f"ready in {res.elapsed_s:.1f}s")
         seen = getattr(control, "node_nccl", None) or [res.nccl_env]  # each node's own log
+        said: set[str] = set()
         for i, (node, env) in enumerate(zip(p.node_presets(), seen, strict=False)):
-            _print_nccl(node, env, f"node {i} " if p.is_multinode else "")
+            _print_nccl(node, env, f"node {i} " if p.is_multinode else "", said)
         return 0
 
     return _run_signalled(go, t, "launch", lambda: control.cleanup, control)
@@ -437,8 +438,10 @@ def _print_warnings(control) -> None:
     control.warnings = []
 
 
-def _print_nccl(p, seen: dict, where: str = "") -> None:
-    """NCCL's own confirmation of the preset's NCCL variables, or why there is none."""
+def _print_nccl(p, seen: dict, where: str = "", said: set[str] | None = None) -> None:
+    """NCCL's own confirmation of the preset's NCCL variables, or why there is none: said for a real
+    server only (the simulator applies what it is given) and once (``said``: the nodes of one launch)."""
+    from tuitune import preset as P
     from tuitune.target.control import nccl_confirmation, nccl_note
 
     for name, state, got in nccl_confirmation(p, seen):
@@ -446,7 +449,9 @@ def _print_nccl(p, seen: dict, where: str = "") -> None:
             continue  # the note says why
         print(f"  {where}{name}: {state}" + (f" (NCCL says {got})" if state == "different" else ""))
     note = nccl_note(p, seen)
-    if note:
+    said = set() if said is None else said
+    if note and p.server.module != P.SIM_MODULE and note not in said:
+        said.add(note)
         print(f"warning: {where}{note}", file=sys.stderr)
 
 
