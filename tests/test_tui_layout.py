@@ -58,13 +58,17 @@ async def test_wide_terminal_shows_the_config_panel_beside():
         assert visible(app.config) and app.cycle.region.right <= app.config.region.x
 
 
-async def test_help_does_not_squeeze_the_cycle_panel_at_120():
+async def test_help_is_a_screen_of_its_own_and_leaves_the_panels_as_they_were():
     app = scene_app()
     async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        width = app.cycle.region.width
         await pilot.press("question_mark")
         await pilot.pause(0.3)
-        assert app.screen.query("HelpPanel")
-        assert app.cycle.region.width >= 75 and app.cycle.query_one("#bars").region.height == 4
+        assert type(app.screen).__name__ == "HelpScreen" and not app.screen.query("HelpPanel")
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.cycle.region.width == width and app.cycle.query_one("#bars").region.height == 4
 
 
 @SIZES
@@ -221,6 +225,8 @@ async def test_save_dialog_flags_a_description_that_no_longer_matches(tmp_path, 
         note = str(app.screen.query_one("#save-stale").render())
         assert "mentions 2" in note and "speculative.num_steps is now 3" in note
         desc = app.screen.query_one("#save-description", Input)
+        assert app.focused is app.screen.query_one("#save-path", Input)  # the name first (issue 28)
+        await pilot.press("tab")
         assert app.focused is desc
         desc.value = "EAGLE-3, 3 steps, topk 1"
         await pilot.press("enter")
