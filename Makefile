@@ -29,7 +29,7 @@ test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
 
 screenshots: $(VENV)/.installed-test
-	$(BIN)/python -m tuitune.tui.screenshots screenshots
+	$(BIN)/python screenshots/make.py screenshots  # from the live demo (the simulator), about two minutes
 
 bench: $(VENV)/.installed-test
 	for f in benchmarks/*.py; do $(BIN)/python $$f || exit 1; done

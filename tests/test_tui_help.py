@@ -6,6 +6,7 @@ table explaining its marks. On the deterministic replay, plus the simulator for 
 from __future__ import annotations
 
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -19,7 +20,9 @@ from tuitune.tui.app import TuituneApp, TuituneCommands, UserConfig, mentions, s
 from tuitune.tui.help import GROUPS, TOUR, HelpScreen
 from tuitune.tui.runs import legend
 from tuitune.tui.screens import ConfirmScreen, RelaunchScreen, SaveScreen
-from tuitune.tui.screenshots import _runs, scene_app
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "screenshots"))  # the scenes: a dev module
+from scenes import _runs, scene_app  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])

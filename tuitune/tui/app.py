@@ -375,14 +375,17 @@ class TuituneApp(App):
                 self.say(f"{self.user_config.path}: cannot remember the theme ({e.strerror or e})", "warning")
 
     def on_resize(self, event) -> None:
-        self._layout_for(event.size.width)
+        self._layout_for(event.size.width, event.size.height)  # self.size may still be the old one
 
-    def _layout_for(self, width: int) -> None:
+    def _layout_for(self, width: int, height: int | None = None) -> None:
         self.set_class(width < NARROW_COLS, "-narrow")
-        self.set_class(self.size.height < SHORT_ROWS, "-short")
-        if self.footer is not None:  # narrow: less padding and no palette key (? lists it), so 80 columns fit
-            self.footer.compact = width < WIDE_FOOTER_COLS  # the first five minutes' keys
-            self.footer.show_command_palette = width >= WIDE_FOOTER_COLS
+        self.set_class((self.size.height if height is None else height) < SHORT_ROWS, "-short")
+        wide = width >= WIDE_FOOTER_COLS
+        if self.footer is not None and self.footer.show_command_palette != wide:
+            # narrow: less padding and no palette key (? lists it), so the first five minutes' keys fit 80
+            self.footer.compact = not wide
+            self.footer.show_command_palette = wide
+            self.footer.refresh(recompose=True)
 
     def say(self, message: str, severity: str = "information") -> None:
         self.messages.append(message)

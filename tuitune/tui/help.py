@@ -36,7 +36,7 @@ GROUPS: tuple[tuple[str, tuple[Entry, ...]], ...] = (
             Entry("one load stream more / fewer", ("tuitune.load_more", "tuitune.load_less"), action="load_more"),
             Entry("GPU panel: rows/summary/off", ("tuitune.gpus",)),
             Entry("next tab: log, chart, advisor", ("tuitune.tab",)),
-            Entry("the log / chart / advisor tab", ("tuitune.tab_log", "tuitune.tab_chart", "tuitune.tab_advisor")),
+            Entry("log / chart / advisor tab", ("tuitune.tab_log", "tuitune.tab_chart", "tuitune.tab_advisor")),
             Entry("chart: runs, phases, goodput", ("tuitune.chart",)),
             Entry("filter the log (Esc leaves)", ("tuitune.filter",)),
             Entry("follow the log again", ("tuitune.follow", "tuitune.follow_end")),
