@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from tuitune.preset.io import load
@@ -133,10 +134,10 @@ def where_they_run(entries: list[Entry], reach: Callable[[Target], str | None]) 
             t = n.target
             if t.is_local:
                 key: tuple = ("local", n.python(), n.server.module)
-                checks.setdefault(key, lambda n=n: _local_problem(n))
+                checks.setdefault(key, partial(_local_problem, n))
             else:
                 key = ("ssh", t.host, t.port, t.user)
-                checks.setdefault(key, lambda t=t: reach(t))
+                checks.setdefault(key, partial(reach, t))
             keys.append(key)
         wanted[i] = keys
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -203,7 +204,7 @@ def format_listing(rows: list[Entry]) -> str:
         if e.shadows:
             desc = f"(hides the shipped {e.path.stem}) {desc}"
         lines.append(f"{e.origin:<8} {e.name:<{name_w}}  {e.runs_on:<{where_w}}  {ok:<4}  {desc}".rstrip())
-    why = {}
+    why: dict[str, list[str]] = {}
     for e in rows:
         if e.preset and e.not_here:
             why.setdefault(e.not_here, []).append(e.name)
