@@ -196,6 +196,9 @@ def cmd_preset_validate(ns) -> int:
     from tuitune import preset as P
 
     names = ns.presets or [str(path) for _, path, _, _ in P.listing()]
+    if not names:
+        print(f"no presets in {P.user_dir()} or {P.shipped_dir()}")
+        return 0
     shown = {str(path): f"{origin} {path.stem}" for origin, path, _, _ in P.listing()} if not ns.presets else {}
     notes: dict[str, list[str]] = {}  # a deliberate choice is said once, with who makes it
     if ns.json:

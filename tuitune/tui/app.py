@@ -723,7 +723,8 @@ class TuituneApp(App):
             self.push_screen(
                 ConfirmScreen(
                     f"{path.stem} is a shipped preset's name. Yours, saved as {path}, would hide it: "
-                    f"`tuitune {path.stem}`, `preset show {path.stem}` and o find yours first. Save it anyway?",
+                    f"`tuitune {path.stem}` and every command given the name {path.stem} find yours first. "
+                    "Save it anyway?",
                     "Save anyway [y]",
                     "y",
                     no_label="Another name [Esc]",
