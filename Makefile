@@ -33,7 +33,7 @@ test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
 
 screenshots: $(VENV)/.installed-test
-	$(BIN)/python -m tuitune.tui.screenshots screenshots
+	$(BIN)/python screenshots/make.py screenshots  # from the live demo (the simulator), about two minutes
 
 # the documentation site, strictly: a broken link or anchor, or a page missing from nav, fails (into site/)
 docs: $(VENV)/.installed-docs

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+from tuitune import preset as P
 from tuitune.measure.bench import BenchConfig, BenchRun, RequestResult
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -195,3 +197,79 @@ def test_tune_prints_the_failed_servers_last_log_lines(tmp_path):
     assert tail and any("CUDA out of memory" in line for line in tail), r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("tuitune: ") and "out of memory" in last
+
+
+def test_preset_validate_without_arguments_checks_every_preset_and_the_shipped_ones_are_clean(tmp_path):
+    env = {"XDG_CONFIG_HOME": str(tmp_path)}
+    mine = tmp_path / "tuitune" / "presets"
+    mine.mkdir(parents=True)
+    seeds = (ROOT / "presets" / "c4-eagle3-2step-nccl.yaml").read_text()
+    # the seeds' variable with another value is a slip of the user's, not the seeds' choice: it warns
+    (mine / "c4-mine.yaml").write_text(
+        seeds.replace("name: c4-eagle3-2step-nccl", "name: c4-mine").replace(
+            "NCCL_MAX_NCHANNELS: 16", "NCCL_MAX_NCHANNELS: 8"
+        )
+    )
+    r = tuitune("preset", "validate", env=env)
+    shipped = sorted((ROOT / "presets").glob("*.yaml"))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    for path in shipped:
+        assert f"shipped {path.stem}: ok (hash " in r.stdout, path
+    warned = [ln for ln in lines[:-1] if "warning" in ln]
+    assert warned == [
+        "user c4-mine: ok (hash " + P.load(mine / "c4-mine.yaml").hash() + "), 1 warning(s)",
+        "  warning: env.NCCL_MAX_NCHANNELS: NCCL_MAX_NCHANNELS is deprecated since NCCL 2.17; use NCCL_MAX_CTAS",
+    ], warned
+    notes = [ln for ln in lines if ln.startswith("note: ")]
+    assert len(notes) == 1 and "the seeds' choice" in notes[0] and "c4-eagle3-2step-nccl" in notes[0], notes
+    assert "c4-mine" not in notes[0]
+    assert lines[-1] == f"{len(shipped) + 1} presets: {len(shipped) + 1} valid (1 with warnings), 0 invalid"
+
+
+def test_preset_list_says_where_each_preset_runs_and_whether_it_can_run_here(tmp_path, sshd):
+    from conftest import free_port
+
+    env = {"XDG_CONFIG_HOME": str(tmp_path)}
+    mine = tmp_path / "tuitune" / "presets"
+    mine.mkdir(parents=True)
+    base = {"server": {"log": "/tmp/x.log", "module": "sglang.launch_server"}}
+    P.save(P.from_dict({"name": "on-sshd", "target": sshd.target(), **base}), mine / "on-sshd.yaml")
+    closed = {"host": "127.0.0.1", "port": free_port(), "user": "root"}
+    P.save(P.from_dict({"name": "closed", "target": closed, **base}), mine / "closed.yaml")
+    P.save(P.with_changes(P.resolve("demo"), {"description": "mine"}), mine / "demo.yaml")
+    r = tuitune("preset", "list", env=env)
+    assert r.returncode == 0, r.stderr
+    rows = {ln.split()[1]: ln for ln in r.stdout.splitlines()[1:] if ln.startswith("shipped ")}
+    rows |= {ln.split()[1]: ln for ln in r.stdout.splitlines()[1:] if ln.startswith("user ")}
+    assert re.search(r"^user +on-sshd +ssh root@127\.0\.0\.1:\d+ +yes$", rows["on-sshd"]), rows["on-sshd"]
+    assert re.search(r" ssh root@127\.0\.0\.1:\d+ +no$", rows["closed"]), rows["closed"]
+    assert re.search(r" ssh root@gpu-box +no ", rows["c4-eagle3-2step-nccl"])  # the seeds' box is not here
+    assert re.search(r" local \(SGLang\) +no ", rows["h200x2-nccl-screen"])
+    assert re.search(r" simulator +yes ", rows["sim-c4-eagle3-2step-nccl"])
+    assert re.search(r" simulator, 2 nodes +yes ", rows["sim-2node-eagle3"])
+    assert "(hides the shipped demo) mine" in rows["demo"]
+    assert f"not here: 127.0.0.1:{closed['port']}: Connection refused (closed)" in r.stdout
+    assert "not here: gpu-box is not a known host name (c1-baseline-untuned" in r.stdout
+    assert "not here: sglang is not installed for python3 (h200x2-nccl-screen)" in r.stdout
+    out = {x["path"]: x for x in json.loads(tuitune("preset", "list", "--json", env=env).stdout)}
+    x = out[str(mine / "closed.yaml")]
+    assert x["runs_on"].startswith("ssh root@127.0.0.1:") and x["runs_here"] is False and "refused" in x["why_not"]
+    assert out[str(mine / "on-sshd.yaml")]["runs_here"] is True
+    assert out[str(mine / "demo.yaml")]["shadows"] == str(ROOT / "presets" / "demo.yaml")
+
+
+def test_the_nccl_debug_note_is_for_a_real_server_and_said_once(tmp_path, capsys):
+    from conftest import make_preset
+
+    from tuitune.commands.server import _print_nccl
+
+    sim = make_preset(tmp_path, "s", env={"NCCL_PROTO": "LL"})
+    _print_nccl(sim, {})
+    assert capsys.readouterr().err == ""  # the simulator applies what it is given: nothing to confirm
+    real = P.with_changes(sim, {"server.module": "sglang.launch_server"})
+    said: set[str] = set()
+    for i in range(2):  # the nodes of one launch
+        _print_nccl(real, {}, f"node {i} ", said)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: node 0 NCCL_DEBUG=INFO is needed to confirm"), err

@@ -394,8 +394,8 @@ def test_ready_without_log_lines_at_log_level_warning(tmp_path):
     p, path = _launch(tmp_path, "quiet", {"log-level": "warning"}, env={"NCCL_PROTO": "LL"})
     r = cli("launch", str(path), env={"HOME": str(tmp_path)})
     assert r.returncode == 0 and "ready in" in r.stdout, r.stderr
-    # item 13: NCCL cannot confirm without NCCL_DEBUG=INFO, and says so
-    assert "NCCL_DEBUG=INFO is needed to confirm" in r.stderr
+    # NCCL cannot confirm without NCCL_DEBUG=INFO; said for a real server only (test_cli), not the simulator
+    assert "NCCL_DEBUG" not in r.stderr
     assert cli("stop", str(path), env={"HOME": str(tmp_path)}).returncode == 0
 
 

@@ -47,6 +47,9 @@ def installed(tmp_path_factory):
     if r.returncode != 0 and "No module named pip" in r.stderr:
         pytest.skip("pip is not available in this interpreter")
     assert r.returncode == 0, r.stderr
+    # the project's own packaging makes setuptools say nothing (it once printed ~80 lines: a folder
+    # of shipped files absent from `packages`)
+    assert "setuptools" not in r.stdout + r.stderr and "Warning" not in r.stdout + r.stderr, r.stdout + r.stderr
     wheel = next((tmp / "dist").glob("tuitune-*.whl"))
     target = tmp / "site"
     r = subprocess.run(
@@ -102,6 +105,47 @@ def test_installed_copy_finds_its_presets_outside_the_repo(installed, tmp_path):
         cwd=tmp_path,
     )
     assert r.returncode == 0 and "tuitune.sim" in r.stdout, r
+
+
+def test_an_editable_install_prints_nothing_from_setuptools(tmp_path):
+    """What `make demo` runs (`pip install -e .`): the build backend's editable hook, in a copy of the
+    tree (it writes its egg-info there). A mapped package folder (presets/ as tuitune.presets) made
+    setuptools install an import hook and say so; tuitune/presets is a link to presets/ instead."""
+    setuptools = pytest.importorskip("setuptools")
+    if int(setuptools.__version__.split(".")[0]) < 77:
+        pytest.skip(f"setuptools {setuptools.__version__} here; the build needs >= 77 (pyproject's build-system)")
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.split()
+    if not files:
+        pytest.skip("not a git checkout")
+    tree = tmp_path / "tree"
+    for f in files:
+        src, dst = ROOT / f, tree / f
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            dst.symlink_to(os.readlink(src))
+        elif src.is_file():
+            dst.write_bytes(src.read_bytes())
+    (tmp_path / "out").mkdir()
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from setuptools import build_meta as b; b.build_editable(sys.argv[1])",
+            "../out",
+        ],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    said = "\n".join(ln for ln in (r.stdout + r.stderr).splitlines() if "Warning" in ln or "!!" in ln)
+    assert not said, r.stdout + r.stderr
+    wheel = next((tmp_path / "out").glob("*.whl"))
+    pth = [n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".pth")]
+    assert pth and not any("finder" in n for n in zipfile.ZipFile(wheel).namelist()), pth  # a path entry
 
 
 def test_version_bounds_match_what_the_code_uses():

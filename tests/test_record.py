@@ -40,6 +40,12 @@ def test_record_then_report_round_trip(tmp_path):
     assert {"profile", "decode", "log", "ready", "server_state"} <= kinds
     cycles = sum(rec.event.cycles for rec in cap.records if isinstance(rec.event, ProfileWindow))
     assert cycles >= 200
+    # the recording ends with what it wrote, even when stderr is not a terminal
+    windows = sum(isinstance(rec.event, ProfileWindow) for rec in cap.records)
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"wrote {len(cap.records)} events ({windows} profile windows, {cycles} cycles) to {out}"), (
+        last
+    )
     ms = [rec.m for rec in cap.records]
     assert ms == sorted(ms)
     r = cli("report", str(out), "--json")

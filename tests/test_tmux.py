@@ -144,3 +144,49 @@ def test_demo_at_80x24_shows_bars_log_and_footer_then_quit_stops_it(tmp_path):
         assert demo_status(t) == 3  # nothing left behind
     finally:
         t.close()
+
+
+def test_the_first_five_minutes_with_keys_only_at_80x24(tmp_path):
+    """Issue 28: the tour of the help (l load → b bench → advisor → a → r → b → m → s) in the real
+    demo at 80×24, keys only, reaching every tab on the way; the footer shows the tour's keys."""
+    t = Term(tmp_path, 80, 24)
+    rows = re.compile(r"^│ (\d+) (★)? ")
+
+    def runs(s: str) -> dict[int, bool]:  # run id -> baseline?
+        return {int(m[1]): bool(m[2]) for ln in s.splitlines() if (m := rows.match(ln))}
+
+    try:
+        s = t.wait(lambda s: re.search(r"accept len \d", s) and "load on ×1" in s.splitlines()[0], 60)
+        footer = s.splitlines()[-1]
+        assert footer.startswith("? help q quit l load b bench g tabs a apply r relaunch m base s save e edit"), footer
+        t.until(("l",), lambda s: "load off" in s.splitlines()[0])  # 1. the load (on in the demo): off, on
+        t.until(("l",), lambda s: "load on ×1" in s.splitlines()[0])
+        t.until(("b",), lambda s: runs(s) == {1: True}, timeout=90)  # 2. a benchmark: run 1, the baseline
+        t.until(("2",), "chart (c switches)")  # every tab by key: the chart …
+        t.until(("1",), "filter (substring)")  # … the log …
+        t.until(("3",), "predicted goodput at concurrency")  # 3. … and the advisor
+        t.until(("g",), "filter (substring)")  # g goes round: advisor → log
+        t.until(("g", "g"), "predicted goodput at concurrency")
+        t.wait(lambda s: "▶ " in s, 30)  # its suggestion
+        t.until(("a",), lambda s: "(modified)" in s.splitlines()[0])  # 4. into the config panel
+        t.until(("r",), "relaunching demo")  # 5. relaunch with it
+        t.wait(lambda s: "relaunching demo" not in s and " ready" in s.splitlines()[0], 60)
+        t.until(("b",), lambda s: set(runs(s)) == {1, 2}, timeout=90)  # 6. benchmark again: Δ vs base
+        assert re.search(r"^│ 2 +1 .*[+-]\d+\.\d% [▲▼≈]", t.screen(), re.M), t.screen()
+        t.until(("m",), lambda s: runs(s) == {1: False, 2: True})  # 7. the new run is the baseline
+        t.until(("s",), "save the current configuration as")  # 8. save: the name first
+        t.keys("End", *["BSpace"] * 10)
+        t.tmux("send-keys", "-t", "app", "-l", "tour-topk")
+        time.sleep(0.5)
+        t.keys("Enter")
+        saved = tmp_path / "cfg" / "tuitune" / "presets" / "tour-topk.yaml"
+        t.wait(lambda s: saved.exists(), 10)
+        assert "The built-in simulator" in saved.read_text()  # the description kept, not the typed name
+        t.until(("?",), "the first five minutes")  # the help has the tour, at 80×24
+        t.until(("Escape",), lambda s: "the first five minutes" not in s)
+        time.sleep(0.6)
+        t.until(("q",), "Stop the server [s] ⏎")
+        t.until(("Enter",), "EXITED=0", timeout=30)
+        assert demo_status(t) == 3
+    finally:
+        t.close()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 from conftest import group_alive, make_preset
 
@@ -10,7 +13,9 @@ from tuitune.measure.capture import Replay, read_capture
 from tuitune.target.session import Session
 from tuitune.tui.app import TuituneApp, UserConfig, load_user_config
 from tuitune.tui.screens import RelaunchScreen
-from tuitune.tui.screenshots import CAPTURE, SCENES, SIZE, prepare, scene_app
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "screenshots"))  # the scenes: a dev module
+from scenes import CAPTURE, SCENES, SIZE, prepare, scene_app  # noqa: E402
 
 SIZE_LIVE = (140, 44)
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 from textual.widgets import Button, Footer, Input
 
@@ -9,7 +12,9 @@ from tuitune.tui.app import NARROW_COLS, TuituneApp, UserConfig, load_user_confi
 from tuitune.tui.config import GlyphCheckbox
 from tuitune.tui.logpane import FollowLog
 from tuitune.tui.screens import ConfirmScreen, QuitScreen, SaveScreen
-from tuitune.tui.screenshots import _runs, prepare, scene_app
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "screenshots"))  # the scenes: a dev module
+from scenes import _runs, prepare, scene_app  # noqa: E402
 
 SIZES = pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
 
@@ -58,13 +63,17 @@ async def test_wide_terminal_shows_the_config_panel_beside():
         assert visible(app.config) and app.cycle.region.right <= app.config.region.x
 
 
-async def test_help_does_not_squeeze_the_cycle_panel_at_120():
+async def test_help_is_a_screen_of_its_own_and_leaves_the_panels_as_they_were():
     app = scene_app()
     async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        width = app.cycle.region.width
         await pilot.press("question_mark")
         await pilot.pause(0.3)
-        assert app.screen.query("HelpPanel")
-        assert app.cycle.region.width >= 75 and app.cycle.query_one("#bars").region.height == 4
+        assert type(app.screen).__name__ == "HelpScreen" and not app.screen.query("HelpPanel")
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.cycle.region.width == width and app.cycle.query_one("#bars").region.height == 4
 
 
 @SIZES
@@ -190,8 +199,9 @@ async def test_stop_server_asks_first():
 
 
 async def test_first_run_hint_until_the_first_profile_window():
+    from scenes import CAPTURE
+
     from tuitune.measure.capture import Replay, read_capture
-    from tuitune.tui.screenshots import CAPTURE
 
     replay = Replay(read_capture(CAPTURE), play=False)
     app = TuituneApp(replay, user_config=UserConfig())
@@ -221,6 +231,8 @@ async def test_save_dialog_flags_a_description_that_no_longer_matches(tmp_path, 
         note = str(app.screen.query_one("#save-stale").render())
         assert "mentions 2" in note and "speculative.num_steps is now 3" in note
         desc = app.screen.query_one("#save-description", Input)
+        assert app.focused is app.screen.query_one("#save-path", Input)  # the name first (issue 28)
+        await pilot.press("tab")
         assert app.focused is desc
         desc.value = "EAGLE-3, 3 steps, topk 1"
         await pilot.press("enter")
@@ -281,3 +293,20 @@ async def test_screenshot_scenes_tell_the_truth(size):
         assert app.session.state.state == "failed"
         head = str(app.header.render())
         assert "failed: server exited during start (out of memory)" in head and "ready" not in head
+
+
+async def test_resizing_to_80x24_lays_out_as_starting_there():
+    """A terminal made smaller drops the sparklines (the log keeps its rows) and the footer turns
+    compact without the palette key; made wide again, both come back."""
+    app = scene_app()
+    async with app.run_test(size=(140, 44)) as pilot:
+        await pilot.pause()
+        assert not app.has_class("-short") and app.footer.show_command_palette
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause(0.3)
+        assert app.has_class("-short") and app.has_class("-narrow")
+        assert app.logpane.query_one(FollowLog).region.height >= 3
+        assert app.footer.compact and not app.footer.show_command_palette
+        await pilot.resize_terminal(140, 44)
+        await pilot.pause(0.3)
+        assert not app.has_class("-short") and app.footer.show_command_palette and not app.footer.compact

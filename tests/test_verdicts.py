@@ -174,3 +174,59 @@ async def test_sweep_refuses_two_configurations_that_read_the_same(tmp_path, mon
     grid = G.parse([f"env=@{one},@{two}"])
     with pytest.raises(SweepError, match="read the same"):
         await sweep(base, grid, tmp_path / "out")
+
+
+def test_sweep_rows_show_the_ratios_interval_beside_p_and_a_legend_explains_the_mark(tmp_path):
+    """Issue 28: `-6.1% ≈ p=0.048` read as a bug: the interval of the ratio, which decided it, was not shown."""
+    import random
+
+    from tuitune.measure import stats
+
+    rng = random.Random(3)
+    a = [100 + rng.gauss(0, 6) for _ in range(8)]
+    b = [94 + rng.gauss(0, 6) for _ in range(8)]
+    cmp = stats.compare(a, b)
+    lo, hi = cmp["ratio_ci"]
+    assert cmp["p_value"] < 0.05 and hi > 0.99 and cmp["verdict"] == "no significant difference"  # the case
+    base = make_preset(tmp_path, "sw", port=1234)
+    rows = [
+        {**_trial("baseline", "baseline", 100.0, 0), "values": a},
+        {**_trial("num_steps=1", "config", 94.0, 1, {"speculative.num_steps": 1}), "values": b},
+    ]
+    text = format_table(summarize(base, rows))
+    row = next(ln for ln in text.splitlines() if ln.startswith("num_steps=1"))
+    pct = f"{(cmp['ratio'] - 1) * 100:+.1f}%"
+    assert row.split()[-4:] == [pct, "≈", f"{lo:.3f}-{hi:.3f}", f"{cmp['p_value']:.3f}"], row
+    header = text.splitlines()[0]
+    assert header.rstrip().endswith("Δ vs baseline  ratio 95% CI      p")
+    assert "▲ faster / ▼ slower: p < 0.05 (Mann-Whitney) and the ratio's 95% CI entirely beyond 1 ± 1%" in text
+    assert "compared per request" in text
+    why = f"num_steps=1: ≈ because p = {cmp['p_value']:.3f} < 0.05, but the ratio's 95% CI {lo:.3f}-{hi:.3f}"
+    assert why + " reaches within 1% of 1" in text
+
+
+def test_ab_and_crossover_say_why_the_verdict_is_what_it_is():
+    from tuitune.experiments.crossover import format_result
+
+    rows = [x for r in range(1, 5) for x in (_row("A", "a", 100 + r, r), _row("B", "b", 110 + r, r))]
+    v = verdict(rows, 0.01)
+    text = format_ab({"a": "a", "b": "b", "launches": rows, "verdict": v})
+    lo, hi = v["ratio_ci"]
+    assert f"why: p = {v['p_value']:.3f} < 0.05 and the ratio's 95% CI {lo:.3f}-{hi:.3f} lies above 1.01" in text
+    level = {
+        "concurrency": 4,
+        "on": {"goodput": 300.0},
+        "off": {"goodput": 290.0},
+        "speedup": 300 / 290,
+        "ci95": [0.99, 1.08],
+        "verdict": "no significant difference",
+    }
+    text = format_result({"levels": [level], "comparable": True, "crossover": None, "min_effect": 0.02})
+    row = text.splitlines()[1].split()
+    assert row[-4:] == [
+        "0.990-1.080",
+        "no",
+        "significant",
+        "difference",
+    ], row
+    assert "faster / slower when the speedup's 95% CI (bootstrap) lies entirely beyond 1 ± 2%" in text

@@ -10,8 +10,10 @@ from tuitune.commands.common import load_preset, print_json
 
 def preset_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    s = sub.add_parser("list", help="shipped presets and yours (~/.config/tuitune/presets)")
-    s.add_argument("--json", action="store_true", help="origin, name, path, description (or error) of each")
+    s = sub.add_parser("list", help="shipped presets and yours (~/.config/tuitune/presets), where each runs")
+    s.add_argument(
+        "--json", action="store_true", help="origin, name, path, description (or error), where it runs, if it can here"
+    )
     s.set_defaults(run=cmd_preset_list)
     s = sub.add_parser("show", help="the resolved preset (derived values marked), or its command")
     s.add_argument("preset")
@@ -19,8 +21,8 @@ def preset_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--json", action="store_true")
     s.add_argument("--reveal", action="store_true", help="show secret values (tokens, keys, passwords) in clear")
     s.set_defaults(run=cmd_preset_show)
-    s = sub.add_parser("validate", help="check presets; exit 2 if any is invalid")
-    s.add_argument("presets", nargs="+")
+    s = sub.add_parser("validate", help="check presets (all of them without an argument); exit 2 if any is invalid")
+    s.add_argument("presets", nargs="*", help="names or files (default: every preset `preset list` shows)")
     s.add_argument("--json", action="store_true", help="one result per preset: ok, hash, warnings or error")
     s.set_defaults(run=cmd_preset_validate)
     s = sub.add_parser("diff", help="changed keys between two presets")
@@ -37,28 +39,16 @@ def preset_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_preset_list(ns) -> int:
     from tuitune import preset as P
+    from tuitune.target.transport import SshTarget, reachable
 
-    rows = P.listing()
+    rows = P.where_they_run(P.entries(), lambda t: reachable(SshTarget(t.host, t.port, t.user)))
     if ns.json:
-        print_json(
-            [
-                {
-                    "origin": o,
-                    "name": None if n == "(invalid)" else n,
-                    "path": str(path),
-                    "valid": n != "(invalid)",
-                    ("error" if n == "(invalid)" else "description"): d,
-                }
-                for o, path, n, d in rows
-            ]
-        )
+        print_json([P.entry_json(e) for e in rows])
         return 0
     if not rows:
         print(f"no presets in {P.user_dir()} or {P.shipped_dir()}")
         return 0
-    width = max(len(r[2]) for r in rows)
-    for origin, _path, name, desc in rows:
-        print(f"{origin:<8} {name:<{width}}  {desc}")
+    print(P.format_listing(rows))
     print(f"\nuser presets: {P.user_dir()}")
     return 0
 
@@ -102,15 +92,24 @@ def cmd_preset_show(ns) -> int:
         print(f"{k:<{width}}  {_fmt(v)}{mark}")
     for w in P.warnings(p):
         print(f"warning: {w}")
+    for n in P.notes(p):
+        print(f"note: {n}")
     return 0
 
 
 def cmd_preset_validate(ns) -> int:
     from tuitune import preset as P
 
+    names = ns.presets or [str(path) for _, path, _, _ in P.listing()]
+    if not names:
+        print(f"no presets in {P.user_dir()} or {P.shipped_dir()}")
+        return 0
+    shown = {str(path): f"{origin} {path.stem}" for origin, path, _, _ in P.listing()} if not ns.presets else {}
+    notes: dict[str, list[str]] = {}  # a deliberate choice is said once, with who makes it
     if ns.json:
-        out, failed = [], False
-        for name in ns.presets:
+        out: list[dict] = []
+        failed = False
+        for name in names:
             try:
                 path = P.find(name)
                 p = P.load(path)
@@ -121,6 +120,7 @@ def cmd_preset_validate(ns) -> int:
                         "name": p.name,
                         "hash": p.hash(),
                         "warnings": P.warnings(p) + P.file_warnings(path, p),
+                        "notes": P.notes(p),
                     }
                 )
             except P.PresetError as e:
@@ -128,8 +128,9 @@ def cmd_preset_validate(ns) -> int:
                 out.append({"preset": name, "ok": False, "error": str(e)})
         print_json(out)
         return 2 if failed else 0
-    bad = 0
-    for name in ns.presets:
+    bad = warned = 0
+    for name in names:
+        label = shown.get(name, name)
         try:
             path = P.find(name)
             p = P.load(path)
@@ -138,9 +139,17 @@ def cmd_preset_validate(ns) -> int:
             bad += 1
             continue
         ws = P.warnings(p) + P.file_warnings(path, p)
-        print(f"{name}: ok ({p.name}, hash {p.hash()})" + (f", {len(ws)} warning(s)" if ws else ""))
+        warned += bool(ws)
+        for n in P.notes(p):
+            notes.setdefault(n, []).append(p.name)
+        what = f"hash {p.hash()}" if name in shown and path.stem == p.name else f"{p.name}, hash {p.hash()}"
+        print(f"{label}: ok ({what})" + (f", {len(ws)} warning(s)" if ws else ""))
         for w in ws:
             print(f"  warning: {w}")
+    for n, who in notes.items():
+        print(f"note: {n}: {', '.join(who)}")
+    if len(names) > 1:
+        print(f"{len(names)} presets: {len(names) - bad} valid ({warned} with warnings), {bad} invalid")
     return 2 if bad else 0
 
 

@@ -66,15 +66,18 @@ def cmd_launch(ns) -> int:
         if res is None:
             return 0
         print(f"ready in {res.elapsed_s:.1f}s")
+        said: set[str] = set()
         for i, (node, env) in enumerate(control.nccl_by_node(res)):  # each node's own log
-            _print_nccl(node, env, f"node {i} " if p.is_multinode else "")
+            _print_nccl(node, env, f"node {i} " if p.is_multinode else "", said)
         return 0
 
     return run_signalled(go, t, "launch", lambda: control.cleanup, control)
 
 
-def _print_nccl(p, seen: dict, where: str = "") -> None:
-    """NCCL's own confirmation of the preset's NCCL variables, or why there is none."""
+def _print_nccl(p, seen: dict, where: str = "", said: set[str] | None = None) -> None:
+    """NCCL's own confirmation of the preset's NCCL variables, or why there is none: said for a real
+    server only (the simulator applies what it is given) and once (``said``: the nodes of one launch)."""
+    from tuitune import preset as P
     from tuitune.target.control import nccl_confirmation, nccl_note
 
     for name, state, got in nccl_confirmation(p, seen):
@@ -82,7 +85,9 @@ def _print_nccl(p, seen: dict, where: str = "") -> None:
             continue  # the note says why
         print(f"  {where}{name}: {state}" + (f" (NCCL says {got})" if state == "different" else ""))
     note = nccl_note(p, seen)
-    if note:
+    said = set() if said is None else said
+    if note and p.server.module != P.SIM_MODULE and note not in said:
+        said.add(note)
         print(f"warning: {where}{note}", file=sys.stderr)
 
 

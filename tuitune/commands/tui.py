@@ -105,10 +105,11 @@ def cmd_record(ns) -> int:
             from_start=ns.from_start,
         )
     )
-    if sys.stderr.isatty():
-        print(
-            f"{ns.record}: {stats['events']} events, {stats['bytes']} bytes, {stats['seconds']:.1f} s", file=sys.stderr
-        )
+    print(
+        f"wrote {stats['events']} events ({stats['windows']} profile windows, {stats['cycles']} cycles) to "
+        f"{ns.record}: {stats['bytes']} bytes, {stats['seconds']:.1f} s",
+        file=sys.stderr,
+    )
     return 0
 
 

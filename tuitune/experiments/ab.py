@@ -211,6 +211,10 @@ def format_ab(result: dict) -> str:
         if v["verdict"] != "no significant difference"
         else f"verdict: no significant difference (minimum effect {v['min_effect']:.0%})"
     )
+    lines.append(
+        f"why: {stats.verdict_why(v)} (faster or slower needs both p < 0.05 and the interval entirely beyond "
+        f"1 ± {v['min_effect']:.0%})"
+    )
     if result.get("aa"):
         lines.append("this was an A/A run (the same configuration in both arms): a difference here is noise")
     return "\n".join(lines)

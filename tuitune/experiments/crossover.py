@@ -171,6 +171,11 @@ def format_result(result: dict) -> str:
         )
         if r.get("note"):
             lines.append(f"      note: {r['note']}")
+    m = result.get("min_effect", 0.02)
+    lines.append(
+        f"\nverdict: faster / slower when the speedup's 95% CI (bootstrap) lies entirely "
+        f"beyond 1 ± {m:.0%}, else no significant difference; the interval alone decides (no p-value here)"
+    )
     if not result["comparable"]:
         lines.append("\ncrossover: not comparable (see the levels above)")
     elif result["crossover"] is not None:

@@ -48,7 +48,7 @@ async def record(
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    counted = {"cycles": 0}
+    counted = {"cycles": 0, "windows": 0}
     writer: CaptureWriter | None = None
     t0 = time.monotonic()
     finished: list[bool] = []
@@ -97,6 +97,7 @@ async def record(
             for e in events:
                 if isinstance(e, ProfileWindow):
                     counted["cycles"] += e.cycles
+                    counted["windows"] += 1
             if cycles is not None and counted["cycles"] >= cycles:
                 stop.set()
 
@@ -143,6 +144,7 @@ def _stats(writer: CaptureWriter | None, t0: float, counted: dict) -> dict:
         "bytes": writer.bytes if writer else 0,
         "seconds": time.monotonic() - t0,
         "cycles": counted["cycles"],
+        "windows": counted.get("windows", 0),
     }
 
 

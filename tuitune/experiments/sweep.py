@@ -302,7 +302,7 @@ def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict
             else:
                 cmp = stats.compare(base_g["values"], g["values"])
                 entry["delta_unit"] = "request"
-            entry["delta"] = {k: cmp[k] for k in ("ratio", "ratio_ci", "p_value", "verdict")}
+            entry["delta"] = {k: cmp[k] for k in ("ratio", "ratio_ci", "p_value", "verdict", "min_effect")}
         table.append(entry)
     ranked = sorted([t for t in table if "tok_s" in t], key=lambda t: -t["tok_s"])
     # the baseline is a candidate too: a configuration wins only when significantly faster than it
@@ -331,14 +331,18 @@ def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict
 
 
 def format_table(result: dict) -> str:
+    """One row per configuration: the Δ against the baseline with its mark, then what decided it (the
+    interval of the ratio and p); a legend line explains the marks, and each ≈ with a small p says why."""
     lines = [
         f"{'config':<40} {'conc':>4} {'tok/s':>8} {'95% CI':>17} {'goodput':>9} {'launches':>8} {'accept':>7} "
-        f"{'cycle ms':>9} {'Δ vs baseline':>22}"
+        f"{'cycle ms':>9} {'Δ vs baseline':>14} {'ratio 95% CI':>13} {'p':>6}"
     ]
+    why = []
+    min_effect = 0.01
     for t in result["table"]:
         if "tok_s" not in t:
-            why = f"skipped: {t['skipped']}" if t.get("skipped") else f"{t['failed']} failed launch(es)"
-            lines.append(f"{t['label']:<40} {why}")
+            reason = f"skipped: {t['skipped']}" if t.get("skipped") else f"{t['failed']} failed launch(es)"
+            lines.append(f"{t['label']:<40} {reason}")
             continue
         lo, hi = t["ci95"]
         d = t.get("delta")
@@ -346,16 +350,34 @@ def format_table(result: dict) -> str:
             delta = "n/c (other concurrency)"
         elif d:
             mark = {"faster": "▲", "slower": "▼"}.get(d["verdict"], "≈")
-            delta = f"{(d['ratio'] - 1) * 100:+.1f}% {mark} p={d['p_value']:.3f}"
+            rlo, rhi = d["ratio_ci"]
+            min_effect = d.get("min_effect", min_effect)
+            pv = f"{d['p_value']:.3f}" if d["p_value"] >= 0.001 else "<0.001"
+            delta = f"{(d['ratio'] - 1) * 100:>+7.1f}% {mark:<5} {rlo:>6.3f}-{rhi:<6.3f} {pv:>6}"
+            if mark == "≈" and d["p_value"] < 0.05:
+                why.append(f"  {t['label']}: ≈ because {stats.verdict_why({**d, 'min_effect': min_effect})}")
         else:
-            delta = "—"
+            delta = f"{'—':>8}"  # the baseline itself
         acc = f"{t['accept_len']:.2f}" if t.get("accept_len") else "—"
         cyc = f"{t['cycle_ms']:.2f}" if t.get("cycle_ms") else "—"
         gp = f"{t['goodput']:.1f}" if t.get("goodput") else "—"
         lines.append(
             f"{t['label']:<40} {t.get('concurrency', 1):>4} {t['tok_s']:>8.2f} {lo:>8.2f}-{hi:<8.2f} {gp:>9} "
-            f"{t['launches']:>8} {acc:>7} {cyc:>9} {delta:>22}"
+            f"{t['launches']:>8} {acc:>7} {cyc:>9} {delta}".rstrip()
         )
+    units = {t.get("delta_unit") for t in result["table"] if t.get("delta_unit")}
+    lines.append(
+        "\n"
+        + stats.legend(min_effect)
+        + (
+            "; compared per request (fewer than 4 launches a side)"
+            if units == {"request"}
+            else "; compared per launch"
+            if units == {"launch"}
+            else ""
+        )
+    )
+    lines += why
     if result.get("best_note"):
         lines.append(f"\nbest: {result['best_note']} (no best.yaml written)")
     elif result.get("best"):

@@ -166,3 +166,28 @@ def compare(
         "n_baseline": len(baseline),
         "n_candidate": len(candidate),
     }
+
+
+def verdict_why(cmp: dict, alpha: float = 0.05) -> str:
+    """Why ``compare`` gave its verdict, in one clause naming the p-value and the ratio's interval:
+    "faster"/"slower" need both; a small p with an interval that reaches 1 ± min_effect is not enough."""
+    lo, hi = cmp["ratio_ci"]
+    p, m = cmp["p_value"], cmp.get("min_effect", 0.01)
+    ci = f"the ratio's 95% CI {lo:.3f}-{hi:.3f}"
+    if not (math.isfinite(lo) and math.isfinite(hi) and math.isfinite(p)):
+        return "too few values to compare"
+    if cmp["verdict"] == "faster":
+        return f"p = {p:.3f} < {alpha} and {ci} lies above {1 + m:.2f}"
+    if cmp["verdict"] == "slower":
+        return f"p = {p:.3f} < {alpha} and {ci} lies below {1 - m:.2f}"
+    if p >= alpha:
+        return f"p = {p:.3f} is not below {alpha}"
+    return f"p = {p:.3f} < {alpha}, but {ci} reaches within {m:.0%} of 1"
+
+
+def legend(min_effect: float = 0.01, alpha: float = 0.05) -> str:
+    """The marks of the tables that decide (runs, sweep), explained in one line."""
+    return (
+        f"▲ faster / ▼ slower: p < {alpha} (Mann-Whitney) and the ratio's 95% CI entirely beyond 1 ± {min_effect:.0%}; "
+        f"≈ no significant difference: either fails (a small p whose interval reaches 1 ± {min_effect:.0%} is not enough)"
+    )

@@ -9,12 +9,19 @@ The package's names are re-exported here: callers write ``from tuitune import pr
 from __future__ import annotations
 
 from tuitune.preset.find import (
+    Entry,
+    entries,
+    entry_json,
     find,
+    format_listing,
     json_schema,
     listing,
     resolve,
+    runs_on,
+    shadowed,
     shipped_dir,
     user_dir,
+    where_they_run,
 )
 from tuitune.preset.io import (
     _UNION_MEMBERS,
@@ -41,6 +48,7 @@ from tuitune.preset.lint import (
     file_warnings,
     flatten,
     lint,
+    notes,
     warnings,
 )
 from tuitune.preset.model import (
@@ -115,8 +123,16 @@ __all__ = [
     "file_warnings",
     "flatten",
     "lint",
+    "notes",
     "warnings",
     "find",
+    "Entry",
+    "entries",
+    "entry_json",
+    "format_listing",
+    "runs_on",
+    "shadowed",
+    "where_they_run",
     "json_schema",
     "listing",
     "resolve",

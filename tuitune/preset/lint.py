@@ -70,6 +70,8 @@ def warnings(preset: Preset) -> list[str]:
     out = []
     for k, v in preset.env.items():
         for w in nccl.check(k, v)[1]:
+            if "deprecated" in w and nccl.seeds_choice(k, preset.env):
+                continue  # said once, as a note (``notes``)
             out.append(f"env.{k}: {w}")
     for i, node in enumerate(preset.target.nodes or []):
         for k, v in node.env.items():
@@ -87,6 +89,12 @@ def warnings(preset: Preset) -> list[str]:
         for s in preset.speculative.resolved().adjusted:
             out.append(f"speculative: {s}")
     return out
+
+
+def notes(preset: Preset) -> list[str]:
+    """Deliberate choices a warning would otherwise flag (the seeds' deprecated NCCL variable): each a
+    sentence starting with the key, the same for every preset that makes the choice (said once)."""
+    return [f"env.{nccl.seeds_note(k)}" for k in preset.env if nccl.seeds_choice(k, preset.env)]
 
 
 def file_warnings(path: Path, preset: Preset) -> list[str]:

@@ -37,6 +37,17 @@ SUBSYSTEMS = (
     "ALL",
 )
 REMOVED = {"NCCL_LL_THRESHOLD", "NCCL_TREE_THRESHOLD", "NCCL_SINGLE_RING_THRESHOLD"}
+# The seeds' "tuned NCCL", exactly as they ran and measured it (FACTS.md §1). It sets the deprecated
+# NCCL_MAX_NCHANNELS; the presets that reproduce the seeds keep it so that they launch what was
+# measured, and say so once instead of warning (``seeds_choice``).
+SEEDS_TUNED = {
+    "NCCL_PROTO": "LL",
+    "NCCL_ALGO": "Ring",
+    "NCCL_P2P_LEVEL": "SYS",
+    "NCCL_MAX_NCHANNELS": "16",
+    "NCCL_BUFFSIZE": "16777216",
+    "NCCL_NTHREADS": "512",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,6 +342,27 @@ def check(name: str, value: str) -> tuple[list[str], list[str]]:
             elif name == "NCCL_BUFFSIZE" and n & (n - 1):
                 warnings.append(f"{n} is not a power of two")
     return errors, warnings
+
+
+def seeds_choice(name: str, env: dict[str, str]) -> bool:
+    """``name`` is deprecated but set as the seeds set it, in an environment holding their whole
+    tuned NCCL: a reproduction of what they measured, not a slip."""
+    var = lookup(name)
+    return (
+        var is not None
+        and var.deprecated_by is not None
+        and name in SEEDS_TUNED
+        and all(str(env.get(k, "")).strip() == v for k, v in SEEDS_TUNED.items())
+    )
+
+
+def seeds_note(name: str) -> str:
+    var = lookup(name)
+    new = var.deprecated_by if var else "its successor"
+    return (
+        f"{name}={SEEDS_TUNED[name]} is the seeds' choice (their tuned NCCL, kept as they measured it); "
+        f"NCCL 2.17 deprecated it for {new}, which a preset of your own should set"
+    )
 
 
 def is_all_reduce_var(name: str) -> bool:

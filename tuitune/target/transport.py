@@ -17,6 +17,7 @@ import hashlib
 import os
 import secrets
 import signal
+import socket
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -313,6 +314,25 @@ def ssh_route(target: SshTarget, _depth: int = 0) -> list[SshHop]:
             user, host, port = _parse_jump(spec.strip())
             hops.extend(ssh_route(SshTarget(host, port, user), _depth + 1))
     return [*hops, hop]
+
+
+def reachable(target: SshTarget, timeout: float = 2.0) -> str | None:
+    """Why the target cannot be reached from here now, in a few words, or None when the first hop of
+    its SSH route (a jump host or the target, resolved as OpenSSH does) accepts a TCP connection.
+    Cheap (no SSH handshake, no key): for listings that say where a preset can run."""
+    try:
+        first = ssh_route(target)[0]
+    except TransportError as e:
+        return str(e)
+    try:
+        socket.create_connection((first.host, first.port), timeout).close()
+    except socket.gaierror:
+        return f"{first.name} is not a known host name" + ("" if first.name == first.host else f" ({first.host})")
+    except TimeoutError:
+        return f"{first.describe()} does not answer"
+    except OSError as e:
+        return f"{first.describe()}: {e.strerror or e}"
+    return None
 
 
 def _known_hosts_path(t: SshTarget) -> Path:

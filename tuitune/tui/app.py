@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 from textual import work
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import Horizontal, Vertical
@@ -37,6 +37,7 @@ from tuitune.tui.config import ConfigPanel
 from tuitune.tui.cycle import CyclePanel
 from tuitune.tui.gpus import GpuPanel
 from tuitune.tui.header import StatusHeader
+from tuitune.tui.help import HelpScreen
 from tuitune.tui.logpane import LogPane
 from tuitune.tui.runs import RunsTable
 from tuitune.tui.screens import ConfirmScreen, OpenScreen, QuitScreen, RelaunchScreen, SaveScreen
@@ -122,29 +123,50 @@ def remember_theme(path: Path, theme: str) -> None:
 
 
 class TuituneCommands(Provider):
-    """Command palette entries for the rarer actions, listed as soon as the palette opens."""
+    """Every action of tuitune in the command palette, listed as soon as it opens, each with its key
+    (as the keymap has it): a key forgotten is found by name ("advisor", "baseline", "save" …)."""
 
+    # (title, action, binding id whose key is shown, what it does)
     COMMANDS = (
-        ("Stop the server…", "confirm_stop_server", "asks first; the session stays open"),
-        ("Clear the runs table", "clear_runs", "forget every benchmark row"),
-        ("Bench over concurrency levels", "bench_levels", "the goodput curve (B)"),
-        ("Bench at the load's concurrency", "bench_at_load", "as many streams as the load runs"),
-        ("Switch chart", "chart", "tok/s per run / phase times / goodput curve (c)"),
-        ("Show the log", "show_log", "the log tab (g toggles)"),
-        ("Show the chart", "show_chart", "the chart tab (g toggles)"),
-        ("Show or hide the config panel", "toggle_config", "e edits it"),
-        ("Load: one more stream", "load_more", "+"),
-        ("Load: one stream fewer", "load_less", "−"),
-        ("NCCL confirmation", "nccl_report", "what NCCL said it applied"),
-        ("Reload the preset from its file", "revert", "discard the edits"),
-        ("Follow the log again", "follow_log", "End or G"),
+        ("Help: tuitune's keys and a first tour", "help", "tuitune.help", "keys by task, the first five minutes"),
+        ("Load: on or off", "toggle_load", "tuitune.load", "a steady background load, so the server decodes"),
+        ("Load: one more stream", "load_more", "tuitune.load_more", "the batch size the cycle panel shows"),
+        ("Load: one stream fewer", "load_less", "tuitune.load_less", "the batch size the cycle panel shows"),
+        ("Bench at the preset's concurrency", "bench", "tuitune.bench", "a row in the runs table"),
+        ("Bench over concurrency levels", "bench_levels", "tuitune.bench_levels", "the goodput curve"),
+        ("Bench at the load's concurrency", "bench_at_load", None, "as many streams as the load runs"),
+        ("Mark the selected run as the baseline", "mark_baseline", "tuitune.mark_baseline", "Δ is against it"),
+        ("Clear the runs table", "clear_runs", None, "forget every benchmark row"),
+        ("Show the runs table", "focus_runs", None, "j/k select a run (Tab moves between panels)"),
+        ("Show the log", "show_tab('log')", "tuitune.tab_log", "the log tab"),
+        ("Show the chart", "show_tab('chart')", "tuitune.tab_chart", "the chart tab"),
+        ("Show the advisor", "show_tab('advisor')", "tuitune.tab_advisor", "predicted goodput of the neighbours"),
+        ("Next tab", "toggle_tab", "tuitune.tab", "log → chart → advisor"),
+        ("Switch chart", "chart", "tuitune.chart", "tok/s per run / phase times / goodput curve"),
+        ("Apply the advisor's top suggestion", "apply_advice", "tuitune.apply_advice", "into the config panel"),
+        ("Edit the configuration", "edit", "tuitune.edit", "the config panel; Esc leaves"),
+        ("Show or hide the config panel", "toggle_config", None, "below 140 columns it is collapsed"),
+        ("Relaunch with the edited configuration", "relaunch", "tuitune.relaunch", "Esc cancels a start"),
+        ("Reload the preset from its file", "revert", None, "discard the edits"),
+        ("Open a preset", "open", "tuitune.open", "a diff against the current configuration first"),
+        ("Save the configuration as a preset", "save", "tuitune.save", "to your presets directory, or a path"),
+        ("GPU panel: rows, summary or hidden", "toggle_gpus", "tuitune.gpus", "one row per GPU, a line, or off"),
+        ("Filter the log", "focus_filter", "tuitune.filter", "by substring; Esc leaves"),
+        ("Follow the log again", "follow_log", "tuitune.follow", "after scrolling up"),
+        ("Next node's log", "next_node", "tuitune.next_node", "a multi-node server"),
+        ("NCCL confirmation", "nccl_report", None, "what NCCL said it applied"),
+        ("Stop the server…", "confirm_stop_server", None, "asks first; the session stays open"),
+        ("Replay: play or pause", "pause", "tuitune.pause", "the capture's clock"),
+        ("Replay: 10 s forward", "seek(10)", "tuitune.seek_fwd", "in the capture"),
+        ("Replay: 10 s back", "seek(-10)", "tuitune.seek_back", "in the capture"),
     )
 
     def _available(self):
         app = self.app
-        for title, action, help_ in self.COMMANDS:
-            if app.check_action(action, ()) is not False:
-                yield title, action, help_
+        for title, action, bid, help_ in self.COMMANDS:
+            if app.check_action(action.split("(")[0], ()) is not False:
+                key = app.key_of(bid) if bid else ""
+                yield title, action, (f"{key} · {help_}" if key else help_)
 
     async def discover(self) -> Hits:
         for title, action, help_ in self._available():
@@ -153,12 +175,13 @@ class TuituneCommands(Provider):
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
         for title, action, help_ in self._available():
-            score = matcher.match(title)
+            score = max(matcher.match(title), matcher.match(help_) * 0.5)
             if score > 0:
                 yield Hit(score, matcher.highlight(title), lambda a=action: self.app.run_action(a), help=help_)
 
 
 NARROW_COLS = 140  # below this the config panel collapses (e shows it) so the left side stays readable
+WIDE_FOOTER_COLS = 120  # below this the footer is compact
 SHORT_ROWS = 30  # below this the cycle panel drops its sparklines (bars, runs and log keep their rows)
 
 
@@ -178,27 +201,31 @@ class TuituneApp(App):
     """
     TITLE = "tuitune"
     COMMANDS = App.COMMANDS | {TuituneCommands}
-    # `?` and `q` first: the footer drops what does not fit from the end, and these two must stay
+    # The footer shows, in this order, what the first five minutes need (`?` and `q` first: a narrow
+    # footer drops what does not fit from the end); the rest is in the help (`?`) and the palette.
     BINDINGS = [
         Binding("question_mark", "help", "help", id="tuitune.help"),
         Binding("q", "quit_app", "quit", id="tuitune.quit"),
         Binding("ctrl+q", "quit_app", "quit", show=False, priority=True, id="tuitune.quit_ctrl"),
-        Binding("r", "relaunch", "relaunch", id="tuitune.relaunch"),
-        Binding("b", "bench", "bench", id="tuitune.bench"),
-        Binding("B", "bench_levels", "bench levels", show=False, id="tuitune.bench_levels"),
-        Binding("m", "mark_baseline", "baseline", id="tuitune.mark_baseline"),
         Binding("l", "toggle_load", "load", id="tuitune.load"),
+        Binding("b", "bench", "bench", id="tuitune.bench"),
+        Binding("g", "toggle_tab", "tabs", id="tuitune.tab"),
+        Binding("a", "apply_advice", "apply", id="tuitune.apply_advice"),
+        Binding("r", "relaunch", "relaunch", id="tuitune.relaunch"),
+        Binding("m", "mark_baseline", "base", id="tuitune.mark_baseline"),
+        Binding("s", "save", "save", id="tuitune.save"),
+        Binding("e", "edit", "edit", id="tuitune.edit"),
+        Binding("o", "open", "open", show=False, id="tuitune.open"),
+        Binding("c", "chart", "chart", show=False, id="tuitune.chart"),
+        Binding("t", "toggle_gpus", "gpus", show=False, id="tuitune.gpus"),
+        Binding("slash", "focus_filter", "filter", show=False, id="tuitune.filter"),
+        Binding("1", "show_tab('log')", "log", show=False, id="tuitune.tab_log"),
+        Binding("2", "show_tab('chart')", "chart tab", show=False, id="tuitune.tab_chart"),
+        Binding("3", "show_tab('advisor')", "advisor", show=False, id="tuitune.tab_advisor"),
+        Binding("B", "bench_levels", "bench levels", show=False, id="tuitune.bench_levels"),
         Binding("plus", "load_more", "load +", show=False, id="tuitune.load_more"),
         Binding("minus", "load_less", "load −", show=False, id="tuitune.load_less"),
-        Binding("s", "save", "save", id="tuitune.save"),
-        Binding("o", "open", "open", id="tuitune.open"),
-        Binding("c", "chart", "chart", id="tuitune.chart"),
-        Binding("g", "toggle_tab", "log/chart", id="tuitune.tab"),
-        Binding("slash", "focus_filter", "filter", id="tuitune.filter"),
         Binding("n", "next_node", "node", show=False, id="tuitune.next_node"),
-        Binding("e", "edit", "edit config", id="tuitune.edit"),
-        Binding("a", "apply_advice", "apply advice", id="tuitune.apply_advice"),
-        Binding("t", "toggle_gpus", "gpus", id="tuitune.gpus"),
         # End and G follow the log from any focus (an input keeps End for its own cursor)
         Binding("end", "follow_log", "follow", show=False, priority=True, id="tuitune.follow_end"),
         Binding("G", "follow_log", "follow", show=False, id="tuitune.follow"),
@@ -273,7 +300,8 @@ class TuituneApp(App):
                     with TabPane("advisor", id="tab-advisor"):
                         yield AdvisorPanel(id="advisor")
             yield ConfigPanel(id="config")
-        yield Footer()
+        narrow = self.size.width < WIDE_FOOTER_COLS
+        yield Footer(compact=narrow, show_command_palette=not narrow)
 
     def on_mount(self) -> None:
         # the main screen's widgets (App.query_one would search whatever screen is on top)
@@ -286,6 +314,7 @@ class TuituneApp(App):
         self.advisor = self.query_one(AdvisorPanel)
         self.config = self.query_one(ConfigPanel)
         self.tabs = self.query_one(TabbedContent)
+        self.footer = self.query_one(Footer)
         self._apply_user_config()
         self.cycle.hint = "l load · b bench · r relaunch" if self.live else "space play/pause · ←/→ seek"
         if self.draft is not None:
@@ -329,11 +358,13 @@ class TuituneApp(App):
             screens.OpenScreen,
             screens.QuitScreen,
             screens.ConfirmScreen,
+            HelpScreen,
         ):
             ids |= {b.id for b in cls.BINDINGS if isinstance(b, Binding) and b.id}
         return ids
 
     _theme_ready = False
+    footer: Footer | None = None
 
     def watch_theme(self, theme: str) -> None:
         """Remember a theme chosen in the UI (palette: "Change theme") for the next start."""
@@ -345,13 +376,17 @@ class TuituneApp(App):
                 self.say(f"{self.user_config.path}: cannot remember the theme ({e.strerror or e})", "warning")
 
     def on_resize(self, event) -> None:
-        self._layout_for(event.size.width)
+        self._layout_for(event.size.width, event.size.height)  # self.size may still be the old one
 
-    def _layout_for(self, width: int) -> None:
-        # the help panel takes the right side too: the config panel makes room for it
-        narrow = width < NARROW_COLS or bool(self.screen_stack[0].query("HelpPanel"))
-        self.set_class(narrow, "-narrow")
-        self.set_class(self.size.height < SHORT_ROWS, "-short")
+    def _layout_for(self, width: int, height: int | None = None) -> None:
+        self.set_class(width < NARROW_COLS, "-narrow")
+        self.set_class((self.size.height if height is None else height) < SHORT_ROWS, "-short")
+        wide = width >= WIDE_FOOTER_COLS
+        if self.footer is not None and self.footer.show_command_palette != wide:
+            # narrow: less padding and no palette key (? lists it), so the first five minutes' keys fit 80
+            self.footer.compact = not wide
+            self.footer.show_command_palette = wide
+            self.footer.refresh(recompose=True)
 
     def say(self, message: str, severity: str = "information") -> None:
         self.messages.append(message)
@@ -659,6 +694,11 @@ class TuituneApp(App):
             if self.preset_path and self.preset_path.parent != P.shipped_dir()
             else self.draft.name
         )
+        self._ask_save(default, self.draft.description or "")
+
+    def _ask_save(self, target: str, description: str) -> None:
+        """The save dialog; a name that would hide a shipped preset is asked about first (No goes
+        back to the dialog as typed)."""
 
         def done(answer: tuple[str, str] | None) -> None:
             if not answer:
@@ -667,21 +707,52 @@ class TuituneApp(App):
             path = Path(target).expanduser()
             if path.suffix not in (".yaml", ".yml"):
                 path = P.user_dir() / f"{target}.yaml"
-            try:
-                name = path.stem if path.stem != self.draft.name else self.draft.name
-                saved = P.save(P.with_changes(self.draft, {"name": name, "description": description or None}), path)
-            except (OSError, P.PresetError) as e:
-                self.say(f"{path}: cannot save ({e})", "error")
+            shipped = P.shadowed(path.stem) if path.parent == P.user_dir() and not path.exists() else None
+            if shipped is None:
+                self._save(path, description)
                 return
-            self.loaded = P.load(saved)
-            self.draft = self.loaded
-            self.preset_path = saved
-            self.config.load(self.draft)
-            self.say(f"saved {saved}")
+
+            def confirmed(yes: bool | None) -> None:
+                if yes:
+                    self._save(path, description)
+                else:
+                    self._ask_save(target, description)
+
+            self.push_screen(
+                ConfirmScreen(
+                    f"{path.stem} is a shipped preset's name. Yours, saved as {path}, would hide it: "
+                    f"`tuitune {path.stem}` and every command given the name {path.stem} find yours first. "
+                    "Save it anyway?",
+                    "Save anyway [y]",
+                    "y",
+                    no_label="Another name [Esc]",
+                ),
+                confirmed,
+            )
+
+        def hides(name: str) -> Path | None:
+            path = Path(name).expanduser()
+            if path.suffix in (".yaml", ".yml"):
+                return None if path.parent != P.user_dir() or path.exists() else P.shadowed(path.stem)
+            return None if (P.user_dir() / f"{name}.yaml").exists() else P.shadowed(name)
 
         self.push_screen(
-            SaveScreen(default, self.draft.description or "", stale_description(self.loaded, self.draft)), done
+            SaveScreen(target, description, lambda d: stale_description(self.loaded, self.draft, d), hides), done
         )
+
+    def _save(self, path: Path, description: str) -> None:
+        try:
+            name = path.stem if path.stem != self.draft.name else self.draft.name
+            saved = P.save(P.with_changes(self.draft, {"name": name, "description": description or None}), path)
+        except (OSError, P.PresetError) as e:
+            self.say(f"{path}: cannot save ({e})", "error")
+            return
+        self.loaded = P.load(saved)
+        self.draft = self.loaded
+        self.preset_path = saved
+        self.config.load(self.draft)
+        hidden = P.shadowed(saved.stem) if saved.parent == P.user_dir() else None
+        self.say(f"saved {saved}" + (f" (it hides the shipped {saved.stem})" if hidden else ""))
 
     def action_open(self) -> None:
         def done(path: Path | None) -> None:
@@ -725,17 +796,28 @@ class TuituneApp(App):
         tabs.active = "tab-chart"
         self._last_chart = 0.0
 
+    TABS = ("log", "chart", "advisor")
+
     def action_toggle_tab(self) -> None:
-        tabs = self.tabs
-        tabs.active = "tab-log" if tabs.active == "tab-chart" else "tab-chart"
-        self._last_chart = 0.0
+        """The next tab: log → chart → advisor → log."""
+        now = self.tabs.active.removeprefix("tab-")
+        self.action_show_tab(self.TABS[(self.TABS.index(now) + 1) % len(self.TABS)] if now in self.TABS else "log")
+
+    def action_show_tab(self, name: str) -> None:
+        self.tabs.active = f"tab-{name}"
+        if name == "chart":
+            self._last_chart = 0.0
+        elif name == "advisor":
+            self.advisor.refresh_model(force=True)
 
     def action_show_log(self) -> None:
-        self.tabs.active = "tab-log"
+        self.action_show_tab("log")
 
     def action_show_chart(self) -> None:
-        self.tabs.active = "tab-chart"
-        self._last_chart = 0.0
+        self.action_show_tab("chart")
+
+    def action_focus_runs(self) -> None:
+        self.runs_table.focus()
 
     def action_focus_filter(self) -> None:
         self.tabs.active = "tab-log"
@@ -820,12 +902,36 @@ class TuituneApp(App):
         self.session.seek(self.session.now + seconds)
         self._dirty_cycle = True
 
+    def key_of(self, binding_id: str) -> str:
+        """The key a binding has now (the keymap may have moved it), as the footer shows it."""
+        for b in self.BINDINGS:
+            if isinstance(b, Binding) and b.id == binding_id:
+                key = self._keymap.get(binding_id, b.key).split(",")[0]
+                return self.get_key_display(Binding(key, b.action, key_display=b.key_display))
+        return ""
+
     def action_help(self) -> None:
-        if self.screen.query("HelpPanel"):
-            self.action_hide_help_panel()
-        else:
-            self.action_show_help_panel()
-        self.call_after_refresh(self._layout_for, self.size.width)
+        """tuitune's help (not Textual's key panel): keys by task and the tour; ? again closes it."""
+        if isinstance(self.screen, HelpScreen):
+            self.screen.dismiss(None)
+            return
+        self.push_screen(HelpScreen(self.key_of, lambda action: self.check_action(action, ()) is not False))
+
+    def action_show_help_panel(self) -> None:
+        self.action_help()  # Textual's own panel (its "Keys" command, F1) would list cursor keys first
+
+    def get_system_commands(self, screen):
+        """Textual's palette commands, with Quit going through tuitune's dialog and Keys replaced
+        by tuitune's help."""
+        for cmd in super().get_system_commands(screen):
+            if cmd.title == "Keys":
+                yield SystemCommand("Keys", "tuitune's keys by task and a first tour (?)", self.action_help)
+            elif cmd.title == "Quit":
+                yield SystemCommand(
+                    "Quit", "quit tuitune (q); asks first while a server of this session runs", self.action_quit_app
+                )
+            else:
+                yield cmd
 
     async def action_quit(self) -> None:
         self.action_quit_app()  # the palette's "Quit" too goes through the dialog
@@ -855,12 +961,43 @@ class TuituneApp(App):
         self.exit()
 
 
-def stale_description(loaded: P.Preset | None, draft: P.Preset) -> str:
-    """Why the description may no longer match: a changed setting whose old value it mentions."""
-    desc = draft.description or ""
+# a number as a word: not a digit inside a name ("EAGLE-3", "H200", "Kimi-K2.5"), nor the start of "3.5"
+NUMBER = re.compile(r"(?<![\w.])(?<!\w-)\d+(?:\.\d+)?(?!\w|\.\d)")
+
+
+def mentions(description: str, value) -> bool:
+    """Whether ``description`` mentions ``value``: a number as a number (2 matches "2 steps" and
+    "2.0", not "EAGLE-3"), anything else as a whole word."""
+    if value is None or isinstance(value, bool):
+        return False
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return bool(re.search(rf"(?<![\w.-]){re.escape(str(value))}(?![\w-])", description))
+    return any(float(m) == number for m in NUMBER.findall(description))
+
+
+def mentions_as(description: str, value, key: str) -> bool:
+    """``value`` written next to a word of ``key`` ("3 draft tokens" for speculative.num_draft_tokens)."""
+    words = [w for w in re.split(r"[._-]", key.rsplit(".", 1)[-1].lower()) if len(w) >= 3 and w != "num"]
+    tokens = re.findall(r"[\w.]+", description.lower())
+    for i, tok in enumerate(tokens):
+        if mentions(tok, value):
+            near = tokens[max(0, i - 2) : i] + tokens[i + 1 : i + 3]
+            if any(t.startswith(w.rstrip("s")) for t in near for w in words):
+                return True
+    return False
+
+
+def stale_description(loaded: P.Preset | None, draft: P.Preset, description: str | None = None) -> str:
+    """Why the description may no longer match: a changed setting whose old value it mentions (a
+    value derived from another setting only where it is named: "3 draft tokens", not the 3 of a
+    "3 steps" that is already right)."""
+    desc = draft.description or "" if description is None else description
     if not desc or loaded is None:
         return ""
+    derived = P.derived_keys(draft)
     for key, old, new in P.diff(loaded, draft):
-        if old is not None and re.search(rf"(?<![\w.]){re.escape(str(old))}(?![\w.])", desc):
+        if mentions_as(desc, old, key) if key in derived else mentions(desc, old):
             return f"the description mentions {old}, but {key} is now {'(unset)' if new is None else new}: update it?"
     return ""

@@ -19,6 +19,7 @@ STATE_STYLE = {
 
 
 CAUSE_MAX = 70  # of the header line; the whole message is in the notification and the log
+NARROW = 100  # columns below which the header leaves out what is usual
 
 
 def _dur(s: float) -> str:
@@ -43,8 +44,11 @@ class StatusHeader(Static):
         engine: str | None = None,
     ) -> None:
         now = time.time() if now is None else now
+        # narrow (80 columns): what is usual goes (the name, a connected link) so that the load fits
+        narrow = 0 < self.size.width < NARROW
         t = Text()
-        t.append("tuitune ", style="bold")
+        if not narrow:
+            t.append("tuitune ", style="bold")
         t.append(f"{target} ", style="cyan")
         t.append("│ ")
         t.append(preset, style="bold")
@@ -68,12 +72,13 @@ class StatusHeader(Static):
             t.append(f": {cause}", style="red")
         elif st == "replay" and state.phase == "end":
             t.append(" (end)")
-        t.append(" │ link ")
         ls = link.state
-        t.append(
-            f"{ls}" + (f" ({link.attempt})" if ls == "reconnecting" else ""),
-            style="green" if ls in ("connected", "replay") else ("yellow" if ls == "reconnecting" else "red"),
-        )
+        if not (narrow and ls == "connected"):
+            t.append(" │ link ")
+            t.append(
+                f"{ls}" + (f" ({link.attempt})" if ls == "reconnecting" else ""),
+                style="green" if ls in ("connected", "replay") else ("yellow" if ls == "reconnecting" else "red"),
+            )
         if bench is not None:
             done, total, med = bench
             t.append(" │ bench ")

@@ -8,6 +8,12 @@ from textual.widgets import DataTable
 
 from tuitune.measure.runs import RunBook, delta_mark
 
+
+def legend(book: RunBook) -> str:
+    """What the Δ marks mean (RunBook.delta: stats.compare of the requests), on the table's border."""
+    return f"▲▼ p<0.05 and ratio CI beyond ±{book.min_effect:.0%} · ≈ not both · n/c not comparable"
+
+
 COLUMNS = ("#", "conc", "tok/s", "95% CI", "Δ vs base", "accept", "cycle ms", "failed", "gpus", "config (vs baseline)")
 
 
@@ -33,8 +39,11 @@ class RunsTable(DataTable):
         self.add_columns(*COLUMNS)
         self.border_title = "runs (b bench, m mark baseline)"
 
+    shown = 0  # rows drawn last time: a new run moves the selection to it (m then marks it)
+
     def show(self, book: RunBook, stale: str | None) -> None:
-        keep = self.cursor_row
+        keep = self.cursor_row if len(book.runs) <= self.shown else len(book.runs) - 1
+        self.shown = len(book.runs)
         self.clear()
         for run in book.runs:
             base = run.id == book.baseline_id
@@ -58,5 +67,6 @@ class RunsTable(DataTable):
         self.set_class(bool(book.runs), "-has-runs")
         if book.runs:
             self.move_cursor(row=min(max(keep, 0), len(book.runs) - 1))
-        self.border_subtitle = f"baseline STALE: {stale}" if stale else ""
+        compared = len(book.runs) > 1 and book.baseline is not None
+        self.border_subtitle = f"baseline STALE: {stale}" if stale else (legend(book) if compared else "")
         self.styles.border_subtitle_color = "red" if stale else None

@@ -112,27 +112,47 @@ class SaveScreen(ModalScreen[tuple[str, str] | None]):
                             background: $surface; padding: 0 1; }
     SaveScreen Input { margin-bottom: 1; }
     SaveScreen Label { width: 100%; }
-    SaveScreen #save-stale { color: $warning; height: auto; }
+    SaveScreen #save-stale, SaveScreen #save-shadow { color: $warning; height: auto; }
+    SaveScreen #save-shadow { margin-bottom: 1; }
     """
 
-    def __init__(self, default_path: str, description: str = "", stale: str = ""):
+    def __init__(self, default_path: str, description: str = "", stale="", shipped=None):
+        """``stale``: the warning about the description, or a function of the description giving it
+        (redrawn as the description is edited); ``shipped(name)``: the shipped preset a name hides."""
         super().__init__()
         self.default_path = default_path
         self.description = description
-        self.stale = stale
+        self.stale = stale if callable(stale) else (lambda _d, s=stale: s)
+        self.shipped = shipped or (lambda _name: None)
 
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label("save the current configuration as (a name goes to your presets directory):")
             yield Input(value=self.default_path, id="save-path")
+            yield Static("", id="save-shadow")
             yield Label("description:")
-            yield Static(f"⚠ {self.stale}" if self.stale else "", id="save-stale")
+            yield Static("", id="save-stale")
             yield Input(value=self.description, id="save-description")
             yield Label("Enter saves · Tab moves · Esc cancels", classes="hint")
 
     def on_mount(self) -> None:
-        if self.stale:
-            self.query_one("#save-description", Input).focus()
+        self.query_one("#save-path", Input).focus()  # the name first, always: Tab reaches the description
+        self._notes()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self._notes()
+
+    def _notes(self) -> None:
+        if not self.query("#save-stale"):
+            return
+        stale = self.stale(self.query_one("#save-description", Input).value)
+        note = self.query_one("#save-stale", Static)
+        note.update(Content(f"⚠ {stale}" if stale else ""))
+        note.display = bool(stale)
+        name = self.query_one("#save-path", Input).value.strip()
+        shadow = self.query_one("#save-shadow", Static)
+        shadow.update(Content(f"⚠ {name} is a shipped preset's name: yours would hide it (you will be asked)"))
+        shadow.display = self.shipped(name) is not None
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         path = self.query_one("#save-path", Input).value.strip()
@@ -290,17 +310,18 @@ class ConfirmScreen(ModalScreen[bool]):
     ConfirmScreen Button { margin: 1 1 0 0; }
     """
 
-    def __init__(self, question: str, yes_label: str, yes_key: str):
+    def __init__(self, question: str, yes_label: str, yes_key: str, no_label: str = "Cancel [Esc]"):
         super().__init__()
         self.question = question
         self.yes_label = yes_label
         self.yes_key = yes_key
+        self.no_label = no_label
 
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label(Content(self.question))
             with Horizontal():
-                yield Button(Content("Cancel [Esc]"), id="no", variant="primary")
+                yield Button(Content(self.no_label), id="no", variant="primary")
                 yield Button(Content(self.yes_label), id="yes", variant="error")
 
     def on_mount(self) -> None:

@@ -1,12 +1,10 @@
-"""Deterministic scenes of the TUI, from a committed capture: `make screenshots` and the snapshot
-tests both build them here. ``python -m tuitune.tui.screenshots DIR`` writes one SVG per scene and
-size: ``main.svg`` at the wide size, ``main-120x40.svg`` and ``main-80x24.svg`` at the common ones."""
+"""Deterministic scenes of the TUI, replayed from a committed capture (tests/data/demo-capture.jsonl):
+the SVG snapshot and layout tests build them here. A development module, outside the package (it
+reads the tests' data): the screenshots in this folder are taken from the live demo by make.py."""
 
 from __future__ import annotations
 
-import asyncio
 import random
-import sys
 from pathlib import Path
 
 from tuitune import preset as P
@@ -17,7 +15,7 @@ from tuitune.measure.stats import bootstrap_median_ci
 from tuitune.tui.app import TuituneApp, UserConfig
 from tuitune.tui.screens import RelaunchScreen
 
-CAPTURE = Path(__file__).resolve().parent.parent.parent / "tests" / "data" / "demo-capture.jsonl"
+CAPTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "demo-capture.jsonl"
 SIZE = (140, 44)  # wide: the config panel stays open beside the panels
 SIZES = ((140, 44), (120, 40), (80, 24))  # 120×40 is what most users have; 80×24 must still work
 SCENES = ("main", "relaunch", "runs", "config", "failure", "gpus", "advisor")
@@ -138,26 +136,3 @@ async def prepare(app: TuituneApp, pilot, scene: str) -> None:
         )
     app.refresh_views()
     await pilot.pause()
-
-
-def file_name(scene: str, size: tuple[int, int]) -> str:
-    return f"{scene}.svg" if size == SIZE else f"{scene}-{size[0]}x{size[1]}.svg"
-
-
-async def save_all(out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for size in SIZES:
-        for scene in SCENES:
-            app = scene_app()
-            async with app.run_test(size=size) as pilot:
-                await prepare(app, pilot, scene)
-                path = out / file_name(scene, size)
-                app.save_screenshot(str(path))
-                paths.append(path)
-    return paths
-
-
-if __name__ == "__main__":
-    for p in asyncio.run(save_all(Path(sys.argv[1] if len(sys.argv) > 1 else "screenshots"))):
-        print(p)
