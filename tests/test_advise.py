@@ -459,3 +459,84 @@ def test_tune_nccl_screens_then_keeps_the_variable_that_wins(tmp_path):
     assert [x["env"] for x in launched[:2]] == ["", "NCCL_PROTO=LL"] and len(launched) == 2  # budget 1: the NCCL try
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["nccl"] == "NCCL_PROTO=LL" and "with NCCL_PROTO=LL" in result["chosen_label"]
+
+
+# ---- a ranking that rests on extrapolation says so ---------------------------------------------
+
+
+def single_stream_capture(tmp: Path) -> Path:
+    """One launch of the simulator's h100-llama8b (EAGLE-3, chain of 3) benchmarked at one stream
+    only, recorded by `tune --budget 0` as a capture: the issue's single-stream case."""
+    p = P.with_changes(
+        P.resolve("sim-h100-llama8b-eagle3"),
+        {
+            "server.log": str(tmp / "sim.log"),
+            "server.port": free_port(),
+            "server.args.sim-speedup": 20,
+            "server.args.sim-load-seconds": 0.2,
+            "server.args.decode-log-interval": 10,
+            "bench.requests": 4,
+            "bench.warmup": 0,
+            "bench.max_tokens": 120,
+        },
+    )
+    preset = P.save(p, tmp / "h100.yaml")
+    r = tuitune(
+        tmp, "tune", str(preset), "--budget", "0", "--concurrency", "1", "--levels", "1", "--out", str(tmp / "o")
+    )
+    assert r.returncode == 0, r.stderr + r.stdout
+    (capture,) = (tmp / "o" / "captures").glob("*.jsonl*")
+    return capture
+
+
+def test_advise_from_a_single_stream_capture_says_the_ranking_is_extrapolated(tmp_path):
+    """Fitted at batch size 1 (4 verify tokens) and asked for concurrency 8, the model ranked
+    "off" first (+45 %) where the truth favours 2-3 steps (h100-llama8b: ~2060 vs 1240 tok/s at
+    speedup 1). advise must say the order rests on extrapolation, what was measured and asked, and
+    the measurements that settle it; --emit marks the buckets it cannot support."""
+    m = S.load_machine("h100-llama8b")
+    assert AA.truth(m, Config.chain(2), 8) > 1.5 * AA.truth(m, OFF, 8)  # the truth the model cannot see
+    capture = single_stream_capture(tmp_path)
+    sched = tmp_path / "adaptive.json"
+    r = tuitune(tmp_path, "advise", str(capture), "--concurrency", "8", "--emit", "sglang-adaptive", str(sched))
+    assert r.returncode == 0, r.stderr
+    text = r.stdout
+    assert "concurrency 8:  (order not established: extrapolated)" in text
+    (sentence,) = [x.strip() for x in text.splitlines() if "rests on extrapolation" in x]
+    assert sentence.startswith("measured batch size 1, 4 verify tokens, no launch with speculation off; ")
+    assert "asked for concurrency 8 (" in sentence
+    assert sentence.endswith(
+        "a benchmark at concurrency 8 (profile on) and a launch with speculation off would settle it."
+    )
+    rows = text.split("95% interval")[1].split("measure next")[0].splitlines()[1:]
+    rows = [x for x in rows if x.strip()]
+    assert rows and all(x.split()[0] == "?" for x in rows), rows  # no confident order
+    assert "  1 off" not in text
+    # the emitted schedule: buckets outside batch size 1 are marked, bucket 1 (measured) is not
+    marks = {int(x.split(">=")[1].split()[0]): "EXTRAPOLATED" in x for x in text.splitlines() if "batch size >=" in x}
+    assert marks[1] is False and all(marks[k] for k in (2, 4, 8, 16, 32, 64)), marks
+    assert "6 of 7 buckets rest on extrapolation" in text and "a launch with speculation off" in text
+    A.check_adaptive(json.loads(sched.read_text()))  # the file stays what SGLang loads
+    js = tuitune(tmp_path, "advise", str(capture), "--concurrency", "8", "--json")
+    got = json.loads(js.stdout)
+    x = got["advice"][0]["extrapolation"]
+    assert x["settle"] == ["a benchmark at concurrency 8 (profile on)", "a launch with speculation off"]
+    assert {c["label"] for c in x["contenders"]} >= {"off"}
+    assert got["advice"][0]["top"][0]["extrapolated"]
+
+
+async def test_a_ranking_inside_the_measured_range_is_not_marked(tmp_path):
+    """The same capture asked for its own concurrency, among chains whose forwards stay near the
+    measured 4 tokens: nothing is extrapolated, so the order stands (the marker is not a constant)."""
+    from tuitune.experiments.observe import launches_from
+
+    capture = single_stream_capture(tmp_path)
+    launches_, _, _ = await launches_from([str(capture)])
+    model = fit(launches_)
+    chains = [Config.chain(s) for s in range(1, 7)]
+    adv = A.advise(model, 1, Config.chain(3), chains)
+    assert adv.extrapolation is None and "rests on extrapolation" not in A.format_advice(model, [adv])
+    assert "   1 steps" in A.format_advice(model, [adv])
+    seen = A.Seen.of(model)
+    assert seen.batch == (1, 1) and not seen.baseline
+    assert seen.reasons(Config.chain(8), 1) == ["9 verify tokens (measured 4)"]
