@@ -540,3 +540,53 @@ async def test_a_ranking_inside_the_measured_range_is_not_marked(tmp_path):
     seen = A.Seen.of(model)
     assert seen.batch == (1, 1) and not seen.baseline
     assert seen.reasons(Config.chain(8), 1) == ["9 verify tokens (measured 4)"]
+
+
+# ---- tune: the baseline first; "inside the noise" counts the model's interval ------------------
+
+
+def test_tune_measures_the_never_measured_baseline_first(tmp_path):
+    """h100-llama8b at one stream: speculation pays (the model ranks trees first, "off" ~35 %
+    below), yet with a relaunch left the baseline, never measured, is the first candidate: every
+    gain is judged against it, and predicted from the verify curve alone it can be far off."""
+    capture = single_stream_capture(tmp_path)  # (a tune --budget 0 run; the preset beside it)
+    out = tmp_path / "o1"
+    r = tuitune(
+        tmp_path, "tune", str(tmp_path / "h100.yaml"), "--budget", "1", "--concurrency", "1", "--levels", "1",
+        "--out", str(out), "--ab-rounds", "1",
+    )  # fmt: skip
+    assert r.returncode in (0, 1), r.stderr + r.stdout
+    rows = [json.loads(x) for x in (out / "tune.jsonl").read_text().splitlines()]
+    launched = [x for x in rows if x["kind"] == "launch"]
+    assert [x["config"] for x in launched] == [Config.chain(3).to_dict(), OFF.to_dict()], launched
+    assert launched[1]["reason"].startswith("the baseline was never measured: off is predicted at")
+    assert "launch 1: off (the baseline was never measured" in r.stdout
+    assert launched[1]["goodput"]["1"] > 0 and capture.is_file()
+
+
+async def test_inside_the_noise_counts_the_models_interval(tmp_path):
+    """A configuration predicted below the best measured, its interval's top within the 2 % launch
+    noise of it (the old rule stopped there: "predicted gain inside the noise"), still has a real
+    chance once the model's interval and the launch noise are counted together: a relaunch left in
+    the budget goes to it. One whose chance is nil still stops the loop."""
+    from tuitune.experiments import tune as T
+    from tuitune.experiments.observe import launches_from
+
+    launches_, _, _ = await launches_from([str(single_stream_capture(tmp_path))])
+    model = fit(launches_)
+    best = launches_[0].goodput[1]
+    band = []
+    for c in A.space():
+        p = model.predict(c, 1).goodput
+        if c.speculative and c != Config.chain(3) and p.hi <= best * (1 + T.NOISE):
+            band.append((T.beat_chance(p.mean, p.sd, best), c))
+    could = [c for ch, c in band if ch > T.CHANCE]
+    nil = [c for ch, c in band if ch < T.CHANCE / 10]
+    assert could and nil, band  # intervals wide enough next to the noise for the question to arise
+    nxt, why, _ = T.decide(launches_, 1, [Config.chain(3), could[0]])
+    assert nxt == could[0] and why.startswith("could still win:") and "chance of beating it" in why
+    nxt, why, _ = T.decide(launches_, 1, [Config.chain(3), nil[0]])
+    assert nxt is None and why.startswith("predicted gain inside the noise:")
+    # the baseline comes first whenever it is in the space and was never measured
+    assert T.decide(launches_, 1, [Config.chain(3), could[0], OFF])[0] == OFF
+    assert T.beat_chance(100.0, 0.0, 100.0) == pytest.approx(0.5) and T.beat_chance(90.0, 1.0, 100.0) < 1e-6
