@@ -459,3 +459,134 @@ def test_tune_nccl_screens_then_keeps_the_variable_that_wins(tmp_path):
     assert [x["env"] for x in launched[:2]] == ["", "NCCL_PROTO=LL"] and len(launched) == 2  # budget 1: the NCCL try
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["nccl"] == "NCCL_PROTO=LL" and "with NCCL_PROTO=LL" in result["chosen_label"]
+
+
+# ---- a ranking that rests on extrapolation says so ---------------------------------------------
+
+
+def single_stream_capture(tmp: Path) -> Path:
+    """One launch of the simulator's h100-llama8b (EAGLE-3, chain of 3) benchmarked at one stream
+    only, recorded by `tune --budget 0` as a capture: the issue's single-stream case."""
+    p = P.with_changes(
+        P.resolve("sim-h100-llama8b-eagle3"),
+        {
+            "server.log": str(tmp / "sim.log"),
+            "server.port": free_port(),
+            "server.args.sim-speedup": 20,
+            "server.args.sim-load-seconds": 0.2,
+            "server.args.decode-log-interval": 10,
+            "bench.requests": 4,
+            "bench.warmup": 0,
+            "bench.max_tokens": 120,
+        },
+    )
+    preset = P.save(p, tmp / "h100.yaml")
+    r = tuitune(
+        tmp, "tune", str(preset), "--budget", "0", "--concurrency", "1", "--levels", "1", "--out", str(tmp / "o")
+    )
+    assert r.returncode == 0, r.stderr + r.stdout
+    (capture,) = (tmp / "o" / "captures").glob("*.jsonl*")
+    return capture
+
+
+def test_advise_from_a_single_stream_capture_says_the_ranking_is_extrapolated(tmp_path):
+    """Fitted at batch size 1 (4 verify tokens) and asked for concurrency 8, the model ranked
+    "off" first (+45 %) where the truth favours 2-3 steps (h100-llama8b: ~2060 vs 1240 tok/s at
+    speedup 1). advise must say the order rests on extrapolation, what was measured and asked, and
+    the measurements that settle it; --emit marks the buckets it cannot support."""
+    m = S.load_machine("h100-llama8b")
+    assert AA.truth(m, Config.chain(2), 8) > 1.5 * AA.truth(m, OFF, 8)  # the truth the model cannot see
+    capture = single_stream_capture(tmp_path)
+    sched = tmp_path / "adaptive.json"
+    r = tuitune(tmp_path, "advise", str(capture), "--concurrency", "8", "--emit", "sglang-adaptive", str(sched))
+    assert r.returncode == 0, r.stderr
+    text = r.stdout
+    assert "concurrency 8:  (order not established: extrapolated)" in text
+    (sentence,) = [x.strip() for x in text.splitlines() if "rests on extrapolation" in x]
+    assert sentence.startswith("measured batch size 1, 4 verify tokens, no launch with speculation off; ")
+    assert "asked for concurrency 8 (" in sentence
+    assert sentence.endswith(
+        "a benchmark at concurrency 8 (profile on) and a launch with speculation off would settle it."
+    )
+    rows = text.split("95% interval")[1].split("measure next")[0].splitlines()[1:]
+    rows = [x for x in rows if x.strip()]
+    assert rows and all(x.split()[0] == "?" for x in rows), rows  # no confident order
+    assert "  1 off" not in text
+    # the emitted schedule: buckets outside batch size 1 are marked, bucket 1 (measured) is not
+    marks = {int(x.split(">=")[1].split()[0]): "EXTRAPOLATED" in x for x in text.splitlines() if "batch size >=" in x}
+    assert marks[1] is False and all(marks[k] for k in (2, 4, 8, 16, 32, 64)), marks
+    assert "6 of 7 buckets rest on extrapolation" in text and "a launch with speculation off" in text
+    A.check_adaptive(json.loads(sched.read_text()))  # the file stays what SGLang loads
+    js = tuitune(tmp_path, "advise", str(capture), "--concurrency", "8", "--json")
+    got = json.loads(js.stdout)
+    x = got["advice"][0]["extrapolation"]
+    assert x["settle"] == ["a benchmark at concurrency 8 (profile on)", "a launch with speculation off"]
+    assert {c["label"] for c in x["contenders"]} >= {"off"}
+    assert got["advice"][0]["top"][0]["extrapolated"]
+
+
+async def test_a_ranking_inside_the_measured_range_is_not_marked(tmp_path):
+    """The same capture asked for its own concurrency, among chains whose forwards stay near the
+    measured 4 tokens: nothing is extrapolated, so the order stands (the marker is not a constant)."""
+    from tuitune.experiments.observe import launches_from
+
+    capture = single_stream_capture(tmp_path)
+    launches_, _, _ = await launches_from([str(capture)])
+    model = fit(launches_)
+    chains = [Config.chain(s) for s in range(1, 7)]
+    adv = A.advise(model, 1, Config.chain(3), chains)
+    assert adv.extrapolation is None and "rests on extrapolation" not in A.format_advice(model, [adv])
+    assert "   1 steps" in A.format_advice(model, [adv])
+    seen = A.Seen.of(model)
+    assert seen.batch == (1, 1) and not seen.baseline
+    assert seen.reasons(Config.chain(8), 1) == ["9 verify tokens (measured 4)"]
+
+
+# ---- tune: the baseline first; "inside the noise" counts the model's interval ------------------
+
+
+def test_tune_measures_the_never_measured_baseline_first(tmp_path):
+    """h100-llama8b at one stream: speculation pays (the model ranks trees first, "off" ~35 %
+    below), yet with a relaunch left the baseline, never measured, is the first candidate: every
+    gain is judged against it, and predicted from the verify curve alone it can be far off."""
+    capture = single_stream_capture(tmp_path)  # (a tune --budget 0 run; the preset beside it)
+    out = tmp_path / "o1"
+    r = tuitune(
+        tmp_path, "tune", str(tmp_path / "h100.yaml"), "--budget", "1", "--concurrency", "1", "--levels", "1",
+        "--out", str(out), "--ab-rounds", "1",
+    )  # fmt: skip
+    assert r.returncode in (0, 1), r.stderr + r.stdout
+    rows = [json.loads(x) for x in (out / "tune.jsonl").read_text().splitlines()]
+    launched = [x for x in rows if x["kind"] == "launch"]
+    assert [x["config"] for x in launched] == [Config.chain(3).to_dict(), OFF.to_dict()], launched
+    assert launched[1]["reason"].startswith("the baseline was never measured: off is predicted at")
+    assert "launch 1: off (the baseline was never measured" in r.stdout
+    assert launched[1]["goodput"]["1"] > 0 and capture.is_file()
+
+
+async def test_inside_the_noise_counts_the_models_interval(tmp_path):
+    """A configuration predicted below the best measured, its interval's top within the 2 % launch
+    noise of it (the old rule stopped there: "predicted gain inside the noise"), still has a real
+    chance once the model's interval and the launch noise are counted together: a relaunch left in
+    the budget goes to it. One whose chance is nil still stops the loop."""
+    from tuitune.experiments import tune as T
+    from tuitune.experiments.observe import launches_from
+
+    launches_, _, _ = await launches_from([str(single_stream_capture(tmp_path))])
+    model = fit(launches_)
+    best = launches_[0].goodput[1]
+    band = []
+    for c in A.space():
+        p = model.predict(c, 1).goodput
+        if c.speculative and c != Config.chain(3) and p.hi <= best * (1 + T.NOISE):
+            band.append((T.beat_chance(p.mean, p.sd, best), c))
+    could = [c for ch, c in band if ch > T.CHANCE]
+    nil = [c for ch, c in band if ch < T.CHANCE / 10]
+    assert could and nil, band  # intervals wide enough next to the noise for the question to arise
+    nxt, why, _ = T.decide(launches_, 1, [Config.chain(3), could[0]])
+    assert nxt == could[0] and why.startswith("could still win:") and "chance of beating it" in why
+    nxt, why, _ = T.decide(launches_, 1, [Config.chain(3), nil[0]])
+    assert nxt is None and why.startswith("predicted gain inside the noise:")
+    # the baseline comes first whenever it is in the space and was never measured
+    assert T.decide(launches_, 1, [Config.chain(3), could[0], OFF])[0] == OFF
+    assert T.beat_chance(100.0, 0.0, 100.0) == pytest.approx(0.5) and T.beat_chance(90.0, 1.0, 100.0) < 1e-6

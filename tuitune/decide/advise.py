@@ -21,6 +21,8 @@ TOPKS = (1, 2, 4, 8)
 TREE_TOKENS = (4, 6, 8, 12, 16, 24, 32, 48, 64)
 ADAPTIVE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # SGLang's keys are lower bounds of batch-size ranges
 TOLERANCE = 0.02  # "within 2 % of the best" (adaptive candidates; ties)
+BATCH_REACH = 1.5  # a batch size within this factor of those measured is interpolation, beyond it extrapolation
+TOKEN_REACH = 2.0  # the same for the token count of a verify (or draft) forward
 
 
 def space(max_steps: int = MAX_STEPS, topks: tuple[int, ...] = TOPKS) -> list[Config]:
@@ -44,6 +46,116 @@ def rank(model: CostModel, concurrency: int, configs: list[Config] | None = None
     return preds
 
 
+# ---- what a prediction rests on ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What the model's curves were fitted from: batch sizes and forward token counts measured,
+    and whether a launch without speculation was."""
+
+    batch: tuple[int, int]
+    verify_tokens: tuple[float, float]
+    draft_tokens: tuple[float, float] | None
+    baseline: bool
+
+    @classmethod
+    def of(cls, model: CostModel) -> Seen:
+        bss = [w.bs or 1 for ln in model.launches for w in ln.windows if w.steps is not None]
+        bss += [
+            d.running_req for ln in model.launches if not ln.config.speculative for d in ln.decodes if d.running_req
+        ]
+        batch = (min(bss), max(bss)) if bss else (1, 1)
+        draft = model.draft.n_range if model.draft is not None else None
+        return cls(batch, model.verify.n_range, draft, model.baseline_source == "baseline launch")
+
+    def reasons(self, c: Config, concurrency: int) -> list[str]:
+        """Why the prediction of ``c`` at ``concurrency`` is an extrapolation ([] when it is not)."""
+        bs = max(1, int(concurrency))
+        out = []
+        lo, hi = self.batch
+        if not lo / BATCH_REACH <= bs <= hi * BATCH_REACH:
+            out.append(f"batch size {bs} (measured {_span(lo, hi)})")
+        n = bs * c.draft_tokens if c.speculative else bs
+        if not self.verify_tokens[0] / TOKEN_REACH <= n <= self.verify_tokens[1] * TOKEN_REACH:
+            out.append(f"{n} verify tokens (measured {_span(*self.verify_tokens)})")
+        if c.speculative and self.draft_tokens is not None:
+            d = bs * c.topk
+            if not self.draft_tokens[0] / TOKEN_REACH <= d <= self.draft_tokens[1] * TOKEN_REACH:
+                out.append(f"{d} draft tokens a step (measured {_span(*self.draft_tokens)})")
+        if not c.speculative and not self.baseline:
+            out.append("speculation off (never launched)")
+        return out
+
+
+def _label(c: Config) -> str:
+    return c.label
+
+
+def _span(lo: float, hi: float) -> str:
+    return f"{lo:.0f}" if round(lo) == round(hi) else f"{lo:.0f}-{hi:.0f}"
+
+
+@dataclass
+class Extrapolation:
+    """A ranking that rests on predictions outside what was measured: the one sentence that says
+    so, and the measurements that would settle it."""
+
+    sentence: str
+    settle: list[str]
+    contenders: dict[Config, list[str]]  # the best and those that could beat it, each with its reasons
+    configs: dict[Config, list[str]]  # every configuration predicted outside what was measured
+
+    def to_dict(self) -> dict:
+        return {
+            "sentence": self.sentence,
+            "settle": self.settle,
+            "contenders": [{"label": c.label, "config": c.to_dict(), "reasons": r} for c, r in self.contenders.items()],
+        }
+
+
+def extrapolation(
+    model: CostModel,
+    concurrency: int,
+    ranking: list[Prediction],
+    measured: dict[Config, float],
+    describe: Callable[[Config], str] = _label,
+) -> Extrapolation | None:
+    """None when the best and every configuration whose interval reaches its prediction (the
+    contenders) are predicted inside what was measured, or were benchmarked at this concurrency."""
+    if not ranking:
+        return None
+    seen = Seen.of(model)
+    best = ranking[0]
+    contenders = [best] + [p for p in ranking[1:] if p.goodput.hi >= best.goodput.mean]
+    rows = {p.config: r for p in ranking if p.config not in measured and (r := seen.reasons(p.config, concurrency))}
+    why = {p.config: rows[p.config] for p in contenders if p.config in rows}
+    if not why:
+        return None
+    bs = max(1, int(concurrency))
+    reasons = [r for rs in why.values() for r in rs]
+    settle = []
+    if any(r.startswith("batch size") for r in reasons):
+        settle.append(f"a benchmark at concurrency {bs} (profile on)")
+    else:
+        far = [c for c, rs in why.items() if c.speculative and any("tokens" in r for r in rs)]
+        if far:
+            c = max(far, key=lambda x: (x.draft_tokens, x.topk))
+            settle.append(f"a launch of {describe(c)} benchmarked at concurrency {bs}")
+    if OFF in why and not seen.baseline:
+        settle.append("a launch with speculation off")
+    what = [f"batch size {_span(*seen.batch)}", f"{_span(*seen.verify_tokens)} verify tokens"]
+    if not seen.baseline:
+        what.append("no launch with speculation off")
+    ns = [bs * c.draft_tokens if c.speculative else bs for c in why]
+    asked = f"concurrency {bs} ({_span(min(ns), max(ns))} verify tokens)"
+    sentence = (
+        f"measured {', '.join(what)}; asked for {asked}: this ranking rests on extrapolation, "
+        f"not measurement, and {' and '.join(settle) or 'a benchmark at this concurrency'} would settle it"
+    )
+    return Extrapolation(sentence, settle, why, rows)
+
+
 @dataclass
 class Advice:
     concurrency: int
@@ -51,6 +163,7 @@ class Advice:
     running: Prediction | None
     measured: dict[Config, float]  # goodput a benchmark measured at this concurrency
     next_measurement: Prediction | None
+    extrapolation: Extrapolation | None = None  # the ranking rests on predictions outside the data
 
     @property
     def best(self) -> Prediction:
@@ -73,6 +186,8 @@ class Advice:
                 d["gain_over_running"] = g
             if p.config in self.measured:
                 d["measured_goodput"] = self.measured[p.config]
+            if self.extrapolation is not None and p.config in self.extrapolation.configs:
+                d["extrapolated"] = self.extrapolation.configs[p.config]
             return d
 
         out = {
@@ -80,6 +195,7 @@ class Advice:
             "top": [row(p) for p in self.top()],
             "running": row(self.running) if self.running else None,
             "next_measurement": row(self.next_measurement) if self.next_measurement else None,
+            "extrapolation": self.extrapolation.to_dict() if self.extrapolation else None,
         }
         if full:
             out["all"] = [row(p) for p in self.ranking]
@@ -95,7 +211,11 @@ def next_measurement(ranking: list[Prediction], measured: set[Config]) -> Predic
 
 
 def advise(
-    model: CostModel, concurrency: int, running: Config | None = None, configs: list[Config] | None = None
+    model: CostModel,
+    concurrency: int,
+    running: Config | None = None,
+    configs: list[Config] | None = None,
+    describe: Callable[[Config], str] = _label,
 ) -> Advice:
     ranking = rank(model, concurrency, configs)
     measured = {ln.config: ln.goodput[concurrency] for ln in model.launches if concurrency in ln.goodput}
@@ -103,7 +223,14 @@ def advise(
     if running is not None and run is None:
         run = model.predict(running, concurrency)
     seen = {ln.config for ln in model.launches}
-    return Advice(concurrency, ranking, run, measured, next_measurement(ranking, seen))
+    return Advice(
+        concurrency,
+        ranking,
+        run,
+        measured,
+        next_measurement(ranking, seen),
+        extrapolation(model, concurrency, ranking, measured, describe),
+    )
 
 
 def neighbours(c: Config, topks: tuple[int, ...] = TOPKS) -> list[Config]:
@@ -226,7 +353,10 @@ def format_advice(
     ]
     for a in advices:
         lines.append("")
-        lines.append(f"concurrency {a.concurrency}:")
+        x = a.extrapolation
+        lines.append(f"concurrency {a.concurrency}:" + ("  (order not established: extrapolated)" if x else ""))
+        if x is not None:
+            lines.append(f"  {x.sentence}.")
         lines.append(f"  {'#':>2} {'configuration':<30} {'goodput tok/s':>14} {'95% interval':>21} {'gain':>7}  accept")
         rows = a.top(top)
         if a.running is not None and a.running not in rows:
@@ -235,7 +365,9 @@ def format_advice(
             tag = "  (running)" if a.running is not None and p.config == a.running.config else ""
             if p.config in a.measured:
                 tag += f"  measured {a.measured[p.config]:.1f}"
-            num = f"{a.ranking.index(p) + 1:>2}"
+            num = f"{a.ranking.index(p) + 1:>2}" if x is None else " ?"
+            if x is not None and p.config in x.configs:
+                tag += "  extrapolated"
             lines.append(
                 f"  {num} {describe(p.config):<30} {p.goodput.mean:>14.1f} "
                 f"{max(0.0, p.goodput.lo):>10.1f}-{p.goodput.hi:<10.1f} {_pct(a.gain(p)):>7}  "

@@ -32,6 +32,96 @@ from tuitune.target.transport import Transport
 MIN_ROUNDS = 4  # with fewer launches per arm the exact two-sided U test cannot reach p < 0.05
 
 
+PRIOR_SPREAD = 0.02  # launch-to-launch spread (sd, relative) assumed before any is measured: tune's NOISE, FACTS §7
+POWER = 0.8  # "can detect": the verdict says faster this often when the effect is real
+_TRIALS = 4000
+
+
+def _u_critical(n: int, alpha: float) -> int | None:
+    """The largest U (pairs where A beats B) at which the exact two-sided test of n against n
+    launches still gives p < alpha; None when no U does (too few launches)."""
+    counts = stats._u_counts(n, n)
+    total = sum(counts)
+    crit, tail = None, 0
+    for u, c in enumerate(counts):
+        tail += c
+        if 2 * tail / total >= alpha:
+            break
+        crit = u
+    return crit
+
+
+def detectable_effect(
+    rounds: int, spread: float, min_effect: float = 0.01, alpha: float = 0.05, power: float = POWER
+) -> float | None:
+    """The smallest gain (relative, B over A) that an A/B of ``rounds`` launches a side calls
+    "faster" with probability ``power``, when launches spread by ``spread`` (sd of log goodput).
+
+    Both halves of the verdict rule of ``stats.compare`` are modelled: the exact Mann-Whitney test
+    (simulated with common random numbers, so the answer is deterministic and monotone) and the
+    ratio-of-medians interval beyond ``min_effect`` (a normal interval on the log ratio, the
+    median's variance π σ² / 2n standing for the bootstrap). None: no effect can be detected."""
+    import random
+
+    if rounds < 1 or spread < 0:
+        return None
+    crit = _u_critical(rounds, alpha)
+    if crit is None:
+        return None
+    rng = random.Random(25)
+    draws = [
+        ([rng.gauss(0, 1) for _ in range(rounds)], [rng.gauss(0, 1) for _ in range(rounds)]) for _ in range(_TRIALS)
+    ]
+    half = 1.96 * spread * math.sqrt(math.pi / rounds)  # 95 % half-width of the log ratio of medians
+    floor = math.log1p(min_effect)
+
+    def detected(effect: float) -> float:
+        shift = math.log1p(effect)
+        hits = 0
+        for za, zb in draws:
+            a = [spread * z for z in za]
+            b = [shift + spread * z for z in zb]
+            u = sum(1 for x in a for y in b if x > y)
+            if u <= crit and stats.median(b) - stats.median(a) - half > floor:
+                hits += 1
+        return hits / len(draws)
+
+    lo, hi = 0.0, 1.0
+    if detected(hi) < power:
+        return None
+    for _ in range(24):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if detected(mid) >= power else (mid, hi)
+    return hi
+
+
+def power_note(rounds: int, spread: float, source: str, min_effect: float = 0.01) -> dict:
+    """What an A/B of ``rounds`` launches a side can detect, and the sentence that says it."""
+    eff = detectable_effect(rounds, spread, min_effect)
+    what = f"launch-to-launch spread {spread:.1%}, {source}"
+    if eff is None:
+        sentence = f"with {rounds} launch(es) a side no effect can be detected ({what})"
+    else:
+        sentence = (
+            f"with {rounds} launches a side this A/B detects a change of {eff:.1%} or more "
+            f"{POWER:.0%} of the time ({what}; minimum effect {min_effect:.0%}); smaller real gains "
+            "will mostly read 'no significant difference'"
+        )
+    return {"rounds": rounds, "spread": spread, "spread_source": source, "detectable": eff, "sentence": sentence}
+
+
+def measured_spread(launches: list[dict], key: str) -> float | None:
+    """The pooled within-arm sd of log goodput (or median tok/s) of an A/B's launches."""
+    ss, dof = 0.0, 0
+    for arm in ("A", "B"):
+        v = [math.log(x[key]) for x in launches if x["arm"] == arm and x[key] > 0 and math.isfinite(x[key])]
+        if len(v) >= 2:
+            m = sum(v) / len(v)
+            ss += sum((x - m) ** 2 for x in v)
+            dof += len(v) - 1
+    return math.sqrt(ss / dof) if dof else None
+
+
 def ab_notes(a: Preset, b: Preset, rounds: int) -> list[str]:
     """What the user should know before the run starts (one sentence each)."""
     notes = []
@@ -130,7 +220,19 @@ async def run_ab(
     progress: Callable[[str], None] | None = None,
     stop_at_end: bool = True,
     allow_any: bool = False,
+    spread: float | None = None,
+    spread_source: str = "",
 ) -> dict:
+    """``spread``: the launch-to-launch spread measured before (``spread_source`` says where);
+    without it the stated prior PRIOR_SPREAD. Either way the A/B says, before it relaunches, the
+    smallest effect it can detect with ``rounds``; after, the same from the spread it measured."""
+    before = (
+        power_note(rounds, spread, spread_source or "measured before", min_effect)
+        if spread is not None
+        else power_note(rounds, PRIOR_SPREAD, "a prior: nothing measured yet", min_effect)
+    )
+    if progress:
+        progress(f"power: {before['sentence']}")
     launches: list[dict] = []
     listeners: list[Callable[[list[Event]], None]] = []
     allowed = {a.name, b.name}
@@ -167,6 +269,8 @@ async def run_ab(
     if stop_at_end:
         async with controlling(t, b) as control:
             await control.stop()
+    got = measured_spread(launches, metric(launches))
+    after = power_note(rounds, got, "measured in this A/B", min_effect) if got is not None else None
     return {
         "a": a.name,
         "b": b.name,
@@ -174,6 +278,7 @@ async def run_ab(
         "rounds": rounds,
         "launches": launches,
         "notes": ab_notes(a, b, rounds),
+        "power": {"before": before, "after": after},
         "verdict": verdict(launches, min_effect),
     }
 
@@ -215,6 +320,9 @@ def format_ab(result: dict) -> str:
         f"why: {stats.verdict_why(v)} (faster or slower needs both p < 0.05 and the interval entirely beyond "
         f"1 ± {v['min_effect']:.0%})"
     )
+    after = (result.get("power") or {}).get("after")
+    if after:
+        lines.append(f"power: {after['sentence']}")
     if result.get("aa"):
         lines.append("this was an A/A run (the same configuration in both arms): a difference here is noise")
     return "\n".join(lines)

@@ -51,11 +51,44 @@ class Advised:
                 f"{A.TOLERANCE:.0%} of each bucket's best):"
             )
             for w in self.buckets:
+                mark = f"  EXTRAPOLATED: {'; '.join(w['extrapolated'])}" if w.get("extrapolated") else ""
                 lines.append(
                     f"  batch size >= {w['key']:<4} (judged at {w['batch_size']}): candidate_steps {w['candidates']}"
+                    + mark
+                )
+            marked = [w for w in self.buckets if w.get("extrapolated")]
+            if marked:
+                levels = [str(w["batch_size"]) for w in marked if any("benchmark" in x for x in w["settle"])]
+                settle = [f"benchmarks at concurrency {','.join(levels)} (profile on)"] if levels else []
+                if any("speculation off" in x for w in marked for x in w["settle"]):
+                    settle.append("a launch with speculation off")
+                lines.append(
+                    f"  {len(marked)} of {len(self.buckets)} buckets rest on extrapolation, not measurement: "
+                    f"check them before serving with the file ({' and '.join(settle)} would settle them)"
                 )
             lines.append("  use it: speculative.adaptive_config: /path/on/the/target.json in the preset (eagle_topk 1)")
         return "\n".join(lines)
+
+
+def mark_buckets(model: CostModel, buckets: list[dict]) -> None:
+    """Mark each bucket of an emitted schedule whose choice rests on extrapolation: its batch size
+    or its candidates' token counts outside what was measured, or "off" never launched. A marked
+    bucket gets ``extrapolated`` (the reasons) and ``settle`` (the measurement that would decide it)."""
+    seen = A.Seen.of(model)
+    for w in buckets:
+        bs = w["batch_size"]
+        reasons: list[str] = []
+        for steps in w["candidates"]:
+            reasons += [r for r in seen.reasons(Config.chain(steps), bs) if r not in reasons]
+        if not reasons:
+            continue
+        settle = []
+        if any(r.startswith("batch size") or "tokens" in r for r in reasons):
+            settle.append(f"a benchmark at concurrency {bs} (profile on)")
+        if any(r.startswith("speculation off") for r in reasons):
+            settle.append("a launch with speculation off")
+        w["extrapolated"] = reasons
+        w["settle"] = settle
 
 
 async def advise_sources(
@@ -79,9 +112,11 @@ async def advise_sources(
     except FitError as e:
         raise AdvisorError(f"cannot fit a cost model: {e}", 1) from None
     space = A.space(topks=engine.topks)
-    out = Advised(model, [A.advise(model, c, running, space) for c in concurrencies or [load]], engine.config_label)
+    describe = engine.config_label
+    out = Advised(model, [A.advise(model, c, running, space, describe) for c in concurrencies or [load]], describe)
     if emit:
         out.schedule, out.buckets = A.adaptive_schedule(model, tuple(buckets or A.ADAPTIVE_BUCKETS))
+        mark_buckets(model, out.buckets)
         try:
             A.write_adaptive(emit, out.schedule)
         except OSError as e:

@@ -29,12 +29,13 @@ from tuitune import preset as P
 from tuitune.base.jsonl import append_row, read_rows
 from tuitune.decide import ncclstep as NS
 from tuitune.decide.advise import Advice, advise, space
-from tuitune.decide.costmodel import Config, FitError, Launch, fit
+from tuitune.decide.costmodel import OFF, Config, FitError, Launch, fit
 from tuitune.experiments.observe import preset_config
 from tuitune.measure.levels import bench_levels
 from tuitune.target.control import ControlError
 
 NOISE = 0.02  # gains below this are inside launch-to-launch noise (FACTS §7: published gains are ~1-4 %)
+CHANCE = 0.025  # a configuration with less chance than this of beating the best measured is not worth a relaunch
 
 
 class TuneError(Exception):
@@ -154,6 +155,19 @@ def decide(
     open_ = [p for p in adv.ranking if p.config not in seen]
     if not open_:
         return None, "every configuration has been measured", adv
+    off = next((p for p in open_ if p.config == OFF), None)
+    if off is not None:
+        # every gain is judged against the baseline; predicted from the verify curve alone it may be
+        # far off (issue 25: too low in 5 of 6 runs), so it is measured before anything else
+        return (
+            OFF,
+            (
+                f"the baseline was never measured: {describe(OFF)} is predicted at {off.goodput.mean:.1f} "
+                f"(interval {max(0.0, off.goodput.lo):.1f}-{off.goodput.hi:.1f}) vs {best:.1f} measured, "
+                "from the verify curve alone"
+            ),
+            adv,
+        )
     top = open_[0]
     if top.goodput.mean > best * (1 + noise):
         return (
@@ -164,14 +178,18 @@ def decide(
             ),
             adv,
         )
-    reach = [p for p in open_ if p.goodput.hi > best * (1 + noise)]
+    # inside the noise by its mean; whether it could still win counts the model's interval and the
+    # launch noise of the best measured together: the chance its true goodput is above the best
+    chance = {p.config: beat_chance(p.goodput.mean, p.goodput.sd, best, noise) for p in open_}
+    reach = [p for p in open_ if chance[p.config] > CHANCE]
     if reach:
-        p = max(reach, key=lambda x: x.goodput.hi)
+        p = max(reach, key=lambda x: (chance[x.config], x.goodput.hi))
         return (
             p.config,
             (
                 f"could still win: predicted {p.goodput.mean:.1f}, interval up to {p.goodput.hi:.1f} "
-                f"vs {best:.1f} measured"
+                f"vs {best:.1f} measured ({chance[p.config]:.0%} chance of beating it, counting the "
+                f"model's interval and {noise:.0%} launch noise)"
             ),
             adv,
         )
@@ -179,10 +197,20 @@ def decide(
         None,
         (
             f"predicted gain inside the noise: the best unmeasured, {describe(top.config)}, is predicted at "
-            f"{top.goodput.mean:.1f} vs {best:.1f} measured"
+            f"{top.goodput.mean:.1f} vs {best:.1f} measured, and no unmeasured configuration has even a "
+            f"{CHANCE:.1%} chance of beating it (the model's interval and {noise:.0%} launch noise counted)"
         ),
         adv,
     )
+
+
+def beat_chance(mean: float, sd: float, best: float, noise: float = NOISE) -> float:
+    """The chance that a configuration predicted at ``mean`` ± ``sd`` is truly above ``best``, a
+    single launch's goodput whose own spread is ``noise`` (a 95 % half-width, relative)."""
+    spread = math.hypot(sd, noise * best / 1.96)
+    if spread <= 0:
+        return 1.0 if mean > best else 0.0
+    return 0.5 * math.erfc((best - mean) / (spread * math.sqrt(2)))
 
 
 async def tune_loop(
