@@ -769,15 +769,21 @@ def cmd_bench(ns) -> int:
             print(f"concurrency {c}…", file=sys.stderr, flush=True)
 
     if ns.url:
+        from tuitune.measure.bench import BenchError
 
         async def go_url():
             runs = []
+            api = "auto"  # without --api: asked of the server once, then kept for every level
             for c in levels:
                 progress(c)
-                cfg = BenchConfig(_bench_url(ns.url), **_overrides(ns, level=c))
+                cfg = BenchConfig(_bench_url(ns.url), **{"api": api, **_overrides(ns, level=c)})
                 cfg = cfg.at_level(cfg.concurrency)
                 print(f"bench: {cfg.warmup} warm-up + {cfg.requests} requests against {cfg.url}…", file=sys.stderr)
-                runs.append(await run_bench(cfg, _BenchProgress(cfg.requests)))
+                try:
+                    runs.append(await run_bench(cfg, _BenchProgress(cfg.requests)))
+                except BenchError as e:
+                    raise CliError(str(e), 2) from None
+                api = cfg.api
             return runs
 
         return report(_run_async(go_url()))

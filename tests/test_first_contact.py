@@ -1,0 +1,116 @@
+"""What broke when tuitune first met a real engine (issue 24, vLLM's CPU build), fixed for every
+engine: each test here fails on the code before the fix. Real processes throughout: the simulator
+in both dialects, real HTTP, the real sshd where a target is remote."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from conftest import Sim, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tuitune(*args, env=None, cwd=ROOT, timeout=180):
+    return subprocess.run(
+        [sys.executable, "-m", "tuitune", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+    )
+
+
+class VllmSim(Sim):
+    """The simulator's vLLM dialect as a real process (``--sim-engine vllm serve MODEL …``)."""
+
+    def __init__(self, tmp: Path, args: list[str], env: dict[str, str] | None = None):
+        port = free_port()
+        super().__init__(tmp, [], env)  # placeholder process, replaced below
+        self.stop()
+        self.port, self.url = port, f"http://127.0.0.1:{port}"
+        self.log = tmp / f"vllm-sim-{port}.log"
+        argv = ["--sim-engine", "vllm", "serve", "/m/tiny", "--port", str(port), *args]
+        with open(self.log, "wb") as f:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tuitune.sim", *argv],
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
+
+
+@pytest.fixture
+def vllm_sim(tmp_path):
+    sims: list[VllmSim] = []
+
+    def make(*args: str, env: dict[str, str] | None = None) -> VllmSim:
+        s = VllmSim(tmp_path, list(args), env)
+        sims.append(s)
+        return s
+
+    yield make
+    for s in sims:
+        s.stop()
+
+
+# ---- bench --url: which API the server speaks ------------------------------------------------------
+
+
+def _bench_url(url: str, *extra: str):
+    return tuitune(
+        "bench", "--url", url, "--requests", "2", "--warmup", "0", "--max-tokens", "30", "--json", "-", *extra
+    )
+
+
+def test_bench_url_finds_the_api_the_server_speaks(sim_factory, vllm_sim, tmp_path):
+    vllm = vllm_sim("--sim-load-seconds", "0.2", "--sim-speedup", "10")
+    sglang = sim_factory("--sim-load-seconds", "0.2", "--sim-speedup", "10")
+    vllm.wait_ready()
+    sglang.wait_ready()
+    # vLLM has no /generate: before, every request was "HTTP 404 {"detail":"Not Found"}"
+    r = _bench_url(vllm.url)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["config"]["api"] == "openai" and data["summary"]["failed"] == 0 and data["summary"]["requests"] == 2
+    r = _bench_url(sglang.url)  # SGLang serves both: its native API, as before
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["config"]["api"] == "native"
+    r = _bench_url(sglang.url, "--api", "openai")  # an explicit --api is kept
+    assert r.returncode == 0 and json.loads(r.stdout)["config"]["api"] == "openai", r.stderr
+
+
+class _Elsewhere(BaseHTTPRequestHandler):
+    """An HTTP server that is no inference server: 404 for everything."""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_POST = do_GET
+
+    def log_message(self, *a):
+        pass
+
+
+def test_bench_url_says_which_api_to_pass_when_it_cannot_tell(tmp_path):
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Elsewhere)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        r = _bench_url(f"http://127.0.0.1:{srv.server_port}")
+    finally:
+        srv.shutdown()
+    assert r.returncode == 2, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert "serves neither /generate (HTTP 404) nor /v1/completions (HTTP 404)" in last
+    assert "--api native" in last and "--api openai" in last and "Traceback" not in r.stderr
