@@ -114,3 +114,52 @@ def test_bench_url_says_which_api_to_pass_when_it_cannot_tell(tmp_path):
     last = r.stderr.strip().splitlines()[-1]
     assert "serves neither /generate (HTTP 404) nor /v1/completions (HTTP 404)" in last
     assert "--api native" in last and "--api openai" in last and "Traceback" not in r.stderr
+
+
+# ---- ab and tune: rounds that cannot reach significance are refused before any relaunch -----------
+
+
+def _sim_pair(tmp_path: Path):
+    from conftest import make_preset
+
+    from tuitune import preset as P
+
+    port = free_port()
+    a = make_preset(tmp_path, "a", port=port, profile=False)
+    b = P.with_changes(a, {"name": "b", "server.args.sim-scale": 0.5})
+    return P.save(a, tmp_path / "a.yaml"), P.save(b, tmp_path / "b.yaml"), a
+
+
+def test_ab_refuses_rounds_that_cannot_reach_significance_before_relaunching(tmp_path):
+    from tuitune.experiments.ab import MIN_ROUNDS, min_p
+
+    assert MIN_ROUNDS == 4 and round(min_p(2, 2), 3) == 0.333 and min_p(4, 4) < 0.05 <= min_p(3, 3)
+    fa, fb, a = _sim_pair(tmp_path)
+    home = {"HOME": str(tmp_path)}
+    r = tuitune("ab", str(fa), str(fb), "--rounds", "2", env=home)
+    assert r.returncode == 2, r.stdout + r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert "--rounds 2 cannot reach significance" in last and "never below 0.33" in last
+    assert "--rounds 4 is the smallest that can" in last and "--no-verdict" in last
+    assert not Path(a.server.log).exists() and "launching" not in r.stdout  # nothing was launched
+    # asked for on purpose: a measurement, medians and ratio, no verdict
+    r = tuitune("ab", str(fa), str(fb), "--rounds", "2", "--no-verdict", "--json", str(tmp_path / "ab.json"), env=home)
+    assert r.returncode == 0, r.stderr
+    v = json.loads((tmp_path / "ab.json").read_text())["verdict"]
+    assert v["verdict"] == "measurement only" and v["n_baseline"] == v["n_candidate"] == 2
+    assert "no verdict: 2 + 2 launches cannot reach significance" in r.stdout and "verdict: B" not in r.stdout
+    assert v["ratio"] > 1.5  # B's costs are halved: the measurement itself is real
+
+
+def test_tune_refuses_ab_rounds_that_cannot_decide_before_relaunching(tmp_path):
+    from conftest import make_preset
+
+    from tuitune import preset as P
+
+    p = P.save(make_preset(tmp_path, "t"), tmp_path / "t.yaml")
+    out = tmp_path / "out"
+    r = tuitune("tune", str(p), "--budget", "1", "--ab-rounds", "2", "--out", str(out), env={"HOME": str(tmp_path)})
+    assert r.returncode == 2, r.stdout + r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert "--ab-rounds 2 cannot reach significance" in last and "--ab-rounds 4 is the smallest that can" in last
+    assert not out.exists() and not (tmp_path / "t.log").exists()  # no relaunch, no log

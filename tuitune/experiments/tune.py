@@ -390,6 +390,7 @@ async def tune(
     levels: list[int] | None = None,
     overrides: dict | None = None,
     ab_rounds: int = 4,
+    ab_judge: bool = True,
     configs: list[Config] | None = None,
     nccl: bool = False,
     nccl_backend: str = "nccl",
@@ -398,9 +399,11 @@ async def tune(
     progress: Callable[[str], None] | None = None,
     session=None,
 ) -> dict:
-    from tuitune.experiments.ab import run_ab
+    from tuitune.experiments.ab import rounds_refusal, run_ab
     from tuitune.target.session import Session
 
+    if (why := rounds_refusal(ab_rounds, "--ab-rounds")) and ab_judge:
+        raise TuneError(why, 2)  # before the first relaunch: the search would end in an A/B that cannot decide
     start = config_of(base)
     if not base.is_speculative:
         raise TuneError(
@@ -536,7 +539,7 @@ async def tune(
                 "requests": max(int((overrides or {}).get("requests") or base.bench.requests), 2 * concurrency),
             }
             await session.stop_follow()
-            ab = await run_ab(session.transport, start_preset, b, ab_rounds, ab_over, progress=progress)
+            ab = await run_ab(session.transport, start_preset, b, ab_rounds, ab_over, progress=progress, judge=ab_judge)
             summary["ab"] = ab
             v = ab["verdict"]
             summary["verdict"] = v
@@ -562,6 +565,12 @@ def format_result(r: dict) -> str:
             f"verdict: {r['chosen_label']} is faster than the start (ratio {v['ratio']:.4f}, "
             f"95% CI {v['ratio_ci'][0]:.4f}-{v['ratio_ci'][1]:.4f}, p = {v['p_value']:.3f}); "
             f"written to {r.get('best_preset')}"
+        )
+    elif v.get("verdict") == "measurement only":
+        lines.append(
+            f"no verdict: {v['reason']}; A/B medians: start {v['baseline_median']:.1f}, "
+            f"{r['chosen_label']} {v['candidate_median']:.1f} tok/s (ratio {v['ratio']:.3f}); "
+            "the start is kept (no best.yaml)"
         )
     else:
         why = v.get("reason") or v.get("verdict")
