@@ -163,3 +163,144 @@ def test_tune_refuses_ab_rounds_that_cannot_decide_before_relaunching(tmp_path):
     last = r.stderr.strip().splitlines()[-1]
     assert "--ab-rounds 2 cannot reach significance" in last and "--ab-rounds 4 is the smallest that can" in last
     assert not out.exists() and not (tmp_path / "t.log").exists()  # no relaunch, no log
+
+
+# ---- the preset's environment kept whole; model paths checked before a launch ----------------------
+
+
+async def test_the_presets_pythonpath_reaches_preflight_the_server_and_status(tmp_path, monkeypatch):
+    """An engine whose own code is on the preset's PYTHONPATH, profiled: before, the preflight said
+    the module was not installed, the launch dropped the preset's path for the caller's, and
+    status reported drift on the probe directory tuitune had prepended itself."""
+    from conftest import make_preset
+
+    from tuitune import preset as P
+    from tuitune.target.control import ServerControl
+    from tuitune.target.transport import LocalTransport
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "the callers"))  # never the server's
+    code = tmp_path / "custom code"
+    (code / "simwrap").mkdir(parents=True)
+    (code / "simwrap" / "__init__.py").write_text("")
+    (code / "simwrap" / "__main__.py").write_text(
+        "import runpy\nrunpy.run_module('tuitune.sim', run_name='__main__')\n"
+    )
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    p = P.with_changes(
+        make_preset(tmp_path, "wrapped", env={"PYTHONPATH": str(code)}),
+        {"server.module": "simwrap", "speculative.draft_model_path": str(draft)},
+    )
+    assert p.uses_probe  # not the simulator's module: tuitune's probe goes first on the path
+    c = ServerControl(LocalTransport(), p, state_dir=str(tmp_path / "state"))
+    try:
+        rec, ready = await c.relaunch(60)
+        assert ready.ok, ready.message
+        environ = dict(x.split("=", 1) for x in Path(f"/proc/{rec.pid}/environ").read_text().split("\0") if "=" in x)
+        assert environ["PYTHONPATH"] == f"{tmp_path}/.cache/tuitune/probe:{code}"
+        st = await c.status()
+        assert st.running and st.drift == [], st.drift
+        # a real difference in the preset's own value is still drift
+        c2 = ServerControl(
+            LocalTransport(), P.with_changes(p, {"env.PYTHONPATH": "/elsewhere"}), str(tmp_path / "state")
+        )
+        drift = (await c2.status()).drift
+        assert [(d.key, d.running, d.preset) for d in drift] == [("env.PYTHONPATH", str(code), "/elsewhere")]
+    finally:
+        await c.stop()
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> Path:
+    import vllm_cli
+
+    try:
+        return vllm_cli.build()
+    except vllm_cli.Unreachable as e:
+        pytest.skip(f"vLLM cannot be installed: the package registry is unreachable ({e})")
+
+
+def _vllm_on_this_machine(tmp_path: Path, python: Path, **changes):
+    """The shipped vLLM preset on this machine, through the real vLLM 0.33 command line; the
+    environment vLLM's parser needs (its CPU platform) is the preset's own, not the caller's."""
+    import vllm_cli
+
+    from tuitune import preset as P
+
+    return P.with_changes(
+        P.resolve("vllm-c4-eagle3-2tok-nccl"),
+        {
+            "target": "local",
+            "server.python": str(python),
+            "server.port": free_port(),
+            "server.log": str(tmp_path / "v.log"),
+            "env": {**vllm_cli.ENV},
+            **changes,
+        },
+    )
+
+
+async def test_a_missing_model_directory_is_refused_at_once_and_the_real_help_runs_with_the_presets_env(
+    tmp_path, vllm_python, monkeypatch
+):
+    import time
+
+    from tuitune.target.control import ControlError, ServerControl
+    from tuitune.target.transport import LocalTransport
+
+    for k in ("VLLM_TARGET_DEVICE", "VLLM_LOGGING_LEVEL"):
+        monkeypatch.delenv(k, raising=False)
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    missing = tmp_path / "no such model"
+    p = _vllm_on_this_machine(
+        tmp_path, vllm_python, **{"server.args.model": str(missing), "speculative.draft_model_path": str(draft)}
+    )
+    c = ServerControl(LocalTransport(), p, state_dir=str(tmp_path / "state"))
+    t0 = time.monotonic()
+    with pytest.raises(ControlError) as e:
+        await c.relaunch(60)
+    assert e.value.code == 2 and time.monotonic() - t0 < 20  # before: 19 s of start-up, then HFValidationError
+    assert str(e.value).startswith(f"server.args.model {missing} does not exist on local"), str(e.value)
+    assert not Path(p.server.log).exists()  # nothing was started
+    p2 = _vllm_on_this_machine(tmp_path, vllm_python, **{"server.args.model": "org/model"})  # an id: the engine's
+    with pytest.raises(ControlError, match="speculative.draft_model_path /data/eagle3/output_100k_sglang/4 does not"):
+        await ServerControl(LocalTransport(), p2, state_dir=str(tmp_path / "state")).preflight(None)
+    # both exist: the real `serve --help=all` runs with the preset's VLLM_TARGET_DEVICE (before, it
+    # ran without it and vLLM failed to infer a device: "failed (exit 1)")
+    model = tmp_path / "model"
+    model.mkdir()
+    ok = ServerControl(
+        LocalTransport(),
+        _vllm_on_this_machine(
+            tmp_path, vllm_python, **{"server.args.model": str(model), "speculative.draft_model_path": str(draft)}
+        ),
+        state_dir=str(tmp_path / "state"),
+    )
+    await ok.preflight(None)
+    assert "--speculative-config" in await ok.server_flags()
+
+
+def test_the_classifier_knows_huggingfaces_wording_for_a_missing_model(vllm_python, tmp_path):
+    """The wording comes from the real transformers / huggingface_hub that vLLM loads through."""
+    from tuitune.engines import CAUSE_TEXT
+    from tuitune.measure.parse import parse_line
+    from tuitune.target.control import classify
+
+    r = subprocess.run(
+        [
+            str(vllm_python),
+            "-c",
+            f"from transformers import AutoConfig; AutoConfig.from_pretrained({str(tmp_path / 'nope')!r})",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and "Repo id must be in the form" in last, r.stderr[-600:]
+    ev = parse_line(f"(APIServer pid=7) {last}")
+    assert ev.kind == "error" and ev.category == "model_not_found"
+    assert classify([parse_line("Traceback (most recent call last):"), ev])[0] == "model_not_found"
+    assert CAUSE_TEXT["model_not_found"] == "model not found"

@@ -25,6 +25,9 @@ CAUSE_TEXT = {
 HF_ERRORS = (
     ("is not a local folder and is not a valid model identifier", "model_not_found"),
     ("RepositoryNotFoundError", "model_not_found"),
+    # a local path that does not exist reads as a malformed repo id (huggingface_hub's validator;
+    # what vLLM 0.32's CPU build printed for a missing model directory)
+    ("Repo id must be in the form", "model_not_found"),
 )
 
 
