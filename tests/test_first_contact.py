@@ -304,3 +304,63 @@ def test_the_classifier_knows_huggingfaces_wording_for_a_missing_model(vllm_pyth
     assert ev.kind == "error" and ev.category == "model_not_found"
     assert classify([parse_line("Traceback (most recent call last):"), ev])[0] == "model_not_found"
     assert CAUSE_TEXT["model_not_found"] == "model not found"
+
+
+# ---- the TUI's log pane: tuitune's own requests hidden by default, one key shows them --------------
+
+
+def test_own_requests_are_told_apart_from_everything_else():
+    from tuitune.tui.logpane import own_request
+
+    vllm = '(APIServer pid=9) INFO:     127.0.0.1:50312 - "GET /metrics HTTP/1.1" 200 OK'
+    sglang = '[2026-12-01 10:00:00] INFO:     127.0.0.1:46520 - "POST /generate HTTP/1.1" 200 OK'
+    assert own_request(vllm) and own_request(sglang)
+    assert own_request('INFO:     10.0.0.2:1 - "GET /health HTTP/1.1" 503 Service Unavailable')
+    assert not own_request('(APIServer pid=9) INFO:     127.0.0.1:1 - "POST /v1/chat/completions HTTP/1.1" 200 OK')
+    assert not own_request("(APIServer pid=9) INFO 12-01 10:00:00 [loggers.py:257] Engine 000: Avg prompt ...")
+    assert not own_request("the word /metrics in a message")
+
+
+async def test_log_pane_hides_tuitunes_own_requests_and_v_shows_them(tmp_path):
+    from test_tui import SIZE_LIVE, until, wait_ready
+
+    from tuitune import preset as P
+    from tuitune.target.session import Session
+    from tuitune.tui.app import TuituneApp, UserConfig
+    from tuitune.tui.logpane import own_request
+
+    p = P.from_dict(
+        {
+            "name": "tui-own",
+            "server": {
+                "engine": "vllm",
+                "python": sys.executable,
+                "module": "tuitune.sim",
+                "log": str(tmp_path / "tui-own.log"),
+                "port": free_port(),
+                "args": {"model": "/m/tiny", "sim-load-seconds": 0.3, "sim-speedup": 10},
+            },
+            "env": {"VLLM_LOG_STATS_INTERVAL": "1"},
+            "bench": {"requests": 2, "warmup": 0, "max_tokens": 40},
+        }
+    )
+    s = Session(p, state_dir=str(tmp_path / "state"))
+    app = TuituneApp(s, autostart="launch", user_config=UserConfig())
+    async with app.run_test(size=SIZE_LIVE) as pilot:
+        await wait_ready(app, pilot, s)
+        pane = app.logpane
+        log = pane.query_one("#log")
+        # the session's own /metrics scrapes and /health checks reach the buffer (the server logs them) ...
+        await until(pilot, lambda: sum(map(own_request, pane.lines)) >= 3, 20, "access-log lines of tuitune's requests")
+        # ... and stay out of the pane, which still shows the server's other lines
+        assert not any(own_request(x) for x in log.lines) and any("Engine 000" in x or "vLLM" in x for x in log.lines)
+        assert "of tuitune's own requests hidden (v shows)" in pane.status
+        await pilot.press("v")
+        await pilot.pause()
+        assert any(own_request(x) for x in log.lines) and pane.show_own
+        assert "own requests shown" in app.messages[-1]
+        await pilot.press("v")
+        await pilot.pause()
+        assert not any(own_request(x) for x in log.lines)
+        assert "tuitune.own_requests" in app._binding_ids()
+        await s.close(stop_server=True)

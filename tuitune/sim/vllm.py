@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from http import HTTPStatus
 
 from aiohttp import web
 
@@ -430,8 +431,32 @@ class VllmSimulator(Simulator):
         self.metrics.waiting.set(len(self.waiting))
         return web.Response(body=self.metrics.exposition(), content_type="text/plain", charset="utf-8")
 
+    @web.middleware
+    async def access_log(self, request: web.Request, handler):
+        """uvicorn's access log, on by default in vLLM: one line a request, through the API
+        server's prefix (``(APIServer pid=N) INFO:     127.0.0.1:PORT - "GET /metrics HTTP/1.1"
+        200 OK``), off at ``--uvicorn-log-level warning`` and above."""
+        status = 500  # what uvicorn logs for a handler that raised
+        try:
+            resp = await handler(request)
+            status = resp.status
+        except web.HTTPException as e:
+            status = e.status
+            raise
+        finally:
+            if LEVELS.get(self.vns.uvicorn_log_level, 20) <= LEVELS["info"]:
+                peer = request.transport.get_extra_info("peername") if request.transport else None
+                who = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "127.0.0.1:0"
+                phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
+                self.log.plain(
+                    f"(APIServer pid={os.getpid()}) "
+                    f'INFO:     {who} - "{request.method} {request.path_qs} HTTP/{request.version.major}.'
+                    f'{request.version.minor}" {status} {phrase}'.rstrip()
+                )
+        return resp
+
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[self.access_log])
         for method, path, handler in ROUTES:
             app.router.add_route(method, path, getattr(self, handler))
         app.router.add_get("/sim/state", self.h_server_info)  # sim-only: the load, for sim.nvidia_smi

@@ -137,6 +137,7 @@ class TuituneCommands(Provider):
         ("NCCL confirmation", "nccl_report", "what NCCL said it applied"),
         ("Reload the preset from its file", "revert", "discard the edits"),
         ("Follow the log again", "follow_log", "End or G"),
+        ("Show or hide tuitune's own requests in the log", "toggle_own_requests", "its /metrics, /health, bench (v)"),
     )
 
     def _available(self):
@@ -201,6 +202,7 @@ class TuituneApp(App):
         # End and G follow the log from any focus (an input keeps End for its own cursor)
         Binding("end", "follow_log", "follow", show=False, priority=True, id="tuitune.follow_end"),
         Binding("G", "follow_log", "follow", show=False, id="tuitune.follow"),
+        Binding("v", "toggle_own_requests", "own requests", show=False, id="tuitune.own_requests"),
         Binding("space", "pause", "pause", show=False, id="tuitune.pause"),
         Binding("right", "seek(10)", "+10s", show=False, id="tuitune.seek_fwd"),
         Binding("left", "seek(-10)", "−10s", show=False, id="tuitune.seek_back"),
@@ -771,6 +773,14 @@ class TuituneApp(App):
 
     def show_node(self, node: int, labels: list[str]) -> None:
         self.logpane.show_node(node, f"node {node} of {len(labels)} · {labels[node]}  (n: next node)")
+
+    def action_toggle_own_requests(self) -> None:
+        shown = self.logpane.toggle_own()
+        self.say(
+            "log: tuitune's own requests shown (v hides them)"
+            if shown
+            else "log: tuitune's own requests hidden (/metrics, /health, bench; v shows them)"
+        )
 
     def action_follow_log(self) -> None:
         if isinstance(self.focused, Input):
