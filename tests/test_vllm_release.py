@@ -169,7 +169,11 @@ def test_rendered_commands_use_flags_the_release_has(src):
 
 def test_failure_texts_are_the_releases(src):
     v = src / "vllm"
-    texts = strings(v / "v1/core/kv_cache_planning.py") | strings(v / "transformers_utils/config.py")
+    texts = (
+        strings(v / "v1/core/kv_cache_planning.py")
+        | strings(v / "transformers_utils/config.py")
+        | strings(v / "config/speculative.py")
+    )
     for needle, _cause in V.ERRORS:
         if "SpeculativeConfig" not in needle:  # pydantic's wording, around vLLM's class name
             assert any(needle in t for t in texts), needle

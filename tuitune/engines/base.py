@@ -71,10 +71,15 @@ class Engine:
         them at start (the configurations advise and tune compare; costmodel.Config's fields)."""
         raise NotImplementedError
 
-    def config_changes(self, c) -> dict:
+    def config_changes(self, c, preset=None) -> dict:
         """The speculative section's keys that make a preset run configuration ``c`` (steps,
-        topk, draft_tokens; speculative), as this engine spells them. ValueError if it cannot."""
+        topk, draft_tokens; speculative), as this engine spells them for ``preset``'s algorithm
+        (None: a drafting model's). ValueError if it cannot."""
         raise NotImplementedError
+
+    def search_topks(self, preset) -> tuple[int, ...]:
+        """The draft tree widths advise, tune and the TUI's advisor search for this preset."""
+        return self.topks
 
     def config_label(self, c) -> str:
         """Configuration ``c`` in this engine's words."""

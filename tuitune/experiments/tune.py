@@ -69,7 +69,7 @@ def preset_for(base: P.Preset, c: Config, spec_section: dict) -> P.Preset:
     section to vary (algorithm and draft model kept). The engine spells the configuration."""
     if not c.speculative:
         return P.with_changes(base, {"speculative": None})
-    return P.with_changes(base, {"speculative": {**spec_section, **base.engine.config_changes(c)}})
+    return P.with_changes(base, {"speculative": {**spec_section, **base.engine.config_changes(c, base)}})
 
 
 @dataclass
@@ -492,7 +492,7 @@ async def tune(
             max(0, budget),
             concurrency,
             levels,
-            configs or space(topks=base.engine.topks),
+            configs or space(topks=base.engine.search_topks(base)),
             prior,
             on_step,
             progress,

@@ -34,6 +34,7 @@ class AdvisorPanel(Static):
         self.rows: list = []  # predictions shown, best first
         self.running: Config | None = None
         self.engine: engines.Engine = engines.get("sglang")  # the loaded preset's (app sets it)
+        self.topks: tuple[int, ...] | None = None  # the tree widths searched (None: the engine's)
         self.concurrency = 1
         self.note = ""
         self._dirty = False
@@ -73,7 +74,7 @@ class AdvisorPanel(Static):
             self.rows = []
             self.update(f"no model yet: {e}")
             return
-        preds = [model.predict(c, self.concurrency) for c in neighbours(self.running, self.engine.topks)]
+        preds = [model.predict(c, self.concurrency) for c in neighbours(self.running, self.topks or self.engine.topks)]
         self.rows = sorted(preds, key=lambda p: -p.goodput.mean)
         self.note = f"baseline from the {model.baseline_source}"
         self.update(self.render_rows())

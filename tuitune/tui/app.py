@@ -427,6 +427,7 @@ class TuituneApp(App):
         s = self.session
         if s.preset is not None:  # a replay of a capture without its preset keeps the default
             self.advisor.engine = s.preset.engine  # the running server's engine decides the moves
+            self.advisor.topks = s.preset.engine.search_topks(s.preset)  # and its algorithm (NGRAM: chains)
         self.advisor.feed(events)
         self.advisor.refresh_model(s.load.concurrency if s.load is not None and s.load.on else None)
         telemetry = [ev for ev in events if isinstance(ev, (GpuSample, TelemetryState))]
