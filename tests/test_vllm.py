@@ -83,7 +83,11 @@ def test_vllm_preset_renders_serve_and_speculative_config():
             "speculative.num_steps is SGLang's; vLLM spells it num_speculative_tokens",
         ),
         ({}, {}, "speculative.num_speculative_tokens is required on vLLM"),
-        ({"num_speculative_tokens": 2, "algorithm": "STANDALONE"}, {}, "speculative.algorithm: STANDALONE is not driven"),
+        (
+            {"num_speculative_tokens": 2, "algorithm": "STANDALONE"},
+            {},
+            "speculative.algorithm: STANDALONE is not driven",
+        ),
         (
             {"num_speculative_tokens": 2, "draft_tensor_parallel_size": 4},
             {"tensor-parallel-size": 8},

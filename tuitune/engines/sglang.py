@@ -78,6 +78,11 @@ class SGLang(Engine):
         s = preset.speculative
         if s is None:
             return
+        if s.algorithm == "SUFFIX":
+            raise ValueError(
+                "speculative.algorithm: SUFFIX is vLLM's suffix decoding (server.engine: vllm); SGLang's "
+                "model-free drafter is NGRAM"
+            )
         ngram = s.algorithm == "NGRAM"
         for key, sglang_key in (
             ("num_speculative_tokens", "num_draft_tokens (drafts + 1)" if ngram else "num_steps"),

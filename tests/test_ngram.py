@@ -1,0 +1,360 @@
+"""ngram (prompt lookup) and suffix decoding: presets for both engines, their rendering checked
+against the engines' own code (vLLM 0.33's command line and SpeculativeConfig, SGLang 0.5.23's
+speculative arguments), the probe timing look-up drafting, the simulator serving it, and advise,
+sweep and tune searching its K."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+
+from tuitune import preset as P
+from tuitune.measure.parse import parse_line
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE_DIR = ROOT / "tuitune" / "probe"
+
+
+def vllm_ngram(tmp: Path | None = None, name: str = "ng", tokens: int = 3, sim: bool = False, **spec) -> P.Preset:
+    server: dict = {"engine": "vllm", "log": str((tmp or Path("/tmp")) / f"{name}.log"), "args": {"model": "/m"}}
+    if sim:
+        server.update(
+            python=sys.executable,
+            module="tuitune.sim",
+            port=free_port(),
+            args={"model": "/m/tiny", "sim-load-seconds": 0.3, "sim-speedup": 10, "tensor-parallel-size": 2},
+        )
+    data = {
+        "name": name,
+        "server": server,
+        "speculative": {"algorithm": "ngram", "num_speculative_tokens": tokens, **spec},
+        "env": {"VLLM_LOG_STATS_INTERVAL": "1"},
+        "profile": True,
+        "bench": {"requests": 3, "warmup": 0, "max_tokens": 80},
+    }
+    return P.from_dict(data)
+
+
+def sglang_ngram(tmp: Path, name: str = "sng", sim: bool = True, **spec) -> P.Preset:
+    return P.from_dict(
+        {
+            "name": name,
+            "server": {
+                "python": sys.executable,
+                "module": "tuitune.sim" if sim else "sglang.launch_server",
+                "log": str(tmp / f"{name}.log"),
+                "port": free_port(),
+                "args": {"sim-load-seconds": 0.3, "sim-speedup": 10, "decode-log-interval": 10, "tp-size": 2}
+                if sim
+                else {"model-path": "/m"},
+            },
+            "speculative": {"algorithm": "NGRAM", **spec},
+            "profile": True,
+            "bench": {"requests": 3, "warmup": 0, "max_tokens": 80},
+        }
+    )
+
+
+def spec_config(p: P.Preset) -> dict:
+    f = p.flags()
+    return json.loads(f[f.index("--speculative-config") + 1])
+
+
+# ---- presets: what each engine takes, and how it is rendered ---------------------------------------
+
+
+def test_vllm_ngram_renders_method_ngram_and_is_a_chain_of_k():
+    p = vllm_ngram(prompt_lookup_min=1, prompt_lookup_max=3)
+    assert spec_config(p) == {
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_max": 3,
+        "prompt_lookup_min": 1,
+    }
+    assert p.engine.static_config(p) == (3, 1, 4) and p.engine.search_topks(p) == (1,)
+    view = p.engine.speculative_view(p)
+    assert view == {
+        "speculative.algorithm": "NGRAM",
+        "speculative.num_speculative_tokens": 3,
+        "speculative.prompt_lookup_min": 1,
+        "speculative.prompt_lookup_max": 3,
+    }
+    # one size given: vLLM copies it to the other; none: 5 and 5, which tuitune's lint points out
+    one = vllm_ngram(prompt_lookup_max=2)
+    assert spec_config(one) == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}
+    assert one.engine.speculative_view(one)["speculative.prompt_lookup_min"] == 2
+    assert any("matches 5-grams only" in w for w in P.lint(vllm_ngram()))
+    assert not any("5-grams" in w for w in P.lint(one))
+    # tune's move to another K keeps the n-gram sizes
+    from tuitune.decide.costmodel import Config
+    from tuitune.experiments.tune import preset_for
+
+    moved = preset_for(one, Config.chain(5), one.speculative.model_dump(exclude_none=True))
+    assert spec_config(moved) == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 2}
+
+
+def test_suffix_decoding_on_vllm():
+    p = P.from_dict(
+        {
+            "name": "sfx",
+            "server": {"engine": "vllm", "log": "/l", "args": {"model": "/m"}},
+            "speculative": {"algorithm": "suffix"},
+        }
+    )
+    assert spec_config(p) == {"method": "suffix"} and p.engine.static_config(p) is None
+    assert any("arctic_inference" in w for w in P.lint(p))
+    q = P.with_changes(p, {"speculative.num_speculative_tokens": 8})
+    assert spec_config(q) == {"method": "suffix", "num_speculative_tokens": 8}
+    with pytest.raises(P.PresetError, match="SUFFIX is vLLM's suffix decoding"):
+        P.from_dict({"name": "x", "server": {"log": "/l"}, "speculative": {"algorithm": "SUFFIX"}})
+
+
+@pytest.mark.parametrize(
+    "engine, spec, message",
+    [
+        (
+            "vllm",
+            {"algorithm": "ngram", "num_speculative_tokens": 2, "draft_model_path": "/d"},
+            "NGRAM drafts from the request's own tokens",
+        ),
+        ("vllm", {"algorithm": "ngram"}, "num_speculative_tokens is required on vLLM"),
+        (
+            "vllm",
+            {"algorithm": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
+            "prompt_lookup_min 4 is more than prompt_lookup_max 2",
+        ),
+        (
+            "vllm",
+            {"algorithm": "ngram", "num_speculative_tokens": 2, "ngram_max_bfs_breadth": 2},
+            "is SGLang's NGRAM tree; vLLM's ngram drafts a chain",
+        ),
+        (
+            "vllm",
+            {"algorithm": "ngram", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1},
+            "NGRAM runs no draft model",
+        ),
+        (
+            "vllm",
+            {"algorithm": "eagle3", "draft_model_path": "/d", "num_speculative_tokens": 2, "prompt_lookup_max": 3},
+            "prompt_lookup_max is an NGRAM setting",
+        ),
+        ("sglang", {"algorithm": "NGRAM", "num_steps": 3}, "num_steps: SGLang's NGRAM derives it"),
+        (
+            "sglang",
+            {"algorithm": "NGRAM", "eagle_topk": 2},
+            "eagle_topk: SGLang's NGRAM sets it from ngram_max_bfs_breadth",
+        ),
+        ("sglang", {"algorithm": "NGRAM", "prompt_lookup_max": 3}, "prompt_lookup_max is a vLLM setting"),
+        (
+            "sglang",
+            {"algorithm": "NGRAM", "ngram_min_bfs_breadth": 4, "ngram_max_bfs_breadth": 2},
+            "ngram_min_bfs_breadth 4 is more than",
+        ),
+    ],
+)
+def test_ngram_settings_each_engine_refuses_in_one_sentence(engine, spec, message):
+    server = {"engine": "vllm", "log": "/l", "args": {"model": "/m"}} if engine == "vllm" else {"log": "/l"}
+    with pytest.raises(P.PresetError) as e:
+        P.from_dict({"name": "x", "server": server, "speculative": spec}, "x.yaml")
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_sglang_ngram_renders_its_own_flags_and_is_searched_as_chains(tmp_path):
+    p = sglang_ngram(tmp_path, sim=False, num_draft_tokens=6, ngram_max_bfs_breadth=1)
+    spec = p.flags()[p.flags().index("--speculative-algorithm") :]
+    assert spec == [
+        "--speculative-algorithm",
+        "NGRAM",
+        "--speculative-num-draft-tokens",
+        "6",
+        "--speculative-ngram-max-bfs-breadth",
+        "1",
+    ]
+    assert p.engine.static_config(p) == (5, 1, 6) and p.engine.search_topks(p) == (1,)
+    # SGLang's defaults when unset: 12 tokens, breadth up to 10 (tuitune says so, and renders nothing)
+    d = sglang_ngram(tmp_path, sim=False)
+    assert d.flags()[-2:] == ["--speculative-algorithm", "NGRAM"] and d.engine.static_config(d) == (11, 10, 12)
+    assert any("num_draft_tokens unset" in w for w in P.lint(d))
+    from tuitune.decide.costmodel import Config
+
+    assert p.engine.config_changes(Config.chain(3), p) == {
+        "num_draft_tokens": 4,
+        "ngram_max_bfs_breadth": 1,
+        "ngram_min_bfs_breadth": None,
+    }
+    with pytest.raises(ValueError, match="draft tokens and breadth, not steps"):
+        p.engine.config_changes(Config(2, 4, 8), p)
+    with pytest.raises(P.PresetError, match="set by speculative.ngram_max_bfs_breadth"):
+        P.with_changes(p, {"server.args.speculative-ngram-max-bfs-breadth": 3})
+
+
+# ---- against the engines' own code ----------------------------------------------------------------
+
+# vLLM's real `vllm serve` parser, then its real SpeculativeConfig built from what the parser read
+# (serving itself needs an engine: the serve step only hands the parsed arguments over)
+VLLM_CHECK = r"""
+import json, sys
+import vllm.entrypoints.cli.serve as _serve
+from vllm.entrypoints.cli.main import main
+from vllm.config.speculative import SpeculativeConfig
+
+seen = {}
+_serve.ServeSubcommand.cmd = staticmethod(lambda args: seen.update(vars(args)))
+for argv in json.load(sys.stdin):
+    seen.clear()
+    sys.argv = ["vllm", *argv]
+    out = {}
+    try:
+        main()
+    except SystemExit as e:
+        out["exit"] = e.code
+    if "speculative_config" in seen:
+        cfg = seen["speculative_config"]
+        out["parsed"] = cfg
+        try:
+            c = SpeculativeConfig(**cfg)
+            out["resolved"] = {k: getattr(c, k) for k in ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")}
+        except Exception as e:
+            lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+            out["error"] = [type(e).__name__, next((x for x in lines if "error" in x.lower() and x != lines[0]), lines[-1])]
+    print("TUITUNE " + json.dumps(out), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> Path:
+    import vllm_cli
+
+    try:
+        return vllm_cli.build()
+    except vllm_cli.Unreachable as e:
+        pytest.skip(f"vLLM cannot be installed: the package registry is unreachable ({e})")
+
+
+def test_vllms_own_command_line_and_speculative_config_take_what_tuitune_renders(vllm_python):
+    import vllm_cli
+
+    presets = [
+        vllm_ngram(tokens=3, prompt_lookup_min=1, prompt_lookup_max=3),
+        vllm_ngram(tokens=4, prompt_lookup_max=2),
+        vllm_ngram(tokens=2, prompt_lookup_min=3),
+        vllm_ngram(tokens=5),
+        P.from_dict(
+            {
+                "name": "s",
+                "server": {"engine": "vllm", "log": "/l", "args": {"model": "/m"}},
+                "speculative": {"algorithm": "suffix", "num_speculative_tokens": 8},
+            }
+        ),
+    ]
+    argvs = [p.flags() for p in presets]
+    r = subprocess.run(
+        [str(vllm_python), "-c", VLLM_CHECK],
+        input=json.dumps(argvs),
+        capture_output=True,
+        text=True,
+        env={**os.environ, **vllm_cli.ENV},
+        timeout=400,
+    )
+    rows = [json.loads(x.split(" ", 1)[1]) for x in r.stdout.splitlines() if x.startswith("TUITUNE ")]
+    assert len(rows) == len(presets), (r.stdout[-500:], r.stderr[-1500:])
+    for p, row in zip(presets[:4], rows[:4], strict=True):
+        assert "exit" not in row and row["parsed"] == spec_config(p), row
+        view = p.engine.speculative_view(p)  # tuitune's reading of the preset is vLLM's own
+        assert row["resolved"] == {
+            "method": "ngram",
+            "num_speculative_tokens": view["speculative.num_speculative_tokens"],
+            "prompt_lookup_min": view["speculative.prompt_lookup_min"],
+            "prompt_lookup_max": view["speculative.prompt_lookup_max"],
+        }, row
+    # suffix decoding: the flags parse; without Arctic Inference vLLM refuses, in words tuitune reads
+    assert rows[4]["parsed"] == {"method": "suffix", "num_speculative_tokens": 8}
+    kind, text = rows[4]["error"]
+    assert kind == "ImportError" and "Arctic Inference is required for suffix decoding" in text
+    ev = parse_line(f"(APIServer pid=7) ImportError: {text}")
+    assert ev.kind == "error" and ev.category == "init_failed"
+
+
+# SGLang 0.5.23's own speculative arguments: its argparse built from its `Spec` fields by its own
+# `add_cli_args_from_dataclass` (arg_groups/), the rest of SGLang (and its imports) left out
+SGLANG_CHECK = r"""
+import argparse, json, sys, types
+site = sys.argv[1]
+for name in ("sglang", "sglang.srt", "sglang.srt.arg_groups", "sglang.srt.arg_groups.fields"):
+    m = types.ModuleType(name)
+    m.__path__ = [site + "/" + name.replace(".", "/")]
+    sys.modules[name] = m
+from sglang.srt.arg_groups.arg_utils import add_cli_args_from_dataclass
+from sglang.srt.arg_groups.fields.spec import Spec
+parser = argparse.ArgumentParser(exit_on_error=False)
+add_cli_args_from_dataclass(parser, Spec)
+print("TUITUNE-DEFAULTS " + json.dumps(vars(parser.parse_args([]))), flush=True)
+for argv in json.load(sys.stdin):
+    try:
+        ns, rest = parser.parse_known_args(argv)
+        print("TUITUNE " + json.dumps({"ns": vars(ns), "rest": rest}), flush=True)
+    except (argparse.ArgumentError, SystemExit) as e:
+        print("TUITUNE " + json.dumps({"error": str(e)}), flush=True)
+"""
+
+
+def test_sglangs_own_speculative_arguments_take_what_tuitune_renders(sglang_release, tmp_path):
+    from tuitune.engines import speculative as S
+
+    presets = [
+        sglang_ngram(tmp_path, sim=False, num_draft_tokens=6, ngram_max_bfs_breadth=1),
+        sglang_ngram(
+            tmp_path,
+            sim=False,
+            num_draft_tokens=16,
+            ngram_min_bfs_breadth=2,
+            ngram_max_bfs_breadth=4,
+            ngram_max_trie_depth=12,
+        ),
+        sglang_ngram(tmp_path, sim=False),
+        P.resolve("c4-eagle3-2step-nccl"),  # and the EAGLE flags, as before
+        P.resolve("sim-h200-llama8b-eagle3-tree"),
+    ]
+    argvs = [p.flags()[p.flags().index("--speculative-algorithm") :] for p in presets]
+    r = subprocess.run(
+        [sys.executable, "-c", SGLANG_CHECK, str(sglang_release.parent)],
+        input=json.dumps(argvs),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = [x for x in r.stdout.splitlines() if x.startswith("TUITUNE")]
+    assert len(lines) == len(presets) + 1, (r.stdout[-500:], r.stderr[-1500:])
+    defaults = json.loads(lines[0].split(" ", 1)[1])
+    # the defaults tuitune fills in for an unset NGRAM are SGLang's
+    assert defaults["speculative_ngram_max_bfs_breadth"] == S.NGRAM_MAX_BFS_BREADTH
+    assert defaults["speculative_ngram_min_bfs_breadth"] == S.NGRAM_MIN_BFS_BREADTH
+    hook = (sglang_release / "srt" / "arg_groups" / "speculative_hook.py").read_text()
+    assert f"speculative_num_draft_tokens={S.NGRAM_DRAFT_TOKENS}," in hook.replace(" ", "").replace("\n", "")
+    assert "speculative_eagle_topk=cfg.speculative_ngram_max_bfs_breadth" in hook.replace(" ", "").replace("\n", "")
+    for p, line in zip(presets, lines[1:], strict=True):
+        row = json.loads(line.split(" ", 1)[1])
+        assert "error" not in row and row["rest"] == [], (p.name, row)
+        ns, s, r_ = row["ns"], p.speculative, p.speculative.resolved()
+        assert ns["speculative_algorithm"] == s.algorithm
+        if s.algorithm == "NGRAM":
+            assert ns["speculative_num_draft_tokens"] == s.num_draft_tokens  # None: SGLang's 12
+            assert ns["speculative_ngram_max_bfs_breadth"] == r_.eagle_topk
+            assert ns["speculative_ngram_min_bfs_breadth"] == (s.ngram_min_bfs_breadth or 1)
+            assert ns["speculative_ngram_max_trie_depth"] == (
+                s.ngram_max_trie_depth or defaults["speculative_ngram_max_trie_depth"]
+            )
+            assert ns["speculative_num_steps"] is None and ns["speculative_eagle_topk"] is None
+        else:
+            assert (ns["speculative_num_steps"], ns["speculative_eagle_topk"], ns["speculative_num_draft_tokens"]) == (
+                r_.num_steps,
+                r_.eagle_topk,
+                r_.num_draft_tokens,
+            )
+            assert ns["speculative_draft_model_path"] == s.draft_model_path
