@@ -358,3 +358,168 @@ def test_sglangs_own_speculative_arguments_take_what_tuitune_renders(sglang_rele
                 r_.num_draft_tokens,
             )
             assert ns["speculative_draft_model_path"] == s.draft_model_path
+
+
+# ---- the probe: look-up drafting timed like a draft model's ---------------------------------------
+# Stand-in trees with the releases' module paths, class and method names (checked against the real
+# sources: test_probe.py for SGLang 0.5.23, test_vllm_release.py for vLLM 0.33); phases sleep.
+
+VLLM_NGRAM_RUNNER = """
+import time
+from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+ACCEPTED = [0, 2, 1, 3]  # drafts accepted a step: lengths 1, 3, 2, 4 with the bonus token, mean 2.5
+class SpecConfig:
+    num_speculative_tokens = 3
+class Output:
+    def __init__(self, ids):
+        self.sampled_token_ids = ids
+class SchedulerOutput:
+    num_scheduled_tokens = {"req-0": 4}
+class GPUModelRunner:
+    def __init__(self):
+        self.speculative_config = SpecConfig()
+        self.drafter = NgramProposer(3)
+        self.n = 0
+    def execute_model(self, scheduler_output, intermediate_tensors=None):
+        time.sleep(0.004)  # the target forward over the drafted tokens
+    def sample_tokens(self, grammar_output):
+        time.sleep(0.0005)
+        out = Output([[7] * (ACCEPTED[self.n % 4] + 1)])
+        self.drafter.propose(3, out.sampled_token_ids, None, None)  # after bookkeeping, as for ngram
+        self.n += 1
+        return out
+"""
+VLLM_NGRAM_PROPOSER = """
+import time
+class NgramProposer:
+    def __init__(self, k):
+        self.k = k
+        self.propose(k, [[]] * 4, None, None)  # the numba warm-up: outside any step
+    def propose(self, num_speculative_tokens, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
+        time.sleep(0.0015)
+        return [[1] * self.k]
+"""
+VLLM_NGRAM_DRIVER = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, datefmt="%m-%d %H:%M:%S",
+                    format="(EngineCore_DP0 pid=%(process)d) %(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s")
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner, SchedulerOutput
+r = GPUModelRunner()
+for _ in range(int(sys.argv[1])):
+    r.execute_model(SchedulerOutput())
+    r.sample_tokens(None)
+"""
+SGLANG_NGRAM_WORKER = """
+import time
+ACCEPT = [1, 3, 2, 4]
+class Result:
+    def __init__(self, accept_lens):
+        self.accept_lens = accept_lens
+class NGRAMWorker:
+    def __init__(self):
+        self.tp_rank = 0
+        self.topk = 1  # SGLang: speculative_eagle_topk, overwritten with the max BFS breadth
+        self.speculative_num_draft_tokens = 4
+        self.draft_token_num = 4
+        self.speculative_num_steps = 4  # SGLang's own: tokens // breadth
+        self.n = 0
+    def _prepare_for_speculative_decoding(self, batch):
+        if not batch.forward_mode.is_decode():
+            return
+        time.sleep(0.001)  # the trie look-up on the host
+    def forward_batch_generation(self, batch, on_publish=None, pp_proxy_tensors=None):
+        self._prepare_for_speculative_decoding(batch)
+        time.sleep(0.005)  # the target's verify forward over the tree, sampling
+        if not batch.forward_mode.is_decode():
+            return Result([1] * len(batch.reqs))
+        self.n += 1
+        return Result([ACCEPT[self.n % 4]] * len(batch.reqs))
+"""
+SGLANG_NGRAM_DRIVER = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, format="[%(asctime)s TP0] %(message)s", stream=sys.stdout)
+from sglang.srt.speculative.ngram_worker import NGRAMWorker
+class Mode:
+    def __init__(self, decode): self.decode = decode
+    def is_decode(self): return self.decode
+class Batch:
+    def __init__(self, decode, bs=2):
+        self.forward_mode, self.reqs = Mode(decode), [object()] * bs
+w = NGRAMWorker()
+for i in range(int(sys.argv[1])):
+    if i % 5 == 0:
+        w.forward_batch_generation(Batch(False))  # a prefill: no speculative cycle
+    w.forward_batch_generation(Batch(True))
+"""
+
+
+def _tree(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for parent in path.relative_to(root).parents:
+            if str(parent) != ".":
+                (root / parent / "__init__.py").touch()
+        path.write_text(text)
+
+
+def _run_probe(tmp: Path, driver: str, cycles: int, window: int) -> subprocess.CompletedProcess:
+    from tuitune.probe import FILES
+
+    probe = tmp / "probe"
+    probe.mkdir(exist_ok=True)
+    for name in FILES:
+        (probe / name).write_bytes((PROBE_DIR / name).read_bytes())
+    (tmp / "driver.py").write_text(driver)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3_")}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(probe), str(tmp / "fake")]),
+        EAGLE3_PROFILE="1",
+        EAGLE3_PROFILE_WINDOW=str(window),
+    )
+    return subprocess.run(
+        [sys.executable, str(tmp / "driver.py"), str(cycles)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp,
+    )
+
+
+def test_probe_times_vllms_ngram_drafting_on_the_host_clock(tmp_path):
+    _tree(
+        tmp_path / "fake",
+        {
+            "vllm/v1/spec_decode/ngram_proposer.py": VLLM_NGRAM_PROPOSER,
+            "vllm/v1/worker/gpu_model_runner.py": VLLM_NGRAM_RUNNER,
+        },
+    )
+    r = _run_probe(tmp_path, VLLM_NGRAM_DRIVER, 16, 4)
+    assert r.returncode == 0, r.stderr
+    events = [parse_line(x) for x in r.stdout.splitlines() if "EAGLE3_PROFILE" in x]
+    assert len(events) == 4, r.stdout + r.stderr
+    for ev in events:
+        assert ev.kind == "profile" and ev.cycles == 4 and ev.bs == 1 and ev.rank == "DP0"
+        assert (ev.steps, ev.topk, ev.draft_tokens, ev.drafter) == (3, 1, 4, "ngram")
+        assert ev.sync == "cpu" and ev.extra == {}  # no CUDA: the host clock, said in a known key
+        assert 1.3 < ev.draft_ms < 5  # the look-up (1.5 ms); the warm-up outside a step is no cycle
+        assert 4.0 < ev.verify_ms < 12 and ev.extend_ms == 0.0
+        assert ev.accept_len == pytest.approx(2.5) and ev.accept_counts == (1, 1, 1, 1)
+        assert ev.cycle_ms == pytest.approx(ev.draft_ms + ev.verify_ms, abs=0.01)
+
+
+def test_probe_times_sglangs_ngram_cycle_and_skips_prefills(tmp_path):
+    _tree(tmp_path / "fake", {"sglang/srt/speculative/ngram_worker.py": SGLANG_NGRAM_WORKER})
+    r = _run_probe(tmp_path, SGLANG_NGRAM_DRIVER, 10, 5)
+    assert r.returncode == 0, r.stderr
+    events = [parse_line(x) for x in r.stdout.splitlines() if "EAGLE3_PROFILE" in x]
+    assert len(events) == 2, r.stdout + r.stderr
+    # cycles 1-5 accept 3, 2, 4, 1, 3, cycles 6-10 2, 4, 1, 3, 2 (the prefills are none of them)
+    assert [ev.accept_len for ev in events] == [pytest.approx(2.6), pytest.approx(2.4)]
+    for ev in events:
+        assert ev.kind == "profile" and ev.cycles == 5 and ev.bs == 2 and ev.rank == "TP0"
+        # the tree's depth bound (tokens − 1), not SGLang's derived num_steps (tokens // breadth)
+        assert (ev.steps, ev.topk, ev.draft_tokens, ev.drafter, ev.sync) == (3, 1, 4, "ngram", "cpu")
+        assert 0.8 < ev.draft_ms < 4 and 4.5 < ev.verify_ms < 12 and ev.extend_ms == 0.0
+        assert ev.verify_tokens == 8 and sum(ev.accept_counts) == 10
