@@ -523,3 +523,131 @@ def test_probe_times_sglangs_ngram_cycle_and_skips_prefills(tmp_path):
         assert (ev.steps, ev.topk, ev.draft_tokens, ev.drafter, ev.sync) == (3, 1, 4, "ngram", "cpu")
         assert 0.8 < ev.draft_ms < 4 and 4.5 < ev.verify_ms < 12 and ev.extend_ms == 0.0
         assert ev.verify_tokens == 8 and sum(ev.accept_counts) == 10
+
+
+# ---- the simulator serves it; launch, sweep, tune and advise walk ngram's K -----------------------
+
+
+def cli(*args, env=None, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "tuitune", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+    )
+
+
+async def test_ngram_launches_on_both_dialects_and_profiles_as_lookups(tmp_path):
+    from tuitune.measure.bench import BenchConfig, run_bench
+    from tuitune.target.control import ControlError, ServerControl
+    from tuitune.target.transport import LocalTransport
+
+    t = LocalTransport()
+    v = vllm_ngram(tmp_path, "vng", tokens=3, sim=True, prompt_lookup_min=1, prompt_lookup_max=3)
+    s = sglang_ngram(tmp_path, "sng", num_draft_tokens=5, ngram_max_bfs_breadth=1)
+    for p, api in ((v, "openai"), (s, "native")):
+        c = ServerControl(t, p, state_dir=str(tmp_path / "state"))
+        try:
+            _, ready = await c.relaunch(60)
+            assert ready.ok, ready.message
+            run = await run_bench(BenchConfig.for_preset(f"http://127.0.0.1:{p.server.port}", p))
+            assert run.ok and not run.failed and run.config.api == api
+            assert (await c.status()).drift == []
+            await __import__("asyncio").sleep(1.5)  # a stats interval (vLLM) / a decode window (SGLang)
+        finally:
+            await c.stop()
+        log = Path(p.server.log).read_text()
+        events = [parse_line(x) for x in log.splitlines()]
+        profiles = [e for e in events if e is not None and e.kind == "profile"]
+        assert profiles and all(e.drafter == "ngram" for e in profiles), log[-1500:]
+        want = (3, 1, 4) if p is v else (4, 1, 5)  # SGLang: the tree's depth bound, draft tokens − 1
+        assert all((e.steps, e.topk, e.draft_tokens) == want for e in profiles)
+        assert all(e.extend_ms == 0.0 and e.draft_ms < 0.05 * e.verify_ms for e in profiles)  # a look-up
+        assert "Loading drafter model" not in log and "Capture draft cuda graph" not in log  # no draft model
+    sg_log = Path(s.server.log).read_text()
+    assert "The mixed chunked prefill are disabled because of using ngram speculative decoding." in sg_log
+    spec = [
+        e for e in (parse_line(x) for x in Path(v.server.log).read_text().splitlines()) if e and e.kind == "vllm_spec"
+    ]
+    assert spec and all(len(e.per_position) == 3 for e in spec)
+    # suffix decoding on a machine without Arctic Inference: a classified start failure, at once
+    sfx = P.with_changes(v, {"name": "sfx", "speculative": {"algorithm": "suffix"}})
+    with pytest.raises(ControlError) as e:
+        await ServerControl(t, sfx, state_dir=str(tmp_path / "state")).relaunch(60)
+    assert "initialization failed" in str(e.value) and "Arctic Inference is required" in str(e.value), str(e.value)
+
+
+def test_sweep_tune_and_advise_walk_vllm_ngrams_k(tmp_path):
+    p = P.with_changes(
+        vllm_ngram(tmp_path, "tng", tokens=2, sim=True, prompt_lookup_min=1, prompt_lookup_max=3),
+        {
+            "server.args.sim-speedup": 20,
+            "server.args.sim-load-seconds": 0.2,
+            "bench.requests": 4,
+            "bench.max_tokens": 120,
+        },
+    )
+    path = P.save(p, tmp_path / "tng.yaml")
+    home = {"HOME": str(tmp_path)}
+    sweep = tmp_path / "sweep"
+    r = cli(
+        "sweep",
+        str(path),
+        "--grid",
+        "speculative.num_speculative_tokens=1,4",
+        "--out",
+        str(sweep),
+        "--no-plot",
+        env=home,
+    )
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(x) for x in (sweep / "results.jsonl").read_text().splitlines()]
+    assert {x["changes"].get("speculative.num_speculative_tokens") for x in rows if x.get("changes")} == {1, 4}
+    out = tmp_path / "tune"
+    r = cli(
+        "tune", str(path), "--budget", "2", "--concurrency", "2", "--levels", "1,2", "--out", str(out),
+        "--json", str(tmp_path / "r.json"), env=home, timeout=600,
+    )  # fmt: skip
+    assert r.returncode in (0, 1), r.stderr + r.stdout
+    assert "launch 0: 2 spec tokens (verify 3) (the starting configuration)" in r.stdout, r.stdout
+    launched = [x for x in map(json.loads, (out / "tune.jsonl").read_text().splitlines()) if x["kind"] == "launch"]
+    assert len(launched) == 3 and all(x["failure"] is None and x["config"]["topk"] == 1 for x in launched), launched
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["verdict"]["verdict"] in ("faster", "start is already best", "no significant difference", "slower")
+    if result["verdict"]["verdict"] not in ("start is already best",):
+        assert result["verdict"]["n_baseline"] == 4  # the default A/B: a verdict that can be significant
+    if (out / "best.yaml").exists():  # the tuned preset is still ngram, its n-gram sizes kept
+        best = P.load(out / "best.yaml")
+        assert not best.is_speculative or (
+            best.speculative.algorithm == "NGRAM"
+            and (best.speculative.prompt_lookup_min, best.speculative.prompt_lookup_max) == (1, 3)
+        )
+    adv = cli("advise", *[x["capture"] for x in launched], "--concurrency", "2")
+    assert adv.returncode == 0 and "spec tokens (verify" in adv.stdout and "topk" not in adv.stdout, adv.stdout
+
+
+def test_tune_walks_sglang_ngram_as_chains_of_draft_tokens(tmp_path):
+    p = P.with_changes(
+        sglang_ngram(tmp_path, "tsg", num_draft_tokens=3, ngram_max_bfs_breadth=1),
+        {
+            "server.args.sim-speedup": 20,
+            "server.args.sim-load-seconds": 0.2,
+            "bench.requests": 4,
+            "bench.max_tokens": 120,
+        },
+    )
+    path = P.save(p, tmp_path / "tsg.yaml")
+    out = tmp_path / "tune"
+    r = cli(
+        "tune", str(path), "--budget", "1", "--levels", "1", "--out", str(out), "--ab-rounds", "1",
+        "--no-verdict", env={"HOME": str(tmp_path)}, timeout=400,
+    )  # fmt: skip
+    assert r.returncode in (0, 1), r.stderr + r.stdout
+    launched = [x for x in map(json.loads, (out / "tune.jsonl").read_text().splitlines()) if x["kind"] == "launch"]
+    assert len(launched) == 2 and all(x["failure"] is None for x in launched), launched
+    assert launched[0]["config"] == {"steps": 2, "topk": 1, "draft_tokens": 3}
+    assert all(
+        x["config"]["topk"] == 1 and x["config"]["draft_tokens"] in (0, x["config"]["steps"] + 1) for x in launched
+    )
