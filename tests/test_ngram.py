@@ -651,3 +651,31 @@ def test_tune_walks_sglang_ngram_as_chains_of_draft_tokens(tmp_path):
     assert all(
         x["config"]["topk"] == 1 and x["config"]["draft_tokens"] in (0, x["config"]["steps"] + 1) for x in launched
     )
+
+
+async def test_tui_shows_the_lookup_drafter_and_its_advisor_walks_k(tmp_path):
+    from test_tui import SIZE_LIVE, until, wait_ready
+
+    from tuitune.target.session import Session
+    from tuitune.tui.app import TuituneApp, UserConfig
+
+    p = vllm_ngram(tmp_path, "tui-ng", tokens=2, sim=True, prompt_lookup_min=1, prompt_lookup_max=3)
+    s = Session(p, state_dir=str(tmp_path / "state"))
+    app = TuituneApp(s, autostart="launch", user_config=UserConfig())
+    async with app.run_test(size=SIZE_LIVE) as pilot:
+        await wait_ready(app, pilot, s)
+        assert app.config.query_one("#spec-algorithm").value == "NGRAM"
+        await s.set_load(True)
+        await until(pilot, lambda: s.store.last_profile is not None, 20, "a profile window")
+        assert s.store.last_profile.drafter == "ngram"
+        app.tabs.active = "tab-advisor"
+        await until(pilot, lambda: app.advisor.rows, 20, "the advisor's first fit")
+        assert app.advisor.topks == (1,) and all(r.config.topk == 1 for r in app.advisor.rows)
+        best = app.advisor.top()
+        await pilot.press("a")
+        if best.speculative:
+            await until(pilot, lambda: app.config.query_one("#spec-num-steps").value == str(best.steps), 5, "the edit")
+            d = app.draft.speculative
+            assert (d.algorithm, d.num_speculative_tokens, d.prompt_lookup_max) == ("NGRAM", best.steps, 3)
+            assert not app.draft_errors
+        await s.close(stop_server=True)

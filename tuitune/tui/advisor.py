@@ -117,9 +117,14 @@ def apply_to_config(panel, c: Config) -> None:
     if algo.value == "none":
         base = panel.base
         algo.value = base.speculative.algorithm if base is not None and base.is_speculative else "EAGLE3"
-    for wid, v in (
-        ("#spec-num-steps", c.steps),
-        ("#spec-eagle-topk", c.topk),
-        ("#spec-num-draft-tokens", c.draft_tokens),
-    ):
+    if algo.value == "NGRAM" and not getattr(panel, "_chain", False):
+        # SGLang's NGRAM: the draft token budget is the setting; steps and topk are SGLang's to derive
+        fields: tuple = (("#spec-num-steps", ""), ("#spec-eagle-topk", ""), ("#spec-num-draft-tokens", c.draft_tokens))
+    else:
+        fields = (
+            ("#spec-num-steps", c.steps),
+            ("#spec-eagle-topk", c.topk),
+            ("#spec-num-draft-tokens", c.draft_tokens),
+        )
+    for wid, v in fields:
         panel.query_one(wid, Input).value = str(v)
