@@ -565,7 +565,10 @@ async def test_ngram_launches_on_both_dialects_and_profiles_as_lookups(tmp_path)
         want = (3, 1, 4) if p is v else (4, 1, 5)  # SGLang: the tree's depth bound, draft tokens − 1
         assert all((e.steps, e.topk, e.draft_tokens) == want for e in profiles)
         assert all(e.extend_ms == 0.0 and e.draft_ms < 0.05 * e.verify_ms for e in profiles)  # a look-up
-        assert "Loading drafter model" not in log and "Capture draft cuda graph" not in log  # no draft model
+        assert "Capture draft cuda graph" not in log  # SGLang: no draft model, no draft graphs
+        # vLLM "loads the drafter" for ngram too, and turns async scheduling off (both seen on 0.32's CPU build)
+        assert ("Loading drafter model" in log) == (p is v)
+        assert ("Async scheduling not supported with ngram-based speculative decoding" in log) == (p is v)
     sg_log = Path(s.server.log).read_text()
     assert "The mixed chunked prefill are disabled because of using ngram speculative decoding." in sg_log
     spec = [

@@ -245,6 +245,12 @@ class VllmSimulator(Simulator):
         load = max(0.0, ns.sim_load_seconds)
         log.at("APIServer", "utils.py:253", f"vLLM API server version {VERSION} (tuitune.sim)")
         log.at("APIServer", "utils.py:253", f"non-default args: {self.non_default}")
+        if self.cfg.model_free:  # as vLLM 0.32's CPU build said, serving ngram
+            log.at(
+                "APIServer",
+                "vllm.py:1605",
+                "Async scheduling not supported with ngram-based speculative decoding and will be disabled.",
+            )
         self.spawn_engine_core()
         if not self.nccl_init():
             return False
@@ -265,7 +271,7 @@ class VllmSimulator(Simulator):
             return False
         log.at("EngineCore_DP0", where, f"Starting to load model {ns.model_path}...")
         await self.sleep_sim(load * 0.45)
-        if self.cfg.speculative and not self.cfg.model_free:  # ngram has no drafter model to load
+        if self.cfg.speculative:  # ngram too: the runner loads "the drafter" whatever it is (seen on 0.32)
             log.at("EngineCore_DP0", "gpu_model_runner.py:5010", "Loading drafter model...")
             await self.sleep_sim(load * 0.1)
         log.at(
