@@ -654,6 +654,11 @@ def test_tune_walks_sglang_ngram_as_chains_of_draft_tokens(tmp_path):
     assert all(
         x["config"]["topk"] == 1 and x["config"]["draft_tokens"] in (0, x["config"]["steps"] + 1) for x in launched
     )
+    # advise on its captures: the windows say drafter=ngram, so SGLang's space is chains here too
+    adv = cli("advise", *[x["capture"] for x in launched], "--json")
+    assert adv.returncode == 0, adv.stderr
+    ranked = json.loads(adv.stdout)["advice"][0]["all"]
+    assert ranked and all(row["config"]["topk"] == 1 for row in ranked), ranked[:3]
 
 
 async def test_tui_shows_the_lookup_drafter_and_its_advisor_walks_k(tmp_path):
@@ -682,3 +687,32 @@ async def test_tui_shows_the_lookup_drafter_and_its_advisor_walks_k(tmp_path):
             assert (d.algorithm, d.num_speculative_tokens, d.prompt_lookup_max) == ("NGRAM", best.steps, 3)
             assert not app.draft_errors
         await s.close(stop_server=True)
+
+
+async def test_preflight_refuses_suffix_decoding_without_arctic_inference(tmp_path, vllm_python):
+    """The real vLLM 0.33 environment has no arctic-inference: refused before anything starts."""
+    import vllm_cli
+
+    from tuitune.target.control import ControlError, ServerControl
+    from tuitune.target.transport import LocalTransport
+
+    model = tmp_path / "model"
+    model.mkdir()
+    p = P.from_dict(
+        {
+            "name": "sfx",
+            "server": {
+                "engine": "vllm",
+                "python": str(vllm_python),
+                "log": str(tmp_path / "sfx.log"),
+                "port": free_port(),
+                "args": {"model": str(model)},
+            },
+            "speculative": {"algorithm": "suffix"},
+            "env": dict(vllm_cli.ENV),
+        }
+    )
+    with pytest.raises(ControlError) as e:
+        await ServerControl(LocalTransport(), p, state_dir=str(tmp_path / "state")).relaunch(60)
+    assert e.value.code == 2 and "needs the arctic_inference module, not installed for" in str(e.value)
+    assert not Path(p.server.log).exists()

@@ -1201,7 +1201,9 @@ def cmd_advise(ns) -> int:
         model = fit(launches)
     except FitError as e:
         raise CliError(f"cannot fit a cost model: {e}", 1) from None
-    space = A.space(topks=engine.topks)
+    # look-up drafting (the windows say drafter=ngram): chains only, as tune searches it
+    lookup = any(w.drafter for ln in launches for w in ln.windows)
+    space = A.space(topks=(1,) if lookup else engine.topks)
     advices = [A.advise(model, c, running, space) for c in levels]
     schedule = None
     if ns.emit:

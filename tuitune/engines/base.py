@@ -77,6 +77,10 @@ class Engine:
         (None: a drafting model's). ValueError if it cannot."""
         raise NotImplementedError
 
+    def required_modules(self, preset) -> list[tuple[str, str]]:
+        """(Python module, the preset key that needs it) the server imports beyond its own."""
+        return []
+
     def search_topks(self, preset) -> tuple[int, ...]:
         """The draft tree widths advise, tune and the TUI's advisor search for this preset."""
         return self.topks

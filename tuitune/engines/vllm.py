@@ -196,6 +196,11 @@ class VLLM(Engine):
             )
         return out
 
+    def required_modules(self, preset) -> list[tuple[str, str]]:
+        if preset.is_speculative and preset.speculative.algorithm == "SUFFIX":
+            return [(SUFFIX_MODULE, "speculative.algorithm SUFFIX (pip install arctic-inference)")]
+        return []
+
     def speculative_view(self, preset) -> dict:
         s = preset.speculative
         view = {"speculative.algorithm": s.algorithm}

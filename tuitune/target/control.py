@@ -499,6 +499,14 @@ class ServerControl:
         if not r.ok:
             raise ControlError(f"{self.t.label}: cannot run {p.python()}: {r.stderr.strip()[:200]}", 2)
         await self._check_paths()
+        for module, why in p.engine.required_modules(p) if p.server.module != P.SIM_MODULE else []:
+            r = await self.t.run(
+                self._as_server(f"{py} -c {shlex.quote(FIND_MODULE_PY)} {shlex.quote(module)}"), timeout=60
+            )
+            if r.exit_status != 0:
+                raise ControlError(
+                    f"{self.t.label}: {why} needs the {module} module, not installed for {p.python()}", 2
+                )
         known = await self.server_flags()
         unknown = [f for f in p.flag_names() if f not in known]
         if unknown:
