@@ -238,8 +238,8 @@ class Recorder:
             self._close_cycle()
         if phase == "cycle":
             self.in_step = False
-            batch = args[0] if args else None
-            self.cycle["bs"] = len(batch.reqs) if hasattr(batch, "reqs") else self.cycle["bs"]
+            reqs = getattr(args[0] if args else None, "reqs", None)
+            self.cycle["bs"] = len(reqs) if reqs is not None else self.cycle["bs"]
             self._accept(result)  # NGRAM's accept_lens count the bonus token
             self._close_cycle()
         if phase == "verify":

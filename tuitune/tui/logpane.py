@@ -140,14 +140,14 @@ class LogPane(Vertical):
     def following(self) -> bool:
         return self.query_one(FollowLog).following
 
-    def visible(self, line: str) -> bool:
+    def shows(self, line: str) -> bool:
         return (not self.filter or self.filter in line) and (self.show_own or not own_request(line))
 
     def add(self, lines: list[str], node: int = 0) -> None:
         self.buffer(node).extend(lines)
         if node != self.node:
             return
-        shown = [ln for ln in lines if self.visible(ln)]
+        shown = [ln for ln in lines if self.shows(ln)]
         if not self.show_own:
             self.own_hidden += sum(1 for ln in lines if own_request(ln))
         if not shown:
@@ -179,7 +179,7 @@ class LogPane(Vertical):
         self.filter = text
         log = self.query_one(FollowLog)
         log.clear()
-        log.write_lines([ln for ln in self.buffer(self.node) if self.visible(ln)])
+        log.write_lines([ln for ln in self.buffer(self.node) if self.shows(ln)])
         if log.following:
             log.scroll_end(animate=False)
         self._subtitle()
