@@ -364,3 +364,34 @@ async def test_log_pane_hides_tuitunes_own_requests_and_v_shows_them(tmp_path):
         assert not any(own_request(x) for x in log.lines)
         assert "tuitune.own_requests" in app._binding_ids()
         await s.close(stop_server=True)
+
+
+def test_over_ssh_the_presets_pythonpath_is_kept_and_a_missing_draft_is_refused(sshd, tmp_path):
+    """The same two fixes through the real sshd on loopback: the target is another login."""
+    from conftest import make_preset
+
+    from tuitune import preset as P
+
+    code = tmp_path / "code"
+    (code / "simwrap").mkdir(parents=True)
+    (code / "simwrap" / "__init__.py").write_text("")
+    (code / "simwrap" / "__main__.py").write_text(
+        "import runpy\nrunpy.run_module('tuitune.sim', run_name='__main__')\n"
+    )
+    missing = tmp_path / "no-draft"
+    p = P.with_changes(
+        make_preset(tmp_path, "sshwrap", target=sshd.target(), env={"PYTHONPATH": str(code)}),
+        {"server.module": "simwrap", "speculative.draft_model_path": str(missing)},
+    )
+    path = P.save(p, tmp_path / "w.yaml")
+    r = tuitune("launch", str(path), "--timeout", "30")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"speculative.draft_model_path {missing} does not exist on root@127.0.0.1:{sshd.port}" in r.stderr
+    missing.mkdir()
+    try:
+        r = tuitune("launch", str(path), "--timeout", "30")
+        assert r.returncode == 0 and "ready in" in r.stdout, r.stdout + r.stderr
+        r = tuitune("status", str(path))
+        assert r.returncode == 0 and "no drift" in r.stdout, r.stdout + r.stderr
+    finally:
+        assert tuitune("stop", str(path)).returncode == 0
