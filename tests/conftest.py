@@ -121,7 +121,8 @@ def sim_factory(tmp_path):
 @pytest.fixture(scope="session")
 def sglang_release(tmp_path_factory) -> Path:
     """SGLang 0.5.23's package directory, from its wheel (downloaded once a session; only the
-    speculative sources and the dist-info unpacked). Skips when the registry is not reachable."""
+    speculative sources, the argument definitions (arg_groups) and the dist-info unpacked).
+    Skips when the registry is not reachable."""
     import zipfile
 
     tmp = tmp_path_factory.mktemp("sglang")
@@ -148,7 +149,10 @@ def sglang_release(tmp_path_factory) -> Path:
     if dl.returncode != 0 or not wheels:
         pytest.skip(f"the package registry is not reachable here: {dl.stderr.strip()[-200:]}")
     with zipfile.ZipFile(wheels[0]) as z:
-        z.extractall(tmp / "site", [n for n in z.namelist() if n.startswith(("sglang/srt/speculative/", "sglang-"))])
+        z.extractall(
+            tmp / "site",
+            [n for n in z.namelist() if n.startswith(("sglang/srt/speculative/", "sglang/srt/arg_groups/", "sglang-"))],
+        )
     return tmp / "site" / "sglang"
 
 

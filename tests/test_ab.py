@@ -113,7 +113,7 @@ async def test_ab_with_failed_requests_is_not_comparable(tmp_path):
     # ready after ~0.3 s real, then the crash 1.5 s real (30 simulated s at 20x) into its life,
     # in the middle of 40 requests of ~0.16 s each
     b = P.with_changes(a, {"name": "b", "server.args.sim-fault": "crash-after=30", "bench.requests": 40})
-    result = await run_ab(LocalTransport(), a, b, 1, {})
+    result = await run_ab(LocalTransport(), a, b, 1, {}, judge=False)
     assert result["launches"][1]["failed"] > 0
     assert result["verdict"]["verdict"] == "not comparable"
     assert "failed requests" in result["verdict"]["reason"]
@@ -133,7 +133,7 @@ async def test_ab_with_one_arm_measured_while_capped_is_not_comparable(tmp_path)
         if "launching B (b)" in msg:
             ctl.write_text(json.dumps({"capping": "power"}))
 
-    result = await run_ab(LocalTransport(), a, b, 1, {}, progress=progress)
+    result = await run_ab(LocalTransport(), a, b, 1, {}, progress=progress, judge=False)
     assert result["launches"][0]["gpu_note"] is None
     assert result["launches"][1]["gpu_note"].startswith("power cap GPU 0,1,2,3,4,5,6,7")
     v = result["verdict"]

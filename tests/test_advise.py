@@ -310,6 +310,7 @@ def test_tune_resumes_and_says_when_the_start_is_best(tmp_path):
         "--resume",
         "--ab-rounds",
         "1",
+        "--no-verdict",
     )
     assert resumed.returncode == 0, resumed.stderr + resumed.stdout
     rows = [json.loads(x) for x in (out / "tune.jsonl").read_text().splitlines()]
@@ -446,6 +447,7 @@ def test_tune_nccl_screens_then_keeps_the_variable_that_wins(tmp_path):
         str(out),
         "--ab-rounds",
         "1",
+        "--no-verdict",
         "--json",
         str(tmp_path / "r.json"),
     )

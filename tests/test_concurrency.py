@@ -243,6 +243,7 @@ def test_sweep_over_concurrency_and_ab_at_a_concurrency(tmp_path):
         str(preset),
         "--rounds",
         "1",
+        "--no-verdict",
         "--concurrency",
         "4",
         "--json",

@@ -54,7 +54,7 @@ def test_probe_times_each_phase_and_prints_parsable_lines(tmp_path, layout):
     for ev in events:
         assert ev.kind == "profile" and ev.rank == "TP0" and ev.cycles == 5 and ev.bs == 1
         assert (ev.steps, ev.topk, ev.draft_tokens) == (2, 1, 3)
-        assert ev.sync == "host"  # no CUDA here: host clock
+        assert ev.sync == "cpu"  # no CUDA here: the host clock, and the line says so
         assert 1.8 < ev.draft_ms < 6 and 4.5 < ev.verify_ms < 12 and 0.9 < ev.extend_ms < 5
         assert ev.accept_len == pytest.approx(2.0, abs=0.21)
         assert ev.cycle_ms == pytest.approx(ev.draft_ms + ev.verify_ms + ev.extend_ms, abs=0.01)
@@ -172,7 +172,10 @@ def test_check_reads_the_source_without_importing(tmp_path):
 def test_check_against_the_real_sglang_release(sglang_release):
     report = check(str(sglang_release))
     assert report["version"] == "0.5.23" and report["ok"]
-    assert report["usable"] == ["sglang.srt.speculative.eagle_worker_v2"]
+    assert report["usable"] == ["sglang.srt.speculative.eagle_worker_v2", "sglang.srt.speculative.ngram_worker"]
+    ngram = report["modules"]["sglang.srt.speculative.ngram_worker"]
+    assert ngram["NGRAMWorker.forward_batch_generation"] == {"phase": "cycle", "found": True}
+    assert ngram["NGRAMWorker._prepare_for_speculative_decoding"] == {"phase": "draft", "found": True}
 
 
 def test_launch_command_puts_the_probe_first_on_pythonpath(tmp_path):

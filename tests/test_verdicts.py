@@ -53,7 +53,7 @@ def test_ab_notes_for_a_a_runs_and_too_few_rounds(tmp_path):
 def test_cli_ab_a_a_says_so(tmp_path):
     p = P.save(make_preset(tmp_path, "aa", profile=False), tmp_path / "aa.yaml")
     r = subprocess.run(
-        [sys.executable, "-m", "tuitune", "ab", str(p), str(p), "--rounds", "1", "--requests", "2"],
+        [sys.executable, "-m", "tuitune", "ab", str(p), str(p), "--rounds", "1", "--no-verdict", "--requests", "2"],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -83,7 +83,11 @@ def test_vllm_preset_renders_serve_and_speculative_config():
             "speculative.num_steps is SGLang's; vLLM spells it num_speculative_tokens",
         ),
         ({}, {}, "speculative.num_speculative_tokens is required on vLLM"),
-        ({"num_speculative_tokens": 2, "algorithm": "NGRAM"}, {}, "speculative.algorithm: NGRAM is not driven"),
+        (
+            {"num_speculative_tokens": 2, "algorithm": "STANDALONE"},
+            {},
+            "speculative.algorithm: STANDALONE is not driven",
+        ),
         (
             {"num_speculative_tokens": 2, "draft_tensor_parallel_size": 4},
             {"tensor-parallel-size": 8},
@@ -418,7 +422,7 @@ def test_ab_and_sweep_on_vllm_presets(tmp_path):
         P.with_changes(sim_vllm(tmp_path, "two", tokens=2, port=port), {"profile": False}), tmp_path / "2.yaml"
     )
     home = {"HOME": str(tmp_path)}
-    r = cli("ab", str(one), str(two), "--rounds", "2", "--json", str(tmp_path / "ab.json"), env=home)
+    r = cli("ab", str(one), str(two), "--rounds", "2", "--no-verdict", "--json", str(tmp_path / "ab.json"), env=home)
     assert r.returncode == 0, r.stderr
     result = json.loads((tmp_path / "ab.json").read_text())
     assert [x["preset"] for x in result["launches"]] == ["one", "two", "one", "two"]
@@ -438,10 +442,10 @@ def test_ab_and_sweep_on_vllm_presets(tmp_path):
         },
     )
     native = P.save(sglang, tmp_path / "s.yaml")
-    r = cli("ab", str(native), str(two), "--rounds", "1", env=home)
+    r = cli("ab", str(native), str(two), "--rounds", "1", "--no-verdict", env=home)
     assert r.returncode == 2 and "not comparable; set bench.api: openai in both" in r.stderr
     openai = P.save(P.with_changes(sglang, {"bench.api": "openai"}), tmp_path / "s.yaml")
-    r = cli("ab", str(openai), str(two), "--rounds", "1", "--json", str(tmp_path / "x.json"), env=home)
+    r = cli("ab", str(openai), str(two), "--rounds", "1", "--no-verdict", "--json", str(tmp_path / "x.json"), env=home)
     assert r.returncode == 0, r.stderr
     assert [x["failed"] for x in json.loads((tmp_path / "x.json").read_text())["launches"]] == [0, 0]
     out = tmp_path / "sweep"
@@ -502,6 +506,7 @@ def test_tune_and_advise_on_vllm_walk_chains(tmp_path):
         str(out),
         "--ab-rounds",
         "1",
+        "--no-verdict",
         "--json",
         str(tmp_path / "r.json"),
         env={"HOME": str(tmp_path)},

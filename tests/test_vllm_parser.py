@@ -165,7 +165,10 @@ async def test_preflight_reads_the_real_help_and_the_launch_line_parses(tmp_path
     `serve --help=all` decides the flags), then the rendered launch line run by the shell."""
     for k, v in vllm_cli.ENV.items():
         monkeypatch.setenv(k, v)
-    p = c4(tmp_path, vllm_python)
+    model, draft = tmp_path / "kimi-k2.5-int4", tmp_path / "eagle3"  # the preflight checks that they exist
+    model.mkdir()
+    draft.mkdir()
+    p = c4(tmp_path, vllm_python, **{"server.args.model": str(model), "speculative.draft_model_path": str(draft)})
     c = ServerControl(LocalTransport(), p, state_dir=str(tmp_path / "state"))
     await c.preflight(None)  # raises on any rendered flag vLLM's help does not list
     known = await c.server_flags()
@@ -186,10 +189,10 @@ async def test_preflight_reads_the_real_help_and_the_launch_line_parses(tmp_path
     lines = [x for x in log.splitlines() if x.startswith("TUITUNE-PARSED ")]
     assert lines, log[-1500:]
     ns = json.loads(lines[-1].split(" ", 1)[1])
-    assert ns["model_tag"] == "/shared/kimi-k2.5-int4" and ns["port"] == p.server.port
+    assert ns["model_tag"] == str(model) and ns["port"] == p.server.port
     assert ns["speculative_config"] == {
         "method": "eagle3",
-        "model": "/data/eagle3/output_100k_sglang/4",
+        "model": str(draft),
         "num_speculative_tokens": 2,
     }
 

@@ -39,6 +39,10 @@ FILES = (
     "vllm/v1/worker/gpu/model_runner.py",
     "vllm/v1/worker/gpu/spec_decode/eagle/speculator.py",
     "vllm/v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py",
+    "vllm/v1/spec_decode/ngram_proposer.py",
+    "vllm/v1/spec_decode/ngram_proposer_gpu.py",
+    "vllm/v1/spec_decode/suffix_decoding.py",
+    "vllm/v1/worker/gpu/spec_decode/ngram/speculator.py",
 )
 
 
@@ -144,6 +148,24 @@ def test_metric_names_and_a_page_built_from_them(src):
     assert w.per_position == pytest.approx((0.8, 0.7, 0.3)) and w.accept_len == pytest.approx(2.8)
 
 
+def test_ngram_and_suffix_settings_are_the_releases(src):
+    fields = class_fields(src / "vllm/config/speculative.py", "SpeculativeConfig")
+    assert {"prompt_lookup_min", "prompt_lookup_max", "num_speculative_tokens", "method"} <= fields
+    text = (src / "vllm/config/speculative.py").read_text()
+    assert '"ngram"' in text and '"suffix"' in text
+    for method in ("ngram", "suffix"):
+        p = P.from_dict(
+            {
+                "name": "x",
+                "server": {"engine": "vllm", "log": "/l", "args": {"model": "/m"}},
+                "speculative": {"algorithm": method, "num_speculative_tokens": 3},
+            }
+        )
+        cfg = json.loads(p.flags()[p.flags().index("--speculative-config") + 1])
+        assert set(cfg) <= fields and cfg["method"] == method
+    assert f"self.prompt_lookup_min = {V.NGRAM_DEFAULT_LOOKUP}" in text  # the default tuitune's lint names
+
+
 def test_rendered_commands_use_flags_the_release_has(src):
     """Cheap and early (no install): the flags are among those the parser is built from."""
     v = src / "vllm"
@@ -169,7 +191,11 @@ def test_rendered_commands_use_flags_the_release_has(src):
 
 def test_failure_texts_are_the_releases(src):
     v = src / "vllm"
-    texts = strings(v / "v1/core/kv_cache_planning.py") | strings(v / "transformers_utils/config.py")
+    texts = (
+        strings(v / "v1/core/kv_cache_planning.py")
+        | strings(v / "transformers_utils/config.py")
+        | strings(v / "config/speculative.py")
+    )
     for needle, _cause in V.ERRORS:
         if "SpeculativeConfig" not in needle:  # pydantic's wording, around vLLM's class name
             assert any(needle in t for t in texts), needle
@@ -181,3 +207,14 @@ def test_probe_check_on_the_release(src):
     assert report["version"] == RELEASE and report["ok"], report
     assert "vllm.v1.worker.gpu_model_runner" in report["usable"]
     assert report["modules"]["vllm.v1.spec_decode.llm_base_proposer"]["SpecDecodeBaseProposer.propose"]["found"]
+    # the look-up drafters the probe times, as this release names them
+    for module, method in (
+        ("vllm.v1.spec_decode.ngram_proposer", "NgramProposer.propose"),
+        ("vllm.v1.spec_decode.ngram_proposer_gpu", "NgramProposerGPU.propose"),
+        ("vllm.v1.spec_decode.suffix_decoding", "SuffixDecodingProposer.propose"),
+        ("vllm.v1.worker.gpu.spec_decode.ngram.speculator", "NgramGPUSpeculator.propose"),
+    ):
+        assert report["modules"][module][method] == {"phase": "draft", "found": True}, module
+    # and the runner calls them where the probe expects: ngram inside sample_tokens, after bookkeeping
+    runner = (src / "vllm/v1/worker/gpu_model_runner.py").read_text()
+    assert 'spec_config.method == "ngram"' in runner and "self.drafter.propose(" in runner

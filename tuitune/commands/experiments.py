@@ -30,6 +30,11 @@ def ab_args(p: argparse.ArgumentParser) -> None:
         help="launches per preset (default 4; 4 is the "
         "fewest with which the exact Mann-Whitney test can reach p < 0.05)",
     )
+    p.add_argument(
+        "--no-verdict",
+        action="store_true",
+        help="run fewer rounds than a verdict needs anyway, as a measurement without a verdict",
+    )
     p.add_argument("--min-effect", type=float, default=0.01, help="smallest ratio change that counts (0.01 = 1%%)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for each launch")
     bench_flags(p)
@@ -39,13 +44,15 @@ def ab_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_ab(ns) -> int:
-    from tuitune.experiments.ab import ab_notes, format_ab, run_ab
+    from tuitune.experiments.ab import ab_notes, format_ab, rounds_refusal, run_ab
 
     a, b = load_preset(ns.a), load_preset(ns.b)
     if a.target.label() != b.target.label():
         raise CliError(f"{a.name} and {b.name} must run on the same target to be interleaved", 2)
     if ns.rounds < 1:
         raise CliError(f"--rounds must be at least 1 (got {ns.rounds})", 2)
+    if (why := rounds_refusal(ns.rounds)) and not ns.no_verdict:
+        raise CliError(why, 2)  # before any relaunch: no launch could change the answer
     for note in ab_notes(a, b, ns.rounds):
         print(f"note: {note}", file=sys.stderr)
     ov = overrides(ns)
@@ -69,6 +76,7 @@ def cmd_ab(ns) -> int:
             ns.timeout,
             progress=lambda msg: print(msg, flush=True),
             allow_any=ns.any,
+            judge=not ns.no_verdict,
         )
 
     result = run_async(guarded(go, t))
@@ -271,6 +279,11 @@ def tune_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--ab-rounds", type=int, default=4, help="launches per arm of the final A/B (default 4)")
     p.add_argument(
+        "--no-verdict",
+        action="store_true",
+        help="run a final A/B with fewer rounds than a verdict needs anyway, as a measurement (no best.yaml)",
+    )
+    p.add_argument(
         "--nccl",
         action="store_true",
         help="first rank NCCL settings with nccl-bench (seconds) and measure the start with the winner (one relaunch)",
@@ -319,6 +332,7 @@ def cmd_tune(ns) -> int:
             levels=levels,
             overrides=ov,
             ab_rounds=ns.ab_rounds,
+            ab_judge=not ns.no_verdict,
             nccl=ns.nccl or bool(ns.nccl_grid),
             nccl_backend=ns.nccl_backend,
             nccl_grid=ns.nccl_grid,

@@ -139,8 +139,14 @@ def cmd_bench(ns) -> int:
         return on_level
 
     if ns.url:
+        from tuitune.measure.bench import BenchError
+
         url = _bench_url(ns.url)
-        return report(run_async(bench_levels(UrlBencher(url), levels, ov, on_level=starting(f"against {url}"))))
+        try:
+            runs = run_async(bench_levels(UrlBencher(url), levels, ov, on_level=starting(f"against {url}")))
+        except BenchError as e:  # the server speaks neither API: which --api to pass
+            raise CliError(str(e), 2) from None
+        return report(runs)
     p = load_preset(ns.preset)
     from tuitune.target.session import Session
 

@@ -25,6 +25,9 @@ CAUSE_TEXT = {
 HF_ERRORS = (
     ("is not a local folder and is not a valid model identifier", "model_not_found"),
     ("RepositoryNotFoundError", "model_not_found"),
+    # a local path that does not exist reads as a malformed repo id (huggingface_hub's validator;
+    # what vLLM 0.32's CPU build printed for a missing model directory)
+    ("Repo id must be in the form", "model_not_found"),
 )
 
 
@@ -68,10 +71,19 @@ class Engine:
         them at start (the configurations advise and tune compare; costmodel.Config's fields)."""
         raise NotImplementedError
 
-    def config_changes(self, c) -> dict:
+    def config_changes(self, c, preset=None) -> dict:
         """The speculative section's keys that make a preset run configuration ``c`` (steps,
-        topk, draft_tokens; speculative), as this engine spells them. ValueError if it cannot."""
+        topk, draft_tokens; speculative), as this engine spells them for ``preset``'s algorithm
+        (None: a drafting model's). ValueError if it cannot."""
         raise NotImplementedError
+
+    def required_modules(self, preset) -> list[tuple[str, str]]:
+        """(Python module, the preset key that needs it) the server imports beyond its own."""
+        return []
+
+    def search_topks(self, preset) -> tuple[int, ...]:
+        """The draft tree widths advise, tune and the TUI's advisor search for this preset."""
+        return self.topks
 
     def config_label(self, c) -> str:
         """Configuration ``c`` in this engine's words."""

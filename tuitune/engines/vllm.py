@@ -5,8 +5,12 @@ Verified against the vLLM 0.33.0 release source (names below are that release's)
   (``entrypoints/cli/main.py``, ``cli/serve.py``); ``serve --help=all`` lists every flag group;
   ``--port`` (default 8000) and ``--host`` come from ``FrontendArgs``, ``--speculative-config``
   (``-sc``, JSON) from ``EngineArgs``; ``SpeculativeConfig`` takes ``method`` (``eagle``,
-  ``eagle3``, …), ``model``, ``num_speculative_tokens`` (> 0) and ``draft_tensor_parallel_size``
-  (1 or the target's TP size). EAGLE in vLLM drafts a chain: there is no topk.
+  ``eagle3``, ``ngram``, ``suffix``, …), ``model``, ``num_speculative_tokens`` (> 0),
+  ``draft_tensor_parallel_size`` (1 or the target's TP size) and, for ``ngram``,
+  ``prompt_lookup_min`` / ``prompt_lookup_max`` (the n-gram sizes matched; one given is copied
+  to the other, neither is 5 and 5). EAGLE and ngram in vLLM draft a chain: there is no topk.
+  ``suffix`` (suffix decoding) needs the ``arctic-inference`` package and takes
+  ``num_speculative_tokens`` as an upper bound (default 24, its tree depth).
 - logs (``vllm/logger.py``): ``(PROCESS pid=N) LEVEL MM-DD HH:MM:SS [file.py:line] message``;
   ``v1/metrics/loggers.py`` prints ``Engine 000: Avg prompt throughput: …`` every
   ``VLLM_LOG_STATS_INTERVAL`` seconds, ``v1/spec_decode/metrics.py`` the ``SpecDecoding metrics:``
@@ -26,7 +30,11 @@ from tuitune.engines.base import Engine
 SPEC_MARKER = "SpecDecoding metrics: "
 STATS_MARKER = "Avg prompt throughput: "
 STARTUP_COMPLETE = "Application startup complete."
-METHODS = {"EAGLE": "eagle", "EAGLE3": "eagle3"}
+METHODS = {"EAGLE": "eagle", "EAGLE3": "eagle3", "NGRAM": "ngram", "SUFFIX": "suffix"}
+DRAFT_METHODS = ("EAGLE", "EAGLE3")  # the methods that run a draft model (speculative.model)
+# SpeculativeConfig.__post_init__: ngram with neither n-gram size set matches 5-grams only
+NGRAM_DEFAULT_LOOKUP = 5
+SUFFIX_MODULE = "arctic_inference"  # suffix decoding's implementation, imported by the drafter
 
 # Prometheus counter names as declared (the exposition adds ``_total``)
 NUM_DRAFTS = "vllm:spec_decode_num_drafts"
@@ -63,6 +71,7 @@ ERRORS = (
     ("Invalid repository ID or local directory specified", "model_not_found"),
     ("validation error for SpeculativeConfig", "bad_argument"),
     ("validation errors for SpeculativeConfig", "bad_argument"),
+    ("Arctic Inference is required for suffix decoding", "init_failed"),
 )
 
 
@@ -95,15 +104,27 @@ class VLLM(Engine):
 
     @staticmethod
     def speculative_config(preset) -> dict:
+        """``--speculative-config``'s JSON: the method, the draft model for EAGLE, the tokens, and
+        for ngram the n-gram sizes (those set; vLLM fills in the other)."""
         s = preset.speculative
-        cfg = {
-            "method": METHODS[s.algorithm],
-            "model": s.draft_model_path,
-            "num_speculative_tokens": s.num_speculative_tokens,
-        }
-        if s.draft_tensor_parallel_size is not None:
-            cfg["draft_tensor_parallel_size"] = s.draft_tensor_parallel_size
+        cfg: dict = {"method": METHODS[s.algorithm]}
+        if s.algorithm in DRAFT_METHODS:
+            cfg["model"] = s.draft_model_path
+        if s.num_speculative_tokens is not None:
+            cfg["num_speculative_tokens"] = s.num_speculative_tokens
+        for key in ("prompt_lookup_max", "prompt_lookup_min", "draft_tensor_parallel_size"):
+            if getattr(s, key) is not None:
+                cfg[key] = getattr(s, key)
         return cfg
+
+    @staticmethod
+    def ngram_lookup(s) -> tuple[int, int]:
+        """(prompt_lookup_min, prompt_lookup_max) as vLLM resolves them: one given is copied to the
+        other; neither given is 5 and 5 (``SpeculativeConfig.__post_init__``)."""
+        lo, hi = s.prompt_lookup_min, s.prompt_lookup_max
+        if lo is None and hi is None:
+            return NGRAM_DEFAULT_LOOKUP, NGRAM_DEFAULT_LOOKUP
+        return (hi if lo is None else lo), (lo if hi is None else hi)
 
     def validate(self, preset) -> None:
         if not isinstance(preset.server.args.get("model"), str):
@@ -116,10 +137,16 @@ class VLLM(Engine):
             return
         if s.algorithm not in METHODS:
             raise ValueError(
-                f"speculative.algorithm: {s.algorithm} is not driven by tuitune on vLLM (use {' or '.join(METHODS)})"
+                f"speculative.algorithm: {s.algorithm} is not driven by tuitune on vLLM (use {', '.join(METHODS)})"
             )
-        if not s.draft_model_path:
+        if s.algorithm in DRAFT_METHODS and not s.draft_model_path:
             raise ValueError(f"speculative.draft_model_path is required for {s.algorithm}")
+        for key in ("ngram_min_bfs_breadth", "ngram_max_bfs_breadth", "ngram_max_trie_depth"):
+            if getattr(s, key) is not None:
+                raise ValueError(
+                    f"speculative.{key} is SGLang's NGRAM tree; vLLM's ngram drafts a chain "
+                    "(set num_speculative_tokens, prompt_lookup_min, prompt_lookup_max)"
+                )
         if s.eagle_topk is not None:
             raise ValueError(
                 "speculative.eagle_topk: vLLM's EAGLE drafts a chain, one candidate a "
@@ -134,11 +161,13 @@ class VLLM(Engine):
             )
         if s.adaptive_config is not None:
             raise ValueError("speculative.adaptive_config is SGLang's adaptive schedule; vLLM has no such flag")
-        if s.num_speculative_tokens is None:
+        if s.num_speculative_tokens is None and s.algorithm != "SUFFIX":  # suffix: 24 at most, its own choice
             raise ValueError(
                 "speculative.num_speculative_tokens is required on vLLM (how many tokens the draft proposes each step)"
             )
         dtp = s.draft_tensor_parallel_size
+        if dtp is not None and s.algorithm not in DRAFT_METHODS:
+            raise ValueError(f"speculative.draft_tensor_parallel_size: {s.algorithm} runs no draft model")
         if dtp is not None and dtp not in (1, preset.tp_size()):
             raise ValueError(
                 f"speculative.draft_tensor_parallel_size: vLLM allows 1 or the target's "
@@ -154,26 +183,45 @@ class VLLM(Engine):
         ):
             if sglang in preset.server.args:
                 out.append(f"server.args.{sglang} is SGLang's flag; vLLM spells it {vllm}")
+        s = preset.speculative
+        if preset.is_speculative and s.algorithm == "NGRAM" and s.prompt_lookup_min is s.prompt_lookup_max is None:
+            out.append(
+                "speculative: prompt_lookup_min and prompt_lookup_max unset, vLLM's ngram then matches "
+                f"{NGRAM_DEFAULT_LOOKUP}-grams only (its placeholder); set them (e.g. 1 and 3) to match shorter repeats"
+            )
+        if preset.is_speculative and s.algorithm == "SUFFIX":
+            out.append(
+                f"speculative: SUFFIX needs the {SUFFIX_MODULE} package beside vLLM on the target "
+                "(pip install arctic-inference); num_speculative_tokens is its upper bound"
+            )
         return out
+
+    def required_modules(self, preset) -> list[tuple[str, str]]:
+        if preset.is_speculative and preset.speculative.algorithm == "SUFFIX":
+            return [(SUFFIX_MODULE, "speculative.algorithm SUFFIX (pip install arctic-inference)")]
+        return []
 
     def speculative_view(self, preset) -> dict:
         s = preset.speculative
-        view = {
-            "speculative.algorithm": s.algorithm,
-            "speculative.draft_model_path": s.draft_model_path,
-            "speculative.num_speculative_tokens": s.num_speculative_tokens,
-        }
+        view = {"speculative.algorithm": s.algorithm}
+        if s.algorithm in DRAFT_METHODS:
+            view["speculative.draft_model_path"] = s.draft_model_path
+        view["speculative.num_speculative_tokens"] = s.num_speculative_tokens
+        if s.algorithm == "NGRAM":
+            view["speculative.prompt_lookup_min"], view["speculative.prompt_lookup_max"] = self.ngram_lookup(s)
         if s.draft_tensor_parallel_size is not None:
             view["speculative.draft_tensor_parallel_size"] = s.draft_tensor_parallel_size
         return view
 
     def static_config(self, preset) -> tuple[int, int, int] | None:
         n = preset.speculative.num_speculative_tokens
+        if preset.speculative.algorithm == "SUFFIX":
+            return None  # suffix decoding chooses each request's length itself (n is a bound)
         return None if n is None else (n, 1, n + 1)
 
-    def config_changes(self, c) -> dict:
+    def config_changes(self, c, preset=None) -> dict:
         if c.topk != 1:
-            raise ValueError(f"{c.label}: vLLM's EAGLE drafts a chain (topk 1), not a tree")
+            raise ValueError(f"{c.label}: vLLM drafts a chain (topk 1), not a tree")
         return {"num_speculative_tokens": c.steps}
 
     def config_label(self, c) -> str:

@@ -29,7 +29,41 @@ from tuitune.target import telemetry
 from tuitune.target.cluster import controlling
 from tuitune.target.transport import Transport
 
-MIN_ROUNDS = 4  # with fewer launches per arm the exact two-sided U test cannot reach p < 0.05
+ALPHA = 0.05  # stats.compare's significance level
+
+
+def min_p(n_a: int, n_b: int) -> float:
+    """The smallest two-sided p the exact Mann-Whitney test can give with these sample sizes: the
+    two most extreme of the C(n_a + n_b, n_a) equally likely orderings (complete separation)."""
+    return min(1.0, 2 / math.comb(n_a + n_b, n_a)) if n_a and n_b else 1.0
+
+
+def min_rounds(alpha: float = ALPHA) -> int:
+    """The fewest launches per arm with which a verdict can be significant (4 at p < 0.05)."""
+    n = 1
+    while min_p(n, n) >= alpha:
+        n += 1
+    return n
+
+
+MIN_ROUNDS = min_rounds()  # with fewer launches per arm the exact two-sided U test cannot reach p < 0.05
+NO_VERDICT = "measurement only"
+
+
+class RoundsError(ValueError):
+    """Too few rounds for a verdict, refused before any relaunch; the message is one sentence."""
+
+
+def rounds_refusal(rounds: int, flag: str = "--rounds", override: str = "--no-verdict") -> str | None:
+    """Why ``rounds`` launches per arm cannot give a verdict, and what can (None: they can)."""
+    if rounds >= MIN_ROUNDS:
+        return None
+    return (
+        f"{flag} {rounds} cannot reach significance: with {rounds} + {rounds} launches the exact "
+        f"Mann-Whitney p is never below {min_p(rounds, rounds):.2f} (a verdict needs p < {ALPHA}), so no "
+        f"difference could be found however large; {flag} {MIN_ROUNDS} is the smallest that can "
+        f"(or add {override} to run it as a measurement without a verdict)"
+    )
 
 
 PRIOR_SPREAD = 0.02  # launch-to-launch spread (sd, relative) assumed before any is measured: tune's NOISE, FACTS §7
@@ -131,9 +165,8 @@ def ab_notes(a: Preset, b: Preset, rounds: int) -> list[str]:
         )
     if rounds < MIN_ROUNDS:
         notes.append(
-            f"--rounds {rounds} cannot reach p < 0.05 with the exact Mann-Whitney test "
-            f"(it needs {MIN_ROUNDS} launches per arm), so the verdict can only be "
-            f"'no significant difference'"
+            f"--rounds {rounds} cannot reach p < {ALPHA} with the exact Mann-Whitney test "
+            f"(it needs {MIN_ROUNDS} launches per arm), so this is a measurement without a verdict"
         )
     return notes
 
@@ -182,8 +215,9 @@ async def bench_launch(
     }
 
 
-def verdict(launches: list[dict], min_effect: float) -> dict:
-    """Arm B against arm A, each launch one sample (rows carry their arm, "A" or "B")."""
+def verdict(launches: list[dict], min_effect: float, judge: bool = True) -> dict:
+    """Arm B against arm A, each launch one sample (rows carry their arm, "A" or "B"); with
+    ``judge`` False (too few rounds, run on purpose) the medians and ratio without a verdict."""
     bad = [x for x in launches if x["failed"]]
     if bad:
         return {
@@ -201,7 +235,14 @@ def verdict(launches: list[dict], min_effect: float) -> dict:
     key = metric(launches)
     va = [x[key] for x in launches if x["arm"] == "A"]
     vb = [x[key] for x in launches if x["arm"] == "B"]
-    return {**stats.compare(va, vb, min_effect), "metric": key}
+    out = {**stats.compare(va, vb, min_effect), "metric": key}
+    if not judge:
+        out["verdict"] = NO_VERDICT
+        out["reason"] = (
+            f"{len(va)} + {len(vb)} launches cannot reach significance (p is never below "
+            f"{min_p(len(va), len(vb)):.2f}): a measurement without a verdict"
+        )
+    return out
 
 
 def metric(launches: list[dict]) -> str:
@@ -222,10 +263,19 @@ async def run_ab(
     allow_any: bool = False,
     spread: float | None = None,
     spread_source: str = "",
+    judge: bool = True,
 ) -> dict:
-    """``spread``: the launch-to-launch spread measured before (``spread_source`` says where);
+    """``rounds`` launches per arm, interleaved. Too few rounds for a verdict are refused
+    (RoundsError) before anything is relaunched, unless ``judge`` is False (allowed on purpose):
+    then the run is a measurement, its result says so and gives no verdict.
+
+    ``spread``: the launch-to-launch spread measured before (``spread_source`` says where);
     without it the stated prior PRIOR_SPREAD. Either way the A/B says, before it relaunches, the
     smallest effect it can detect with ``rounds``; after, the same from the spread it measured."""
+    why = rounds_refusal(rounds)
+    if why and judge:
+        raise RoundsError(why)
+    judge = why is None  # enough rounds: a verdict, whatever was allowed
     before = (
         power_note(rounds, spread, spread_source or "measured before", min_effect)
         if spread is not None
@@ -279,7 +329,7 @@ async def run_ab(
         "launches": launches,
         "notes": ab_notes(a, b, rounds),
         "power": {"before": before, "after": after},
-        "verdict": verdict(launches, min_effect),
+        "verdict": verdict(launches, min_effect, judge),
     }
 
 
@@ -311,15 +361,18 @@ def format_ab(result: dict) -> str:
         f"ratio B/A = {v['ratio']:.4f} (95% CI {lo:.4f}-{hi:.4f}), "
         f"Mann-Whitney p = {v['p_value']:.3f} over {v['n_baseline']}+{v['n_candidate']} launches"
     )
-    lines.append(
-        f"verdict: {b} is {v['verdict']}"
-        if v["verdict"] != "no significant difference"
-        else f"verdict: no significant difference (minimum effect {v['min_effect']:.0%})"
-    )
-    lines.append(
-        f"why: {stats.verdict_why(v)} (faster or slower needs both p < 0.05 and the interval entirely beyond "
-        f"1 ± {v['min_effect']:.0%})"
-    )
+    if v["verdict"] == NO_VERDICT:
+        lines.append(f"no verdict: {v['reason']}")
+    else:
+        lines.append(
+            f"verdict: {b} is {v['verdict']}"
+            if v["verdict"] != "no significant difference"
+            else f"verdict: no significant difference (minimum effect {v['min_effect']:.0%})"
+        )
+        lines.append(
+            f"why: {stats.verdict_why(v)} (faster or slower needs both p < 0.05 and the interval entirely beyond "
+            f"1 ± {v['min_effect']:.0%})"
+        )
     after = (result.get("power") or {}).get("after")
     if after:
         lines.append(f"power: {after['sentence']}")

@@ -111,7 +111,9 @@ async def advise_sources(
         model = fit(launches)
     except FitError as e:
         raise AdvisorError(f"cannot fit a cost model: {e}", 1) from None
-    space = A.space(topks=engine.topks)
+    # look-up drafting (the windows say drafter=ngram): chains only, as tune searches it
+    lookup = any(w.drafter for ln in launches for w in ln.windows)
+    space = A.space(topks=(1,) if lookup else engine.topks)
     describe = engine.config_label
     out = Advised(model, [A.advise(model, c, running, space, describe) for c in concurrencies or [load]], describe)
     if emit:

@@ -72,7 +72,7 @@ def preset_for(base: P.Preset, c: Config, spec_section: dict) -> P.Preset:
     section to vary (algorithm and draft model kept). The engine spells the configuration."""
     if not c.speculative:
         return P.with_changes(base, {"speculative": None})
-    return P.with_changes(base, {"speculative": {**spec_section, **base.engine.config_changes(c)}})
+    return P.with_changes(base, {"speculative": {**spec_section, **base.engine.config_changes(c, base)}})
 
 
 @dataclass
@@ -489,6 +489,7 @@ async def tune(
     levels: list[int] | None = None,
     overrides: dict | None = None,
     ab_rounds: int = 4,
+    ab_judge: bool = True,
     configs: list[Config] | None = None,
     nccl: bool = False,
     nccl_backend: str = "nccl",
@@ -497,9 +498,11 @@ async def tune(
     progress: Callable[[str], None] | None = None,
     session=None,
 ) -> dict:
-    from tuitune.experiments.ab import run_ab
+    from tuitune.experiments.ab import rounds_refusal, run_ab
     from tuitune.target.session import Session
 
+    if (why := rounds_refusal(ab_rounds, "--ab-rounds")) and ab_judge:
+        raise TuneError(why, 2)  # before the first relaunch: the search would end in an A/B that cannot decide
     start = config_of(base)
     if not base.is_speculative:
         raise TuneError(
@@ -611,7 +614,7 @@ async def tune(
             max(0, budget),
             concurrency,
             levels,
-            configs or space(topks=base.engine.topks),
+            configs or space(topks=base.engine.search_topks(base)),
             prior,
             on_step,
             progress,
@@ -659,7 +662,7 @@ async def tune(
                 "requests": max(int((overrides or {}).get("requests") or base.bench.requests), 2 * concurrency),
             }
             await session.stop_follow()
-            ab = await run_ab(session.transport, start_preset, b, ab_rounds, ab_over, progress=progress)
+            ab = await run_ab(session.transport, start_preset, b, ab_rounds, ab_over, progress=progress, judge=ab_judge)
             summary["ab"] = ab
             v = ab["verdict"]
             summary["verdict"] = v
@@ -716,6 +719,12 @@ def format_result(r: dict) -> str:
             f"verdict: {r['chosen_label']} is faster than the start (ratio {v['ratio']:.4f}, "
             f"95% CI {v['ratio_ci'][0]:.4f}-{v['ratio_ci'][1]:.4f}, p = {v['p_value']:.3f}); "
             f"written to {r.get('best_preset')}"
+        )
+    elif v.get("verdict") == "measurement only":
+        lines.append(
+            f"no verdict: {v['reason']}; A/B medians: start {v['baseline_median']:.1f}, "
+            f"{r['chosen_label']} {v['candidate_median']:.1f} tok/s (ratio {v['ratio']:.3f}); "
+            "the start is kept (no best.yaml)"
         )
     else:
         why = v.get("reason") or v.get("verdict")

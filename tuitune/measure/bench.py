@@ -83,7 +83,7 @@ class BenchConfig:
     warmup: int = 2
     max_tokens: int = 500
     concurrency: int = 1
-    api: str = "native"  # native | openai
+    api: str = "native"  # native | openai | auto (asked of the server: detect_api)
     timeout_s: float | None = None  # per request; default from max_tokens
     connect_timeout_s: float = 10.0
     label: str = ""
@@ -263,6 +263,36 @@ def client_session(**kw):
 
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
+# the endpoint each API streams from (both POST only)
+API_PATHS = {"native": "/generate", "openai": "/v1/completions"}
+
+
+class BenchError(ValueError):
+    """A benchmark that cannot start as asked; the message is one sentence."""
+
+
+async def detect_api(session, url: str, timeout: float = 5.0) -> str | None:
+    """Which API the server at ``url`` speaks, asked without generating anything: a GET on a
+    POST-only route answers 405 where the route exists and 404 where it does not (FastAPI, as
+    SGLang and vLLM serve, and aiohttp alike). SGLang serves both and is benchmarked through its
+    native API (its per-request speculative counts); vLLM has no ``/generate``. None when the
+    server cannot be reached (the requests then say why); BenchError when neither route is there."""
+    import aiohttp
+
+    seen: dict[str, int] = {}
+    for api, path in API_PATHS.items():
+        try:
+            async with session.get(url.rstrip("/") + path, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                seen[api] = resp.status
+        except (TimeoutError, aiohttp.ClientError):
+            return None
+    for api in API_PATHS:
+        if seen[api] in (200, 405, 422):  # 422: a framework that validates a GET's missing body
+            return api
+    raise BenchError(
+        f"{url} serves neither /generate (HTTP {seen['native']}) nor /v1/completions (HTTP {seen['openai']}): "
+        "pass --api native for SGLang's native API or --api openai for an OpenAI-compatible server"
+    )
 
 
 def _payload(api: str, prompt: str, max_tokens: int, model: str | None = None) -> tuple[str, dict]:
@@ -461,6 +491,8 @@ async def run_bench(
     t0 = time.perf_counter()
     connector = aiohttp.TCPConnector(limit=max(4, cfg.concurrency * 2), force_close=False)
     async with client_session(connector=connector) as session:
+        if cfg.api == "auto":
+            cfg.api = await detect_api(session, cfg.url) or "native"  # unreachable: the requests say so
         if cfg.api == "openai" and cfg.model is None:
             cfg.model = await served_model(session, cfg.url)
         if cfg.warmup and cfg.concurrency > 1:

@@ -46,13 +46,17 @@ class UrlBencher:
 
     def __init__(self, url: str):
         self.url = url
+        self.api = "auto"  # without --api: asked of the server once, then kept for every level
 
     def bench_config(self, overrides: dict | None = None, label: str = "") -> BenchConfig:
-        cfg = BenchConfig(self.url, label=label, **(overrides or {}))
+        cfg = BenchConfig(self.url, label=label, **{"api": self.api, **(overrides or {})})
         return cfg.at_level(cfg.concurrency)
 
     async def bench(self, label: str = "", on_result: OnResult | None = None, **overrides) -> BenchRun:
-        return await run_bench(self.bench_config(overrides, label), on_result)
+        cfg = self.bench_config(overrides, label)
+        run = await run_bench(cfg, on_result)
+        self.api = cfg.api  # what the server answered to (run_bench settles "auto")
+        return run
 
 
 def _level_overrides(overrides: dict | None, level: int | None) -> dict:

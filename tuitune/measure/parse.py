@@ -154,6 +154,7 @@ _PROFILE_CONV = {
     },
     **{k: _int for k in ("v", "cycles", "bs", "steps", "topk", "draft_tokens", "verify_tokens")},
     "sync": str,
+    "drafter": str,
     "accept_hist": str,
     "bs_hist": str,
 }

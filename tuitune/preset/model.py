@@ -230,7 +230,7 @@ class Server(_Model):
 
 
 class Speculative(_Model):
-    algorithm: Literal["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"] | None = None
+    algorithm: Literal["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "SUFFIX"] | None = None
     draft_model_path: str | None = None
     num_steps: int | None = Field(default=None, ge=1, le=64)
     eagle_topk: int | None = Field(default=None, ge=1, le=64)
@@ -240,6 +240,13 @@ class Speculative(_Model):
     adaptive_config: str | None = None
     num_speculative_tokens: int | None = Field(default=None, ge=1, le=64)  # vLLM
     draft_tensor_parallel_size: int | None = Field(default=None, ge=1, le=1024)  # vLLM
+    # vLLM's ngram (prompt lookup): the n-gram sizes matched against the request's tokens
+    prompt_lookup_min: int | None = Field(default=None, ge=1, le=64)
+    prompt_lookup_max: int | None = Field(default=None, ge=1, le=64)
+    # SGLang's NGRAM: the draft tree's breadth bounds and the trie's depth
+    ngram_min_bfs_breadth: int | None = Field(default=None, ge=1, le=64)
+    ngram_max_bfs_breadth: int | None = Field(default=None, ge=1, le=64)
+    ngram_max_trie_depth: int | None = Field(default=None, ge=1, le=1024)
 
     @field_validator("algorithm", mode="before")
     @classmethod
@@ -250,6 +257,17 @@ class Speculative(_Model):
     def _rules(self) -> Speculative:
         if self.draft_model_path is not None:
             _no_control(self.draft_model_path)
+        if self.algorithm in speculative.MODEL_FREE and self.draft_model_path is not None:
+            raise ValueError(
+                f"draft_model_path: {self.algorithm} drafts from the request's own tokens, with no draft model; remove it"
+            )
+        if self.algorithm != "NGRAM":
+            for key in ("prompt_lookup_min", "prompt_lookup_max", *NGRAM_TREE_KEYS):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key} is an NGRAM setting (algorithm is {self.algorithm})")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"prompt_lookup_min {lo} is more than prompt_lookup_max {hi}")
         r = self.resolved()
         if self.adaptive_config is not None:
             _no_control(self.adaptive_config, "adaptive_config")
@@ -264,9 +282,20 @@ class Speculative(_Model):
     def resolved(self) -> speculative.Resolved:
         if self.num_speculative_tokens is not None:  # vLLM's chain: K drafted, K + 1 verified
             return speculative.Resolved(self.algorithm, self.num_speculative_tokens, 1, self.num_speculative_tokens + 1)
+        if self.algorithm == "SUFFIX":  # vLLM's suffix decoding picks its length per request
+            return speculative.Resolved(self.algorithm, None, None, None)
         return speculative.resolve(
-            self.algorithm, self.num_steps, self.eagle_topk, self.num_draft_tokens, self.draft_model_path
+            self.algorithm,
+            self.num_steps,
+            self.eagle_topk,
+            self.num_draft_tokens,
+            self.draft_model_path,
+            self.ngram_max_bfs_breadth,
+            self.ngram_min_bfs_breadth,
         )
+
+
+NGRAM_TREE_KEYS = ("ngram_min_bfs_breadth", "ngram_max_bfs_breadth", "ngram_max_trie_depth")
 
 
 class Bench(_Model):

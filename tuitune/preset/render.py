@@ -22,8 +22,13 @@ def server_argv(preset: Preset, extra_env: dict[str, str] | None = None) -> str:
     env = dict(preset.launch_env())
     if extra_env:
         env.update(extra_env)
+    # the probe's sitecustomize first on the path, before the preset's own PYTHONPATH (an engine's
+    # custom code) or, when the preset sets none, before the one the server would inherit
+    own = env.pop("PYTHONPATH", None) if preset.uses_probe else None
     parts = ["env", "--"] + [shlex.quote(f"{k}={v}") for k, v in env.items()]
-    if preset.uses_probe:  # the probe's sitecustomize first on the path, any existing path kept
+    if preset.uses_probe and own is not None:
+        parts.append(f'PYTHONPATH="$HOME/{PROBE_DIR[2:]}"' + (":" + shlex.quote(own) if own else ""))
+    elif preset.uses_probe:
         parts.append(f'PYTHONPATH="$HOME/{PROBE_DIR[2:]}${{PYTHONPATH:+:$PYTHONPATH}}"')
     parts += [shell_path(preset.python()), "-m", shlex.quote(preset.server.module)]
     parts += [shlex.quote(a) for a in preset.flags()]

@@ -17,10 +17,21 @@ worker module and wraps its phases (no edits to SGLang's files):
   (``vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator``). draft = ``propose``,
   verify = the step minus the draft; vLLM's drafter extends inside ``propose``, so extend is 0.
 
+* Drafting without a draft model, timed the same way: vLLM's ngram (``NgramProposer.propose``,
+  ``vllm.v1.spec_decode.ngram_proposer``; ``NgramProposerGPU`` for ngram_gpu; the V2 runner's
+  ``NgramGPUSpeculator``) and suffix decoding (``SuffixDecodingProposer.propose``), called from
+  the runner's ``sample_tokens``; SGLang's NGRAM (``sglang.srt.speculative.ngram_worker``):
+  ``NGRAMWorker.forward_batch_generation`` is one whole cycle, its
+  ``_prepare_for_speculative_decoding`` the look-up (draft), verify the rest; a prefill batch is
+  no cycle. Such lines carry ``drafter=ngram`` (or ``suffix``); NGRAM's ``steps`` is the tree's
+  depth bound, draft tokens − 1.
+
 Timing (``EAGLE3_PROFILE_SYNC``): ``event`` (default) records CUDA events around each phase on the
 current stream and reads a window's events only when the next window is complete, so the server
 never waits for the GPU; ``host`` synchronises around each phase (exact, but it serialises the
-CPU with the GPU; for comparison). Without CUDA, phases are timed on the host clock.
+CPU with the GPU; for comparison). Without CUDA (a CPU engine: vLLM's CPU build) there are no
+events and nothing to synchronise: phases are timed on the host clock and the line says
+``sync=cpu``.
 One line per ``EAGLE3_PROFILE_WINDOW`` cycles (default 40), from rank ``EAGLE3_PROFILE_RANK``
 (default 0), through the worker module's own logger so the prefix matches SGLang's.
 
@@ -60,6 +71,27 @@ TARGETS = {
     "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator": {
         "TargetDependentARSpeculator": {"propose": "draft"}
     },
+    # drafting without a draft model, inside the same runner step: ngram (prompt lookup, on the
+    # host; ngram_gpu on the device), suffix decoding, and the V2 runner's ngram speculator
+    "vllm.v1.spec_decode.ngram_proposer": {"NgramProposer": {"propose": "draft"}},
+    "vllm.v1.spec_decode.ngram_proposer_gpu": {"NgramProposerGPU": {"propose": "draft"}},
+    "vllm.v1.spec_decode.suffix_decoding": {"SuffixDecodingProposer": {"propose": "draft"}},
+    "vllm.v1.worker.gpu.spec_decode.ngram.speculator": {"NgramGPUSpeculator": {"propose": "draft"}},
+    # SGLang's NGRAM: one call is the whole cycle (look-up, verify forward, accept), the look-up
+    # a method inside it
+    "sglang.srt.speculative.ngram_worker": {
+        "NGRAMWorker": {"forward_batch_generation": "cycle", "_prepare_for_speculative_decoding": "draft"}
+    },
+}
+# modules whose drafting runs inside a timed step: a draft call outside one is a warm-up
+STEPPED = ("vllm.", "sglang.srt.speculative.ngram_worker")
+# drafters that look tokens up instead of running a model (what the line's ``drafter`` says)
+LOOKUP = {
+    "NgramProposer": "ngram",
+    "NgramProposerGPU": "ngram",
+    "NgramGPUSpeculator": "ngram",
+    "SuffixDecodingProposer": "suffix",
+    "NGRAMWorker": "ngram",
 }
 PHASES = ("draft", "verify", "extend")
 HIST_LEN = 33  # accepted lengths counted per cycle: 1..33 (steps up to 32), longer ones in the last
@@ -91,7 +123,7 @@ class Recorder:
         self.pending: list[dict] | None = None  # the previous window, read when this one closes
         self.meta: dict = {}
         self.lens: _LensRing | None = None  # accept lengths kept on the device, counted once a window
-        self.in_step = False  # vLLM: inside a runner step
+        self.in_step = False  # vLLM: inside a runner step (SGLang NGRAM: inside a cycle)
 
     @staticmethod
     def _new_cycle() -> dict:
@@ -116,8 +148,8 @@ class Recorder:
             self.cuda = torch.cuda.is_available()
         except ImportError:
             self.cuda = False
-        if self.sync == "event" and not self.cuda:
-            self.sync = "host"
+        if not self.cuda:
+            self.sync = "cpu"  # a CPU engine: the host clock, nothing to wait for
         want = int(os.environ.get("EAGLE3_PROFILE_RANK", "0"))
         rank = getattr(worker, "tp_rank", None)
         if (
@@ -146,9 +178,15 @@ class Recorder:
         if isinstance(k, int) and not isinstance(k, bool):  # vLLM: a chain of k drafts, k + 1 tokens verified
             self.cycle.update(steps=k, draft_tokens=k + 1)
             self.meta["topk"] = 1
+        name = type(worker).__name__
+        if name in LOOKUP:
+            self.meta["drafter"] = LOOKUP[name]
+        if name == "NGRAMWorker" and isinstance(self.cycle["draft_tokens"], int):
+            # SGLang derives its num_steps as tokens // breadth; the tree is tokens − 1 deep at most
+            self.cycle["steps"] = self.cycle["draft_tokens"] - 1
 
     # ---- timing ---------------------------------------------------------------------------
-    def start(self, phase: str, worker):
+    def start(self, phase: str, worker, args: tuple = ()):
         if self.enabled is None:
             self._setup(worker)
             self.logger = logging.getLogger(type(worker).__module__)
@@ -156,9 +194,15 @@ class Recorder:
             return None
         if phase == "draft" and self.cycle["verify"]:
             self._close_cycle()
-        if phase == "draft" and not self.in_step and type(worker).__module__.startswith("vllm."):
-            return None  # vLLM drafting outside a runner step: a warm-up or dummy run
-        if phase.startswith("step"):
+        if phase == "draft" and not self.in_step and type(worker).__module__.startswith(STEPPED):
+            return None  # drafting outside a runner step (a cycle): a warm-up or dummy run
+        if phase == "cycle":
+            batch = args[0] if args else None
+            mode = getattr(batch, "forward_mode", None)
+            is_decode = getattr(mode, "is_decode", None)
+            if callable(is_decode) and not is_decode():
+                return None  # a prefill batch: no speculative cycle
+        if phase.startswith("step") or phase == "cycle":
             self.in_step = True
         if self.cycle["t0"] is None:
             self.cycle["t0"] = time.perf_counter()
@@ -174,7 +218,7 @@ class Recorder:
     def stop(self, phase: str, token, worker, args, result) -> None:
         if token is None:
             return
-        slot = "step" if phase.startswith("step") else phase
+        slot = "step" if phase.startswith("step") or phase == "cycle" else phase
         if self.sync == "event":
             e = self.torch.cuda.Event(enable_timing=True)
             e.record()
@@ -188,6 +232,12 @@ class Recorder:
         if phase == "step_end":
             self.in_step = False
             self._accept_sampled(result)
+            self._close_cycle()
+        if phase == "cycle":
+            self.in_step = False
+            reqs = getattr(args[0] if args else None, "reqs", None)
+            self.cycle["bs"] = len(reqs) if reqs is not None else self.cycle["bs"]
+            self._accept(result)  # NGRAM's accept_lens count the bonus token
             self._close_cycle()
         if phase == "verify":
             self._accept(result)
@@ -305,6 +355,8 @@ class Recorder:
         verifies.sort()
         first = window[0]
         config = [("steps", first["steps"]), ("topk", self.meta.get("topk")), ("draft_tokens", first["draft_tokens"])]
+        if self.meta.get("drafter"):
+            config.append(("drafter", self.meta["drafter"]))
         fields = (
             [("v", 2), ("cycles", n)]
             + ([("bs", bs)] if bs else [])
@@ -443,7 +495,7 @@ def _wrap(cls, name: str, phase: str) -> None:
         if rec is None:
             return original(self, *args, **kwargs)
         try:
-            token = rec.start(phase, self)
+            token = rec.start(phase, self, args)
         except Exception as e:  # noqa: BLE001
             _disable(e)
             return original(self, *args, **kwargs)

@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-num-steps", type=int, default=None)
     p.add_argument("--speculative-eagle-topk", type=int, default=None)
     p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
+    p.add_argument("--speculative-ngram-min-bfs-breadth", type=int, default=1)
+    p.add_argument("--speculative-ngram-max-bfs-breadth", type=int, default=10)
+    p.add_argument("--speculative-ngram-max-trie-depth", type=int, default=18)
+    p.add_argument("--speculative-ngram-match-type", choices=["BFS", "PROB"], default="BFS")
     _bool_flag(p, "--speculative-adaptive", "change the steps while running (SGLang's adaptive mode)")
     p.add_argument("--speculative-adaptive-config", default=None, metavar="FILE.json")
     p.add_argument("--decode-log-interval", type=int, default=40)
@@ -190,6 +194,8 @@ def resolve_speculative(ns: argparse.Namespace) -> list[str]:
         ns.speculative_algorithm = algo = "EAGLE"
     if algo is None:
         return warnings
+    if algo == "NGRAM":
+        return _resolve_ngram(ns)
     if algo in ("EAGLE", "EAGLE3") and not ns.speculative_draft_model_path:
         raise ServerArgsError(f"--speculative-draft-model-path is required for {algo}")
     if ns.speculative_num_steps is None:
@@ -219,4 +225,32 @@ def resolve_speculative(ns: argparse.Namespace) -> list[str]:
             f"speculative_num_draft_tokens ({ns.speculative_num_draft_tokens}) must be <= "
             f"speculative_num_steps * speculative_eagle_topk + 1 ({limit})"
         )
+    return warnings
+
+
+def _resolve_ngram(ns: argparse.Namespace) -> list[str]:
+    """SGLang 0.5.23's _handle_ngram: the breadth overwrites topk, 12 draft tokens by default,
+    mixed chunked prefill off. The simulator's tree is as deep as its budget allows (draft tokens
+    − 1), which is also the depth tuitune's probe reports for an NGRAM cycle."""
+    warnings: list[str] = []
+    lo, hi = ns.speculative_ngram_min_bfs_breadth, ns.speculative_ngram_max_bfs_breadth
+    if lo < 1 or hi < lo:
+        raise ServerArgsError(f"speculative_ngram_min_bfs_breadth ({lo}) must be >= 1 and <= max_bfs_breadth ({hi})")
+    if ns.max_running_requests is None:
+        ns.max_running_requests = 48
+        warnings.append(
+            "Max running requests is reset to 48 for speculative decoding. You can override this by "
+            "explicitly setting --max-running-requests."
+        )
+    ns.speculative_eagle_topk = hi
+    if ns.speculative_num_draft_tokens is None:
+        ns.speculative_num_draft_tokens = 12
+        warnings.append(
+            "speculative_num_draft_tokens is set to 12 by default for ngram speculative decoding. "
+            "You can override this by explicitly setting --speculative-num-draft-tokens."
+        )
+    if ns.speculative_num_draft_tokens < 2:
+        raise ServerArgsError("speculative_num_draft_tokens must be >= 2 for ngram speculative decoding")
+    ns.speculative_num_steps = ns.speculative_num_draft_tokens - 1
+    warnings.append("The mixed chunked prefill are disabled because of using ngram speculative decoding.")
     return warnings

@@ -17,7 +17,9 @@ Costs (ms), for a batch of ``bs`` running requests with mean context ``ctx``:
 * baseline decode step: one target forward over ``bs`` tokens;
 * speculative cycle: ``steps`` draft forwards over ``bs·topk`` tokens (same form, the draft's
   own curve) + one verify forward over ``bs·draft_tokens`` tokens (+ ``verify_extra_ms``, which
-  only the seeds' box needs) + the draft extend ``extend_ms·(1 + 0.05·(bs−1))``;
+  only the seeds' box needs) + the draft extend ``extend_ms·(1 + 0.05·(bs−1))``; n-gram lookup
+  (NGRAM, vLLM's ngram and suffix) runs no draft model: ``ngram_ms·bs`` on the host, no extend,
+  its own acceptance (``ngram_acceptance``);
 * both: the scheduler's ``sched_ms ÷ --num-continuous-decode-steps``.
 
 Acceptance (FACTS.md §6): at depth ``d`` the target picks exactly one of the drafter's ranked
@@ -66,7 +68,13 @@ ACCEPTANCE_PROFILES: dict[str, tuple[float, ...]] = {
     "strong": (0.85, 0.75, 0.65, 0.58, 0.52, 0.47, 0.43, 0.40, 0.37, 0.35),
     # The seeds' drafter before the hidden-state wiring fix (about 19 %).
     "broken": (0.25, 0.12, 0.08, 0.06, 0.05, 0.04, 0.04, 0.03, 0.03, 0.03),
+    # n-gram lookup (prompt lookup, no draft model): a chain that follows a repeat once one is
+    # found. The first three from vLLM's CPU build on a random Llama (TESTING.md: per-position
+    # 0.729, 0.529, 0.357 -> conditional 0.73, 0.73, 0.68), then falling by 8 % a position.
+    "ngram": (0.73, 0.73, 0.68, 0.63, 0.58, 0.53, 0.49, 0.45, 0.41, 0.38),
 }
+MODEL_FREE = ("NGRAM", "SUFFIX")  # drafting by lookup in the request's tokens: no draft forward
+NGRAM_MS = 0.02  # the lookup's host time per request and cycle (a trie / n-gram match)
 
 
 def _proto_factor(value: str) -> float:
@@ -173,6 +181,8 @@ class Machine:
     sibling_decay: float = 0.7
     verify_extra_ms: float = 0.0
     source: str = ""
+    ngram_acceptance: tuple[float, ...] = ACCEPTANCE_PROFILES["ngram"]
+    ngram_ms: float = NGRAM_MS
 
 
 _NUM = (int, float)
@@ -207,6 +217,16 @@ _TOP = {
     ),
     "launch_sigma": (False, *_NONNEG),
     "sibling_decay": (False, *_POS),
+    "ngram_acceptance": (
+        False,
+        lambda v: (
+            isinstance(v, list)
+            and v != []
+            and all(isinstance(a, _NUM) and not isinstance(a, bool) and 0 <= a <= 1 for a in v)
+        ),
+        "a non-empty list of conditional acceptance rates of n-gram lookup in [0, 1], one per draft position",
+    ),
+    "ngram_ms": (False, *_NONNEG),
 }
 
 
@@ -246,6 +266,8 @@ def machine_from_dict(data: Any, where: str = "machine") -> Machine:
         launch_sigma=float(d.get("launch_sigma", 0.01)),
         sibling_decay=float(d.get("sibling_decay", 0.7)),
         source=where,
+        ngram_acceptance=tuple(float(a) for a in d.get("ngram_acceptance", ACCEPTANCE_PROFILES["ngram"])),
+        ngram_ms=float(d.get("ngram_ms", NGRAM_MS)),
     )
 
 
@@ -300,8 +322,14 @@ class SimConfig:
         return self.algorithm is not None
 
     @property
+    def model_free(self) -> bool:
+        return self.algorithm in MODEL_FREE
+
+    @property
     def rates(self) -> tuple[float, ...]:
-        return self.acceptance if self.acceptance is not None else self.machine.acceptance
+        if self.acceptance is not None:
+            return self.acceptance
+        return self.machine.ngram_acceptance if self.model_free else self.machine.acceptance
 
     def comm_ms(self) -> float:
         """All-reduce time of one target forward: within the node, plus across nodes (multi-node)."""
@@ -348,6 +376,8 @@ def cycle_cost(cfg: SimConfig, bs: int = 1, context: float = DEFAULT_CONTEXT_TOK
     if not cfg.speculative:
         return CycleCost(0.0, (m.target(bs) + fixed) * f, 0.0, other)
     verify = m.target(bs * cfg.draft_tokens) + fixed + m.verify_extra_ms
+    if cfg.model_free:  # a lookup on the host per request; no draft model to run or to catch up
+        return CycleCost(m.ngram_ms * bs * f, verify * f, 0.0, other)
     draft = cfg.steps * m.draft(bs * cfg.topk)
     extend = m.extend_ms * (1 + 0.05 * (bs - 1))
     return CycleCost(draft * f, verify * f, extend * f, other)
@@ -440,13 +470,20 @@ def expected_tok_s(cfg: SimConfig, bs: int = 1, context: float = DEFAULT_CONTEXT
 def config_from_dict(machine: Machine, config: dict) -> SimConfig:
     """A SimConfig from a preset's names (see ``expected_goodput``); SGLang's topk-1 rule applied."""
     algo = config.get("algorithm")
+    algo = algo.upper() if isinstance(algo, str) else algo
     steps, topk = config.get("num_steps"), config.get("eagle_topk")
-    if algo is not None:
+    tokens = config.get("num_draft_tokens")
+    if config.get("num_speculative_tokens") is not None:  # vLLM: a chain of K drafts
+        steps, topk = int(config["num_speculative_tokens"]), 1
+        tokens = steps + 1
+    elif algo == "NGRAM":  # SGLang's NGRAM: a looked-up tree of N tokens (12), breadth up to 10
+        tokens = int(tokens or 12)
+        steps, topk = tokens - 1, int(config.get("ngram_max_bfs_breadth") or 10)
+    elif algo is not None:
         steps = 3 if steps is None else int(steps)  # SGLang's automatic choice (3, 1, 4)
         topk = 1 if topk is None else int(topk)
-    tokens = config.get("num_draft_tokens")
-    if algo is not None and (topk == 1 or tokens is None):
-        tokens = steps + 1 if topk == 1 else steps * topk + 1
+        if topk == 1 or tokens is None:
+            tokens = steps + 1 if topk == 1 else steps * topk + 1
     env = {k: str(v) for k, v in (config.get("env") or {}).items()}
     return sim_config(
         machine,

@@ -144,7 +144,8 @@ class Window:
         bs_hist = ",".join(f"{k}:{c}" for k, c in sorted(self.bs_hist.items()))
         return (
             f"EAGLE3_PROFILE v=2 cycles={n} bs={bs} steps={cfg.steps} topk={cfg.topk} "
-            f"draft_tokens={cfg.draft_tokens} verify_tokens={bs * cfg.draft_tokens} draft_ms={d:.3f} "
+            f"draft_tokens={cfg.draft_tokens} {'drafter=ngram ' if cfg.model_free else ''}"
+            f"verify_tokens={bs * cfg.draft_tokens} draft_ms={d:.3f} "
             f"verify_ms={v:.3f} extend_ms={e:.3f} other_ms={o:.3f} cycle_ms={cycle:.3f} "
             f"accept_len={accept_len:.3f} accept_hist={hist} bs_hist={bs_hist} eff_tok_s={eff:.2f} "
             f"p50_verify_ms={p50:.3f} p90_verify_ms={p90:.3f} max_verify_ms={srt[-1]:.3f} sync=sim"
@@ -385,7 +386,7 @@ class Simulator:
         self.log.line(
             f"Capture cuda graph end. Time elapsed: {load * 0.3:.2f} s. mem usage=1.02 GB. avail mem=4.10 GB."
         )
-        if self.cfg.speculative:
+        if self.cfg.speculative and not self.cfg.model_free:  # NGRAM has no draft model to capture
             self.log.line("Capture draft cuda graph begin. This can take up to several minutes. avail mem=4.10 GB")
             await self.sleep_sim(load * 0.1)
             self.log.line(

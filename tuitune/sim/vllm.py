@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from http import HTTPStatus
 
 from aiohttp import web
 
@@ -139,21 +140,38 @@ def speculative(ns, tp: int) -> tuple[str | None, int, str | None]:
             "quantization",
             "max_model_len",
             "enforce_eager",
+            "prompt_lookup_max",
+            "prompt_lookup_min",
         }
     )
     if unknown:
         raise ValueError(f"1 validation error for SpeculativeConfig\n{unknown[0]}\n  Unexpected keyword argument")
     method = cfg.get("method")
-    if method not in ("eagle", "eagle3"):
+    if method == "suffix":  # the drafter imports Arctic Inference, which this machine does not have
+        raise ImportError(
+            "Arctic Inference is required for suffix decoding. Install via `pip install arctic-inference==0.1.1`."
+        )
+    if method not in ("eagle", "eagle3", "ngram"):
         raise ValueError(
-            f"1 validation error for SpeculativeConfig\nmethod\n  the simulator plays eagle "
-            f"and eagle3 only (got {method!r})"
+            f"1 validation error for SpeculativeConfig\nmethod\n  the simulator plays eagle, eagle3 "
+            f"and ngram (got {method!r})"
         )
     k = cfg.get("num_speculative_tokens")
     if not isinstance(k, int) or k <= 0:
         raise ValueError(
             "1 validation error for SpeculativeConfig\nnum_speculative_tokens\n  Input should be greater than 0"
         )
+    if method == "ngram":
+        lo, hi = cfg.get("prompt_lookup_min"), cfg.get("prompt_lookup_max")
+        for name, v in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError(
+                    f"1 validation error for SpeculativeConfig\n{name}\n  Input should be greater than or equal to 1"
+                )
+        lo, hi = (lo or hi or 5), (hi or lo or 5)  # one copied to the other; neither: 5 and 5
+        if lo > hi:
+            raise ValueError(f"prompt_lookup_min={lo} must be <= prompt_lookup_max={hi}")
+        return "NGRAM", k, None
     if not cfg.get("model"):
         raise ValueError("num_speculative_tokens was provided but without speculative model.")
     dtp = cfg.get("draft_tensor_parallel_size")
@@ -227,6 +245,12 @@ class VllmSimulator(Simulator):
         load = max(0.0, ns.sim_load_seconds)
         log.at("APIServer", "utils.py:253", f"vLLM API server version {VERSION} (tuitune.sim)")
         log.at("APIServer", "utils.py:253", f"non-default args: {self.non_default}")
+        if self.cfg.model_free:  # as vLLM 0.32's CPU build said, serving ngram
+            log.at(
+                "APIServer",
+                "vllm.py:1605",
+                "Async scheduling not supported with ngram-based speculative decoding and will be disabled.",
+            )
         self.spawn_engine_core()
         if not self.nccl_init():
             return False
@@ -247,7 +271,7 @@ class VllmSimulator(Simulator):
             return False
         log.at("EngineCore_DP0", where, f"Starting to load model {ns.model_path}...")
         await self.sleep_sim(load * 0.45)
-        if self.cfg.speculative:
+        if self.cfg.speculative:  # ngram too: the runner loads "the drafter" whatever it is (seen on 0.32)
             log.at("EngineCore_DP0", "gpu_model_runner.py:5010", "Loading drafter model...")
             await self.sleep_sim(load * 0.1)
         log.at(
@@ -379,7 +403,8 @@ class VllmSimulator(Simulator):
             "EngineCore_DP0",
             "gpu_model_runner.py:3906",
             f"EAGLE3_PROFILE v=2 cycles={n} bs={bs} steps={self.k} topk=1 draft_tokens={self.k + 1} "
-            f"verify_tokens={bs * (self.k + 1)} draft_ms={d:.3f} verify_ms={v:.3f} extend_ms=0.000 "
+            + ("drafter=ngram " if self.cfg.model_free else "")
+            + f"verify_tokens={bs * (self.k + 1)} draft_ms={d:.3f} verify_ms={v:.3f} extend_ms=0.000 "
             f"cycle_ms={d + v:.3f} accept_len={accept:.3f} accept_hist={hist} "
             f"eff_tok_s={accept * bs / (d + v) * 1000:.2f} "
             f"p50_verify_ms={s[len(s) // 2]:.3f} p90_verify_ms={s[min(len(s) - 1, int(len(s) * 0.9))]:.3f} "
@@ -430,8 +455,32 @@ class VllmSimulator(Simulator):
         self.metrics.waiting.set(len(self.waiting))
         return web.Response(body=self.metrics.exposition(), content_type="text/plain", charset="utf-8")
 
+    @web.middleware
+    async def access_log(self, request: web.Request, handler):
+        """uvicorn's access log, on by default in vLLM: one line a request, through the API
+        server's prefix (``(APIServer pid=N) INFO:     127.0.0.1:PORT - "GET /metrics HTTP/1.1"
+        200 OK``), off at ``--uvicorn-log-level warning`` and above."""
+        status = 500  # what uvicorn logs for a handler that raised
+        try:
+            resp = await handler(request)
+            status = resp.status
+        except web.HTTPException as e:
+            status = e.status
+            raise
+        finally:
+            if LEVELS.get(self.vns.uvicorn_log_level, 20) <= LEVELS["info"]:
+                peer = request.transport.get_extra_info("peername") if request.transport else None
+                who = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "127.0.0.1:0"
+                phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
+                self.log.plain(
+                    f"(APIServer pid={os.getpid()}) "
+                    f'INFO:     {who} - "{request.method} {request.path_qs} HTTP/{request.version.major}.'
+                    f'{request.version.minor}" {status} {phrase}'.rstrip()
+                )
+        return resp
+
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[self.access_log])
         for method, path, handler in ROUTES:
             app.router.add_route(method, path, getattr(self, handler))
         app.router.add_get("/sim/state", self.h_server_info)  # sim-only: the load, for sim.nvidia_smi
@@ -496,6 +545,13 @@ def main(argv: list[str]) -> int:
     log = VllmLog("info")
     try:
         ns = sglang_namespace(vns)
+    except ImportError as e:  # SpeculativeConfig's own check, in the API server, before any engine starts
+        log.plain("Traceback (most recent call last):")
+        log.plain(
+            '  File "/usr/lib/python3/dist-packages/vllm/config/speculative.py", line 1728, in _validate_suffix_decoding'
+        )
+        log.plain(f"ImportError: {e}")
+        return 1
     except ValueError as e:
         log.at("APIServer", "api_server.py:1", "Error in inspecting model architecture", force=True)
         log.plain("Traceback (most recent call last):")

@@ -30,6 +30,7 @@ from tuitune.base.aio import cancel_and_wait
 from tuitune.base.events import Event, NcclEnv, ServerError
 from tuitune.engines import CAUSE_ORDER, CAUSE_TEXT
 from tuitune.measure.parse import parse_line
+from tuitune.probe import REMOTE_DIR as PROBE_DIR
 from tuitune.target.tail import LogTail
 from tuitune.target.transport import Transport, TransportError
 
@@ -180,9 +181,27 @@ def _positionals(argv: list[str]) -> list[str]:
     return out
 
 
+def _without_probe(preset: P.Preset, environ: dict[str, str]) -> dict[str, str]:
+    """The process environment less what tuitune itself added at launch: the probe's directory
+    at the head of PYTHONPATH (render.server_argv), so drift is about the preset's own values."""
+    path = environ.get("PYTHONPATH")
+    if not preset.uses_probe or path is None:
+        return environ
+    head, sep, rest = path.partition(":")
+    if not head.rstrip("/").endswith(PROBE_DIR.removeprefix("~")):
+        return environ
+    out = dict(environ)
+    if sep or "PYTHONPATH" in preset.env:
+        out["PYTHONPATH"] = rest
+    else:
+        del out["PYTHONPATH"]
+    return out
+
+
 def compute_drift(preset: P.Preset, argv: list[str], environ: dict[str, str]) -> list[Drift]:
     """What differs between a running process and the preset: env variables and flags."""
     drift: list[Drift] = []
+    environ = _without_probe(preset, environ)
     want_env = preset.launch_env()
     for k, v in want_env.items():
         if environ.get(k) != v:
@@ -207,6 +226,12 @@ def compute_drift(preset: P.Preset, argv: list[str], environ: dict[str, str]) ->
         elif have[k] != want[k]:
             drift.append(Drift(f"flag {k}", have[k], want[k]))
     return drift
+
+
+def _is_local_path(v: str) -> bool:
+    """A model reference the engine reads from disk, not a Hugging Face repo id (``name`` or
+    ``org/name``): what Hugging Face itself would reject as an id once it is not a directory."""
+    return v.startswith(("/", "~/", "./", "../")) or v in ("~", ".", "..") or v.count("/") > 1
 
 
 def classify(errors: list[ServerError]) -> tuple[str, str] | None:
@@ -476,11 +501,22 @@ class ServerControl:
         return r.ok
 
     # ---- preflight -----------------------------------------------------------------------
+    def _as_server(self, command: str) -> str:
+        """``command`` (a python invocation) where and as the server will run it: in its workdir
+        (``python -m`` imports from there) and with the preset's own environment (PYTHONPATH for
+        an engine's custom code, a platform variable the engine's parser needs)."""
+        p = self.preset
+        env = " ".join(shlex.quote(f"{k}={v}") for k, v in p.env.items())
+        where = f"cd -- {P.shell_path(p.server.workdir)} 2>/dev/null || exit 6; " if p.server.workdir else ""
+        return f"{where}env -- {env} {command}" if env else f"{where}{command}"
+
     async def server_flags(self) -> set[str]:
         if self._help_flags is None:
             py = P.shell_path(self.preset.python())
             helps = " ".join(shlex.quote(a) for a in self.preset.help_args())
-            r = await self.t.run(f"{py} -m {shlex.quote(self.preset.server.module)} {helps}", timeout=180)
+            r = await self.t.run(
+                self._as_server(f"{py} -m {shlex.quote(self.preset.server.module)} {helps}"), timeout=180
+            )
             if not r.ok:
                 raise ControlError(
                     f"{self.t.label}: `{self.preset.python()} -m {self.preset.server.module} "
@@ -497,8 +533,10 @@ class ServerControl:
         for name, data in probe.files().items():
             await self.t.upload(data, f"{probe.REMOTE_DIR}/{name}")
         r = await self.t.run(
-            f"{P.shell_path(self.preset.python())} {P.shell_path(probe.REMOTE_DIR + '/eagle3_probe.py')} "
-            "--check " + " ".join(self.preset.engine.probe_check_args()),
+            self._as_server(
+                f"{P.shell_path(self.preset.python())} {P.shell_path(probe.REMOTE_DIR + '/eagle3_probe.py')} "
+                "--check " + " ".join(self.preset.engine.probe_check_args())
+            ),
             timeout=60,
         )
         try:
@@ -511,12 +549,14 @@ class ServerControl:
         p = self.preset
         py = P.shell_path(p.python())
         r = await self.t.run(
-            f"command -v -- {py} >/dev/null || [ -x {py} ] || exit 4; {py} -c "
-            f"{shlex.quote(FIND_MODULE_PY)} {shlex.quote(p.server.module)}",
+            f"command -v -- {py} >/dev/null || [ -x {py} ] || exit 4; "
+            + self._as_server(f"{py} -c {shlex.quote(FIND_MODULE_PY)} {shlex.quote(p.server.module)}"),
             timeout=60,
         )
         if r.exit_status == 4:
             raise ControlError(f"{self.t.label}: server.python {p.python()} does not exist", 2)
+        if r.exit_status == 6:
+            raise ControlError(f"{self.t.label}: server.workdir {p.server.workdir} does not exist", 2)
         if r.exit_status == 3:
             raise ControlError(f"{self.t.label}: module {p.server.module} is not installed for {p.python()}", 2)
         if r.exit_status == 5:
@@ -526,6 +566,15 @@ class ServerControl:
             )
         if not r.ok:
             raise ControlError(f"{self.t.label}: cannot run {p.python()}: {r.stderr.strip()[:200]}", 2)
+        await self._check_paths()
+        for module, why in p.engine.required_modules(p) if p.server.module != P.SIM_MODULE else []:
+            r = await self.t.run(
+                self._as_server(f"{py} -c {shlex.quote(FIND_MODULE_PY)} {shlex.quote(module)}"), timeout=60
+            )
+            if r.exit_status != 0:
+                raise ControlError(
+                    f"{self.t.label}: {why} needs the {module} module, not installed for {p.python()}", 2
+                )
         known = await self.server_flags()
         unknown = [f for f in p.flag_names() if f not in known]
         if unknown:
@@ -553,6 +602,42 @@ class ServerControl:
                     f"did not start; stop it (or `tuitune stop PRESET --pid PID`) first",
                     2,
                 )
+
+    def local_paths(self) -> list[tuple[str, str]]:
+        """(preset key, path) of the model and draft the server reads from the target's disk: a
+        value written as a path (``/…``, ``~/…``, ``./…``, or with more slashes than a Hugging
+        Face id ``org/name`` has); ids are left to the engine to fetch. None for the simulator,
+        which loads no weights."""
+        p = self.preset
+        if p.server.module == P.SIM_MODULE:
+            return []
+        out = [
+            (f"server.args.{k}", v)
+            for k in ("model-path", "model")
+            if isinstance(v := p.server.args.get(k), str) and _is_local_path(v)
+        ]
+        draft = p.speculative.draft_model_path if p.speculative else None
+        if draft and _is_local_path(draft):
+            out.append(("speculative.draft_model_path", draft))
+        return out
+
+    async def _check_paths(self) -> None:
+        """Refuse a model or draft path that does not exist on the target (the engine would
+        otherwise spend its start-up and end in a Hugging Face repo-id error)."""
+        paths = self.local_paths()
+        if not paths:
+            return
+        tests = "; ".join(f"[ -e {P.shell_path(v)} ] || echo {i}" for i, (_, v) in enumerate(paths))
+        where = f"cd -- {P.shell_path(self.preset.server.workdir or '~')} 2>/dev/null; "
+        r = await self.t.run(where + tests, timeout=30)
+        missing = [paths[int(x)] for x in r.stdout.split() if x.isdigit() and int(x) < len(paths)]
+        if missing:
+            key, path = missing[0]
+            raise ControlError(
+                f"{key} {path} does not exist on {self.t.label}: give the local directory the "
+                f"server loads (a Hugging Face id is written org/name); refusing to launch",
+                2,
+            )
 
     # ---- start / stop --------------------------------------------------------------------
     async def start(self) -> ServerRecord:

@@ -34,6 +34,7 @@ class AdvisorPanel(Static):
         self.rows: list = []  # predictions shown, best first
         self.running: Config | None = None
         self.engine: engines.Engine = engines.get("sglang")  # the loaded preset's (app sets it)
+        self.topks: tuple[int, ...] | None = None  # the tree widths searched (None: the engine's)
         self.concurrency = 1
         self.note = ""
         self._dirty = False
@@ -73,7 +74,7 @@ class AdvisorPanel(Static):
             self.rows = []
             self.update(f"no model yet: {e}")
             return
-        preds = [model.predict(c, self.concurrency) for c in neighbours(self.running, self.engine.topks)]
+        preds = [model.predict(c, self.concurrency) for c in neighbours(self.running, self.topks or self.engine.topks)]
         self.rows = sorted(preds, key=lambda p: -p.goodput.mean)
         self.note = f"baseline from the {model.baseline_source}"
         self.update(self.render_rows())
@@ -116,9 +117,14 @@ def apply_to_config(panel, c: Config) -> None:
     if algo.value == "none":
         base = panel.base
         algo.value = base.speculative.algorithm if base is not None and base.is_speculative else "EAGLE3"
-    for wid, v in (
-        ("#spec-num-steps", c.steps),
-        ("#spec-eagle-topk", c.topk),
-        ("#spec-num-draft-tokens", c.draft_tokens),
-    ):
+    if algo.value == "NGRAM" and not getattr(panel, "_chain", False):
+        # SGLang's NGRAM: the draft token budget is the setting; steps and topk are SGLang's to derive
+        fields: tuple = (("#spec-num-steps", ""), ("#spec-eagle-topk", ""), ("#spec-num-draft-tokens", c.draft_tokens))
+    else:
+        fields = (
+            ("#spec-num-steps", c.steps),
+            ("#spec-eagle-topk", c.topk),
+            ("#spec-num-draft-tokens", c.draft_tokens),
+        )
+    for wid, v in fields:
         panel.query_one(wid, Input).value = str(v)

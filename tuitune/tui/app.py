@@ -159,6 +159,12 @@ class TuituneCommands(Provider):
         ("Replay: play or pause", "pause", "tuitune.pause", "the capture's clock"),
         ("Replay: 10 s forward", "seek(10)", "tuitune.seek_fwd", "in the capture"),
         ("Replay: 10 s back", "seek(-10)", "tuitune.seek_back", "in the capture"),
+        (
+            "Show or hide tuitune's own requests in the log",
+            "toggle_own_requests",
+            "tuitune.own_requests",
+            "its /metrics, /health and bench requests",
+        ),
     )
 
     def _available(self):
@@ -229,6 +235,7 @@ class TuituneApp(App):
         # End and G follow the log from any focus (an input keeps End for its own cursor)
         Binding("end", "follow_log", "follow", show=False, priority=True, id="tuitune.follow_end"),
         Binding("G", "follow_log", "follow", show=False, id="tuitune.follow"),
+        Binding("v", "toggle_own_requests", "own requests", show=False, id="tuitune.own_requests"),
         Binding("space", "pause", "pause", show=False, id="tuitune.pause"),
         Binding("right", "seek(10)", "+10s", show=False, id="tuitune.seek_fwd"),
         Binding("left", "seek(-10)", "−10s", show=False, id="tuitune.seek_back"),
@@ -461,6 +468,7 @@ class TuituneApp(App):
         s = self.session
         if s.preset is not None:  # a replay of a capture without its preset keeps the default
             self.advisor.engine = s.preset.engine  # the running server's engine decides the moves
+            self.advisor.topks = s.preset.engine.search_topks(s.preset)  # and its algorithm (NGRAM: chains)
         self.advisor.feed(events)
         self.advisor.refresh_model(s.load.concurrency if s.load is not None and s.load.on else None)
         telemetry = [ev for ev in events if isinstance(ev, (GpuSample, TelemetryState))]
@@ -851,6 +859,14 @@ class TuituneApp(App):
 
     def show_node(self, node: int, labels: list[str]) -> None:
         self.logpane.show_node(node, f"node {node} of {len(labels)} · {labels[node]}  (n: next node)")
+
+    def action_toggle_own_requests(self) -> None:
+        shown = self.logpane.toggle_own()
+        self.say(
+            "log: tuitune's own requests shown (v hides them)"
+            if shown
+            else "log: tuitune's own requests hidden (/metrics, /health, bench; v shows them)"
+        )
 
     def action_follow_log(self) -> None:
         if isinstance(self.focused, Input):

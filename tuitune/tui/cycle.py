@@ -114,6 +114,8 @@ class CyclePanel(Vertical):
                 ([f"steps {p.steps} topk {p.topk}"] if p.steps is not None else [])
                 + ([f"bs {p.bs}"] if p.bs else [])
                 + [f"{p.cycles} cycles"]
+                + ([f"{p.drafter} drafter"] if p.drafter else [])
+                + (["host clock (CPU engine)"] if p.sync == "cpu" else [])
             ):
                 if used + len(", ".join([*extra, item])) + 3 <= room:
                     extra.append(item)

@@ -3,11 +3,14 @@
 Following is explicit state, changed only by what the user does (scrolling up pauses; End, G or
 scrolling back to the end resumes), never inferred from scroll positions: a resize, a rebuilt
 filter or a panel growing above moves the scroll position without the user asking to stop. A
-multi-node server's other nodes have their own buffers; ``show_node`` switches the pane.
+multi-node server's other nodes have their own buffers; ``show_node`` switches the pane. The
+access-log lines of tuitune's own requests (its ``/metrics`` scrapes, health checks, benchmark
+requests) are hidden unless asked for: on a real server they are most of the log.
 """
 
 from __future__ import annotations
 
+import re
 from collections import deque
 
 from textual.app import ComposeResult
@@ -18,6 +21,33 @@ from textual.widgets import Input, Log
 
 MAX_LINES = 5000
 FILTER_HINT = "filter (substring)…  / to focus, Esc to leave"
+# What tuitune itself asks a server (scrapes, health checks, its benchmark and detection requests):
+# their access-log lines are hidden unless asked for (``toggle_own``)
+OWN_PATHS = frozenset(
+    (
+        "/metrics",
+        "/health",
+        "/health_generate",
+        "/generate",
+        "/v1/completions",
+        "/v1/models",
+        "/server_info",
+        "/get_server_info",
+        "/get_model_info",
+        "/model_info",
+        "/version",
+        "/sim/state",
+    )
+)
+# uvicorn's access-log line, through which SGLang and vLLM both serve:
+# ``INFO:     127.0.0.1:43512 - "GET /metrics HTTP/1.1" 200 OK`` (after any logger prefix)
+_ACCESS = re.compile(r'INFO:\s+\S+ - "[A-Z]+ (/[^ ?"]*)[^ "]* HTTP/[0-9.]+" \d{3}\b')
+
+
+def own_request(line: str) -> bool:
+    """An access-log line of a request tuitune itself makes (its path is one of OWN_PATHS)."""
+    m = _ACCESS.search(line)
+    return m is not None and m.group(1) in OWN_PATHS
 
 
 class FollowLog(Log):
@@ -96,6 +126,8 @@ class LogPane(Vertical):
         self.node = 0  # the node shown
         self.filter = ""
         self.new_while_paused = 0
+        self.show_own = False  # tuitune's own requests' access-log lines (v shows them)
+        self.own_hidden = 0  # of the lines seen, how many were hidden as tuitune's own
 
     def buffer(self, node: int) -> deque[str]:
         return self.lines if node == 0 else self.node_lines.setdefault(node, deque(maxlen=MAX_LINES))
@@ -108,12 +140,19 @@ class LogPane(Vertical):
     def following(self) -> bool:
         return self.query_one(FollowLog).following
 
+    def shows(self, line: str) -> bool:
+        return (not self.filter or self.filter in line) and (self.show_own or not own_request(line))
+
     def add(self, lines: list[str], node: int = 0) -> None:
         self.buffer(node).extend(lines)
         if node != self.node:
             return
-        shown = [ln for ln in lines if self.filter in ln] if self.filter else lines
+        shown = [ln for ln in lines if self.shows(ln)]
+        if not self.show_own:
+            self.own_hidden += sum(1 for ln in lines if own_request(ln))
         if not shown:
+            if lines:
+                self._subtitle()
             return
         log = self.query_one(FollowLog)
         log.write_lines(shown)
@@ -127,7 +166,10 @@ class LogPane(Vertical):
     def status(self) -> str:
         if not self.following:
             return f"paused · {self.new_while_paused} new · End/G to follow"
-        return f"filter: {self.filter}" if self.filter else "following"
+        text = f"filter: {self.filter}" if self.filter else "following"
+        if not self.show_own and self.own_hidden:
+            text += f" · {self.own_hidden} of tuitune's own requests hidden (v shows)"
+        return text
 
     def _subtitle(self) -> None:
         self.query_one(FollowLog).border_subtitle = self.status
@@ -137,11 +179,17 @@ class LogPane(Vertical):
         self.filter = text
         log = self.query_one(FollowLog)
         log.clear()
-        lines = self.buffer(self.node)
-        log.write_lines([ln for ln in lines if text in ln] if text else list(lines))
+        log.write_lines([ln for ln in self.buffer(self.node) if self.shows(ln)])
         if log.following:
             log.scroll_end(animate=False)
         self._subtitle()
+
+    def toggle_own(self) -> bool:
+        """Show or hide the access-log lines of tuitune's own requests; True when now shown."""
+        self.show_own = not self.show_own
+        self.own_hidden = 0 if self.show_own else sum(1 for ln in self.buffer(self.node) if own_request(ln))
+        self.set_filter(self.filter)
+        return self.show_own
 
     def show_node(self, node: int, title: str | None) -> None:
         """Show node ``node``'s log (0: the server's); ``title`` names it, None on one machine."""
