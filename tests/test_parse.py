@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tuitune.base.events import from_dict
+from tuitune.engines import sglang
 from tuitune.measure import parse
 from tuitune.measure.parse import parse_line, parse_lines, summarize
 
@@ -246,8 +247,8 @@ VALUE = st.one_of(
     st.text(alphabet="0123456789.-+eE naifTrueFls,:=[]{}_²٣", max_size=8),
 )
 PROFILE_KEYS = list(parse._PROFILE_CONV) + ["gpu", "ts", "rank", "kind", "extra", "X", "a-b"]
-DECODE_NAMES = list(parse._DECODE_SPEC) + ["#cached-token", "cap len", "ts", "iteration", "extra"]
-PREFILL_NAMES = list(parse._PREFILL_SPEC) + ["est. x", "ts", "rank"]
+DECODE_NAMES = list(sglang._DECODE_SPEC) + ["#cached-token", "cap len", "ts", "iteration", "extra"]
+PREFILL_NAMES = list(sglang._PREFILL_SPEC) + ["est. x", "ts", "rank"]
 PREFIXES = ["", "[2026-11-29 16:02:11 TP0] ", "[2026-11-29 16:02:11.513 DP0 TP0] ", "[2026-11-29 16:02:11] ", "x "]
 
 
@@ -285,7 +286,7 @@ def _canonical_profile(pairs):
 )
 def test_stats_fast_path_agrees_with_exact(prefix, marker, sep, pairs, tail):
     line = prefix + marker + sep + ", ".join(f"{k}: {v}" for k, v in pairs) + tail
-    fn = parse._prefill if marker.startswith("Prefill") else parse._decode
+    fn = sglang._prefill if marker.startswith("Prefill") else sglang._decode
     at = line.find(marker[:12])
     _same(fn(line, at), fn(line, at, fast=False))
 
@@ -298,7 +299,7 @@ def test_fast_paths_take_the_lines_servers_print(monkeypatch):
         raise AssertionError("the exact path ran")
 
     monkeypatch.setattr(parse, "_profile_exact", exact)
-    monkeypatch.setattr(parse, "_fields", exact)
+    monkeypatch.setattr(sglang, "_fields", exact)
     prefill = (
         "[2026-03-16 11:32:09 TP0] Prefill batch, #new-seq: 2, #new-token: 512, #cached-token: 0, "
         "token usage: 0.01, #running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, "

@@ -489,7 +489,7 @@ async def tune(
             max(0, budget),
             concurrency,
             levels,
-            configs or space(topks=base.engine.topks),
+            configs or space(engine=base.engine),
             prior,
             on_step,
             progress,

@@ -22,7 +22,8 @@ from pydantic import (
 )
 
 from tuitune import engines
-from tuitune.engines import speculative
+from tuitune.engines import sglang
+from tuitune.engines.base import Resolved
 from tuitune.preset import nccl
 
 SIM_MODULE = "tuitune.sim"
@@ -259,10 +260,10 @@ class Speculative(_Model):
                 raise ValueError(f"adaptive_config needs eagle_topk 1 (SGLang adapts chains only; got {r.eagle_topk})")
         return self
 
-    def resolved(self) -> speculative.Resolved:
+    def resolved(self) -> Resolved:
         if self.num_speculative_tokens is not None:  # vLLM's chain: K drafted, K + 1 verified
-            return speculative.Resolved(self.algorithm, self.num_speculative_tokens, 1, self.num_speculative_tokens + 1)
-        return speculative.resolve(
+            return Resolved(self.algorithm, self.num_speculative_tokens, 1, self.num_speculative_tokens + 1)
+        return sglang.resolve(
             self.algorithm, self.num_steps, self.eagle_topk, self.num_draft_tokens, self.draft_model_path
         )
 
