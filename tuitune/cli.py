@@ -72,10 +72,10 @@ def _open_lines(path: str):
 
 def cmd_parse(ns) -> int:
     from tuitune.base.redact import Redactor
-    from tuitune.measure.parse import parse_line, summarize
+    from tuitune.measure.parse import parse_lines, summarize
 
     masked = Redactor().event  # error messages and malformed lines quote the log: mask what looks secret
-    events = (masked(ev) for ev in map(parse_line, _open_lines(ns.file)) if ev is not None)
+    events = (masked(ev) for ev in parse_lines(_open_lines(ns.file)))
     if ns.json:
         import msgspec
 

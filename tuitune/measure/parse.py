@@ -247,10 +247,35 @@ _RULES: tuple[Rule, ...] = (
     Rule("NCCL", _nccl, None, "NCCL"),
     Rule("Uvicorn running on", _http_up),
 )
-_DISPATCH = tuple((r.marker, r.parse) for r in _RULES)
 # kinds of measurement: a line too long to read whole is malformed when its head reads as one of
 # these (a failure or a start-up line is kept: its head is what matters)
 _MEASURED = ("profile", "decode", "prefill", "vllm_spec", "nccl_env", "nccl_algo")
+
+
+# The leading rules that read many lines at once: a line holding one of their markers is theirs
+# whatever else it holds (nothing comes before them), so parse_many can hand them their lines.
+_LEAD: list[Rule] = []
+for _r in _RULES:
+    if _r.many is None:
+        break
+    _LEAD.append(_r)
+_LEAD_DISPATCH = tuple((r.marker, r.parse) for r in _LEAD)
+_OTHER_DISPATCH = tuple((r.marker, r.parse) for r in _RULES[len(_LEAD) :])
+_OTHERS = tuple(r.marker for r in _RULES[len(_LEAD) :]) + _ERROR_HINTS
+# Lines that describe nothing (most lines of a log) are remembered once their probe and lead
+# markers were looked for: with their digits made 0 (no other marker holds a digit, so a line
+# of the same shape holds the same markers), the next such line costs one lookup.
+_DIGITS = bytes.maketrans(b"123456789", b"000000000")
+_QUIET: set[bytes] = set()
+_QUIET_LINE = 512  # longer lines are not remembered (the memo stays small)
+if any(c.isdigit() for m in _OTHERS for c in m):
+    raise ImportError("a log marker holds a digit: the memo of quiet lines would be wrong")
+
+
+def _quiet(key: bytes) -> None:
+    if len(_QUIET) >= 4096:
+        _QUIET.clear()
+    _QUIET.add(key)
 
 
 def parse_line(line: str) -> Event | None:
@@ -287,29 +312,23 @@ def _parse_line(line: str) -> Event | None:
             if not line[at + 14 :].strip():
                 ts, rank = prefix(line, at)
                 return Malformed("EAGLE3_PROFILE", "marker without key=value pairs", line[:500], ts, rank)
-        for marker, read in _DISPATCH:
+        for marker, read in _LEAD_DISPATCH:
+            if marker in line:
+                return read(line, line.find(marker))
+        key = line.encode().translate(_DIGITS) if len(line) <= _QUIET_LINE and line.isascii() else None
+        if key is not None and key in _QUIET:
+            return None
+        for marker, read in _OTHER_DISPATCH:
             if marker in line:
                 return read(line, line.find(marker))
         for hint in _ERROR_HINTS:
             if hint in line:
                 return _errorish(line)
+        if key is not None:
+            _quiet(key)
         return None
     except Exception as e:  # noqa: BLE001 - a parser bug must not stop a tail; report it instead
         return Malformed("?", f"parser error: {type(e).__name__}", line[:500])
-
-
-# The leading rules that read many lines at once: a line holding one of their markers is theirs
-# whatever else it holds (nothing comes before them), so parse_many can hand them their lines.
-_LEAD: list[Rule] = []
-for _r in _RULES:
-    if _r.many is None:
-        break
-    _LEAD.append(_r)
-_OTHERS = tuple(r.marker for r in _RULES[len(_LEAD) :]) + _ERROR_HINTS
-_DIGITS = bytes.maketrans(b"123456789", b"000000000")
-_QUIET: set[bytes] = set()  # lines with no marker, digits made 0 (see parse_many)
-if any(c.isdigit() for m in _OTHERS for c in m):
-    raise ImportError("a log marker holds a digit: parse_many's memo of quiet lines would be wrong")
 
 
 def parse_many(lines: Sequence[str]) -> list[Event | None]:
@@ -331,10 +350,8 @@ def parse_many(lines: Sequence[str]) -> list[Event | None]:
             if marker in line:
                 group.append(i)
                 break
-        else:
-            # A line that describes nothing (most of the rest) is remembered with its digits
-            # made 0: no marker holds a digit, so the next line of that shape costs one lookup.
-            key = line.encode().translate(_DIGITS) if line.isascii() else None
+        else:  # (the memo of quiet lines: see _QUIET)
+            key = line.encode().translate(_DIGITS) if len(line) <= _QUIET_LINE and line.isascii() else None
             if key in quiet:
                 continue
             for marker in others:
@@ -343,9 +360,7 @@ def parse_many(lines: Sequence[str]) -> list[Event | None]:
                     break
             else:
                 if key is not None:
-                    if len(quiet) >= 4096:
-                        quiet.clear()
-                    quiet.add(key)
+                    _quiet(key)
     batches = []
     if profile:
         where, mine, ats = [], [], []
@@ -380,9 +395,7 @@ def parse_lines(lines: Iterable[str]) -> Iterator[Event]:
     """Events of many lines, in order (lines that describe nothing are skipped)."""
     it = iter(lines)
     while chunk := list(islice(it, CHUNK)):
-        for ev in parse_many(chunk):
-            if ev is not None:
-                yield ev
+        yield from filter(None, parse_many(chunk))  # (an event is never false)
 
 
 def summarize(events: Iterable[Event]) -> dict:
