@@ -17,7 +17,7 @@ A third engine is one new module in this folder (and its tests); it provides:
   ``Engine.rules`` are its lines: ``Rule(marker, parse, many)``, where ``parse(line, at)`` turns
   a line holding ``marker`` (first found at ``at``) into an event (``tuitune.base.events``) and
   never raises on any input, reading the prefix through ``prefix`` below, and the optional
-  ``many(lines, ats)`` does the same for many lines at once (equal results, faster);
+  ``many(lines)`` does the same for many lines at once (equal results, faster);
 * one entry in ``ENGINES`` (``engines/__init__.py``), which registers its prefix reader and adds
   its rules to the parser's dispatch, its error wording to the failure causes, its names to
   ``engines.NAMES`` (the preset's ``server.engine``, the command line's ``--engine``).
@@ -79,13 +79,13 @@ class Flag(NamedTuple):
 
 class Rule(NamedTuple):
     """One kind of log line: the parser runs ``parse(line, at)`` on a line holding ``marker``
-    (``at``: where it is first found); ``many(lines, ats)``, when given, does the same for many
-    such lines at once and gives a list equal to ``[parse(l, a) for l, a in zip(lines, ats)]``.
+    (``at``: where it is first found); ``many(lines)``, when given, does the same for many such
+    lines at once and gives a list equal to ``[parse(line, line.find(marker)) for line in lines]``.
     ``name``: what a line of this kind too long to read is reported as (``Malformed.marker``)."""
 
     marker: str
     parse: Callable[[str, int], typing.Any]
-    many: Callable[[Sequence[str], Sequence[int]], list] | None = None
+    many: Callable[[Sequence[str]], list] | None = None
     name: str | None = None
 
 
@@ -229,14 +229,16 @@ def prefix(line: str, end: int) -> tuple[str | None, str | None]:
     return found
 
 
-def prefixes(lines: Sequence[str], ends: Sequence[int]) -> list[tuple[str | None, str | None]]:
-    """``[prefix(line, end) for …]``, with the memo's test made here (no call for a repeated prefix)."""
+def prefixes(lines: Sequence[str], heads: Sequence[str]) -> list[tuple[str | None, str | None]]:
+    """``[prefix(line, len(head)) for …]`` where each head is the line's text before its marker,
+    with the memo's test made here (no call for a repeated prefix)."""
     out = []
+    key: str | None
     key, hit = _last
-    for line, end in zip(lines, ends, strict=True):
-        if len(key) != end or not line.startswith(key):
-            hit = prefix(line, end)
-            key = line[:end] if end > 15 else "\n"  # (a line holds no "\n" to start with)
+    for line, head in zip(lines, heads, strict=True):
+        if head != key:
+            hit = prefix(line, len(head))
+            key = head if len(head) > 15 else None
         out.append(hit)
     return out
 

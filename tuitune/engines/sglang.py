@@ -25,6 +25,7 @@ from tuitune.engines.base import (
     as_int,
     number,
     prefix,
+    prefixes,
 )
 from tuitune.engines.base import fields as _fields
 
@@ -257,33 +258,27 @@ def _prefill(line: str, at: int, fast: bool = True) -> Event:
     return PrefillStats(extra=extra, ts=ts, rank=rank, **known)
 
 
-def _decode_many(lines: Sequence[str], ats: Sequence[int]) -> list[Event]:
+def _decode_many(lines: Sequence[str]) -> list[Event]:
     """``_decode`` of many lines, the usual ones (no iteration) decoded together."""
-    heads, bodies = [], []
-    for line, at in zip(lines, ats, strict=True):
-        rest = line[at + 12 :]
-        if rest.startswith(" ["):
-            heads.append(None)
-            continue
-        heads.append(prefix(line, at))
-        bodies.append(_stats_body(rest))
-    values = iter(_fast_decode.many(bodies) if bodies else ())
-    out: list[Event] = []
-    for line, at, head in zip(lines, ats, heads, strict=True):
-        if head is None:
-            out.append(_decode(line, at))
-            continue
-        v = next(values)
-        out.append(_decode(line, at, False) if v is None else DecodeStats(*v, None, {}, *head))
-    return out
-
-
-def _prefill_many(lines: Sequence[str], ats: Sequence[int]) -> list[Event]:
-    heads = [prefix(line, at) for line, at in zip(lines, ats, strict=True)]
-    values = _fast_prefill.many([_stats_body(line[at + 13 :]) for line, at in zip(lines, ats, strict=True)])
+    parts = [line.partition(DECODE) for line in lines]  # (text before the marker, marker, after)
+    rests = [rest for _, _, rest in parts]
+    if "\n [" in "\n" + "\n".join(rests):  # iterations ("Decode batch [1234], …"): each line on its own
+        return [_decode(line, len(head)) for line, (head, _, _) in zip(lines, parts, strict=True)]
+    heads = prefixes(lines, [head for head, _, _ in parts])
+    values = _fast_decode.many([_stats_body(rest) for rest in rests])
     return [
-        _prefill(line, at, False) if v is None else PrefillStats(*v, {}, *head)
-        for line, at, head, v in zip(lines, ats, heads, values, strict=True)
+        _decode(line, len(part[0]), False) if v is None else DecodeStats(*v, None, {}, *head)
+        for line, part, head, v in zip(lines, parts, heads, values, strict=True)
+    ]
+
+
+def _prefill_many(lines: Sequence[str]) -> list[Event]:
+    parts = [line.partition(PREFILL) for line in lines]
+    heads = prefixes(lines, [head for head, _, _ in parts])
+    values = _fast_prefill.many([_stats_body(rest) for _, _, rest in parts])
+    return [
+        _prefill(line, len(part[0]), False) if v is None else PrefillStats(*v, {}, *head)
+        for line, part, head, v in zip(lines, parts, heads, values, strict=True)
     ]
 
 

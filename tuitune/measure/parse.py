@@ -119,28 +119,35 @@ def _profile(line: str, at: int, fast: bool = True) -> Event:
     return _profile_exact(line, rest, ts, rank)
 
 
-def _profile_many(lines: Sequence[str], ats: Sequence[int]) -> list[Event]:
-    """``_profile`` of many lines: their pairs rewritten together, decoded by one call."""
-    heads = prefixes(lines, ats)
-    rests = [line[at + 15 :] for line, at in zip(lines, ats, strict=True)]
-    joined = "\n".join(rests)
+def _profile_many(lines: Sequence[str]) -> list[Event | None]:
+    """What ``parse_line`` gives for many lines holding the marker, their pairs rewritten
+    together and decoded by one call.
+
+    Each line's text after the marker starts with the space that separates the pairs, which
+    the rewrite turns into ``","``: so each object starts ``{"v":"1``, the default version, which
+    the line's own ``v=`` (a later key: the last of a repeated key wins) replaces. A line without
+    that space (the marker alone, or followed by other text) spoils the batch's JSON, and then
+    each line is read on its own."""
+    parts = [line.partition("EAGLE3_PROFILE") for line in lines]  # (before the marker, marker, after)
+    joined = "\n".join([rest for _, _, rest in parts])
     evs = None
     if '"' not in joined and "\\" not in joined:
         try:
             text = joined.encode().replace(b"=", b'":"').replace(b" ", b'","')
-            evs = _decode_profiles(b'[{"' + text.replace(b"\n", b'"},{"') + b'"}]')
+            evs = _decode_profiles(b'[{"v":"1' + text.replace(b"\n", b'"},{"v":"1') + b'"}]')
         except Exception:  # noqa: BLE001 - some line is unusual: each on its own
             evs = None
-    if evs is None or len(evs) != len(rests):  # (a line holding "\n" splits)
-        return [_profile(line, at) for line, at in zip(lines, ats, strict=True)]
-    out: list[Event] = []
-    for ev, (ts, rank), line, rest in zip(evs, heads, lines, rests, strict=True):
+    if evs is None or len(evs) != len(lines):  # (a line holding "\n" splits)
+        return [parse_line(line) for line in lines]
+    out: list[Event | None] = []
+    heads = prefixes(lines, [head for head, _, _ in parts])
+    for ev, (ts, rank), line, part in zip(evs, heads, lines, parts, strict=True):
         if ev.ts is None and ev.rank is None:
             _force_setattr(ev, "ts", ts)
             _force_setattr(ev, "rank", rank)
             out.append(ev)
         else:
-            out.append(_profile_exact(line, rest, ts, rank))
+            out.append(_profile_exact(line, part[2][1:], ts, rank))
     return out
 
 
@@ -260,6 +267,7 @@ for _r in _RULES:
         break
     _LEAD.append(_r)
 _LEAD_DISPATCH = tuple((r.marker, r.parse) for r in _LEAD)
+_LEAD_MANY = tuple(r.many for r in _LEAD)
 _OTHER_DISPATCH = tuple((r.marker, r.parse) for r in _RULES[len(_LEAD) :])
 _OTHERS = tuple(r.marker for r in _RULES[len(_LEAD) :]) + _ERROR_HINTS
 # Lines that describe nothing (most lines of a log) are remembered once their probe and lead
@@ -361,26 +369,13 @@ def parse_many(lines: Sequence[str]) -> list[Event | None]:
             else:
                 if key is not None:
                     _quiet(key)
-    batches = []
-    if profile:
-        where, mine, ats = [], [], []
-        for i in profile:
-            line = lines[i]
-            at = line.find("EAGLE3_PROFILE")
-            if line.startswith(" ", at + 14):
-                where.append(i)
-                mine.append(line)
-                ats.append(at)
-            else:
-                out[i] = single(line)  # the marker without its pairs: whatever else the line holds
-        batches.append((where, mine, ats, _profile_many))
-    for (marker, where), rule in zip(groups, _LEAD, strict=True):
-        if where:
-            mine = [lines[i] for i in where]
-            batches.append((where, mine, [line.find(marker) for line in mine], rule.many))
-    for where, mine, ats, many in batches:
+    readers = zip((profile, *(where for _, where in groups)), (_profile_many, *_LEAD_MANY), strict=True)
+    for where, many in readers:
+        if not where:
+            continue
+        mine = [lines[i] for i in where]
         try:
-            evs = many(mine, ats)
+            evs = many(mine)
         except Exception:  # noqa: BLE001 - a bug in a batch reader: each line on its own, which reports it
             evs = [single(line) for line in mine]
         for i, ev in zip(where, evs, strict=True):
