@@ -30,6 +30,7 @@ path reads them, ``name: value`` lines, the logger prefix with its memo).
 from __future__ import annotations
 
 import re
+import types
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -218,7 +219,7 @@ def prefix(line: str, end: int) -> tuple[str | None, str | None]:
     key, hit = _last
     if len(key) == end and line.startswith(key):
         return hit
-    found = NO_PREFIX
+    found: tuple[str | None, str | None] = NO_PREFIX
     for read in _READERS:
         got = read(line, end)
         if got is not None:
@@ -370,9 +371,9 @@ class FastFields:
             forbid_unknown_fields=True,
         )
         self.decode = msgspec.json.Decoder(wire, strict=False).decode
-        self.decode_many = msgspec.json.Decoder(list[wire], strict=False).decode
+        self.decode_many = msgspec.json.Decoder(types.GenericAlias(list, (wire,)), strict=False).decode
 
-    def __call__(self, body: str) -> tuple | None:
+    def __call__(self, body: str) -> tuple[typing.Any, ...] | None:
         if '"' in body or "\\" in body:
             return None
         try:
@@ -380,7 +381,7 @@ class FastFields:
         except Exception:  # noqa: BLE001 - any doubt: the exact reader decides
             return None
 
-    def many(self, bodies: list[str]) -> list[tuple | None]:
+    def many(self, bodies: list[str]) -> list[tuple[typing.Any, ...] | None]:
         joined = "\n".join(bodies)
         if '"' not in joined and "\\" not in joined:
             # as bytes: CPython's bytes.replace is the faster (UTF-8 keeps every character here)

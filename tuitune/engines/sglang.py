@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import typing
 from collections.abc import Sequence
 
 from tuitune.base.events import DecodeStats, Event, Malformed, PrefillStats, Ready
@@ -216,6 +217,10 @@ _PREFILL_SPEC = {
 }
 _fast_decode = FastFields(DecodeStats, _DECODE_SPEC, ("iteration", "extra", "ts", "rank"))
 _fast_prefill = FastFields(PrefillStats, _PREFILL_SPEC, ("extra", "ts", "rank"))
+# the events built from a wire tuple and the fields after it (FastFields checked that they fit:
+# a type checker cannot count a tuple's items)
+_Decoded: typing.Any = DecodeStats
+_Prefilled: typing.Any = PrefillStats
 
 
 def _stats_body(text: str) -> str:
@@ -239,7 +244,7 @@ def _decode(line: str, at: int, fast: bool = True) -> Event:
     body = _stats_body(rest)
     values = _fast_decode(body) if fast else None
     if values is not None:
-        return DecodeStats(*values, iteration, {}, ts, rank)
+        return _Decoded(*values, iteration, {}, ts, rank)
     known, extra = _fields(body, _DECODE_SPEC)
     gen = known.pop("gen_throughput", None)
     if gen is None:
@@ -253,7 +258,7 @@ def _prefill(line: str, at: int, fast: bool = True) -> Event:
     body = _stats_body(line[at + 13 :])
     values = _fast_prefill(body) if fast else None
     if values is not None:
-        return PrefillStats(*values, {}, ts, rank)
+        return _Prefilled(*values, {}, ts, rank)
     known, extra = _fields(body, _PREFILL_SPEC)
     return PrefillStats(extra=extra, ts=ts, rank=rank, **known)
 
@@ -267,7 +272,7 @@ def _decode_many(lines: Sequence[str]) -> list[Event]:
     heads = prefixes(lines, [head for head, _, _ in parts])
     values = _fast_decode.many([_stats_body(rest) for rest in rests])
     return [
-        _decode(line, len(part[0]), False) if v is None else DecodeStats(*v, None, {}, *head)
+        _decode(line, len(part[0]), False) if v is None else _Decoded(*v, None, {}, *head)
         for line, part, head, v in zip(lines, parts, heads, values, strict=True)
     ]
 
@@ -277,7 +282,7 @@ def _prefill_many(lines: Sequence[str]) -> list[Event]:
     heads = prefixes(lines, [head for head, _, _ in parts])
     values = _fast_prefill.many([_stats_body(rest) for _, _, rest in parts])
     return [
-        _prefill(line, len(part[0]), False) if v is None else PrefillStats(*v, {}, *head)
+        _prefill(line, len(part[0]), False) if v is None else _Prefilled(*v, {}, *head)
         for line, part, head, v in zip(lines, parts, heads, values, strict=True)
     ]
 

@@ -43,7 +43,7 @@ from tuitune.base.events import (
     ServerError,
 )
 from tuitune.base.lines import MAX_LINE, TRUNCATED, clip  # noqa: F401  (clip: part of the parser's API)
-from tuitune.engines.base import Rule, as_bool, as_float, as_int, number, prefix, prefixes  # noqa: F401
+from tuitune.engines.base import Rule, as_float, as_int, number, prefix, prefixes
 
 PROFILE_MARKER = "EAGLE3_PROFILE "
 _KEY = re.compile(r"[a-z0-9_]+\Z")
@@ -267,7 +267,7 @@ for _r in _RULES:
         break
     _LEAD.append(_r)
 _LEAD_DISPATCH = tuple((r.marker, r.parse) for r in _LEAD)
-_LEAD_MANY = tuple(r.many for r in _LEAD)
+_LEAD_MANY = tuple(r.many for r in _LEAD if r.many is not None)
 _OTHER_DISPATCH = tuple((r.marker, r.parse) for r in _RULES[len(_LEAD) :])
 _OTHERS = tuple(r.marker for r in _RULES[len(_LEAD) :]) + _ERROR_HINTS
 # Lines that describe nothing (most lines of a log) are remembered once their probe and lead
@@ -347,7 +347,7 @@ def parse_many(lines: Sequence[str]) -> list[Event | None]:
         return [single(line) for line in lines]
     out: list[Event | None] = [None] * len(lines)
     profile: list[int] = []
-    groups = tuple((r.marker, []) for r in _LEAD)
+    groups: tuple[tuple[str, list[int]], ...] = tuple((r.marker, []) for r in _LEAD)
     others = _OTHERS
     quiet = _QUIET
     for i, line in enumerate(lines):

@@ -37,12 +37,8 @@ def load_config(config) -> dict[int, list[int]]:
         if not (isinstance(key, str) and key.isdigit()):
             continue
         steps = entry.get("candidate_steps") if isinstance(entry, dict) else None
-        good = isinstance(steps, list) and len(steps) > 0
-        for x in steps if good else ():
-            if type(x) is not int or x < 0:  # (a bool is no step count)
-                good = False
-        if not good:
-            raise ValueError(
+        if not isinstance(steps, list) or not steps or any(type(x) is not int or x < 0 for x in steps):
+            raise ValueError(  # (type(x) is int: a bool is no step count)
                 f"batch size {key}: candidate_steps must be a non-empty list of integers >= 0 (got {steps!r})"
             )
         buckets[int(key)] = steps
