@@ -527,11 +527,14 @@ def test_long_adversarial_lines_take_linear_time(name):
     line = _adversarial(1024 * 1024)[name]
     t0 = time.perf_counter()
     ev = parse_line(line)
+    head = line[: parse.MAX_LINE]
+    many = parse.parse_many([head, head, "x"])  # as long as a line is read, in a batch of its kind
     shown = redact.Redactor()(line)
     masked = redact.text(line[: 256 * 1024])  # the patterns alone, on more than a line is ever clipped to
     elapsed = time.perf_counter() - t0
     assert elapsed < 2.0, f"{name}: {elapsed:.2f} s"  # ~10 ms here; quadratic code took minutes
     _no_parser_bug(ev)
+    _same_list(many, [parse_line(head), parse_line(head), None])
     assert len(shown) <= parse.MAX_LINE + len(parse.TRUNCATED) and shown.endswith(parse.TRUNCATED) and masked
 
 
