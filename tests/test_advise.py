@@ -17,7 +17,7 @@ from conftest import free_port
 from tuitune import preset as P
 from tuitune.decide import advise as A
 from tuitune.decide.costmodel import OFF, Config, Launch, fit, tree_tau
-from tuitune.engines import speculative
+from tuitune.engines import sglang
 from tuitune.sim import model as S
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,7 +98,7 @@ def test_the_space_is_what_sglang_accepts():
     cs = A.space()
     assert cs[0] == OFF and len(cs) == len(set(cs)) > 80
     for c in cs[1:]:
-        r = speculative.resolve("EAGLE3", c.steps, c.topk, c.draft_tokens, "/d")
+        r = sglang.resolve("EAGLE3", c.steps, c.topk, c.draft_tokens, "/d")
         assert (r.num_steps, r.eagle_topk, r.num_draft_tokens) == (c.steps, c.topk, c.draft_tokens) and not r.adjusted
     assert {c.topk for c in cs[1:]} == {1, 2, 4, 8} and max(c.steps for c in cs) == 8
 

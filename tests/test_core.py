@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tuitune.base.events import DecodeStats, ProfileWindow
-from tuitune.engines import speculative
+from tuitune.engines import sglang
 from tuitune.measure import stats
 from tuitune.measure.metrics import MetricsStore, Series
 from tuitune.preset import nccl
@@ -70,17 +70,17 @@ def test_nccl_warnings():
 
 
 def test_speculative_rules():
-    r = speculative.resolve("EAGLE3", 2, 1, None, "/d")
+    r = sglang.resolve("EAGLE3", 2, 1, None, "/d")
     assert r.num_draft_tokens == 3 and "num_draft_tokens" in r.derived
-    assert speculative.resolve("EAGLE3", 5, 1, 3, "/d").num_draft_tokens == 6
-    assert speculative.resolve("EAGLE3", 3, 4, 8, "/d").num_draft_tokens == 8
+    assert sglang.resolve("EAGLE3", 5, 1, 3, "/d").num_draft_tokens == 6
+    assert sglang.resolve("EAGLE3", 3, 4, 8, "/d").num_draft_tokens == 8
     with pytest.raises(ValueError, match="more than"):
-        speculative.resolve("EAGLE3", 2, 2, 6, "/d")
+        sglang.resolve("EAGLE3", 2, 2, 6, "/d")
     with pytest.raises(ValueError, match="all-or-none"):
-        speculative.resolve("EAGLE3", None, 1, None, "/d")
+        sglang.resolve("EAGLE3", None, 1, None, "/d")
     with pytest.raises(ValueError, match="must be set when eagle_topk > 1"):
-        speculative.resolve("EAGLE3", 2, 2, None, "/d")
-    assert speculative.resolve(None, None, None, None).algorithm is None
+        sglang.resolve("EAGLE3", 2, 2, None, "/d")
+    assert sglang.resolve(None, None, None, None).algorithm is None
 
 
 def test_series_bounds_and_summary():

@@ -22,7 +22,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 CONTRACTS = [c["name"] for c in PYPROJECT["tool"]["importlinter"]["contracts"]]
 LAYERS = "layers: each imports only the layers below it"
-SIM_APART = "the simulator stands apart: it imports nothing of tuitune outside tuitune.sim"
 
 # `lint-imports` is importlinter.cli.lint_imports_command; run through the suite's python, not a script on PATH
 LINT_IMPORTS = "import sys; from importlinter.cli import lint_imports_command as c; sys.argv[0] = 'lint-imports'; c()"
@@ -60,21 +59,7 @@ def contracts() -> tuple[dict[str, str], str]:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            name,
-            # The eng helper (issue 23 point 4: sim/adaptive.py and sim/vllm.py import decide.advise and
-            # engines.vllm today) is making this contract KEPT. strict: once it is, this mark fails the
-            # suite until it is removed, so the contract cannot stay unchecked.
-            marks=pytest.mark.xfail(reason="the simulator still imports tuitune (eng's fix pending)", strict=True),
-        )
-        if name == SIM_APART
-        else name
-        for name in CONTRACTS
-    ],
-)
+@pytest.mark.parametrize("name", CONTRACTS)
 def test_layer_contract_kept(contracts, name):
     found, out = contracts
     assert found[name] == "KEPT", f"contract broken: {name}\n{out}"

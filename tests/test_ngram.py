@@ -305,7 +305,7 @@ for argv in json.load(sys.stdin):
 
 
 def test_sglangs_own_speculative_arguments_take_what_tuitune_renders(sglang_release, tmp_path):
-    from tuitune.engines import speculative as S
+    from tuitune.engines import sglang as S
 
     presets = [
         sglang_ngram(tmp_path, sim=False, num_draft_tokens=6, ngram_max_bfs_breadth=1),

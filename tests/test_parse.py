@@ -7,12 +7,14 @@ import math
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tuitune.base.events import from_dict
+from tuitune.engines import sglang
 from tuitune.measure import parse
 from tuitune.measure.parse import parse_line, parse_lines, summarize
 
@@ -246,8 +248,8 @@ VALUE = st.one_of(
     st.text(alphabet="0123456789.-+eE naifTrueFls,:=[]{}_²٣", max_size=8),
 )
 PROFILE_KEYS = list(parse._PROFILE_CONV) + ["gpu", "ts", "rank", "kind", "extra", "X", "a-b"]
-DECODE_NAMES = list(parse._DECODE_SPEC) + ["#cached-token", "cap len", "ts", "iteration", "extra"]
-PREFILL_NAMES = list(parse._PREFILL_SPEC) + ["est. x", "ts", "rank"]
+DECODE_NAMES = list(sglang._DECODE_SPEC) + ["#cached-token", "cap len", "ts", "iteration", "extra"]
+PREFILL_NAMES = list(sglang._PREFILL_SPEC) + ["est. x", "ts", "rank"]
 PREFIXES = ["", "[2026-11-29 16:02:11 TP0] ", "[2026-11-29 16:02:11.513 DP0 TP0] ", "[2026-11-29 16:02:11] ", "x "]
 
 
@@ -285,7 +287,7 @@ def _canonical_profile(pairs):
 )
 def test_stats_fast_path_agrees_with_exact(prefix, marker, sep, pairs, tail):
     line = prefix + marker + sep + ", ".join(f"{k}: {v}" for k, v in pairs) + tail
-    fn = parse._prefill if marker.startswith("Prefill") else parse._decode
+    fn = sglang._prefill if marker.startswith("Prefill") else sglang._decode
     at = line.find(marker[:12])
     _same(fn(line, at), fn(line, at, fast=False))
 
@@ -298,7 +300,7 @@ def test_fast_paths_take_the_lines_servers_print(monkeypatch):
         raise AssertionError("the exact path ran")
 
     monkeypatch.setattr(parse, "_profile_exact", exact)
-    monkeypatch.setattr(parse, "_fields", exact)
+    monkeypatch.setattr(sglang, "_fields", exact)
     prefill = (
         "[2026-03-16 11:32:09 TP0] Prefill batch, #new-seq: 2, #new-token: 512, #cached-token: 0, "
         "token usage: 0.01, #running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, "
@@ -343,6 +345,150 @@ def test_no_parser_error_and_exact_integers():
     assert v.per_position == (0.5,) and v.accepted == 7
 
 
+# ---- many lines at once: parse_many gives what parse_line gives, line by line ------------------
+
+
+def _same_list(got, want):
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        if a is None or b is None:
+            assert a is b, (a, b)
+        else:
+            _same(a, b)
+
+
+PROFILE_LINE = st.builds(
+    lambda prefix, pairs, sep: prefix + "EAGLE3_PROFILE " + sep.join(f"{k}={v}" for k, v in pairs),
+    st.sampled_from(PREFIXES),
+    st.lists(st.tuples(st.sampled_from(PROFILE_KEYS), VALUE), max_size=16),
+    st.sampled_from([" ", "  "]),
+)
+CANONICAL_PROFILE = st.builds(
+    lambda prefix, pairs: prefix + "EAGLE3_PROFILE " + _canonical_profile(pairs),
+    st.sampled_from(PREFIXES),
+    st.lists(st.tuples(st.sampled_from(PROFILE_KEYS), VALUE), max_size=3),
+)
+STATS_LINE = st.builds(
+    lambda prefix, marker, sep, pairs, tail: prefix + marker + sep + ", ".join(f"{k}: {v}" for k, v in pairs) + tail,
+    st.sampled_from(PREFIXES),
+    st.sampled_from(["Decode batch", "Decode batch [1234]", "Prefill batch"]),
+    st.sampled_from([", ", ". ", ","]),
+    st.lists(st.tuples(st.sampled_from(DECODE_NAMES + PREFILL_NAMES), VALUE), max_size=12),
+    st.sampled_from(["", ", ", " "]),
+)
+VLLM_SPEC = (
+    "INFO 05-01 12:00:00 [metrics.py:1] SpecDecoding metrics: Mean acceptance length: 2.31, Accepted: 412 tokens"
+)
+VLLM_STATS = (
+    "INFO 05-01 12:00:00 [loggers.py:1] Engine 000: Avg prompt throughput: 1.0 tokens/s, "
+    "Avg generation throughput: 90.5 tokens/s, Running: 2 reqs, Waiting: 0 reqs"
+)
+KNOWN = (
+    PROFILE_EXAMPLES
+    + [PROFILE_V2, DECODE_NEW, DECODE_OLD, VLLM_SPEC, VLLM_STATS]
+    + [
+        "[2026-03-16 11:30:00] INFO:     Uvicorn running on http://0.0.0.0:30000 (Press CTRL+C to quit)",
+        "[2026-03-16 11:30:05] The server is fired up and ready to roll!",
+        "gpu-box:1234:1234 [0] NCCL INFO NCCL_BUFFSIZE set by environment to 16777216.",
+        "Traceback (most recent call last):",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        '[2026-03-16 11:32:09] INFO:     127.0.0.1:45678 - "POST /generate HTTP/1.1" 200 OK',
+        "[2026-03-16 11:32:09] INFO:     127.0.0.1:45678 - Error 500",  # the noise line's shape, with a marker
+        "x EAGLE3_PROFILE",
+        "a EAGLE3_PROFILEx Decode batch, gen throughput (token/s): 5",  # the marker without pairs, then another
+        "EAGLE3_PROFILE draft_ms=1 verify_ms=2 extend_ms=3 accept_len=1 ts=5",
+        "Decode batch, #running-req: 1\nPrefill batch, #new-seq: 1",  # a "line" holding a newline
+        'EAGLE3_PROFILE draft_ms=1 verify_ms=2 extend_ms=3 accept_len=1\nsync="x"',
+        "[2026-03-16 11:32:09 TP0] Décode batch, héllo: 1 — rror",
+        "just some text 12345",
+        "just some text 67890",
+        "RuntimeError: CUDA error: an illegal memory access was encountered",  # each failure hint alone
+        "[2026-03-16 11:30:00] Initialization failed. warmup boom",
+        "[2026-03-16 11:30:00] Traceback (most recent call last):",
+        "[2026-03-16 11:30:00] something went out of memory 12",
+        "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 30000): address already in use",
+        "",
+    ]
+)
+LINE = st.one_of(PROFILE_LINE, CANONICAL_PROFILE, STATS_LINE, st.sampled_from(KNOWN), st.text(max_size=80))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.lists(LINE, max_size=48), st.lists(st.one_of(CANONICAL_PROFILE, STATS_LINE), max_size=48)))
+def test_parse_many_gives_what_parse_line_gives(lines):
+    want = [parse_line(line) for line in lines]
+    _same_list(parse.parse_many(lines), want)
+    _same_list(parse.parse_many(lines), want)  # again, with the memo of quiet lines filled
+    _same_list(list(parse_lines(lines)), [ev for ev in want if ev is not None])
+
+
+def test_parse_many_reads_real_logs_as_parse_line_does():
+    """The benchmark's busy log (every kind, the probe's full lines, second stamps) and the
+    lines of each kind in batches of one kind, and a too-long line among them."""
+    import random
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    import bench_parse
+
+    rng = random.Random(7)
+    stamp = "2026-11-29 16:02:11"
+    mixed = [bench_parse.MAKERS[k](rng, stamp) for k in rng.choices(list(bench_parse.MAKERS), k=3000)]
+    for lines in (mixed, sorted(mixed), mixed[:100] + [PROFILE_EXAMPLES[0] + " pad=" + "x" * parse.MAX_LINE]):
+        _same_list(parse.parse_many(lines), [parse_line(line) for line in lines])
+    assert sum(1 for ev in parse_lines(mixed) if ev.kind == "profile") > 500
+
+
+def test_batches_take_the_lines_servers_print_and_keep_the_odd_one(monkeypatch):
+    """A busy log's lines are decoded in batches (the readers one line at a time never run), and
+    a line the batch must not read as the others (its own ts= or kind=, an iteration, a field
+    msgspec would read differently) gets its line-by-line reading in the middle of a batch."""
+    import random
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    import bench_parse
+
+    rng = random.Random(8)
+    stamp = "2026-11-29 16:02:11"
+    busy = [bench_parse.MAKERS[k](rng, stamp) for k in ["profile", "decode", "prefill", "http"] * 50]
+    want = [parse_line(line) for line in busy]
+
+    def one_at_a_time(*_a, **_k):
+        raise AssertionError("a line-by-line reader ran")
+
+    with monkeypatch.context() as m:
+        for mod, name in [(parse, "_profile"), (parse, "parse_line"), (sglang, "_decode"), (sglang, "_prefill")]:
+            m.setattr(mod, name, one_at_a_time)
+        _same_list(parse.parse_many(busy), want)
+    profile = PROFILE_EXAMPLES[0]
+    odd = [
+        profile + " ts=7",
+        profile + " rank=x",
+        profile + " kind=profile",
+        profile.replace("draft_ms=0.71", "draft_ms=-0"),
+        profile.replace("cycles=40", "cycles=1e3"),
+        profile.replace("sync=event", 'sync="x"'),
+        DECODE_NEW.replace("Decode batch,", "Decode batch [7],"),
+        DECODE_NEW + ", ts: 5",
+        DECODE_NEW.replace("#queue-req: 0", "#queue-req: null"),
+        DECODE_NEW.replace("cuda graph: True", "cuda graph: 1"),
+        DECODE_OLD,
+    ]
+    for line in odd:
+        lines = [profile, DECODE_NEW] * 5 + [line] + [profile, DECODE_NEW] * 5
+        _same_list(parse.parse_many(lines), [parse_line(x) for x in lines])
+
+
+def test_too_long_lines_are_malformed_under_their_own_name():
+    for line, marker in [
+        (DECODE_NEW + ", x: " + "1" * parse.MAX_LINE, "Decode batch"),
+        (VLLM_STATS + ", x: " + "1" * parse.MAX_LINE, "Avg prompt throughput"),
+        (VLLM_SPEC + ", x: " + "1" * parse.MAX_LINE, "SpecDecoding metrics"),
+        ("gpu-box:1:1 [0] NCCL INFO NCCL_PROTO set by environment to " + "L" * parse.MAX_LINE, "NCCL"),
+    ]:
+        ev = parse_line(line)
+        assert ev.kind == "malformed" and ev.marker == marker and "longer than" in ev.reason, ev
+
+
 # Each of these made some regular expression or loop quadratic (57 s for 100 k characters of
 # the vLLM line); now every line costs time linear in its length, and only its first
 # parse.MAX_LINE characters are read at all.
@@ -381,11 +527,14 @@ def test_long_adversarial_lines_take_linear_time(name):
     line = _adversarial(1024 * 1024)[name]
     t0 = time.perf_counter()
     ev = parse_line(line)
+    head = line[: parse.MAX_LINE]
+    many = parse.parse_many([head, head, "x"])  # as long as a line is read, in a batch of its kind
     shown = redact.Redactor()(line)
     masked = redact.text(line[: 256 * 1024])  # the patterns alone, on more than a line is ever clipped to
     elapsed = time.perf_counter() - t0
     assert elapsed < 2.0, f"{name}: {elapsed:.2f} s"  # ~10 ms here; quadratic code took minutes
     _no_parser_bug(ev)
+    _same_list(many, [parse_line(head), parse_line(head), None])
     assert len(shown) <= parse.MAX_LINE + len(parse.TRUNCATED) and shown.endswith(parse.TRUNCATED) and masked
 
 

@@ -351,3 +351,71 @@ def test_calibration_short_runs(sim_factory, name, steps, tuned, seed):
     run = asyncio.run(run_bench(BenchConfig(sim.url, requests=6, warmup=1, max_tokens=500)))
     measured = run.median_tok_s() / speedup
     assert measured == pytest.approx(seed, rel=0.10), f"{name}: sim {measured:.1f} vs seed {seed}"
+
+
+# ---- the simulator stands apart: an independent server, not tuitune checking itself ------------
+
+
+def test_the_simulator_imports_nothing_of_tuitune_outside_itself():
+    """Every import in tuitune/sim/*.py, at any depth (functions too), names tuitune.sim or
+    nothing of tuitune: it writes and reads the engines' wire formats with its own code."""
+    import ast
+    from pathlib import Path
+
+    import tuitune.sim
+
+    folder = Path(tuitune.sim.__file__).parent
+    files = sorted(folder.glob("*.py"))
+    assert len(files) >= 8
+    bad = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:  # relative: inside tuitune.sim only if it stays in the folder
+                    names = ["tuitune.sim" if node.level == 1 else "tuitune"]
+                else:
+                    names = [node.module or ""]
+                    names += [f"{node.module}.{a.name}" for a in node.names if node.module == "tuitune"]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")
+                if top[0] == "tuitune" and (len(top) < 2 or top[1] != "sim"):
+                    bad.append(f"{path.name}:{node.lineno}: {name}")
+    assert not bad, bad
+
+
+ADAPTIVE_CASES = [
+    {"1": {"candidate_steps": [1, 3]}, "8": {"candidate_steps": [0, 1]}, "ema_alpha": 0.3},
+    {"4": {"candidate_steps": [2]}, "x": {"candidate_steps": "ignored"}},
+    [1, 2],
+    {"x": {"candidate_steps": [1]}},
+    {"1": {"candidate_steps": []}},
+    {"1": {"candidate_steps": [-1]}},
+    {"1": {"candidate_steps": [1.0]}},
+    {"1": {"candidate_steps": [True]}},
+    {"1": {"candidate_steps": "1,2"}},
+    {"8": {}},
+    {"8": 3},
+    {},
+]
+
+
+@pytest.mark.parametrize("cfg", ADAPTIVE_CASES, ids=range(len(ADAPTIVE_CASES)))
+def test_the_simulators_own_reading_of_the_adaptive_file_agrees_with_tuitunes_checker(cfg):
+    """Two readings of SGLang's schedule file, written apart (the simulator's, as the server
+    loads it; tuitune's, before it emits one): the same files taken, the same refused, with the
+    same buckets."""
+    from tuitune.engines import sglang
+    from tuitune.sim import adaptive
+
+    try:
+        want = sglang.check_adaptive(cfg)
+    except ValueError as e:
+        with pytest.raises(ValueError) as got:
+            adaptive.load_config(cfg)
+        assert str(got.value) == str(e)
+    else:
+        assert adaptive.load_config(cfg) == want

@@ -356,3 +356,52 @@ async def test_advisor_panel_updates_from_windows_and_applies_the_top_suggestion
         assert app.draft.speculative.num_draft_tokens == 3 and not app.draft_errors
         assert app.config.query_one("#spec-num-steps").value == "2"
         assert "config panel set to steps 2" in app.messages[-1]
+
+
+async def test_the_config_panel_offers_the_loaded_engines_flags_and_algorithms():
+    """The panel reads what to offer from the engine (Engine.editable_flags, .algorithms): a vLLM
+    preset shows vLLM's flags (its gpu-memory-utilization, not SGLang's mem-fraction-static) and
+    only the algorithms tuitune drives on vLLM; an edit becomes that flag's change; back on an
+    SGLang preset, SGLang's rows are shown again."""
+    from textual.app import App
+    from textual.widgets import Checkbox, Input, Select
+
+    from tuitune import engines
+    from tuitune.tui.config import ConfigPanel
+
+    class One(App):
+        def compose(self):
+            yield ConfigPanel()
+
+    vllm = P.resolve("vllm-c4-eagle3-2tok-nccl")
+    sglang = P.resolve("c4-eagle3-2step-nccl")
+    app = One()
+    async with app.run_test(size=(120, 60)) as pilot:
+        panel = app.query_one(ConfigPanel)
+
+        def shown(prefix: str) -> set[str]:
+            return {
+                w.id.removeprefix(prefix) for w in panel.query("*") if (w.id or "").startswith(prefix) and w.display
+            }
+
+        assert shown("row-") | (shown("flag-") & {"disable-custom-all-reduce"}) == {
+            f.name for f in engines.get("sglang").editable_flags
+        }
+        panel.load(vllm)
+        await pilot.pause()
+        assert shown("row-") == {"gpu-memory-utilization", "max-num-seqs"}
+        assert panel.query_one("#flag-gpu-memory-utilization", Input).value == "0.88"
+        assert panel.query_one("#flag-disable-custom-all-reduce", Checkbox).value is True
+        algo = panel.query_one("#spec-algorithm", Select)
+        assert algo.value == "EAGLE3" and [v for _, v in algo._options] == ["none", "EAGLE", "EAGLE3"]
+        panel.query_one("#flag-gpu-memory-utilization", Input).value = "0.8"
+        panel.query_one("#flag-max-num-seqs", Input).value = "64"
+        await pilot.pause()
+        changes, errors = panel.collect()
+        assert changes == {"server.args.gpu-memory-utilization": 0.8, "server.args.max-num-seqs": 64}, changes
+        assert not errors and P.with_changes(vllm, changes).server.args["max-num-seqs"] == 64
+        panel.load(sglang)
+        await pilot.pause()
+        assert shown("row-") == {"num-continuous-decode-steps", "mem-fraction-static"}
+        assert len(algo._options) == 1 + len(engines.get("sglang").algorithms)
+        assert panel.collect() == ({}, {})

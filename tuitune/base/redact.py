@@ -26,6 +26,7 @@ from typing import Any
 
 import msgspec
 
+from tuitune.base.events import Malformed, ServerError
 from tuitune.base.lines import clip
 
 MASK = "••••"
@@ -198,8 +199,6 @@ class Redactor:
 
     def event(self, ev):
         """A parsed event with the log text it carries masked (error messages, malformed lines)."""
-        from tuitune.base.events import Malformed, ServerError
-
         if isinstance(ev, ServerError):
             return msgspec.structs.replace(ev, message=self(ev.message))
         if isinstance(ev, Malformed):

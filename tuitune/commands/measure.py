@@ -32,10 +32,10 @@ def parse_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_parse(ns) -> int:
     from tuitune.base.redact import Redactor
-    from tuitune.measure.parse import parse_line, summarize
+    from tuitune.measure.parse import parse_lines, summarize
 
     masked = Redactor().event  # error messages and malformed lines quote the log: mask what looks secret
-    events = (masked(ev) for ev in map(parse_line, open_lines(ns.file)) if ev is not None)
+    events = (masked(ev) for ev in parse_lines(open_lines(ns.file)))
     if ns.json:
         import msgspec
 

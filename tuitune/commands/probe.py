@@ -24,11 +24,12 @@ def probe_args(p: argparse.ArgumentParser) -> None:
 def cmd_probe_check(ns) -> int:
     import os
 
+    from tuitune import engines
     from tuitune.probe import check
 
     engine = ns.engine or ("vllm" if ns.vllm_path else "sglang")
     path = ns.vllm_path or ns.sglang_path
-    label = {"sglang": "SGLang", "vllm": "vLLM"}[engine]
+    label = engines.label(engine)
     if path and not os.path.isdir(path):
         raise CliError(f"{path}: not a directory (give the {engine} package directory)", 2)
     try:

@@ -1,43 +1,39 @@
 """Advice from a fitted cost model: every configuration's predicted goodput, the best few, the
 measurement worth making next, and SGLang's own adaptive schedule (core; no UI).
 
-The space (SGLang's rules, ``speculative.resolve``): speculation off; steps 1-8; topk 1, 2, 4,
-8; draft tokens = steps + 1 for topk 1, and for trees the budgets in ``TREE_TOKENS`` that SGLang
-accepts (``steps < draft_tokens <= steps × topk + 1``) plus the full tree. An engine that drafts
-chains only (vLLM: ``Engine.topks == (1,)``) gets the chains and "off".
+The space is the engine's (``Engine.space``; SGLang's rules, ``engines.sglang.configurations``):
+speculation off; steps 1-8; topk 1, 2, 4, 8; draft tokens = steps + 1 for topk 1, and for trees
+the budgets SGLang accepts. An engine that drafts chains only (vLLM: ``Engine.topks == (1,)``)
+gets the chains and "off". The schedule's file format and its checks are SGLang's
+(``engines.sglang``: ``check_adaptive``, ``write_adaptive``); what goes in it is decided here.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from tuitune.decide.costmodel import OFF, Config, CostModel, Prediction
+from tuitune.engines.base import MAX_STEPS, Engine
+from tuitune.engines.sglang import (  # noqa: F401  (write_adaptive: the command line writes it from here)
+    ADAPTIVE_BUCKETS,
+    TOPKS,
+    check_adaptive,
+    configurations,
+    write_adaptive,
+)
 
-MAX_STEPS = 8
-TOPKS = (1, 2, 4, 8)
-TREE_TOKENS = (4, 6, 8, 12, 16, 24, 32, 48, 64)
-ADAPTIVE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # SGLang's keys are lower bounds of batch-size ranges
 TOLERANCE = 0.02  # "within 2 % of the best" (adaptive candidates; ties)
 BATCH_REACH = 1.5  # a batch size within this factor of those measured is interpolation, beyond it extrapolation
 TOKEN_REACH = 2.0  # the same for the token count of a verify (or draft) forward
 
 
-def space(max_steps: int = MAX_STEPS, topks: tuple[int, ...] = TOPKS) -> list[Config]:
-    out = [OFF]
-    for steps in range(1, max_steps + 1):
-        for k in topks:
-            if k == 1:
-                out.append(Config.chain(steps))
-                continue
-            full = steps * k + 1
-            budgets = {n for n in TREE_TOKENS if steps + 1 < n <= full}
-            if full <= max(TREE_TOKENS):
-                budgets.add(full)
-            out.extend(Config(steps, k, n) for n in sorted(budgets))
-    return out
+def space(max_steps: int = MAX_STEPS, topks: tuple[int, ...] = TOPKS, engine: Engine | None = None) -> list[Config]:
+    """The configurations to compare, as costmodel Configs: the engine's space when one is given,
+    else SGLang's rules for these tree widths (``topks=(1,)``: chains only)."""
+    raw = engine.space(max_steps) if engine is not None else configurations(max_steps, topks)
+    return [Config(*c) if c[0] else OFF for c in raw]
 
 
 def rank(model: CostModel, concurrency: int, configs: list[Config] | None = None) -> list[Prediction]:
@@ -290,43 +286,6 @@ def adaptive_schedule(
         )
     check_adaptive(cfg)
     return cfg, why
-
-
-def check_adaptive(cfg) -> dict[int, list[int]]:
-    """SGLang 0.5.23's loader rules (``adaptive_spec_params._load_adaptive_config``): a JSON object
-    whose keys made of digits are batch sizes (others are ignored), each an object with a non-empty
-    ``candidate_steps`` list of ints >= 0; at least one such key. Raises ValueError (one sentence)."""
-    if not isinstance(cfg, dict):
-        raise ValueError(f"an adaptive config must be a JSON object, got {type(cfg).__name__}")
-    out: dict[int, list[int]] = {}
-    for key, entry in cfg.items():
-        if not isinstance(key, str) or not key.isdigit():
-            continue
-        steps = entry.get("candidate_steps") if isinstance(entry, dict) else None
-        if (
-            not isinstance(steps, list)
-            or not steps
-            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps)
-        ):
-            raise ValueError(
-                f"batch size {key}: candidate_steps must be a non-empty list of integers >= 0 (got {steps!r})"
-            )
-        out[int(key)] = steps
-    if not out:
-        raise ValueError(
-            "an adaptive config needs at least one batch-size key made of digits, "
-            'e.g. {"1": {"candidate_steps": [1, 3]}}'
-        )
-    return out
-
-
-def write_adaptive(path: str, cfg: dict) -> None:
-    import os
-
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:  # one batch-size key a line: reads and diffs well
-        f.write("{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in cfg.items()) + "\n}\n")
-    os.replace(tmp, path)
 
 
 # ---- text ---------------------------------------------------------------------------------------

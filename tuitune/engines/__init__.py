@@ -1,28 +1,57 @@
-"""Engines tuitune drives; ``get(name)`` gives one (see base.Engine for what an engine knows)."""
+"""Engines tuitune drives; ``get(name)`` gives one (see base.py for what an engine module provides).
+
+Adding an engine: its module, and one entry in ``ENGINES`` below; everything else (the parser's
+dispatch and prefixes, failure causes, info endpoints, the names the preset and the command line
+accept) is read from here.
+"""
 
 from __future__ import annotations
 
-from tuitune.engines.base import CAUSE_ORDER, CAUSE_TEXT, HF_ERRORS, Engine
+from tuitune.engines import base
+from tuitune.engines.base import CAUSE_ORDER, CAUSE_TEXT, HF_ERRORS, Engine, Rule
 from tuitune.engines.sglang import SGLang
 from tuitune.engines.vllm import VLLM
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (SGLang(), VLLM())}
 NAMES = tuple(ENGINES)
 
+for _e in ENGINES.values():
+    base.register_prefix(_e.log_prefix)
 
-_ERRORS = HF_ERRORS + tuple(x for e in ENGINES.values() for x in e.errors)
+# every engine's log lines, engines in ENGINES order (the parser tries the probe's line first)
+RULES: tuple[Rule, ...] = tuple(r for e in ENGINES.values() for r in e.rules)
+# info endpoints, asked in this order of a server whose engine is not known
+INFO_PATHS: tuple[str, ...] = tuple(dict.fromkeys(p for e in ENGINES.values() for p in e.info_paths))
+ERRORS = HF_ERRORS + tuple(x for e in ENGINES.values() for x in e.errors)
 
 
 def get(name: str) -> Engine:
     return ENGINES[name]
 
 
+def label(name: str) -> str:
+    """The engine's name as users write it ("SGLang", "vLLM")."""
+    return ENGINES[name].label
+
+
 def error_category(line: str) -> str | None:
     """The failure cause an engine's own error text names, if the line holds one."""
-    for needle, category in _ERRORS:
+    for needle, category in ERRORS:
         if needle in line:
             return category
     return None
 
 
-__all__ = ["CAUSE_ORDER", "CAUSE_TEXT", "ENGINES", "Engine", "NAMES", "error_category", "get"]
+__all__ = [
+    "CAUSE_ORDER",
+    "CAUSE_TEXT",
+    "ENGINES",
+    "ERRORS",
+    "Engine",
+    "INFO_PATHS",
+    "NAMES",
+    "RULES",
+    "error_category",
+    "get",
+    "label",
+]

@@ -1,13 +1,42 @@
-"""What tuitune needs to know about one inference engine, behind one small interface.
+"""What tuitune knows about one inference engine, behind one small interface.
 
-An engine module is pure knowledge: how a preset becomes the server's argv, which flags the
-preset must not set by hand, how to ask the server for its flags, which log lines mark start-up
-phases, whether readiness needs a log hint, how its failures read, where its probe hooks in.
-No I/O here: control, bench and the parser ask these questions and do the work themselves.
-Engine methods take the preset as an argument (duck-typed: this layer sits below ``preset``).
+An engine module is pure knowledge, no I/O: control, bench, the parser, the scraper, advise and
+the TUI ask these questions and do the work themselves. Engine methods take the preset as an
+argument (duck-typed: this layer sits below ``preset``).
+
+A third engine is one new module in this folder (and its tests); it provides:
+
+* a subclass of ``Engine`` below, filling in every attribute and method it documents: name and
+  label, the server module and port, how a preset becomes the server's argv and how to ask the
+  server for its flags, the ``server.args`` keys the preset sets elsewhere, the speculative
+  algorithms it runs, validation and lint, the speculative configurations it can run (``space``)
+  and how a preset asks for one, start-up phases, failure wording, the metric names of its
+  ``/metrics`` page, its info endpoints, the flags the TUI offers for editing, its schedule
+  format if it has one (``schedule``), and where the probe hooks in;
+* its log grammar: ``Engine.log_prefix`` reads its logger's prefix (timestamp, rank), and
+  ``Engine.rules`` are its lines: ``Rule(marker, parse, many)``, where ``parse(line, at)`` turns
+  a line holding ``marker`` (first found at ``at``) into an event (``tuitune.base.events``) and
+  never raises on any input, reading the prefix through ``prefix`` below, and the optional
+  ``many(lines)`` does the same for many lines at once (equal results, faster);
+* one entry in ``ENGINES`` (``engines/__init__.py``), which registers its prefix reader and adds
+  its rules to the parser's dispatch, its error wording to the failure causes, its names to
+  ``engines.NAMES`` (the preset's ``server.engine``, the command line's ``--engine``).
+
+Also here: what all engines share (failure causes, the resolved speculative settings, the flag
+and rule records), and the readers of log values that every grammar uses (numbers as the fast
+path reads them, ``name: value`` lines, the logger prefix with its memo).
 """
 
 from __future__ import annotations
+
+import re
+import types
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import msgspec
 
 # Failure causes the parser can tell apart, most telling first (control picks the first present).
 CAUSE_ORDER = ("oom", "nccl", "bad_argument", "model_not_found", "port_in_use", "init_failed", "exception", "traceback")
@@ -29,6 +58,39 @@ HF_ERRORS = (
     # what vLLM 0.32's CPU build printed for a missing model directory)
     ("Repo id must be in the form", "model_not_found"),
 )
+MAX_STEPS = 8  # the longest draft chain advise and tune consider
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """A preset's speculative settings as the engine will run them."""
+
+    algorithm: str | None
+    num_steps: int | None
+    eagle_topk: int | None
+    num_draft_tokens: int | None
+    derived: tuple[str, ...] = ()  # names of values tuitune (or the engine) filled in
+    adjusted: tuple[str, ...] = ()  # sentences: what the engine would silently change
+
+
+class Flag(NamedTuple):
+    """A server flag the TUI's config panel offers for editing (``server.args.<name>``)."""
+
+    name: str
+    label: str
+    kind: str  # "int", "float" (a text box) or "bool" (a checkbox: set = bare flag, unset = omitted)
+
+
+class Rule(NamedTuple):
+    """One kind of log line: the parser runs ``parse(line, at)`` on a line holding ``marker``
+    (``at``: where it is first found); ``many(lines)``, when given, does the same for many such
+    lines at once and gives a list equal to ``[parse(line, line.find(marker)) for line in lines]``.
+    ``name``: what a line of this kind too long to read is reported as (``Malformed.marker``)."""
+
+    marker: str
+    parse: Callable[[str, int], typing.Any]
+    many: Callable[[Sequence[str]], list] | None = None
+    name: str | None = None
 
 
 class Engine:
@@ -38,14 +100,37 @@ class Engine:
     default_port = 0
     # server.args keys the preset sets elsewhere (flag -> preset key that owns it)
     reserved_args: dict[str, str] = {}
+    # the speculative algorithms a preset may ask of this engine (preset spelling)
+    algorithms: tuple[str, ...] = ()
     # (log text, start-up phase) in the order a start-up passes them
     phases: tuple[tuple[str, str], ...] = ()
     # (text in a log line, failure cause) beyond what the parser already tells apart
     errors: tuple[tuple[str, str], ...] = ()
+    # its log lines, tried in this order after the probe's EAGLE3_PROFILE line (see Rule)
+    rules: tuple[Rule, ...] = ()
+    # its /metrics page: counter names (as declared: the page adds "_total") and gauge names,
+    # each -> the MetricsWindow field it feeds; per_position_metric: accepted tokens per draft
+    # position (a counter labelled "position"), if any
+    counters: dict[str, str] = {}
+    gauges: dict[str, str] = {}
+    per_position_metric: str | None = None
+    # paths that answer JSON about the running server (version, internal state), asked in order
+    info_paths: tuple[str, ...] = ()
+    # server flags the TUI offers for editing
+    editable_flags: tuple[Flag, ...] = ()
+    # the name of the file format of its speculation schedule (``tuitune advise --emit``), if any
+    schedule: str | None = None
     # the simulator's --sim-engine value when it plays this engine (None: its default dialect)
     sim_dialect: str | None = None
     # draft tree widths this engine runs (1 = a chain): the space advise and tune search
     topks: tuple[int, ...] = (1, 2, 4, 8)
+
+    @staticmethod
+    def log_prefix(line: str, end: int) -> tuple[str | None, str | None] | None:
+        """(timestamp, rank) of this engine's logger prefix in ``line[:end]``, or None when the
+        line does not start (before ``end``) the way its logger writes. A pure function of
+        ``line[:end]``."""
+        return None
 
     def launch_args(self, preset) -> list[str]:
         """The server's argv after ``-m MODULE``."""
@@ -70,6 +155,11 @@ class Engine:
         """(steps, topk, draft tokens) a speculative preset runs, or None when the engine picks
         them at start (the configurations advise and tune compare; costmodel.Config's fields)."""
         raise NotImplementedError
+
+    def space(self, max_steps: int = MAX_STEPS) -> list[tuple[int, int, int]]:
+        """Every (steps, topk, draft tokens) advise and tune may compare on this engine, speculation
+        off (0, 1, 1) first; the base: chains of 1 to ``max_steps`` steps."""
+        return chains(max_steps)
 
     def config_changes(self, c, preset=None) -> dict:
         """The speculative section's keys that make a preset run configuration ``c`` (steps,
@@ -109,3 +199,209 @@ class Engine:
                 continue
             out += [f"--{k}"] if v is True else [f"--{k}", str(v)]
         return out
+
+
+def chains(max_steps: int = MAX_STEPS) -> list[tuple[int, int, int]]:
+    """Speculation off, then chains of 1 to ``max_steps`` steps (draft tokens = steps + 1)."""
+    return [(0, 1, 1)] + [(s, 1, s + 1) for s in range(1, max_steps + 1)]
+
+
+# ---- the logger prefix -----------------------------------------------------------------------------
+
+_READERS: list[Callable[[str, int], tuple[str | None, str | None] | None]] = []  # engines/__init__ fills it
+_last: tuple[str, tuple[str | None, str | None]] = ("", (None, None))  # one object: threads read it whole
+NO_PREFIX: tuple[None, None] = (None, None)
+
+
+def register_prefix(reader: Callable[[str, int], tuple[str | None, str | None] | None]) -> None:
+    if reader not in _READERS:
+        _READERS.append(reader)
+
+
+def prefix(line: str, end: int) -> tuple[str | None, str | None]:
+    """Timestamp and rank of the logger prefix before position ``end``: the first engine's
+    reader that knows the line's prefix answers (``ENGINES`` order), else (None, None).
+
+    Consecutive lines of a busy log mostly share their prefix (SGLang stamps to the second, and
+    one rank prints the stats lines), so the last answer is kept and reused when this line starts
+    with the same text; consecutive events then also share their ts and rank strings. With
+    millisecond stamps (SGLANG_LOG_MS) prefixes rarely repeat, and the check costs one compare.
+    """
+    global _last
+    key, hit = _last
+    if len(key) == end and line.startswith(key):
+        return hit
+    found: tuple[str | None, str | None] = NO_PREFIX
+    for read in _READERS:
+        got = read(line, end)
+        if got is not None:
+            found = got
+            break
+    if end > 15:  # a reader may look at line[14]: keys shorter than that could mislead the memo
+        _last = (line[:end], found)
+    return found
+
+
+def prefixes(lines: Sequence[str], heads: Sequence[str]) -> list[tuple[str | None, str | None]]:
+    """``[prefix(line, len(head)) for …]`` where each head is the line's text before its marker,
+    with the memo's test made here (no call for a repeated prefix)."""
+    out = []
+    key: str | None
+    key, hit = _last
+    for line, head in zip(lines, heads, strict=True):
+        if head != key:
+            hit = prefix(line, len(head))
+            key = head if len(head) > 15 else None
+        out.append(hit)
+    return out
+
+
+# ---- log values --------------------------------------------------------------------------------------
+
+
+def number(text: str) -> int | float | None:
+    """An integer literal as an exact int (any length Python reads), else a float, else None."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def value(text: str):
+    """A log field value: int, float, bool, or the text itself."""
+    if text == "True":
+        return True
+    if text == "False":
+        return False
+    n = number(text)
+    return text if n is None else n
+
+
+def field_key(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+def as_float(v: str) -> float:
+    """float(), except that "-0" reads as 0.0, as the fast path (msgspec) reads an integer zero."""
+    return 0.0 if v == "-0" else float(v)
+
+
+def as_int(v: str) -> int:
+    """An integer literal exactly (17+ digits included); a number literal only when it is integral
+    ("1e3", "12.0"), read as msgspec's lax mode (the fast path) reads it; anything else is an error."""
+    try:
+        return int(v)
+    except ValueError:
+        pass
+    f = float(v)
+    if not f.is_integer():  # 1.5, nan, inf
+        raise ValueError(v)
+    return int(f)
+
+
+_BOOLS = {"true": True, "1": True, "false": False, "0": False, "-0": False}
+
+
+def as_bool(v: str) -> bool:
+    """True/False as SGLang prints them; also what msgspec's lax mode (the fast path) takes as a
+    bool: any case, 1, 0 and -0."""
+    b = _BOOLS.get(v.lower())
+    if b is None:
+        raise ValueError(v)
+    return b
+
+
+# ---- "name: value, name: value" lines ----------------------------------------------------------------
+
+
+def fields(body: str, spec: dict) -> tuple[dict, dict]:
+    """``name: value, name: value`` -> (known fields converted, extra fields by name); ``spec``
+    maps a log name to (event field, converter). A value the converter refuses is kept in extra."""
+    flat = body.replace(": ", ", ").split(", ")
+    if len(flat) % 2 == 0 and body.count(": ") * 2 == len(flat):
+        items: typing.Iterable = zip(flat[::2], flat[1::2], strict=False)
+    else:
+        items = []
+        for part in body.split(", "):
+            name, sep, v = part.rpartition(": ")
+            if sep:
+                items.append((name, v))
+    known: dict = {}
+    extra: dict = {}
+    for name, v in items:
+        name = name.strip()
+        s = spec.get(name)
+        if s is not None:
+            try:
+                known[s[0]] = s[1](v.strip())
+                continue
+            except (ValueError, OverflowError):
+                pass
+        extra[field_key(name)] = value(v.strip())
+    return known, extra
+
+
+def _required(t):
+    """``int | None`` -> ``int``."""
+    args = [a for a in typing.get_args(t) if a is not type(None)]
+    return args[0] if len(args) == 1 else t
+
+
+_astuple = msgspec.structs.astuple
+
+
+class FastFields:
+    """The fast path for ``name: value, name: value`` lines of one event type.
+
+    The body becomes ``{" name":"value"," name":"value",...}`` through two C-level replaces ("," is
+    the cheaper pattern to replace than ", ", so each name keeps its leading space), and msgspec
+    decodes it into a wire struct whose field names are the log's names; an unknown name is an
+    error, so such lines go to the exact reader (``fields``), which keeps them in ``extra``. The
+    wire struct holds the event's leading fields (those with a log name) in the event's order;
+    ``__call__`` gives their values as a tuple for the event's constructor, or None when the exact
+    reader must decide. ``many`` does the same for many bodies with one decode (one replace pass
+    over them all), None where a body needs the exact reader.
+    """
+
+    def __init__(self, cls: type, spec: dict, own: tuple[str, ...]):
+        names: dict[str, str] = {}
+        for log_name, (field, _conv) in spec.items():
+            names.setdefault(field, log_name)  # "cpu graph"/"npu graph" take the exact path
+        struct_fields = msgspec.structs.fields(cls)
+        logged = struct_fields[: len(struct_fields) - len(own)]
+        if tuple(f.name for f in struct_fields[len(logged) :]) != own or any(f.name not in names for f in logged):
+            raise ValueError(f"{cls.__name__}: fields with a log name must come first, then {own}")
+        # Types without their "| None": lax mode would read the text "null" as None.
+        wire = msgspec.defstruct(
+            "_Wire" + cls.__name__,
+            [(f.name, _required(f.type), f.default) for f in logged],
+            rename={f.name: " " + names[f.name] for f in logged},
+            forbid_unknown_fields=True,
+        )
+        self.decode = msgspec.json.Decoder(wire, strict=False).decode
+        self.decode_many = msgspec.json.Decoder(types.GenericAlias(list, (wire,)), strict=False).decode
+
+    def __call__(self, body: str) -> tuple[typing.Any, ...] | None:
+        if '"' in body or "\\" in body:
+            return None
+        try:
+            return _astuple(self.decode('{" ' + body.replace(",", '","').replace(": ", '":"') + '"}'))
+        except Exception:  # noqa: BLE001 - any doubt: the exact reader decides
+            return None
+
+    def many(self, bodies: list[str]) -> list[tuple[typing.Any, ...] | None]:
+        joined = "\n".join(bodies)
+        if '"' not in joined and "\\" not in joined:
+            # as bytes: CPython's bytes.replace is the faster (UTF-8 keeps every character here)
+            try:
+                text = joined.encode().replace(b",", b'","').replace(b": ", b'":"')
+                wires = self.decode_many(b'[{" ' + text.replace(b"\n", b'"},{" ') + b'"}]')
+            except Exception:  # noqa: BLE001 - some body is unusual: each on its own
+                wires = None
+            if wires is not None and len(wires) == len(bodies):  # (a body holding "\n" splits)
+                return [_astuple(w) for w in wires]
+        return [self(b) for b in bodies]

@@ -1,8 +1,342 @@
-"""SGLang (sgl-project/sglang): flags, start-up phases, readiness (FACTS.md §2)."""
+"""SGLang (sgl-project/sglang): flags, speculative rules and configurations, start-up phases,
+readiness, log lines, metric names, info endpoints, the adaptive-steps schedule (FACTS.md §2, §7).
+
+SGLang silently rewrites some speculative combinations at start-up (topk 1 forces draft tokens
+= steps + 1) and refuses others (``server_args.py``); ``resolve`` applies the same rules up front
+so that the command tuitune shows is the configuration the server will really run.
+"""
 
 from __future__ import annotations
 
-from tuitune.engines.base import Engine
+import json
+import re
+import typing
+from collections.abc import Sequence
+
+from tuitune.base.events import DecodeStats, Event, Malformed, PrefillStats, Ready
+from tuitune.engines.base import (
+    MAX_STEPS,
+    Engine,
+    FastFields,
+    Flag,
+    Resolved,
+    Rule,
+    as_bool,
+    as_float,
+    as_int,
+    number,
+    prefix,
+    prefixes,
+)
+from tuitune.engines.base import fields as _fields
+
+# ---- speculative rules (server_args.py) ------------------------------------------------------------
+
+ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "SUFFIX")
+NEEDS_DRAFT_MODEL = ("EAGLE", "EAGLE3", "STANDALONE")
+# drafting without a draft model: n-gram lookup in the request's own tokens (prompt lookup), and
+# vLLM's suffix decoding (suffix trees over the prompt and earlier outputs)
+MODEL_FREE = ("NGRAM", "SUFFIX")
+# SGLang's NGRAM defaults (arg_groups/speculative_hook.py _handle_ngram, fields/spec.py, 0.5.23):
+# 12 draft tokens; the tree's breadth (its "topk") is --speculative-ngram-max-bfs-breadth, 10
+NGRAM_DRAFT_TOKENS = 12
+NGRAM_MAX_BFS_BREADTH = 10
+NGRAM_MIN_BFS_BREADTH = 1
+
+
+def resolve(
+    algorithm: str | None,
+    num_steps: int | None,
+    eagle_topk: int | None,
+    num_draft_tokens: int | None,
+    draft_model_path: str | None = None,
+    ngram_max_bfs_breadth: int | None = None,
+    ngram_min_bfs_breadth: int | None = None,
+) -> Resolved:
+    """Apply the rules; raise ValueError with a sentence for a combination SGLang refuses."""
+    if algorithm is None:
+        return Resolved(None, None, None, None)
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm {algorithm!r} is not one of {', '.join(ALGORITHMS)}")
+    if algorithm == "NGRAM":
+        return resolve_ngram(num_steps, eagle_topk, num_draft_tokens, ngram_max_bfs_breadth, ngram_min_bfs_breadth)
+    if algorithm == "SUFFIX":
+        raise ValueError("algorithm SUFFIX is vLLM's suffix decoding (server.engine: vllm); SGLang has no such drafter")
+    if algorithm in NEEDS_DRAFT_MODEL and not draft_model_path:
+        raise ValueError(f"draft_model_path is required for {algorithm}")
+    if num_steps is None:
+        if eagle_topk is not None or num_draft_tokens is not None:
+            raise ValueError(
+                "num_steps, eagle_topk and num_draft_tokens are all-or-none: set "
+                "num_steps too, or leave all three for SGLang to choose"
+            )
+        return Resolved(algorithm, None, None, None)
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1 (got {num_steps})")
+    derived: list[str] = []
+    adjusted: list[str] = []
+    if eagle_topk is None:
+        if num_draft_tokens is not None:
+            raise ValueError("num_steps, eagle_topk and num_draft_tokens are all-or-none: eagle_topk is missing")
+        eagle_topk = 1
+        derived.append("eagle_topk")
+    if eagle_topk < 1:
+        raise ValueError(f"eagle_topk must be >= 1 (got {eagle_topk})")
+    if eagle_topk == 1:
+        if num_draft_tokens is None:
+            derived.append("num_draft_tokens")
+        elif num_draft_tokens != num_steps + 1:
+            adjusted.append(
+                f"num_draft_tokens {num_draft_tokens} would be adjusted by SGLang to "
+                f"num_steps + 1 = {num_steps + 1} because eagle_topk is 1"
+            )
+        num_draft_tokens = num_steps + 1
+    elif num_draft_tokens is None:
+        raise ValueError("num_draft_tokens must be set when eagle_topk > 1")
+    limit = num_steps * eagle_topk + 1
+    if num_draft_tokens > limit:
+        raise ValueError(f"num_draft_tokens {num_draft_tokens} is more than num_steps * eagle_topk + 1 = {limit}")
+    if num_draft_tokens < 2:
+        raise ValueError(f"num_draft_tokens must be >= 2 (got {num_draft_tokens})")
+    return Resolved(algorithm, num_steps, eagle_topk, num_draft_tokens, tuple(derived), tuple(adjusted))
+
+
+def resolve_ngram(
+    num_steps: int | None,
+    eagle_topk: int | None,
+    num_draft_tokens: int | None,
+    max_breadth: int | None,
+    min_breadth: int | None,
+) -> Resolved:
+    """SGLang's NGRAM: a tree of ``num_draft_tokens`` tokens (the last verified one and the
+    drafts looked up in a trie of the request's own tokens) at most ``max_breadth`` wide. SGLang
+    overwrites ``speculative_eagle_topk`` with the breadth and derives ``speculative_num_steps``
+    from both, so neither is a setting here. In tuitune's terms the configuration is (steps,
+    topk, draft tokens) = (draft tokens − 1, breadth, draft tokens): a chain when the breadth is 1."""
+    if eagle_topk is not None:
+        raise ValueError(
+            "eagle_topk: SGLang's NGRAM sets it from ngram_max_bfs_breadth (the tree's breadth); set that instead"
+        )
+    if num_steps is not None:
+        raise ValueError(
+            "num_steps: SGLang's NGRAM derives it from num_draft_tokens and the breadth; set num_draft_tokens"
+        )
+    derived: list[str] = []
+    if num_draft_tokens is None:
+        num_draft_tokens = NGRAM_DRAFT_TOKENS
+        derived.append("num_draft_tokens")
+    if max_breadth is None:
+        max_breadth = NGRAM_MAX_BFS_BREADTH
+        derived.append("ngram_max_bfs_breadth")
+    low = NGRAM_MIN_BFS_BREADTH if min_breadth is None else min_breadth
+    if low > max_breadth:
+        raise ValueError(f"ngram_min_bfs_breadth {low} is more than ngram_max_bfs_breadth {max_breadth}")
+    return Resolved("NGRAM", num_draft_tokens - 1, max_breadth, num_draft_tokens, tuple(derived))
+
+
+# ---- the configurations advise and tune compare ------------------------------------------------------
+
+TOPKS = (1, 2, 4, 8)
+TREE_TOKENS = (4, 6, 8, 12, 16, 24, 32, 48, 64)  # draft-token budgets tried for trees (and the full tree)
+
+
+def configurations(max_steps: int = MAX_STEPS, topks: tuple[int, ...] = TOPKS) -> list[tuple[int, int, int]]:
+    """(steps, topk, draft tokens): speculation off (0, 1, 1); steps 1 to ``max_steps``; for topk 1
+    draft tokens = steps + 1, for trees the budgets in ``TREE_TOKENS`` that SGLang accepts
+    (``steps < draft_tokens <= steps × topk + 1``, more than a chain's) plus the full tree."""
+    out = [(0, 1, 1)]
+    for steps in range(1, max_steps + 1):
+        for k in topks:
+            if k == 1:
+                out.append((steps, 1, steps + 1))
+                continue
+            full = steps * k + 1
+            budgets = {n for n in TREE_TOKENS if steps + 1 < n <= full}
+            if full <= max(TREE_TOKENS):
+                budgets.add(full)
+            out.extend((steps, k, n) for n in sorted(budgets))
+    return out
+
+
+# ---- the adaptive-steps schedule (--speculative-adaptive-config) -------------------------------------
+
+SCHEDULE = "sglang-adaptive"
+ADAPTIVE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # SGLang's keys are lower bounds of batch-size ranges
+
+
+def check_adaptive(cfg) -> dict[int, list[int]]:
+    """SGLang 0.5.23's loader rules (``adaptive_spec_params._load_adaptive_config``): a JSON object
+    whose keys made of digits are batch sizes (others are ignored), each an object with a non-empty
+    ``candidate_steps`` list of ints >= 0; at least one such key. Raises ValueError (one sentence)."""
+    if not isinstance(cfg, dict):
+        raise ValueError(f"an adaptive config must be a JSON object, got {type(cfg).__name__}")
+    out: dict[int, list[int]] = {}
+    for key, entry in cfg.items():
+        if not isinstance(key, str) or not key.isdigit():
+            continue
+        steps = entry.get("candidate_steps") if isinstance(entry, dict) else None
+        if (
+            not isinstance(steps, list)
+            or not steps
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps)
+        ):
+            raise ValueError(
+                f"batch size {key}: candidate_steps must be a non-empty list of integers >= 0 (got {steps!r})"
+            )
+        out[int(key)] = steps
+    if not out:
+        raise ValueError(
+            "an adaptive config needs at least one batch-size key made of digits, "
+            'e.g. {"1": {"candidate_steps": [1, 3]}}'
+        )
+    return out
+
+
+def adaptive_text(cfg: dict) -> str:
+    """The schedule as the file's text: JSON, one batch-size key a line (reads and diffs well)."""
+    return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in cfg.items()) + "\n}\n"
+
+
+def write_adaptive(path: str, cfg: dict) -> None:
+    """Write the schedule file atomically (a temporary file renamed over ``path``)."""
+    import os
+
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(adaptive_text(cfg))
+    os.replace(tmp, path)
+
+
+# ---- /metrics (--enable-metrics: gauges) and info endpoints -------------------------------------------
+
+GAUGES = {
+    "sglang:gen_throughput": "gen_tok_s",
+    "sglang:spec_accept_length": "accept_len",
+    "sglang:spec_accept_rate": "accept_rate",
+    "sglang:num_running_reqs": "running_req",
+    "sglang:num_queue_reqs": "queue_req",
+}
+INFO_PATHS = ("/server_info", "/get_server_info")  # the newer name first
+
+# ---- log lines -----------------------------------------------------------------------------------------
+
+DECODE, PREFILL = "Decode batch", "Prefill batch"
+READY = "fired up and ready to roll"  # "The server is fired up and ready to roll!"
+_PREFIX = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?)((?: [A-Z]+\d+)*)\]")
+
+
+def log_prefix(line: str, end: int) -> tuple[str | None, str | None] | None:
+    """``[2026-11-29 16:02:11 TP0] …`` (milliseconds with SGLANG_LOG_MS, ``DP0 TP0`` …): the
+    timestamp and rank of SGLang's logger prefix before ``end``, or None."""
+    if line[14:15] == ":" and line[:1] == "[" and line[5:6] == "-":
+        close = line.find("]", 1, end)
+        if close > 0:
+            cut = line.find(" ", 12, close)
+            return (line[1:close], None) if cut < 0 else (line[1:cut], line[cut + 1 : close] or None)
+    m = _PREFIX.search(line, 0, end)
+    return None if m is None else (m.group(1), m.group(2).strip() or None)
+
+
+_DECODE_SPEC = {
+    "#running-req": ("running_req", as_int),
+    "#token": ("token", as_int),
+    "token usage": ("token_usage", as_float),
+    "accept len": ("accept_len", as_float),
+    "accept rate": ("accept_rate", as_float),
+    "cuda graph": ("cuda_graph", as_bool),
+    "cpu graph": ("cuda_graph", as_bool),
+    "npu graph": ("cuda_graph", as_bool),
+    "gen throughput (token/s)": ("gen_throughput", as_float),
+    "#queue-req": ("queue_req", as_int),
+}
+_PREFILL_SPEC = {
+    "#new-seq": ("new_seq", as_int),
+    "#new-token": ("new_token", as_int),
+    "#cached-token": ("cached_token", as_int),
+    "token usage": ("token_usage", as_float),
+    "#running-req": ("running_req", as_int),
+    "#queue-req": ("queue_req", as_int),
+    "#pending-token": ("pending_token", as_int),
+    "cuda graph": ("cuda_graph", as_bool),
+    "cpu graph": ("cuda_graph", as_bool),
+    "npu graph": ("cuda_graph", as_bool),
+    "input throughput (token/s)": ("input_throughput", as_float),
+}
+_fast_decode = FastFields(DecodeStats, _DECODE_SPEC, ("iteration", "extra", "ts", "rank"))
+_fast_prefill = FastFields(PrefillStats, _PREFILL_SPEC, ("extra", "ts", "rank"))
+# the events built from a wire tuple and the fields after it (FastFields checked that they fit:
+# a type checker cannot count a tuple's items)
+_Decoded: typing.Any = DecodeStats
+_Prefilled: typing.Any = PrefillStats
+
+
+def _stats_body(text: str) -> str:
+    """The fields of a Decode/Prefill batch line: without the ", " or ". " after the marker and
+    the trailing ", " of older releases. Both the fast and the exact path read this."""
+    return text.lstrip(".,").strip().rstrip(",").rstrip().rstrip(",")
+
+
+def _decode(line: str, at: int, fast: bool = True) -> Event:
+    """``Decode batch, #running-req: 8, #token: 5120, …, gen throughput (token/s): 812.40, …``;
+    ``Decode batch [1234], …`` with the iteration; ``Decode batch. …, `` (older releases)."""
+    ts, rank = prefix(line, at)
+    rest = line[at + 12 :]
+    iteration = None
+    if rest.startswith(" ["):
+        close = rest.find("]")
+        if close > 0:
+            n = number(rest[2:close])
+            iteration = n if isinstance(n, int) else None
+            rest = rest[close + 1 :]
+    body = _stats_body(rest)
+    values = _fast_decode(body) if fast else None
+    if values is not None:
+        return _Decoded(*values, iteration, {}, ts, rank)
+    known, extra = _fields(body, _DECODE_SPEC)
+    gen = known.pop("gen_throughput", None)
+    if gen is None:
+        return Malformed("Decode batch", "missing gen throughput", line[:500], ts, rank)
+    return DecodeStats(gen, iteration=iteration, extra=extra, ts=ts, rank=rank, **known)
+
+
+def _prefill(line: str, at: int, fast: bool = True) -> Event:
+    """``Prefill batch, #new-seq: 2, #new-token: 512, …`` (``Prefill batch. …, `` older)."""
+    ts, rank = prefix(line, at)
+    body = _stats_body(line[at + 13 :])
+    values = _fast_prefill(body) if fast else None
+    if values is not None:
+        return _Prefilled(*values, {}, ts, rank)
+    known, extra = _fields(body, _PREFILL_SPEC)
+    return PrefillStats(extra=extra, ts=ts, rank=rank, **known)
+
+
+def _decode_many(lines: Sequence[str]) -> list[Event]:
+    """``_decode`` of many lines, the usual ones (no iteration) decoded together."""
+    parts = [line.partition(DECODE) for line in lines]  # (text before the marker, marker, after)
+    rests = [rest for _, _, rest in parts]
+    if "\n [" in "\n" + "\n".join(rests):  # iterations ("Decode batch [1234], …"): each line on its own
+        return [_decode(line, len(head)) for line, (head, _, _) in zip(lines, parts, strict=True)]
+    heads = prefixes(lines, [head for head, _, _ in parts])
+    values = _fast_decode.many([_stats_body(rest) for rest in rests])
+    return [
+        _decode(line, len(part[0]), False) if v is None else _Decoded(*v, None, {}, *head)
+        for line, part, head, v in zip(lines, parts, heads, values, strict=True)
+    ]
+
+
+def _prefill_many(lines: Sequence[str]) -> list[Event]:
+    parts = [line.partition(PREFILL) for line in lines]
+    heads = prefixes(lines, [head for head, _, _ in parts])
+    values = _fast_prefill.many([_stats_body(rest) for _, _, rest in parts])
+    return [
+        _prefill(line, len(part[0]), False) if v is None else _Prefilled(*v, {}, *head)
+        for line, part, head, v in zip(lines, parts, heads, values, strict=True)
+    ]
+
+
+def _ready(line: str, at: int) -> Event:
+    ts, rank = prefix(line, at)
+    return Ready(ts, rank)
 
 
 class SGLang(Engine):
@@ -28,11 +362,27 @@ class SGLang(Engine):
         "node-rank": "target.nodes",
         "dist-init-addr": "target.nodes and server.dist_init_port",
     }
+    algorithms = ALGORITHMS
     phases = (
         ("Load weight begin", "loading weights"),
         ("Capture cuda graph begin", "capturing graphs"),
         ("Capture draft cuda graph begin", "capturing draft graphs"),
     )
+    rules = (
+        Rule(DECODE, _decode, _decode_many, "Decode batch"),
+        Rule(PREFILL, _prefill, _prefill_many, "Prefill batch"),
+        Rule(READY, _ready),
+    )
+    gauges = GAUGES
+    info_paths = INFO_PATHS
+    editable_flags = (
+        Flag("num-continuous-decode-steps", "cont. decode steps", "int"),
+        Flag("mem-fraction-static", "mem fraction static", "float"),
+        Flag("disable-custom-all-reduce", "disable custom all-reduce", "bool"),
+    )
+    schedule = SCHEDULE
+    topks = TOPKS
+    log_prefix = staticmethod(log_prefix)
 
     def launch_args(self, preset) -> list[str]:
         out = self.plain_flags(preset.server.args) + ["--port", str(preset.server.port)]
@@ -119,6 +469,9 @@ class SGLang(Engine):
         if preset.is_speculative and preset.speculative.algorithm == "NGRAM":
             return (1,)
         return self.topks
+
+    def space(self, max_steps: int = MAX_STEPS) -> list[tuple[int, int, int]]:
+        return configurations(max_steps, self.topks)
 
     def config_changes(self, c, preset=None) -> dict:
         if preset is not None and preset.is_speculative and preset.speculative.algorithm == "NGRAM":

@@ -1,4 +1,5 @@
-"""vLLM (vllm-project/vllm, V1 engine): flags, readiness, log lines, metrics names (FACTS.md §3).
+"""vLLM (vllm-project/vllm, V1 engine): flags, readiness, log lines, metric names, info endpoint,
+editable flags (FACTS.md §3).
 
 Verified against the vLLM 0.33.0 release source (names below are that release's):
 - launch: ``vllm serve [model_tag] [options]`` is ``python -m vllm.entrypoints.cli.main serve …``
@@ -25,7 +26,7 @@ import json
 import re
 
 from tuitune.base.events import DecodeStats, Event, Malformed, VllmSpec
-from tuitune.engines.base import Engine
+from tuitune.engines.base import NO_PREFIX, Engine, Flag, Rule
 
 SPEC_MARKER = "SpecDecoding metrics: "
 STATS_MARKER = "Avg prompt throughput: "
@@ -44,6 +45,7 @@ ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 GENERATION_TOKENS = "vllm:generation_tokens"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
+INFO_PATHS = ("/version",)  # vLLM serves no /server_info
 
 _PREFIX = re.compile(
     r"(?:\(([\w.-]+) pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
@@ -88,8 +90,27 @@ class VLLM(Engine):
         (STARTUP_COMPLETE, "http up"),
     )  # a hint only
     errors = ERRORS
+    algorithms = tuple(METHODS)
+    counters = {
+        NUM_DRAFTS: "drafts",
+        NUM_DRAFT_TOKENS: "draft_tokens",
+        NUM_ACCEPTED: "accepted",
+        GENERATION_TOKENS: "gen_tok_s",
+    }
+    gauges = {RUNNING: "running_req", WAITING: "queue_req"}
+    per_position_metric = ACCEPTED_PER_POS
+    info_paths = INFO_PATHS
+    editable_flags = (
+        Flag("gpu-memory-utilization", "gpu memory utilization", "float"),
+        Flag("max-num-seqs", "max num seqs", "int"),
+        Flag("disable-custom-all-reduce", "disable custom all-reduce", "bool"),
+    )
     sim_dialect = "vllm"
     topks = (1,)  # EAGLE on vLLM drafts a chain
+
+    @staticmethod
+    def log_prefix(line: str, end: int) -> tuple[str | None, str | None] | None:
+        return log_prefix(line, end)
 
     def launch_args(self, preset) -> list[str]:
         args = preset.server.args
@@ -240,13 +261,18 @@ class VLLM(Engine):
 # ---- log lines ------------------------------------------------------------------------------------
 
 
-def prefix(line: str, end: int) -> tuple[str | None, str | None]:
-    """Timestamp and rank (TP0, DP0 … from the process name) of vLLM's logger prefix."""
+def log_prefix(line: str, end: int) -> tuple[str | None, str | None] | None:
+    """Timestamp and rank (TP0, DP0 … from the process name) of vLLM's logger prefix, or None."""
     m = _PREFIX.search(line, 0, end)
     if m is None:
-        return None, None
+        return None
     rank = " ".join(_RANK.findall(m.group(1) or "")) or None
     return m.group(2), rank
+
+
+def prefix(line: str, end: int) -> tuple[str | None, str | None]:
+    """vLLM's own lines read vLLM's own prefix: (None, None) when there is none."""
+    return log_prefix(line, end) or NO_PREFIX
 
 
 def _items(body: str) -> list[tuple[str, str]]:
@@ -327,3 +353,9 @@ def stats_line(line: str, at: int) -> Event:
     if "gen_throughput" not in kw:
         return Malformed("Avg prompt throughput", "missing Avg generation throughput", line[:500], ts, rank)
     return DecodeStats(extra=extra, ts=ts, rank=rank, **kw)
+
+
+VLLM.rules = (  # (set here: the readers are defined above)
+    Rule(SPEC_MARKER, spec_line, None, "SpecDecoding metrics"),
+    Rule(STATS_MARKER, stats_line, None, "Avg prompt throughput"),
+)

@@ -437,7 +437,9 @@ async def fetch_server_info(session, url: str, timeout: float = 5.0) -> dict:
     """last_gen_throughput, avg_spec_accept_length, step_time_dict, version; {} if unavailable."""
     import aiohttp
 
-    for path in ("/server_info", "/get_server_info", "/version"):  # vLLM: /version only
+    from tuitune import engines
+
+    for path in engines.INFO_PATHS:  # SGLang's /server_info (older: /get_server_info), vLLM's /version
         try:
             async with session.get(url.rstrip("/") + path, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 if resp.status != 200:

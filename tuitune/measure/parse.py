@@ -2,25 +2,36 @@
 
 Formats (FACTS.md §2-§4, profile-format.md) change between releases, so fields are read by name,
 never by position, and unknown fields are kept in ``extra``. A cheap substring test picks the
-parser for a line before any regular expression runs: most lines of a busy log match nothing.
+reader for a line before any regular expression runs: most lines of a busy log match nothing.
 
-The three lines a busy server prints most (EAGLE3_PROFILE, Decode batch, Prefill batch) take a
-fast path first: the line is rewritten into a JSON object of strings with C-level string
-operations and decoded by msgspec straight into the event type (lax mode turns "19.5" into
-19.5). Anything unusual about a line (a quote or backslash, an unknown or repeated field, a value
-msgspec would read differently) makes the fast path give up, and the exact field-by-field parser
-below decides; tests check that both paths agree on every line the fast path accepts.
+This module reads what no engine owns: the probe's EAGLE3_PROFILE line (tuitune's own format),
+NCCL's lines, Uvicorn's, Python's tracebacks and exceptions; each engine's lines are read by its
+module (``engines.RULES``: SGLang's Decode/Prefill batch lines and readiness, vLLM's stats and
+SpecDecoding lines), its failure wording is ``engines.error_category``'s. A line is read in one
+pass: the first rule whose marker it holds reads it whole (the probe's line first, then the
+engines' rules in ``engines.ENGINES`` order, then NCCL, Uvicorn, failures). The logger prefix
+(timestamp, rank) of any engine's log is ``engines.base.prefix``'s.
+
+The lines a busy server prints most (EAGLE3_PROFILE, Decode batch, Prefill batch) take a fast
+path first: the line is rewritten into a JSON object of strings with C-level string operations
+and decoded by msgspec straight into the event type (lax mode turns "19.5" into 19.5). Anything
+unusual about a line (a quote or backslash, an unknown or repeated field, a value msgspec would
+read differently) makes the fast path give up, and the exact field-by-field reader decides;
+tests check that both paths agree on every line the fast path accepts. ``parse_many`` reads many
+lines at once (one rewrite and one decode for all the lines of a kind), with results equal to
+``parse_line``'s line by line; ``parse_lines`` uses it.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import typing
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 
 import msgspec
 
+from tuitune import engines
 from tuitune.base.events import (
     DecodeStats,
     Event,
@@ -28,17 +39,13 @@ from tuitune.base.events import (
     Malformed,
     NcclAlgo,
     NcclEnv,
-    PrefillStats,
     ProfileWindow,
-    Ready,
     ServerError,
 )
 from tuitune.base.lines import MAX_LINE, TRUNCATED, clip  # noqa: F401  (clip: part of the parser's API)
-from tuitune.engines import error_category, vllm
+from tuitune.engines.base import Rule, as_float, as_int, number, prefix, prefixes
 
 PROFILE_MARKER = "EAGLE3_PROFILE "
-_VLLM_SPEC, _VLLM_STATS = vllm.SPEC_MARKER, vllm.STATS_MARKER  # globals: no attribute lookup a line
-_PREFIX = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?)((?: [A-Z]+\d+)*)\]")
 _KEY = re.compile(r"[a-z0-9_]+\Z")
 _NCCL_ENV = re.compile(r"NCCL INFO (NCCL_[A-Z0-9_]+) set by environment to (.*)$")
 _NCCL_ALGO = re.compile(
@@ -51,94 +58,11 @@ _UVICORN = re.compile(r"Uvicorn running on (\S+)")
 PROFILE_REQUIRED = ("draft_ms", "verify_ms", "extend_ms", "accept_len")
 
 
-_last: tuple[str, tuple[str | None, str | None]] = ("", (None, None))  # one object: threads read it whole
-
-
-def _prefix(line: str, end: int) -> tuple[str | None, str | None]:
-    """Timestamp and rank of the logger prefix before position ``end``.
-
-    Consecutive lines of a busy log mostly share their prefix (SGLang stamps to the second, and
-    one rank prints the stats lines), so the last answer is kept and reused when this line starts
-    with the same text; consecutive events then also share their ts and rank strings. With
-    millisecond stamps (SGLANG_LOG_MS) prefixes rarely repeat, and the check costs one compare.
-    """
-    global _last
-    key, hit = _last
-    if len(key) == end and line.startswith(key):
-        return hit
-    found: tuple[str | None, str | None] | None = None
-    if line[14:15] == ":" and line[:1] == "[" and line[5:6] == "-":
-        close = line.find("]", 1, end)
-        if close > 0:
-            cut = line.find(" ", 12, close)
-            found = (line[1:close], None) if cut < 0 else (line[1:cut], line[cut + 1 : close] or None)
-    if found is None:
-        m = _PREFIX.search(line, 0, end)
-        found = vllm.prefix(line, end) if m is None else (m.group(1), m.group(2).strip() or None)
-    if end > 15:  # the checks above read line[14] and line[5]: inside line[:end], the key
-        _last = (line[:end], found)
-    return found
-
-
-def _number(text: str) -> int | float | None:
-    """An integer literal as an exact int (any length Python reads), else a float, else None."""
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def _value(text: str):
-    """A log field value: int, float, bool, or the text itself."""
-    if text == "True":
-        return True
-    if text == "False":
-        return False
-    n = _number(text)
-    return text if n is None else n
-
-
-def _field_key(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
-
-
-def _float(v: str) -> float:
-    """float(), except that "-0" reads as 0.0, as the fast path (msgspec) reads an integer zero."""
-    return 0.0 if v == "-0" else float(v)
-
-
-def _int(v: str) -> int:
-    """An integer literal exactly (17+ digits included); a number literal only when it is integral
-    ("1e3", "12.0"), read as msgspec's lax mode (the fast path) reads it; anything else is an error."""
-    try:
-        return int(v)
-    except ValueError:
-        pass
-    f = float(v)
-    if not f.is_integer():  # 1.5, nan, inf
-        raise ValueError(v)
-    return int(f)
-
-
-_BOOLS = {"true": True, "1": True, "false": False, "0": False, "-0": False}
-
-
-def _bool(v: str) -> bool:
-    """True/False as SGLang prints them; also what msgspec's lax mode (the fast path) takes as a
-    bool: any case, 1, 0 and -0."""
-    b = _BOOLS.get(v.lower())
-    if b is None:
-        raise ValueError(v)
-    return b
-
+# ---- the probe's EAGLE3_PROFILE line (profile-format.md) ---------------------------------------------
 
 _PROFILE_CONV = {
     **{
-        k: _float
+        k: as_float
         for k in (
             "draft_ms",
             "verify_ms",
@@ -152,7 +76,7 @@ _PROFILE_CONV = {
             "max_verify_ms",
         )
     },
-    **{k: _int for k in ("v", "cycles", "bs", "steps", "topk", "draft_tokens", "verify_tokens")},
+    **{k: as_int for k in ("v", "cycles", "bs", "steps", "topk", "draft_tokens", "verify_tokens")},
     "sync": str,
     "drafter": str,
     "accept_hist": str,
@@ -174,11 +98,12 @@ def _pairs(rest: str) -> dict[str, str]:
 
 
 _decode_profile = msgspec.json.Decoder(ProfileWindow, strict=False).decode
+_decode_profiles = msgspec.json.Decoder(list[ProfileWindow], strict=False).decode
 _force_setattr = msgspec.structs.force_setattr
 
 
 def _profile(line: str, at: int, fast: bool = True) -> Event:
-    ts, rank = _prefix(line, at)
+    ts, rank = prefix(line, at)
     rest = line[at + 15 :]
     # Fast path: k=v k=v -> {"k":"v","k":"v"}. ts and rank are fields of the event, not of the
     # line: a line that sets them (the exact path keeps such keys in ``extra``) takes the exact
@@ -195,6 +120,38 @@ def _profile(line: str, at: int, fast: bool = True) -> Event:
     return _profile_exact(line, rest, ts, rank)
 
 
+def _profile_many(lines: Sequence[str]) -> list[Event | None]:
+    """What ``parse_line`` gives for many lines holding the marker, their pairs rewritten
+    together and decoded by one call.
+
+    Each line's text after the marker starts with the space that separates the pairs, which
+    the rewrite turns into ``","``: so each object starts ``{"v":"1``, the default version, which
+    the line's own ``v=`` (a later key: the last of a repeated key wins) replaces. A line without
+    that space (the marker alone, or followed by other text) spoils the batch's JSON, and then
+    each line is read on its own."""
+    parts = [line.partition("EAGLE3_PROFILE") for line in lines]  # (before the marker, marker, after)
+    joined = "\n".join([rest for _, _, rest in parts])
+    evs = None
+    if '"' not in joined and "\\" not in joined:
+        try:
+            text = joined.encode().replace(b"=", b'":"').replace(b" ", b'","')
+            evs = _decode_profiles(b'[{"v":"1' + text.replace(b"\n", b'"},{"v":"1') + b'"}]')
+        except Exception:  # noqa: BLE001 - some line is unusual: each on its own
+            evs = None
+    if evs is None or len(evs) != len(lines):  # (a line holding "\n" splits)
+        return [parse_line(line) for line in lines]
+    out: list[Event | None] = []
+    heads = prefixes(lines, [head for head, _, _ in parts])
+    for ev, (ts, rank), line, part in zip(evs, heads, lines, parts, strict=True):
+        if ev.ts is None and ev.rank is None:
+            _force_setattr(ev, "ts", ts)
+            _force_setattr(ev, "rank", rank)
+            out.append(ev)
+        else:
+            out.append(_profile_exact(line, part[2][1:], ts, rank))
+    return out
+
+
 def _profile_exact(line: str, rest: str, ts: str | None, rank: str | None) -> Event:
     kv = _pairs(rest)
     fields: dict = {}
@@ -203,7 +160,7 @@ def _profile_exact(line: str, rest: str, ts: str | None, rank: str | None) -> Ev
         conv = _PROFILE_CONV.get(k)
         if conv is None:
             if _KEY.match(k):
-                n = _number(v)
+                n = number(v)
                 extra[k] = v if n is None else n
             continue
         try:
@@ -224,213 +181,10 @@ def _profile_exact(line: str, rest: str, ts: str | None, rank: str | None) -> Ev
     return ProfileWindow(**fields, extra=extra, ts=ts, rank=rank)
 
 
-def _fields(body: str, spec: dict) -> tuple[dict, dict]:
-    """``name: value, name: value`` (a ``_stats_body``) -> (known fields converted, extra fields by name)."""
-    flat = body.replace(": ", ", ").split(", ")
-    if len(flat) % 2 == 0 and body.count(": ") * 2 == len(flat):
-        items = zip(flat[::2], flat[1::2], strict=False)
-    else:
-        items = []
-        for part in body.split(", "):
-            name, sep, v = part.rpartition(": ")
-            if sep:
-                items.append((name, v))
-    known: dict = {}
-    extra: dict = {}
-    for name, v in items:
-        name = name.strip()
-        s = spec.get(name)
-        if s is not None:
-            try:
-                known[s[0]] = s[1](v.strip())
-                continue
-            except (ValueError, OverflowError):
-                pass
-        extra[_field_key(name)] = _value(v.strip())
-    return known, extra
+# ---- NCCL, Uvicorn, failures ---------------------------------------------------------------------------
 
 
-_DECODE_SPEC = {
-    "#running-req": ("running_req", _int),
-    "#token": ("token", _int),
-    "token usage": ("token_usage", _float),
-    "accept len": ("accept_len", _float),
-    "accept rate": ("accept_rate", _float),
-    "cuda graph": ("cuda_graph", _bool),
-    "cpu graph": ("cuda_graph", _bool),
-    "npu graph": ("cuda_graph", _bool),
-    "gen throughput (token/s)": ("gen_throughput", _float),
-    "#queue-req": ("queue_req", _int),
-}
-_PREFILL_SPEC = {
-    "#new-seq": ("new_seq", _int),
-    "#new-token": ("new_token", _int),
-    "#cached-token": ("cached_token", _int),
-    "token usage": ("token_usage", _float),
-    "#running-req": ("running_req", _int),
-    "#queue-req": ("queue_req", _int),
-    "#pending-token": ("pending_token", _int),
-    "cuda graph": ("cuda_graph", _bool),
-    "cpu graph": ("cuda_graph", _bool),
-    "npu graph": ("cuda_graph", _bool),
-    "input throughput (token/s)": ("input_throughput", _float),
-}
-
-
-def _required(t):
-    """``int | None`` -> ``int``."""
-    args = [a for a in typing.get_args(t) if a is not type(None)]
-    return args[0] if len(args) == 1 else t
-
-
-class _Fast:
-    """Fast path for ``name: value, name: value`` lines of one event type.
-
-    The body becomes ``{" name":"value"," name":"value",...}`` through two C-level replaces ("," is
-    the cheaper pattern to replace than ", ", so each name keeps its leading space), and msgspec
-    decodes it into a wire struct whose field names are the log's names; an unknown name is an
-    error, so such lines go to the exact parser, which keeps them in ``extra``. The wire struct holds the
-    event's leading fields (those with a log name) in the event's order; ``__call__`` gives their
-    values as a tuple for the event's constructor, or None when the exact parser must decide.
-    """
-
-    def __init__(self, cls: type, spec: dict, own: tuple[str, ...]):
-        names: dict[str, str] = {}
-        for log_name, (field, _conv) in spec.items():
-            names.setdefault(field, log_name)  # "cpu graph"/"npu graph" take the exact path
-        fields = msgspec.structs.fields(cls)
-        logged = fields[: len(fields) - len(own)]
-        if tuple(f.name for f in fields[len(logged) :]) != own or any(f.name not in names for f in logged):
-            raise ValueError(f"{cls.__name__}: fields with a log name must come first, then {own}")
-        # Types without their "| None": lax mode would read the text "null" as None.
-        wire = msgspec.defstruct(
-            "_Wire" + cls.__name__,
-            [(f.name, _required(f.type), f.default) for f in logged],
-            rename={f.name: " " + names[f.name] for f in logged},
-            forbid_unknown_fields=True,
-        )
-        self.decode = msgspec.json.Decoder(wire, strict=False).decode
-
-    def __call__(self, body: str) -> tuple | None:
-        if '"' in body or "\\" in body:
-            return None
-        try:
-            return _astuple(self.decode('{" ' + body.replace(",", '","').replace(": ", '":"') + '"}'))
-        except Exception:  # noqa: BLE001 - any doubt: the exact parser decides
-            return None
-
-
-_astuple = msgspec.structs.astuple
-_fast_decode = _Fast(DecodeStats, _DECODE_SPEC, ("iteration", "extra", "ts", "rank"))
-_fast_prefill = _Fast(PrefillStats, _PREFILL_SPEC, ("extra", "ts", "rank"))
-
-
-def _stats_body(text: str) -> str:
-    """The fields of a Decode/Prefill batch line: without the ", " or ". " after the marker and
-    the trailing ", " of older releases. Both the fast and the exact path read this."""
-    return text.lstrip(".,").strip().rstrip(",").rstrip().rstrip(",")
-
-
-def _decode(line: str, at: int, fast: bool = True) -> Event:
-    ts, rank = _prefix(line, at)
-    rest = line[at + 12 :]
-    iteration = None
-    if rest.startswith(" ["):
-        close = rest.find("]")
-        if close > 0:
-            n = _number(rest[2:close])
-            iteration = n if isinstance(n, int) else None
-            rest = rest[close + 1 :]
-    body = _stats_body(rest)
-    values = _fast_decode(body) if fast else None
-    if values is not None:
-        return DecodeStats(*values, iteration, {}, ts, rank)
-    known, extra = _fields(body, _DECODE_SPEC)
-    gen = known.pop("gen_throughput", None)
-    if gen is None:
-        return Malformed("Decode batch", "missing gen throughput", line[:500], ts, rank)
-    return DecodeStats(gen, iteration=iteration, extra=extra, ts=ts, rank=rank, **known)
-
-
-def _prefill(line: str, at: int, fast: bool = True) -> Event:
-    ts, rank = _prefix(line, at)
-    body = _stats_body(line[at + 13 :])
-    values = _fast_prefill(body) if fast else None
-    if values is not None:
-        return PrefillStats(*values, {}, ts, rank)
-    known, extra = _fields(body, _PREFILL_SPEC)
-    return PrefillStats(extra=extra, ts=ts, rank=rank, **known)
-
-
-def _error(line: str, category: str, message: str, at: int = 0) -> ServerError:
-    ts, rank = _prefix(line, max(at, 0) + 1 if at >= 0 else len(line))
-    return ServerError(category, message.strip()[:500], ts, rank)
-
-
-_MARKERS = {
-    "profile": "EAGLE3_PROFILE",
-    "decode": "Decode batch",
-    "prefill": "Prefill batch",
-    "vllm_spec": "SpecDecoding metrics",
-    "nccl_env": "NCCL",
-    "nccl_algo": "NCCL",
-}
-
-
-def parse_line(line: str) -> Event | None:
-    """The event one log line describes, or None. Never raises; the work is linear in the line
-    and bounded (only the first MAX_LINE characters are read)."""
-    if len(line) <= MAX_LINE:
-        return _parse_line(line)
-    ev = _parse_line(line[:MAX_LINE])
-    if ev is None or ev.kind not in _MARKERS and ev.kind != "malformed":
-        return ev  # an error or a start-up line: its head is what matters
-    marker = ev.marker if isinstance(ev, Malformed) else _MARKERS[ev.kind]
-    return Malformed(
-        marker,
-        f"line of {len(line)} characters, longer than {MAX_LINE}: not read",
-        line[:500],
-        getattr(ev, "ts", None),
-        getattr(ev, "rank", None),
-    )
-
-
-def _parse_line(line: str) -> Event | None:
-    # `in` before `find`: most lines carry no marker, and `in` is the cheaper question.
-    try:
-        if "EAGLE3_PROFILE" in line:
-            at = line.find("EAGLE3_PROFILE")
-            if line.startswith(" ", at + 14):
-                return _profile(line, at)
-            if not line[at + 14 :].strip():
-                ts, rank = _prefix(line, at)
-                return Malformed("EAGLE3_PROFILE", "marker without key=value pairs", line[:500], ts, rank)
-        if "Decode batch" in line:
-            return _decode(line, line.find("Decode batch"))
-        if "Prefill batch" in line:
-            return _prefill(line, line.find("Prefill batch"))
-        if "NCCL" in line:
-            return _nccl(line)
-        if "Uvicorn running on" in line:
-            at = line.find("Uvicorn running on")
-            m = _UVICORN.search(line, at)
-            ts, rank = _prefix(line, at)
-            return HttpUp(m.group(1), ts, rank) if m else None
-        if "fired up and ready to roll" in line:
-            ts, rank = _prefix(line, line.find("fired up and ready to roll"))
-            return Ready(ts, rank)
-        if _VLLM_SPEC in line:
-            return vllm.spec_line(line, line.find(_VLLM_SPEC))
-        if _VLLM_STATS in line:
-            return vllm.stats_line(line, line.find(_VLLM_STATS))
-        if "rror" in line or "raceback" in line or "out of memory" in line or "ailed" in line or "in use" in line:
-            return _errorish(line)
-        return None
-    except Exception as e:  # noqa: BLE001 - a parser bug must not stop a tail; report it instead
-        return Malformed("?", f"parser error: {type(e).__name__}", line[:500])
-
-
-def _nccl(line: str) -> Event | None:
+def _nccl(line: str, at: int = 0) -> Event | None:
     m = _NCCL_ENV.search(line)
     if m:
         value = m.group(2).rstrip()
@@ -454,8 +208,23 @@ def _nccl(line: str) -> Event | None:
     return None
 
 
+def _http_up(line: str, at: int) -> Event | None:
+    """Uvicorn (the HTTP server both engines run) says where it listens."""
+    m = _UVICORN.search(line, at)
+    ts, rank = prefix(line, at)
+    return HttpUp(m.group(1), ts, rank) if m else None
+
+
+def _error(line: str, category: str, message: str, at: int = 0) -> ServerError:
+    ts, rank = prefix(line, max(at, 0) + 1 if at >= 0 else len(line))
+    return ServerError(category, message.strip()[:500], ts, rank)
+
+
+_ERROR_HINTS = ("rror", "raceback", "out of memory", "ailed", "in use")  # what every failure line below holds
+
+
 def _errorish(line: str) -> Event | None:
-    cause = error_category(line)  # an engine's own wording of a failure
+    cause = engines.error_category(line)  # an engine's own wording of a failure
     if cause is not None:
         m = _EXC.match(line)
         return _error(line, cause, m.group(2) if m else line)
@@ -478,13 +247,151 @@ def _errorish(line: str) -> Event | None:
     return None
 
 
+# ---- dispatch --------------------------------------------------------------------------------------------
+
+# after the probe's line: each engine's lines, then the libraries' (first marker found wins)
+_RULES: tuple[Rule, ...] = (
+    *engines.RULES,
+    Rule("NCCL", _nccl, None, "NCCL"),
+    Rule("Uvicorn running on", _http_up),
+)
+# kinds of measurement: a line too long to read whole is malformed when its head reads as one of
+# these (a failure or a start-up line is kept: its head is what matters)
+_MEASURED = ("profile", "decode", "prefill", "vllm_spec", "nccl_env", "nccl_algo")
+
+
+# The leading rules that read many lines at once: a line holding one of their markers is theirs
+# whatever else it holds (nothing comes before them), so parse_many can hand them their lines.
+_LEAD: list[Rule] = []
+for _r in _RULES:
+    if _r.many is None:
+        break
+    _LEAD.append(_r)
+_LEAD_DISPATCH = tuple((r.marker, r.parse) for r in _LEAD)
+_LEAD_MANY = tuple(r.many for r in _LEAD if r.many is not None)
+_OTHER_DISPATCH = tuple((r.marker, r.parse) for r in _RULES[len(_LEAD) :])
+_OTHERS = tuple(r.marker for r in _RULES[len(_LEAD) :]) + _ERROR_HINTS
+# Lines that describe nothing (most lines of a log) are remembered once their probe and lead
+# markers were looked for: with their digits made 0 (no other marker holds a digit, so a line
+# of the same shape holds the same markers), the next such line costs one lookup.
+_DIGITS = bytes.maketrans(b"123456789", b"000000000")
+_QUIET: set[bytes] = set()
+_QUIET_LINE = 512  # longer lines are not remembered (the memo stays small)
+if any(c.isdigit() for m in _OTHERS for c in m):
+    raise ImportError("a log marker holds a digit: the memo of quiet lines would be wrong")
+
+
+def _quiet(key: bytes) -> None:
+    if len(_QUIET) >= 4096:
+        _QUIET.clear()
+    _QUIET.add(key)
+
+
+def parse_line(line: str) -> Event | None:
+    """The event one log line describes, or None. Never raises; the work is linear in the line
+    and bounded (only the first MAX_LINE characters are read)."""
+    if len(line) <= MAX_LINE:
+        return _parse_line(line)
+    head = line[:MAX_LINE]
+    ev = _parse_line(head)
+    if ev is None or ev.kind not in _MEASURED and ev.kind != "malformed":
+        return ev
+    if isinstance(ev, Malformed):
+        marker = ev.marker
+    elif ev.kind == "profile":
+        marker = "EAGLE3_PROFILE"
+    else:  # the rule that read the head
+        marker = next((r.name for r in _RULES if r.marker in head), None) or "?"
+    return Malformed(
+        marker,
+        f"line of {len(line)} characters, longer than {MAX_LINE}: not read",
+        line[:500],
+        getattr(ev, "ts", None),
+        getattr(ev, "rank", None),
+    )
+
+
+def _parse_line(line: str) -> Event | None:
+    # `in` before `find`: most lines carry no marker, and `in` is the cheaper question.
+    try:
+        if "EAGLE3_PROFILE" in line:
+            at = line.find("EAGLE3_PROFILE")
+            if line.startswith(" ", at + 14):
+                return _profile(line, at)
+            if not line[at + 14 :].strip():
+                ts, rank = prefix(line, at)
+                return Malformed("EAGLE3_PROFILE", "marker without key=value pairs", line[:500], ts, rank)
+        for marker, read in _LEAD_DISPATCH:
+            if marker in line:
+                return read(line, line.find(marker))
+        key = line.encode().translate(_DIGITS) if len(line) <= _QUIET_LINE and line.isascii() else None
+        if key is not None and key in _QUIET:
+            return None
+        for marker, read in _OTHER_DISPATCH:
+            if marker in line:
+                return read(line, line.find(marker))
+        for hint in _ERROR_HINTS:
+            if hint in line:
+                return _errorish(line)
+        if key is not None:
+            _quiet(key)
+        return None
+    except Exception as e:  # noqa: BLE001 - a parser bug must not stop a tail; report it instead
+        return Malformed("?", f"parser error: {type(e).__name__}", line[:500])
+
+
+def parse_many(lines: Sequence[str]) -> list[Event | None]:
+    """``[parse_line(line) for line in lines]``, faster: the lines of each kind the fast paths
+    read are decoded together."""
+    single = parse_line
+    if max(map(len, lines), default=0) > MAX_LINE:
+        return [single(line) for line in lines]
+    out: list[Event | None] = [None] * len(lines)
+    profile: list[int] = []
+    groups: tuple[tuple[str, list[int]], ...] = tuple((r.marker, []) for r in _LEAD)
+    others = _OTHERS
+    quiet = _QUIET
+    for i, line in enumerate(lines):
+        if "EAGLE3_PROFILE" in line:
+            profile.append(i)
+            continue
+        for marker, group in groups:
+            if marker in line:
+                group.append(i)
+                break
+        else:  # (the memo of quiet lines: see _QUIET)
+            key = line.encode().translate(_DIGITS) if len(line) <= _QUIET_LINE and line.isascii() else None
+            if key in quiet:
+                continue
+            for marker in others:
+                if marker in line:
+                    out[i] = single(line)
+                    break
+            else:
+                if key is not None:
+                    _quiet(key)
+    readers = zip((profile, *(where for _, where in groups)), (_profile_many, *_LEAD_MANY), strict=True)
+    for where, many in readers:
+        if not where:
+            continue
+        mine = [lines[i] for i in where]
+        try:
+            evs = many(mine)
+        except Exception:  # noqa: BLE001 - a bug in a batch reader: each line on its own, which reports it
+            evs = [single(line) for line in mine]
+        for i, ev in zip(where, evs, strict=True):
+            out[i] = ev
+    return out
+
+
+CHUNK = 256  # lines parse_lines reads at a time (larger texts to rewrite cost more a line)
+
+
 def parse_lines(lines: Iterable[str]) -> Iterator[Event]:
     """Events of many lines, in order (lines that describe nothing are skipped)."""
-    parse = parse_line
-    for line in lines:
-        ev = parse(line)
-        if ev is not None:
-            yield ev
+    it = iter(lines)
+    while chunk := list(islice(it, CHUNK)):
+        yield from filter(None, parse_many(chunk))  # (an event is never false)
 
 
 def summarize(events: Iterable[Event]) -> dict:

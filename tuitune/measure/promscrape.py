@@ -16,17 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tuitune.base.events import MetricsWindow
+from tuitune.engines import sglang as S
 from tuitune.engines import vllm as V
 
-SGLANG_GAUGES = {
-    "sglang:gen_throughput": "gen_tok_s",
-    "sglang:spec_accept_length": "accept_len",
-    "sglang:spec_accept_rate": "accept_rate",
-    "sglang:num_running_reqs": "running_req",
-    "sglang:num_queue_reqs": "queue_req",
-}
-VLLM_COUNTERS = (V.NUM_DRAFTS, V.NUM_DRAFT_TOKENS, V.NUM_ACCEPTED, V.GENERATION_TOKENS)
-VLLM_GAUGES = {V.RUNNING: "running_req", V.WAITING: "queue_req"}
+# the metric names are the engines' (Engine.counters, gauges, per_position_metric)
+SGLANG_GAUGES = S.SGLang.gauges
+VLLM_COUNTERS = tuple(V.VLLM.counters)
+VLLM_GAUGES = V.VLLM.gauges
 # A real page is mostly histograms tuitune does not read; prometheus_client's parser is pure Python,
 # so only the lines of the families read here are handed to it (a startswith test with C-level speed)
 _NAMES = (*SGLANG_GAUGES, *VLLM_COUNTERS, *VLLM_GAUGES, V.ACCEPTED_PER_POS)

@@ -22,7 +22,8 @@ from pydantic import (
 )
 
 from tuitune import engines
-from tuitune.engines import speculative
+from tuitune.engines import sglang
+from tuitune.engines.base import Resolved
 from tuitune.preset import nccl
 
 SIM_MODULE = "tuitune.sim"
@@ -257,7 +258,7 @@ class Speculative(_Model):
     def _rules(self) -> Speculative:
         if self.draft_model_path is not None:
             _no_control(self.draft_model_path)
-        if self.algorithm in speculative.MODEL_FREE and self.draft_model_path is not None:
+        if self.algorithm in sglang.MODEL_FREE and self.draft_model_path is not None:
             raise ValueError(
                 f"draft_model_path: {self.algorithm} drafts from the request's own tokens, with no draft model; remove it"
             )
@@ -279,12 +280,12 @@ class Speculative(_Model):
                 raise ValueError(f"adaptive_config needs eagle_topk 1 (SGLang adapts chains only; got {r.eagle_topk})")
         return self
 
-    def resolved(self) -> speculative.Resolved:
+    def resolved(self) -> Resolved:
         if self.num_speculative_tokens is not None:  # vLLM's chain: K drafted, K + 1 verified
-            return speculative.Resolved(self.algorithm, self.num_speculative_tokens, 1, self.num_speculative_tokens + 1)
+            return Resolved(self.algorithm, self.num_speculative_tokens, 1, self.num_speculative_tokens + 1)
         if self.algorithm == "SUFFIX":  # vLLM's suffix decoding picks its length per request
-            return speculative.Resolved(self.algorithm, None, None, None)
-        return speculative.resolve(
+            return Resolved(self.algorithm, None, None, None)
+        return sglang.resolve(
             self.algorithm,
             self.num_steps,
             self.eagle_topk,

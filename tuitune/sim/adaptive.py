@@ -15,8 +15,6 @@ from __future__ import annotations
 import bisect
 import json
 
-from tuitune.decide.advise import check_adaptive
-
 # SGLang 0.5.23's schedule when --speculative-adaptive comes without a config file (FACTS §7)
 DEFAULT = {
     "1": {"candidate_steps": [1, 3, 5, 7], "down_hysteresis": -0.25},
@@ -24,6 +22,32 @@ DEFAULT = {
     "32": {"candidate_steps": [0, 1], "down_hysteresis": 0.0},
     "64": {"candidate_steps": [0], "down_hysteresis": 0.0},
 }
+
+
+def load_config(config) -> dict[int, list[int]]:
+    """The batch-size buckets of a schedule, read as SGLang 0.5.23's loader reads the file
+    (``adaptive_spec_params._load_adaptive_config``): a JSON object; keys made of digits are
+    batch sizes, any other key a setting shared by every bucket; each bucket an object whose
+    ``candidate_steps`` is a non-empty list of integers >= 0; at least one bucket. ValueError
+    (one sentence) for a file SGLang refuses. The simulator's own reading: it plays the server."""
+    if not isinstance(config, dict):
+        raise ValueError(f"an adaptive config must be a JSON object, got {type(config).__name__}")
+    buckets: dict[int, list[int]] = {}
+    for key, entry in config.items():
+        if not (isinstance(key, str) and key.isdigit()):
+            continue
+        steps = entry.get("candidate_steps") if isinstance(entry, dict) else None
+        if not isinstance(steps, list) or not steps or any(type(x) is not int or x < 0 for x in steps):
+            raise ValueError(  # (type(x) is int: a bool is no step count)
+                f"batch size {key}: candidate_steps must be a non-empty list of integers >= 0 (got {steps!r})"
+            )
+        buckets[int(key)] = steps
+    if not buckets:
+        raise ValueError(
+            "an adaptive config needs at least one batch-size key made of digits, "
+            'e.g. {"1": {"candidate_steps": [1, 3]}}'
+        )
+    return buckets
 
 
 def from_args(ns) -> AdaptiveSteps | None:
@@ -86,7 +110,7 @@ class AdaptiveSteps:
     """Routes a batch to its bucket; ``steps_for`` says the steps in force for that batch size."""
 
     def __init__(self, config: dict, initial_steps: int):
-        check_adaptive(config)
+        load_config(config)
         shared = {k: v for k, v in config.items() if not k.isdigit()}
         self.buckets = {
             int(k): _Bucket(e["candidate_steps"], {**shared, **e}, initial_steps)

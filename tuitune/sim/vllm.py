@@ -488,12 +488,11 @@ class VllmSimulator(Simulator):
 
 
 class Metrics:
-    """vLLM's Prometheus metrics, kept by prometheus_client as vLLM keeps them."""
+    """vLLM's Prometheus metrics, kept by prometheus_client as vLLM keeps them, under the names vLLM
+    0.33.0 declares (spelled here: the simulator plays the server and reads nothing of tuitune)."""
 
     def __init__(self, model_name: str, k: int):
         import prometheus_client as pc
-
-        from tuitune.engines import vllm as names
 
         self.pc = pc
         self.registry = pc.CollectorRegistry()
@@ -502,21 +501,24 @@ class Metrics:
         def counter(name: str, doc: str):
             return pc.Counter(name, doc, labels, registry=self.registry).labels(*values)
 
-        self.generation = counter(names.GENERATION_TOKENS, "Number of generation tokens processed.")
+        self.generation = counter("vllm:generation_tokens", "Number of generation tokens processed.")
         self.prompt = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.running = pc.Gauge(
-            names.RUNNING, "Number of requests in model execution batches.", labels, registry=self.registry
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            labels,
+            registry=self.registry,
         ).labels(*values)
         self.waiting = pc.Gauge(
-            names.WAITING, "Number of requests waiting to be processed.", labels, registry=self.registry
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", labels, registry=self.registry
         ).labels(*values)
         self.k = k
         if k:
-            self.drafts = counter(names.NUM_DRAFTS, "Number of spec decoding drafts.")
-            self.draft_tokens = counter(names.NUM_DRAFT_TOKENS, "Number of draft tokens.")
-            self.accepted = counter(names.NUM_ACCEPTED, "Number of accepted tokens.")
+            self.drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
+            self.draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
+            self.accepted = counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
             per_pos = pc.Counter(
-                names.ACCEPTED_PER_POS,
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
                 "Accepted tokens per draft position.",
                 labels + ["position"],
                 registry=self.registry,

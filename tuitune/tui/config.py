@@ -1,8 +1,9 @@
 """Config panel: speculative settings, key server flags, every NCCL variable of the catalogue.
 
 The panel only collects values and shows inline errors; the rules live in the core
-(``nccl.check``, ``speculative.resolve``, ``preset.with_changes``). It posts ``Edited`` with the
-dotted-path changes against the preset it was loaded with.
+(``nccl.check``, ``engines.sglang.resolve``, ``preset.with_changes``). The algorithms and server
+flags offered are the loaded preset's engine's (``Engine.algorithms``, ``Engine.editable_flags``).
+It posts ``Edited`` with the dotted-path changes against the preset it was loaded with.
 """
 
 from __future__ import annotations
@@ -12,14 +13,21 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Checkbox, Input, Label, Select, Static
 
-from tuitune.engines import speculative
+from tuitune import engines
+from tuitune.engines import sglang
+from tuitune.engines.base import Engine, Flag
 from tuitune.preset import Preset, PresetError, nccl, with_changes
 
-ALGORITHMS = [("none (baseline)", "none")] + [(a, a) for a in speculative.ALGORITHMS]
-SERVER_FLAGS = (
-    ("num-continuous-decode-steps", "cont. decode steps", "int"),
-    ("mem-fraction-static", "mem fraction static", "float"),
-)
+NONE = ("none (baseline)", "none")
+# every engine's editable flags, one row each (a text box, or a checkbox for a bare flag); a
+# preset shows its engine's rows only
+FLAGS: tuple[Flag, ...] = tuple({f.name: f for e in engines.ENGINES.values() for f in e.editable_flags}.values())
+BOXES = tuple(f for f in FLAGS if f.kind != "bool")
+CHECKS = tuple(f for f in FLAGS if f.kind == "bool")
+
+
+def algorithms(engine: Engine) -> list[tuple[str, str]]:
+    return [NONE] + [(a, a) for a in engine.algorithms]
 
 
 def _wid(name: str) -> str:
@@ -69,13 +77,14 @@ class ConfigPanel(VerticalScroll):
         super().__init__(**kw)
         self.base: Preset | None = None
         self.errors: dict[str, str] = {}
+        self.engine: Engine = engines.get("sglang")  # the loaded preset's
 
     def compose(self) -> ComposeResult:
         yield Static("", id="diff")
         yield Static("speculative", classes="section")
         with Horizontal(classes="row"):
             yield Label("algorithm")
-            yield Select(ALGORITHMS, allow_blank=False, value="none", id="spec-algorithm")
+            yield Select(algorithms(engines.get("sglang")), allow_blank=False, value="none", id="spec-algorithm")
         for key, label in (("num_steps", "steps"), ("eagle_topk", "topk"), ("num_draft_tokens", "draft tokens")):
             with Horizontal(classes="row"):
                 yield Label(label, id=f"label-{_wid(key)}")
@@ -84,11 +93,14 @@ class ConfigPanel(VerticalScroll):
         yield Static("", id="spec-derived", classes="derived")
         yield Static("", id="spec-error", classes="error -empty")
         yield Static("server", classes="section")
-        for flag, label, kind in SERVER_FLAGS:
-            with Horizontal(classes="row"):
-                yield Label(label)
-                yield Input(id=f"flag-{flag}", type="integer" if kind == "int" else "number", valid_empty=True)
-        yield GlyphCheckbox("disable custom all-reduce", id="flag-disable-custom-all-reduce")
+        for flag in BOXES:
+            with Horizontal(classes="row", id=f"row-{flag.name}"):
+                yield Label(flag.label)
+                yield Input(
+                    id=f"flag-{flag.name}", type="integer" if flag.kind == "int" else "number", valid_empty=True
+                )
+        for flag in CHECKS:
+            yield GlyphCheckbox(flag.label, id=f"flag-{flag.name}")
         yield Static("", id="flag-error", classes="error -empty")
         yield Static("NCCL (checked = set)", classes="section")
         for var in nccl.CATALOGUE.values():
@@ -107,6 +119,18 @@ class ConfigPanel(VerticalScroll):
 
     def on_mount(self) -> None:
         self.border_title = "config"
+        self._offer(self.engine)
+
+    def _offer(self, engine: Engine) -> None:
+        """Offer ``engine``'s algorithms and flags (its rows shown, the others' hidden)."""
+        if engine is not self.engine:
+            self.engine = engine
+            self.query_one("#spec-algorithm", Select).set_options(algorithms(engine))
+        mine = {f.name for f in engine.editable_flags}
+        for flag in BOXES:
+            self.query_one(f"#row-{flag.name}").display = flag.name in mine
+        for flag in CHECKS:
+            self.query_one(f"#flag-{flag.name}").display = flag.name in mine
 
     # ---- load ---------------------------------------------------------------------------
     def load(self, preset: Preset) -> None:
@@ -114,6 +138,8 @@ class ConfigPanel(VerticalScroll):
         self.base = preset
         with self.prevent(Input.Changed, Select.Changed, Checkbox.Changed):
             sp = preset.speculative if preset.is_speculative else None
+            if preset.engine is not self.engine:
+                self._offer(preset.engine)
             self.query_one("#spec-algorithm", Select).value = sp.algorithm if sp else "none"
             chain = self._chain
             for key in ("num_steps", "eagle_topk", "num_draft_tokens"):
@@ -124,12 +150,11 @@ class ConfigPanel(VerticalScroll):
                 box.disabled = chain and key != "num_steps"
             self.query_one("#label-num-steps", Label).update("spec tokens" if chain else "steps")
             args = preset.server.args
-            for flag, _, _ in SERVER_FLAGS:
-                v = args.get(flag)
-                self.query_one(f"#flag-{flag}", Input).value = "" if v is None else str(v)
-            self.query_one("#flag-disable-custom-all-reduce", Checkbox).value = bool(
-                args.get("disable-custom-all-reduce", False)
-            )
+            for flag in BOXES:
+                v = args.get(flag.name)
+                self.query_one(f"#flag-{flag.name}", Input).value = "" if v is None else str(v)
+            for flag in CHECKS:
+                self.query_one(f"#flag-{flag.name}", Checkbox).value = bool(args.get(flag.name, False))
             for var in nccl.CATALOGUE.values():
                 w = _wid(var.name)
                 value = preset.env.get(var.name)
@@ -176,7 +201,7 @@ class ConfigPanel(VerticalScroll):
         else:
             draft_path = sp.draft_model_path if sp else None
             try:
-                speculative.resolve(algo, steps, topk, draft, draft_path)
+                sglang.resolve(algo, steps, topk, draft, draft_path)
                 want = {"algorithm": algo, "num_steps": steps, "eagle_topk": topk, "num_draft_tokens": draft}
                 have = {k: getattr(sp, k) if sp else None for k in want}
                 for k, v in want.items():
@@ -184,20 +209,22 @@ class ConfigPanel(VerticalScroll):
                         changes[f"speculative.{k}"] = v
             except ValueError as e:
                 errors["speculative"] = str(e)
-        for flag, _, kind in SERVER_FLAGS:
-            text = self.query_one(f"#flag-{flag}", Input).value.strip()
+        for flag in self.engine.editable_flags:
+            if flag.kind == "bool":
+                on = self.query_one(f"#flag-{flag.name}", Checkbox).value
+                if on != bool(base.server.args.get(flag.name, False)):
+                    changes[f"server.args.{flag.name}"] = True if on else None
+                continue
+            text = self.query_one(f"#flag-{flag.name}", Input).value.strip()
             value = None
             if text:
                 try:
-                    value = int(text) if kind == "int" else float(text)
+                    value = int(text) if flag.kind == "int" else float(text)
                 except ValueError:
-                    errors[flag] = f"{flag}: {text!r} is not a number"
+                    errors[flag.name] = f"{flag.name}: {text!r} is not a number"
                     continue
-            if value != base.server.args.get(flag):
-                changes[f"server.args.{flag}"] = value
-        dcar = self.query_one("#flag-disable-custom-all-reduce", Checkbox).value
-        if dcar != bool(base.server.args.get("disable-custom-all-reduce", False)):
-            changes["server.args.disable-custom-all-reduce"] = True if dcar else None
+            if value != base.server.args.get(flag.name):
+                changes[f"server.args.{flag.name}"] = value
         for var in nccl.CATALOGUE.values():
             w = _wid(var.name)
             on = self.query_one(f"#set-{w}", Checkbox).value
@@ -222,7 +249,7 @@ class ConfigPanel(VerticalScroll):
 
     @property
     def _chain(self) -> bool:
-        return self.base is not None and self.base.server.engine == "vllm"
+        return self.base is not None and self.engine.topks == (1,)  # the engine drafts chains only
 
     def _show_derived(self) -> None:
         topk = self._int("#spec-eagle-topk")
@@ -248,7 +275,7 @@ class ConfigPanel(VerticalScroll):
         changes, errors = self.collect()
         self.errors = errors
         self._error("#spec-error", errors.get("speculative", ""))
-        self._error("#flag-error", " ".join(v for k, v in errors.items() if k in {f for f, _, _ in SERVER_FLAGS}))
+        self._error("#flag-error", " ".join(v for k, v in errors.items() if k in {f.name for f in FLAGS}))
         for var in nccl.CATALOGUE.values():
             self._error(f"#err-{_wid(var.name)}", errors.get(var.name, ""))
         self._show_derived()
