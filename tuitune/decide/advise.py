@@ -296,7 +296,7 @@ def _pct(x: float | None) -> str:
 
 
 def format_advice(
-    model: CostModel, advices: list[Advice], top: int = 5, describe: Callable[[Config], str] = Config.label.fget
+    model: CostModel, advices: list[Advice], top: int = 5, describe: Callable[[Config], str] = lambda c: c.label
 ) -> str:
     """The advice as text; ``describe`` names a configuration in the engine's words."""
     s = model.summary()

@@ -34,9 +34,11 @@ import types
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import msgspec
+
+BenchApi = Literal["native", "openai"]  # SGLang's /generate, or the OpenAI /v1/completions
 
 # Failure causes the parser can tell apart, most telling first (control picks the first present).
 CAUSE_ORDER = ("oom", "nccl", "bad_argument", "model_not_found", "port_in_use", "init_failed", "exception", "traceback")
@@ -183,7 +185,7 @@ class Engine:
         """The model name the OpenAI API expects in requests (None: the server takes any)."""
         return None
 
-    def default_bench_api(self) -> str:
+    def default_bench_api(self) -> BenchApi:
         return "native"
 
     def probe_check_args(self) -> list[str]:

@@ -26,7 +26,7 @@ import json
 import re
 
 from tuitune.base.events import DecodeStats, Event, Malformed, VllmSpec
-from tuitune.engines.base import NO_PREFIX, Engine, Flag, Rule
+from tuitune.engines.base import NO_PREFIX, BenchApi, Engine, Flag, Rule
 
 SPEC_MARKER = "SpecDecoding metrics: "
 STATS_MARKER = "Avg prompt throughput: "
@@ -254,7 +254,7 @@ class VLLM(Engine):
         name = preset.server.args.get("served-model-name") or preset.server.args.get("model")
         return str(name).split()[0] if name else None
 
-    def default_bench_api(self) -> str:
+    def default_bench_api(self) -> BenchApi:
         return "openai"  # vLLM has no /generate
 
 

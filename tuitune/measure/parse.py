@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
+from typing import Any
 
 import msgspec
 
@@ -60,7 +61,7 @@ PROFILE_REQUIRED = ("draft_ms", "verify_ms", "extend_ms", "accept_len")
 
 # ---- the probe's EAGLE3_PROFILE line (profile-format.md) ---------------------------------------------
 
-_PROFILE_CONV = {
+_PROFILE_CONV: dict[str, Callable[[str], Any]] = {
     **{
         k: as_float
         for k in (
