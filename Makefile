@@ -26,6 +26,7 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-test
 	-$(BIN)/python tests/vllm_cli.py  # vLLM's real command line for tests/test_vllm_parser.py (once)
+	$(BIN)/python tests/real_vllm.py  # the real vLLM CPU engine and tiny models for tests/test_real_vllm.py (once)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
 
 screenshots: $(VENV)/.installed-test
