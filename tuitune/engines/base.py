@@ -43,6 +43,8 @@ class Engine:
     sim_dialect: str | None = None
     # draft tree widths this engine runs (1 = a chain): the space advise and tune search
     topks: tuple[int, ...] = (1, 2, 4, 8)
+    # the server.args key naming the model to serve (a path on the target or a hub id)
+    model_arg = ""
 
     def launch_args(self, preset) -> list[str]:
         """The server's argv after ``-m MODULE``."""
@@ -80,6 +82,11 @@ class Engine:
     def served_model(self, preset) -> str | None:
         """The model name the OpenAI API expects in requests (None: the server takes any)."""
         return None
+
+    def model_path(self, preset) -> str | None:
+        """The model the preset serves, as its ``server.args`` name it (None: not set)."""
+        v = preset.server.args.get(self.model_arg) if self.model_arg else None
+        return v if isinstance(v, str) and v else None
 
     def default_bench_api(self) -> str:
         return "native"

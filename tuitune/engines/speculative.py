@@ -72,3 +72,27 @@ def resolve(
     if num_draft_tokens < 2:
         raise ValueError(f"num_draft_tokens must be >= 2 (got {num_draft_tokens})")
     return Resolved(algorithm, num_steps, eagle_topk, num_draft_tokens, tuple(derived), tuple(adjusted))
+
+
+def hidden_size(config: dict) -> int | None:
+    """A model's hidden size from its config.json (a multimodal wrapper's text model's)."""
+    c = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    v = c.get("hidden_size")
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def draft_misfit(target_config: dict, draft_config: dict) -> str | None:
+    """Why an EAGLE / EAGLE-3 draft cannot run on a target, from the two config.json files, or None.
+
+    The draft's first layer reads the target's hidden states: it expects them of size
+    ``target_hidden_size`` (its own ``hidden_size`` when absent; SGLang's and vLLM's llama_eagle3
+    read it so), and the target produces its ``hidden_size``. A mismatch is not caught at load time
+    (vLLM 0.32 reports ready, then its worker dies at the first decode)."""
+    target = hidden_size(target_config)
+    key = "target_hidden_size" if isinstance(draft_config.get("target_hidden_size"), int) else "hidden_size"
+    expects = draft_config.get(key)
+    if target is None or not isinstance(expects, int) or expects == target:
+        return None
+    return (
+        f"the draft expects the target's hidden size to be {expects} (its config.json {key}), the target's is {target}"
+    )

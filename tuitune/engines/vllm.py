@@ -71,6 +71,7 @@ class VLLM(Engine):
     label = "vLLM"
     default_module = "vllm.entrypoints.cli.main"  # what the `vllm` console script runs
     default_port = 8000
+    model_arg = "model"
     reserved_args = {"port": "server.port", "speculative-config": "speculative", "sc": "speculative"}
     phases = (
         ("Starting to load model", "loading weights"),

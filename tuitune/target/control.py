@@ -28,6 +28,7 @@ from tuitune.base import redact
 from tuitune.base.aio import cancel_and_wait
 from tuitune.base.events import Event, ServerError
 from tuitune.engines import CAUSE_ORDER, CAUSE_TEXT
+from tuitune.engines.speculative import draft_misfit
 from tuitune.measure.parse import parse_line
 from tuitune.target.tail import LogTail
 from tuitune.target.transport import Transport, TransportError
@@ -458,6 +459,7 @@ class ServerControl:
             )
         if not r.ok:
             raise ControlError(f"{self.t.label}: cannot run {p.python()}: {r.stderr.strip()[:200]}", 2)
+        await self._check_draft_fits()
         known = await self.server_flags()
         unknown = [f for f in p.flag_names() if f not in known]
         if unknown:
@@ -485,6 +487,31 @@ class ServerControl:
                     f"did not start; stop it (or `tuitune stop PRESET --pid PID`) first",
                     2,
                 )
+
+    async def _check_draft_fits(self) -> None:
+        """An EAGLE / EAGLE-3 draft whose hidden size is not the target's, both local directories
+        on the target: refused with both sizes (unreadable configs, hub ids: not checked here)."""
+        p = self.preset
+        s = p.speculative
+        model = p.engine.model_path(p)
+        if s is None or s.algorithm not in ("EAGLE", "EAGLE3") or not s.draft_model_path or not model:
+            return
+        configs = []
+        for d in (model, s.draft_model_path):
+            r = await self.t.run(f"cat -- {P.shell_path(d.rstrip('/') + '/config.json')}", timeout=30)
+            try:
+                configs.append(json.loads(r.stdout) if r.ok else None)
+            except ValueError:
+                configs.append(None)
+        if not all(isinstance(c, dict) for c in configs):
+            return
+        why = draft_misfit(configs[0], configs[1])
+        if why:
+            raise ControlError(
+                f"speculative.draft_model_path {s.draft_model_path} does not fit the model {model} on "
+                f"{self.t.label}: {why}; refusing to relaunch",
+                2,
+            )
 
     # ---- start / stop --------------------------------------------------------------------
     async def start(self) -> ServerRecord:
