@@ -10,13 +10,24 @@ Engine methods take the preset as an argument (duck-typed: this layer sits below
 from __future__ import annotations
 
 # Failure causes the parser can tell apart, most telling first (control picks the first present).
-CAUSE_ORDER = ("oom", "nccl", "bad_argument", "model_not_found", "port_in_use", "init_failed", "exception", "traceback")
+CAUSE_ORDER = (
+    "oom",
+    "nccl",
+    "bad_argument",
+    "model_not_found",
+    "port_in_use",
+    "engine_died",
+    "init_failed",
+    "exception",
+    "traceback",
+)
 CAUSE_TEXT = {
     "oom": "out of memory",
     "nccl": "NCCL error",
     "bad_argument": "bad argument",
     "model_not_found": "model not found",
     "port_in_use": "port in use",
+    "engine_died": "an engine process died",
     "init_failed": "initialization failed",
     "exception": "exception",
     "traceback": "exception",

@@ -63,6 +63,10 @@ ERRORS = (
     ("Invalid repository ID or local directory specified", "model_not_found"),
     ("validation error for SpeculativeConfig", "bad_argument"),
     ("validation errors for SpeculativeConfig", "bad_argument"),
+    # the API server's words once its engine core is gone (killed, crashed), and the engine core's
+    # once its worker is (a segfault in a kernel leaves no other line: a draft that does not fit)
+    ("EngineDeadError", "engine_died"),
+    ("died unexpectedly", "engine_died"),
 )
 
 
@@ -191,6 +195,12 @@ class VLLM(Engine):
 
 
 # ---- log lines ------------------------------------------------------------------------------------
+
+
+def message(line: str) -> str:
+    """The line without vLLM's logger prefix (the whole line when it has none)."""
+    m = _PREFIX.search(line)
+    return line[m.end() :] if m else line
 
 
 def prefix(line: str, end: int) -> tuple[str | None, str | None]:

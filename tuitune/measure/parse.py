@@ -422,7 +422,14 @@ def _parse_line(line: str) -> Event | None:
             return vllm.spec_line(line, line.find(_VLLM_SPEC))
         if _VLLM_STATS in line:
             return vllm.stats_line(line, line.find(_VLLM_STATS))
-        if "rror" in line or "raceback" in line or "out of memory" in line or "ailed" in line or "in use" in line:
+        if (
+            "rror" in line
+            or "raceback" in line
+            or "out of memory" in line
+            or "ailed" in line
+            or "in use" in line
+            or "died" in line
+        ):
             return _errorish(line)
         return None
     except Exception as e:  # noqa: BLE001 - a parser bug must not stop a tail; report it instead
@@ -456,8 +463,9 @@ def _nccl(line: str) -> Event | None:
 def _errorish(line: str) -> Event | None:
     cause = error_category(line)  # an engine's own wording of a failure
     if cause is not None:
-        m = _EXC.match(line)
-        return _error(line, cause, m.group(2) if m else line)
+        text = vllm.message(line)  # without vLLM's logger prefix, if it has one
+        m = _EXC.match(text)
+        return _error(line, cause, m.group(2) if m else text)
     if "Traceback (most recent call last)" in line:
         return _error(line, "traceback", "Traceback (most recent call last)", line.find("Traceback"))
     if "CUDA out of memory" in line or "OutOfMemoryError" in line:
