@@ -347,44 +347,40 @@ def test_status_sees_no_drift_on_what_it_launched_and_drift_on_another_k(served)
 
 def test_bench_agrees_with_an_independent_client_interleaved(served):
     """`tuitune bench PRESET` (the whole command: its session, log tail and /metrics scrape running)
-    against a plain http.client loop, same prompts, same formula, interleaved A B B A … on the same
-    server; the medians of all their requests within 5 %."""
+    against a plain http.client loop: same prompts in the same order, same formula, interleaved
+    A B B A … on the same server. Request i of a tuitune batch is paired with request i (the same
+    prompt) of the independent batch next to it, so that the machine's drift (2 cores shared with
+    other work) cancels: the median of the paired ratios within 5 %."""
     n, max_tokens = 6, 128
-    mine: list[float] = []
-    theirs: list[float] = []
+    rounds: list[tuple[list[float], list[float]]] = []
     for rnd in range(4):
-        order = ("tuitune", "independent") if rnd % 2 == 0 else ("independent", "tuitune")
-        for who in order:
+        got: dict[str, list[float]] = {}
+        for who in ("tuitune", "independent") if rnd % 2 == 0 else ("independent", "tuitune"):
             if who == "tuitune":
                 out = served.home / f"bench-{rnd}.json"
-                r = tt(
-                    served.home,
-                    "bench",
-                    str(served.k2),
-                    "--requests",
-                    str(n),
-                    "--warmup",
-                    "1",
-                    "--max-tokens",
-                    str(max_tokens),
-                    "--json",
-                    str(out),
-                    timeout=300,
-                )
+                args = ["bench", str(served.k2), "--requests", str(n), "--warmup", "1"]
+                r = tt(served.home, *args, "--max-tokens", str(max_tokens), "--json", str(out), timeout=300)
                 assert r.returncode == 0, r.stdout + r.stderr
                 res = json.loads(out.read_text())["results"]
-                assert all(x["ok"] for x in res), res
-                mine += [x["decode_tok_s"] for x in res]
+                assert all(x["ok"] and x["completion_tokens"] == max_tokens for x in res), res
+                got[who] = [x["decode_tok_s"] for x in res]
             else:
                 independent_request(served.port, served.model, PROMPTS[0], max_tokens)  # warm-up, as bench's
-                for i in range(n):
+                got[who] = []
+                for i in range(n):  # bench's prompts: the list from its warm-up on
                     tok_s, count = independent_request(
                         served.port, served.model, PROMPTS[(1 + i) % len(PROMPTS)], max_tokens
                     )
                     assert count == max_tokens
-                    theirs.append(tok_s)
-    a, b = statistics.median(mine), statistics.median(theirs)
-    assert abs(a / b - 1) < 0.05, f"tuitune bench {a:.1f} vs independent {b:.1f} tok/s ({mine} vs {theirs})"
+                    got[who].append(tok_s)
+        rounds.append((got["tuitune"], got["independent"]))
+    ratios = [a / b for mine, theirs in rounds for a, b in zip(mine, theirs, strict=True)]
+    ratio = statistics.median(ratios)
+    pooled = statistics.median([a for m, _ in rounds for a in m]), statistics.median([b for _, t in rounds for b in t])
+    assert abs(ratio - 1) < 0.05, (
+        f"tuitune bench / independent = {ratio:.3f} (median of {len(ratios)} pairs); medians "
+        f"{pooled[0]:.1f} vs {pooled[1]:.1f} tok/s; rounds {rounds}"
+    )
 
 
 def test_probe_runs_inside_the_real_worker(served):
@@ -402,7 +398,9 @@ def test_probe_runs_inside_the_real_worker(served):
         assert w.draft_ms > 0 and w.verify_ms > 0
         assert w.draft_ms + w.verify_ms + w.extend_ms + (w.other_ms or 0) == pytest.approx(w.cycle_ms, abs=0.01)
         assert w.accept_len == pytest.approx(1.0)
-        assert w.sync == "host"  # no CUDA events on a CPU: the host clock, and the line says so
+        # no CUDA events on a CPU: the host clock, and the line says so ("host" today; LEAD: the vllmfix
+        # branch names it "cpu" on a CPU engine; keep only that once it is merged)
+        assert w.sync in ("host", "cpu"), w.sync
     line = next(ln for ln in served.log.read_text().splitlines()[::-1] if "EAGLE3_PROFILE" in ln)
     assert line.startswith("(Worker pid="), line  # printed by the worker process, not the API server
     spec = [e for e in events if isinstance(e, VllmSpec) and e.drafted]
@@ -564,14 +562,14 @@ def test_sweep_over_num_speculative_tokens(served):
     )
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
-    ks = set()
+    base = [row for row in rows if row["kind"] == "baseline"]
+    (k3,) = [row for row in rows if row["kind"] == "config"]
+    assert len(base) == 2, rows  # measured before and after the trial: drift would show
+    assert k3["changes"] == {"speculative.num_speculative_tokens": 3}, k3
     for row in rows:
-        flat = json.dumps(row)
-        m = re.search(r'"speculative\.num_speculative_tokens":\s*(\d+)', flat)
-        if m:
-            ks.add(int(m.group(1)))
-    assert {1, 3} <= ks, rows
-    assert re.search(r"\d+\.\d", r.stdout), r.stdout
+        assert row["status"] == "ok" and row["failed"] == 0 and row["tok_s_median"] > 0, row
+    # each launch profiled for real: 3 drafted and 4 verified tokens a cycle cost more than 1 and 2
+    assert k3["cycle_ms"] > max(b["cycle_ms"] for b in base), rows
 
 
 def test_tune_on_the_real_engine(served):
