@@ -683,6 +683,18 @@ def test_missing_model_directory_is_named(engine, tmp_path):
     assert str(missing) in cause and re.search(r"does not exist|not found|no such", cause, re.I), cause
 
 
+def test_draft_fit_rule():
+    """The rule the preflight applies (vLLM's and SGLang's llama_eagle3 read the target's hidden states
+    at the draft's target_hidden_size, its own hidden_size when absent)."""
+    from tuitune.engines.speculative import draft_misfit
+
+    assert draft_misfit({"hidden_size": 512}, {"hidden_size": 512}) is None
+    assert "256" in draft_misfit({"hidden_size": 512}, {"hidden_size": 256})
+    assert draft_misfit({"hidden_size": 7168}, {"hidden_size": 4096, "target_hidden_size": 7168}) is None
+    assert "4096" in draft_misfit({"text_config": {"hidden_size": 7168}}, {"hidden_size": 4096})
+    assert draft_misfit({}, {"hidden_size": 256}) is None  # unknown: not refused
+
+
 def test_draft_that_does_not_fit_the_target(engine, tmp_path):
     """A draft whose hidden size (256) is not the target's (512): vLLM loads it, reports ready, and its
     worker dies at the first decode with no word in the log. tuitune says so before launching."""

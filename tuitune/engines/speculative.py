@@ -76,8 +76,8 @@ def resolve(
 
 def hidden_size(config: dict) -> int | None:
     """A model's hidden size from its config.json (a multimodal wrapper's text model's)."""
-    c = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    v = c.get("hidden_size")
+    text = config.get("text_config")
+    v = (text if isinstance(text, dict) else config).get("hidden_size")
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 

@@ -496,15 +496,16 @@ class ServerControl:
         model = p.engine.model_path(p)
         if s is None or s.algorithm not in ("EAGLE", "EAGLE3") or not s.draft_model_path or not model:
             return
-        configs = []
+        configs: list[dict] = []
         for d in (model, s.draft_model_path):
             r = await self.t.run(f"cat -- {P.shell_path(d.rstrip('/') + '/config.json')}", timeout=30)
             try:
-                configs.append(json.loads(r.stdout) if r.ok else None)
+                c = json.loads(r.stdout) if r.ok else None
             except ValueError:
-                configs.append(None)
-        if not all(isinstance(c, dict) for c in configs):
-            return
+                c = None
+            if not isinstance(c, dict):
+                return
+            configs.append(c)
         why = draft_misfit(configs[0], configs[1])
         if why:
             raise ControlError(
