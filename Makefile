@@ -1,11 +1,11 @@
-# Two commands on a fresh machine: `make demo` and `make test`.
+# Two commands on a fresh machine: `make demo` and `make test` (and `make demo-vllm`: a real vLLM on the CPU).
 # The demo installs tuitune alone (~100 MB); the tests add pytest & co. and torch (the nccl extra:
 # nccl-bench's orchestration tests run it with the gloo backend). Everything comes from the package index.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test setup screenshots bench docs clean
+.PHONY: demo demo-vllm test setup screenshots bench docs clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -28,8 +28,15 @@ setup: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(BIN)/tuitune demo
 
+# A real engine without a GPU: vLLM's CPU build and tiny generated models (built once into .cache/,
+# ~3.4 GB, a few minutes, progress shown), then the TUI on it (presets/vllm-cpu-demo.yaml)
+demo-vllm: $(VENV)/.installed
+	$(BIN)/python tests/real_vllm.py --demo
+	$(BIN)/tuitune demo --engine vllm
+
 test: $(VENV)/.installed-test
 	-$(BIN)/python tests/vllm_cli.py  # vLLM's real command line for tests/test_vllm_parser.py (once)
+	$(BIN)/python tests/real_vllm.py  # the real vLLM CPU engine and tiny models for tests/test_real_vllm.py (once)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
 
 screenshots: $(VENV)/.installed-test

@@ -23,20 +23,35 @@ def demo_args(p: argparse.ArgumentParser) -> None:
         type=int,
         help="serve the simulator on this port instead of the preset's 30123 (two demos side by side; tests)",
     )
+    p.add_argument(
+        "--engine",
+        choices=["sim", "vllm"],
+        default="sim",
+        help="vllm: a real vLLM on this machine's CPU (presets/vllm-cpu-demo.yaml; `make demo-vllm` builds it)",
+    )
     p.set_defaults(run=cmd_demo)
 
 
 def cmd_demo(ns) -> int:
+    from pathlib import Path
+
     from tuitune import preset as P
     from tuitune.target.session import Session
 
-    path = P.shipped_dir() / "demo.yaml"
+    name = "vllm-cpu-demo" if ns.engine == "vllm" else "demo"
+    path = P.shipped_dir() / f"{name}.yaml"
     preset = load_preset(str(path))
+    if ns.engine == "vllm" and not Path(preset.python()).expanduser().exists():
+        raise CliError(
+            f"the vLLM CPU engine is not built here ({preset.python()} does not exist): run `make demo-vllm` "
+            "in a clone of tuitune (it builds it once, about 3.4 GB and a few minutes, then opens this demo)",
+            2,
+        )
     if ns.port is not None:
         if not 1 <= ns.port <= 65535:
             raise CliError(f"--port must be between 1 and 65535 (got {ns.port})", 2)
         preset = P.with_changes(
-            preset, {"server.port": ns.port, "server.log": f"~/.cache/tuitune/logs/demo-{ns.port}.log"}
+            preset, {"server.port": ns.port, "server.log": f"~/.cache/tuitune/logs/{name}-{ns.port}.log"}
         )
     # the demo owns the simulator it starts: quitting stops it unless asked otherwise
     return _run_tui(

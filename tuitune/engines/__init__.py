@@ -11,6 +11,7 @@ from tuitune.engines import base
 from tuitune.engines.base import CAUSE_ORDER, CAUSE_TEXT, HF_ERRORS, Engine, Rule
 from tuitune.engines.sglang import SGLang
 from tuitune.engines.vllm import VLLM
+from tuitune.engines.vllm import message as _vllm_message
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (SGLang(), VLLM())}
 NAMES = tuple(ENGINES)
@@ -42,6 +43,12 @@ def error_category(line: str) -> str | None:
     return None
 
 
+def message(line: str) -> str:
+    """A failure line without its engine's logger prefix (vLLM's ``(EngineCore pid=…) ERROR … [file:n]``),
+    so the cause quotes the engine's words; the whole line when it has none."""
+    return _vllm_message(line)
+
+
 __all__ = [
     "CAUSE_ORDER",
     "CAUSE_TEXT",
@@ -54,4 +61,5 @@ __all__ = [
     "error_category",
     "get",
     "label",
+    "message",
 ]

@@ -41,13 +41,24 @@ import msgspec
 BenchApi = Literal["native", "openai"]  # SGLang's /generate, or the OpenAI /v1/completions
 
 # Failure causes the parser can tell apart, most telling first (control picks the first present).
-CAUSE_ORDER = ("oom", "nccl", "bad_argument", "model_not_found", "port_in_use", "init_failed", "exception", "traceback")
+CAUSE_ORDER = (
+    "oom",
+    "nccl",
+    "bad_argument",
+    "model_not_found",
+    "port_in_use",
+    "engine_died",
+    "init_failed",
+    "exception",
+    "traceback",
+)
 CAUSE_TEXT = {
     "oom": "out of memory",
     "nccl": "NCCL error",
     "bad_argument": "bad argument",
     "model_not_found": "model not found",
     "port_in_use": "port in use",
+    "engine_died": "an engine process died",
     "init_failed": "initialization failed",
     "exception": "exception",
     "traceback": "exception",
@@ -126,6 +137,8 @@ class Engine:
     sim_dialect: str | None = None
     # draft tree widths this engine runs (1 = a chain): the space advise and tune search
     topks: tuple[int, ...] = (1, 2, 4, 8)
+    # the server.args key naming the model to serve (a path on the target or a hub id)
+    model_arg = ""
 
     @staticmethod
     def log_prefix(line: str, end: int) -> tuple[str | None, str | None] | None:
@@ -184,6 +197,11 @@ class Engine:
     def served_model(self, preset) -> str | None:
         """The model name the OpenAI API expects in requests (None: the server takes any)."""
         return None
+
+    def model_path(self, preset) -> str | None:
+        """The model the preset serves, as its ``server.args`` name it (None: not set)."""
+        v = preset.server.args.get(self.model_arg) if self.model_arg else None
+        return v if isinstance(v, str) and v else None
 
     def default_bench_api(self) -> BenchApi:
         return "native"
@@ -407,3 +425,30 @@ class FastFields:
             if wires is not None and len(wires) == len(bodies):  # (a body holding "\n" splits)
                 return [_astuple(w) for w in wires]
         return [self(b) for b in bodies]
+
+
+# ---- drafts and targets --------------------------------------------------------------------------
+
+
+def hidden_size(config: dict) -> int | None:
+    """A model's hidden size from its config.json (a multimodal wrapper's text model's)."""
+    text = config.get("text_config")
+    v = (text if isinstance(text, dict) else config).get("hidden_size")
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def draft_misfit(target_config: dict, draft_config: dict) -> str | None:
+    """Why an EAGLE / EAGLE-3 draft cannot run on a target, from the two config.json files, or None.
+
+    The draft's first layer reads the target's hidden states: it expects them of size
+    ``target_hidden_size`` (its own ``hidden_size`` when absent; SGLang's and vLLM's llama_eagle3
+    read it so), and the target produces its ``hidden_size``. A mismatch is not caught at load time
+    (vLLM 0.32 reports ready, then its worker dies at the first decode)."""
+    target = hidden_size(target_config)
+    key = "target_hidden_size" if isinstance(draft_config.get("target_hidden_size"), int) else "hidden_size"
+    expects = draft_config.get(key)
+    if target is None or not isinstance(expects, int) or expects == target:
+        return None
+    return (
+        f"the draft expects the target's hidden size to be {expects} (its config.json {key}), the target's is {target}"
+    )

@@ -344,6 +344,7 @@ class SGLang(Engine):
     label = "SGLang"
     default_module = "sglang.launch_server"
     default_port = 30000
+    model_arg = "model-path"
     reserved_args = {
         "port": "server.port",
         "speculative-algorithm": "speculative.algorithm",

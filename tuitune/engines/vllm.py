@@ -74,6 +74,10 @@ ERRORS = (
     ("validation error for SpeculativeConfig", "bad_argument"),
     ("validation errors for SpeculativeConfig", "bad_argument"),
     ("Arctic Inference is required for suffix decoding", "init_failed"),
+    # the API server's words once its engine core is gone (killed, crashed), and the engine core's
+    # once its worker is (a segfault in a kernel leaves no other line: a draft that does not fit)
+    ("EngineDeadError", "engine_died"),
+    ("died unexpectedly", "engine_died"),
 )
 
 
@@ -82,6 +86,7 @@ class VLLM(Engine):
     label = "vLLM"
     default_module = "vllm.entrypoints.cli.main"  # what the `vllm` console script runs
     default_port = 8000
+    model_arg = "model"
     reserved_args = {"port": "server.port", "speculative-config": "speculative", "sc": "speculative"}
     phases = (
         ("Starting to load model", "loading weights"),
@@ -259,6 +264,12 @@ class VLLM(Engine):
 
 
 # ---- log lines ------------------------------------------------------------------------------------
+
+
+def message(line: str) -> str:
+    """The line without vLLM's logger prefix (the whole line when it has none)."""
+    m = _PREFIX.search(line)
+    return line[m.end() :] if m else line
 
 
 def log_prefix(line: str, end: int) -> tuple[str | None, str | None] | None:

