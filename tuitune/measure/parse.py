@@ -34,6 +34,7 @@ from tuitune.base.events import (
     ServerError,
 )
 from tuitune.base.lines import MAX_LINE, TRUNCATED, clip  # noqa: F401  (clip: part of the parser's API)
+from tuitune.base.numbers import to_int
 from tuitune.engines import error_category, vllm
 
 PROFILE_MARKER = "EAGLE3_PROFILE "
@@ -113,15 +114,9 @@ def _float(v: str) -> float:
 
 def _int(v: str) -> int:
     """An integer literal exactly (17+ digits included); a number literal only when it is integral
-    ("1e3", "12.0"), read as msgspec's lax mode (the fast path) reads it; anything else is an error."""
-    try:
-        return int(v)
-    except ValueError:
-        pass
-    f = float(v)
-    if not f.is_integer():  # 1.5, nan, inf
-        raise ValueError(v)
-    return int(f)
+    ("1e3", "12.0"), read as msgspec's lax mode (the fast path) reads it; anything else (1.5, nan,
+    inf, 1e309) is a ValueError."""
+    return to_int(v)
 
 
 _BOOLS = {"true": True, "1": True, "false": False, "0": False, "-0": False}
