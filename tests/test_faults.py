@@ -247,6 +247,8 @@ def test_credential_shapes_are_masked_wherever_they_appear():
         f"curl -H 'Authorization: Bearer {BEARER}'": "curl -H 'Authorization: Bearer ••••'",
         "https://bob:hunter2@proxy.example:3128/": "https://bob:••••@proxy.example:3128/",
         "presigned ?X-Amz-Signature=abcdef0123&x=1": "presigned ?X-Amz-Signature=••••&x=1",
+        "Authorization: Basic dXNlcjpwYXNzd29yZA==": "Authorization: Basic ••••",
+        "key id AKIAIOSFODNN7EXAMPLE in use": "key id •••• in use",
     }
     for line, want in cases.items():
         assert redact.text(line) == want, line

@@ -57,7 +57,7 @@ _SHAPES = (
     r"|(?<![A-Za-z0-9])xox[abprs]-[A-Za-z0-9-]{10,250}"  # Slack
     r"|(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,2048}\.eyJ[A-Za-z0-9_-]{8,2048}\.[A-Za-z0-9_-]{0,2048}"  # a JWT
 )
-_SHAPE_HINTS = ("hf_", "sk-", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "akia", "asia", "xox", "eyj")
+_GH = re.compile(r"gh[pousr]_")  # (the hints of _SHAPES: see _hinted)
 # URL query parameters that carry a credential whatever the rest of the name (besides _WORD's)
 _QUERY_SECRET = {"sig", "signature", "auth", "authorization", "x-amz-signature", "x-amz-credential"}
 _TEXT = re.compile(
@@ -320,11 +320,15 @@ def _hinted(low: str) -> bool:
     for h in _HINTS:
         if h in low:
             return True
-    for h in _SHAPE_HINTS:
-        if h in low:
-            return True
-    if ("sig" in low or "auth" in low) and "=" in low:
-        return True  # ?sig=…, &auth=…
+    # credential shapes, gated by the character each needs (most stats lines have no "_" or "=")
+    if "_" in low and ("hf_" in low or "gh" in low and (_GH.search(low) or "github_pat_" in low)):
+        return True
+    if "-" in low and ("sk-" in low or "xox" in low):
+        return True
+    if "akia" in low or "asia" in low or "eyj" in low:
+        return True
+    if "auth" in low or "=" in low and "sig" in low:
+        return True  # Authorization: Basic …, ?sig=…, &auth=…
     if "://" in low and "@" in low:
         return True  # https://user:password@host
     at = low.find("token")
