@@ -1,16 +1,24 @@
-"""Hostile log lines: the cost of parsing and masking one adversarial line, and how long a session
-tailing a log full of them holds its event loop.
+"""Hostile log lines: parser errors over a hostile corpus, the cost of parsing and masking one
+adversarial line, and how long a session tailing a log full of them holds its event loop.
 
-Each line is built to defeat a pattern of the parser, the tail or the redaction (long runs of a
-marker, of separators, of a prefix), 1 MiB each: the worst time per line is printed, then a local
-session tails 5 MB of such lines while a 10 ms ticker measures the longest gap of the event loop.
+First a corpus of hostile lines (default 1,000,000, seeded): every line format the parsers read
+(EAGLE3_PROFILE, Decode/Prefill batch, vLLM's SpecDecoding metrics and stats line, NCCL), with one
+to three of its numbers replaced by a hostile one (1e309, -inf, nan, 5000 digits, 1e309%…) or a
+field cut short; the lines that end as "parser error: …" (an exception inside a parser) are
+counted, the goal being 0. Then each line built to defeat a pattern of the parser, the tail or the
+redaction (long runs of a marker, of separators, of a prefix), 1 MiB each: the worst time per line
+is printed; then a local session tails 5 MB of such lines while a 10 ms ticker measures the
+longest gap of the event loop.
 
-    python benchmarks/hostile_lines.py
+    python benchmarks/hostile_lines.py [--corpus 1000000] [--seed 1]
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import random
+import re
 import sys
 import tempfile
 import time
@@ -40,6 +48,57 @@ def lines(n: int) -> dict[str, str]:
         "assignments": "HF_TOKEN=" * (n // 9),
         "json": '"api_key": "' * (n // 12),
     }
+
+
+TEMPLATES = [
+    "[2026-11-29 16:37:09 TP0] EAGLE3_PROFILE v=2 cycles=40 bs=8 steps=3 topk=1 draft_tokens=4 verify_tokens=32 "
+    "draft_ms=0.600 verify_ms=5.100 extend_ms=0.200 other_ms=0.400 cycle_ms=6.300 accept_len=2.375 "
+    "accept_hist=1:100,2:80,4:140 bs_hist=7:3,8:37 eff_tok_s=3015.87 sync=sim",
+    "[2026-11-29 16:02:11.513 DP0 TP0] EAGLE3_PROFILE cycles=1 draft_ms=0.9 verify_ms=21.7 extend_ms=0.2 accept_len=2",
+    "[2026-03-16 11:32:10 TP0] Decode batch [1234], #running-req: 8, #token: 5120, token usage: 0.03, "
+    "accept len: 2.10, accept rate: 0.62, cuda graph: True, gen throughput (token/s): 812.40, #queue-req: 0",
+    "[2026-03-16 11:32:09 TP0] Prefill batch, #new-seq: 2, #new-token: 512, #cached-token: 0, token usage: 0.01, "
+    "#running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, input throughput (token/s): 524.34",
+    "(EngineCore_DP0 pid=7) INFO 05-01 12:00:00 [metrics.py:1] SpecDecoding metrics: Mean acceptance length: 2.31, "
+    "Accepted throughput: 41.20 tokens/s, Drafted throughput: 89.10 tokens/s, Accepted: 412 tokens, "
+    "Drafted: 891 tokens, Per-position acceptance rate: 0.712, 0.455, 0.301, Avg Draft acceptance rate: 46.2%",
+    "INFO 05-01 12:00:00 [metrics.py:1] SpecDecoding metrics: Draft acceptance rate: 46.2%, Accepted: 412 tokens, "
+    "Drafted: 891 tokens",
+    "(APIServer pid=1) INFO 05-01 12:00:00 [loggers.py:1] Engine 000: Avg prompt throughput: 12.5 tokens/s, "
+    "Avg generation throughput: 150.2 tokens/s, Running: 3 reqs, Waiting: 0 reqs, GPU KV cache usage: 1.5%, "
+    "Prefix cache hit rate: 0.0%",
+    "host:1:1 [0] NCCL INFO AllReduce: 1048576 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..15}",
+    "host:1:1 [0] NCCL INFO NCCL_BUFFSIZE set by environment to 16777216.",
+]
+HOSTILE = ["1e309", "-1e309", "1e400", "inf", "-inf", "nan", "NaN", "-0", "1e-400", "9" * 5000, "9" * 400]
+HOSTILE += ["1e309%", "inf%", "", "²", "0x10", "1_0", "+1e309", ".", "1e", "-"]
+_NUM = re.compile(r"\d+(?:\.\d+)?")
+
+
+def corpus(n: int, seed: int):
+    """``n`` hostile lines: a format's numbers replaced by hostile ones, or the line cut short."""
+    rng = random.Random(seed)
+    spans = [[m.span() for m in _NUM.finditer(t)] for t in TEMPLATES]
+    for _ in range(n):
+        i = rng.randrange(len(TEMPLATES))
+        line = TEMPLATES[i]
+        for a, b in sorted(rng.sample(spans[i], min(len(spans[i]), rng.randint(1, 3))), reverse=True):
+            line = line[:a] + rng.choice(HOSTILE) + line[b:]
+        if rng.random() < 0.1:
+            line = line[: rng.randrange(len(line) + 1)]
+        yield line
+
+
+def parser_errors(n: int, seed: int) -> None:
+    t0 = time.perf_counter()
+    errors: dict[str, int] = {}
+    for line in corpus(n, seed):
+        ev = parse_line(line)
+        if ev is not None and ev.kind == "malformed" and ev.marker == "?":
+            errors[ev.reason] = errors.get(ev.reason, 0) + 1
+    took = time.perf_counter() - t0
+    kinds = ", ".join(f"{k}: {v}" for k, v in sorted(errors.items())) if errors else "none"
+    print(f"hostile corpus: {n} lines (seed {seed}), {sum(errors.values())} parser errors ({kinds}); {took:.1f} s")
 
 
 def per_line() -> None:
@@ -91,5 +150,10 @@ async def session_gap() -> None:
 
 
 if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--corpus", type=int, default=1_000_000, help="hostile lines to parse (default 1,000,000)")
+    ap.add_argument("--seed", type=int, default=1)
+    ns = ap.parse_args()
+    parser_errors(ns.corpus, ns.seed)
     per_line()
     asyncio.run(session_gap())

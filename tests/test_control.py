@@ -46,15 +46,22 @@ async def test_run_upload_and_decoding(transport, tmp_path):
 
 
 async def test_a_lock_helper_that_cannot_start_is_an_error_at_once(transport, tmp_path):
-    """A wrong server.python: the lock helper never answers, yet launch must not wait on it."""
+    """A wrong server.python: the lock helper never answers, yet launch must not wait on it; and
+    the preflight, which runs before anything that needs that python, says so in its own words
+    (issue 29: it was "cannot take the lock for port …: ERROR the lock helper exited (127)")."""
     p = P.with_changes(make_preset(tmp_path), {"server.python": str(tmp_path / "no such" / "python3")})
     t0 = time.monotonic()
-    with pytest.raises(
-        ControlError,
-        match=r"cannot take the lock for port \d+: ERROR the lock helper exited "
-        r"\(127\): .*No such file or directory",
-    ):
-        await ServerControl(transport, p, state_dir=str(tmp_path / "state")).relaunch(30)
+    c = ServerControl(transport, p, state_dir=str(tmp_path / "state"))
+    with pytest.raises(ControlError, match=r"server\.python .*/no such/python3 does not exist") as e:
+        await c.relaunch(30)
+    assert e.value.code == 2 and "the lock" not in str(e.value)
+    with pytest.raises(ControlError, match=r"server\.python .*/no such/python3 does not exist"):
+        await c.stop()  # stop needs the lock, so the lock's failure names the python too
+    broken = tmp_path / "broken-python"
+    broken.write_text("#!/bin/sh\necho 'this python is broken' >&2; exit 1\n")
+    broken.chmod(0o755)
+    with pytest.raises(ControlError, match=r"cannot run .*broken-python: this python is broken"):
+        await ServerControl(transport, P.with_changes(p, {"server.python": str(broken)})).relaunch(30)
     assert time.monotonic() - t0 < 10
 
 

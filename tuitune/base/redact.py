@@ -13,14 +13,25 @@ are taken out first); a server flag when it is ``token``/``key`` or ends in ``-t
 (``max-total-tokens`` and ``speculative-token-map`` are not secrets).
 
 Text (log lines, error messages) is masked by pattern (``--api-key X``, ``HF_TOKEN=X``,
-``api_key='X'``, ``"api_key": "X"``, ``Bearer X``) and by the preset's own secret values
-wherever they appear. Every pattern has bounded repetition, so the cost is linear in the text.
+``api_key='X'``, ``"api_key": "X"``, ``Bearer X``), by the shape of a credential wherever it
+appears, under any name or none (a URL query's ``?token=X`` / ``&api_key=X`` / ``&sig=X``, a
+URL's ``user:password@``, ``hf_…``, ``sk-…``, ``ghp_…``, ``github_pat_…``, ``AKIA…``, ``xox?-…``, a
+JSON web token), and by the preset's own secret values wherever they appear. Every pattern has
+bounded repetition, so the cost is linear in the text. Values shown under a name that is not
+secret (``shown``, ``pair``, ``env``, ``argv``, ``flat``, ``preset_dict``) go through the same
+text masking, so a token inside ``--model https://…?token=…`` is masked too.
+
+What tuitune keeps on the target (the server's state file) holds no secret in clear: ``seal``
+turns a secret value into a salted SHA-256 (``sealed_match`` tells whether a value is the one
+sealed), so a comparison stays possible without the value.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import secrets
 from collections.abc import Iterable
 from typing import Any
 
@@ -39,15 +50,34 @@ _VALUE = r"'[^'\n]{0,512}'|\"[^\"\n]{0,512}\"|[^\s'\",;)}\]]{1,512}"
 # names that may be secret (the predicates above decide): only these may match, so that a
 # harmless assignment never swallows the text after it ("server_args=ServerArgs(api_key=...")
 _WORD = r"(?i:token|key|secret|pass|credential)"
+_SHAPES = (
+    r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{20,256}(?![A-Za-z0-9])"  # Hugging Face
+    r"|(?<![A-Za-z0-9_-])sk-[A-Za-z0-9_-]{20,256}"  # OpenAI, Anthropic (sk-proj-…, sk-ant-…)
+    r"|(?<![A-Za-z0-9_])gh[pousr]_[A-Za-z0-9]{30,255}|(?<![A-Za-z0-9_])github_pat_[A-Za-z0-9_]{30,255}"
+    r"|(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Za-z])"  # AWS access key id
+    r"|(?<![A-Za-z0-9])xox[abprs]-[A-Za-z0-9-]{10,250}"  # Slack
+    r"|(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,2048}\.eyJ[A-Za-z0-9_-]{8,2048}\.[A-Za-z0-9_-]{0,2048}"  # a JWT
+)
+_GH = re.compile(r"gh[pousr]_")  # (the hints of _SHAPES: see _hinted)
+# URL query parameters that carry a credential whatever the rest of the name (besides _WORD's)
+_QUERY_SECRET = {"sig", "signature", "auth", "authorization", "x-amz-signature", "x-amz-credential"}
 _TEXT = re.compile(
+    # ?name=VALUE / &name=VALUE in a URL (before NAME=VALUE: a query value ends at & or #)
+    r"(?<=[?&])(?P<qname>[A-Za-z0-9_.-]{1,40})=(?P<qval>[^\s&#'\"<>]{1,1024})"
     # --flag VALUE / --flag=VALUE
-    rf"(?<![\w-])--(?P<flag>[A-Za-z0-9-]{{0,40}}{_WORD}[A-Za-z0-9-]{{0,40}})(?P<fsep>[ =])(?P<fval>{_VALUE})"
+    rf"|(?<![\w-])--(?P<flag>[A-Za-z0-9-]{{0,40}}{_WORD}[A-Za-z0-9-]{{0,40}})(?P<fsep>[ =])(?P<fval>{_VALUE})"
     # NAME=VALUE and name='value' (shell, Python reprs such as SGLang's ServerArgs)
     rf"|(?<![\w-])(?P<name>[A-Za-z0-9_]{{0,40}}{_WORD}[A-Za-z0-9_]{{0,40}})=(?P<nval>{_VALUE})"
     # "name": "value" (JSON; only quoted: "#token: 5120" in a Decode line is a count, not a secret)
     rf"|\"(?P<jname>[A-Za-z0-9_-]{{0,40}}{_WORD}[A-Za-z0-9_-]{{0,40}})\": ?(?P<jval>\"[^\"\n]{{0,512}}\")"
     # Authorization: Bearer VALUE
     r"|(?P<bearer>(?i:bearer) )(?P<bval>[^\s'\",]{1,512})"
+    # Authorization: Basic VALUE / token VALUE
+    r"|(?P<auth>(?i:authorization)[\"']?: ?[\"']?(?i:basic|token) )(?P<aval>[^\s'\",]{1,512})"
+    # a URL's user:password@
+    r"|(?P<userinfo>://[^/\s:@'\"]{1,128}:)(?P<uval>[^/\s@'\"]{1,256})(?=@)"
+    # credentials recognisable by their shape alone, under any name or none
+    rf"|(?P<shape>{_SHAPES})"
 )
 
 
@@ -57,6 +87,11 @@ def secret_env(name: str) -> bool:
 
 def secret_flag(name: str) -> bool:
     return _SECRET_FLAG.search(name.lower().lstrip("-").replace("_", "-")) is not None
+
+
+def secret_query(name: str) -> bool:
+    """A URL query parameter that carries a credential (``token``, ``api_key``, ``sig``…)."""
+    return secret_env(name.replace("-", "_")) or name.lower() in _QUERY_SECRET
 
 
 def secret_key(key: str) -> bool:
@@ -75,16 +110,32 @@ def mask(value: Any) -> Any:
     return None if value is None else MASK
 
 
+def scrub(value: Any) -> Any:
+    """Any value as it may be shown whatever its name: strings through ``text`` (credential
+    shapes and secret assignments inside them masked), lists and dicts walked."""
+    if isinstance(value, str):
+        return text(value)
+    if isinstance(value, list | tuple):
+        return type(value)(scrub(v) for v in value)
+    if isinstance(value, dict):
+        return {k: scrub(v) for k, v in value.items()}
+    return value
+
+
 def shown(key: str, value: Any) -> Any:
-    """A preset value as it may be shown: masked when the key names a secret."""
-    return mask(value) if secret_key(key) else value
+    """A preset value as it may be shown: masked when the key names a secret, else with any
+    credential inside it masked."""
+    return mask(value) if secret_key(key) else scrub(value)
 
 
 def pair(key: str, a: Any, b: Any) -> tuple[Any, Any, str]:
-    """Two values of one key for a comparison: (a shown, b shown, note). For a secret the note
-    says whether the values differ, since the masks alone cannot."""
+    """Two values of one key for a comparison: (a shown, b shown, note). When the masks alone
+    cannot tell (a secret, or two values that differ only in a credential inside them), the note
+    says whether the values differ."""
     if not secret_key(key):
-        return a, b, ""
+        sa, sb = scrub(a), scrub(b)
+        hidden = (sa != a or sb != b) and a is not None and b is not None
+        return sa, sb, (" (values differ)" if a != b else " (same value)") if hidden and sa == sb else ""
     if a is None or b is None:
         return mask(a), mask(b), ""
     return MASK, MASK, " (values differ)" if a != b else " (same value)"
@@ -96,11 +147,12 @@ def flat(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def env(e: dict[str, str]) -> dict[str, str]:
-    return {k: (MASK if secret_env(k) else v) for k, v in e.items()}
+    return {k: (MASK if secret_env(k) else scrub(v)) for k, v in e.items()}
 
 
 def argv(args: list[str]) -> list[str]:
-    """A command line with the values of secret flags masked (``--api-key X``, ``--api-key=X``)."""
+    """A command line with the values of secret flags masked (``--api-key X``, ``--api-key=X``),
+    and any credential inside another argument (a URL with ``?token=…``, an ``hf_…``)."""
     out = list(args)
     for i, a in enumerate(out):
         if not a.startswith("--"):
@@ -112,30 +164,94 @@ def argv(args: list[str]) -> list[str]:
             out[i] = f"{name}={MASK}"
         elif i + 1 < len(out) and not out[i + 1].startswith("--"):
             out[i + 1] = MASK
-    return out
+    return [scrub(a) for a in out]
 
 
 def preset_dict(d: dict) -> dict:
-    """A preset in dict form (``preset.to_dict``) with env and server.args secrets masked."""
+    """A preset in dict form (``preset.to_dict``) with env and server.args secrets masked, and any
+    credential inside another value."""
     d = json.loads(json.dumps(d, default=str))
     if isinstance(d.get("env"), dict):
         d["env"] = env(d["env"])
     server = d.get("server")
     if isinstance(server, dict) and isinstance(server.get("args"), dict):
         server["args"] = {k: (mask(v) if secret_flag(k) else v) for k, v in server["args"].items()}
-    return d
+    return scrub(d)
+
+
+def _strings(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _strings(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+
+
+def _preset_strings(preset) -> Iterable[str]:
+    """Every string of a preset that may reach the target: env and server values."""
+    yield from _strings(dict(preset.env))
+    yield from _strings(dict(preset.server.args))
+    yield from (str(v) for v in (preset.server.log, preset.server.workdir) if v)
 
 
 def has_secret(preset) -> bool:
-    return any(map(secret_env, preset.env)) or any(map(secret_flag, preset.server.args))
+    return (
+        any(map(secret_env, preset.env))
+        or any(map(secret_flag, preset.server.args))
+        or any(found(s) for s in _preset_strings(preset))
+    )
 
 
 def secret_values(preset) -> list[str]:
-    """The preset's secret values, longest first (so that one value inside another is masked whole).
-    Values shorter than 4 characters are left to the patterns: masking every "1" would garble text."""
+    """The preset's secret values, longest first (so that one value inside another is masked whole):
+    those under a secret name, and credentials found inside any other value (the token of a URL
+    argument, which the server may print on its own). Values shorter than 4 characters are left
+    to the patterns: masking every "1" would garble text."""
     vals = [v for k, v in preset.env.items() if secret_env(k)]
     vals += [str(v) for k, v in preset.server.args.items() if secret_flag(k) and isinstance(v, str)]
+    for s in _preset_strings(preset):
+        vals += found(s)
     return sorted({v for v in vals if len(v) >= 4}, key=len, reverse=True)
+
+
+def seal(value: str) -> str:
+    """A secret value as tuitune may keep it on the target: ``sha256:<salt>:<digest>``."""
+    salt = secrets.token_hex(8)
+    return f"sha256:{salt}:{hashlib.sha256((salt + value).encode()).hexdigest()}"
+
+
+def sealed_match(sealed: str, value: str) -> bool:
+    """Whether ``value`` is the value ``seal`` turned into ``sealed`` (a sealed value compares
+    to the clear one it was made from; anything else compares as text)."""
+    kind, _, rest = sealed.partition(":")
+    salt, _, digest = rest.partition(":")
+    if kind != "sha256" or not digest:
+        return sealed == value
+    return secrets.compare_digest(hashlib.sha256((salt + value).encode()).hexdigest(), digest)
+
+
+def sealed_env(e: dict[str, str]) -> dict[str, str]:
+    """Environment as kept on the target: a secret's value (by name or by shape) sealed."""
+    return {k: seal(v) if secret_env(k) or found(v) else v for k, v in e.items()}
+
+
+def sealed_argv(args: list[str]) -> list[str]:
+    """A command line as kept on the target: secret flags' values and arguments that hold a
+    credential sealed (the flag names stay, so the shape of the command line is still there)."""
+    out = list(args)
+    for i, a in enumerate(out):
+        name, eq, value = a.partition("=")
+        if a.startswith("--") and secret_flag(name):
+            if eq:
+                out[i] = f"{name}={seal(value)}"
+            elif i + 1 < len(out) and not out[i + 1].startswith("--"):
+                out[i + 1] = seal(out[i + 1])
+        elif found(a) and not a.startswith("sha256:"):
+            out[i] = seal(a)
+    return out
 
 
 def _quoted_mask(v: str) -> str:
@@ -143,8 +259,12 @@ def _quoted_mask(v: str) -> str:
     return f"{quote}{MASK}{quote}"
 
 
-def _sub(m: re.Match) -> str:
-    if m.group("flag") is not None:
+def _secret_in(m: re.Match) -> tuple[str, str | None]:
+    """(head kept, the secret value) of one match of ``_TEXT``; value None when it holds none."""
+    if m.group("qname") is not None:
+        name, value, is_secret = m.group("qname"), m.group("qval"), secret_query
+        head = f"{name}="
+    elif m.group("flag") is not None:
         name, value, is_secret = m.group("flag"), m.group("fval"), secret_flag
         head = f"--{name}{m.group('fsep')}"
     elif m.group("name") is not None:
@@ -153,15 +273,39 @@ def _sub(m: re.Match) -> str:
     elif m.group("jname") is not None:
         name, value, is_secret = m.group("jname"), m.group("jval"), secret_env
         head = m.group(0)[: -len(value)]
+    elif m.group("bearer") is not None:
+        return m.group("bearer"), m.group("bval")
+    elif m.group("auth") is not None:
+        return m.group("auth"), m.group("aval")
+    elif m.group("userinfo") is not None:
+        return m.group("userinfo"), m.group("uval")
     else:
-        return m.group("bearer") + MASK
+        return "", m.group("shape")
     if not is_secret(name) or value.strip("'\"") in _NOT_A_VALUE:
-        return m.group(0)
-    return head + _quoted_mask(value)
+        return m.group(0), None
+    return head, value
+
+
+def _sub(m: re.Match) -> str:
+    head, value = _secret_in(m)
+    return head if value is None else head + _quoted_mask(value)
+
+
+def found(s: str) -> list[str]:
+    """The secret values the patterns find in ``s`` (unquoted), in order."""
+    if not _hinted(s.lower()):
+        return []
+    out = []
+    for m in _TEXT.finditer(s):
+        value = _secret_in(m)[1]
+        if value is not None:
+            out.append(value.strip("'\""))
+    return out
 
 
 def text(s: str, values: Iterable[str] = ()) -> str:
-    """A line of text with secrets masked: known values anywhere, secret-looking assignments."""
+    """A line of text with secrets masked: known values anywhere, secret-looking assignments,
+    credential shapes."""
     for v in values:
         if v in s:
             s = s.replace(v, MASK)
@@ -171,12 +315,23 @@ def text(s: str, values: Iterable[str] = ()) -> str:
 
 
 def _hinted(low: str) -> bool:
-    """Whether a lower-cased line may hold a secret assignment: the cheap test before the
-    patterns, so that the lines a server prints most (which say "#token: 5120", "token usage",
-    "draft_tokens=3", "(token/s)") cost a few string searches."""
+    """Whether a lower-cased line may hold a secret: the cheap test before the patterns, so that
+    the lines a server prints most (which say "#token: 5120", "token usage", "draft_tokens=3",
+    "(token/s)") cost a few string searches."""
     for h in _HINTS:
         if h in low:
             return True
+    # credential shapes, gated by the character each needs (most stats lines have no "_" or "=")
+    if "_" in low and ("hf_" in low or "gh" in low and (_GH.search(low) or "github_pat_" in low)):
+        return True
+    if "-" in low and ("sk-" in low or "xox" in low):
+        return True
+    if "akia" in low or "asia" in low or "eyj" in low:
+        return True
+    if "auth" in low or "=" in low and "sig" in low:
+        return True  # Authorization: Basic …, ?sig=…, &auth=…
+    if "://" in low and "@" in low:
+        return True  # https://user:password@host
     at = low.find("token")
     while at >= 0:
         nxt = low[at + 5 : at + 6]

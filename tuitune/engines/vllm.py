@@ -26,6 +26,7 @@ import json
 import re
 
 from tuitune.base.events import DecodeStats, Event, Malformed, VllmSpec
+from tuitune.base.numbers import to_int
 from tuitune.engines.base import NO_PREFIX, BenchApi, Engine, Flag, Rule
 
 SPEC_MARKER = "SpecDecoding metrics: "
@@ -303,6 +304,16 @@ def _num(text: str) -> float:
     return float(text.split()[0].rstrip("%"))
 
 
+def _count(text: str) -> int:
+    """A count (``412 tokens``, ``3 reqs``): exact, a finite number cut to a whole one; ValueError
+    (never OverflowError) for ``1e309``, ``inf`` or more digits than Python reads."""
+    return to_int(text.split()[0].rstrip("%"), integral=False)
+
+
+def _why(e: Exception) -> str:
+    return "is out of range" if "out of range" in str(e) else "is not a number"
+
+
 def _leading_numbers(texts: list[str]) -> tuple[float, ...]:
     """The run of numbers a list starts with (what follows a non-number is not the list's);
     ValueError when it does not start with one."""
@@ -329,12 +340,12 @@ def spec_line(line: str, at: int) -> Event:
             if key == "per_position":
                 kw[key] = _leading_numbers(value.split(", "))
             elif key in _SPEC_INT:
-                kw[key] = int(_num(value))
+                kw[key] = _count(value)
             else:
                 n = _num(value)
                 kw[key] = n / 100.0 if value.endswith("%") else n
-        except (ValueError, IndexError):
-            return Malformed("SpecDecoding metrics", f"{name}: {value!r} is not a number", line[:500], ts, rank)
+        except (ValueError, IndexError) as e:
+            return Malformed("SpecDecoding metrics", f"{name}: {value!r} {_why(e)}", line[:500], ts, rank)
     if not kw:
         return Malformed("SpecDecoding metrics", "no known field", line[:500], ts, rank)
     return VllmSpec(ts=ts, rank=rank, **kw)
@@ -351,7 +362,7 @@ def stats_line(line: str, at: int) -> Event:
             if key == "gen_throughput":
                 kw[key] = _num(value)
             elif key is not None:
-                kw[key] = int(_num(value))
+                kw[key] = _count(value)
             elif name.endswith("KV cache usage"):
                 kw["token_usage"] = _num(value) / 100.0
             else:
@@ -359,8 +370,8 @@ def stats_line(line: str, at: int) -> Event:
                 extra[re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")] = (
                     float(n) if re.fullmatch(r"-?\d+(\.\d+)?", n) and len(value.split()) <= 2 else value
                 )
-        except (ValueError, IndexError):
-            return Malformed("Avg prompt throughput", f"{name}: {value!r} is not a number", line[:500], ts, rank)
+        except (ValueError, IndexError) as e:
+            return Malformed("Avg prompt throughput", f"{name}: {value!r} {_why(e)}", line[:500], ts, rank)
     if "gen_throughput" not in kw:
         return Malformed("Avg prompt throughput", "missing Avg generation throughput", line[:500], ts, rank)
     return DecodeStats(extra=extra, ts=ts, rank=rank, **kw)

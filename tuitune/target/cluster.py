@@ -170,6 +170,7 @@ class ClusterControl:
         """As ``ServerControl.relaunch``, on every node; returns node 0's record and readiness."""
         self.warnings = []
         self.cleanup = None
+        await self._gather(c.check_python() for c in self.controls)  # before the locks: their helpers need it
         async with self.locked("launch"):
             current = await self._gather(c.read_state() for c in self.controls)
             for i, (c, rec) in enumerate(zip(self.controls, current, strict=False)):

@@ -4,7 +4,10 @@ State lives on the target in ``~/.cache/tuitune/servers/<port>.json`` (pid = pro
 session, preset name and hash, start time, log path, argv), so that tuitune only ever stops
 servers it started, from any machine, and so that ``status`` can compare the running process's
 real environment and argv (``/proc/PID/environ``, ``/proc/PID/cmdline``) with the preset: the
-seeds lost their NCCL variables silently after a restart; drift makes that visible.
+seeds lost their NCCL variables silently after a restart; drift makes that visible. The state
+file (mode 0600) keeps no secret in clear: secret values of argv and env are sealed (salted
+SHA-256, ``redact.seal``); and once a watcher saw the server die, the cause it found (``cause``),
+so that ``status`` names it later.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from tuitune.engines.base import draft_misfit
 from tuitune.measure.parse import parse_line
 from tuitune.probe import REMOTE_DIR as PROBE_DIR
 from tuitune.target.tail import LogTail
-from tuitune.target.transport import Transport, TransportError
+from tuitune.target.transport import LinkLost, Transport, TransportError
 
 STATE_DIR = "~/.cache/tuitune"
 LOCK_ANSWER_S = 60.0  # the lock helper answers in milliseconds; a python that hangs at start does not
@@ -77,6 +80,7 @@ class ServerRecord:
     log: str
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    cause: str | None = None  # why it exited, as the watcher that saw it die found it
 
     @property
     def pgid(self) -> int:
@@ -115,6 +119,7 @@ class Status:
         rec = asdict(self.record) if self.record else None
         if rec is not None:
             rec["argv"], rec["env"] = redact.argv(rec["argv"]), redact.env(rec["env"])
+            rec["cause"] = redact.text(rec["cause"]) if rec["cause"] else None
         return {
             "running": self.running,
             "record": rec,
@@ -325,6 +330,14 @@ class ServerControl:
         self._help_flags: set[str] | None = None
         self.warnings: list[str] = []
         self.cleanup: str | None = None  # what a failed or cancelled relaunch did with its server
+        self.deadline: float | None = None  # monotonic end of the running launch (``--timeout``)
+        self._python_ok: str | None = None  # the server.python the last check_python accepted
+
+    def _limit(self, seconds: float) -> float:
+        """A wait's own limit cut to the launch's deadline (at least a moment, so that it can answer)."""
+        if self.deadline is None:
+            return seconds
+        return max(0.05, min(seconds, self.deadline - time.monotonic()))
 
     # ---- state ---------------------------------------------------------------------------
     @property
@@ -391,7 +404,38 @@ class ServerControl:
         return rec
 
     async def write_state(self, rec: ServerRecord) -> None:
-        await self.t.upload(json.dumps(asdict(rec), indent=1).encode(), self.state_path, 0o600)
+        """Write the record atomically; what it keeps of argv and env holds no secret in clear."""
+        d = asdict(rec)
+        d["argv"], d["env"] = redact.sealed_argv(d["argv"]), redact.sealed_env(d["env"])
+        await self.t.upload(json.dumps(d, indent=1).encode(), self.state_path, 0o600)
+
+    async def note_exit(self, pid: int, cause: str) -> bool:
+        """Keep in the state why server ``pid`` exited (``status`` names it later), if the state
+        still records that server and it is gone; under the lock (False when another client
+        holds it: its launch or stop rewrites the state anyway)."""
+        try:
+            async with self.locked("record exit"):
+                rec = await self.read_state()
+                if rec is None or rec.pid != pid or await self.alive(pid):
+                    return False
+                rec.cause = redact.text(cause)[:300]
+                await self.write_state(rec)
+                return True
+        except ControlError:
+            return False
+
+    async def exit_cause(self, rec: ServerRecord) -> str:
+        """Why a recorded server is gone: the cause a watcher kept, else the most telling error
+        line of the end of its log, else that none was found."""
+        if rec.cause:
+            return rec.cause
+        r = await self.t.run(f"tail -c 262144 -- {P.shell_path(rec.log)} 2>/dev/null", timeout=30)
+        lines = r.stdout.splitlines()[1 if len(r.stdout) >= 262144 else 0 :]  # (the first may be cut)
+        errors = [ev for ev in map(parse_line, lines) if isinstance(ev, ServerError)]
+        found = classify(errors)
+        if found is None:
+            return "killed, or exited without an error line in the log"
+        return redact.Redactor(self.preset)(f"{CAUSE_TEXT.get(found[0], found[0])}: {found[1]}")[:300]
 
     async def clear_state(self) -> None:
         await self.t.run(f"rm -f -- {P.shell_path(self.state_path)}", timeout=30)
@@ -428,6 +472,8 @@ class ServerControl:
             if line.startswith("LOCKED"):
                 break
             await stream.aclose()
+            if line.startswith(HELPER_EXITED):
+                await self.check_python()  # a wrong server.python: its own sentence, not the lock's
             # our own lock, let go a moment ago: over SSH its helper dies just after the channel closes
             releasing = (
                 (_lock_note(line) or {}).get("client") == client and key not in _HELD and time.monotonic() < deadline
@@ -449,7 +495,7 @@ class ServerControl:
         stream = self.t.stream(self._remote("lock", path, info) + f' || echo "{HELPER_EXITED} ($?)"')
         head, line = b"", None
         try:
-            async with asyncio.timeout(LOCK_ANSWER_S):
+            async with asyncio.timeout(self._limit(LOCK_ANSWER_S)):
                 async for chunk in stream:
                     head += chunk
                     line = _lock_answer(head)
@@ -516,7 +562,7 @@ class ServerControl:
             py = P.shell_path(self.preset.python())
             helps = " ".join(shlex.quote(a) for a in self.preset.help_args())
             r = await self.t.run(
-                self._as_server(f"{py} -m {shlex.quote(self.preset.server.module)} {helps}"), timeout=180
+                self._as_server(f"{py} -m {shlex.quote(self.preset.server.module)} {helps}"), timeout=self._limit(180)
             )
             if not r.ok:
                 raise ControlError(
@@ -538,21 +584,22 @@ class ServerControl:
                 f"{P.shell_path(self.preset.python())} {P.shell_path(probe.REMOTE_DIR + '/eagle3_probe.py')} "
                 "--check " + " ".join(self.preset.engine.probe_check_args())
             ),
-            timeout=60,
+            timeout=self._limit(60),
         )
         try:
             return json.loads(r.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
             return {"ok": False, "error": (r.stderr or r.stdout).strip()[-200:] or f"exit {r.exit_status}"}
 
-    async def preflight(self, replacing: ServerRecord | None) -> None:
-        """Refuse a relaunch that cannot work, before anything running is touched."""
+    async def check_python(self) -> None:
+        """The preflight's first question, asked before anything that needs the server's python
+        (the lock helper runs with it): does it run, and does it have the server's module?"""
         p = self.preset
         py = P.shell_path(p.python())
         r = await self.t.run(
             f"command -v -- {py} >/dev/null || [ -x {py} ] || exit 4; "
             + self._as_server(f"{py} -c {shlex.quote(FIND_MODULE_PY)} {shlex.quote(p.server.module)}"),
-            timeout=60,
+            timeout=self._limit(60),
         )
         if r.exit_status == 4:
             raise ControlError(f"{self.t.label}: server.python {p.python()} does not exist", 2)
@@ -567,10 +614,18 @@ class ServerControl:
             )
         if not r.ok:
             raise ControlError(f"{self.t.label}: cannot run {p.python()}: {r.stderr.strip()[:200]}", 2)
+        self._python_ok = p.python()
+
+    async def preflight(self, replacing: ServerRecord | None) -> None:
+        """Refuse a relaunch that cannot work, before anything running is touched."""
+        p = self.preset
+        if self._python_ok != p.python():
+            await self.check_python()
+        py = P.shell_path(p.python())
         await self._check_paths()
         for module, why in p.engine.required_modules(p) if p.server.module != P.SIM_MODULE else []:
             r = await self.t.run(
-                self._as_server(f"{py} -c {shlex.quote(FIND_MODULE_PY)} {shlex.quote(module)}"), timeout=60
+                self._as_server(f"{py} -c {shlex.quote(FIND_MODULE_PY)} {shlex.quote(module)}"), timeout=self._limit(60)
             )
             if r.exit_status != 0:
                 raise ControlError(
@@ -751,6 +806,7 @@ class ServerControl:
         on_phase: Callable[[str, float], None] | None = None,
         on_line: Callable[[str, Event | None], None] | None = None,
         health_timeout_s: float = HEALTH_TIMEOUT_S,
+        deadline: float | None = None,
     ) -> ReadyResult:
         """Poll /health until ready, dead or timed out; the log only names phases and causes.
 
@@ -758,10 +814,16 @@ class ServerControl:
         or one of its children (a 200 from another server on the port proves nothing). Once
         HTTP is up (the socket is ours, or /health answers at all), /health must turn 200
         within ``health_timeout_s``.
+
+        ``timeout_s`` (counted from ``deadline - timeout_s`` when a launch passes its deadline)
+        and the phase limit are deadlines for every wait inside: a /health request that hangs
+        and the checks on the target are cut to them, so the answer comes on time. A link lost
+        meanwhile is not a death: the polls go on (the transport reconnects) until the deadline.
         """
         import aiohttp
 
         t0 = time.monotonic()
+        end = t0 + timeout_s if deadline is None else deadline
         res = ReadyResult(ok=False, elapsed_s=0.0, phase="starting")
         lines: list[str] = []
         http_up = asyncio.Event()
@@ -805,9 +867,12 @@ class ServerControl:
         local_port = await self.t.forward_port(rec.port)
         url = self.t.url(local_port) + "/health"
 
-        async def health(session) -> int | None:
+        async def health(session, limit: float) -> int | None:
+            left = limit - time.monotonic()
+            if left <= 0:
+                return None
             try:
-                async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=min(5.0, left))) as r:
                     return r.status
             except (TimeoutError, aiohttp.ClientError, OSError):
                 return None
@@ -816,24 +881,58 @@ class ServerControl:
             http_since: float | None = None
             last: int | None = None
             owned = False  # a listening socket on the port belongs to rec.pid or its children
+            loop = asyncio.get_running_loop()
+
+            def limit() -> float:
+                return end if http_since is None else min(end, http_since + health_timeout_s)
+
+            def over() -> bool:
+                """Whether a deadline has passed; then ``res`` says which."""
+                now = time.monotonic()
+                if http_since is not None and now >= http_since + health_timeout_s:
+                    res.message = (
+                        f"HTTP has been up for {now - http_since:.0f} s but /health never answered "
+                        f"200 (last answer: {last or 'none'}; phase limit {health_timeout_s:.0f} s)"
+                    )
+                    res.cause = "unhealthy"
+                    return True
+                if now >= end:
+                    res.message = f"not ready after {timeout_s:.0f} s (phase: {res.phase})"
+                    res.cause = "timeout"
+                    return True
+                return False
+
             async with aiohttp.ClientSession() as session:
                 while not done.is_set():
+                    if over():
+                        return
                     waiter = asyncio.ensure_future(ready_line.wait())
-                    await asyncio.wait({waiter}, timeout=0.5)
+                    await asyncio.wait({waiter}, timeout=max(0.0, min(0.5, limit() - time.monotonic())))
                     waiter.cancel()
-                    if owned:  # our process holds the listening socket: only /health is left
-                        status = await health(session)
-                        if status == 200:
-                            res.ok = True
-                            return
-                        living = await self.alive(rec.pid)
-                    else:  # one round trip per poll: the checks on the target run side by side
-                        status, owned, living = await asyncio.gather(
-                            health(session), self.owns_port(rec.pid), self.alive(rec.pid)
-                        )
-                        if status == 200 and owned:
-                            res.ok = True
-                            return
+                    if over():
+                        return
+                    cut = limit()
+                    try:
+                        # every wait of this poll ends by the deadline (loop time is monotonic time)
+                        async with asyncio.timeout_at(loop.time() + (cut - time.monotonic())):
+                            if owned:  # our process holds the listening socket: only /health is left
+                                status = await health(session, cut)
+                                if status == 200:
+                                    res.ok = True
+                                    return
+                                living = await self.alive(rec.pid)
+                            else:  # one round trip per poll: the checks on the target run side by side
+                                status, owned, living = await asyncio.gather(
+                                    health(session, cut), self.owns_port(rec.pid), self.alive(rec.pid)
+                                )
+                                if status == 200 and owned:
+                                    res.ok = True
+                                    return
+                    except TimeoutError:
+                        continue  # the deadline came during the poll: said at the top
+                    except LinkLost:
+                        await asyncio.sleep(min(0.5, max(0.0, limit() - time.monotonic())))
+                        continue  # no answer is not "dead": ask again once the link is back
                     last = status if status is not None else last
                     if http_since is None and (status is not None or http_up.is_set() or owned):
                         http_since = time.monotonic()
@@ -841,18 +940,6 @@ class ServerControl:
                             set_phase("http up")
                     if not living:
                         await asyncio.sleep(0.3)  # let the last lines of the log arrive
-                        return
-                    now = time.monotonic()
-                    if http_since is not None and now - http_since > health_timeout_s:
-                        res.message = (
-                            f"HTTP has been up for {now - http_since:.0f} s but /health never answered "
-                            f"200 (last answer: {last or 'none'}; phase limit {health_timeout_s:.0f} s)"
-                        )
-                        res.cause = "unhealthy"
-                        return
-                    if now - t0 > timeout_s:
-                        res.message = f"not ready after {timeout_s:.0f} s (phase: {res.phase})"
-                        res.cause = "timeout"
                         return
 
         follower = asyncio.ensure_future(follow())
@@ -899,36 +986,45 @@ class ServerControl:
         """
         self.warnings = []
         self.cleanup = None
-        async with self.locked("launch"):
-            current = await self.read_state()
-            if (
-                not allow_any
-                and current is not None
-                and (why := self.foreign(current, allowed))
-                and await self.alive(current.pid)
-            ):
-                raise ControlError(why, 2)
-            await self.preflight(current)
-            if before_stop is not None:
-                await before_stop()
-            if current is not None:
-                msg = await self._stop()
-                if on_stopped is not None:
-                    on_stopped(msg)
-            rec = await self.start()
-            if after_start is not None:
-                await after_start(rec)
-            if not wait:
-                return rec, None
-            try:
-                res = await self.wait_ready(rec, timeout_s, on_phase=on_phase, health_timeout_s=health_timeout_s)
-            except asyncio.CancelledError:
-                await asyncio.shield(self._after_failure(rec, keep_on_failure))
-                raise
-            if not res.ok:
-                await self._after_failure(rec, keep_on_failure)
-                raise ControlError(f"{res.message or 'server did not become ready'}; {self.cleanup}", 1, res.log_tail)
-            return rec, res
+        self.deadline = deadline = time.monotonic() + timeout_s  # every wait of the launch ends by it
+        try:
+            await self.check_python()  # before the lock: its helper runs with that python
+            async with self.locked("launch"):
+                current = await self.read_state()
+                if (
+                    not allow_any
+                    and current is not None
+                    and (why := self.foreign(current, allowed))
+                    and await self.alive(current.pid)
+                ):
+                    raise ControlError(why, 2)
+                await self.preflight(current)
+                if before_stop is not None:
+                    await before_stop()
+                if current is not None:
+                    msg = await self._stop()
+                    if on_stopped is not None:
+                        on_stopped(msg)
+                rec = await self.start()
+                if after_start is not None:
+                    await after_start(rec)
+                if not wait:
+                    return rec, None
+                try:
+                    res = await self.wait_ready(
+                        rec, timeout_s, on_phase=on_phase, health_timeout_s=health_timeout_s, deadline=deadline
+                    )
+                except asyncio.CancelledError:
+                    await asyncio.shield(self._after_failure(rec, keep_on_failure))
+                    raise
+                if not res.ok:
+                    await self._after_failure(rec, keep_on_failure)
+                    raise ControlError(
+                        f"{res.message or 'server did not become ready'}; {self.cleanup}", 1, res.log_tail
+                    )
+                return rec, res
+        finally:
+            self.deadline = None
 
     async def _after_failure(self, rec: ServerRecord, keep: bool) -> None:
         """Never leave a half-started server behind unknowingly: stop it, or say that it was kept."""
@@ -936,7 +1032,9 @@ class ServerControl:
             self.cleanup = f"server {rec.pid} left running (--keep-on-failure)"
             return
         try:
-            await self._stop(grace_s=5)
+            # the grace before SIGKILL is a wait of the launch too: cut to what is left of its
+            # deadline (the whole group and its descendants go either way)
+            await self._stop(grace_s=max(0.2, self._limit(5.0)))
             self.cleanup = f"the half-started server {rec.pid} was stopped"
         except (ControlError, TransportError) as e:
             self.cleanup = f"stopping the half-started server {rec.pid} failed: {e}"
@@ -1000,7 +1098,8 @@ class ServerControl:
                 note=f"port {self.preset.server.port} is in use by a server tuitune did not start" if busy else None,
             )
         if not await self.alive(rec.pid):
-            return Status(False, rec, note=f"server {rec.pid} recorded but not running")
+            cause = await self.exit_cause(rec)
+            return Status(False, rec, note=f"server {rec.pid} recorded but not running; it exited: {cause}")
         if pid is None and not await self.still_ours(rec):
             return Status(False, rec, note=f"server {rec.pid} recorded, but that pid now runs another program")
         view = await self.process_view(rec.pid)

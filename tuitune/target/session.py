@@ -155,7 +155,6 @@ class Session(EventStream):
             self.preset.server.log,
             offset=offset,
             python=self.preset.python(),
-            reconnect_forever=True,
             on_state=self._on_tail_state,
         )
         skip_first = offset > 0 and bool(backlog)  # we started mid-line
@@ -314,16 +313,23 @@ class Session(EventStream):
                 rec, alive = await asyncio.gather(node.read_state(), node.alive(self.record.pid))
                 replaced = rec is not None and rec.pid != self.record.pid and await node.alive(rec.pid)
             except TransportError:
-                continue  # the link state says why; check again once it is back
+                # a link lost during a check is no answer about the server (the transport raises
+                # LinkLost, never a "not running"): the link state says why; check again once
+                # it is back, the tail's own resume reconnecting meanwhile
+                continue
             if self._relaunch_lock.locked() or self.state.state not in ("ready", "exited"):
                 return
             if replaced and rec is not None:
                 await self._adopt(rec, self.record.pid)
             elif not alive and self.state.state == "ready":
                 await asyncio.sleep(0.2)  # let the last lines of its log arrive (for the cause)
-                self._exited(self.record.pid, stopped_elsewhere=rec is None)
+                pid = self.record.pid
+                cause = self._exited(pid, stopped_elsewhere=rec is None)
+                if rec is not None and rec.pid == pid:
+                    with contextlib.suppress(ControlError, TransportError):
+                        await node.note_exit(pid, cause)  # `tuitune status` names it later
 
-    def _exited(self, pid: int, stopped_elsewhere: bool) -> None:
+    def _exited(self, pid: int, stopped_elsewhere: bool) -> str:
         found = classify(self._errors)
         cause = (
             f"{CAUSE_TEXT.get(found[0], found[0])}: {found[1]}"
@@ -335,6 +341,7 @@ class Session(EventStream):
         self.publish([Marker(f"server {pid} exited ({cause})", self.preset.name, self.preset.hash())])
         self._set_state("exited", "exited", detail=cause[:300], pid=pid)
         self.running_preset = None
+        return cause
 
     async def _adopt(self, rec: ServerRecord, old: int) -> None:
         """Another client relaunched the server on our port (``old``: the pid we followed): follow
@@ -474,8 +481,8 @@ class Session(EventStream):
         if self._tail is None:
             return
         try:
-            size = await file_size(self.transport, self.preset.server.log)
-        except TransportError:
+            size = await asyncio.wait_for(file_size(self.transport, self.preset.server.log), timeout_s)
+        except (TransportError, TimeoutError):
             return
         deadline = time.monotonic() + timeout_s
         while self._tail is not None and self._tail.offset < size and time.monotonic() < deadline:

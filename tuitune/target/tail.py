@@ -5,30 +5,42 @@ follows the file by name and frames its output, so content and notices can never
 (a log line that reads "tail: x: file truncated" is just a line). ``offset`` counts the bytes of
 content up to the last complete line handed out and ``identity`` names the file (device and
 inode) they came from; after a reconnect the tail resumes from ``offset`` only when the name
-still points to that file and it is not shorter, otherwise it starts again from byte 0 and says
-so (``reset``). No line is lost and none is repeated. A partial last line is held until its
-newline arrives.
+still points to that file, it is not shorter, and the bytes just before ``offset`` are still the
+ones that were read (a SHA-256 of the last ``CHECK_WINDOW`` bytes: a file truncated in place and
+regrown past the old offset while the link was down keeps its inode and passes the size check),
+otherwise it starts again from byte 0 and says so (``reset``). No line is lost and none is
+repeated. A partial last line is held until its newline arrives.
+
+A lost link is retried without end (``Transport.resume``, the one policy of every follower), so
+``tuitune logs -f``, ``--record`` and the TUI all follow across an outage of any length.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import shlex
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from importlib import resources
 
 from tuitune.preset import shell_path
-from tuitune.target.transport import LinkLost, Transport, TransportError
+from tuitune.target.transport import LinkLost, Transport
 
 MAX_LINE = 1024 * 1024
-RETRY_CAP_S = 8.0  # longest pause between reconnect attempts when retrying forever
+CHECK_WINDOW = 64 * 1024  # bytes before the offset whose checksum a resumed tail compares
 _TAILER = resources.files("tuitune.target.remote").joinpath("tailer.py").read_text()
 
 
 async def file_size(t: Transport, path: str) -> int:
-    """Size of a file on the target in bytes (0 when it does not exist yet)."""
-    r = await t.run(f"stat -c %s -- {shell_path(path)} 2>/dev/null", timeout=30)
+    """Size of a file on the target in bytes (0 when it does not exist yet). Where a tail is to
+    start: a link lost meanwhile is waited out as every follower waits it out (``resume``)."""
+    while True:
+        try:
+            r = await t.run(f"stat -c %s -- {shell_path(path)} 2>/dev/null", timeout=30)
+            break
+        except LinkLost:
+            await t.resume()
     text = r.stdout.strip()
     return int(text) if r.ok and text.isdigit() else 0
 
@@ -43,8 +55,8 @@ class TailBatch:
 class LogTail:
     """``state`` is "starting", "following", "reconnecting" or "closed"; ``on_state`` hears changes.
 
-    With ``reconnect_forever`` a lost link is retried without end (the transport's capped
-    backoff between attempts); otherwise the transport's last ``LinkLost`` ends the iteration.
+    A lost link is retried without end (``Transport.resume``); only an error that retrying cannot
+    fix (authentication, a host key, a closed transport) ends the iteration, raised.
     """
 
     def __init__(
@@ -55,7 +67,6 @@ class LogTail:
         max_line: int = MAX_LINE,
         retry_delay: float = 0.5,
         python: str = "python3",
-        reconnect_forever: bool = False,
         on_state: Callable[[str], None] | None = None,
     ):
         self.transport = transport
@@ -65,7 +76,6 @@ class LogTail:
         self.max_line = max_line
         self.retry_delay = retry_delay
         self.python = python
-        self.reconnect_forever = reconnect_forever
         self.on_state = on_state
         self.state = "starting"
         self.notice: str | None = None  # the tailer's last notice for people (cannot open …)
@@ -77,13 +87,23 @@ class LogTail:
         self._skipping = False
         self._pending_skip = 0
         self._closed = False
+        self._window = b""  # the last CHECK_WINDOW content bytes before ``offset``, as read
+        self._open = b""  # content bytes read after ``offset`` (the partial line; its last CHECK_WINDOW)
 
     def command(self) -> str:
         """The remote command: every value is quoted; the path is an argument, never shell code."""
         return (
             f"{shell_path(self.python)} -I -S -c {shlex.quote(_TAILER)} "
-            f"{shell_path(self.path)} {int(self.offset)} {shlex.quote(self.identity)} 2>/dev/null"
+            f"{shell_path(self.path)} {int(self.offset)} {shlex.quote(self.identity)} "
+            f"{shlex.quote(self.check())} 2>/dev/null"
         )
+
+    def check(self) -> str:
+        """``<n>:<sha256>`` of the last n bytes before ``offset`` as this tail read them ("-" when
+        it read none yet): the tailer starts again from byte 0 when the file holds others there."""
+        if not self._window:
+            return "-"
+        return f"{len(self._window)}:{hashlib.sha256(self._window).hexdigest()}"
 
     def close(self) -> None:
         self._closed = True
@@ -109,25 +129,14 @@ class LogTail:
             except LinkLost:
                 if self._closed:
                     return
-                await self._reconnect()
+                self._set_state("reconnecting")
+                if not await self.transport.resume(lambda: self._closed):
+                    return
                 continue
             if self._closed:
                 return
             # the tailer ended without a link error (killed on the target, no python): start it again
             await asyncio.sleep(self.retry_delay)
-
-    async def _reconnect(self) -> None:
-        self._set_state("reconnecting")
-        while True:
-            try:
-                await self.transport.reconnect()
-                return
-            except LinkLost:
-                if not self.reconnect_forever or self._closed:
-                    raise
-                await asyncio.sleep(RETRY_CAP_S)  # the transport's own backoff ended: keep the cap
-            except TransportError:
-                raise  # not a link problem (authentication, host key): retrying cannot help
 
     def _reset_framing(self) -> None:
         """A new tailer starts: forget bytes after the last newline (re-read from ``offset``)."""
@@ -135,6 +144,7 @@ class LogTail:
         self._need = 0
         self._partial.clear()
         self._skipping = False
+        self._open = b""
 
     def feed(self, chunk: bytes) -> TailBatch | None:
         """Consume the tailer's framed output; return the complete lines it finished (pure, testable)."""
@@ -163,6 +173,7 @@ class LogTail:
                 self.identity = arg
             elif kind == "R":
                 self.offset = 0
+                self._window = self._open = b""
                 self._partial.clear()
                 self._skipping = False
                 self.resets += 1
@@ -174,7 +185,21 @@ class LogTail:
             return None
         return TailBatch(lines, self.offset, reset)
 
+    def _remember(self, data: bytes) -> None:
+        """Keep the window of bytes before ``offset`` up to date with this piece of content."""
+        nl = data.rfind(b"\n")
+        if nl < 0:
+            self._open = (self._open + data)[-CHECK_WINDOW:]
+            return
+        done = data[: nl + 1]
+        if len(done) >= CHECK_WINDOW:
+            self._window = done[-CHECK_WINDOW:]
+        else:
+            self._window = (self._window + self._open + done)[-CHECK_WINDOW:]
+        self._open = data[nl + 1 :][-CHECK_WINDOW:]
+
     def _content(self, data: bytes, lines: list[str]) -> None:
+        self._remember(data)
         start = 0
         while True:
             nl = data.find(b"\n", start)

@@ -216,7 +216,8 @@ class Collector:
                 r = await self.transport.run(f"{self.prefix} --help-query-gpu", timeout=30)
                 break
             except LinkLost:
-                await self.transport.reconnect()
+                if not await self.transport.resume(lambda: self._closed):
+                    return False
         name = shlex.split(self.prefix)[0] if self.prefix else DEFAULT_COMMAND
         if r.exit_status == 127 or "not found" in r.stderr or "No such file" in r.stderr:
             self._set("unavailable", f"{name} not found on {self.transport.label}: GPU telemetry is off")
@@ -257,7 +258,8 @@ class Collector:
                     return
                 self._drop_partial()
                 self._set("interrupted", "link lost; resuming")
-                await self.transport.reconnect()
+                if not await self.transport.resume(lambda: self._closed):
+                    return
                 continue
             if self._closed:
                 return

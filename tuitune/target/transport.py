@@ -30,12 +30,19 @@ KEEPALIVE_INTERVAL = 15
 KEEPALIVE_COUNT = 3
 
 
+RETRY_CAP_S = 8.0  # the longest pause between two reconnect attempts of a follower (``resume``)
+
+
 class TransportError(Exception):
     """A one-sentence failure of the link or of a command's plumbing (not its exit status)."""
 
 
 class LinkLost(TransportError):
-    """The connection dropped; ``reconnect()`` may bring it back."""
+    """The connection dropped; ``reconnect()`` may bring it back.
+
+    Also what a command whose connection died while it ran raises: its exit status never came
+    back, so there is no answer to read (an SSH channel closed without one is not "exit 255",
+    which a liveness check would take for "not running")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +77,16 @@ class Transport:
     async def connect(self) -> None:
         self._notify("connected")
 
-    async def reconnect(self, max_attempts: int = 8) -> None:
+    async def reconnect(self, max_attempts: int | None = 8, stop: Callable[[], bool] | None = None) -> bool:
         """Local transports never lose their link."""
+        return True
+
+    async def resume(self, closed: Callable[[], bool] = lambda: False) -> bool:
+        """The reconnect policy of every follower (log tails, telemetry, the watch of a server): a
+        lost link is retried without end, with backoff capped at ``RETRY_CAP_S`` between attempts,
+        until it is back (True) or ``closed()`` says to stop (False). What retrying cannot fix
+        (authentication, a host key, a closed transport) is raised."""
+        return await self.reconnect(None, stop=closed)
 
     async def run(self, command: str, timeout: float | None = 60.0, input: bytes | None = None) -> RunResult:
         try:
@@ -546,34 +561,48 @@ class SshTransport(Transport):
                 await self._restore_forwards(self._conn)
         self._notify("connected")
 
-    async def reconnect(self, max_attempts: int = 8, base_delay: float = 0.25, max_delay: float = 8.0) -> None:
-        """Drop the old connection and connect again with exponential backoff.
+    async def reconnect(
+        self,
+        max_attempts: int | None = 8,
+        stop: Callable[[], bool] | None = None,
+        base_delay: float = 0.25,
+        max_delay: float = RETRY_CAP_S,
+    ) -> bool:
+        """Drop the old connection and connect again with exponential backoff (``max_attempts``
+        None: until it works, or until ``stop()``, checked before each attempt, says to give up:
+        then False).
 
         Several users (log tail, telemetry) see one drop: when another caller has already put a
         live connection in place, it is kept (aborting it would kill that caller's fresh streams).
         A failed channel forgets only its own connection (``_forget``), so a live one here is new."""
         async with self._lock:
             if self._conn is not None and not self._conn.is_closed():
-                return
+                return True
             old, self._conn = self._conn, None
             if old is not None:
                 old.abort()
             delay = base_delay
-            for attempt in range(1, max_attempts + 1):
+            attempt = 0
+            while True:
+                attempt += 1
                 if self._closed:
                     raise TransportError(f"{self.label}: transport closed")
+                if stop is not None and stop():
+                    return False
                 self._notify("reconnecting", attempt)
                 try:
                     self._conn = await self._open()
                     await self._restore_forwards(self._conn)
                     break
                 except LinkLost as e:
-                    if attempt == max_attempts:
+                    self._conn = None
+                    if max_attempts is not None and attempt >= max_attempts:
                         self._notify("lost", attempt, str(e))
                         raise
                     await asyncio.sleep(delay)
                     delay = min(max_delay, delay * 2)
         self._notify("connected")
+        return True
 
     def _forget(self, conn) -> None:
         """Drop a dead connection, unless another caller already replaced it."""
@@ -610,7 +639,13 @@ class SshTransport(Transport):
             except asyncio.CancelledError:
                 proc.close()  # its channel, which asyncssh would keep open
                 raise
-        status = r.exit_status if r.exit_status is not None else (128 + 9 if r.exit_signal else 255)
+        if r.exit_status is None and not r.exit_signal:
+            # the channel closed without an answer: the connection died under the command (its
+            # sshd killed, the network gone), whatever the command did; never a "no" from it
+            if _closed(conn):
+                self._forget(conn)
+            raise LinkLost(f"{self.label}: connection lost while a command ran (no exit status came back)")
+        status = r.exit_status if r.exit_status is not None else 128 + _signal_number(r.exit_signal[0])
         return RunResult(
             status, (r.stdout or b"").decode("utf-8", "replace"), (r.stderr or b"").decode("utf-8", "replace")
         )
@@ -629,7 +664,7 @@ class SshTransport(Transport):
                     self._forget(conn)
                     raise LinkLost(f"{self.label}: connection lost ({_reason(e)})") from None
                 if not data:
-                    if conn.is_closed() if hasattr(conn, "is_closed") else False:
+                    if _closed(conn):
                         self._forget(conn)
                         raise LinkLost(f"{self.label}: connection lost")
                     break
@@ -670,6 +705,18 @@ class SshTransport(Transport):
             self._conn = None
         self._close_jumps()
         self._notify("closed")
+
+
+def _closed(conn) -> bool:
+    return conn.is_closed() if hasattr(conn, "is_closed") else False
+
+
+def _signal_number(name) -> int:
+    """An SSH exit-signal name ("KILL", "TERM") as its number (9 when unknown)."""
+    try:
+        return int(signal.Signals[f"SIG{str(name).upper().removeprefix('SIG')}"])
+    except (KeyError, ValueError):
+        return 9
 
 
 async def _open_process(conn, command: str, **kw):

@@ -2,8 +2,9 @@
 
 Runs on the target with the server's python (stdlib only; sent as ``python -I -S -c SOURCE``, so
 nothing is uploaded and the path arrives as an argument, never inside shell code).
-Usage: ``python -c SOURCE PATH OFFSET IDENTITY`` (IDENTITY ``dev:inode`` of the file OFFSET
-belongs to, or ``-`` when unknown).
+Usage: ``python -c SOURCE PATH OFFSET IDENTITY [CHECK]`` (IDENTITY ``dev:inode`` of the file
+OFFSET belongs to, or ``-`` when unknown; CHECK ``<n>:<sha256 hex>`` of the n bytes before OFFSET
+as the client read them, or ``-``).
 
 Why not ``tail -F``: its notices share the stream with the content, so a log line that reads
 like a notice was taken for one; and after a reconnect the old offset was applied to a rotated
@@ -15,11 +16,14 @@ file. Here every record is framed, so content can never pass for a notice:
     W <text>\\n          a notice for people (cannot open, waiting for the file)
 
 The file is replaced (rotation) when the name points to another inode; it is truncated when it
-is shorter than what was read. A rotated file is read to its end before the new one.
+is shorter than what was read, or when the bytes before OFFSET are no longer the ones the client
+read (CHECK: truncated in place and regrown past OFFSET while nobody watched, same inode, larger
+size). A rotated file is read to its end before the new one.
 Between reads it sleeps on inotify (the file's directory; libc through ctypes), so a new line
 arrives within a millisecond; where inotify is missing it polls every 50 ms at most.
 """
 
+import hashlib
 import os
 import select
 import sys
@@ -58,7 +62,29 @@ def _inotify():
     return wait
 
 
-def main(path, offset, identity):
+def _same_bytes(fd, offset, check):
+    """Whether the bytes before ``offset`` still hash as ``check`` says ("-": nothing to compare)."""
+    if check in ("-", ""):
+        return True
+    n, _, digest = check.partition(":")
+    try:
+        n = int(n)
+    except ValueError:
+        return True
+    if n <= 0 or n > offset:
+        return True
+    os.lseek(fd, offset - n, os.SEEK_SET)
+    got, left = [], n
+    while left > 0:
+        piece = os.read(fd, min(left, CHUNK))
+        if not piece:
+            return False
+        got.append(piece)
+        left -= len(piece)
+    return hashlib.sha256(b"".join(got)).hexdigest() == digest
+
+
+def main(path, offset, identity, check="-"):
     out = sys.stdout.buffer
 
     def emit(record, data=b""):
@@ -87,6 +113,9 @@ def main(path, offset, identity):
                 pos = 0
             elif first and st.st_size < offset:
                 emit("R truncated")
+                pos = 0
+            elif first and not _same_bytes(fd, offset, check):
+                emit("R rewritten")
                 pos = 0
             elif first:
                 pos = offset
@@ -121,6 +150,6 @@ def main(path, offset, identity):
 
 if __name__ == "__main__":
     try:
-        main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
+        main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else "-")
     except (BrokenPipeError, KeyboardInterrupt):
         pass
