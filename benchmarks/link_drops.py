@@ -40,7 +40,8 @@ from conftest import SshServer, make_preset  # noqa: E402
 from tuitune.experiments.record import record  # noqa: E402
 from tuitune.target.control import ServerControl  # noqa: E402
 from tuitune.target.session import Session  # noqa: E402
-from tuitune.target.transport import SshTarget, SshTransport  # noqa: E402
+from tuitune.target.ssh import SshTarget  # noqa: E402
+from tuitune.target.transport import SshTransport  # noqa: E402
 
 
 def drop(sshd: SshServer, stop_listener: bool) -> None:

@@ -15,8 +15,9 @@ from conftest import group_alive, make_preset, wait_for
 
 from tuitune import preset as P
 from tuitune.target.control import ControlError, ServerControl, compute_drift, nccl_confirmation
+from tuitune.target.ssh import SshTarget
 from tuitune.target.tail import LogTail
-from tuitune.target.transport import LocalTransport, SshTarget, SshTransport, TransportError
+from tuitune.target.transport import LocalTransport, SshTransport, TransportError
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,8 +19,9 @@ from conftest import group_alive, make_preset, wait_for
 from tuitune import preset as P
 from tuitune.experiments import ncclbench as NB
 from tuitune.target.control import ControlError, ServerControl
+from tuitune.target.ssh import SshTarget
 from tuitune.target.tail import LogTail, file_size
-from tuitune.target.transport import LocalTransport, SshTarget, SshTransport
+from tuitune.target.transport import LocalTransport, SshTransport
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -21,8 +21,9 @@ from tuitune.base import redact
 from tuitune.base.events import LogLine
 from tuitune.measure.parse import parse_line
 from tuitune.target.control import ControlError, ServerControl
+from tuitune.target.ssh import SshTarget
 from tuitune.target.tail import LogTail
-from tuitune.target.transport import LinkLost, LocalTransport, SshTarget, SshTransport
+from tuitune.target.transport import LinkLost, LocalTransport, SshTransport
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,7 +19,8 @@ from tuitune import preset as P
 from tuitune.base import redact
 from tuitune.experiments import grid as G
 from tuitune.target.control import ControlError, ServerControl, ServerRecord, Status, compute_drift
-from tuitune.target.transport import LocalTransport, SshTarget, SshTransport, TransportError
+from tuitune.target.ssh import SshTarget
+from tuitune.target.transport import LocalTransport, SshTransport, TransportError
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "hf_secret_4711"

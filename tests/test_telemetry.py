@@ -17,8 +17,9 @@ from tuitune.base.events import GpuSample, TelemetryState
 from tuitune.measure import smi
 from tuitune.measure.metrics import GpuStore
 from tuitune.target import gpus as G
+from tuitune.target.ssh import SshTarget
 from tuitune.target.telemetry import CaptureThrottle, Collector, RunWatch, command_prefix, gpu_flags, stop
-from tuitune.target.transport import LocalTransport, SshTarget, SshTransport
+from tuitune.target.transport import LocalTransport, SshTransport
 
 DATA = ROOT / "tests" / "data" / "nvidia-smi"  # shared/data/nvidia-smi plus captures of our own (README there)
 COMPANION = f"{sys.executable} -m tuitune.sim.nvidia_smi"

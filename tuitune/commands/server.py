@@ -220,7 +220,7 @@ def trust_args(p: argparse.ArgumentParser) -> None:
 def _trust_target(ns):
     """The SSH target of a preset of that name or path, else the host as given."""
     from tuitune import preset as P
-    from tuitune.target.transport import SshTarget
+    from tuitune.target.ssh import SshTarget
 
     try:
         path = P.find(ns.target)
@@ -233,7 +233,7 @@ def _trust_target(ns):
 
 
 def cmd_trust(ns) -> int:
-    from tuitune.target.transport import trust_route
+    from tuitune.target.ssh import trust_route
 
     def confirm(hop, key) -> bool:
         if ns.yes:
