@@ -13,6 +13,9 @@ beats the best measured goodput by more than the noise, launch it; otherwise lau
 configuration whose interval reaches highest above the best measured (it could still win); stop
 when nothing can beat the best by more than the noise, or the relaunch budget is spent. The
 choice is the best *measured* configuration: a prediction is never the final word.
+
+Why one module of this size: the loop, its sources, its JSONL log and ``--resume`` share one record
+format; the models it decides with live in tuitune.decide.
 """
 
 from __future__ import annotations

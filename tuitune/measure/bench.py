@@ -13,6 +13,9 @@ Where the clock starts and stops: a request's clock starts when its last byte ha
 the socket (aiohttp's request-sent trace signal, in the sessions ``client_session`` makes), not
 when the client begins building it, so the client's own work before sending stays out of TTFT
 and end-to-end latency. A chunk is timestamped as soon as its bytes are read, before any parsing.
+
+Why one module of this size: the request loop, its clock, the SSE byte reader and the summary are
+one measurement; split, the rules of what a request's clock includes would live in several places.
 """
 
 from __future__ import annotations

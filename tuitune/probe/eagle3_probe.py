@@ -42,6 +42,9 @@ closed early when they change, so that every line describes one configuration.
 
 ``python eagle3_probe.py --check [--sglang-path DIR]`` reads SGLang's source with ``ast`` (no
 import, no GPU) and reports which phases it can patch.
+
+Why one file of this size: it is copied to the target and imported inside the engine by
+``sitecustomize``, stdlib only; one self-contained file is what can be uploaded and checked.
 """
 
 from __future__ import annotations

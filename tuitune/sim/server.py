@@ -1,4 +1,8 @@
-"""The simulated SGLang server process: start-up log, scheduler, HTTP API, faults."""
+"""The simulated SGLang server process: start-up log, scheduler, HTTP API, faults.
+
+Why one module of this size: the simulator is an independent program; its start-up log, scheduler,
+HTTP API and fault injection share the one event loop and clock of a simulated server.
+"""
 
 from __future__ import annotations
 

@@ -8,6 +8,9 @@ seeds lost their NCCL variables silently after a restart; drift makes that visib
 file (mode 0600) keeps no secret in clear: secret values of argv and env are sealed (salted
 SHA-256, ``redact.seal``); and once a watcher saw the server die, the cause it found (``cause``),
 so that ``status`` names it later.
+
+Why one module of this size: preflight, lock, start, stop, readiness and drift share the state
+file's format and the lock's discipline; every change of state on the target goes through here.
 """
 
 from __future__ import annotations

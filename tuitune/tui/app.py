@@ -2,6 +2,9 @@
 
 Events from the session are buffered and the screen is refreshed from a 10 Hz timer, never once
 per log line. Connecting, relaunching, benchmarking run in workers; the UI never blocks.
+
+Why one module of this size: Textual binds actions, key bindings and the command palette to the
+App class; the panels are their own modules, and the actions here only call the session.
 """
 
 from __future__ import annotations
