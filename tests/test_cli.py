@@ -187,7 +187,7 @@ def test_tune_prints_the_failed_servers_last_log_lines(tmp_path):
         )
     (out / "tune.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     r = tuitune(
-        "tune", str(path), "--budget", "0", "--concurrency", "1", "--out", str(out), "--resume", "--ab-rounds", "1",
+        "tune", str(path), "--budget", "0", "--concurrency", "1", "--out", str(out), "--resume", "--ab-rounds", "1", "--no-verdict",
         env={"HOME": str(tmp_path)},
     )  # fmt: skip
     assert r.returncode == 1, r.stdout + r.stderr
