@@ -393,7 +393,13 @@ async def test_the_config_panel_offers_the_loaded_engines_flags_and_algorithms()
         assert panel.query_one("#flag-gpu-memory-utilization", Input).value == "0.88"
         assert panel.query_one("#flag-disable-custom-all-reduce", Checkbox).value is True
         algo = panel.query_one("#spec-algorithm", Select)
-        assert algo.value == "EAGLE3" and [v for _, v in algo._options] == ["none", "EAGLE", "EAGLE3", "NGRAM", "SUFFIX"]
+        assert algo.value == "EAGLE3" and [v for _, v in algo._options] == [
+            "none",
+            "EAGLE",
+            "EAGLE3",
+            "NGRAM",
+            "SUFFIX",
+        ]
         panel.query_one("#flag-gpu-memory-utilization", Input).value = "0.8"
         panel.query_one("#flag-max-num-seqs", Input).value = "64"
         await pilot.pause()
