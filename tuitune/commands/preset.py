@@ -100,11 +100,12 @@ def cmd_preset_show(ns) -> int:
 def cmd_preset_validate(ns) -> int:
     from tuitune import preset as P
 
-    names = ns.presets or [str(path) for _, path, _, _ in P.listing()]
+    listed = [] if ns.presets else P.listing()  # every preset is read once, not once a use
+    names = ns.presets or [str(path) for _, path, _, _ in listed]
     if not names:
         print(f"no presets in {P.user_dir()} or {P.shipped_dir()}")
         return 0
-    shown = {str(path): f"{origin} {path.stem}" for origin, path, _, _ in P.listing()} if not ns.presets else {}
+    shown = {str(path): f"{origin} {path.stem}" for origin, path, _, _ in listed}
     notes: dict[str, list[str]] = {}  # a deliberate choice is said once, with who makes it
     if ns.json:
         out: list[dict] = []
