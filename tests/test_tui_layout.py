@@ -97,6 +97,14 @@ async def test_replay_quits_without_a_question():
         assert not isinstance(app.screen, QuitScreen) and app.return_code == 0
 
 
+async def test_next_node_on_a_replay_says_there_is_one_machine():
+    app = scene_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.action_next_node()
+        await pilot.pause()
+        assert any("one machine" in m for m in app.messages), app.messages
+
+
 @SIZES
 async def test_focused_inputs_show_their_value_and_derived_is_not_an_error(size):
     app = scene_app()

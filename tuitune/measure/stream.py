@@ -45,6 +45,10 @@ class EventStream:
         """Where the events come from, for the header."""
         return "?"
 
+    def node_labels(self) -> list[str]:
+        """Each node's machine, for a stream with a server behind it (none for a replay)."""
+        return []
+
     def subscribe(self, fn: Subscriber) -> None:
         self.subscribers.append(fn)
 

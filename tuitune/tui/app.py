@@ -854,7 +854,7 @@ class TuituneApp(App):
 
     def action_next_node(self) -> None:
         """A multi-node server: show the next node's log in the log pane."""
-        labels = self.session.node_labels() if hasattr(self.session, "node_labels") else []
+        labels = self.session.node_labels()
         if len(labels) < 2:
             self.say("one machine: there is no other node's log", "warning")
             return
