@@ -103,7 +103,7 @@ def cmd_ab(ns) -> int:
         raise CliError(f"--spread must be between 0 and 1 (got {ns.spread})", 2)
     if ns.spread is not None and ns.spread_from:
         raise CliError("--spread and --spread-from both state the spread: give one", 2)
-    for note in ab_notes(a, b, ns.rounds):
+    for note in ab_notes(a, b, ns.rounds, last):
         print(f"note: {note}", file=sys.stderr)
     ov = overrides(ns)
     api_a, api_b = (ov.get("api", p.bench.api) for p in (a, b))

@@ -185,17 +185,23 @@ def spread_from(paths: list[str], presets: list[Preset], concurrency: int | None
     return sd, f"measured: {dof + len([g for g in groups if len(g) >= 2])} earlier launches of these presets"
 
 
-def ab_notes(a: Preset, b: Preset, rounds: int) -> list[str]:
-    """What the user should know before the run starts (one sentence each)."""
+def ab_notes(a: Preset, b: Preset, rounds: int, max_rounds: int | None = None) -> list[str]:
+    """What the user should know before the run starts (one sentence each); ``max_rounds``: the
+    budget of a sequential A/B (its first looks may come before a verdict is possible)."""
     notes = []
     if a.hash() == b.hash():
         notes.append(
             f"A/A run: both arms launch the same configuration ({a.name}), so any 'significant' difference is noise"
         )
-    if rounds < MIN_ROUNDS:
+    if max(rounds, max_rounds or rounds) < MIN_ROUNDS:
         notes.append(
             f"--rounds {rounds} cannot reach p < {ALPHA} with the exact Mann-Whitney test "
             f"(it needs {MIN_ROUNDS} launches per arm), so this is a measurement without a verdict"
+        )
+    elif rounds < MIN_ROUNDS:
+        notes.append(
+            f"the looks after fewer than {MIN_ROUNDS} rounds cannot decide (the exact Mann-Whitney test needs "
+            f"{MIN_ROUNDS} launches per arm): the first look that can comes after round {MIN_ROUNDS}"
         )
     return notes
 
@@ -245,7 +251,11 @@ async def bench_launch(
 
 
 def verdict(
-    launches: list[dict], min_effect: float = MIN_EFFECT, judge: bool = True, d: stats.Design | None = None
+    launches: list[dict],
+    min_effect: float = MIN_EFFECT,
+    judge: bool = True,
+    d: stats.Design | None = None,
+    bootstrap: bool = True,
 ) -> dict:
     """Arm B against arm A, each launch one sample (rows carry their arm, "A" or "B"); with
     ``judge`` False (too few rounds, run on purpose) the medians and ratio without a verdict.
@@ -255,7 +265,8 @@ def verdict(
     interval (the test inverted) lies wholly above / below 1, whatever ``min_effect``. The minimum
     practical effect only says whether a decided difference is surely at least that large
     (``practical``), and whether an undecided interval shows the difference is smaller
-    (``equivalent``): it never turns a decided result into "no significant difference"."""
+    (``equivalent``): it never turns a decided result into "no significant difference".
+    ``bootstrap`` False leaves out the medians' bootstrap interval (a description only)."""
     bad = [x for x in launches if x["failed"]]
     if bad:
         return {
@@ -273,7 +284,7 @@ def verdict(
     key = metric(launches)
     va = [x[key] for x in launches if x["arm"] == "A"]
     vb = [x[key] for x in launches if x["arm"] == "B"]
-    out = {**stats.compare(va, vb, min_effect), "metric": key}
+    out = {**stats.compare(va, vb, min_effect, n_boot=2000 if bootstrap else 0), "metric": key}
     out["median_ratio_ci"] = out.pop("ratio_ci")  # the bootstrap of the medians: a description, not the decision
     if not judge:
         out["ratio_ci"] = out["median_ratio_ci"]
@@ -340,6 +351,19 @@ def look_line(v: dict, rounds: int, last: int) -> str:
     if v.get("equivalent"):
         return where + what + f": decided, any difference is inside ±{v['min_effect']:.1%}"
     return where + what + (": undecided, adding a round" if rounds < last else ": undecided, no rounds left")
+
+
+def stop_reason(v: dict, rounds: int, last: int) -> str:
+    """Why a sequential A/B stops after this look ("undecided …": it goes on while rounds are left)."""
+    if v["verdict"] == "not comparable":
+        return f"not comparable after {rounds} rounds"
+    if v["verdict"] != "no significant difference":
+        return f"decided after {rounds} of up to {last} rounds"
+    if v.get("equivalent"):
+        return f"decided after {rounds} of up to {last} rounds: any difference is inside ±{v['min_effect']:.1%}"
+    if rounds < last:
+        return f"undecided after {rounds} rounds"
+    return f"undecided after {last} rounds: the budget ({last} rounds) is spent"
 
 
 async def run_ab(
@@ -437,15 +461,9 @@ async def run_ab(
                 )
                 if progress:
                     progress(look_line(v, r, last))
-                if v["verdict"] != "no significant difference" or v.get("equivalent"):
-                    stopped = (
-                        f"not comparable after {r} rounds"
-                        if v["verdict"] == "not comparable"
-                        else f"decided after {r} of up to {last} rounds"
-                    )
+                stopped = stop_reason(v, r, last)
+                if r < last and not stopped.startswith("undecided"):
                     break
-                if r == last:
-                    stopped = f"undecided after {last} rounds: the budget (--max-rounds {last}) is spent"
     finally:
         await telemetry.stop(gpus, task)
     if stop_at_end:
@@ -461,7 +479,7 @@ async def run_ab(
         "first_look": rounds,
         "max_rounds": last,
         "launches": launches,
-        "notes": ab_notes(a, b, rounds),
+        "notes": ab_notes(a, b, rounds, last),
         "power": {"before": before, "after": after},
         "design": d.to_dict() if judge else None,
         "looks": looks,

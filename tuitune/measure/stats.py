@@ -140,16 +140,18 @@ def compare(
     min_effect: float = 0.01,
     alpha: float = 0.05,
     level: float = 0.95,
+    n_boot: int = 2000,
 ) -> dict:
     """Verdict for candidate vs baseline (higher is better, e.g. tok/s).
 
     "faster"/"slower" need both a significant Mann-Whitney p and a CI of the ratio of medians that
-    lies entirely beyond ±min_effect; anything else is "no significant difference".
+    lies entirely beyond ±min_effect; anything else is "no significant difference". ``n_boot`` 0:
+    no bootstrap (the interval is NaN, the verdict "no significant difference").
     """
     med_a = median(baseline) if baseline else math.nan
     med_b = median(candidate) if candidate else math.nan
     ratio = med_b / med_a if baseline and candidate and med_a > 0 else math.nan
-    lo, hi = bootstrap_ratio_ci(baseline, candidate, level)
+    lo, hi = bootstrap_ratio_ci(baseline, candidate, level, n_boot) if n_boot > 0 else (math.nan, math.nan)
     _, p = mann_whitney_u(baseline, candidate)
     verdict = "no significant difference"
     if p < alpha and math.isfinite(lo):
