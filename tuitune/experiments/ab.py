@@ -9,6 +9,13 @@ alternate so that drift over time (thermal, other tenants) hits both arms alike.
 runs for the whole comparison: a launch measured while clocks were capped or a GPU straggled,
 beside launches measured without, makes the verdict "not comparable".
 
+The verdict is the exact Mann-Whitney test on the launches and its interval of the ratio is that
+test inverted, so they always agree; the minimum effect is practical only (a decided difference is
+reported against it, never discarded). With ``max_rounds`` the A/B is sequential: a look after
+every round, stopping when the interval decides, the false positives held at 5 % over the looks
+(``stats.design``: group-sequential, Pocock-type spending). Before relaunching it states the
+smallest effect its rounds detect, from a measured launch-to-launch spread or a stated prior.
+
 The arms are positional (A is the first preset given, B the second), never told apart by name:
 two presets may share a ``name:``, and ``ab X X`` is a deliberate A/A run that measures how
 different two identical arms look.

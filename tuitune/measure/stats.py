@@ -1,4 +1,5 @@
-"""Statistics for benchmark comparisons: bootstrap CIs of medians, exact Mann-Whitney U.
+"""Statistics for benchmark comparisons: bootstrap CIs of medians, exact Mann-Whitney U, and the
+decision of a launch-level A/B (one look, or a group-sequential design with its repeated interval).
 
 Stdlib only. The bootstrap uses a seeded RNG so that a report is reproducible. The Mann-Whitney
 p-value is exact (the null distribution of U counted by dynamic programming), which matters at the
