@@ -325,7 +325,7 @@ def verdict(
         method=d.method,
         alpha=d.alpha,
         sequential=d.sequential,
-        looks=[d.first, d.last],
+        design_rounds=[d.first, d.last],
     )
     if look["decision"] == "faster":
         out.update(verdict="faster", at_least=lo - 1, practical=lo >= 1 + min_effect)
@@ -504,7 +504,7 @@ def verdict_why(v: dict) -> str:
     n = v.get("n_baseline")
     bound = (
         f"p = {p:.4f} ≤ {v['nominal_level']:.4f}, the boundary of the look after {n} rounds "
-        f"({v['alpha']:.0%} overall over the looks after {v['looks'][0]} to {v['looks'][1]} rounds)"
+        f"({v['alpha']:.0%} overall over the looks after {v['design_rounds'][0]} to {v['design_rounds'][1]} rounds)"
         if v.get("sequential")
         else f"p = {p:.3f} < {v.get('alpha', ALPHA)}"
     )
@@ -514,8 +514,9 @@ def verdict_why(v: dict) -> str:
         return f"{bound}: {ci} lies above 1 ({v['u']:.0f} of {v['pairs']} launch pairs favour B)"
     if v["verdict"] == "slower":
         return f"{bound}: {ci} lies below 1 ({v['pairs'] - v['u']:.0f} of {v['pairs']} launch pairs favour A)"
-    nominal = v["nominal_level"] if v.get("sequential") else v.get("alpha", ALPHA)
-    return f"p = {p:.3f} is not below {nominal:.4g}: {ci} holds 1"
+    if v.get("sequential"):
+        return f"p = {p:.3f} is above {v['nominal_level']:.4f}, the boundary of the look after {n} rounds: {ci} holds 1"
+    return f"p = {p:.3f} is not below {v.get('alpha', ALPHA)}: {ci} holds 1"
 
 
 def practical_line(v: dict, default: bool) -> str:
