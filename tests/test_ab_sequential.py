@@ -305,10 +305,10 @@ def test_ab_until_decided_against_the_simulator(tmp_path):
     assert result["stopped"] == "decided after 4 of up to 6 rounds" and v["sequential"] and v["u"] == 16
     assert [x["rounds"] for x in result["looks"]] == [2, 3, 4]
     assert [x["critical_u"] for x in result["design"]["looks"]][:3] == [None, None, 0]
-    assert v["ratio_ci"][
-        0
-    ] > 1.2 and f"verdict: B (sim-c2-baseline-nccl) is faster, by at least {v['at_least']:.1%}" in (r.stdout)
-    assert "decided after 4 of up to 6 rounds" in r.stdout.splitlines()[-2] or "decided after 4" in r.stdout
+    lo = v["ratio_ci"][0]  # the smallest of the 16 launch-pair ratios (4 + 4, complete separation)
+    assert lo > 1.05 and lo == pytest.approx(1 + v["at_least"])
+    assert f"verdict: B (sim-c2-baseline-nccl) is faster, by at least {v['at_least']:.1%}" in r.stdout
+    assert "; decided after 4 of up to 6 rounds" in next(x for x in lines if x.startswith("method: "))
     # the measured launches state a later A/B's power (a one-round measurement: two launches)
     again = tuitune(tmp_path, "ab", *map(str, files), "--rounds", "1", "--no-verdict", "--spread-from", str(out))
     assert again.returncode == 0, again.stdout + again.stderr
@@ -364,6 +364,6 @@ def test_tune_final_ab_is_sequential_and_accepts_a_clearly_better_candidate(tmp_
     assert "a prior: nothing measured yet" in r.stdout  # nothing was launched twice before the A/B
     assert "no minimum practical effect: any decided difference counts" in r.stdout
     v = result["verdict"]
-    assert v["verdict"] == "faster" and v["ratio_ci"][0] > 1.2 and (out / "best.yaml").is_file()
+    assert v["verdict"] == "faster" and v["ratio_ci"][0] > 1.1 and (out / "best.yaml").is_file()
     assert f"is faster than the start, by at least {v['at_least']:.1%}" in r.stdout
     assert "A/B power: " in r.stdout
