@@ -128,16 +128,17 @@ def power_note(rounds: int, spread: float, source: str, max_rounds: int | None =
 
 
 def pooled_spread(groups: list[list]) -> tuple[float | None, int]:
-    """The pooled sd of log value within groups (launches of one configuration each), and its
-    degrees of freedom (None, 0: no group has two usable values)."""
-    ss, dof = 0.0, 0
+    """The pooled sd of log value within groups (launches of one configuration each), and the
+    launches it rests on (None, 0: no group has two usable values)."""
+    ss, dof, used = 0.0, 0, 0
     for g in groups:
         v = [math.log(x) for x in g if isinstance(x, int | float) and x > 0 and math.isfinite(x)]
         if len(v) >= 2:
             m = sum(v) / len(v)
             ss += sum((x - m) ** 2 for x in v)
             dof += len(v) - 1
-    return (math.sqrt(ss / dof), dof) if dof else (None, 0)
+            used += len(v)
+    return (math.sqrt(ss / dof), used) if dof else (None, 0)
 
 
 def measured_spread(launches: list[dict], key: str) -> float | None:
@@ -183,13 +184,13 @@ def spread_from(paths: list[str], presets: list[Preset], concurrency: int | None
             mine = [x for x in mine if x.get("concurrency", 1) == concurrency]
         if mine:
             groups.append([x.get(metric(mine)) for x in mine])
-    sd, dof = pooled_spread(groups)
+    sd, used = pooled_spread(groups)
     if sd is None:
         raise ValueError(
             f"--spread-from {', '.join(paths)}: no two launches of {' or '.join(sorted({p.name for p in presets}))} "
             f"(the same launch command{f', at concurrency {concurrency}' if concurrency else ''}) to measure a spread from"
         )
-    return sd, f"measured: {dof + len([g for g in groups if len(g) >= 2])} earlier launches of these presets"
+    return sd, f"measured: {used} earlier launches of these presets"
 
 
 def ab_notes(a: Preset, b: Preset, rounds: int, max_rounds: int | None = None) -> list[str]:

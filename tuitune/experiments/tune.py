@@ -717,10 +717,13 @@ def ab_spread(launches: list[Launch], concurrency: int, rows: list[dict], preset
         groups[p.hash()] = [
             x.get("goodput") for x in earlier if x.get("hash") == p.hash() and x.get("concurrency") == concurrency
         ]
-    sd, dof = pooled_spread(list(groups.values()))
+    sd, used = pooled_spread(list(groups.values()))
     if sd is None:
         return None, ""
-    return sd, f"measured: {dof} degree(s) of freedom from launches repeated in this tune log"
+    return (
+        sd,
+        f"measured: {used} launches in this tune log of configurations launched more than once (the search, an earlier A/B)",
+    )
 
 
 def _nccl_gains(decided: dict | None) -> str:
