@@ -212,7 +212,10 @@ def test_ab_and_crossover_say_why_the_verdict_is_what_it_is():
     v = verdict(rows, 0.01)
     text = format_ab({"a": "a", "b": "b", "launches": rows, "verdict": v})
     lo, hi = v["ratio_ci"]
-    assert f"why: p = {v['p_value']:.3f} < 0.05 and the ratio's 95% CI {lo:.3f}-{hi:.3f} lies above 1.01" in text
+    assert (
+        f"why: p = {v['p_value']:.3f} < 0.05: the ratio's 97.1% CI {lo:.3f}-{hi:.3f} lies above 1 "
+        "(16 of 16 launch pairs favour B)" in text
+    )
     level = {
         "concurrency": 4,
         "on": {"goodput": 300.0},

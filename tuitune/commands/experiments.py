@@ -19,6 +19,8 @@ from tuitune.commands.common import (
     write_json,
 )
 
+AB_MAX_ROUNDS = 8  # --until-decided without --max-rounds; tune's --ab-max-rounds
+
 
 def ab_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("a", help="baseline preset")
@@ -28,14 +30,43 @@ def ab_args(p: argparse.ArgumentParser) -> None:
         type=int,
         default=4,
         help="launches per preset (default 4; 4 is the "
-        "fewest with which the exact Mann-Whitney test can reach p < 0.05)",
+        "fewest with which the exact Mann-Whitney test can reach p < 0.05); with --until-decided, the first look",
+    )
+    p.add_argument(
+        "--until-decided",
+        action="store_true",
+        help="sequential: after --rounds, look after every round and add rounds until the interval decides "
+        "or --max-rounds are spent (group-sequential Mann-Whitney, Pocock-type alpha spending: 5%% overall)",
+    )
+    p.add_argument(
+        "--max-rounds", type=int, help="with --until-decided: the most launches per preset (default 8, at most 40)"
     )
     p.add_argument(
         "--no-verdict",
         action="store_true",
         help="run fewer rounds than a verdict needs anyway, as a measurement without a verdict",
     )
-    p.add_argument("--min-effect", type=float, default=0.01, help="smallest ratio change that counts (0.01 = 1%%)")
+    p.add_argument(
+        "--min-effect",
+        type=float,
+        default=0.01,
+        help="minimum practical effect (0.01 = 1%%, the default): a decided difference is reported against it "
+        "(and never discarded for it); with --until-decided an interval inside 1 ± it also stops the A/B",
+    )
+    p.add_argument(
+        "--spread-from",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="earlier `ab --json` / `tune --json` results (or a tune.jsonl): the launch-to-launch spread of "
+        "these presets' launches there states the power before relaunching (repeatable)",
+    )
+    p.add_argument(
+        "--spread",
+        type=float,
+        metavar="SD",
+        help="a launch-to-launch spread to state the power with (relative sd, 0.02 = 2%%, the prior otherwise)",
+    )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for each launch")
     bench_flags(p)
     p.add_argument("--json", metavar="OUT", help="write the launches, medians and verdict as JSON")
@@ -44,16 +75,35 @@ def ab_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_ab(ns) -> int:
-    from tuitune.experiments.ab import ab_notes, format_ab, rounds_refusal, run_ab
+    from tuitune.experiments.ab import MAX_ROUNDS, ab_notes, format_ab, rounds_refusal, run_ab, spread_from
 
     a, b = load_preset(ns.a), load_preset(ns.b)
     if a.target.label() != b.target.label():
         raise CliError(f"{a.name} and {b.name} must run on the same target to be interleaved", 2)
     if ns.rounds < 1:
         raise CliError(f"--rounds must be at least 1 (got {ns.rounds})", 2)
-    if (why := rounds_refusal(ns.rounds)) and not ns.no_verdict:
+    if not 0 <= ns.min_effect < 1:
+        raise CliError(f"--min-effect must be in [0, 1) (got {ns.min_effect})", 2)
+    if ns.max_rounds is not None and not ns.until_decided:
+        raise CliError("--max-rounds is the budget of a sequential A/B: add --until-decided", 2)
+    last = ns.rounds
+    if ns.until_decided:
+        if ns.no_verdict:
+            raise CliError("--until-decided runs until a verdict: it cannot be combined with --no-verdict", 2)
+        last = ns.max_rounds if ns.max_rounds is not None else max(AB_MAX_ROUNDS, ns.rounds + 4)
+        if not ns.rounds < last <= MAX_ROUNDS:
+            raise CliError(
+                f"--max-rounds must be above --rounds ({ns.rounds}) and at most {MAX_ROUNDS} (got {last})", 2
+            )
+        if why := rounds_refusal(last, "--max-rounds"):
+            raise CliError(why, 2)
+    elif (why := rounds_refusal(ns.rounds)) and not ns.no_verdict:
         raise CliError(why, 2)  # before any relaunch: no launch could change the answer
-    for note in ab_notes(a, b, ns.rounds):
+    if ns.spread is not None and not 0 < ns.spread < 1:
+        raise CliError(f"--spread must be between 0 and 1 (got {ns.spread})", 2)
+    if ns.spread is not None and ns.spread_from:
+        raise CliError("--spread and --spread-from both state the spread: give one", 2)
+    for note in ab_notes(a, b, ns.rounds, last):
         print(f"note: {note}", file=sys.stderr)
     ov = overrides(ns)
     api_a, api_b = (ov.get("api", p.bench.api) for p in (a, b))
@@ -63,6 +113,13 @@ def cmd_ab(ns) -> int:
             "API, which is not comparable; set bench.api: openai in both (or pass --api openai)",
             2,
         )
+    spread, source = ns.spread, "a stated prior (--spread)"
+    if ns.spread_from:
+        conc = ov.get("concurrency", a.bench.concurrency)
+        try:
+            spread, source = spread_from(ns.spread_from, [a, b], conc)
+        except ValueError as e:
+            raise CliError(str(e), 2) from None
     t, _ = with_control(a)
 
     async def go():
@@ -76,7 +133,10 @@ def cmd_ab(ns) -> int:
             ns.timeout,
             progress=lambda msg: print(msg, flush=True),
             allow_any=ns.any,
+            spread=spread,
+            spread_source=source,
             judge=not ns.no_verdict,
+            max_rounds=last,
         )
 
     result = run_async(guarded(go, t))
@@ -277,7 +337,16 @@ def tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--levels", help="load levels benchmarked per launch (default: concurrency/4, concurrency, 2 x concurrency)"
     )
-    p.add_argument("--ab-rounds", type=int, default=4, help="launches per arm of the final A/B (default 4)")
+    p.add_argument(
+        "--ab-rounds", type=int, default=4, help="launches per arm of the final A/B before its first look (default 4)"
+    )
+    p.add_argument(
+        "--ab-max-rounds",
+        type=int,
+        default=AB_MAX_ROUNDS,
+        help="the final A/B adds rounds until its interval decides, up to this many per arm (default 8; "
+        "equal to --ab-rounds: a fixed A/B)",
+    )
     p.add_argument(
         "--no-verdict",
         action="store_true",
@@ -316,6 +385,10 @@ def cmd_tune(ns) -> int:
         raise CliError(f"--budget must be at least 0 (got {ns.budget})", 2)
     if ns.ab_rounds < 1:
         raise CliError(f"--ab-rounds must be at least 1 (got {ns.ab_rounds})", 2)
+    from tuitune.experiments.ab import MAX_ROUNDS
+
+    if not 1 <= ns.ab_max_rounds <= MAX_ROUNDS:
+        raise CliError(f"--ab-max-rounds must be between 1 and {MAX_ROUNDS} (got {ns.ab_max_rounds})", 2)
     conc = ns.concurrency if ns.concurrency is not None else base.bench.concurrency
     if conc < 1:
         raise CliError(f"--concurrency must be at least 1 (got {conc})", 2)
@@ -333,6 +406,7 @@ def cmd_tune(ns) -> int:
             overrides=ov,
             ab_rounds=ns.ab_rounds,
             ab_judge=not ns.no_verdict,
+            ab_max_rounds=ns.ab_max_rounds,
             nccl=ns.nccl or bool(ns.nccl_grid),
             nccl_backend=ns.nccl_backend,
             nccl_grid=ns.nccl_grid,

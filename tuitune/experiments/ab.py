@@ -9,6 +9,13 @@ alternate so that drift over time (thermal, other tenants) hits both arms alike.
 runs for the whole comparison: a launch measured while clocks were capped or a GPU straggled,
 beside launches measured without, makes the verdict "not comparable".
 
+The verdict is the exact Mann-Whitney test on the launches and its interval of the ratio is that
+test inverted, so they always agree; the minimum effect is practical only (a decided difference is
+reported against it, never discarded). With ``max_rounds`` the A/B is sequential: a look after
+every round, stopping when the interval decides, the false positives held at 5 % over the looks
+(``stats.design``: group-sequential, Pocock-type spending). Before relaunching it states the
+smallest effect its rounds detect, from a measured launch-to-launch spread or a stated prior.
+
 The arms are positional (A is the first preset given, B the second), never told apart by name:
 two presets may share a ``name:``, and ``ab X X`` is a deliberate A/A run that measures how
 different two identical arms look.
@@ -68,105 +75,141 @@ def rounds_refusal(rounds: int, flag: str = "--rounds", override: str = "--no-ve
 
 PRIOR_SPREAD = 0.02  # launch-to-launch spread (sd, relative) assumed before any is measured: tune's NOISE, FACTS §7
 POWER = 0.8  # "can detect": the verdict says faster this often when the effect is real
-_TRIALS = 4000
+MAX_ROUNDS = 40  # the most launches a side a sequential A/B may plan (its boundaries are simulated up to it)
+MIN_EFFECT = 0.01  # the default minimum practical effect (--min-effect): reported against, never a reason to discard
 
 
-def _u_critical(n: int, alpha: float) -> int | None:
-    """The largest U (pairs where A beats B) at which the exact two-sided test of n against n
-    launches still gives p < alpha; None when no U does (too few launches)."""
-    counts = stats._u_counts(n, n)
-    total = sum(counts)
-    crit, tail = None, 0
-    for u, c in enumerate(counts):
-        tail += c
-        if 2 * tail / total >= alpha:
-            break
-        crit = u
-    return crit
+def ab_design(rounds: int, max_rounds: int | None = None, alpha: float = ALPHA) -> stats.Design:
+    """The looks of an A/B: one after ``rounds`` launches a side, or (``max_rounds`` above it) one
+    after every round from ``rounds`` to ``max_rounds``, stopping at the first that decides."""
+    return stats.design(rounds, max(rounds, max_rounds or rounds), alpha)
 
 
 def detectable_effect(
-    rounds: int, spread: float, min_effect: float = 0.01, alpha: float = 0.05, power: float = POWER
+    rounds: int, spread: float, alpha: float = ALPHA, power: float = POWER, max_rounds: int | None = None
 ) -> float | None:
-    """The smallest gain (relative, B over A) that an A/B of ``rounds`` launches a side calls
-    "faster" with probability ``power``, when launches spread by ``spread`` (sd of log goodput).
-
-    Both halves of the verdict rule of ``stats.compare`` are modelled: the exact Mann-Whitney test
-    (simulated with common random numbers, so the answer is deterministic and monotone) and the
-    ratio-of-medians interval beyond ``min_effect`` (a normal interval on the log ratio, the
-    median's variance π σ² / 2n standing for the bootstrap). None: no effect can be detected."""
-    import random
-
-    if rounds < 1 or spread < 0:
+    """The smallest gain (relative, B over A) that an A/B of ``rounds`` launches a side (adding
+    rounds up to ``max_rounds``, sequentially) calls "faster" with probability ``power``, when
+    launches spread by ``spread`` (sd of log goodput, log-normal). The verdict is the exact
+    Mann-Whitney decision of ``stats.decide``, simulated with common random numbers (deterministic,
+    monotone); it depends on the effect only through effect / spread. None: no effect can be."""
+    if rounds < 1 or spread < 0 or not math.isfinite(spread):
         return None
-    crit = _u_critical(rounds, alpha)
-    if crit is None:
-        return None
-    rng = random.Random(25)
-    draws = [
-        ([rng.gauss(0, 1) for _ in range(rounds)], [rng.gauss(0, 1) for _ in range(rounds)]) for _ in range(_TRIALS)
-    ]
-    half = 1.96 * spread * math.sqrt(math.pi / rounds)  # 95 % half-width of the log ratio of medians
-    floor = math.log1p(min_effect)
-
-    def detected(effect: float) -> float:
-        shift = math.log1p(effect)
-        hits = 0
-        for za, zb in draws:
-            a = [spread * z for z in za]
-            b = [shift + spread * z for z in zb]
-            u = sum(1 for x in a for y in b if x > y)
-            if u <= crit and stats.median(b) - stats.median(a) - half > floor:
-                hits += 1
-        return hits / len(draws)
-
-    lo, hi = 0.0, 1.0
-    if detected(hi) < power:
-        return None
-    for _ in range(24):
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if detected(mid) >= power else (mid, hi)
-    return hi
+    k = stats.detectable_shift(ab_design(rounds, max_rounds, alpha), power)
+    return None if k is None else math.expm1(k * spread)
 
 
-def power_note(rounds: int, spread: float, source: str, min_effect: float = 0.01) -> dict:
-    """What an A/B of ``rounds`` launches a side can detect, and the sentence that says it."""
-    eff = detectable_effect(rounds, spread, min_effect)
+def power_note(rounds: int, spread: float, source: str, max_rounds: int | None = None) -> dict:
+    """What an A/B of ``rounds`` launches a side (up to ``max_rounds``) can detect, and the sentence."""
+    d = ab_design(rounds, max_rounds)
+    eff = detectable_effect(rounds, spread, max_rounds=max_rounds)
     what = f"launch-to-launch spread {spread:.1%}, {source}"
+    out = {"rounds": rounds, "max_rounds": d.last, "spread": spread, "spread_source": source, "detectable": eff}
     if eff is None:
-        sentence = f"with {rounds} launch(es) a side no effect can be detected ({what})"
-    else:
-        sentence = (
-            f"with {rounds} launches a side this A/B detects a change of {eff:.1%} or more "
-            f"{POWER:.0%} of the time ({what}; minimum effect {min_effect:.0%}); smaller real gains "
-            "will mostly read 'no significant difference'"
+        out["sentence"] = f"with {d.last} launch(es) a side no effect can be detected ({what})"
+        return out
+    if d.sequential:
+        k = stats.detectable_shift(d, POWER)
+        mean_rounds = stats.design_power(d, k or 0.0)[1]
+        fixed = detectable_effect(rounds, spread)
+        out["mean_rounds"] = mean_rounds
+        out["sentence"] = (
+            f"adding rounds from {rounds} up to {d.last} launches a side until the interval decides, this A/B "
+            f"detects a change of {eff:.1%} or more {POWER:.0%} of the time, after {mean_rounds:.1f} rounds on "
+            f"average at that size ({what}); "
+            + (f"{rounds} fixed rounds would need {fixed:.1%}" if fixed is not None else f"{rounds} rounds alone: none")
         )
-    return {"rounds": rounds, "spread": spread, "spread_source": source, "detectable": eff, "sentence": sentence}
+    else:
+        out["sentence"] = (
+            f"with {rounds} launches a side this A/B detects a change of {eff:.1%} or more "
+            f"{POWER:.0%} of the time ({what}); smaller real gains will mostly read 'no significant difference'"
+        )
+    return out
 
 
-def measured_spread(launches: list[dict], key: str) -> float | None:
-    """The pooled within-arm sd of log goodput (or median tok/s) of an A/B's launches."""
-    ss, dof = 0.0, 0
-    for arm in ("A", "B"):
-        v = [math.log(x[key]) for x in launches if x["arm"] == arm and x[key] > 0 and math.isfinite(x[key])]
+def pooled_spread(groups: list[list]) -> tuple[float | None, int]:
+    """The pooled sd of log value within groups (launches of one configuration each), and the
+    launches it rests on (None, 0: no group has two usable values)."""
+    ss, dof, used = 0.0, 0, 0
+    for g in groups:
+        v = [math.log(x) for x in g if isinstance(x, int | float) and x > 0 and math.isfinite(x)]
         if len(v) >= 2:
             m = sum(v) / len(v)
             ss += sum((x - m) ** 2 for x in v)
             dof += len(v) - 1
-    return math.sqrt(ss / dof) if dof else None
+            used += len(v)
+    return (math.sqrt(ss / dof), used) if dof else (None, 0)
 
 
-def ab_notes(a: Preset, b: Preset, rounds: int) -> list[str]:
-    """What the user should know before the run starts (one sentence each)."""
+def measured_spread(launches: list[dict], key: str) -> float | None:
+    """The pooled within-arm sd of log goodput (or median tok/s) of an A/B's launches."""
+    return pooled_spread([[x[key] for x in launches if x["arm"] == arm] for arm in ("A", "B")])[0]
+
+
+def earlier_launches(doc) -> list[dict]:
+    """The launch rows of an earlier `ab --json` (or `tune --json`, a tune.jsonl) document."""
+    if isinstance(doc, list):
+        return [x for d in doc for x in earlier_launches(d)]
+    if not isinstance(doc, dict):
+        return []
+    rows = [x for x in doc.get("launches") or [] if isinstance(x, dict) and "hash" in x]
+    return rows + (earlier_launches(doc["ab"]) if isinstance(doc.get("ab"), dict) else [])
+
+
+def spread_from(paths: list[str], presets: list[Preset], concurrency: int | None = None) -> tuple[float, str]:
+    """The launch-to-launch spread of earlier launches of ``presets`` (matched by what is launched:
+    the preset hash, and the concurrency) in earlier A/B results; ValueError (one sentence) when the
+    files hold no two such launches of one preset."""
+    import json
+    from pathlib import Path
+
+    rows: list[dict] = []
+    for path in paths:
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ValueError(f"--spread-from {path}: cannot read it ({e.strerror or e})") from None
+        try:
+            docs = [json.loads(text)]
+        except ValueError:
+            try:  # a JSON-lines log (tune.jsonl): one document a line
+                docs = [json.loads(x) for x in text.splitlines() if x.strip()]
+            except ValueError:
+                raise ValueError(f"--spread-from {path}: not an `ab --json` or `tune` result (not JSON)") from None
+        rows += earlier_launches(docs)
+    groups = []
+    for p in presets:
+        mine = [x for x in rows if x.get("hash") == p.hash()]
+        if concurrency is not None:
+            mine = [x for x in mine if x.get("concurrency", 1) == concurrency]
+        if mine:
+            groups.append([x.get(metric(mine)) for x in mine])
+    sd, used = pooled_spread(groups)
+    if sd is None:
+        raise ValueError(
+            f"--spread-from {', '.join(paths)}: no two launches of {' or '.join(sorted({p.name for p in presets}))} "
+            f"(the same launch command{f', at concurrency {concurrency}' if concurrency else ''}) to measure a spread from"
+        )
+    return sd, f"measured: {used} earlier launches of these presets"
+
+
+def ab_notes(a: Preset, b: Preset, rounds: int, max_rounds: int | None = None) -> list[str]:
+    """What the user should know before the run starts (one sentence each); ``max_rounds``: the
+    budget of a sequential A/B (its first looks may come before a verdict is possible)."""
     notes = []
     if a.hash() == b.hash():
         notes.append(
             f"A/A run: both arms launch the same configuration ({a.name}), so any 'significant' difference is noise"
         )
-    if rounds < MIN_ROUNDS:
+    if max(rounds, max_rounds or rounds) < MIN_ROUNDS:
         notes.append(
             f"--rounds {rounds} cannot reach p < {ALPHA} with the exact Mann-Whitney test "
             f"(it needs {MIN_ROUNDS} launches per arm), so this is a measurement without a verdict"
+        )
+    elif rounds < MIN_ROUNDS:
+        notes.append(
+            f"the looks after fewer than {MIN_ROUNDS} rounds cannot decide (the exact Mann-Whitney test needs "
+            f"{MIN_ROUNDS} launches per arm): the first look that can comes after round {MIN_ROUNDS}"
         )
     return notes
 
@@ -215,9 +258,23 @@ async def bench_launch(
     }
 
 
-def verdict(launches: list[dict], min_effect: float, judge: bool = True) -> dict:
+def verdict(
+    launches: list[dict],
+    min_effect: float = MIN_EFFECT,
+    judge: bool = True,
+    d: stats.Design | None = None,
+    bootstrap: bool = True,
+) -> dict:
     """Arm B against arm A, each launch one sample (rows carry their arm, "A" or "B"); with
-    ``judge`` False (too few rounds, run on purpose) the medians and ratio without a verdict."""
+    ``judge`` False (too few rounds, run on purpose) the medians and ratio without a verdict.
+
+    The decision is ``stats.decide`` at the look after these launches of design ``d`` (default:
+    one look, the exact Mann-Whitney test at 5 %): "faster" / "slower" exactly when the ratio's
+    interval (the test inverted) lies wholly above / below 1, whatever ``min_effect``. The minimum
+    practical effect only says whether a decided difference is surely at least that large
+    (``practical``), and whether an undecided interval shows the difference is smaller
+    (``equivalent``): it never turns a decided result into "no significant difference".
+    ``bootstrap`` False leaves out the medians' bootstrap interval (a description only)."""
     bad = [x for x in launches if x["failed"]]
     if bad:
         return {
@@ -235,12 +292,50 @@ def verdict(launches: list[dict], min_effect: float, judge: bool = True) -> dict
     key = metric(launches)
     va = [x[key] for x in launches if x["arm"] == "A"]
     vb = [x[key] for x in launches if x["arm"] == "B"]
-    out = {**stats.compare(va, vb, min_effect), "metric": key}
+    out = {**stats.compare(va, vb, min_effect, n_boot=2000 if bootstrap else 0), "metric": key}
+    out["median_ratio_ci"] = out.pop("ratio_ci")  # the bootstrap of the medians: a description, not the decision
     if not judge:
+        out["ratio_ci"] = out["median_ratio_ci"]
         out["verdict"] = NO_VERDICT
         out["reason"] = (
             f"{len(va)} + {len(vb)} launches cannot reach significance (p is never below "
             f"{min_p(len(va), len(vb)):.2f}): a measurement without a verdict"
+        )
+        return out
+    blank = next(
+        (x for x in launches if not (isinstance(x[key], int | float) and x[key] > 0 and x[key] < math.inf)), None
+    )
+    if blank is not None:
+        return {
+            "verdict": "not comparable",
+            "reason": f"launch {blank['arm']} of round {blank.get('round', '?')} ({blank['preset']}) measured no {key}",
+        }
+    if len(va) != len(vb):
+        return {"verdict": "not comparable", "reason": f"the arms have {len(va)} and {len(vb)} launches"}
+    d = d or ab_design(len(va))
+    look = stats.decide(va, vb, d)
+    lo, hi = look["interval"]
+    out.update(
+        ratio_ci=[lo, hi],
+        interval_level=look["interval_level"],
+        shift=look["shift"],
+        u=look["u"],
+        pairs=look["pairs"],
+        critical_u=look["critical_u"],
+        nominal_level=look["nominal_level"],
+        method=d.method,
+        alpha=d.alpha,
+        sequential=d.sequential,
+        design_rounds=[d.first, d.last],
+    )
+    if look["decision"] == "faster":
+        out.update(verdict="faster", at_least=lo - 1, practical=lo >= 1 + min_effect)
+    elif look["decision"] == "slower":
+        out.update(verdict="slower", at_least=1 - hi, practical=hi <= 1 - min_effect)
+    else:
+        out.update(
+            verdict="no significant difference",
+            equivalent=bool(min_effect > 0 and lo >= 1 - min_effect and hi <= 1 + min_effect),
         )
     return out
 
@@ -250,13 +345,42 @@ def metric(launches: list[dict]) -> str:
     return "goodput" if any(x.get("concurrency", 1) > 1 for x in launches) else "median_tok_s"
 
 
+def look_line(v: dict, rounds: int, last: int) -> str:
+    """One look of a sequential A/B, in one line."""
+    if v["verdict"] == "not comparable":
+        return f"look after {rounds} rounds: not comparable ({v['reason']}): stopping"
+    lo, hi = v["ratio_ci"]
+    where = f"look after {rounds} of up to {last} rounds: B/A {v['shift']:.4f}, "
+    if v["critical_u"] is None:
+        return where + "this look cannot decide yet (its boundary is beyond reach): adding a round"
+    what = f"{v['interval_level']:.1%} interval {lo:.4f}-{hi:.4f}, p = {v['p_value']:.4f} (boundary {v['nominal_level']:.4f})"
+    if v["verdict"] in ("faster", "slower"):
+        return where + what + f": decided, B is {v['verdict']}"
+    if v.get("equivalent"):
+        return where + what + f": decided, any difference is inside ±{v['min_effect']:.1%}"
+    return where + what + (": undecided, adding a round" if rounds < last else ": undecided, no rounds left")
+
+
+def stop_reason(v: dict, rounds: int, last: int) -> str:
+    """Why a sequential A/B stops after this look ("undecided …": it goes on while rounds are left)."""
+    if v["verdict"] == "not comparable":
+        return f"not comparable after {rounds} rounds"
+    if v["verdict"] != "no significant difference":
+        return f"decided after {rounds} of up to {last} rounds"
+    if v.get("equivalent"):
+        return f"decided after {rounds} of up to {last} rounds: any difference is inside ±{v['min_effect']:.1%}"
+    if rounds < last:
+        return f"undecided after {rounds} rounds"
+    return f"undecided after {last} rounds: the budget ({last} rounds) is spent"
+
+
 async def run_ab(
     t: Transport,
     a: Preset,
     b: Preset,
     rounds: int,
     overrides: dict,
-    min_effect: float = 0.01,
+    min_effect: float = MIN_EFFECT,
     timeout_s: float = 900.0,
     progress: Callable[[str], None] | None = None,
     stop_at_end: bool = True,
@@ -264,26 +388,47 @@ async def run_ab(
     spread: float | None = None,
     spread_source: str = "",
     judge: bool = True,
+    max_rounds: int | None = None,
 ) -> dict:
-    """``rounds`` launches per arm, interleaved. Too few rounds for a verdict are refused
-    (RoundsError) before anything is relaunched, unless ``judge`` is False (allowed on purpose):
-    then the run is a measurement, its result says so and gives no verdict.
+    """``rounds`` launches per arm, interleaved; with ``max_rounds`` above ``rounds`` a sequential
+    A/B: after round ``rounds`` and every round after it, a look (``stats.decide`` with the design's
+    boundary); it stops at the first look that decides (or shows any difference is inside
+    ``min_effect``), else when ``max_rounds`` are spent. Too few rounds for a verdict are refused
+    (RoundsError) before anything is relaunched, unless ``judge`` is False (allowed on purpose, fixed
+    rounds only): then the run is a measurement, its result says so and gives no verdict.
 
     ``spread``: the launch-to-launch spread measured before (``spread_source`` says where);
     without it the stated prior PRIOR_SPREAD. Either way the A/B says, before it relaunches, the
-    smallest effect it can detect with ``rounds``; after, the same from the spread it measured."""
-    why = rounds_refusal(rounds)
-    if why and judge:
+    smallest effect it can detect with its rounds; after, the same from the spread it measured."""
+    last = max(rounds, max_rounds or rounds)
+    if last > MAX_ROUNDS:
+        raise RoundsError(f"--max-rounds {last} is more than {MAX_ROUNDS}, the most a sequential A/B plans")
+    why = rounds_refusal(last, "--max-rounds" if last > rounds else "--rounds")
+    if why and (judge or last > rounds):
         raise RoundsError(why)
     judge = why is None  # enough rounds: a verdict, whatever was allowed
+    d = ab_design(rounds, last)
     before = (
-        power_note(rounds, spread, spread_source or "measured before", min_effect)
+        power_note(rounds, spread, spread_source or "measured before", last)
         if spread is not None
-        else power_note(rounds, PRIOR_SPREAD, "a prior: nothing measured yet", min_effect)
+        else power_note(rounds, PRIOR_SPREAD, "a prior: nothing measured yet", last)
     )
     if progress:
         progress(f"power: {before['sentence']}")
+        if judge:
+            progress(
+                f"design: {d.method}; false positives at most {d.alpha:.0%}"
+                + (f" over the looks after {d.first} to {d.last} rounds" if d.sequential else "")
+                + (
+                    f"; minimum practical effect {min_effect:.1%} (--min-effect): reported against, never a reason "
+                    "to discard a decided result"
+                    if min_effect > 0
+                    else "; no minimum practical effect: any decided difference counts"
+                )
+            )
     launches: list[dict] = []
+    looks: list[dict] = []
+    stopped = f"{last} rounds run"
     listeners: list[Callable[[list[Event]], None]] = []
     allowed = {a.name, b.name}
 
@@ -298,10 +443,10 @@ async def run_ab(
     )
     task = asyncio.ensure_future(gpus.run()) if gpus else None
     try:
-        for r in range(1, rounds + 1):
+        for r in range(1, last + 1):
             for arm, p in (("A", a), ("B", b)):
                 if progress:
-                    progress(f"round {r}/{rounds}: launching {arm} ({p.name})")
+                    progress(f"round {r}/{last}: launching {arm} ({p.name})")
                 row = await bench_launch(t, p, overrides, timeout_s, listeners, allowed, allow_any and not launches)
                 row["round"], row["arm"] = r, arm
                 launches.append(row)
@@ -314,23 +459,83 @@ async def run_ab(
                         + (f", {row['failed']} failed" if row["failed"] else "")
                         + (f", GPUs held back: {row['gpu_note']}" if row["gpu_note"] else "")
                     )
+            if d.sequential and r >= d.first:
+                v = verdict(launches, min_effect, True, d)
+                looks.append(
+                    {
+                        "rounds": r,
+                        **{k: v.get(k) for k in ("verdict", "ratio_ci", "shift", "p_value", "u", "critical_u")},
+                    }
+                )
+                if progress:
+                    progress(look_line(v, r, last))
+                stopped = stop_reason(v, r, last)
+                if r < last and not stopped.startswith("undecided"):
+                    break
     finally:
         await telemetry.stop(gpus, task)
     if stop_at_end:
         async with controlling(t, b) as control:
             await control.stop()
     got = measured_spread(launches, metric(launches))
-    after = power_note(rounds, got, "measured in this A/B", min_effect) if got is not None else None
+    after = power_note(rounds, got, "measured in this A/B", last) if got is not None else None
     return {
         "a": a.name,
         "b": b.name,
         "aa": a.hash() == b.hash(),
-        "rounds": rounds,
+        "rounds": len(launches) // 2,
+        "first_look": rounds,
+        "max_rounds": last,
         "launches": launches,
-        "notes": ab_notes(a, b, rounds),
+        "notes": ab_notes(a, b, rounds, last),
         "power": {"before": before, "after": after},
-        "verdict": verdict(launches, min_effect, judge),
+        "design": d.to_dict() if judge else None,
+        "looks": looks,
+        "stopped": stopped,
+        "verdict": verdict(launches, min_effect, judge, d),
     }
+
+
+def verdict_why(v: dict) -> str:
+    """Why the A/B's verdict is what it is: the test, the look's boundary, the interval, in a clause."""
+    lo, hi = v["ratio_ci"]
+    level = v.get("interval_level", 0.95)
+    ci = f"the ratio's {level:.1%} CI {lo:.3f}-{hi:.3f}"
+    p = v["p_value"]
+    n = v.get("n_baseline")
+    bound = (
+        f"p = {p:.4f} ≤ {v['nominal_level']:.4f}, the boundary of the look after {n} rounds "
+        f"({v['alpha']:.0%} overall over the looks after {v['design_rounds'][0]} to {v['design_rounds'][1]} rounds)"
+        if v.get("sequential")
+        else f"p = {p:.3f} < {v.get('alpha', ALPHA)}"
+    )
+    if v.get("critical_u") is None:
+        return f"{n} + {n} launches cannot decide at this look (p = {p:.3f})"
+    if v["verdict"] == "faster":
+        return f"{bound}: {ci} lies above 1 ({v['u']:.0f} of {v['pairs']} launch pairs favour B)"
+    if v["verdict"] == "slower":
+        return f"{bound}: {ci} lies below 1 ({v['pairs'] - v['u']:.0f} of {v['pairs']} launch pairs favour A)"
+    if v.get("sequential"):
+        return f"p = {p:.3f} is above {v['nominal_level']:.4f}, the boundary of the look after {n} rounds: {ci} holds 1"
+    return f"p = {p:.3f} is not below {v.get('alpha', ALPHA)}: {ci} holds 1"
+
+
+def practical_line(v: dict, default: bool) -> str:
+    """What the minimum practical effect says about a verdict (it never discards one)."""
+    m = v["min_effect"]
+    if m <= 0:
+        return "no minimum practical effect (--min-effect 0): any decided difference counts"
+    said = f"minimum practical effect {m:.1%} (--min-effect{', the default' if default else ''})"
+    if v["verdict"] in ("faster", "slower"):
+        if v.get("practical"):
+            return f"{said}: met, the {'gain' if v['verdict'] == 'faster' else 'loss'} is at least {v['at_least']:.1%}"
+        return (
+            f"{said}: not shown, the {'gain' if v['verdict'] == 'faster' else 'loss'} is real but may be as small "
+            f"as {v['at_least']:.1%}"
+        )
+    if v.get("equivalent"):
+        return f"{said}: the interval lies within 1 ± {m:.1%}, so any difference is smaller than it"
+    return f"{said}: the interval reaches beyond it, so a difference that large is not ruled out"
 
 
 def format_ab(result: dict) -> str:
@@ -357,22 +562,25 @@ def format_ab(result: dict) -> str:
         else "launch medians"
     )
     lines.append(f"\nmedians of {what}: {a} {v['baseline_median']:.2f}, {b} {v['candidate_median']:.2f} tok/s")
-    lines.append(
-        f"ratio B/A = {v['ratio']:.4f} (95% CI {lo:.4f}-{hi:.4f}), "
-        f"Mann-Whitney p = {v['p_value']:.3f} over {v['n_baseline']}+{v['n_candidate']} launches"
-    )
     if v["verdict"] == NO_VERDICT:
+        lines.append(
+            f"ratio B/A = {v['ratio']:.4f} (95% CI {lo:.4f}-{hi:.4f}, bootstrap), "
+            f"Mann-Whitney p = {v['p_value']:.3f} over {v['n_baseline']}+{v['n_candidate']} launches"
+        )
         lines.append(f"no verdict: {v['reason']}")
     else:
         lines.append(
-            f"verdict: {b} is {v['verdict']}"
-            if v["verdict"] != "no significant difference"
-            else f"verdict: no significant difference (minimum effect {v['min_effect']:.0%})"
+            f"ratio B/A = {v['ratio']:.4f} (medians), {v['shift']:.4f} (Hodges-Lehmann) with {v['interval_level']:.1%} "
+            f"CI {lo:.4f}-{hi:.4f} (the test inverted), Mann-Whitney p = {v['p_value']:.3f} over "
+            f"{v['n_baseline']}+{v['n_candidate']} launches"
         )
-        lines.append(
-            f"why: {stats.verdict_why(v)} (faster or slower needs both p < 0.05 and the interval entirely beyond "
-            f"1 ± {v['min_effect']:.0%})"
-        )
+        if v["verdict"] in ("faster", "slower"):
+            lines.append(f"verdict: {b} is {v['verdict']}, by at least {v['at_least']:.1%}")
+        else:
+            lines.append("verdict: no significant difference")
+        lines.append(f"why: {verdict_why(v)}")
+        lines.append(practical_line(v, result.get("min_effect_default", v["min_effect"] == MIN_EFFECT)))
+        lines.append(f"method: {v['method']}" + (f"; {result['stopped']}" if v.get("sequential") else ""))
     after = (result.get("power") or {}).get("after")
     if after:
         lines.append(f"power: {after['sentence']}")

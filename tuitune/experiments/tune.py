@@ -493,6 +493,7 @@ async def tune(
     overrides: dict | None = None,
     ab_rounds: int = 4,
     ab_judge: bool = True,
+    ab_max_rounds: int | None = None,
     configs: list[Config] | None = None,
     nccl: bool = False,
     nccl_backend: str = "nccl",
@@ -655,9 +656,20 @@ async def tune(
                     "description": f"tuitune tune at concurrency {concurrency}: {summary['chosen_label']}",
                 },
             )
+            # the final A/B: sequential (a look after every round from --ab-rounds, adding rounds until
+            # the interval decides or --ab-max-rounds are spent), its power stated from the launch-to-launch
+            # spread measured before when there is one (repeated launches of one configuration in the
+            # search, launches of these presets in an earlier A/B of this log), else the prior
+            last = max(ab_rounds, ab_max_rounds or ab_rounds) if ab_judge else ab_rounds
+            spread, spread_source = ab_spread(result.launches, concurrency, load_log(out), [start_preset, b])
             if progress:
                 progress(
-                    f"A/B: {start_preset.name} ({describe(start)}) vs {summary['chosen_label']}, {ab_rounds} rounds each"
+                    f"A/B: {start_preset.name} ({describe(start)}) vs {summary['chosen_label']}, "
+                    + (
+                        f"{ab_rounds} to {last} rounds each (until the interval decides)"
+                        if last > ab_rounds
+                        else f"{ab_rounds} rounds each"
+                    )
                 )
             ab_over = {
                 **(overrides or {}),
@@ -665,7 +677,19 @@ async def tune(
                 "requests": max(int((overrides or {}).get("requests") or base.bench.requests), 2 * concurrency),
             }
             await session.stop_follow()
-            ab = await run_ab(session.transport, start_preset, b, ab_rounds, ab_over, progress=progress, judge=ab_judge)
+            ab = await run_ab(
+                session.transport,
+                start_preset,
+                b,
+                ab_rounds,
+                ab_over,
+                min_effect=0.0,  # no minimum practical effect: a decided gain is taken (issue 25: p = 0.029 kept the start)
+                progress=progress,
+                judge=ab_judge,
+                spread=spread,
+                spread_source=spread_source,
+                max_rounds=last,
+            )
             summary["ab"] = ab
             v = ab["verdict"]
             summary["verdict"] = v
@@ -675,6 +699,31 @@ async def tune(
         return summary
     finally:
         await session.close()
+
+
+def ab_spread(launches: list[Launch], concurrency: int, rows: list[dict], presets: list) -> tuple[float | None, str]:
+    """The launch-to-launch spread the final A/B states its power from: configurations the search
+    launched more than once (goodput at ``concurrency``) and launches of ``presets`` in an earlier
+    A/B of this log, pooled (sd of log goodput); (None, ""): nothing was measured twice."""
+    from tuitune.experiments.ab import earlier_launches, pooled_spread
+
+    groups: dict[object, list] = {}
+    for ln in launches:
+        g = ln.goodput.get(concurrency)
+        if g:
+            groups.setdefault(ln.config, []).append(g)
+    earlier = [x for x in earlier_launches([r for r in rows if r.get("kind") == "result"])]
+    for p in presets:
+        groups[p.hash()] = [
+            x.get("goodput") for x in earlier if x.get("hash") == p.hash() and x.get("concurrency") == concurrency
+        ]
+    sd, used = pooled_spread(list(groups.values()))
+    if sd is None:
+        return None, ""
+    return (
+        sd,
+        f"measured: {used} launches in this tune log of configurations launched more than once (the search, an earlier A/B)",
+    )
 
 
 def _nccl_gains(decided: dict | None) -> str:
@@ -719,9 +768,9 @@ def format_result(r: dict) -> str:
         lines.append(f"verdict: the start is already best ({v['reason']})")
     elif v.get("verdict") == "faster":
         lines.append(
-            f"verdict: {r['chosen_label']} is faster than the start (ratio {v['ratio']:.4f}, "
-            f"95% CI {v['ratio_ci'][0]:.4f}-{v['ratio_ci'][1]:.4f}, p = {v['p_value']:.3f}); "
-            f"written to {r.get('best_preset')}"
+            f"verdict: {r['chosen_label']} is faster than the start, by at least {v['at_least']:.1%} (ratio "
+            f"{v['ratio']:.4f}, {v.get('interval_level', 0.95):.1%} CI {v['ratio_ci'][0]:.4f}-{v['ratio_ci'][1]:.4f}, "
+            f"p = {v['p_value']:.3f}{_ab_rounds_said(r)}); written to {r.get('best_preset')}"
         )
     elif v.get("verdict") == "measurement only":
         lines.append(
@@ -731,5 +780,22 @@ def format_result(r: dict) -> str:
         )
     else:
         why = v.get("reason") or v.get("verdict")
+        if v.get("verdict") == "slower":
+            why = f"{r['chosen_label']} is slower than the start in the A/B, by at least {v['at_least']:.1%}"
+        elif v.get("verdict") == "no significant difference":
+            lo, hi = v["ratio_ci"]
+            why = (
+                f"no significant difference in the A/B (ratio {v['ratio']:.4f}, {v.get('interval_level', 0.95):.1%} "
+                f"CI {lo:.4f}-{hi:.4f}, p = {v['p_value']:.3f}{_ab_rounds_said(r)})"
+            )
         lines.append(f"verdict: {why}; the start is kept (no best.yaml)")
+    power = ((r.get("ab") or {}).get("power") or {}).get("before")
+    if power:
+        lines.append(f"A/B power: {power['sentence']}")
     return "\n".join(lines)
+
+
+def _ab_rounds_said(r: dict) -> str:
+    """', decided after 5 of up to 8 rounds' (a sequential final A/B), else ''."""
+    ab = r.get("ab") or {}
+    return f", {ab['stopped']}" if ab.get("max_rounds", 0) > ab.get("first_look", 0) and ab.get("stopped") else ""
