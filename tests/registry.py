@@ -10,6 +10,7 @@ fails, the index URL pip asks is probed, and that decides."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -17,8 +18,23 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import real_vllm
 
+def _tests_real_vllm():
+    """tests/real_vllm.py itself: a plain ``import real_vllm`` finds benchmarks/real_vllm.py
+    instead once a test module has put benchmarks/ first on the path (test_advise.py does)."""
+    here = Path(__file__).with_name("real_vllm.py").resolve()
+    mod = sys.modules.get("real_vllm")
+    if mod is not None and Path(getattr(mod, "__file__", "") or "").resolve() == here:
+        return mod
+    spec = importlib.util.spec_from_file_location("real_vllm", here)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sys.modules.setdefault("real_vllm", mod)
+    return mod
+
+
+real_vllm = _tests_real_vllm()
 Unreachable = real_vllm.Unreachable
 
 

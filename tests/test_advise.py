@@ -158,10 +158,7 @@ def test_emitted_schedule_follows_sglangs_loader_rules(tmp_path):
         steps = entry["candidate_steps"]
         assert steps == sorted(set(steps)) and all(isinstance(s, int) and 0 <= s <= 8 for s in steps)
     assert A.check_adaptive(cfg)
-    # the candidates are the steps within 2 % of each bucket's best, by the model
-    for w in why:
-        best = max(w["predicted"].values())
-        assert w["candidates"] == sorted(s for s, g in w["predicted"].items() if g >= best * 0.98)
+    # what goes in it is held to a simulated world's known winners in tests/test_schedule.py
 
 
 BAD_SCHEDULES = [

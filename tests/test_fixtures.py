@@ -12,10 +12,11 @@ import threading
 from pathlib import Path
 
 import pytest
-import real_vllm
 import registry
 import vllm_cli
 from conftest import free_port, pip_download
+
+real_vllm = registry.real_vllm  # tests/real_vllm.py (not benchmarks/real_vllm.py)
 
 
 @pytest.fixture
