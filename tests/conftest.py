@@ -118,19 +118,15 @@ def sim_factory(tmp_path):
         s.stop()
 
 
-@pytest.fixture(scope="session")
-def sglang_release(tmp_path_factory) -> Path:
-    """SGLang 0.5.23's package directory, from its wheel (downloaded once a session; only the
-    speculative sources, the argument definitions (arg_groups) and the dist-info unpacked).
-    Skips when the registry is not reachable."""
-    import zipfile
+def pip_download(dest: Path, requirement: str) -> Path:
+    """One release's wheel from the package registry into ``dest`` (no dependencies, for Python
+    3.11). The test skips only when the registry's index does not answer (tests/registry.py); any
+    other pip failure (no such release, a bad wheel, a full disk) raises and fails the test."""
+    import registry
 
-    tmp = tmp_path_factory.mktemp("sglang")
-    dl = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
+    try:
+        registry.pip(
+            Path(sys.executable),
             "download",
             "-q",
             "--no-deps",
@@ -138,17 +134,29 @@ def sglang_release(tmp_path_factory) -> Path:
             "--python-version",
             "3.11",
             "-d",
-            str(tmp),
-            "sglang==0.5.23",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    wheels = list(tmp.glob("sglang-*.whl"))
-    if dl.returncode != 0 or not wheels:
-        pytest.skip(f"the package registry is not reachable here: {dl.stderr.strip()[-200:]}")
-    with zipfile.ZipFile(wheels[0]) as z:
+            str(dest),
+            requirement,
+            timeout=600,
+        )
+    except registry.Unreachable as e:
+        pytest.skip(f"the package registry is not reachable here: {e}")
+    name = requirement.split("=")[0].replace("-", "_")
+    wheels = sorted(dest.glob(f"{name}-*.whl"))
+    if not wheels:
+        raise RuntimeError(f"pip download {requirement} succeeded but left no wheel in {dest}")
+    return wheels[0]
+
+
+@pytest.fixture(scope="session")
+def sglang_release(tmp_path_factory) -> Path:
+    """SGLang 0.5.23's package directory, from its wheel (downloaded once a session; only the
+    speculative sources, the argument definitions (arg_groups) and the dist-info unpacked).
+    Skips only when the registry is not reachable (pip_download)."""
+    import zipfile
+
+    tmp = tmp_path_factory.mktemp("sglang")
+    wheel = pip_download(tmp, "sglang==0.5.23")
+    with zipfile.ZipFile(wheel) as z:
         z.extractall(
             tmp / "site",
             [n for n in z.namelist() if n.startswith(("sglang/srt/speculative/", "sglang/srt/arg_groups/", "sglang-"))],

@@ -229,7 +229,7 @@ def test_sweep_over_concurrency_and_ab_at_a_concurrency(tmp_path):
         str(out),
         tmp=tmp_path,
     )
-    assert (out / "results.jsonl").exists(), r.stderr + r.stdout
+    assert r.returncode == 0 and (out / "results.jsonl").exists(), r.stderr + r.stdout
     rows = {json.loads(x)["label"]: json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()}
     assert rows["concurrency=4"]["concurrency"] == 4 and rows["concurrency=4"]["requests"] == 8
     assert rows["concurrency=4"]["goodput"] > 2.5 * rows["concurrency=1"]["goodput"]

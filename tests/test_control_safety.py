@@ -231,6 +231,83 @@ async def test_every_loser_names_the_lock_holder(where, request, tmp_path):
         await t.close()
 
 
+def _race(n: int, args: list[str], home: Path) -> list[tuple[int, str, str]]:
+    """``n`` separate `tuitune ARGS` processes started together; (exit status, stdout, stderr) each."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tuitune", *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "HOME": str(home)},
+        )
+        for _ in range(n)
+    ]
+    out = []
+    for proc in procs:
+        o, e = proc.communicate(timeout=150)
+        out.append((proc.returncode, o, e))
+    return out
+
+
+def _log_writers(log: str) -> set[int]:
+    """Every process whose standard output is ``log``: the server's processes."""
+    pids = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if os.readlink(d / "fd" / "1") == log:
+                    pids.add(int(d.name))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("where", ["local", "ssh"])
+def test_a_race_of_tuitune_processes_starts_one_server_and_stops_it_once(where, request, tmp_path):
+    """Six separate `tuitune launch` processes of one preset at once, then six `tuitune stop`: one
+    of each wins; every loser exits 1 with one sentence naming the holder; exactly one server ever
+    runs, and the state on the target follows it. The start holds the lock through its 8 s load
+    and the stop through its grace (the server ignores SIGTERM), so every racer meets the holder."""
+    target = request.getfixturevalue("sshd").target() if where == "ssh" else None
+    p = make_preset(tmp_path, "race", target=target, args={"sim-load-seconds": 8, "sim-fault": "hang-on-sigterm"})
+    path = str(P.save(p, tmp_path / "race.yaml"))
+    n = 6
+
+    def one_winner(results, action: str) -> tuple[int, str, str]:
+        won = [r for r in results if r[0] == 0]
+        assert len(won) == 1, results
+        for rc, out, err in (r for r in results if r is not won[0]):
+            lines = err.strip().splitlines()
+            assert rc == 1 and len(lines) == 1 and lines[0].startswith("tuitune: "), (rc, out, err)
+            assert f"is busy: tuitune {action} of race by " in lines[0] and "Traceback" not in err, err
+        return won[0]
+
+    try:
+        _, out, _ = one_winner(_race(n, ["launch", path, "--timeout", "90"], tmp_path), "launch")
+        started = [x for r in (out,) for x in r.splitlines() if x.startswith("started pid ")]
+        assert len(started) == 1 and "ready in" in out, out
+        pid = int(started[0].split()[2].rstrip(","))
+        writers = _log_writers(p.server.log)
+        assert pid in writers and {os.getpgid(x) for x in writers} == {pid}, writers  # one server's group
+        assert Path(p.server.log).read_text().count("Load weight begin") == 1  # started once
+        st = cli("status", path, "--json", env={"HOME": str(tmp_path)})
+        assert st.returncode == 0 and json.loads(st.stdout)["record"]["pid"] == pid, st.stdout + st.stderr
+        _, out, _ = one_winner(_race(n, ["stop", path, "--grace", "8"], tmp_path), "stop")
+        assert "killed after the grace period" in out, out
+        assert not group_alive(pid) and not _log_writers(p.server.log)
+        st = cli("status", path, "--json", env={"HOME": str(tmp_path)})
+        assert st.returncode == 3 and json.loads(st.stdout)["running"] is False, st.stdout + st.stderr
+    finally:
+        for x in _log_writers(p.server.log):
+            try:
+                os.killpg(x, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 @pytest.mark.parametrize("where", ["local", "ssh"])
 async def test_the_same_client_takes_the_lock_again_right_after_letting_go(where, request, tmp_path):
     """Over SSH the helper dies just after its channel closes: this process's next take (stop, then

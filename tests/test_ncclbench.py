@@ -177,9 +177,12 @@ def test_step_prediction_arithmetic():
     assert "65 all-reduces" in NS.basis(shape, 1, 2) and "8,192 B" in NS.basis(shape, 1, 2)
 
 
+@pytest.mark.timeout(300)  # four worker runs (each starts torch thrice) on a shared CPU
 def test_tune_nccl_screen_ranks_at_the_step_size_and_predicts_the_step_saving(tmp_path):
     """tune --nccl's screen (gloo: CPU, two ranks) measures the all-reduce of a decode step at the
-    tune's concurrency and turns the winner's latency into a step saving with the model's layers."""
+    tune's concurrency and turns the winner's latency into a step saving with the model's layers.
+    Its 2 x 2 grid has a known order: TORCH_DISTRIBUTED_DEBUG=DETAIL (a check of its own
+    collectives around every all-reduce) ranks both of its rows last; gloo ignores NCCL_PROTO."""
     from types import SimpleNamespace
 
     from tuitune.experiments import tune as T
@@ -187,26 +190,29 @@ def test_tune_nccl_screen_ranks_at_the_step_size_and_predicts_the_step_saving(tm
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 3}))
     p = preset(tmp_path)  # NCCL_PROTO=LL now; EAGLE-3 2 steps: 3 tokens verified a request
+    grid = ["env.NCCL_PROTO=LL,Simple", "env.TORCH_DISTRIBUTED_DEBUG=unset,DETAIL"]
     changes, report, pred = asyncio.run(
-        T._nccl_screen(
-            SimpleNamespace(transport=LocalTransport()), p, ["env.NCCL_PROTO=LL,Simple"], "gloo", None, None, 4
-        )
+        T._nccl_screen(SimpleNamespace(transport=LocalTransport()), p, grid, "gloo", None, None, 4)
     )
     step = 4 * 3 * 64 * 2  # four requests × three tokens × hidden 64 × bf16
     assert report["sizes"] == [128, 384, step] and report["decode_bytes"] == step
     assert pred["tokens"] == 12 and pred["bytes"] == step and pred["allreduces"] == 7  # 2 × 3 layers + 1
-    assert pred["reference"] == "NCCL_PROTO=LL" and pred["winner"] == report["ranking"][0]
+    current = "NCCL_PROTO=LL TORCH_DISTRIBUTED_DEBUG=unset"
+    assert pred["reference"] == current and pred["winner"] == report["ranking"][0]
     rows = {r["label"]: r for r in report["rows"]}
     lat = {k: NB._at(r, step)["median_us"] for k, r in rows.items()}
-    assert pred["allreduce_us"] == lat
-    assert pred["step_saving_us"] == pytest.approx(7 * (lat["NCCL_PROTO=LL"] - lat[pred["winner"]]))
-    assert changes == ({} if pred["winner"] == "NCCL_PROTO=LL" else {"env.NCCL_PROTO": "Simple"})
+    assert pred["allreduce_us"] == lat and report["ranking"] == sorted(lat, key=lat.get)  # ranked at the step
+    assert {x.split()[1] for x in report["ranking"][2:]} == {"TORCH_DISTRIBUTED_DEBUG=DETAIL"}, lat
+    assert pred["step_saving_us"] == pytest.approx(7 * (lat[current] - lat[pred["winner"]]))
+    assert changes == (
+        {} if pred["winner"] == current else {"env.NCCL_PROTO": "Simple", "env.TORCH_DISTRIBUTED_DEBUG": None}
+    )
     assert "7 all-reduces" in pred["basis"] and "draft model" in pred["basis"]
     # without the layer count: the saving per all-reduce only, and why
     (tmp_path / "model" / "config.json").write_text(json.dumps({"hidden_size": 64}))
     bare = T.nccl_prediction(report, p, 64, None, 4)
     assert "step_saving_us" not in bare and "layer count is unknown" in bare["note"]
-    assert bare["saving_per_allreduce_us"] == pytest.approx(lat["NCCL_PROTO=LL"] - lat[pred["winner"]])
+    assert bare["saving_per_allreduce_us"] == pytest.approx(lat[current] - lat[pred["winner"]])
 
 
 @pytest.mark.timeout(600)  # eight sets of fresh processes (each imports torch) on a shared CPU

@@ -613,12 +613,20 @@ def test_sweep_tune_and_advise_walk_vllm_ngrams_k(tmp_path):
         "tune", str(path), "--budget", "2", "--concurrency", "2", "--levels", "1,2", "--out", str(out),
         "--json", str(tmp_path / "r.json"), env=home, timeout=600,
     )  # fmt: skip
-    assert r.returncode in (0, 1), r.stderr + r.stdout
+    assert r.returncode == 0, r.stderr + r.stdout
     assert "launch 0: 2 spec tokens (verify 3) (the starting configuration)" in r.stdout, r.stdout
     launched = [x for x in map(json.loads, (out / "tune.jsonl").read_text().splitlines()) if x["kind"] == "launch"]
     assert len(launched) == 3 and all(x["failure"] is None and x["config"]["topk"] == 1 for x in launched), launched
     result = json.loads((tmp_path / "r.json").read_text())
-    assert result["verdict"]["verdict"] in ("faster", "start is already best", "no significant difference", "slower")
+    from tuitune.sim import model as S
+
+    def truth(k: int) -> float:  # the simulator's own goodput at two streams: K lookups, or off
+        cfg = {"algorithm": "NGRAM", "num_speculative_tokens": k} if k else {"algorithm": None}
+        return S.expected_goodput(None, {**cfg, "tp_size": 2}, 2)
+
+    # its world: K=3 +3.7 % over the start, K=4 +1.1 %, off -3 %, K=1 -15 %: never a choice slower than the start
+    assert truth(result["chosen"]["steps"]) >= 0.98 * truth(2), result
+    assert result["verdict"]["verdict"] in ("faster", "start is already best", "no significant difference"), result
     if result["verdict"]["verdict"] not in ("start is already best",):
         # the default A/B: a verdict that can be significant, sequential from 4 up to 8 rounds
         assert (
@@ -651,7 +659,7 @@ def test_tune_walks_sglang_ngram_as_chains_of_draft_tokens(tmp_path):
         "tune", str(path), "--budget", "1", "--levels", "1", "--out", str(out), "--ab-rounds", "1",
         "--no-verdict", env={"HOME": str(tmp_path)}, timeout=400,
     )  # fmt: skip
-    assert r.returncode in (0, 1), r.stderr + r.stdout
+    assert r.returncode == 0, r.stderr + r.stdout
     launched = [x for x in map(json.loads, (out / "tune.jsonl").read_text().splitlines()) if x["kind"] == "launch"]
     assert len(launched) == 2 and all(x["failure"] is None for x in launched), launched
     assert launched[0]["config"] == {"steps": 2, "topk": 1, "draft_tokens": 3}

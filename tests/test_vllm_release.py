@@ -1,5 +1,5 @@
 """tuitune's vLLM knowledge against the vLLM 0.33.0 release's own source (read with ast, nothing
-imported here). The wheel is fetched from the package registry; without one the tests skip.
+imported here). The wheel is fetched from the package registry; the tests skip only when it is unreachable.
 test_vllm_parser.py runs the rendered commands through the release's real command line."""
 
 from __future__ import annotations
@@ -7,12 +7,11 @@ from __future__ import annotations
 import ast
 import json
 import logging
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import pip_download
 from test_vllm import SPEC_FMT, STATS_FMT, vllm_page
 
 from tuitune import preset as P
@@ -51,29 +50,8 @@ FILES = (
 @pytest.fixture(scope="module")
 def src(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("vllm")
-    dl = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "-q",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--python-version",
-            "3.11",
-            "-d",
-            str(tmp),
-            f"vllm=={RELEASE}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    wheels = list(tmp.glob("vllm-*.whl"))
-    if dl.returncode != 0 or not wheels:
-        pytest.skip(f"the package registry is not reachable here: {dl.stderr.strip()[-200:]}")
-    with zipfile.ZipFile(wheels[0]) as z:
+    wheel = pip_download(tmp, f"vllm=={RELEASE}")  # skips only when the registry is unreachable
+    with zipfile.ZipFile(wheel) as z:
         z.extractall(
             tmp / "site", [n for n in z.namelist() if n in FILES or n.startswith(f"vllm-{RELEASE}.dist-info/")]
         )

@@ -19,6 +19,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import registry  # tests/ is on the path: pytest's rootdir conftest, or this script's own folder
+
 RELEASE = "0.33.0"
 TORCH = "torch==2.13.0"  # the CPU build (a file this machine kind keeps on disk; PyPI's otherwise)
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,8 +61,7 @@ NEEDED = (
 )
 
 
-class Unreachable(Exception):
-    """The package registry could not be reached (the only reason the test may skip)."""
+Unreachable = registry.Unreachable  # the registry could not be reached: the only reason a test may skip
 
 
 def _norm(name: str) -> str:
@@ -80,28 +81,10 @@ def requirements(wheel: Path) -> list[str]:
     return [pinned.get(_norm(n), n) for n in NEEDED]
 
 
-def _pip(*args: str) -> None:
-    r = subprocess.run(
-        [str(PYTHON), "-m", "pip", "--disable-pip-version-check", "-q", *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    if r.returncode != 0:
-        words = (r.stderr or r.stdout).strip()
-        if any(
-            s in words
-            for s in (
-                "NewConnectionError",
-                "Temporary failure in name resolution",
-                "Network is unreachable",
-                "ConnectTimeout",
-                "ProxyError",
-                "Max retries exceeded",
-            )
-        ):
-            raise Unreachable(words.splitlines()[-1][:300])
-        raise RuntimeError(f"pip {args[0]} failed: {words[-500:]}")
+def _pip(command: str, *args: str) -> None:
+    """pip in the environment (tests/registry.py): Unreachable when the registry's index does not
+    answer, RuntimeError with pip's last words for any other failure."""
+    registry.pip(PYTHON, command, "-q", *args, timeout=900)
 
 
 def build() -> Path:

@@ -260,21 +260,25 @@ def adaptive_schedule(
     """An SGLang ``--speculative-adaptive-config`` and the reasoning per bucket.
 
     SGLang routes a batch of size bs to the largest key <= bs (FACTS §7), and adapts steps only
-    with topk 1; so each key gets the chain steps (0 = off) that the model ranks within
-    ``tolerance`` of the best at the bucket's middle batch size (geometric, to the next key).
+    with topk 1; so each key gets the chain steps (0 = off) within ``tolerance`` of the best at the
+    bucket's middle batch size (geometric, to the next key): a chain's goodput there is what a
+    benchmark measured at that batch size when one did, else the model's prediction.
     """
     keys = sorted(set(int(b) for b in buckets if int(b) >= 1))
     if not keys:
         raise ValueError("no batch-size buckets given")
     steps = [OFF] + [Config.chain(s) for s in range(1, MAX_STEPS + 1)]
+    seen = {(ln.config, int(conc)): g for ln in model.launches for conc, g in ln.goodput.items() if g > 0}
     cfg: dict = {}
     why: list[dict] = []
     for i, key in enumerate(keys):
         nxt = keys[i + 1] if i + 1 < len(keys) else key
         bs = max(1, round(math.sqrt(key * max(key, nxt - 1))))
         preds = sorted((model.predict(c, bs) for c in steps), key=lambda p: -p.goodput.mean)
-        best = preds[0].goodput.mean
-        chosen = sorted(p.config.steps for p in preds if p.goodput.mean >= best * (1 - tolerance))
+        measured = {p.config.steps: seen[(p.config, bs)] for p in preds if (p.config, bs) in seen}
+        value = {p.config.steps: measured.get(p.config.steps, p.goodput.mean) for p in preds}
+        best = max(value.values())
+        chosen = sorted(s for s, g in value.items() if g >= best * (1 - tolerance))
         cfg[str(key)] = {"candidate_steps": chosen}
         why.append(
             {
@@ -282,6 +286,7 @@ def adaptive_schedule(
                 "batch_size": bs,
                 "candidates": chosen,
                 "predicted": {p.config.steps: round(p.goodput.mean, 1) for p in preds},
+                "measured": {s: round(g, 1) for s, g in measured.items()},
             }
         )
     check_adaptive(cfg)

@@ -53,7 +53,13 @@ class Advised:
             for w in self.buckets:
                 mark = f"  EXTRAPOLATED: {'; '.join(w['extrapolated'])}" if w.get("extrapolated") else ""
                 lines.append(
-                    f"  batch size >= {w['key']:<4} (judged at {w['batch_size']}): candidate_steps {w['candidates']}"
+                    f"  batch size >= {w['key']:<4} (judged at {w['batch_size']}"
+                    + (
+                        f"; measured there: steps {', '.join(map(str, sorted(w['measured'])))}"
+                        if w.get("measured")
+                        else ""
+                    )
+                    + f"): candidate_steps {w['candidates']}"
                     + mark
                 )
             marked = [w for w in self.buckets if w.get("extrapolated")]
