@@ -1,6 +1,7 @@
 """`tuitune advise`: launches observed (tuitune.experiments.observe) -> a fitted cost model -> the
 predicted best configuration at each concurrency, and, on request, an engine schedule written to a
-file (SGLang's --speculative-adaptive-config).
+file: SGLang's --speculative-adaptive-config, or vLLM's num_speculative_tokens_per_batch_size (one
+K per batch-size range), both from the same per-bucket decision (``decide.advise.adaptive_schedule``).
 
 The models are pure (tuitune.decide); this module is the use case around them: it gathers the
 launches, fits, ranks the engine's configuration space, writes the schedule, and says the result
@@ -9,15 +10,19 @@ as JSON or as text.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tuitune import engines
 from tuitune.decide import advise as A
 from tuitune.decide.costmodel import Config, CostModel, FitError, fit
+from tuitune.engines import sglang as SG
+from tuitune.engines import vllm as VL
 from tuitune.experiments.observe import launches_from
 
-EMIT_FORMATS = ("sglang-adaptive",)
+EMIT_ENGINES = {e.schedule: e for e in engines.ENGINES.values() if e.schedule}  # format -> the engine loading it
+EMIT_FORMATS = tuple(EMIT_ENGINES)
 
 
 class AdvisorError(Exception):
@@ -34,40 +39,92 @@ class Advised:
     advices: list[A.Advice]
     describe: Callable[[Config], str]  # the engine's name for a configuration
     emitted: str | None = None  # the schedule's file
-    schedule: dict | None = None
-    buckets: list[dict] = field(default_factory=list)  # why each bucket got its candidates
+    schedule: dict | None = None  # the file's content
+    buckets: list[dict] = field(default_factory=list)  # why each bucket got its candidates (and its K)
+    emit_format: str = SG.SCHEDULE
 
     def to_dict(self) -> dict:
         out = {"model": self.model.summary(), "advice": [a.to_dict() for a in self.advices]}
         if self.schedule is not None:
-            out["sglang_adaptive"] = {"file": self.emitted, "config": self.schedule, "buckets": self.buckets}
+            key = self.emit_format.replace("-", "_")  # sglang_adaptive, vllm_dsd
+            out[key] = {"file": self.emitted, "config": self.schedule, "buckets": self.buckets}
         return out
 
     def format(self, top: int = 5) -> str:
         lines = [A.format_advice(self.model, self.advices, top=top, describe=self.describe)]
-        if self.schedule is not None:
+        if self.schedule is None:
+            return "\n".join(lines)
+        dsd = self.emit_format == VL.DSD_SCHEDULE
+        if dsd:
+            lines.append(
+                f"\nwrote {self.emitted} (vLLM num_speculative_tokens_per_batch_size; per batch-size range the "
+                f"shortest K within {A.TOLERANCE:.0%} of its best, 0 where speculation off is):"
+            )
+        else:
             lines.append(
                 f"\nwrote {self.emitted} (SGLang --speculative-adaptive-config; candidates within "
                 f"{A.TOLERANCE:.0%} of each bucket's best):"
             )
-            for w in self.buckets:
-                mark = f"  EXTRAPOLATED: {'; '.join(w['extrapolated'])}" if w.get("extrapolated") else ""
+        for w in self.buckets:
+            mark = f"  EXTRAPOLATED: {'; '.join(w['extrapolated'])}" if w.get("extrapolated") else ""
+            if dsd:
+                sizes = f"{w['key']}-{w['end']}" if w["end"] != w["key"] else f"{w['key']}"
+                lines.append(
+                    f"  batch sizes {sizes:<9} (judged at {w['batch_size']}): K {w['k']}  "
+                    f"(within {A.TOLERANCE:.0%}: {w['candidates']})" + mark
+                )
+            else:
                 lines.append(
                     f"  batch size >= {w['key']:<4} (judged at {w['batch_size']}): candidate_steps {w['candidates']}"
                     + mark
                 )
-            marked = [w for w in self.buckets if w.get("extrapolated")]
-            if marked:
-                levels = [str(w["batch_size"]) for w in marked if any("benchmark" in x for x in w["settle"])]
-                settle = [f"benchmarks at concurrency {','.join(levels)} (profile on)"] if levels else []
-                if any("speculation off" in x for w in marked for x in w["settle"]):
-                    settle.append("a launch with speculation off")
-                lines.append(
-                    f"  {len(marked)} of {len(self.buckets)} buckets rest on extrapolation, not measurement: "
-                    f"check them before serving with the file ({' and '.join(settle)} would settle them)"
-                )
+        marked = [w for w in self.buckets if w.get("extrapolated")]
+        if marked:
+            levels = [str(w["batch_size"]) for w in marked if any("benchmark" in x for x in w["settle"])]
+            settle = [f"benchmarks at concurrency {','.join(levels)} (profile on)"] if levels else []
+            if any("speculation off" in x for w in marked for x in w["settle"]):
+                settle.append("a launch with speculation off")
+            lines.append(
+                f"  {len(marked)} of {len(self.buckets)} buckets rest on extrapolation, not measurement: "
+                f"check them before serving with the file ({' and '.join(settle)} would settle them)"
+            )
+        if not dsd:
             lines.append("  use it: speculative.adaptive_config: /path/on/the/target.json in the preset (eagle_topk 1)")
+            return "\n".join(lines)
+        top_k = max(w["k"] for w in self.buckets)
+        if top_k == 0:
+            lines.append(
+                "  speculation pays at none of these batch sizes: serve without speculation rather than with "
+                "this file (vLLM at K 0 still runs its speculative path; K=0 is not off)"
+            )
+        else:
+            lines.append(
+                f"  use it: speculative.dynamic_schedule: {os.path.abspath(self.emitted or '')} in the preset "
+                "(a path on this machine, "
+                f"read when the preset loads), with num_speculative_tokens {top_k} or more"
+            )
         return "\n".join(lines)
+
+
+def dsd_schedule(buckets: list[dict], last_end: int = VL.DSD_LAST_END) -> list[list[int]]:
+    """vLLM's ``num_speculative_tokens_per_batch_size`` from the per-bucket decision SGLang's schedule
+    is made of (``A.adaptive_schedule``: each key's candidates, the chain steps within the tolerance
+    of the bucket's best, 0 = off). vLLM runs one K per batch size, so each bucket gets 0 when off is
+    a candidate (speculation does not pay by more than the tolerance: no regret), else the shortest
+    candidate (the cheapest within the tolerance, and the one that loses least if acceptance is
+    lower than fitted). A key's range runs to the next key - 1, the last to ``last_end``; adjacent
+    ranges of one K are merged. Each bucket gets ``k`` and ``end`` (the decision, for the output)."""
+    rows: list[list[int]] = []
+    for i, w in enumerate(buckets):
+        end = buckets[i + 1]["key"] - 1 if i + 1 < len(buckets) else max(last_end, w["key"])
+        k = 0 if 0 in w["candidates"] else min(w["candidates"])
+        w["k"], w["end"] = k, end
+        if rows and rows[-1][2] == k:
+            rows[-1][1] = end
+        else:
+            rows.append([w["key"], end, k])
+    VL.check_dsd(rows)
+    return rows
 
 
 def mark_buckets(model: CostModel, buckets: list[dict]) -> None:
@@ -96,17 +153,25 @@ async def advise_sources(
     concurrencies: list[int] | None = None,
     emit: str | None = None,
     buckets: list[int] | None = None,
+    emit_format: str = SG.SCHEDULE,
 ) -> Advised:
     """Advice for each of ``concurrencies`` (default: the load the launches were measured at) from
-    presets' running servers or captures; with ``emit``, SGLang's adaptive schedule over
-    ``buckets`` (batch sizes) is written to that file. Raises ObserveError (the sources),
-    ControlError / TransportError (a server's link) or AdvisorError."""
+    presets' running servers or captures; with ``emit``, the engine schedule ``emit_format`` (SGLang's
+    adaptive config, or vLLM's K per batch-size range) over ``buckets`` (batch sizes) is written to
+    that file, atomically. Raises ObserveError (the sources), ControlError / TransportError (a
+    server's link) or AdvisorError."""
+    if emit_format not in EMIT_FORMATS:
+        raise AdvisorError(f"--emit {emit_format!r}: the formats are {' and '.join(EMIT_FORMATS)}", 2)
     launches, running, load = await launches_from(sources)
     engine = engines.get(launches[-1].engine)
-    if emit and engine.name != "sglang":
-        raise AdvisorError(
-            f"--emit sglang-adaptive is SGLang's schedule; {engine.label} has no adaptive speculation to load it", 2
-        )
+    owner = EMIT_ENGINES[emit_format]
+    if emit and engine.name != owner.name:
+        if emit_format == SG.SCHEDULE:
+            why = "has no adaptive speculation to load it"
+        else:
+            why = "has no num_speculative_tokens_per_batch_size to load it"
+        instead = f" (its own is --emit {engine.schedule})" if engine.schedule else ""
+        raise AdvisorError(f"--emit {emit_format} is {owner.label}'s schedule; {engine.label} {why}{instead}", 2)
     try:
         model = fit(launches)
     except FitError as e:
@@ -117,10 +182,16 @@ async def advise_sources(
     describe = engine.config_label
     out = Advised(model, [A.advise(model, c, running, space, describe) for c in concurrencies or [load]], describe)
     if emit:
+        out.emit_format = emit_format
         out.schedule, out.buckets = A.adaptive_schedule(model, tuple(buckets or A.ADAPTIVE_BUCKETS))
         mark_buckets(model, out.buckets)
+        if emit_format == VL.DSD_SCHEDULE:
+            out.schedule = VL.dsd_document(dsd_schedule(out.buckets))
         try:
-            A.write_adaptive(emit, out.schedule)
+            if emit_format == VL.DSD_SCHEDULE:
+                VL.write_dsd(emit, out.schedule[VL.DSD_KEY])
+            else:
+                A.write_adaptive(emit, out.schedule)
         except OSError as e:
             raise AdvisorError(f"{emit}: cannot write it ({e.strerror or e})", 1) from None
         out.emitted = emit
