@@ -15,11 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tuitune import engines
+from tuitune import preset as P
 from tuitune.decide import advise as A
 from tuitune.decide.costmodel import Config, CostModel, FitError, fit
 from tuitune.engines import sglang as SG
 from tuitune.engines import vllm as VL
-from tuitune.experiments.observe import launches_from
+from tuitune.experiments.observe import _is_preset, launches_from
 
 EMIT_ENGINES = {e.schedule: e for e in engines.ENGINES.values() if e.schedule}  # format -> the engine loading it
 EMIT_FORMATS = tuple(EMIT_ENGINES)
@@ -148,6 +149,17 @@ def mark_buckets(model: CostModel, buckets: list[dict]) -> None:
         w["settle"] = settle
 
 
+def _refuse_emit(emit_format: str, engine: engines.Engine) -> None:
+    """The one sentence for a schedule asked of an engine that cannot load it."""
+    owner = EMIT_ENGINES[emit_format]
+    if emit_format == SG.SCHEDULE:
+        why = "has no adaptive speculation to load it"
+    else:
+        why = "has no num_speculative_tokens_per_batch_size to load it"
+    instead = f" (its own is --emit {engine.schedule})" if engine.schedule else ""
+    raise AdvisorError(f"--emit {emit_format} is {owner.label}'s schedule; {engine.label} {why}{instead}", 2)
+
+
 async def advise_sources(
     sources: list[str],
     concurrencies: list[int] | None = None,
@@ -162,16 +174,20 @@ async def advise_sources(
     server's link) or AdvisorError."""
     if emit_format not in EMIT_FORMATS:
         raise AdvisorError(f"--emit {emit_format!r}: the formats are {' and '.join(EMIT_FORMATS)}", 2)
+    owner = EMIT_ENGINES[emit_format]
+    if emit:  # a preset of the other engine is refused before its server is asked for anything
+        for src in sources:
+            if _is_preset(src):
+                try:
+                    name = P.resolve(src).server.engine
+                except P.PresetError:
+                    continue  # said by launches_from, in its words
+                if name != owner.name:
+                    _refuse_emit(emit_format, engines.get(name))
     launches, running, load = await launches_from(sources)
     engine = engines.get(launches[-1].engine)
-    owner = EMIT_ENGINES[emit_format]
     if emit and engine.name != owner.name:
-        if emit_format == SG.SCHEDULE:
-            why = "has no adaptive speculation to load it"
-        else:
-            why = "has no num_speculative_tokens_per_batch_size to load it"
-        instead = f" (its own is --emit {engine.schedule})" if engine.schedule else ""
-        raise AdvisorError(f"--emit {emit_format} is {owner.label}'s schedule; {engine.label} {why}{instead}", 2)
+        _refuse_emit(emit_format, engine)
     try:
         model = fit(launches)
     except FitError as e:
