@@ -358,3 +358,22 @@ def test_vllm_dsd_is_refused_for_sglang_in_one_sentence(tmp_path):
     ), r.stderr
     bad = tuitune(tmp_path, "advise", str(preset), "--emit", "vllm-adaptive", str(f))
     assert bad.returncode == 2 and "the formats are sglang-adaptive and vllm-dsd" in bad.stderr
+
+
+def test_advise_refuses_launches_that_ran_a_schedule(tmp_path):
+    """A launch with a dynamic schedule has no single K, and the probe's windows name the largest:
+    fitted, it would credit one K with every batch size's choice. advise says so instead."""
+    from tuitune.measure.capture import CaptureWriter
+
+    p = P.from_dict(ngram(tmp_path, schedule=[[1, 1, 3], [2, 1024, 0]]))
+    cap = tmp_path / "dsd.jsonl"
+    CaptureWriter(cap, {"preset": P.to_dict(p)}).close()
+    preset = P.save(p, tmp_path / "dsd.yaml")
+    static = tmp_path / "static.jsonl"
+    CaptureWriter(static, {"preset": P.to_dict(P.with_changes(p, {"speculative.dynamic_schedule": None}))}).close()
+    for src in (cap, preset):
+        r = tuitune(tmp_path, "advise", str(src))
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "runs vLLM's dynamic schedule" in r.stderr and "advise from launches with a static K" in r.stderr
+    r = tuitune(tmp_path, "advise", str(static))  # the same launch with a static K gets past that check
+    assert "dynamic schedule" not in r.stderr and "no EAGLE3_PROFILE windows" in r.stderr, r.stderr

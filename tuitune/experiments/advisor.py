@@ -149,6 +149,24 @@ def mark_buckets(model: CostModel, buckets: list[dict]) -> None:
         w["settle"] = settle
 
 
+def _ran_a_schedule(src: str) -> bool:
+    """Whether a source (a preset, or a capture's recorded preset) runs vLLM's dynamic schedule."""
+    if _is_preset(src):
+        try:
+            spec = P.resolve(src).speculative
+        except P.PresetError:
+            return False  # said by launches_from, in its words
+        return spec is not None and spec.dynamic_schedule is not None
+    from tuitune.measure.capture import CaptureError, iter_capture
+
+    try:
+        meta = iter_capture(src)[0]
+    except (CaptureError, OSError, ValueError):
+        return False  # said by launches_from
+    spec = (meta.get("preset") or {}).get("speculative") if isinstance(meta.get("preset"), dict) else None
+    return isinstance(spec, dict) and spec.get("dynamic_schedule") is not None
+
+
 def _refuse_emit(emit_format: str, engine: engines.Engine) -> None:
     """The one sentence for a schedule asked of an engine that cannot load it."""
     owner = EMIT_ENGINES[emit_format]
@@ -175,6 +193,14 @@ async def advise_sources(
     if emit_format not in EMIT_FORMATS:
         raise AdvisorError(f"--emit {emit_format!r}: the formats are {' and '.join(EMIT_FORMATS)}", 2)
     owner = EMIT_ENGINES[emit_format]
+    for src in sources:
+        if _ran_a_schedule(src):
+            raise AdvisorError(
+                f"{src}: runs vLLM's dynamic schedule (speculative.dynamic_schedule), whose K changes with the "
+                "batch size while the probe's windows name num_speculative_tokens; advise from launches with a "
+                "static K",
+                2,
+            )
     if emit:  # a preset of the other engine is refused before its server is asked for anything
         for src in sources:
             if _is_preset(src):
