@@ -5,25 +5,32 @@ between 1 and 16 concurrent streams.
 World: the real vLLM 0.32.0 CPU build (tests/real_vllm.py), a tiny random-weight Llama (hidden
 512, 8 layers), ngram speculation (prompt lookup 1-3: a random model soon repeats itself, so ngram's
 acceptance is real; EAGLE-3 with a random draft accepts nothing, so it cannot show a schedule's
-worth), ``--enforce-eager``, one engine on the machine this runs on (on the project's 2-core
-machines other work shares the cores: read the spread it prints).
+worth), ``--enforce-eager``, ``LD_PRELOAD`` of the venv's Intel OpenMP for every arm (without it
+vLLM's CPU speculative decoding is many times slower: see ENV below), on the machine this runs on
+(on the project's 2-core machines other work shares the cores: read the spread it prints).
 
 1. The schedule: two servers (ngram K=3 and speculation off, ``profile: true``) benchmarked by
    ``tuitune bench`` at 1, 4 and 16 streams (4, 8 and 32 requests); ``tuitune advise K3 OFF --emit vllm-dsd FILE`` fits
    the cost model from their logs and writes the schedule.
-2. The arms, each a fresh launch per round, rounds interleaved (order reversed every other round):
-   (a) the emitted schedule (``speculative.dynamic_schedule: FILE``, num_speculative_tokens = its
-   largest K); (b) static K = 1..4 (ngram, the same lookup), the best of which is "the best static
-   K"; (c) vLLM's own defaults: its n-gram page's configuration (``num_speculative_tokens`` 5,
-   ``prompt_lookup_max`` 4, nothing else: no schedule); (d) no speculation.
-3. Each launch: a warm-up, then ``--cycles`` cycles of [1 stream: ``--single`` requests one after
-   another; 16 streams: 2 requests each]. Goodput of a phase = completion tokens (the server's
-   ``usage``) / the phase's wall time, measured by a plain HTTP client here (no tuitune code).
-   Per arm: the median over launches of each launch's median phase goodput at 1 and at 16 streams,
-   and of the whole alternating load (all tokens / all time); min-max over launches beside it.
-4. The no-regret floor: the recommendation (a) is never more than 2 % below (d) at 1 or 16 streams.
+2. The arms: (a) the emitted schedule (``speculative.dynamic_schedule: FILE``,
+   num_speculative_tokens = its largest K); (b) static K = 1..3 (ngram, the same lookup), the best
+   of which at the alternating load is "the best static K"; (c) vLLM's own defaults: its n-gram
+   page's configuration (``num_speculative_tokens`` 5, ``prompt_lookup_max`` 4, nothing else: no
+   schedule); (d) no speculation.
+3. Pairs: each arm is launched fresh beside a fresh no-speculation launch (both up at once), and
+   the two are measured in turn, phase by phase (the order flips every cycle), so both see the same
+   load from the other programs on the machine; ``--rounds`` pairs per arm, arms in reversed order
+   every other round. A pair runs ``--cycles`` cycles of [1 stream: ``--single`` requests one after
+   another; 16 streams: one request each], after a warm-up. Goodput of a phase = completion tokens
+   (the server's ``usage``) / the phase's wall time, measured by a plain HTTP client here (no
+   tuitune code). Per arm: goodput (median over pairs of each launch's median phase, min-max) and
+   the ratio to its paired no-speculation launch (the median of phase-by-phase ratios; for the
+   alternating load, tokens / time).
+4. The no-regret floor: the recommendation (a) is never more than 2 % below no speculation at 1
+   or 16 streams (median paired ratio >= 0.98; each pair's ratio printed beside it).
 
-    python benchmarks/dsd_compare.py [--rounds 3] [--cycles 3] [--single 4] [--max-tokens 96]
+    python benchmarks/dsd_compare.py [--rounds 2] [--cycles 4] [--single 4] [--max-tokens 96] [--ks 1,2,3]
+                                     [--schedule FILE] [--out results.json]
 """
 
 from __future__ import annotations
@@ -55,6 +62,12 @@ from tuitune.engines import vllm as V  # noqa: E402
 HOME = Path(tempfile.mkdtemp(prefix="tuitune-dsd-"))
 PROMPTS = json.loads((ROOT / "tuitune" / "data" / "prompts.json").read_text())
 LOOKUP = {"prompt_lookup_min": 1, "prompt_lookup_max": 3}
+# vLLM's CPU worker warns that speculative decoding without Intel OpenMP preloaded "will cause
+# significant performance loss" (v1/worker/cpu_worker.py): here ngram ran at ~5 tok/s without it
+# and ~100-180 with it, against ~70-180 for no speculation. The venv ships libiomp5; every arm
+# (no speculation too) gets it, as vLLM's CPU installation guide sets it.
+IOMP = real_vllm.HOME / "lib" / "libiomp5.so"
+ENV = {"LD_PRELOAD": str(IOMP)} if IOMP.is_file() else {}
 FLOOR = 0.02  # the no-regret floor: never more than 2 % below no speculation
 
 
@@ -71,7 +84,7 @@ def tt(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 
 def write(name: str, spec: dict | None, profile: bool = False) -> Path:
     """A preset for the real engine: ngram with ``spec`` (None: no speculation), its own port and log."""
-    data = real_vllm.preset(name, HOME / f"{name}.log", free_port(), method=None, profile=profile)
+    data = real_vllm.preset(name, HOME / f"{name}.log", free_port(), method=None, profile=profile, env=ENV)
     if spec is not None:
         data["speculative"] = {"algorithm": "NGRAM", **spec}
     path = HOME / f"{name}.yaml"
@@ -169,29 +182,46 @@ def metrics(port: int) -> tuple[float, float, float]:
     )
 
 
-def measure(preset: Path, args, seed: int) -> dict:
-    """One launch of ``preset`` under the alternating load."""
-    took = launch(preset)
-    port = port_of(preset)
-    model = str(real_vllm.TARGET)
+def fresh() -> dict:
+    return {"1": [], "16": [], "tokens": 0, "time": 0.0, "accept": {"1": [0.0, 0.0, 0.0], "16": [0.0, 0.0, 0.0]}}
+
+
+def run_phase(out: dict, port: int, streams: int, per: int, args, seed: int) -> float:
+    m0 = metrics(port)
+    g, n, s = phase(port, str(real_vllm.TARGET), streams, per, args.max_tokens, seed)
+    m1 = metrics(port)
+    out[str(streams)].append(g)
+    out["tokens"] += n
+    out["time"] += s
+    acc = out["accept"][str(streams)]
+    for i, (a, b) in enumerate(zip(m0, m1, strict=True)):
+        acc[i] += b - a
+    return g
+
+
+def measure_pair(arm: Path, off: Path, args, seed: int) -> tuple[dict, dict]:
+    """A fresh launch of ``arm`` and one of ``off`` (no speculation), both up at once, measured in
+    turn phase by phase (the order flips every cycle): both see the same load from other programs."""
+    took = {}
+    for p in (arm, off):
+        took[p] = launch(p)
     try:
-        phase(port, model, 1, 2, 32, seed)  # warm-up: both shapes once
-        phase(port, model, 16, 1, 32, seed)
-        out: dict = {"launch_s": took, "1": [], "16": [], "tokens": 0, "time": 0.0, "accept": {}}
+        ports = {p: port_of(p) for p in (arm, off)}
+        for p in (arm, off):  # warm-up: both shapes once
+            phase(ports[p], str(real_vllm.TARGET), 1, 1, 32, seed)
+            phase(ports[p], str(real_vllm.TARGET), 16, 1, 32, seed)
+        res = {arm: fresh(), off: fresh()}
         for cyc in range(args.cycles):
-            for streams, per in ((1, args.single), (16, 2)):
-                m0 = metrics(port)
-                g, n, s = phase(port, model, streams, per, args.max_tokens, seed + 100 * cyc + streams)
-                m1 = metrics(port)
-                out[str(streams)].append(g)
-                out["tokens"] += n
-                out["time"] += s
-                d, dt, acc = (b - a for a, b in zip(m0, m1, strict=True))
-                a = out["accept"].setdefault(str(streams), [0.0, 0.0, 0.0])
-                a[0], a[1], a[2] = a[0] + d, a[1] + dt, a[2] + acc
-        return out
+            order = (arm, off) if cyc % 2 == 0 else (off, arm)
+            for streams, per in ((1, args.single), (16, 1)):
+                for p in order:
+                    run_phase(res[p], ports[p], streams, per, args, seed + 100 * cyc + streams)
+        for p in (arm, off):
+            res[p]["launch_s"] = took[p]
+        return res[arm], res[off]
     finally:
-        stop(preset)
+        for p in (arm, off):
+            stop(p)
 
 
 # ---- the schedule ----------------------------------------------------------------------------------
@@ -221,22 +251,34 @@ def emit_schedule(args) -> tuple[Path, str]:
         stop(off)
 
 
-def spread(v: list[float]) -> str:
-    return f"{statistics.median(v):7.1f} ({min(v):.1f}-{max(v):.1f})"
+def spread(v: list[float], fmt: str = "7.1f") -> str:
+    return f"{statistics.median(v):{fmt}} ({min(v):{fmt.lstrip('7')}}-{max(v):{fmt.lstrip('7')}})"
+
+
+def ratios(arm: dict, off: dict) -> dict[str, float]:
+    """One pair's arm / no speculation: the median of the phase-by-phase ratios at 1 and at 16
+    streams (phases measured side by side), and the whole alternating load's (tokens / time)."""
+    out = {c: statistics.median(a / b for a, b in zip(arm[c], off[c], strict=True)) for c in ("1", "16")}
+    out["all"] = (arm["tokens"] / arm["time"]) / (off["tokens"] / off["time"])
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=3, help="launches of each arm (interleaved)")
-    ap.add_argument("--cycles", type=int, default=3, help="1-stream / 16-stream cycles a launch")
+    ap.add_argument("--rounds", type=int, default=2, help="pairs of launches of each arm (interleaved)")
+    ap.add_argument("--cycles", type=int, default=4, help="1-stream / 16-stream cycles a pair")
     ap.add_argument("--single", type=int, default=4, help="requests of a 1-stream phase")
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--ks", default="1,2,3,4", help="the static Ks compared")
+    ap.add_argument("--ks", default="1,2,3", help="the static Ks compared")
     ap.add_argument("--schedule", help="use this schedule file instead of fitting and emitting one")
+    ap.add_argument("--out", help="write every measurement here as JSON")
     args = ap.parse_args()
     real_vllm.build()
-    print(f"world: the real vLLM {real_vllm.RELEASE} CPU build, tiny random Llama, ngram (lookup 1-3), "
-          f"--enforce-eager, {os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f} at start)")  # fmt: skip
+    print(
+        f"world: the real vLLM {real_vllm.RELEASE} CPU build, tiny random Llama, ngram (lookup 1-3), "
+        f"--enforce-eager, {'LD_PRELOAD=libiomp5.so, ' if ENV else 'no libiomp5 to preload, '}"
+        f"{os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f} at start)"
+    )
     if args.schedule:
         f, said = Path(args.schedule), ""
     else:
@@ -255,69 +297,76 @@ def main() -> None:
     for k in (int(x) for x in args.ks.split(",")):
         arms[f"(b) static K={k}"] = write(f"k{k}", {"num_speculative_tokens": k, **LOOKUP})
     arms["(c) vLLM's defaults"] = write("defaults", {"num_speculative_tokens": 5, "prompt_lookup_max": 4})
-    arms["(d) no speculation"] = write("off", None)
-    results: dict[str, list[dict]] = {a: [] for a in arms}
+    off = write("off", None)
+    results: dict[str, list[tuple[dict, dict]]] = {a: [] for a in arms}
     order = list(arms)
+    print(f"\n== pairs: each arm beside a fresh no-speculation launch, {args.cycles} cycles of 1 / 16 streams")
     for r in range(args.rounds):
-        seq = order if r % 2 == 0 else order[::-1]
-        for arm in seq:
-            res = measure(arms[arm], args, seed=random.Random(r).randrange(1000))
-            results[arm].append(res)
+        for arm in order if r % 2 == 0 else order[::-1]:
+            a, o = measure_pair(arms[arm], off, args, seed=random.Random(r).randrange(1000))
+            results[arm].append((a, o))
+            q = ratios(a, o)
             print(
-                f"  round {r + 1} {arm:24s} 1 stream {statistics.median(res['1']):7.1f}  16 streams "
-                f"{statistics.median(res['16']):7.1f}  all {res['tokens'] / res['time']:7.1f} tok/s "
-                f"(launch {res['launch_s']:.0f} s)",
+                f"  round {r + 1} {arm:22s} 1 stream {statistics.median(a['1']):7.1f} (off {statistics.median(o['1']):7.1f})"
+                f"  16 streams {statistics.median(a['16']):7.1f} (off {statistics.median(o['16']):7.1f})"
+                f"  x off: {q['1']:.3f} / {q['16']:.3f} / all {q['all']:.3f}",
                 flush=True,
             )
-    print(f"\n== goodput, tok/s: median over {args.rounds} launches (min-max); each launch's median phase")
-    print(f"  {'arm':26s} {'1 stream':>22s} {'16 streams':>22s} {'alternating':>22s}  K at 1 / 16, accept len 1 / 16")
-    summary: dict[str, dict[str, list[float]]] = {}
+    if args.out:
+        Path(args.out).write_text(json.dumps({k: v for k, v in results.items()}, indent=1))
+    print(f"\n== goodput, tok/s: median over {args.rounds} pairs (min-max) of each launch's median phase;")
+    print("   x off: the arm over its paired no-speculation launch (1 stream / 16 streams / the alternating load)")
+    print(
+        f"  {'arm':22s} {'1 stream':>20s} {'16 streams':>20s} {'alternating':>20s}   {'x off 1 / 16 / all':<26s} K at 1/16  accept len 1/16"
+    )
+    q_of: dict[str, dict[str, list[float]]] = {}
+    offs = [o for rows in results.values() for _, o in rows]
     for arm, rows in results.items():
-        s = {
-            "1": [statistics.median(x["1"]) for x in rows],
-            "16": [statistics.median(x["16"]) for x in rows],
-            "all": [x["tokens"] / x["time"] for x in rows],
-        }
-        summary[arm] = s
+        a_rows = [a for a, _ in rows]
+        q = [ratios(a, o) for a, o in rows]
+        q_of[arm] = {c: [x[c] for x in q] for c in ("1", "16", "all")}
         acc = []
         for c in ("1", "16"):
-            d = sum(x["accept"][c][0] for x in rows)
-            a = sum(x["accept"][c][2] for x in rows)
-            acc.append(f"{1 + a / d:.2f}" if d else "-")
+            d = sum(x["accept"][c][0] for x in a_rows)
+            ok = sum(x["accept"][c][2] for x in a_rows)
+            acc.append(f"{1 + ok / d:.2f}" if d else "-")
         if arm.startswith("(a)"):
-            ks = f"{V.dsd_k(table, 1, top)} / {V.dsd_k(table, 16, top)}"
+            ks = f"{V.dsd_k(table, 1, top)}/{V.dsd_k(table, 16, top)}"
         elif arm.startswith("(b)"):
-            ks = f"{arm.split('=')[1]} / {arm.split('=')[1]}"
-        elif arm.startswith("(c)"):
-            ks = "5 / 5"
+            ks = f"{arm.split('=')[1]}/{arm.split('=')[1]}"
         else:
-            ks = "off"
+            ks = "5/5"
         print(
-            f"  {arm:26s} {spread(s['1']):>22s} {spread(s['16']):>22s} {spread(s['all']):>22s}  {ks}, {' / '.join(acc)}"
+            f"  {arm:22s} {spread([statistics.median(x['1']) for x in a_rows]):>20s} "
+            f"{spread([statistics.median(x['16']) for x in a_rows]):>20s} "
+            f"{spread([x['tokens'] / x['time'] for x in a_rows]):>20s}   "
+            f"{' / '.join(f'{statistics.median(q_of[arm][c]):.3f}' for c in ('1', '16', 'all')):<26s} "
+            f"{ks:9s}  {' / '.join(acc)}"
         )
-    static = [a for a in summary if a.startswith("(b)")]
-    best = max(static, key=lambda a: statistics.median(summary[a]["all"]))
-    off = summary["(d) no speculation"]
+    print(
+        f"  {'(d) no speculation':22s} {spread([statistics.median(x['1']) for x in offs]):>20s} "
+        f"{spread([statistics.median(x['16']) for x in offs]):>20s} "
+        f"{spread([x['tokens'] / x['time'] for x in offs]):>20s}   1 (every pair's own)"
+    )
+    static = [a for a in q_of if a.startswith("(b)")]
+    best = max(static, key=lambda a: statistics.median(q_of[a]["all"]))
     print(f"\n  best static K at the alternating load: {best.split(' ', 1)[1]}")
-    if "(a) emitted schedule" in summary:
-        rec, rec_name = summary["(a) emitted schedule"], "the emitted schedule"
+    if "(a) emitted schedule" in q_of:
+        rec, name = q_of["(a) emitted schedule"], "the emitted schedule"
     else:
-        rec, rec_name = off, "no speculation (the schedule drafts nothing anywhere)"
-    print(f"== no-regret floor: {rec_name} against no speculation (never more than {FLOOR:.0%} below)")
-    ok = True
+        rec, name = None, "no speculation (the schedule drafts nothing anywhere)"
+    print(f"== no-regret floor: {name} against no speculation, never more than {FLOOR:.0%} below")
+    held = True
     for c, label in (("1", "1 stream"), ("16", "16 streams"), ("all", "alternating")):
-        ratio = statistics.median(rec[c]) / statistics.median(off[c])
-        held = ratio >= 1 - FLOOR
-        ok &= held or c == "all"
-        print(f"  {label:12s} {ratio:6.3f} x no speculation: {'holds' if held else 'BROKEN'}")
-    for name in ("(b) " + best.split(" ", 1)[1], "(c) vLLM's defaults"):
-        s = summary[name]
-        print(
-            f"  for comparison, {name}: "
-            + ", ".join(f"{statistics.median(s[c]) / statistics.median(off[c]):.3f}" for c in ("1", "16", "all"))
-            + " x no speculation at 1, 16 streams, alternating"
-        )
-    print(f"the floor {'holds' if ok else 'is broken'} at every measured concurrency")
+        if rec is None:
+            print(f"  {label:12s} 1.000 (the recommendation is no speculation): holds")
+            continue
+        m = statistics.median(rec[c])
+        ok = m >= 1 - FLOOR
+        held &= ok or c == "all"
+        print(f"  {label:12s} {m:.3f} x no speculation (pairs {', '.join(f'{x:.3f}' for x in rec[c])}): "
+              f"{'holds' if ok else 'BROKEN'}")  # fmt: skip
+    print(f"the floor {'holds' if held else 'is broken'} at every measured concurrency")
 
 
 if __name__ == "__main__":
