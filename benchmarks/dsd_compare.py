@@ -272,6 +272,13 @@ def main() -> None:
     ap.add_argument("--ks", default="1,2,3", help="the static Ks compared")
     ap.add_argument("--schedule", help="use this schedule file instead of fitting and emitting one")
     ap.add_argument("--out", help="write every measurement here as JSON")
+    ap.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="TABLE",
+        help="one more schedule arm, inline JSON (e.g. the one a measured grid implies: '[[1,1,2],[2,1024,0]]')",
+    )
     args = ap.parse_args()
     real_vllm.build()
     print(
@@ -294,6 +301,14 @@ def main() -> None:
         arms["(a) emitted schedule"] = write(
             "dsd", {"num_speculative_tokens": top, **LOOKUP, "dynamic_schedule": str(f)}
         )
+    for i, raw in enumerate(args.also):
+        extra = V.check_dsd(json.loads(raw))
+        kk = max(1, max(k for _, _, k in extra))
+        g = HOME / f"also{i}.json"
+        V.write_dsd(str(g), extra)
+        arms[f"(a{chr(39) * (i + 1)}) {json.dumps([list(r) for r in extra]).replace(' ', '')}"] = write(
+            f"also{i}", {"num_speculative_tokens": kk, **LOOKUP, "dynamic_schedule": str(g)}
+        )
     for k in (int(x) for x in args.ks.split(",")):
         arms[f"(b) static K={k}"] = write(f"k{k}", {"num_speculative_tokens": k, **LOOKUP})
     arms["(c) vLLM's defaults"] = write("defaults", {"num_speculative_tokens": 5, "prompt_lookup_max": 4})
@@ -307,7 +322,7 @@ def main() -> None:
             results[arm].append((a, o))
             q = ratios(a, o)
             print(
-                f"  round {r + 1} {arm:22s} 1 stream {statistics.median(a['1']):7.1f} (off {statistics.median(o['1']):7.1f})"
+                f"  round {r + 1} {arm:28s} 1 stream {statistics.median(a['1']):7.1f} (off {statistics.median(o['1']):7.1f})"
                 f"  16 streams {statistics.median(a['16']):7.1f} (off {statistics.median(o['16']):7.1f})"
                 f"  x off: {q['1']:.3f} / {q['16']:.3f} / all {q['all']:.3f}",
                 flush=True,
@@ -317,7 +332,7 @@ def main() -> None:
     print(f"\n== goodput, tok/s: median over {args.rounds} pairs (min-max) of each launch's median phase;")
     print("   x off: the arm over its paired no-speculation launch (1 stream / 16 streams / the alternating load)")
     print(
-        f"  {'arm':22s} {'1 stream':>20s} {'16 streams':>20s} {'alternating':>20s}   {'x off 1 / 16 / all':<26s} K at 1/16  accept len 1/16"
+        f"  {'arm':28s} {'1 stream':>20s} {'16 streams':>20s} {'alternating':>20s}   {'x off 1 / 16 / all':<26s} K at 1/16  accept len 1/16"
     )
     q_of: dict[str, dict[str, list[float]]] = {}
     offs = [o for rows in results.values() for _, o in rows]
@@ -332,19 +347,22 @@ def main() -> None:
             acc.append(f"{1 + ok / d:.2f}" if d else "-")
         if arm.startswith("(a)"):
             ks = f"{V.dsd_k(table, 1, top)}/{V.dsd_k(table, 16, top)}"
+        elif arm.startswith("(a'"):
+            t = json.loads(arm.split(" ", 1)[1])
+            ks = f"{V.dsd_k(t, 1, 64)}/{V.dsd_k(t, 16, 64)}"
         elif arm.startswith("(b)"):
             ks = f"{arm.split('=')[1]}/{arm.split('=')[1]}"
         else:
             ks = "5/5"
         print(
-            f"  {arm:22s} {spread([statistics.median(x['1']) for x in a_rows]):>20s} "
+            f"  {arm:28s} {spread([statistics.median(x['1']) for x in a_rows]):>20s} "
             f"{spread([statistics.median(x['16']) for x in a_rows]):>20s} "
             f"{spread([x['tokens'] / x['time'] for x in a_rows]):>20s}   "
             f"{' / '.join(f'{statistics.median(q_of[arm][c]):.3f}' for c in ('1', '16', 'all')):<26s} "
             f"{ks:9s}  {' / '.join(acc)}"
         )
     print(
-        f"  {'(d) no speculation':22s} {spread([statistics.median(x['1']) for x in offs]):>20s} "
+        f"  {'(d) no speculation':28s} {spread([statistics.median(x['1']) for x in offs]):>20s} "
         f"{spread([statistics.median(x['16']) for x in offs]):>20s} "
         f"{spread([x['tokens'] / x['time'] for x in offs]):>20s}   1 (every pair's own)"
     )
