@@ -267,6 +267,37 @@ def test_one_k_per_bucket_from_the_candidates():
     ]
 
 
+def test_a_measured_loss_to_off_overrules_the_model():
+    """The no-regret floor against measurement: where a benchmark measured speculation off more
+    than 2 % ahead of the chosen K (or of every speculative launch, the K itself unmeasured), the
+    range gets 0 whatever the model predicted; a K measured ahead, or no measurement, keeps it."""
+    from tuitune.decide.costmodel import Launch
+
+    launches = [
+        Launch(OFF, goodput={1: 150.0, 16: 1000.0}),
+        Launch(Config.chain(3), goodput={1: 200.0, 16: 900.0}),
+        Launch(Config.chain(1), goodput={16: 1010.0}),
+    ]
+    buckets = [
+        {"key": 1, "candidates": [3, 4]},  # K 3 measured ahead of off at 1: kept
+        {"key": 2, "candidates": [2]},  # nothing measured in 2-7: the model's K
+        {"key": 8, "candidates": [1]},  # K 1 measured at 16? no: 16 is not in 8-15
+        {"key": 16, "candidates": [3]},  # K 3 measured 10 % below off at 16: 0
+        {"key": 32, "candidates": [2]},
+    ]
+    assert dsd_schedule(buckets, launches=launches) == [[1, 1, 3], [2, 7, 2], [8, 15, 1], [16, 31, 0], [32, 1024, 2]]
+    assert buckets[3]["measured_floor"] == "measured at concurrency 16: 3 spec tokens 900 tok/s, off 1000"
+    assert not any("measured_floor" in w for i, w in enumerate(buckets) if i != 3)
+    # K 2 unmeasured at 16, and every speculative launch measured there is not 2 % behind (K 1 is
+    # ahead): the model's K stays; with K 1 behind too, 0
+    one = [{"key": 1, "candidates": [2]}, {"key": 16, "candidates": [2]}]
+    assert dsd_schedule(one, launches=launches) == [[1, 1024, 2]]
+    launches[2] = Launch(Config.chain(1), goodput={16: 950.0})
+    one = [{"key": 1, "candidates": [2]}, {"key": 16, "candidates": [2]}]
+    assert dsd_schedule(one, launches=launches) == [[1, 15, 2], [16, 1024, 0]]
+    assert one[1]["measured_floor"] == "measured at concurrency 16: every speculative launch 950 tok/s, off 1000"
+
+
 def sim_ngram(tmp: Path, name: str, k: int) -> Path:
     """The simulator's vLLM dialect serving ngram with K drafts (20x clock)."""
     data = {

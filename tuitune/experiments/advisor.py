@@ -70,9 +70,10 @@ class Advised:
             mark = f"  EXTRAPOLATED: {'; '.join(w['extrapolated'])}" if w.get("extrapolated") else ""
             if dsd:
                 sizes = f"{w['key']}-{w['end']}" if w["end"] != w["key"] else f"{w['key']}"
+                floor = f"  0 by measurement: {w['measured_floor']}" if w.get("measured_floor") else ""
                 lines.append(
                     f"  batch sizes {sizes:<9} (judged at {w['batch_size']}): K {w['k']}  "
-                    f"(within {A.TOLERANCE:.0%}: {w['candidates']})" + mark
+                    f"(within {A.TOLERANCE:.0%}: {w['candidates']})" + floor + mark
                 )
             else:
                 lines.append(
@@ -107,18 +108,42 @@ class Advised:
         return "\n".join(lines)
 
 
-def dsd_schedule(buckets: list[dict], last_end: int = VL.DSD_LAST_END) -> list[list[int]]:
+def measured_floor(launches, key: int, end: int, k: int) -> str | None:
+    """The no-regret check against measurement: why K ``k`` must give way to 0 in the batch-size
+    range [key, end], or None. It must when a benchmark at a concurrency inside the range measured
+    speculation off, and measured K ``k`` (or, K ``k`` unmeasured there, every speculative
+    configuration measured there) more than the tolerance below it."""
+    for c in sorted({c for ln in launches for c in ln.goodput if key <= c <= end}):
+        off = [ln.goodput[c] for ln in launches if not ln.config.speculative and ln.goodput.get(c, 0) > 0]
+        if not off:
+            continue
+        base = max(off)
+        spec = {ln.config: ln.goodput[c] for ln in launches if ln.config.speculative and ln.goodput.get(c, 0) > 0}
+        mine = [g for cfg, g in spec.items() if cfg.topk == 1 and cfg.steps == k]
+        judged = mine or list(spec.values())
+        if judged and max(judged) < base * (1 - A.TOLERANCE):
+            what = f"{k} spec tokens" if mine else "every speculative launch"
+            return f"measured at concurrency {c}: {what} {max(judged):.0f} tok/s, off {base:.0f}"
+    return None
+
+
+def dsd_schedule(buckets: list[dict], last_end: int = VL.DSD_LAST_END, launches=()) -> list[list[int]]:
     """vLLM's ``num_speculative_tokens_per_batch_size`` from the per-bucket decision SGLang's schedule
     is made of (``A.adaptive_schedule``: each key's candidates, the chain steps within the tolerance
     of the bucket's best, 0 = off). vLLM runs one K per batch size, so each bucket gets 0 when off is
     a candidate (speculation does not pay by more than the tolerance: no regret), else the shortest
     candidate (the cheapest within the tolerance, and the one that loses least if acceptance is
     lower than fitted). A key's range runs to the next key - 1, the last to ``last_end``; adjacent
-    ranges of one K are merged. Each bucket gets ``k`` and ``end`` (the decision, for the output)."""
+    ranges of one K are merged. Then the measurements the ``launches`` hold overrule the model: a
+    range where a benchmark measured speculation off ahead (``measured_floor``) gets 0. Each bucket
+    gets ``k`` and ``end`` (the decision, for the output), and ``measured_floor`` when overruled."""
     rows: list[list[int]] = []
     for i, w in enumerate(buckets):
         end = buckets[i + 1]["key"] - 1 if i + 1 < len(buckets) else max(last_end, w["key"])
         k = 0 if 0 in w["candidates"] else min(w["candidates"])
+        if k and (why := measured_floor(launches, w["key"], end, k)):
+            w["measured_floor"] = why
+            k = 0
         w["k"], w["end"] = k, end
         if rows and rows[-1][2] == k:
             rows[-1][1] = end
@@ -228,7 +253,7 @@ async def advise_sources(
         out.schedule, out.buckets = A.adaptive_schedule(model, tuple(buckets or A.ADAPTIVE_BUCKETS))
         mark_buckets(model, out.buckets)
         if emit_format == VL.DSD_SCHEDULE:
-            out.schedule = VL.dsd_document(dsd_schedule(out.buckets))
+            out.schedule = VL.dsd_document(dsd_schedule(out.buckets, launches=model.launches))
         try:
             if emit_format == VL.DSD_SCHEDULE:
                 VL.write_dsd(emit, out.schedule[VL.DSD_KEY])
