@@ -9,9 +9,10 @@ worth), ``--enforce-eager``, ``LD_PRELOAD`` of the venv's Intel OpenMP for every
 vLLM's CPU speculative decoding is many times slower: see ENV below), on the machine this runs on
 (on the project's 2-core machines other work shares the cores: read the spread it prints).
 
-1. The schedule: two servers (ngram K=3 and speculation off, ``profile: true``) benchmarked by
-   ``tuitune bench`` at 1, 4 and 16 streams (4, 8 and 32 requests); ``tuitune advise K3 OFF --emit vllm-dsd FILE`` fits
-   the cost model from their logs and writes the schedule.
+1. The schedule: ``tuitune tune`` from ngram K=3 (``profile: true``) with one relaunch (the
+   baseline, speculation off, never measured, comes first) benchmarks both at 1, 4 and 16 streams;
+   ``tuitune advise CAPTURES --emit vllm-dsd FILE`` fits the cost model from its captures (and the
+   goodput tune measured, which overrules the model where it saw off ahead) and writes the schedule.
 2. The arms: (a) the emitted schedule (``speculative.dynamic_schedule: FILE``,
    num_speculative_tokens = its largest K); (b) static K = 1..3 (ngram, the same lookup), the best
    of which at the alternating load is "the best static K"; (c) vLLM's own defaults: its n-gram
@@ -228,27 +229,28 @@ def measure_pair(arm: Path, off: Path, args, seed: int) -> tuple[dict, dict]:
 
 
 def emit_schedule(args) -> tuple[Path, str]:
-    """Two servers benchmarked at 1, 4 and 16 streams, then `advise --emit vllm-dsd` from their logs."""
+    """`tuitune tune` from ngram K=3 (``profile: true``, levels 1, 4 and 16 streams, one relaunch:
+    the never-measured baseline, speculation off, comes first), then `advise --emit vllm-dsd` from
+    its captures and the goodput it measured."""
     k3 = write("fit-k3", {"num_speculative_tokens": 3, **LOOKUP}, profile=True)
-    off = write("fit-off", None, profile=True)
-    try:
-        for p in (k3, off):
-            launch(p)
-            for c, n in ((1, 4), (4, 8), (16, 32)):  # at least 2 requests a stream
-                r = tt(
-                    "bench", str(p), "--concurrency", str(c), "--requests", str(n), "--warmup", "1",
-                    "--max-tokens", str(args.max_tokens),
-                )  # fmt: skip
-                if r.returncode != 0:
-                    sys.exit(f"bench of {p.name} at {c} failed:\n{r.stdout}\n{r.stderr}")
-        f = HOME / "dsd.json"
-        r = tt("advise", str(k3), str(off), "--concurrency", "1,16", "--emit", "vllm-dsd", str(f))
-        if r.returncode != 0:
-            sys.exit(f"advise failed:\n{r.stdout}\n{r.stderr}")
-        return f, r.stdout
-    finally:
+    out = HOME / "fit"
+    r = tt(
+        "tune", str(k3), "--budget", "1", "--concurrency", "4", "--levels", "1,4,16", "--out", str(out),
+        "--ab-rounds", "1", "--no-verdict", "--requests", "4", "--warmup", "1", "--max-tokens", str(args.max_tokens),
+        timeout=5400,
+    )  # fmt: skip
+    if r.returncode != 0:
         stop(k3)
-        stop(off)
+        sys.exit(f"tune failed:\n{r.stdout}\n{r.stderr}")
+    caps = sorted(str(x) for x in (out / "captures").glob("launch-*"))
+    for line in r.stdout.splitlines():
+        if line.startswith("launch ") or "tok/s measured" in line:
+            print(f"  tune: {line.strip()}")
+    f = HOME / "dsd.json"
+    r = tt("advise", *caps, "--concurrency", "1,16", "--emit", "vllm-dsd", str(f))
+    if r.returncode != 0:
+        sys.exit(f"advise failed:\n{r.stdout}\n{r.stderr}")
+    return f, r.stdout
 
 
 def spread(v: list[float], fmt: str = "7.1f") -> str:
