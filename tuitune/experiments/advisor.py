@@ -68,16 +68,17 @@ class Advised:
             )
         for w in self.buckets:
             mark = f"  EXTRAPOLATED: {'; '.join(w['extrapolated'])}" if w.get("extrapolated") else ""
+            seen = f"; measured there: steps {', '.join(map(str, sorted(w['measured'])))}" if w.get("measured") else ""
             if dsd:
                 sizes = f"{w['key']}-{w['end']}" if w["end"] != w["key"] else f"{w['key']}"
                 floor = f"  0 by measurement: {w['measured_floor']}" if w.get("measured_floor") else ""
                 lines.append(
-                    f"  batch sizes {sizes:<9} (judged at {w['batch_size']}): K {w['k']}  "
+                    f"  batch sizes {sizes:<9} (judged at {w['batch_size']}{seen}): K {w['k']}  "
                     f"(within {A.TOLERANCE:.0%}: {w['candidates']})" + floor + mark
                 )
             else:
                 lines.append(
-                    f"  batch size >= {w['key']:<4} (judged at {w['batch_size']}): candidate_steps {w['candidates']}"
+                    f"  batch size >= {w['key']:<4} (judged at {w['batch_size']}{seen}): candidate_steps {w['candidates']}"
                     + mark
                 )
         marked = [w for w in self.buckets if w.get("extrapolated")]
