@@ -73,4 +73,4 @@ def test_sglangs_adaptive_schedule_format():
     assert sglang.check_adaptive(cfg) == {1: [1, 3], 8: [0, 1]}
     text = sglang.adaptive_text(cfg)
     assert text.count("\n") == 4 and '"8": {"candidate_steps": [0, 1]}' in text
-    assert sglang.SGLang.schedule == "sglang-adaptive" and vllm.VLLM.schedule is None
+    assert sglang.SGLang.schedule == "sglang-adaptive" and vllm.VLLM.schedule == "vllm-dsd"

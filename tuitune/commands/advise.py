@@ -26,7 +26,8 @@ def advise_args(p: argparse.ArgumentParser) -> None:
         "--emit",
         nargs=2,
         metavar=("FORMAT", "FILE"),
-        help="write an engine schedule: sglang-adaptive FILE.json (SGLang --speculative-adaptive-config)",
+        help="write an engine schedule: sglang-adaptive FILE.json (SGLang --speculative-adaptive-config) or "
+        "vllm-dsd FILE.json (vLLM num_speculative_tokens_per_batch_size, for speculative.dynamic_schedule)",
     )
     p.add_argument("--buckets", help="batch-size keys of the emitted schedule (default 1,2,4,8,16,32,64)")
     p.set_defaults(run=cmd_advise)
@@ -36,12 +37,13 @@ def cmd_advise(ns) -> int:
     from tuitune.experiments.advisor import EMIT_FORMATS, advise_sources
 
     if ns.emit and ns.emit[0] not in EMIT_FORMATS:
-        raise CliError(f"--emit {ns.emit[0]!r}: the only format is sglang-adaptive", 2)
+        raise CliError(f"--emit {ns.emit[0]!r}: the formats are {' and '.join(EMIT_FORMATS)}", 2)
     if ns.top < 1:
         raise CliError(f"--top must be at least 1 (got {ns.top})", 2)
     buckets = int_list(ns.buckets, "--buckets") if ns.buckets else None
     wanted = int_list(ns.concurrency, "--concurrency") if ns.concurrency else None
-    advised = run_async(advise_sources(ns.sources, wanted, ns.emit[1] if ns.emit else None, buckets))
+    emit, fmt = (ns.emit[1], ns.emit[0]) if ns.emit else (None, EMIT_FORMATS[0])
+    advised = run_async(advise_sources(ns.sources, wanted, emit, buckets, emit_format=fmt))
     if ns.json:
         print_json(advised.to_dict())
     else:

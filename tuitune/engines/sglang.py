@@ -434,6 +434,11 @@ class SGLang(Engine):
                 "speculative.algorithm: SUFFIX is vLLM's suffix decoding (server.engine: vllm); SGLang's "
                 "model-free drafter is NGRAM"
             )
+        if s.dynamic_schedule is not None:
+            raise ValueError(
+                "speculative.dynamic_schedule is vLLM's schedule (server.engine: vllm); SGLang's is "
+                "speculative.adaptive_config (tuitune advise --emit sglang-adaptive)"
+            )
         ngram = s.algorithm == "NGRAM"
         for key, sglang_key in (
             ("num_speculative_tokens", "num_draft_tokens (drafts + 1)" if ngram else "num_steps"),

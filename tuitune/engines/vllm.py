@@ -37,6 +37,10 @@ DRAFT_METHODS = ("EAGLE", "EAGLE3")  # the methods that run a draft model (specu
 # SpeculativeConfig.__post_init__: ngram with neither n-gram size set matches 5-grams only
 NGRAM_DEFAULT_LOOKUP = 5
 SUFFIX_MODULE = "arctic_inference"  # suffix decoding's implementation, imported by the drafter
+# the dynamic schedule (K by batch size; its rules: check_dsd below)
+DSD_SCHEDULE = "vllm-dsd"  # advise --emit's name for it
+DSD_KEY = "num_speculative_tokens_per_batch_size"
+DSD_LAST_END = 1024  # the last range's end as written (vLLM carries its K on past it anyway)
 
 # Prometheus counter names as declared (the exposition adds ``_total``)
 NUM_DRAFTS = "vllm:spec_decode_num_drafts"
@@ -113,6 +117,7 @@ class VLLM(Engine):
     )
     sim_dialect = "vllm"
     topks = (1,)  # EAGLE on vLLM drafts a chain
+    schedule = DSD_SCHEDULE  # K by batch size (speculative.dynamic_schedule)
 
     @staticmethod
     def log_prefix(line: str, end: int) -> tuple[str | None, str | None] | None:
@@ -142,6 +147,9 @@ class VLLM(Engine):
         for key in ("prompt_lookup_max", "prompt_lookup_min", "draft_tensor_parallel_size"):
             if getattr(s, key) is not None:
                 cfg[key] = getattr(s, key)
+        table = s.schedule()
+        if table is not None:  # the dynamic schedule goes inline: vLLM reads no file for it
+            cfg[DSD_KEY] = [list(r) for r in table]
         return cfg
 
     @staticmethod
@@ -192,6 +200,17 @@ class VLLM(Engine):
             raise ValueError(
                 "speculative.num_speculative_tokens is required on vLLM (how many tokens the draft proposes each step)"
             )
+        table = s.schedule()
+        if table is not None:
+            if s.num_speculative_tokens is None:
+                raise ValueError(
+                    "speculative.dynamic_schedule needs num_speculative_tokens (the most tokens any "
+                    "batch size drafts, at least the schedule's largest K)"
+                )
+            try:
+                check_dsd(table, s.num_speculative_tokens)
+            except ValueError as e:
+                raise ValueError(f"speculative.dynamic_schedule: {e}") from None
         dtp = s.draft_tensor_parallel_size
         if dtp is not None and s.algorithm not in DRAFT_METHODS:
             raise ValueError(f"speculative.draft_tensor_parallel_size: {s.algorithm} runs no draft model")
@@ -216,6 +235,18 @@ class VLLM(Engine):
                 "speculative: prompt_lookup_min and prompt_lookup_max unset, vLLM's ngram then matches "
                 f"{NGRAM_DEFAULT_LOOKUP}-grams only (its placeholder); set them (e.g. 1 and 3) to match shorter repeats"
             )
+        table = s.schedule() if preset.is_speculative else None
+        if table is not None:
+            for first, last, k in dsd_gaps(table):
+                out.append(
+                    f"speculative.dynamic_schedule: batch sizes {first}-{last} are in no range; vLLM "
+                    f"gives them the K of the range before ({k})"
+                )
+            if all(k == 0 for _, _, k in table):
+                out.append(
+                    "speculative.dynamic_schedule: K is 0 at every batch size, so nothing is ever drafted, "
+                    "but vLLM still runs its speculative path (K=0 is not off); serve without speculation instead"
+                )
         if preset.is_speculative and s.algorithm == "SUFFIX":
             out.append(
                 f"speculative: SUFFIX needs the {SUFFIX_MODULE} package beside vLLM on the target "
@@ -238,18 +269,23 @@ class VLLM(Engine):
             view["speculative.prompt_lookup_min"], view["speculative.prompt_lookup_max"] = self.ngram_lookup(s)
         if s.draft_tensor_parallel_size is not None:
             view["speculative.draft_tensor_parallel_size"] = s.draft_tensor_parallel_size
+        table = s.schedule()
+        if table is not None:
+            view["speculative.dynamic_schedule"] = [list(r) for r in table]
         return view
 
     def static_config(self, preset) -> tuple[int, int, int] | None:
         n = preset.speculative.num_speculative_tokens
         if preset.speculative.algorithm == "SUFFIX":
             return None  # suffix decoding chooses each request's length itself (n is a bound)
+        if preset.speculative.schedule() is not None:
+            return None  # K follows the batch size (the dynamic schedule): no one configuration
         return None if n is None else (n, 1, n + 1)
 
     def config_changes(self, c, preset=None) -> dict:
         if c.topk != 1:
             raise ValueError(f"{c.label}: vLLM drafts a chain (topk 1), not a tree")
-        return {"num_speculative_tokens": c.steps}
+        return {"num_speculative_tokens": c.steps, "dynamic_schedule": None}  # a static K: no schedule
 
     def config_label(self, c) -> str:
         if not c.speculative or c.topk != 1:
@@ -262,6 +298,136 @@ class VLLM(Engine):
 
     def default_bench_api(self) -> BenchApi:
         return "openai"  # vLLM has no /generate
+
+
+# ---- the dynamic schedule (SpeculativeConfig.num_speculative_tokens_per_batch_size) ------------------
+# vLLM 0.32.0 (the CPU build's release; 0.33.0's is the same): ``config/speculative.py`` declares the
+# field as ``list[tuple[int, int, int]] | None`` (line 491), and ``v1/spec_decode/dynamic/utils.py``
+# checks and expands it when the scheduler starts (``validate_and_normalize_dynamic_sd_schedule``,
+# lines 7-74; ``build_dynamic_sd_schedule_lookup``, lines 77-148; called from
+# ``v1/core/sched/scheduler.py`` line 310). Its rules: a non-empty list of (start, end, K) with
+# inclusive batch-size ranges; start and end > 0, start <= end, K >= 0 (0 = no drafts that step); sorted
+# by start, the ranges must not overlap and the first must start at 1. A batch size in a gap gets the
+# K of the range before it, one past the last range the last K, and every K is cut to
+# ``num_speculative_tokens`` without a word. The batch size is the number of requests scheduled in
+# the step (``len(num_scheduled_tokens)``, scheduler.py line 1487). tuitune refuses what vLLM would
+# cut or reorder silently: ranges out of order, and a K above num_speculative_tokens.
+
+
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_dsd(table, max_k: int | None = None) -> list[tuple[int, int, int]]:
+    """vLLM's rules for a dynamic schedule, and tuitune's two stricter ones (ranges in order; no K
+    above ``max_k``, the preset's num_speculative_tokens): the table as (start, end, K) tuples, or
+    ValueError (one sentence)."""
+    if not isinstance(table, (list, tuple)) or not table:
+        raise ValueError(f"a dynamic schedule is a non-empty list of [start, end, K] ranges, got {table!r}")
+    out: list[tuple[int, int, int]] = []
+    for i, entry in enumerate(table):
+        if not isinstance(entry, (list, tuple)) or len(entry) != 3 or not all(map(_whole, entry)):
+            raise ValueError(f"range {i + 1} ({entry!r}) is not [start, end, K] with three integers")
+        start, end, k = entry
+        if start < 1 or end < start:
+            raise ValueError(f"range {i + 1} [{start}, {end}, {k}]: batch sizes run from start >= 1 to end >= start")
+        if k < 0:
+            raise ValueError(f"range {i + 1} [{start}, {end}, {k}]: K must be >= 0 (0 drafts nothing at those sizes)")
+        if max_k is not None and k > max_k:
+            raise ValueError(
+                f"range {i + 1} [{start}, {end}, {k}]: K {k} is above num_speculative_tokens {max_k} "
+                f"(vLLM would cut it to {max_k} without a word); raise num_speculative_tokens or lower K"
+            )
+        if out and start <= out[-1][1]:
+            raise ValueError(
+                f"range {i + 1} [{start}, {end}, {k}] starts at or before the end of range {i} ({out[-1][1]}): "
+                "the ranges must be in order and must not overlap"
+            )
+        out.append((start, end, k))
+    if out[0][0] != 1:
+        raise ValueError(f"the first range starts at {out[0][0]}: vLLM needs it to start at batch size 1")
+    return out
+
+
+def dsd_k(table, batch_size: int, max_k: int) -> int:
+    """The K vLLM drafts at ``batch_size`` under this schedule (its carry-forward through gaps and
+    past the last range, cut to ``max_k``)."""
+    k = 0
+    for start, _end, kk in check_dsd(table):
+        if start > batch_size:
+            break
+        k = kk
+    return min(k, max_k)
+
+
+def dsd_gaps(table) -> list[tuple[int, int, int]]:
+    """Batch sizes that no range names: (first, last, the K vLLM carries into them)."""
+    rows = check_dsd(table)
+    return [(a[1] + 1, b[0] - 1, a[2]) for a, b in zip(rows, rows[1:], strict=False) if b[0] > a[1] + 1]
+
+
+def dsd_document(table) -> dict:
+    """The file ``advise --emit vllm-dsd`` writes (and ``speculative.dynamic_schedule`` reads)."""
+    return {DSD_KEY: [list(r) for r in check_dsd(table)]}
+
+
+def dsd_text(table) -> str:
+    """The file's text: JSON, one range a line (reads and diffs well)."""
+    rows = ",\n".join(f"    {json.dumps(list(r))}" for r in check_dsd(table))
+    return f"{{\n  {json.dumps(DSD_KEY)}: [\n{rows}\n  ]\n}}\n"
+
+
+def parse_dsd(text: str, source: str = "the file") -> list[tuple[int, int, int]]:
+    """A schedule file's text (JSON: ``{"num_speculative_tokens_per_batch_size": [[start, end, K],
+    ...]}``) as its checked table; ValueError (one sentence) otherwise."""
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"{source} is not JSON ({e})") from None
+    if not isinstance(doc, dict) or set(doc) != {DSD_KEY}:
+        raise ValueError(f'{source} must be a JSON object with the one key "{DSD_KEY}"')
+    try:
+        return check_dsd(doc[DSD_KEY])
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
+
+
+def read_dsd(path: str, source: str = "the file") -> list[tuple[int, int, int]]:
+    """A schedule file on this machine, checked; ValueError (one sentence, naming it as ``source``)
+    when it cannot be read or is not a schedule."""
+    import os
+
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as f:
+            text = f.read(1_000_001)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{source} cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    if len(text) > 1_000_000:
+        raise ValueError(f"{source} is over 1 MB, too large to be a schedule")
+    return parse_dsd(text, source)
+
+
+def write_dsd(path: str, table) -> None:
+    """Write the schedule file atomically: a temporary file beside ``path``, flushed, renamed over
+    it (a reader sees the old file or the new one, never half of one); OSError when it cannot."""
+    import os
+    import tempfile
+
+    text = dsd_text(table)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 # ---- log lines ------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """`tuitune advise`: launches observed (tuitune.experiments.observe) -> a fitted cost model -> the
 predicted best configuration at each concurrency, and, on request, an engine schedule written to a
-file (SGLang's --speculative-adaptive-config).
+file: SGLang's --speculative-adaptive-config, or vLLM's num_speculative_tokens_per_batch_size (one
+K per batch-size range), both from the same per-bucket decision (``decide.advise.adaptive_schedule``).
 
 The models are pure (tuitune.decide); this module is the use case around them: it gathers the
 launches, fits, ranks the engine's configuration space, writes the schedule, and says the result
@@ -9,15 +10,20 @@ as JSON or as text.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tuitune import engines
+from tuitune import preset as P
 from tuitune.decide import advise as A
 from tuitune.decide.costmodel import Config, CostModel, FitError, fit
-from tuitune.experiments.observe import launches_from
+from tuitune.engines import sglang as SG
+from tuitune.engines import vllm as VL
+from tuitune.experiments.observe import _is_preset, launches_from
 
-EMIT_FORMATS = ("sglang-adaptive",)
+EMIT_ENGINES = {e.schedule: e for e in engines.ENGINES.values() if e.schedule}  # format -> the engine loading it
+EMIT_FORMATS = tuple(EMIT_ENGINES)
 
 
 class AdvisorError(Exception):
@@ -34,46 +40,118 @@ class Advised:
     advices: list[A.Advice]
     describe: Callable[[Config], str]  # the engine's name for a configuration
     emitted: str | None = None  # the schedule's file
-    schedule: dict | None = None
-    buckets: list[dict] = field(default_factory=list)  # why each bucket got its candidates
+    schedule: dict | None = None  # the file's content
+    buckets: list[dict] = field(default_factory=list)  # why each bucket got its candidates (and its K)
+    emit_format: str = SG.SCHEDULE
 
     def to_dict(self) -> dict:
         out = {"model": self.model.summary(), "advice": [a.to_dict() for a in self.advices]}
         if self.schedule is not None:
-            out["sglang_adaptive"] = {"file": self.emitted, "config": self.schedule, "buckets": self.buckets}
+            key = self.emit_format.replace("-", "_")  # sglang_adaptive, vllm_dsd
+            out[key] = {"file": self.emitted, "config": self.schedule, "buckets": self.buckets}
         return out
 
     def format(self, top: int = 5) -> str:
         lines = [A.format_advice(self.model, self.advices, top=top, describe=self.describe)]
-        if self.schedule is not None:
+        if self.schedule is None:
+            return "\n".join(lines)
+        dsd = self.emit_format == VL.DSD_SCHEDULE
+        if dsd:
+            lines.append(
+                f"\nwrote {self.emitted} (vLLM num_speculative_tokens_per_batch_size; per batch-size range the "
+                f"shortest K within {A.TOLERANCE:.0%} of its best, 0 where speculation off is):"
+            )
+        else:
             lines.append(
                 f"\nwrote {self.emitted} (SGLang --speculative-adaptive-config; candidates within "
                 f"{A.TOLERANCE:.0%} of each bucket's best):"
             )
-            for w in self.buckets:
-                mark = f"  EXTRAPOLATED: {'; '.join(w['extrapolated'])}" if w.get("extrapolated") else ""
+        for w in self.buckets:
+            mark = f"  EXTRAPOLATED: {'; '.join(w['extrapolated'])}" if w.get("extrapolated") else ""
+            seen = f"; measured there: steps {', '.join(map(str, sorted(w['measured'])))}" if w.get("measured") else ""
+            if dsd:
+                sizes = f"{w['key']}-{w['end']}" if w["end"] != w["key"] else f"{w['key']}"
+                floor = f"  0 by measurement: {w['measured_floor']}" if w.get("measured_floor") else ""
                 lines.append(
-                    f"  batch size >= {w['key']:<4} (judged at {w['batch_size']}"
-                    + (
-                        f"; measured there: steps {', '.join(map(str, sorted(w['measured'])))}"
-                        if w.get("measured")
-                        else ""
-                    )
-                    + f"): candidate_steps {w['candidates']}"
+                    f"  batch sizes {sizes:<9} (judged at {w['batch_size']}{seen}): K {w['k']}  "
+                    f"(within {A.TOLERANCE:.0%}: {w['candidates']})" + floor + mark
+                )
+            else:
+                lines.append(
+                    f"  batch size >= {w['key']:<4} (judged at {w['batch_size']}{seen}): candidate_steps {w['candidates']}"
                     + mark
                 )
-            marked = [w for w in self.buckets if w.get("extrapolated")]
-            if marked:
-                levels = [str(w["batch_size"]) for w in marked if any("benchmark" in x for x in w["settle"])]
-                settle = [f"benchmarks at concurrency {','.join(levels)} (profile on)"] if levels else []
-                if any("speculation off" in x for w in marked for x in w["settle"]):
-                    settle.append("a launch with speculation off")
-                lines.append(
-                    f"  {len(marked)} of {len(self.buckets)} buckets rest on extrapolation, not measurement: "
-                    f"check them before serving with the file ({' and '.join(settle)} would settle them)"
-                )
+        marked = [w for w in self.buckets if w.get("extrapolated")]
+        if marked:
+            levels = [str(w["batch_size"]) for w in marked if any("benchmark" in x for x in w["settle"])]
+            settle = [f"benchmarks at concurrency {','.join(levels)} (profile on)"] if levels else []
+            if any("speculation off" in x for w in marked for x in w["settle"]):
+                settle.append("a launch with speculation off")
+            lines.append(
+                f"  {len(marked)} of {len(self.buckets)} buckets rest on extrapolation, not measurement: "
+                f"check them before serving with the file ({' and '.join(settle)} would settle them)"
+            )
+        if not dsd:
             lines.append("  use it: speculative.adaptive_config: /path/on/the/target.json in the preset (eagle_topk 1)")
+            return "\n".join(lines)
+        top_k = max(w["k"] for w in self.buckets)
+        if top_k == 0:
+            lines.append(
+                "  speculation pays at none of these batch sizes: serve without speculation rather than with "
+                "this file (vLLM at K 0 still runs its speculative path; K=0 is not off)"
+            )
+        else:
+            lines.append(
+                f"  use it: speculative.dynamic_schedule: {os.path.abspath(self.emitted or '')} in the preset "
+                "(a path on this machine, "
+                f"read when the preset loads), with num_speculative_tokens {top_k} or more"
+            )
         return "\n".join(lines)
+
+
+def measured_floor(launches, key: int, end: int, k: int) -> str | None:
+    """The no-regret check against measurement: why K ``k`` must give way to 0 in the batch-size
+    range [key, end], or None. It must when a benchmark at a concurrency inside the range measured
+    speculation off, and measured K ``k`` (or, K ``k`` unmeasured there, every speculative
+    configuration measured there) more than the tolerance below it."""
+    for c in sorted({c for ln in launches for c in ln.goodput if key <= c <= end}):
+        off = [ln.goodput[c] for ln in launches if not ln.config.speculative and ln.goodput.get(c, 0) > 0]
+        if not off:
+            continue
+        base = max(off)
+        spec = {ln.config: ln.goodput[c] for ln in launches if ln.config.speculative and ln.goodput.get(c, 0) > 0}
+        mine = [g for cfg, g in spec.items() if cfg.topk == 1 and cfg.steps == k]
+        judged = mine or list(spec.values())
+        if judged and max(judged) < base * (1 - A.TOLERANCE):
+            what = f"{k} spec tokens" if mine else "every speculative launch"
+            return f"measured at concurrency {c}: {what} {max(judged):.0f} tok/s, off {base:.0f}"
+    return None
+
+
+def dsd_schedule(buckets: list[dict], last_end: int = VL.DSD_LAST_END, launches=()) -> list[list[int]]:
+    """vLLM's ``num_speculative_tokens_per_batch_size`` from the per-bucket decision SGLang's schedule
+    is made of (``A.adaptive_schedule``: each key's candidates, the chain steps within the tolerance
+    of the bucket's best, 0 = off). vLLM runs one K per batch size, so each bucket gets 0 when off is
+    a candidate (speculation does not pay by more than the tolerance: no regret), else the shortest
+    candidate (the cheapest within the tolerance, and the one that loses least if acceptance is
+    lower than fitted). A key's range runs to the next key - 1, the last to ``last_end``; adjacent
+    ranges of one K are merged. Then the measurements the ``launches`` hold overrule the model: a
+    range where a benchmark measured speculation off ahead (``measured_floor``) gets 0. Each bucket
+    gets ``k`` and ``end`` (the decision, for the output), and ``measured_floor`` when overruled."""
+    rows: list[list[int]] = []
+    for i, w in enumerate(buckets):
+        end = buckets[i + 1]["key"] - 1 if i + 1 < len(buckets) else max(last_end, w["key"])
+        k = 0 if 0 in w["candidates"] else min(w["candidates"])
+        if k and (why := measured_floor(launches, w["key"], end, k)):
+            w["measured_floor"] = why
+            k = 0
+        w["k"], w["end"] = k, end
+        if rows and rows[-1][2] == k:
+            rows[-1][1] = end
+        else:
+            rows.append([w["key"], end, k])
+    VL.check_dsd(rows)
+    return rows
 
 
 def mark_buckets(model: CostModel, buckets: list[dict]) -> None:
@@ -97,22 +175,71 @@ def mark_buckets(model: CostModel, buckets: list[dict]) -> None:
         w["settle"] = settle
 
 
+def _ran_a_schedule(src: str) -> bool:
+    """Whether a source (a preset, or a capture's recorded preset) runs vLLM's dynamic schedule."""
+    if _is_preset(src):
+        try:
+            spec = P.resolve(src).speculative
+        except P.PresetError:
+            return False  # said by launches_from, in its words
+        return spec is not None and spec.dynamic_schedule is not None
+    from tuitune.measure.capture import CaptureError, iter_capture
+
+    try:
+        meta = iter_capture(src)[0]
+    except (CaptureError, OSError, ValueError):
+        return False  # said by launches_from
+    spec = (meta.get("preset") or {}).get("speculative") if isinstance(meta.get("preset"), dict) else None
+    return isinstance(spec, dict) and spec.get("dynamic_schedule") is not None
+
+
+def _refuse_emit(emit_format: str, engine: engines.Engine) -> None:
+    """The one sentence for a schedule asked of an engine that cannot load it."""
+    owner = EMIT_ENGINES[emit_format]
+    if emit_format == SG.SCHEDULE:
+        why = "has no adaptive speculation to load it"
+    else:
+        why = "has no num_speculative_tokens_per_batch_size to load it"
+    instead = f" (its own is --emit {engine.schedule})" if engine.schedule else ""
+    raise AdvisorError(f"--emit {emit_format} is {owner.label}'s schedule; {engine.label} {why}{instead}", 2)
+
+
 async def advise_sources(
     sources: list[str],
     concurrencies: list[int] | None = None,
     emit: str | None = None,
     buckets: list[int] | None = None,
+    emit_format: str = SG.SCHEDULE,
 ) -> Advised:
     """Advice for each of ``concurrencies`` (default: the load the launches were measured at) from
-    presets' running servers or captures; with ``emit``, SGLang's adaptive schedule over
-    ``buckets`` (batch sizes) is written to that file. Raises ObserveError (the sources),
-    ControlError / TransportError (a server's link) or AdvisorError."""
+    presets' running servers or captures; with ``emit``, the engine schedule ``emit_format`` (SGLang's
+    adaptive config, or vLLM's K per batch-size range) over ``buckets`` (batch sizes) is written to
+    that file, atomically. Raises ObserveError (the sources), ControlError / TransportError (a
+    server's link) or AdvisorError."""
+    if emit_format not in EMIT_FORMATS:
+        raise AdvisorError(f"--emit {emit_format!r}: the formats are {' and '.join(EMIT_FORMATS)}", 2)
+    owner = EMIT_ENGINES[emit_format]
+    for src in sources:
+        if _ran_a_schedule(src):
+            raise AdvisorError(
+                f"{src}: runs vLLM's dynamic schedule (speculative.dynamic_schedule), whose K changes with the "
+                "batch size while the probe's windows name num_speculative_tokens; advise from launches with a "
+                "static K",
+                2,
+            )
+    if emit:  # a preset of the other engine is refused before its server is asked for anything
+        for src in sources:
+            if _is_preset(src):
+                try:
+                    name = P.resolve(src).server.engine
+                except P.PresetError:
+                    continue  # said by launches_from, in its words
+                if name != owner.name:
+                    _refuse_emit(emit_format, engines.get(name))
     launches, running, load = await launches_from(sources)
     engine = engines.get(launches[-1].engine)
-    if emit and engine.name != "sglang":
-        raise AdvisorError(
-            f"--emit sglang-adaptive is SGLang's schedule; {engine.label} has no adaptive speculation to load it", 2
-        )
+    if emit and engine.name != owner.name:
+        _refuse_emit(emit_format, engine)
     try:
         model = fit(launches)
     except FitError as e:
@@ -123,10 +250,16 @@ async def advise_sources(
     describe = engine.config_label
     out = Advised(model, [A.advise(model, c, running, space, describe) for c in concurrencies or [load]], describe)
     if emit:
+        out.emit_format = emit_format
         out.schedule, out.buckets = A.adaptive_schedule(model, tuple(buckets or A.ADAPTIVE_BUCKETS))
         mark_buckets(model, out.buckets)
+        if emit_format == VL.DSD_SCHEDULE:
+            out.schedule = VL.dsd_document(dsd_schedule(out.buckets, launches=model.launches))
         try:
-            A.write_adaptive(emit, out.schedule)
+            if emit_format == VL.DSD_SCHEDULE:
+                VL.write_dsd(emit, out.schedule[VL.DSD_KEY])
+            else:
+                A.write_adaptive(emit, out.schedule)
         except OSError as e:
             raise AdvisorError(f"{emit}: cannot write it ({e.strerror or e})", 1) from None
         out.emitted = emit

@@ -16,13 +16,14 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from tuitune import engines
-from tuitune.engines import sglang
+from tuitune.engines import sglang, vllm
 from tuitune.engines.base import Resolved
 from tuitune.preset import nccl
 
@@ -240,6 +241,11 @@ class Speculative(_Model):
     # sglang-adaptive`): rendered as --speculative-adaptive --speculative-adaptive-config PATH
     adaptive_config: str | None = None
     num_speculative_tokens: int | None = Field(default=None, ge=1, le=64)  # vLLM
+    # vLLM's dynamic schedule (K by batch size): [[start, end, K], ...] inline, or the path (on this
+    # machine) of a file `tuitune advise --emit vllm-dsd` wrote; read when the preset loads and
+    # rendered inside --speculative-config as num_speculative_tokens_per_batch_size
+    dynamic_schedule: str | list | None = None
+    _schedule: list[tuple[int, int, int]] | None = PrivateAttr(default=None)
     draft_tensor_parallel_size: int | None = Field(default=None, ge=1, le=1024)  # vLLM
     # vLLM's ngram (prompt lookup): the n-gram sizes matched against the request's tokens
     prompt_lookup_min: int | None = Field(default=None, ge=1, le=64)
@@ -253,6 +259,43 @@ class Speculative(_Model):
     @classmethod
     def _upper(cls, v: Any) -> Any:
         return v.upper() if isinstance(v, str) else v  # vLLM's spelling (eagle3) reads as EAGLE3
+
+    @field_validator("dynamic_schedule", mode="before")
+    @classmethod
+    def _schedule_shape(cls, v: Any) -> Any:
+        if v is None or isinstance(v, list):
+            return v
+        if not isinstance(v, str):
+            raise ValueError(
+                f"expected a list of [start, end, K] ranges or the path of a schedule file, not {type(v).__name__}"
+            )
+        _no_control(v, "dynamic_schedule")
+        if not v.startswith(("/", "~/")):
+            raise ValueError(f"{v!r} is not an absolute path; start it with / or ~/")
+        return v
+
+    @field_validator("dynamic_schedule", mode="after")
+    @classmethod
+    def _schedule_checked(cls, v: str | list | None) -> str | list | None:
+        if v is not None:  # vLLM's rules (the K bound is the engine's check: it needs the preset)
+            vllm.read_dsd(v) if isinstance(v, str) else vllm.check_dsd(v)
+        return v
+
+    @model_validator(mode="after")
+    def _schedule_rules(self) -> Speculative:
+        v = self.dynamic_schedule
+        try:  # a file is read once, here: what renders is what was checked
+            self._schedule = None if v is None else vllm.read_dsd(v) if isinstance(v, str) else vllm.check_dsd(v)
+        except ValueError as e:
+            raise ValueError(f"dynamic_schedule: {e}") from None
+        if v is not None and self.algorithm is None:
+            raise ValueError("dynamic_schedule needs a speculative algorithm (it schedules its K by batch size)")
+        return self
+
+    def schedule(self) -> list[tuple[int, int, int]] | None:
+        """The dynamic schedule's ranges (start, end, K) as checked when the preset loaded (its
+        file read then); None when there is none."""
+        return self._schedule
 
     @model_validator(mode="after")
     def _rules(self) -> Speculative:
@@ -360,7 +403,8 @@ class Preset(_Model):
             isinstance(v, dict)
             and v.get("algorithm") is None
             and not any(
-                v.get(k) is not None for k in ("num_steps", "eagle_topk", "num_draft_tokens", "adaptive_config")
+                v.get(k) is not None
+                for k in ("num_steps", "eagle_topk", "num_draft_tokens", "adaptive_config", "dynamic_schedule")
             )
         ):
             return None
