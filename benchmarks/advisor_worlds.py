@@ -5,9 +5,9 @@ Each world is drawn at random from features the cost model (tuitune/decide/costm
 assume, one or several at a time:
 
 * the target's forward time against token count: a REAL H200 curve (Llama-3.1-8B shapes, one GPU,
-  ``benchmarks/data/h200_llama8b_forward.json`` when present, else the twelve points of
-  /work/shared FACTS §6 measured on an H200), scaled and stretched for other models and GPUs
-  (flat, then tile steps); or a GEMM wave-quantisation curve (steps at every tile of 64-256
+  CUDA graphs: ``benchmarks/data/h200_llama8b_forward.json``, 160 points over 1-1024 tokens made
+  by ``benchmarks/forward_curve.py``; without it the twelve points of FACTS §6), scaled and
+  stretched for other models and GPUs (rising slowly, then tile steps, not even monotone); or a GEMM wave-quantisation curve (steps at every tile of 64-256
   tokens: ``max(memory time, waves × wave time)``); or a smooth rational knee;
 * the draft model's forward on its own curve (the H200 draft-step points of FACTS §6, or waves);
 * trees dearer than chains: a tree's verify and draft steps cost 0-30 % more than a chain's at the
@@ -79,19 +79,12 @@ GH = ((0.0, 0.5333), (1.3556, 0.2221), (-1.3556, 0.2221), (2.857, 0.0113), (-2.8
 
 
 def real_target_points() -> tuple[tuple[tuple[float, float], ...], str]:
-    """The real H200 forward curve: the measured JSON when it is there, else FACTS §6's points."""
+    """The real H200 forward curve: the measured JSON when it is there (``tokens`` and ``ms``, as
+    ``benchmarks/forward_curve.py`` writes it), else FACTS §6's twelve points."""
     if REAL_CURVE.is_file():
         data = json.loads(REAL_CURVE.read_text())
-        rows = data.get("points") or data.get("forward") or data
-        pts = []
-        for r in rows:
-            if isinstance(r, dict):
-                n = r.get("tokens", r.get("n"))
-                ms = r.get("ms", r.get("forward_ms"))
-            else:
-                n, ms = r[0], r[1]
-            pts.append((float(n), float(ms)))
-        return tuple(sorted(pts)), str(REAL_CURVE.relative_to(ROOT))
+        pts = tuple(sorted(zip((float(n) for n in data["tokens"]), (float(m) for m in data["ms"]), strict=True)))
+        return pts, f"{REAL_CURVE.relative_to(ROOT)} ({data.get('gpu', 'a GPU')}, {len(pts)} points)"
     return FACTS_H200_TARGET, "FACTS §6 (12 points)"
 
 
@@ -100,7 +93,8 @@ def real_target_points() -> tuple[tuple[tuple[float, float], ...], str]:
 
 @dataclass(frozen=True)
 class Table:
-    """A measured curve, linear between its points, flat below the first, on the last slope after."""
+    """A measured curve, linear between its points, flat below the first; past the last, on the
+    least-squares slope of its top quarter (never falling: a measured curve's last two points may)."""
 
     pts: tuple[tuple[float, float], ...]
     scale: float = 1.0
@@ -113,8 +107,12 @@ class Table:
             return self.pts[0][1] * self.scale
         i = bisect.bisect_left(xs, x)
         if i >= len(xs):
-            (x0, y0), (x1, y1) = self.pts[-2], self.pts[-1]
-            return (y1 + (y1 - y0) / (x1 - x0) * (x - x1)) * self.scale
+            top = self.pts[-max(2, len(self.pts) // 4) :]
+            mx = sum(p[0] for p in top) / len(top)
+            my = sum(p[1] for p in top) / len(top)
+            sxx = sum((p[0] - mx) ** 2 for p in top)
+            slope = max(0.0, sum((p[0] - mx) * (p[1] - my) for p in top) / sxx)
+            return (self.pts[-1][1] + slope * (x - xs[-1])) * self.scale
         (x0, y0), (x1, y1) = self.pts[i - 1], self.pts[i]
         return (y0 + (y1 - y0) * (x - x0) / (x1 - x0)) * self.scale
 
