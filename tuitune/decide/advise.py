@@ -26,7 +26,11 @@ from tuitune.engines.sglang import (  # noqa: F401  (write_adaptive: the command
 
 TOLERANCE = 0.02  # "within 2 % of the best" (adaptive candidates; ties)
 BATCH_REACH = 1.5  # a batch size within this factor of those measured is interpolation, beyond it extrapolation
-TOKEN_REACH = 2.0  # the same for the token count of a verify (or draft) forward
+# the same for the token count of a verify (or draft) forward: above those measured 1.25x, as a tile step
+# can sit just past them (FACTS §6's H200: 256 -> 384 tokens costs 58 % more); below, 2x (a smaller
+# forward costs no more than the smallest measured)
+TOKEN_REACH = 1.25
+TOKEN_REACH_BELOW = 2.0
 
 
 def space(max_steps: int = MAX_STEPS, topks: tuple[int, ...] = TOPKS, engine: Engine | None = None) -> list[Config]:
@@ -73,11 +77,11 @@ class Seen:
         if not lo / BATCH_REACH <= bs <= hi * BATCH_REACH:
             out.append(f"batch size {bs} (measured {_span(lo, hi)})")
         n = bs * c.draft_tokens if c.speculative else bs
-        if not self.verify_tokens[0] / TOKEN_REACH <= n <= self.verify_tokens[1] * TOKEN_REACH:
+        if not self.verify_tokens[0] / TOKEN_REACH_BELOW <= n <= self.verify_tokens[1] * TOKEN_REACH:
             out.append(f"{n} verify tokens (measured {_span(*self.verify_tokens)})")
         if c.speculative and self.draft_tokens is not None:
             d = bs * c.topk
-            if not self.draft_tokens[0] / TOKEN_REACH <= d <= self.draft_tokens[1] * TOKEN_REACH:
+            if not self.draft_tokens[0] / TOKEN_REACH_BELOW <= d <= self.draft_tokens[1] * TOKEN_REACH:
                 out.append(f"{d} draft tokens a step (measured {_span(*self.draft_tokens)})")
         if not c.speculative and not self.baseline:
             out.append("speculation off (never launched)")
@@ -200,10 +204,11 @@ class Advice:
 
 def next_measurement(ranking: list[Prediction], measured: set[Config]) -> Prediction | None:
     """The unmeasured configuration whose interval reaches above the best prediction and is the
-    widest: measuring it shrinks the uncertainty that could still change the answer the most."""
+    widest on that side: measuring it shrinks the uncertainty that could still change the answer
+    the most."""
     best = ranking[0].goodput.mean
     open_ = [p for p in ranking if p.config not in measured and p.goodput.hi > best]
-    return max(open_, key=lambda p: p.goodput.sd, default=None)
+    return max(open_, key=lambda p: p.goodput.sd_up, default=None)
 
 
 def advise(
@@ -307,10 +312,14 @@ def format_advice(
     s = model.summary()
     v = s["verify"]
     acc = s["acceptance"]
+    ks, ms = v["tokens"], v["ms"]
+    curve = f"{ms[0]:.2f} ms at {ks[0]:.0f} tokens" + (
+        f" to {ms[-1]:.2f} ms at {ks[-1]:.0f} ({len(ks)} token counts measured)"
+        if len(ks) > 1
+        else " (one token count measured)"
+    )
     lines = [
-        f"model from {s['launches']} launch(es): verify {v['fixed_ms'] + v['floor_ms']:.2f} ms floor, "
-        f"{v['ms_per_token'] * 1000:.1f} µs/token after the knee (tokens seen {v['tokens_seen'][0]:.0f}-"
-        f"{v['tokens_seen'][1]:.0f}); acceptance per position "
+        f"model from {s['launches']} launch(es): verify {curve}; acceptance per position "
         + " ".join(f"{a:.2f}" for a in acc["per_position"][:6])
         + f" (measured to position {acc['measured_positions']}, {acc['source']})",
         f"baseline step from the {s['baseline']['source']}",

@@ -8,11 +8,12 @@ counts on the curve), record everything to a capture. ``tune`` wraps the loop wi
 ``--resume``, and the final interleaved A/B (start vs chosen) that decides whether ``best.yaml``
 is written.
 
-Each round: fit the model to every launch so far; if the predicted best unmeasured configuration
-beats the best measured goodput by more than the noise, launch it; otherwise launch the
-configuration whose interval reaches highest above the best measured (it could still win); stop
-when nothing can beat the best by more than the noise, or the relaunch budget is spent. The
-choice is the best *measured* configuration: a prediction is never the final word.
+Each round: fit the model to every launch so far; speculation off first when it was never
+measured; if the predicted best unmeasured configuration beats the best measured goodput by more
+than the noise, launch it; otherwise launch the configuration with the highest chance of beating
+the best by more than the noise (its interval and the launch noise counted); stop when none has
+even 2.5 %, or the relaunch budget is spent. The choice is the best *measured* configuration: a
+prediction is never the final word.
 
 Why one module of this size: the loop, its sources, its JSONL log and ``--resume`` share one record
 format; the models it decides with live in tuitune.decide.
@@ -181,9 +182,11 @@ def decide(
             ),
             adv,
         )
-    # inside the noise by its mean; whether it could still win counts the model's interval and the
-    # launch noise of the best measured together: the chance its true goodput is above the best
-    chance = {p.config: beat_chance(p.goodput.mean, p.goodput.sd, best, noise) for p in open_}
+    # inside the noise by its mean; whether it could still win counts the model's interval (its upper
+    # side) and the launch noise of the best measured together: the chance its true goodput is above
+    # the best by more than the noise (a near twin of the best is as likely a hair faster as slower:
+    # relaunching it cannot move the result by more than the noise)
+    chance = {p.config: beat_chance(p.goodput.mean, p.goodput.sd_up, best * (1 + noise), noise) for p in open_}
     reach = [p for p in open_ if chance[p.config] > CHANCE]
     if reach:
         p = max(reach, key=lambda x: (chance[x.config], x.goodput.hi))
@@ -191,8 +194,8 @@ def decide(
             p.config,
             (
                 f"could still win: predicted {p.goodput.mean:.1f}, interval up to {p.goodput.hi:.1f} "
-                f"vs {best:.1f} measured ({chance[p.config]:.0%} chance of beating it, counting the "
-                f"model's interval and {noise:.0%} launch noise)"
+                f"vs {best:.1f} measured ({chance[p.config]:.0%} chance of beating it by more than the "
+                f"{noise:.0%} noise, counting the model's interval and the launch noise)"
             ),
             adv,
         )
@@ -201,7 +204,8 @@ def decide(
         (
             f"predicted gain inside the noise: the best unmeasured, {describe(top.config)}, is predicted at "
             f"{top.goodput.mean:.1f} vs {best:.1f} measured, and no unmeasured configuration has even a "
-            f"{CHANCE:.1%} chance of beating it (the model's interval and {noise:.0%} launch noise counted)"
+            f"{CHANCE:.1%} chance of beating it by more than the {noise:.0%} noise (the model's interval and "
+            "the launch noise counted)"
         ),
         adv,
     )
