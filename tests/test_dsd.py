@@ -348,7 +348,9 @@ def test_advise_emits_vllm_dsd_from_vllm_launches(tmp_path):
     assert set(doc) == {"num_speculative_tokens_per_batch_size"} and V.check_dsd(table)
     assert f"wrote {f} (vLLM num_speculative_tokens_per_batch_size;" in r.stdout
     rows = [x for x in r.stdout.splitlines() if x.startswith("  batch sizes ")]
-    assert len(rows) == 7 and rows[0].startswith("  batch sizes 1 ") and "(judged at 1): K " in rows[0], rows
+    assert (
+        len(rows) == 7 and rows[0].startswith("  batch sizes 1 ") and "(judged at 1" in rows[0] and "): K " in rows[0]
+    ), rows
     top = max(k for _, _, k in table)
     if top:
         assert f"use it: speculative.dynamic_schedule: {f} in the preset" in r.stdout
