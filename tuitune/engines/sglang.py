@@ -311,12 +311,17 @@ def _prefill(line: str, at: int, fast: bool = True) -> Event:
 
 
 def _decode_many(lines: Sequence[str]) -> list[Event]:
-    """``_decode`` of many lines, the usual ones (no iteration) decoded together."""
+    """``_decode`` of many lines: the lines servers print decoded together (``FastFields.rows``);
+    when one is unusual, their bodies (stripped as ``_decode`` strips them) together, each line
+    with an iteration, or that the batch refuses, on its own."""
     parts = [line.partition(DECODE) for line in lines]  # (text before the marker, marker, after)
     rests = [rest for _, _, rest in parts]
+    heads = prefixes(lines, [head for head, _, _ in parts])
+    rows = _fast_decode.rows(rests)
+    if rows is not None:
+        return [_Decoded(*row, *head) for row, head in zip(rows, heads, strict=True)]
     if "\n [" in "\n" + "\n".join(rests):  # iterations ("Decode batch [1234], …"): each line on its own
         return [_decode(line, len(head)) for line, (head, _, _) in zip(lines, parts, strict=True)]
-    heads = prefixes(lines, [head for head, _, _ in parts])
     values = _fast_decode.many([_stats_body(rest) for rest in rests])
     return [
         _decode(line, len(part[0]), False) if v is None else _Decoded(*v, None, {}, *head)
@@ -326,8 +331,12 @@ def _decode_many(lines: Sequence[str]) -> list[Event]:
 
 def _prefill_many(lines: Sequence[str]) -> list[Event]:
     parts = [line.partition(PREFILL) for line in lines]
+    rests = [rest for _, _, rest in parts]
     heads = prefixes(lines, [head for head, _, _ in parts])
-    values = _fast_prefill.many([_stats_body(rest) for _, _, rest in parts])
+    rows = _fast_prefill.rows(rests)
+    if rows is not None:
+        return [_Prefilled(*row, *head) for row, head in zip(rows, heads, strict=True)]
+    values = _fast_prefill.many([_stats_body(rest) for rest in rests])
     return [
         _prefill(line, len(part[0]), False) if v is None else _Prefilled(*v, {}, *head)
         for line, part, head, v in zip(lines, parts, heads, values, strict=True)

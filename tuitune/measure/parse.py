@@ -131,26 +131,28 @@ def _profile_many(lines: Sequence[str]) -> list[Event | None]:
     that space (the marker alone, or followed by other text) spoils the batch's JSON, and then
     each line is read on its own."""
     parts = [line.partition("EAGLE3_PROFILE") for line in lines]  # (before the marker, marker, after)
-    joined = "\n".join([rest for _, _, rest in parts])
-    evs = None
+    rests = [rest for _, _, rest in parts]
+    joined = "\n".join(rests)
+    evs: list[Any] | None = None
     if '"' not in joined and "\\" not in joined:
-        try:
-            text = joined.encode().replace(b"=", b'":"').replace(b" ", b'","')
-            evs = _decode_profiles(b'[{"v":"1' + text.replace(b"\n", b'"},{"v":"1') + b'"}]')
-        except Exception:  # noqa: BLE001 - some line is unusual: each on its own
+        try:  # (a line holding "\n" adds an object: the count below tells)
+            text = joined.encode().replace(b"=", b'":"').replace(b" ", b'","').replace(b"\n", b'"},{"v":"1')
+            evs = _decode_profiles(b'[{"v":"1' + text + b'"}]')
+        except Exception:  # noqa: BLE001 - some line is unusual (or not UTF-8 at all): each on its own
             evs = None
-    if evs is None or len(evs) != len(lines):  # (a line holding "\n" splits)
+    if evs is None or len(evs) != len(lines):
         return [parse_line(line) for line in lines]
-    out: list[Event | None] = []
     heads = prefixes(lines, [head for head, _, _ in parts])
-    for ev, (ts, rank), line, part in zip(evs, heads, lines, parts, strict=True):
+    setattr_ = _force_setattr
+    for i, ev in enumerate(evs):
         if ev.ts is None and ev.rank is None:
-            _force_setattr(ev, "ts", ts)
-            _force_setattr(ev, "rank", rank)
-            out.append(ev)
-        else:
-            out.append(_profile_exact(line, part[2][1:], ts, rank))
-    return out
+            ts, rank = heads[i]
+            setattr_(ev, "ts", ts)  # the event is frozen once returned
+            setattr_(ev, "rank", rank)
+        else:  # the line names a ts= or rank= of its own: the exact reader keeps it in extra
+            ts, rank = heads[i]
+            evs[i] = _profile_exact(lines[i], rests[i][1:], ts, rank)
+    return evs
 
 
 def _profile_exact(line: str, rest: str, ts: str | None, rank: str | None) -> Event:
@@ -271,6 +273,7 @@ for _r in _RULES:
     _LEAD.append(_r)
 _LEAD_DISPATCH = tuple((r.marker, r.parse) for r in _LEAD)
 _LEAD_MANY = tuple(r.many for r in _LEAD if r.many is not None)
+_MANY = (_profile_many, *_LEAD_MANY)  # the batch readers: the probe's lines, then the leading rules'
 _OTHER_DISPATCH = tuple((r.marker, r.parse) for r in _RULES[len(_LEAD) :])
 _OTHERS = tuple(r.marker for r in _RULES[len(_LEAD) :]) + _ERROR_HINTS
 # Lines that describe nothing (most lines of a log) are remembered once their probe and lead
@@ -346,8 +349,6 @@ def parse_many(lines: Sequence[str]) -> list[Event | None]:
     """``[parse_line(line) for line in lines]``, faster: the lines of each kind the fast paths
     read are decoded together."""
     single = parse_line
-    if max(map(len, lines), default=0) > MAX_LINE:
-        return [single(line) for line in lines]
     out: list[Event | None] = [None] * len(lines)
     profile: list[int] = []
     groups: tuple[tuple[str, list[int]], ...] = tuple((r.marker, []) for r in _LEAD)
@@ -362,25 +363,30 @@ def parse_many(lines: Sequence[str]) -> list[Event | None]:
                 group.append(i)
                 break
         else:  # (the memo of quiet lines: see _QUIET)
-            key = line.encode().translate(_DIGITS) if len(line) <= _QUIET_LINE and line.isascii() else None
-            if key in quiet:
-                continue
+            if len(line) <= _QUIET_LINE and line.isascii():
+                key = line.encode().translate(_DIGITS)
+                if key in quiet:
+                    continue
+            else:
+                key = None
             for marker in others:
                 if marker in line:
-                    out[i] = single(line)
+                    out[i] = single(line)  # (a line too long to read whole included)
                     break
             else:
                 if key is not None:
                     _quiet(key)
-    readers = zip((profile, *(where for _, where in groups)), (_profile_many, *_LEAD_MANY), strict=True)
-    for where, many in readers:
+    for where, many in zip((profile, *(where for _, where in groups)), _MANY, strict=True):
         if not where:
             continue
         mine = [lines[i] for i in where]
-        try:
-            evs = many(mine)
-        except Exception:  # noqa: BLE001 - a bug in a batch reader: each line on its own, which reports it
+        if max(map(len, mine)) > MAX_LINE:  # (a line too long to read whole: parse_line says so)
             evs = [single(line) for line in mine]
+        else:
+            try:
+                evs = many(mine)
+            except Exception:  # noqa: BLE001 - a bug in a batch reader: each line on its own, which reports it
+                evs = [single(line) for line in mine]
         for i, ev in zip(where, evs, strict=True):
             out[i] = ev
     return out
