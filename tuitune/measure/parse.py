@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import islice
+from itertools import chain, islice
 from typing import Any
 
 import msgspec
@@ -143,12 +143,11 @@ def _profile_many(lines: Sequence[str]) -> list[Event | None]:
     if evs is None or len(evs) != len(lines):
         return [parse_line(line) for line in lines]
     heads = prefixes(lines, [head for head, _, _ in parts])
-    setattr_ = _force_setattr
     for i, ev in enumerate(evs):
         if ev.ts is None and ev.rank is None:
             ts, rank = heads[i]
-            setattr_(ev, "ts", ts)  # the event is frozen once returned
-            setattr_(ev, "rank", rank)
+            _force_setattr(ev, "ts", ts)  # the event is frozen once returned
+            _force_setattr(ev, "rank", rank)
         else:  # the line names a ts= or rank= of its own: the exact reader keeps it in extra
             ts, rank = heads[i]
             evs[i] = _profile_exact(lines[i], rests[i][1:], ts, rank)
@@ -274,6 +273,9 @@ for _r in _RULES:
 _LEAD_DISPATCH = tuple((r.marker, r.parse) for r in _LEAD)
 _LEAD_MANY = tuple(r.many for r in _LEAD if r.many is not None)
 _MANY = (_profile_many, *_LEAD_MANY)  # the batch readers: the probe's lines, then the leading rules'
+# parse_many tests the first two leading markers one after the other; with fewer rules, the probe's
+# marker stands in (a line holding it never gets that far)
+_LEAD_FIRST = tuple([r.marker for r in _LEAD[:2]] + [PROFILE_MARKER.strip()] * (2 - len(_LEAD[:2])))
 _OTHER_DISPATCH = tuple((r.marker, r.parse) for r in _RULES[len(_LEAD) :])
 _OTHERS = tuple(r.marker for r in _RULES[len(_LEAD) :]) + _ERROR_HINTS
 # Lines that describe nothing (most lines of a log) are remembered once their probe and lead
@@ -351,32 +353,40 @@ def parse_many(lines: Sequence[str]) -> list[Event | None]:
     single = parse_line
     out: list[Event | None] = [None] * len(lines)
     profile: list[int] = []
-    groups: tuple[tuple[str, list[int]], ...] = tuple((r.marker, []) for r in _LEAD)
+    first: list[int] = []
+    second: list[int] = []
+    groups: tuple[tuple[str, list[int]], ...] = tuple((r.marker, []) for r in _LEAD[2:])
+    m1, m2 = _LEAD_FIRST
     others = _OTHERS
     quiet = _QUIET
     for i, line in enumerate(lines):
         if "EAGLE3_PROFILE" in line:
             profile.append(i)
-            continue
-        for marker, group in groups:
-            if marker in line:
-                group.append(i)
-                break
-        else:  # (the memo of quiet lines: see _QUIET)
-            if len(line) <= _QUIET_LINE and line.isascii():
-                key = line.encode().translate(_DIGITS)
-                if key in quiet:
-                    continue
-            else:
-                key = None
-            for marker in others:
+        elif m1 in line:  # (the first two leading rules written out: most lines are theirs)
+            first.append(i)
+        elif m2 in line:
+            second.append(i)
+        else:
+            for marker, group in groups:
                 if marker in line:
-                    out[i] = single(line)  # (a line too long to read whole included)
+                    group.append(i)
                     break
-            else:
-                if key is not None:
-                    _quiet(key)
-    for where, many in zip((profile, *(where for _, where in groups)), _MANY, strict=True):
+            else:  # (the memo of quiet lines: see _QUIET)
+                if len(line) <= _QUIET_LINE and line.isascii():
+                    key = line.encode().translate(_DIGITS)
+                    if key in quiet:
+                        continue
+                else:
+                    key = None
+                for marker in others:
+                    if marker in line:
+                        out[i] = single(line)  # (a line too long to read whole included)
+                        break
+                else:
+                    if key is not None:
+                        _quiet(key)
+    wheres = (profile, first, second, *(where for _, where in groups))
+    for where, many in zip(wheres, _MANY, strict=False):  # (fewer than two leading rules: the rest are empty)
         if not where:
             continue
         mine = [lines[i] for i in where]
@@ -395,11 +405,20 @@ def parse_many(lines: Sequence[str]) -> list[Event | None]:
 CHUNK = 256  # lines parse_lines reads at a time (larger texts to rewrite cost more a line)
 
 
-def parse_lines(lines: Iterable[str]) -> Iterator[Event]:
-    """Events of many lines, in order (lines that describe nothing are skipped)."""
+def _chunks(lines: Iterable[str]) -> Iterator[list[str]]:
     it = iter(lines)
     while chunk := list(islice(it, CHUNK)):
-        yield from filter(None, parse_many(chunk))  # (an event is never false)
+        yield chunk
+
+
+def _events(chunk: list[str]) -> list[Event]:
+    return list(filter(None, parse_many(chunk)))  # (an event is never false)
+
+
+def parse_lines(lines: Iterable[str]) -> Iterator[Event]:
+    """Events of many lines, in order (lines that describe nothing are skipped). Lazy: it reads
+    CHUNK lines at a time (the events come out of C-level iterators, not a generator's frame)."""
+    return chain.from_iterable(map(_events, _chunks(lines)))
 
 
 def summarize(events: Iterable[Event]) -> dict:
