@@ -376,7 +376,7 @@ _astuple = msgspec.structs.astuple
 # turns Python's True and False into JSON's true and false; and a colon not followed by a space,
 # which the exact reader does not split at
 _SWAP_TF = bytes.maketrans(b"tTfF", b"TtFf")
-_LONE_COLON = re.compile(rb":(?! )")
+_LONE_COLON = re.compile(rb":[^ ]")  # (one ending the text leaves JSON a key without a value)
 
 
 class FastFields:
