@@ -433,6 +433,12 @@ def _events(chunk: list[str]) -> list[Event]:
     return list(filter(None, parse_many(chunk)))  # (an event is never false)
 
 
+def parse_chunks(lines: Iterable[str]) -> Iterator[list[Event]]:
+    """The events of each CHUNK lines (a list, maybe empty), in order: ``parse_lines`` in
+    batches, for a consumer that handles events many at a time (``tuitune parse --json``)."""
+    return map(_events, _chunks(lines))
+
+
 def parse_lines(lines: Iterable[str]) -> Iterator[Event]:
     """Events of many lines, in order (lines that describe nothing are skipped). Lazy: it reads
     CHUNK lines at a time (the events come out of C-level iterators, not a generator's frame)."""
