@@ -223,9 +223,10 @@ def test_the_corpus_reaches_every_path():
     for marker, fast in ((sglang.DECODE, sglang._fast_decode), (sglang.PREFILL, sglang._fast_prefill)):
         kind = "decode" if marker == sglang.DECODE else "prefill"
         rests = [bench_parse.MAKERS[kind](rng, "2026-11-29 16:02:00").partition(marker)[2] for _ in range(100)]
-        rows = fast.rows(rests)
-        assert rows is not None and len(rows) == 100
-        assert fast.rows(rests[:50] + [rests[50].replace(": ", ":", 1)] + rests[51:]) is None  # one odd line
+        heads = [("2026-11-29 16:02:00", "TP0")] * 100
+        events = fast.events(rests, heads)
+        assert events is not None and len(events) == 100 and all(ev.kind == kind for ev in events)
+        assert fast.events(rests[:50] + [rests[50].replace(": ", ":", 1)] + rests[51:], heads) is None  # one odd line
 
 
 # values and separators in the canonical lines, batched: the rows and the profile batch against

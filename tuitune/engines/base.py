@@ -372,7 +372,7 @@ def _required(t):
 
 
 _astuple = msgspec.structs.astuple
-# ``rows``: t and T, f and F swapped (a bijection, so names stay as distinct as they were), which
+# ``events``: t and T, f and F swapped (a bijection, so names stay as distinct as they were), which
 # turns Python's True and False into JSON's true and false; and a colon not followed by a space,
 # which the exact reader does not split at
 _SWAP_TF = bytes.maketrans(b"tTfF", b"TtFf")
@@ -382,7 +382,7 @@ _LONE_COLON = re.compile(rb":[^ ]")  # (one ending the text leaves JSON a key wi
 class FastFields:
     """The fast paths for ``name: value, name: value`` lines of one event type.
 
-    ``rows`` reads many lines at once, each given as its text after the marker in the form
+    ``events`` reads many lines at once, each given as its text after the marker in the form
     servers print (``, name: value, name: value``): the lines are joined into one JSON array of
     objects with the values left unquoted, ``{…," name": 8," other name": 0.5}``, by C-level
     passes over all of them (a swap of t/T and f/F that makes True and False JSON, then three
@@ -394,7 +394,7 @@ class FastFields:
     an integer, an integer of any length exact); what it would read otherwise (``nan``, ``1_0``,
     ``True`` in a number field, a value the exact reader strips differently) is not JSON, or not
     of the row's type, and any of that, an unknown name (msgspec forbids them), a quote, a
-    backslash, a colon without its space or text not of that form makes ``rows`` give None: the
+    backslash, a colon without its space or text not of that form makes ``events`` give None: the
     caller then reads each line on its own.
 
     ``__call__`` reads one line's fields (``body``: without the marker and separators), values
@@ -438,13 +438,16 @@ class FastFields:
             forbid_unknown_fields=True,
         )
         self.decode_rows = msgspec.json.Decoder(types.GenericAlias(list, (row,)), strict=False).decode
+        self.cls = cls
         opening = b"{" + b",".join(
             b'":%s":%s' % (f.name.encode(), msgspec.json.encode(d)) for f, d in zip(filled, defaults, strict=True)
         )
         self._first = b"[" + opening
         self._between = b"}," + opening
 
-    def rows(self, rests: list[str]) -> list[tuple[typing.Any, ...]] | None:
+    def events(self, rests: Sequence[str], heads: Sequence[tuple]) -> list | None:
+        """The events of many lines, each given as its text after the marker and its (ts, rank),
+        read as rows (see above); None when any of them is not of that form."""
         joined = "\n".join(rests)
         if '"' in joined or "\\" in joined:
             return None
@@ -458,7 +461,8 @@ class FastFields:
             return None
         if len(rows) != len(rests):  # (a line holding "\n" splits)
             return None
-        return [_astuple(r) for r in rows]
+        cls = self.cls
+        return [cls(*_astuple(row), *head) for row, head in zip(rows, heads, strict=True)]
 
     def __call__(self, body: str) -> tuple[typing.Any, ...] | None:
         if '"' in body or "\\" in body:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import chain, islice
+from itertools import chain, islice, repeat
 from typing import Any
 
 import msgspec
@@ -129,9 +129,9 @@ def _profile_many(lines: Sequence[str]) -> list[Event | None]:
     that. A line whose first marker has no space after it (the marker alone, or followed by
     other text) has another reading, and then each line is read on its own, as when any line
     spoils the batch's JSON or sets a ts= or rank= of its own."""
-    parts = [line.partition(PROFILE_MARKER) for line in lines]  # (before the marker, the marker and space, after)
-    heads = [head for head, _, _ in parts]
-    rests = [rest for _, _, rest in parts]
+    if not lines:
+        return []
+    heads, _, rests = zip(*map(str.partition, lines, repeat(PROFILE_MARKER)), strict=True)  # (before, marker, after)
     joined = "\n".join(rests)
     evs: list[Any] | None = None
     if '"' not in joined and "\\" not in joined and "EAGLE3_PROFILE" not in "\n".join(heads):
