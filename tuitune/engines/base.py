@@ -456,7 +456,7 @@ class FastFields:
             if _LONE_COLON.search(text):
                 return None
             text = text.translate(_SWAP_TF).replace(b",", b',"').replace(b":", b'":').replace(b"\n", self._between)
-            rows = self.decode_rows(self._first + text + b"}]")
+            rows = self.decode_rows(b"".join((self._first, text, b"}]")))  # (one copy)
         except Exception:  # noqa: BLE001 - some line is unusual (or not UTF-8 at all): each on its own
             return None
         if len(rows) != len(rests):  # (a line holding "\n" splits)

@@ -28,6 +28,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain, islice, repeat
+from operator import itemgetter
 from typing import Any
 
 import msgspec
@@ -137,7 +138,7 @@ def _profile_many(lines: Sequence[str]) -> list[Event | None]:
     if '"' not in joined and "\\" not in joined and "EAGLE3_PROFILE" not in "\n".join(heads):
         try:  # (a line holding "\n" adds an object: the count below tells)
             text = joined.encode().replace(b"=", b'":"').replace(b" ", b'","').replace(b"\n", b'"},{"')
-            evs = _decode_profiles(b'[{"' + text + b'"}]')
+            evs = _decode_profiles(b"".join((b'[{"', text, b'"}]')))  # (one copy)
         except Exception:  # noqa: BLE001 - some line is unusual (or not UTF-8 at all): each on its own
             evs = None
     if evs is None or len(evs) != len(lines):
@@ -407,7 +408,7 @@ def parse_many(lines: Sequence[str]) -> list[Event | None]:
     for where, many in zip(wheres, _MANY, strict=False):  # (fewer than two leading rules: the rest are empty)
         if not where:
             continue
-        mine = [lines[i] for i in where]
+        mine = itemgetter(*where)(lines) if len(where) > 1 else (lines[where[0]],)  # (a tuple, in C)
         if max(map(len, mine)) > MAX_LINE:  # (a line too long to read whole: parse_line says so)
             evs = [single(line) for line in mine]
         else:
