@@ -161,7 +161,7 @@ def main() -> None:
         counts, w_many, c_many = _best(count, ns.runs)
         for i in range(0, n, 10_000):  # (not timed) the two ways agree, event for event
             chunk = lines[i : i + 10_000]
-            if list(parse_lines(chunk)) != [ev for ev in map(parse_line, chunk) if ev is not None]:
+            if list(map(repr, parse_lines(chunk))) != [repr(ev) for ev in map(parse_line, chunk) if ev is not None]:
                 raise SystemExit(f"parse_lines and parse_line disagree on lines {i + 1}-{i + len(chunk)}")
         cmd = [sys.executable, "-m", "tuitune", "parse", path, "--json"]
         w_cli = c_cli = float("inf")
