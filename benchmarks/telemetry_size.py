@@ -4,8 +4,9 @@
 TP 8, one stream of load) with the simulator's nvidia-smi as the preset's telemetry command
 (8 GPUs, sampled every 500 ms, busy while the server has requests), captures kept at the default
 rate (``telemetry.record_every_s`` 1 s: whole ticks of 8 samples). The capture's `gpu` records are
-counted and measured, plain and gzip-compressed at the capture writer's level (6), and scaled to an
-hour; the whole capture's size is printed beside them.
+counted and measured, plain, and what they add to the capture gzip-compressed at the capture
+writer's level (6: the compressed capture with them less without), and scaled to an hour at the
+rate the capture kept ticks (its own clock); the whole capture's size is printed beside them.
 
     python benchmarks/telemetry_size.py [--seconds 60]
 """
@@ -63,7 +64,11 @@ def main() -> None:
         span = stamps[-1][1] - stamps[0][1]
         per_s = (ticks - 1) / span  # ticks kept a second, from the capture's own clock
         plain = sum(map(len, gpu))
-        packed = len(gzip.compress(b"".join(gpu), compresslevel=6))
+        # gzip: what the gpu records add to the compressed capture (the capture with them, less without)
+        rest = [x for x, r in zip(lines, records, strict=True) if r.get("kind") != "gpu"]
+        packed = len(gzip.compress(b"".join(lines), compresslevel=6)) - len(
+            gzip.compress(b"".join(rest), compresslevel=6)
+        )
         hour = 3600 * per_s / ticks  # (bytes of a tick) x (ticks an hour)
         total = sum(map(len, lines))
     print(
