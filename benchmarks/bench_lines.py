@@ -3,7 +3,9 @@
 The lines are those of ``bench_parse.py``'s busy SGLang log (second stamps, 200 lines a second,
 built from a seed): for each kind (profile, decode, prefill, http, other) ``--lines`` lines of that
 kind alone, then the whole mix, go through ``tuitune.measure.parse.parse_line`` one at a time and
-through ``parse_lines`` (many at once: the batch readers); then the mix through
+through ``parse_lines`` (many at once: the batch readers), and the stats and probe lines through
+their exact (field by field) readers, which decide the lines the fast paths refuse; the probe's
+batch split in two: its rewrite into JSON and msgspec's decode. Then the mix through
 ``tuitune.base.redact.Redactor()``, what every line tuitune prints or writes pays. CPU time
 (``time.process_time``), the best of ``--repeat`` runs, in microseconds a line; the process is
 pinned to one core, and the load average is printed (the machine may be shared).
@@ -25,7 +27,15 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
 from bench_parse import MAKERS, WEIGHTS, build  # noqa: E402
 
 from tuitune.base.redact import Redactor  # noqa: E402
-from tuitune.measure.parse import parse_line, parse_lines  # noqa: E402
+from tuitune.engines import sglang  # noqa: E402
+from tuitune.measure import parse  # noqa: E402
+from tuitune.measure.parse import CHUNK, parse_line, parse_lines  # noqa: E402
+
+EXACT = {  # the exact readers, as the parser calls them when a fast path refuses a line
+    "profile": ("EAGLE3_PROFILE", lambda line, at: parse._profile(line, at, fast=False)),
+    "decode": (sglang.DECODE, lambda line, at: sglang._decode(line, at, fast=False)),
+    "prefill": (sglang.PREFILL, lambda line, at: sglang._prefill(line, at, fast=False)),
+}
 
 
 def best_us(lines: list[str], run, repeat: int) -> float:
@@ -51,6 +61,31 @@ def masked(lines: list[str]) -> None:
     red = Redactor()
     for line in lines:
         red(line)
+
+
+def exact(kind: str):
+    marker, reader = EXACT[kind]
+
+    def run(lines: list[str]) -> None:
+        for line in lines:
+            reader(line, line.find(marker))
+
+    return run
+
+
+def rewrite(rests: list[list[str]]) -> list[bytes]:
+    """The probe's batch, first half: the lines' pairs into one JSON text (as _profile_many does)."""
+    return [
+        b"".join(
+            (b'[{"', "\n".join(r).encode().replace(b"=", b'":"').replace(b" ", b'","').replace(b"\n", b'"},{"'), b'"}]')
+        )
+        for r in rests
+    ]
+
+
+def decode(texts: list[bytes]) -> None:
+    for text in texts:
+        parse._decode_profiles(text)
 
 
 def read(d: str, name: str, n: int, mix: dict) -> list[str]:
@@ -79,6 +114,18 @@ def main() -> None:
             one = best_us(lines, one_at_a_time, ns.repeat)
             many = best_us(lines, many_at_once, ns.repeat)
             print(f"{name:16}{one:8.2f} ({1e6 / one:>10,.0f}){many:8.2f} ({1e6 / many:>10,.0f})", flush=True)
+            if name in EXACT:
+                us = best_us(lines, exact(name), ns.repeat)
+                print(f"{'':16}the exact reader: {us:.2f} µs a line")
+            if name == "profile":  # the batch's two halves, in parse_lines' chunks
+                rests = [
+                    [line.partition(parse.PROFILE_MARKER)[2] for line in lines[i : i + CHUNK]]
+                    for i in range(0, len(lines), CHUNK)
+                ]
+                texts = rewrite(rests)
+                r = best_us(rests, rewrite, ns.repeat) * len(rests) / len(lines)
+                c = best_us(texts, decode, ns.repeat) * len(texts) / len(lines)
+                print(f"{'':16}of parse_lines': the rewrite into JSON {r:.2f} µs, msgspec's decode {c:.2f} µs a line")
         us = best_us(lines, masked, ns.repeat)  # the mix
         print(f"Redactor(), the mix: {us:.2f} µs a line ({1e6 / us:,.0f} lines a second)")
 
