@@ -13,13 +13,16 @@ engines' rules in ``engines.ENGINES`` order, then NCCL, Uvicorn, failures). The 
 (timestamp, rank) of any engine's log is ``engines.base.prefix``'s.
 
 The lines a busy server prints most (EAGLE3_PROFILE, Decode batch, Prefill batch) take a fast
-path first: the line is rewritten into a JSON object of strings with C-level string operations
-and decoded by msgspec straight into the event type (lax mode turns "19.5" into 19.5). Anything
-unusual about a line (a quote or backslash, an unknown or repeated field, a value msgspec would
-read differently) makes the fast path give up, and the exact field-by-field reader decides;
-tests check that both paths agree on every line the fast path accepts. ``parse_many`` reads many
-lines at once (one rewrite and one decode for all the lines of a kind), with results equal to
-``parse_line``'s line by line; ``parse_lines`` uses it.
+path first: the line is rewritten into JSON with C-level string operations and decoded by
+msgspec (the probe's line straight into the event type, its values quoted: lax mode turns "19.5"
+into 19.5; the stats lines as rows of the event's fields, their values unquoted: see
+``engines.base.FastFields``). Anything unusual about a line (a quote or backslash, an unknown or
+repeated field, a value msgspec would read differently) makes the fast path give up, and the
+exact field-by-field reader decides. ``parse_many`` reads many lines at once (a one-character
+test before each of those markers, a memo of quiet lines, then one rewrite and one decode for all
+the lines of a kind), with results equal to ``parse_line``'s line by line; ``parse_lines`` and
+``parse_chunks`` use it. ``tests/test_parse_reference.py`` holds every one of these ways to a
+plain reading of each line by the exact readers.
 """
 
 from __future__ import annotations
