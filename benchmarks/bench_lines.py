@@ -1,49 +1,96 @@
 """Per-line costs on one core: the parser by kind of line, and secret masking.
 
-The lines are those of ``bench_parse.py``'s mixed SGLang log (second stamps, 200 lines a second):
-for each kind (profile, decode, prefill, HTTP access, other) 200,000 lines of that kind alone go
-through ``tuitune.measure.parse.parse_line``; then the whole mix through
-``tuitune.base.redact.Redactor()`` (what every printed or written log line pays). Best of
-``--repeat`` runs, microseconds a line.
+The lines are those of ``bench_parse.py``'s busy SGLang log (second stamps, 200 lines a second,
+built from a seed): for each kind (profile, decode, prefill, http, other) ``--lines`` lines of that
+kind alone, then the whole mix, go through ``tuitune.measure.parse.parse_line`` one at a time and
+through ``parse_lines`` (many at once: the batch readers), and the stats and probe lines through
+their exact (field by field) readers, which decide the lines the fast paths refuse; the probe's
+batch split in two: its rewrite into JSON and msgspec's decode. Then the mix through
+``tuitune.base.redact.Redactor()``, what every line tuitune prints or writes pays. CPU time
+(``time.process_time``), the best of ``--repeat`` runs, in microseconds a line; the process is
+pinned to one core, and the load average is printed (the machine may be shared).
 
-    taskset -c 0 python benchmarks/bench_lines.py [--lines 200000] [--repeat 5]
+    python benchmarks/bench_lines.py [--lines 200000] [--repeat 5] [--cpu C]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 
-from bench_parse import SAMPLES, build
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
 
-from tuitune.base.redact import Redactor
-from tuitune.measure.parse import parse_line
+from bench_parse import MAKERS, WEIGHTS, build  # noqa: E402
 
-KINDS = ("decode", "profile", "prefill", "access", "other")  # the order of bench_parse.SAMPLES
+from tuitune.base.redact import Redactor  # noqa: E402
+from tuitune.engines import sglang  # noqa: E402
+from tuitune.measure import parse  # noqa: E402
+from tuitune.measure.parse import CHUNK, parse_line, parse_lines  # noqa: E402
+
+EXACT = {  # the exact readers, as the parser calls them when a fast path refuses a line
+    "profile": ("EAGLE3_PROFILE", lambda line, at: parse._profile(line, at, fast=False)),
+    "decode": (sglang.DECODE, lambda line, at: sglang._decode(line, at, fast=False)),
+    "prefill": (sglang.PREFILL, lambda line, at: sglang._prefill(line, at, fast=False)),
+}
 
 
-def best_us(lines: list[str], fn, repeat: int) -> float:
+def best_us(lines: list[str], run, repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        for line in lines:
-            fn(line)
-        best = min(best, time.perf_counter() - t0)
+        c0 = time.process_time()
+        run(lines)
+        best = min(best, time.process_time() - c0)
     return best / len(lines) * 1e6
 
 
-def lines_of(d: str, name: str, samples, n: int) -> list[str]:
-    import bench_parse
+def one_at_a_time(lines: list[str]) -> None:
+    for line in lines:
+        parse_line(line)
 
+
+def many_at_once(lines: list[str]) -> None:
+    for _ in parse_lines(lines):
+        pass
+
+
+def masked(lines: list[str]) -> None:
+    red = Redactor()
+    for line in lines:
+        red(line)
+
+
+def exact(kind: str):
+    marker, reader = EXACT[kind]
+
+    def run(lines: list[str]) -> None:
+        for line in lines:
+            reader(line, line.find(marker))
+
+    return run
+
+
+def rewrite(rests: list[list[str]]) -> list[bytes]:
+    """The probe's batch, first half: the lines' pairs into one JSON text (as _profile_many does)."""
+    return [
+        b"".join(
+            (b'[{"', "\n".join(r).encode().replace(b"=", b'":"').replace(b" ", b'","').replace(b"\n", b'"},{"'), b'"}]')
+        )
+        for r in rests
+    ]
+
+
+def decode(texts: list[bytes]) -> None:
+    for text in texts:
+        parse._decode_profiles(text)
+
+
+def read(d: str, name: str, n: int, mix: dict) -> list[str]:
     path = os.path.join(d, name + ".log")
-    saved = bench_parse.SAMPLES
-    bench_parse.SAMPLES = samples
-    try:
-        build(path, n)
-    finally:
-        bench_parse.SAMPLES = saved
+    build(path, n, mix=mix)
     with open(path) as f:
         return f.read().splitlines()
 
@@ -52,19 +99,35 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lines", type=int, default=200_000)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--cpu", type=int, default=None, help="the core to run on (default: the last one allowed)")
     ns = ap.parse_args()
-    print(f"{ns.lines:,} lines a run, best of {ns.repeat}")
+    cpu = ns.cpu if ns.cpu is not None else max(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpu})
+    print(
+        f"{ns.lines:,} lines a run, CPU time, best of {ns.repeat}, core {cpu}, "
+        f"load average {os.getloadavg()[0]:.1f}; µs a line (lines a second)"
+    )
+    print(f"{'':16}{'parse_line':>22}{'parse_lines':>22}")
     with tempfile.TemporaryDirectory() as d:
-        for kind, sample in zip(KINDS, SAMPLES, strict=True):
-            lines = lines_of(d, kind, [sample], ns.lines)
-            us = best_us(lines, parse_line, ns.repeat)
-            print(f"parse_line, {kind:<8} {us:6.2f} µs a line ({1e6 / us:>10,.0f} lines/s)", flush=True)
-        mix = lines_of(d, "mix", SAMPLES, ns.lines)
-        us = best_us(mix, parse_line, ns.repeat)
-        print(f"parse_line, the mix  {us:6.2f} µs a line ({1e6 / us:>10,.0f} lines/s)")
-        red = Redactor()
-        us = best_us(mix, red, ns.repeat)
-        print(f"Redactor(), the mix  {us:6.2f} µs a line ({1e6 / us:>10,.0f} lines/s)")
+        for name, mix in [(kind, {kind: 1}) for kind in MAKERS] + [("the mix", WEIGHTS)]:
+            lines = read(d, name.replace(" ", "_"), ns.lines, mix)
+            one = best_us(lines, one_at_a_time, ns.repeat)
+            many = best_us(lines, many_at_once, ns.repeat)
+            print(f"{name:16}{one:8.2f} ({1e6 / one:>10,.0f}){many:8.2f} ({1e6 / many:>10,.0f})", flush=True)
+            if name in EXACT:
+                us = best_us(lines, exact(name), ns.repeat)
+                print(f"{'':16}the exact reader: {us:.2f} µs a line")
+            if name == "profile":  # the batch's two halves, in parse_lines' chunks
+                rests = [
+                    [line.partition(parse.PROFILE_MARKER)[2] for line in lines[i : i + CHUNK]]
+                    for i in range(0, len(lines), CHUNK)
+                ]
+                texts = rewrite(rests)
+                r = best_us(rests, rewrite, ns.repeat) * len(rests) / len(lines)
+                c = best_us(texts, decode, ns.repeat) * len(texts) / len(lines)
+                print(f"{'':16}of parse_lines': the rewrite into JSON {r:.2f} µs, msgspec's decode {c:.2f} µs a line")
+        us = best_us(lines, masked, ns.repeat)  # the mix
+        print(f"Redactor(), the mix: {us:.2f} µs a line ({1e6 / us:,.0f} lines a second)")
 
 
 if __name__ == "__main__":

@@ -5,10 +5,12 @@ First a corpus of hostile lines (default 1,000,000, seeded): every line format t
 (EAGLE3_PROFILE, Decode/Prefill batch, vLLM's SpecDecoding metrics and stats line, NCCL), with one
 to three of its numbers replaced by a hostile one (1e309, -inf, nan, 5000 digits, 1e309%…) or a
 field cut short; the lines that end as "parser error: …" (an exception inside a parser) are
-counted, the goal being 0. Then each line built to defeat a pattern of the parser, the tail or the
+counted, the goal being 0, and ``parse_lines`` (the batch readers) must give the events
+``parse_line`` gives. Then each line built to defeat a pattern of the parser, the tail or the
 redaction (long runs of a marker, of separators, of a prefix), 1 MiB each: the worst time per line
-is printed; then a local session tails 5 MB of such lines while a 10 ms ticker measures the
-longest gap of the event loop.
+is printed; each of them at 16 and 64 KiB, to show the cost grows linearly (about 4 times for 4
+times the text; more than 8 is printed as super-linear); then a local session tails 5 MB of such
+lines while a 10 ms ticker measures the longest gap of the event loop.
 
     python benchmarks/hostile_lines.py [--corpus 1000000] [--seed 1]
 """
@@ -30,7 +32,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from conftest import make_preset  # noqa: E402
 
 from tuitune.base import redact  # noqa: E402
-from tuitune.measure.parse import parse_line  # noqa: E402
+from tuitune.measure.parse import parse_line, parse_lines, parse_many  # noqa: E402
 from tuitune.target.session import Session  # noqa: E402
 from tuitune.target.tail import LogTail  # noqa: E402
 
@@ -47,6 +49,13 @@ def lines(n: int) -> dict[str, str]:
         "flags": "--api-key " * (n // 10),
         "assignments": "HF_TOKEN=" * (n // 9),
         "json": '"api_key": "' * (n // 12),
+        "profile-eq": "EAGLE3_PROFILE " + "=" * n,
+        "profile-pairs": "[2026-11-29 16:02:00 TP0] EAGLE3_PROFILE " + "cycles=7 " * (n // 9),
+        "decode-fields": "[2026-11-29 16:02:00 TP0] Decode batch, " + "#token: 1, " * (n // 11),
+        "decode-colons": "Decode batch, " + ":" * n,
+        "prefill-commas": "Prefill batch, " + ", " * (n // 2),
+        "prefill-true": "Prefill batch, cuda graph: " + "True" * (n // 4),
+        "errorish": "rror " * (n // 5),
     }
 
 
@@ -92,13 +101,20 @@ def corpus(n: int, seed: int):
 def parser_errors(n: int, seed: int) -> None:
     t0 = time.perf_counter()
     errors: dict[str, int] = {}
-    for line in corpus(n, seed):
-        ev = parse_line(line)
+    lines_ = list(corpus(n, seed))
+    one = [parse_line(line) for line in lines_]
+    for ev in one:
         if ev is not None and ev.kind == "malformed" and ev.marker == "?":
             errors[ev.reason] = errors.get(ev.reason, 0) + 1
+    many = list(parse_lines(lines_))  # the batch readers, on the same lines (repr: NaN is NaN there)
+    same = list(map(repr, many)) == [repr(ev) for ev in one if ev is not None]
+    differ = "the same events" if same else "DIFFERENT events"
     took = time.perf_counter() - t0
     kinds = ", ".join(f"{k}: {v}" for k, v in sorted(errors.items())) if errors else "none"
-    print(f"hostile corpus: {n} lines (seed {seed}), {sum(errors.values())} parser errors ({kinds}); {took:.1f} s")
+    print(
+        f"hostile corpus: {n} lines (seed {seed}), {sum(errors.values())} parser errors ({kinds}); "
+        f"parse_lines gives {differ}; {took:.1f} s"
+    )
 
 
 def per_line() -> None:
@@ -107,11 +123,47 @@ def per_line() -> None:
     for name, line in lines(1024 * 1024).items():
         t0 = time.perf_counter()
         parse_line(line)
+        parse_many([line, line])
         mask(line)
         data = line.encode() + b"\n"
         LogTail(None, "/x").feed(b"D %d\n" % len(data) + data)  # as the remote tailer frames it
         worst = max(worst, (time.perf_counter() - t0, name))
-    print(f"worst 1 MiB line (parse + mask + tail feed): {worst[0] * 1000:.1f} ms ({worst[1]})")
+    print(f"worst 1 MiB line (parse_line + parse_many + mask + tail feed): {worst[0] * 1000:.1f} ms ({worst[1]})")
+
+
+def _cpu(fn, runs: int = 7) -> float:
+    best = float("inf")
+    for _ in range(runs):
+        c0 = time.process_time()
+        fn()
+        best = min(best, time.process_time() - c0)
+    return best
+
+
+def linearity() -> None:
+    """Each adversarial line at 16 KiB and at 64 KiB (the most of a line the parser reads): the
+    cost of parsing it (one line, and batches of it) and masking it grows 4 times when linear."""
+    small, big = lines(16 * 1024), lines(64 * 1024)
+    mask = redact.Redactor()
+    ratios = []
+    for name in small:
+
+        def work(line: str) -> None:
+            parse_line(line)
+            parse_many([line] * 8)
+            mask(line)
+
+        a = _cpu(lambda name=name: work(small[name]))
+        b = _cpu(lambda name=name: work(big[name]))
+        ratios.append((b / a if a > 0 else 0.0, name, b))
+    ratios.sort(reverse=True)
+    top = ", ".join(f"{name} {r:.1f}x" for r, name, _ in ratios[:3])
+    print(
+        f"64 KiB against 16 KiB (4x the text; CPU time, best of 7): worst {top}; slowest at 64 KiB "
+        f"{max(b for *_, b in ratios) * 1000:.1f} ms"
+    )
+    if ratios[0][0] > 8:
+        print("SUPER-LINEAR: some line costs more than twice what a linear reading would")
 
 
 async def session_gap() -> None:
@@ -156,4 +208,5 @@ if __name__ == "__main__":
     ns = ap.parse_args()
     parser_errors(ns.corpus, ns.seed)
     per_line()
+    linearity()
     asyncio.run(session_gap())

@@ -306,6 +306,11 @@ class TelemetryState(Event, frozen=True, tag="telemetry"):
 
 
 EVENT_TYPES: dict[str, type[Event]] = {_tag(c): c for c in Event.__subclasses__()}
+# Consumers read ``kind`` of every event (the parser's batch readers make a million a second): each
+# event class carries its tag as a plain class attribute, which the property above only answers
+# for when it is missing (an attribute lookup rather than a property reading the struct config).
+for _kind, _cls in EVENT_TYPES.items():
+    _cls.kind = _kind  # type: ignore[method-assign,assignment]
 
 
 # fields that are plain floats: the JSON writers turn NaN into null, so null reads back as NaN

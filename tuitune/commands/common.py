@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from itertools import chain
 
 
 class CliError(Exception):
@@ -48,8 +49,12 @@ def write_json(path: str, obj) -> None:
         raise CliError(f"{path}: cannot write it ({e.strerror or e})", 1) from None
 
 
-def open_lines(path: str):
-    """Lines of a file or stdin as text, invalid UTF-8 replaced; very long lines kept whole."""
+def open_lines(path: str) -> Iterator[str]:
+    """Lines of a file or stdin as text, invalid UTF-8 replaced; very long lines kept whole.
+
+    Read in blocks of what is there (``read1``: a pipe's lines come through as they arrive),
+    each block cut after its last newline, decoded and split at once: the lines are those of
+    iterating the binary stream, without their line ends (``\\n``, and any ``\\r`` before it)."""
     if path == "-":
         stream = sys.stdin.buffer
     else:
@@ -57,9 +62,31 @@ def open_lines(path: str):
             stream = open(path, "rb")
         except OSError as e:
             raise CliError(f"{path}: cannot open it ({e.strerror or e})", 2) from None
+    return chain.from_iterable(_blocks(stream))
+
+
+def _split(data: bytes) -> list[str]:
+    text = data.decode("utf-8", "replace")
+    lines = text.split("\n")
+    return [line.rstrip("\r") for line in lines] if "\r" in text else lines
+
+
+def _blocks(stream) -> Iterator[list[str]]:
     with stream:
-        for raw in stream:
-            yield raw.decode("utf-8", "replace").rstrip("\r\n")
+        pending: list[bytes] = []  # a line not ended yet (kept in pieces: joining once is linear)
+        while block := stream.read1(1 << 20):
+            cut = block.rfind(b"\n")
+            if cut < 0:
+                pending.append(block)
+                continue
+            if pending:
+                pending.append(block[:cut])
+                yield _split(b"".join(pending))
+            else:
+                yield _split(block[:cut])
+            pending = [block[cut + 1 :]] if cut + 1 < len(block) else []
+        if pending:
+            yield _split(b"".join(pending))
 
 
 def run_async(coro):

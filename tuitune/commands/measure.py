@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from itertools import chain
 
 from tuitune.commands.common import (
     CliError,
@@ -32,19 +33,19 @@ def parse_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_parse(ns) -> int:
     from tuitune.base.redact import Redactor
-    from tuitune.measure.parse import parse_lines, summarize
+    from tuitune.measure.parse import parse_chunks, summarize
 
     masked = Redactor().event  # error messages and malformed lines quote the log: mask what looks secret
-    events = (masked(ev) for ev in parse_lines(open_lines(ns.file)))
+    chunks = parse_chunks(open_lines(ns.file))
     if ns.json:
         import msgspec
 
-        encode = msgspec.json.Encoder().encode  # NaN becomes null; unset fields are left out
+        encode_lines = msgspec.json.Encoder().encode_lines  # NaN becomes null; unset fields are left out
         write = sys.stdout.buffer.write
-        for ev in events:
-            write(encode(ev) + b"\n")
+        for evs in chunks:  # each chunk's events written at once, one JSON object a line
+            write(encode_lines(map(masked, evs)))
         return 0
-    s = summarize(events)
+    s = summarize(map(masked, chain.from_iterable(chunks)))
     if not s["counts"]:
         print("no events (no line matched a known format)")
         return 0

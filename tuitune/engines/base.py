@@ -372,19 +372,38 @@ def _required(t):
 
 
 _astuple = msgspec.structs.astuple
+# ``events``: t and T, f and F swapped (a bijection, so names stay as distinct as they were), which
+# turns Python's True and False into JSON's true and false; and a colon not followed by a space,
+# which the exact reader does not split at
+_SWAP_TF = bytes.maketrans(b"tTfF", b"TtFf")
+_LONE_COLON = re.compile(rb":[^ ]")  # (one ending the text leaves JSON a key without a value)
 
 
 class FastFields:
-    """The fast path for ``name: value, name: value`` lines of one event type.
+    """The fast paths for ``name: value, name: value`` lines of one event type.
 
-    The body becomes ``{" name":"value"," name":"value",...}`` through two C-level replaces ("," is
-    the cheaper pattern to replace than ", ", so each name keeps its leading space), and msgspec
-    decodes it into a wire struct whose field names are the log's names; an unknown name is an
-    error, so such lines go to the exact reader (``fields``), which keeps them in ``extra``. The
-    wire struct holds the event's leading fields (those with a log name) in the event's order;
-    ``__call__`` gives their values as a tuple for the event's constructor, or None when the exact
-    reader must decide. ``many`` does the same for many bodies with one decode (one replace pass
-    over them all), None where a body needs the exact reader.
+    ``events`` reads many lines at once, each given as its text after the marker in the form
+    servers print (``, name: value, name: value``): the lines are joined into one JSON array of
+    objects with the values left unquoted, ``{…," name": 8," other name": 0.5}``, by C-level
+    passes over all of them (a swap of t/T and f/F that makes True and False JSON, then three
+    one-character replaces), and msgspec decodes it in one call into a row struct whose field
+    names are the log's names (swapped alike), and whose last fields, the event's own (the
+    iteration, ``extra``: all but ts and rank), are filled from keys no log text can spell (a
+    name between a comma and a colon holds neither). Each row is the event's constructor
+    arguments but ts and rank. JSON reads numbers as the exact reader does (``-0`` is 0.0, ``1e3``
+    an integer, an integer of any length exact); what it would read otherwise (``nan``, ``1_0``,
+    ``True`` in a number field, a value the exact reader strips differently) is not JSON, or not
+    of the row's type, and any of that, an unknown name (msgspec forbids them), a quote, a
+    backslash, a colon without its space or text not of that form makes ``events`` give None: the
+    caller then reads each line on its own.
+
+    ``__call__`` reads one line's fields (``body``: without the marker and separators), values
+    quoted: ``{" name":"value"," name":"value",...}`` through two replaces ("," is the cheaper
+    pattern to replace than ", ", so each name keeps its leading space), decoded by msgspec's lax
+    mode into a wire struct of the event's leading fields (those with a log name); its values as
+    a tuple for the event's constructor, or None when the exact reader must decide (``fields``,
+    which keeps unknown names in ``extra``). ``many`` does the same for many bodies with one
+    decode (one replace pass over them all), None where a body needs the exact reader.
     """
 
     def __init__(self, cls: type, spec: dict, own: tuple[str, ...]):
@@ -395,6 +414,8 @@ class FastFields:
         logged = struct_fields[: len(struct_fields) - len(own)]
         if tuple(f.name for f in struct_fields[len(logged) :]) != own or any(f.name not in names for f in logged):
             raise ValueError(f"{cls.__name__}: fields with a log name must come first, then {own}")
+        if own[-2:] != ("ts", "rank") or len(own) < 3:
+            raise ValueError(f"{cls.__name__}: rows need a field between the logged ones and ts, rank")
         # Types without their "| None": lax mode would read the text "null" as None.
         wire = msgspec.defstruct(
             "_Wire" + cls.__name__,
@@ -404,6 +425,44 @@ class FastFields:
         )
         self.decode = msgspec.json.Decoder(wire, strict=False).decode
         self.decode_many = msgspec.json.Decoder(types.GenericAlias(list, (wire,)), strict=False).decode
+        filled = struct_fields[len(logged) : -2]  # given by the decoder: their defaults
+        defaults = [f.default_factory() if f.default is msgspec.NODEFAULT else f.default for f in filled]
+        row = msgspec.defstruct(
+            "_Row" + cls.__name__,
+            [(f.name, _required(f.type), f.default) for f in logged]
+            + [(f.name, type(d), d) for f, d in zip(filled, defaults, strict=True)],
+            rename={
+                **{f.name: " " + names[f.name].encode().translate(_SWAP_TF).decode() for f in logged},
+                **{f.name: ":" + f.name for f in filled},
+            },
+            forbid_unknown_fields=True,
+        )
+        self.decode_rows = msgspec.json.Decoder(types.GenericAlias(list, (row,)), strict=False).decode
+        self.cls = cls
+        opening = b"{" + b",".join(
+            b'":%s":%s' % (f.name.encode(), msgspec.json.encode(d)) for f, d in zip(filled, defaults, strict=True)
+        )
+        self._first = b"[" + opening
+        self._between = b"}," + opening
+
+    def events(self, rests: Sequence[str], heads: Sequence[tuple]) -> list | None:
+        """The events of many lines, each given as its text after the marker and its (ts, rank),
+        read as rows (see above); None when any of them is not of that form."""
+        joined = "\n".join(rests)
+        if '"' in joined or "\\" in joined:
+            return None
+        try:
+            text = joined.encode()
+            if _LONE_COLON.search(text):
+                return None
+            text = text.translate(_SWAP_TF).replace(b",", b',"').replace(b":", b'":').replace(b"\n", self._between)
+            rows = self.decode_rows(b"".join((self._first, text, b"}]")))  # (one copy)
+        except Exception:  # noqa: BLE001 - some line is unusual (or not UTF-8 at all): each on its own
+            return None
+        if len(rows) != len(rests):  # (a line holding "\n" splits)
+            return None
+        cls = self.cls
+        return [cls(*_astuple(row), *head) for row, head in zip(rows, heads, strict=True)]
 
     def __call__(self, body: str) -> tuple[typing.Any, ...] | None:
         if '"' in body or "\\" in body:

@@ -12,6 +12,7 @@ import json
 import re
 import typing
 from collections.abc import Sequence
+from itertools import repeat
 
 from tuitune.base.events import DecodeStats, Event, Malformed, PrefillStats, Ready
 from tuitune.engines.base import (
@@ -311,26 +312,37 @@ def _prefill(line: str, at: int, fast: bool = True) -> Event:
 
 
 def _decode_many(lines: Sequence[str]) -> list[Event]:
-    """``_decode`` of many lines, the usual ones (no iteration) decoded together."""
-    parts = [line.partition(DECODE) for line in lines]  # (text before the marker, marker, after)
-    rests = [rest for _, _, rest in parts]
+    """``_decode`` of many lines: the lines servers print decoded together (``FastFields.events``);
+    when one is unusual, their bodies (stripped as ``_decode`` strips them) together, each line
+    with an iteration, or that the batch refuses, on its own."""
+    if not lines:
+        return []
+    heads, _, rests = zip(*map(str.partition, lines, repeat(DECODE)), strict=True)  # (before, marker, after)
+    at = prefixes(lines, heads)
+    events = _fast_decode.events(rests, at)
+    if events is not None:
+        return events
     if "\n [" in "\n" + "\n".join(rests):  # iterations ("Decode batch [1234], …"): each line on its own
-        return [_decode(line, len(head)) for line, (head, _, _) in zip(lines, parts, strict=True)]
-    heads = prefixes(lines, [head for head, _, _ in parts])
+        return [_decode(line, len(head)) for line, head in zip(lines, heads, strict=True)]
     values = _fast_decode.many([_stats_body(rest) for rest in rests])
     return [
-        _decode(line, len(part[0]), False) if v is None else _Decoded(*v, None, {}, *head)
-        for line, part, head, v in zip(lines, parts, heads, values, strict=True)
+        _decode(line, len(head), False) if v is None else _Decoded(*v, None, {}, *h)
+        for line, head, h, v in zip(lines, heads, at, values, strict=True)
     ]
 
 
 def _prefill_many(lines: Sequence[str]) -> list[Event]:
-    parts = [line.partition(PREFILL) for line in lines]
-    heads = prefixes(lines, [head for head, _, _ in parts])
-    values = _fast_prefill.many([_stats_body(rest) for _, _, rest in parts])
+    if not lines:
+        return []
+    heads, _, rests = zip(*map(str.partition, lines, repeat(PREFILL)), strict=True)
+    at = prefixes(lines, heads)
+    events = _fast_prefill.events(rests, at)
+    if events is not None:
+        return events
+    values = _fast_prefill.many([_stats_body(rest) for rest in rests])
     return [
-        _prefill(line, len(part[0]), False) if v is None else _Prefilled(*v, {}, *head)
-        for line, part, head, v in zip(lines, parts, heads, values, strict=True)
+        _prefill(line, len(head), False) if v is None else _Prefilled(*v, {}, *h)
+        for line, head, h, v in zip(lines, heads, at, values, strict=True)
     ]
 
 

@@ -456,14 +456,14 @@ def prefix(line: str, end: int) -> tuple[str | None, str | None]:
 def _items(body: str) -> list[tuple[str, str]]:
     """``Name: value, Name: value`` -> pairs; a part without ``: `` continues the previous value
     (the per-position list and ``KV fetch: 1 waiting to start, 0 in progress, …``)."""
-    out: list[tuple[str, str]] = []
+    out: list[tuple[str, list[str]]] = []
     for part in body.split(", "):
         name, sep, value = part.partition(": ")
         if sep:
-            out.append((name.strip(), value.strip()))
+            out.append((name.strip(), [value.strip()]))
         elif out:
-            out[-1] = (out[-1][0], f"{out[-1][1]}, {part.strip()}")
-    return out
+            out[-1][1].append(part.strip())  # (joined once below: growing the text each time was quadratic)
+    return [(name, ", ".join(values)) for name, values in out]
 
 
 def _num(text: str) -> float:

@@ -13,13 +13,16 @@ engines' rules in ``engines.ENGINES`` order, then NCCL, Uvicorn, failures). The 
 (timestamp, rank) of any engine's log is ``engines.base.prefix``'s.
 
 The lines a busy server prints most (EAGLE3_PROFILE, Decode batch, Prefill batch) take a fast
-path first: the line is rewritten into a JSON object of strings with C-level string operations
-and decoded by msgspec straight into the event type (lax mode turns "19.5" into 19.5). Anything
-unusual about a line (a quote or backslash, an unknown or repeated field, a value msgspec would
-read differently) makes the fast path give up, and the exact field-by-field reader decides;
-tests check that both paths agree on every line the fast path accepts. ``parse_many`` reads many
-lines at once (one rewrite and one decode for all the lines of a kind), with results equal to
-``parse_line``'s line by line; ``parse_lines`` uses it.
+path first: the line is rewritten into JSON with C-level string operations and decoded by
+msgspec (the probe's line straight into the event type, its values quoted: lax mode turns "19.5"
+into 19.5; the stats lines as rows of the event's fields, their values unquoted: see
+``engines.base.FastFields``). Anything unusual about a line (a quote or backslash, an unknown or
+repeated field, a value msgspec would read differently) makes the fast path give up, and the
+exact field-by-field reader decides. ``parse_many`` reads many lines at once (a one-character
+test before each of those markers, a memo of quiet lines, then one rewrite and one decode for all
+the lines of a kind), with results equal to ``parse_line``'s line by line; ``parse_lines`` and
+``parse_chunks`` use it. ``tests/test_parse_reference.py`` holds every one of these ways to a
+plain reading of each line by the exact readers.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import islice
+from itertools import chain, islice, repeat
+from operator import itemgetter
 from typing import Any
 
 import msgspec
@@ -123,34 +127,35 @@ def _profile(line: str, at: int, fast: bool = True) -> Event:
 
 def _profile_many(lines: Sequence[str]) -> list[Event | None]:
     """What ``parse_line`` gives for many lines holding the marker, their pairs rewritten
-    together and decoded by one call.
+    together and decoded by one call (``_profile``'s fast path for all of them at once).
 
-    Each line's text after the marker starts with the space that separates the pairs, which
-    the rewrite turns into ``","``: so each object starts ``{"v":"1``, the default version, which
-    the line's own ``v=`` (a later key: the last of a repeated key wins) replaces. A line without
-    that space (the marker alone, or followed by other text) spoils the batch's JSON, and then
-    each line is read on its own."""
-    parts = [line.partition("EAGLE3_PROFILE") for line in lines]  # (before the marker, marker, after)
-    joined = "\n".join([rest for _, _, rest in parts])
-    evs = None
-    if '"' not in joined and "\\" not in joined:
-        try:
-            text = joined.encode().replace(b"=", b'":"').replace(b" ", b'","')
-            evs = _decode_profiles(b'[{"v":"1' + text.replace(b"\n", b'"},{"v":"1') + b'"}]')
-        except Exception:  # noqa: BLE001 - some line is unusual: each on its own
+    Each line is cut at its marker and the space after it: the batch is the lines' texts after
+    that. A line whose first marker has no space after it (the marker alone, or followed by
+    other text) has another reading, and then each line is read on its own, as when any line
+    spoils the batch's JSON or sets a ts= or rank= of its own."""
+    if not lines:
+        return []
+    heads, _, rests = zip(*map(str.partition, lines, repeat(PROFILE_MARKER)), strict=True)  # (before, marker, after)
+    joined = "\n".join(rests)
+    evs: list[Any] | None = None
+    if '"' not in joined and "\\" not in joined and "EAGLE3_PROFILE" not in "\n".join(heads):
+        try:  # (a line holding "\n" adds an object: the count below tells)
+            text = joined.encode().replace(b"=", b'":"').replace(b" ", b'","').replace(b"\n", b'"},{"')
+            evs = _decode_profiles(b"".join((b'[{"', text, b'"}]')))  # (one copy)
+        except Exception:  # noqa: BLE001 - some line is unusual (or not UTF-8 at all): each on its own
             evs = None
-    if evs is None or len(evs) != len(lines):  # (a line holding "\n" splits)
+    if evs is None or len(evs) != len(lines):
         return [parse_line(line) for line in lines]
-    out: list[Event | None] = []
-    heads = prefixes(lines, [head for head, _, _ in parts])
-    for ev, (ts, rank), line, part in zip(evs, heads, lines, parts, strict=True):
+    at = prefixes(lines, heads)
+    for i, ev in enumerate(evs):
         if ev.ts is None and ev.rank is None:
-            _force_setattr(ev, "ts", ts)
+            ts, rank = at[i]
+            _force_setattr(ev, "ts", ts)  # the event is frozen once returned
             _force_setattr(ev, "rank", rank)
-            out.append(ev)
-        else:
-            out.append(_profile_exact(line, part[2][1:], ts, rank))
-    return out
+        else:  # the line names a ts= or rank= of its own: the exact reader keeps it in extra
+            ts, rank = at[i]
+            evs[i] = _profile_exact(lines[i], rests[i], ts, rank)
+    return evs
 
 
 def _profile_exact(line: str, rest: str, ts: str | None, rank: str | None) -> Event:
@@ -271,6 +276,27 @@ for _r in _RULES:
     _LEAD.append(_r)
 _LEAD_DISPATCH = tuple((r.marker, r.parse) for r in _LEAD)
 _LEAD_MANY = tuple(r.many for r in _LEAD if r.many is not None)
+_MANY = (_profile_many, *_LEAD_MANY)  # the batch readers: the probe's lines, then the leading rules'
+# parse_many tests the first two leading markers one after the other; with fewer rules, the probe's
+# marker stands in (a line holding it never gets that far)
+_LEAD_FIRST = tuple([r.marker for r in _LEAD[:2]] + [PROFILE_MARKER.strip()] * (2 - len(_LEAD[:2])))
+# Each of those three markers is looked for only in a line that holds one of its characters, the
+# one rarest in the lines that are not the parser's (the one-character test is a memchr; looking
+# for a marker in a line that lacks it costs several times more).
+_TYPICAL = (  # lines a busy server prints that no reader reads
+    '[2026-11-29 16:02:00] INFO:     127.0.0.1:45678 - "POST /generate HTTP/1.1" 200 OK\n'
+    '[2026-11-29 16:02:00] INFO:     127.0.0.1:45678 - "GET /health HTTP/1.1" 200 OK\n'
+    "[2026-11-29 16:02:00 TP0] Receive: obj=GenerateReqInput(rid='7f3a', text=None, input_ids=None)\n"
+    "[2026-11-29 16:02:00 TP0] Cache flushed successfully! memory usage 1234 tokens\n"
+    "INFO 05-01 12:00:00 [logger.py:43] Received request cmpl-7f3a: prompt: 'x', params: SamplingParams(n=1)\n"
+)
+
+
+def _hint(marker: str) -> str:
+    return min(marker, key=lambda c: (_TYPICAL.count(c), marker.index(c)))
+
+
+_HINTS = tuple(_hint(marker) for marker in (PROFILE_MARKER.strip(), *_LEAD_FIRST))
 _OTHER_DISPATCH = tuple((r.marker, r.parse) for r in _RULES[len(_LEAD) :])
 _OTHERS = tuple(r.marker for r in _RULES[len(_LEAD) :]) + _ERROR_HINTS
 # Lines that describe nothing (most lines of a log) are remembered once their probe and lead
@@ -346,41 +372,53 @@ def parse_many(lines: Sequence[str]) -> list[Event | None]:
     """``[parse_line(line) for line in lines]``, faster: the lines of each kind the fast paths
     read are decoded together."""
     single = parse_line
-    if max(map(len, lines), default=0) > MAX_LINE:
-        return [single(line) for line in lines]
     out: list[Event | None] = [None] * len(lines)
     profile: list[int] = []
-    groups: tuple[tuple[str, list[int]], ...] = tuple((r.marker, []) for r in _LEAD)
+    first: list[int] = []
+    second: list[int] = []
+    groups: tuple[tuple[str, list[int]], ...] = tuple((r.marker, []) for r in _LEAD[2:])
+    m1, m2 = _LEAD_FIRST
     others = _OTHERS
     quiet = _QUIET
+    h0, h1, h2 = _HINTS
     for i, line in enumerate(lines):
-        if "EAGLE3_PROFILE" in line:
+        if h0 in line and "EAGLE3_PROFILE" in line:  # (a one-character test first: see _HINTS)
             profile.append(i)
-            continue
-        for marker, group in groups:
-            if marker in line:
-                group.append(i)
-                break
-        else:  # (the memo of quiet lines: see _QUIET)
-            key = line.encode().translate(_DIGITS) if len(line) <= _QUIET_LINE and line.isascii() else None
-            if key in quiet:
-                continue
-            for marker in others:
+        elif h1 in line and m1 in line:  # (the first two leading rules written out: most lines are theirs)
+            first.append(i)
+        elif h2 in line and m2 in line:
+            second.append(i)
+        else:
+            for marker, group in groups:
                 if marker in line:
-                    out[i] = single(line)
+                    group.append(i)
                     break
-            else:
-                if key is not None:
-                    _quiet(key)
-    readers = zip((profile, *(where for _, where in groups)), (_profile_many, *_LEAD_MANY), strict=True)
-    for where, many in readers:
+            else:  # (the memo of quiet lines: see _QUIET)
+                if len(line) <= _QUIET_LINE and line.isascii():
+                    key = line.encode().translate(_DIGITS)
+                    if key in quiet:
+                        continue
+                else:
+                    key = None
+                for marker in others:
+                    if marker in line:
+                        out[i] = single(line)  # (a line too long to read whole included)
+                        break
+                else:
+                    if key is not None:
+                        _quiet(key)
+    wheres = (profile, first, second, *(where for _, where in groups))
+    for where, many in zip(wheres, _MANY, strict=False):  # (fewer than two leading rules: the rest are empty)
         if not where:
             continue
-        mine = [lines[i] for i in where]
-        try:
-            evs = many(mine)
-        except Exception:  # noqa: BLE001 - a bug in a batch reader: each line on its own, which reports it
+        mine = itemgetter(*where)(lines) if len(where) > 1 else (lines[where[0]],)  # (a tuple, in C)
+        if max(map(len, mine)) > MAX_LINE:  # (a line too long to read whole: parse_line says so)
             evs = [single(line) for line in mine]
+        else:
+            try:
+                evs = many(mine)
+            except Exception:  # noqa: BLE001 - a bug in a batch reader: each line on its own, which reports it
+                evs = [single(line) for line in mine]
         for i, ev in zip(where, evs, strict=True):
             out[i] = ev
     return out
@@ -389,11 +427,26 @@ def parse_many(lines: Sequence[str]) -> list[Event | None]:
 CHUNK = 256  # lines parse_lines reads at a time (larger texts to rewrite cost more a line)
 
 
-def parse_lines(lines: Iterable[str]) -> Iterator[Event]:
-    """Events of many lines, in order (lines that describe nothing are skipped)."""
+def _chunks(lines: Iterable[str]) -> Iterator[list[str]]:
     it = iter(lines)
     while chunk := list(islice(it, CHUNK)):
-        yield from filter(None, parse_many(chunk))  # (an event is never false)
+        yield chunk
+
+
+def _events(chunk: list[str]) -> list[Event]:
+    return list(filter(None, parse_many(chunk)))  # (an event is never false)
+
+
+def parse_chunks(lines: Iterable[str]) -> Iterator[list[Event]]:
+    """The events of each CHUNK lines (a list, maybe empty), in order: ``parse_lines`` in
+    batches, for a consumer that handles events many at a time (``tuitune parse --json``)."""
+    return map(_events, _chunks(lines))
+
+
+def parse_lines(lines: Iterable[str]) -> Iterator[Event]:
+    """Events of many lines, in order (lines that describe nothing are skipped). Lazy: it reads
+    CHUNK lines at a time (the events come out of C-level iterators, not a generator's frame)."""
+    return chain.from_iterable(map(_events, _chunks(lines)))
 
 
 def summarize(events: Iterable[Event]) -> dict:
