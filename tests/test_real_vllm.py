@@ -477,6 +477,9 @@ def test_relaunch_with_another_k_drift_before_none_after(served):
     k3 = served.k3
     assert tt(served.home, "status", str(k3), timeout=60).returncode == 4
     served.launch(k3)
+    # the first launch's preflight kept vLLM's flag listing; this one read it (same python, release, env)
+    (listing,) = (served.home / ".cache" / "tuitune" / "flags").iterdir()
+    assert "--speculative-config" in listing.read_text() and listing.stat().st_mtime < time.time() - served.launch_s
     r = tt(served.home, "status", str(k3), timeout=60)
     assert r.returncode == 0 and "no drift" in r.stdout, r.stdout + r.stderr
     assert tt(served.home, "status", str(served.k2), timeout=60).returncode == 4
