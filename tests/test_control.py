@@ -500,3 +500,56 @@ def test_cli_launch_no_wait_returns_once_started(tmp_path):
     assert "fired up" not in Path(p.server.log).read_text()  # returned while the 2 s load still ran
     assert "running, pid" in run_cli("status", str(path)).stdout
     assert run_cli("stop", str(path)).returncode == 0
+
+
+async def test_the_flag_listing_is_cached_per_python_release_and_environment(tmp_path, monkeypatch):
+    """vLLM's `serve --help=all` takes 15-30 s of a launch (it imports vLLM): the preflight keeps the
+    listing on the target, keyed by the python, the engine's release (its distribution's version
+    and its package's files) and the environment, written atomically. A second preflight does not
+    ask the engine; a new release, an edited file, another environment do; a failed listing is
+    never kept."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    work = tmp_path / "work"
+    (work / "fakeeng").mkdir(parents=True)
+    (work / "fakeeng" / "__init__.py").write_text("")
+    (work / "fakeeng" / "flags.py").write_text("FLAGS = ['--alpha']\n")
+    calls = tmp_path / "calls"
+    (work / "fakeeng" / "__main__.py").write_text(
+        "import os, sys\n"
+        "from fakeeng.flags import FLAGS\n"
+        f"open({str(calls)!r}, 'a').write('x')\n"
+        "if os.environ.get('FAKE_FAIL'): sys.exit('cannot list flags')\n"
+        "print('usage: fakeeng', ' '.join(FLAGS))\n"
+    )
+    base = P.with_changes(
+        make_preset(tmp_path, spec_steps=None), {"server.module": "fakeeng", "server.workdir": str(work)}
+    )
+
+    async def listing(p=base) -> tuple[set[str], bool, int]:
+        c = ServerControl(LocalTransport(), p, state_dir=str(tmp_path / "state"))
+        flags = await c.server_flags()
+        return flags, c.help_cached, len(calls.read_text()) if calls.exists() else 0
+
+    cache = tmp_path / ".cache" / "tuitune" / "flags"
+    assert await listing() == ({"--alpha"}, False, 1)
+    assert await listing() == ({"--alpha"}, True, 1)  # not asked again
+    assert [f.name for f in cache.iterdir()] and all(len(f.name) == 40 for f in cache.iterdir())  # no temporary left
+    (work / "fakeeng" / "flags.py").write_text("FLAGS = ['--alpha', '--beta']\n")  # an edited checkout
+    assert await listing() == ({"--alpha", "--beta"}, False, 2)
+    info = work / "fakeeng-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakeeng\nVersion: 1.0\n")
+    assert (await listing())[1:] == (False, 3)  # a release it had not seen
+    assert (await listing())[1:] == (True, 3)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakeeng\nVersion: 1.1\n")  # upgraded, same files
+    assert (await listing())[1:] == (False, 4)
+    other_env = P.with_changes(base, {"env.FOO": "1"})
+    assert (await listing(other_env))[1:] == (False, 5)
+    assert (await listing(other_env))[1:] == (True, 5)
+    failing = P.with_changes(base, {"env.FAKE_FAIL": "1"})
+    for n in (6, 7):  # a failed listing is not kept: asked again, and the error is the engine's
+        c = ServerControl(LocalTransport(), failing, state_dir=str(tmp_path / "state"))
+        with pytest.raises(ControlError, match="cannot list flags"):
+            await c.server_flags()
+        assert len(calls.read_text()) == n
+    assert all(len(f.name) == 40 for f in cache.iterdir())

@@ -84,12 +84,12 @@ def make_vllm_tree(root: Path, drop: str | None = None) -> Path:
     return root
 
 
-def run(tmp: Path, cycles: int = 20, env: dict | None = None) -> subprocess.CompletedProcess:
+def run(tmp: Path, cycles: int = 20, env: dict | None = None, driver: str = DRIVER) -> subprocess.CompletedProcess:
     probe = tmp / "probe"
     probe.mkdir(exist_ok=True)
     for name in FILES:
         (probe / name).write_bytes((PROBE_DIR / name).read_bytes())
-    (tmp / "driver.py").write_text(DRIVER)
+    (tmp / "driver.py").write_text(driver)
     full = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3_")}
     full.update(
         {"PYTHONPATH": os.pathsep.join([str(probe), str(tmp / "fake")]), "EAGLE3_PROFILE_WINDOW": "4", **(env or {})}
@@ -137,3 +137,59 @@ def test_vllm_layout_without_a_method_runs_unprofiled_and_check_says_why(tmp_pat
     )
     assert out.returncode == 1 and "MISSING GPUModelRunner.sample_tokens (step_end)" in out.stdout
     assert "vLLM 0.99.0.fake" in out.stdout
+
+
+# vLLM's scheduler counts a draft per request that had draft tokens scheduled and got an output
+# (vllm/v1/core/sched/scheduler.py, observe_draft); a look-up drafter with no match drafts nothing
+RUNNER_PARTIAL_DRAFTS = """
+import time
+from vllm.v1.spec_decode.eagle import EagleProposer
+STEPS = [  # (scheduled draft tokens per request, tokens each request got)
+    ({"req-0": [1, 2, 3], "req-1": []}, [[7, 7, 7], [7]]),
+    ({"req-0": [1, 2, 3], "req-1": [4, 5]}, [[7], [7, 7, 7]]),
+    ({}, [[7], [7]]),  # neither found a match: plain decode
+    ({"req-0": [1]}, [[7, 7], []]),  # req-1 got no token: a chunk of its prefill
+]
+class SpecConfig:
+    num_speculative_tokens = 3
+class Output:
+    def __init__(self, ids):
+        self.req_ids = ["req-0", "req-1"]
+        self.sampled_token_ids = ids
+class SchedulerOutput:
+    def __init__(self, spec):
+        self.num_scheduled_tokens = {"req-0": 4, "req-1": 4}
+        self.scheduled_spec_decode_tokens = spec
+class GPUModelRunner:
+    def __init__(self):
+        self.speculative_config = SpecConfig()
+        self.drafter = EagleProposer(3)
+        self.n = 0
+    def execute_model(self, scheduler_output, intermediate_tensors=None):
+        time.sleep(0.002)
+    def sample_tokens(self, grammar_output):
+        self.drafter.propose()
+        out = Output(STEPS[self.n % 4][1])
+        self.n += 1
+        return out
+"""
+DRIVER_PARTIAL_DRAFTS = DRIVER.replace(
+    "r.execute_model(SchedulerOutput())",
+    "from vllm.v1.worker.gpu_model_runner import STEPS\n    r.execute_model(SchedulerOutput(STEPS[_ % 4][0]))",
+)
+
+
+def test_probe_counts_drafts_as_vllms_scheduler_does(tmp_path):
+    """accept_len: tokens per request-step that got a token (12 over 7); drafts and draft_accept_len:
+    only the request-steps that verified a draft (4, accepting 2 + 0 + 2 + 1), vLLM's Mean
+    acceptance length 1 + 5 / 4."""
+    make_vllm_tree(tmp_path / "fake")
+    (tmp_path / "fake" / "vllm" / "v1" / "worker" / "gpu_model_runner.py").write_text(RUNNER_PARTIAL_DRAFTS)
+    r = run(tmp_path, cycles=8, env={"EAGLE3_PROFILE": "1"}, driver=DRIVER_PARTIAL_DRAFTS)
+    assert r.returncode == 0, r.stderr
+    events = [parse_line(x) for x in r.stdout.splitlines() if "EAGLE3_PROFILE" in x]
+    assert len(events) == 2, r.stdout
+    for ev in events:
+        assert ev.accept_len == pytest.approx(12 / 7, abs=1e-3)
+        assert ev.accept_counts == (4, 1, 2)  # lengths 1, 2, 3
+        assert ev.drafts == 4 and ev.draft_accept_len == pytest.approx(2.25)

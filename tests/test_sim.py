@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -419,3 +420,38 @@ def test_the_simulators_own_reading_of_the_adaptive_file_agrees_with_tuitunes_ch
         assert str(got.value) == str(e)
     else:
         assert adaptive.load_config(cfg) == want
+
+
+def test_bench_stamps_the_stream_on_its_own_clock_not_the_callers_loop(sim_factory):
+    """A caller whose event loop stalls (a session's liveness check forking while its child waits
+    for a core, a /metrics page parsed on a loaded machine: 0.3-2.9 s seen on the real vLLM engine)
+    must not stamp the stream late. With the calling loop blocked 0.9 s in a syscall, then 0.3 s in
+    pure Python, in every 1.2 s, each request still has its decode rate, within 15 % of a quiet run
+    (the old client, on the caller's loop, read whole streams in one read: no rate at all)."""
+    sim = sim_factory("--sim-load-seconds", "0.4", "--sim-speedup", "2", *SPEC2)
+    sim.wait_ready()
+
+    def cfg() -> BenchConfig:
+        return BenchConfig(sim.url, requests=4, warmup=1, max_tokens=200)
+
+    async def stalled():
+        async def staller():
+            while True:
+                await asyncio.sleep(0.02)
+                time.sleep(0.9)  # the GIL released, as a fork waiting for its child's exec
+                end = time.perf_counter() + 0.3
+                while time.perf_counter() < end:  # the GIL held (switched every 5 ms)
+                    sum(range(1000))
+
+        t = asyncio.ensure_future(staller())
+        try:
+            return await run_bench(cfg())
+        finally:
+            t.cancel()
+
+    quiet = asyncio.run(run_bench(cfg())).tok_s()
+    run = asyncio.run(stalled())
+    rates = [r.decode_tok_s for r in run.results]
+    assert run.failed == 0 and all(x is not None for x in rates), rates
+    ratio = statistics.median(rates) / statistics.median(quiet)
+    assert abs(ratio - 1) < 0.15, (rates, quiet)

@@ -98,6 +98,8 @@ class ProfileWindow(Event, frozen=True, tag="profile", forbid_unknown_fields=Tru
     max_verify_ms: float | None = None
     sync: str | None = None  # how phases were timed: event, host, cpu (a CPU engine's host clock), sim
     drafter: str | None = None  # a look-up drafter (ngram, suffix); None: a draft model (EAGLE)
+    drafts: int | None = None  # vLLM: request-steps that verified a draft (its num_drafts)
+    draft_accept_len: float | None = None  # vLLM's Mean acceptance length: 1 + accepted / drafts
     # format v2. The histograms stay the line's text ("1:12,2:20,3:8"), so that parsing a line costs
     # no more than a v1 line; accept_counts and batch_sizes read them when asked.
     accept_hist: str | None = None  # request-cycles per accepted length, bonus token included

@@ -79,9 +79,10 @@ _PROFILE_CONV: dict[str, Callable[[str], Any]] = {
             "p50_verify_ms",
             "p90_verify_ms",
             "max_verify_ms",
+            "draft_accept_len",
         )
     },
-    **{k: as_int for k in ("v", "cycles", "bs", "steps", "topk", "draft_tokens", "verify_tokens")},
+    **{k: as_int for k in ("v", "cycles", "bs", "steps", "topk", "draft_tokens", "verify_tokens", "drafts")},
     "sync": str,
     "drafter": str,
     "accept_hist": str,

@@ -38,7 +38,10 @@ One line per ``EAGLE3_PROFILE_WINDOW`` cycles (default 40), from rank ``EAGLE3_P
 Format v2: each line also carries the accept-length histogram, the verify token count and the
 steps in force. The steps are read from the worker at every cycle, because SGLang's
 ``--speculative-adaptive`` changes ``speculative_num_steps`` while the server runs; a window is
-closed early when they change, so that every line describes one configuration.
+closed early when they change, so that every line describes one configuration. On vLLM,
+``accept_len`` and the histogram count every request-step that got a token (a look-up drafter
+that found no match drafted nothing: length 1); ``drafts`` and ``draft_accept_len`` count only the
+request-steps that verified a draft, as vLLM's own "Mean acceptance length" does.
 
 ``python eagle3_probe.py --check [--sglang-path DIR]`` reads SGLang's source with ``ast`` (no
 import, no GPU) and reports which phases it can patch.
@@ -141,6 +144,8 @@ class Recorder:
             "t0": None,
             "steps": None,
             "draft_tokens": None,
+            "spec_reqs": None,  # vLLM: the requests this step verified a draft for
+            "drafts": None,  # vLLM: [request-steps with a draft, drafts accepted in them]
         }
 
     def _setup(self, worker) -> None:
@@ -231,7 +236,11 @@ class Recorder:
                 self.torch.cuda.synchronize()
             self.cycle[slot].append((time.perf_counter() - token) * 1000.0)
         if phase == "step":
-            self.cycle["bs"] = _vllm_batch_size(args[0] if args else None) or self.cycle["bs"]
+            out = args[0] if args else None
+            self.cycle["bs"] = _vllm_batch_size(out) or self.cycle["bs"]
+            spec = getattr(out, "scheduled_spec_decode_tokens", None)
+            if isinstance(spec, dict):  # what the scheduler counts as a draft (its observe_draft)
+                self.cycle["spec_reqs"] = (self.cycle["spec_reqs"] or set()) | {r for r, t in spec.items() if t}
         if phase == "step_end":
             self.in_step = False
             self._accept_sampled(result)
@@ -281,10 +290,21 @@ class Recorder:
         self.cycle["hist"].append(hist)
 
     def _accept_sampled(self, result) -> None:
-        """vLLM: tokens each request got this step (accepted drafts + 1), from the runner's output."""
+        """vLLM: tokens each request got this step (accepted drafts + 1), from the runner's output.
+
+        Every request that got a token counts (a look-up drafter that found no match drafts
+        nothing: its step gives one token, length 1), so ``accept_len`` is tokens per request-step,
+        what throughput is made of. A request that got none (a chunk of a prefill) had no step. The
+        requests the step verified a draft for are also counted apart, as vLLM's scheduler counts
+        them (``observe_draft``: a request with scheduled draft tokens and an output): ``drafts``
+        and ``draft_accept_len``, vLLM's "Mean acceptance length" (1 + accepted / drafts)."""
         ids = getattr(result, "sampled_token_ids", None)
         if isinstance(ids, list) and ids and all(isinstance(x, list) for x in ids):
-            self._accept_list([len(x) for x in ids])
+            self._accept_list([len(x) for x in ids if x])
+            spec, req_ids = self.cycle["spec_reqs"], getattr(result, "req_ids", None)
+            if spec is not None and isinstance(req_ids, list) and len(req_ids) == len(ids):
+                drafted = [len(x) for i, x in enumerate(ids) if x and req_ids[i] in spec]
+                self.cycle["drafts"] = [len(drafted), sum(n - 1 for n in drafted)]
 
     def _close_cycle(self) -> None:
         c = self.cycle
@@ -326,6 +346,7 @@ class Recorder:
         sums = {p: 0.0 for p in PHASES}
         verifies: list[float] = []
         acc_total, acc_n, bs_total, verify_tokens = 0.0, 0, 0, 0
+        drafts: list[int] | None = None  # vLLM: request-steps with a draft, drafts accepted in them
         hist = [0] * HIST_LEN
         for c in window:
             if c["step"]:  # vLLM: verify is the runner's step without the draft inside it
@@ -347,6 +368,8 @@ class Recorder:
             for h in c["hist"]:
                 for i, k in enumerate(h):
                     hist[i] += k
+            if c["drafts"] is not None:
+                drafts = [(drafts or [0, 0])[0] + c["drafts"][0], (drafts or [0, 0])[1] + c["drafts"][1]]
             bs_total += c["bs"] or 0
             tokens = c["draft_tokens"] if c["steps"] != 0 else 1  # steps 0: one token a request
             verify_tokens += (c["bs"] or 0) * (tokens or 0)
@@ -375,6 +398,10 @@ class Recorder:
         )
         if any(hist):
             fields.append(("accept_hist", ",".join(f"{i + 1}:{k}" for i, k in enumerate(hist) if k)))
+        if drafts is not None:
+            fields.append(("drafts", drafts[0]))
+            if drafts[0]:
+                fields.append(("draft_accept_len", f"{1 + drafts[1] / drafts[0]:.3f}"))
         if bs and cycle > 0 and not math.isnan(accept):
             fields.append(("eff_tok_s", f"{accept * bs / cycle * 1000:.2f}"))
         fields += [

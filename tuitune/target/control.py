@@ -19,6 +19,7 @@ import asyncio
 import base64
 import contextlib
 import getpass
+import hashlib
 import json
 import os
 import re
@@ -61,6 +62,74 @@ except Exception as e:
     print(f"{type(e).__name__}: {e}", file=sys.stderr)
     sys.exit(5)
 sys.exit(0 if found else 3)
+"""
+
+# The key of a cached flag listing: what the listing depends on, read without importing the engine
+# (an import of vLLM is most of the 15-30 s its `serve --help=all` takes): the python, the working
+# directory, the module and the listing's own arguments and environment (argv), the versions of the
+# distributions that provide the module's top package, and the count and newest modification time of
+# that package's .py files (a reinstall or an edited checkout changes them; 2,600 files: ~50 ms).
+HELP_KEY_PY = """import hashlib, importlib.util, os, sys
+top = sys.argv[1].split(".")[0]
+parts = [os.path.realpath(sys.executable), sys.version, os.getcwd()] + sys.argv[1:]
+try:
+    from importlib import metadata
+    try:
+        names = sorted(set(metadata.packages_distributions().get(top, [])) | {top})
+    except AttributeError:
+        names = [top]
+    for n in names:
+        try:
+            parts.append(n + "==" + metadata.version(n))
+        except Exception:
+            pass
+except ImportError:
+    pass
+try:
+    spec = importlib.util.find_spec(top)
+except Exception:
+    spec = None
+roots = []
+if spec is not None:
+    roots = list(spec.submodule_search_locations or []) or ([spec.origin] if spec.origin else [])
+count, newest, stack = 0, 0, list(roots)
+while stack:
+    d = stack.pop()
+    if os.path.isfile(d):
+        count, newest = count + 1, max(newest, os.stat(d).st_mtime_ns)
+        continue
+    try:
+        entries = list(os.scandir(d))
+    except OSError:
+        continue
+    for e in entries:
+        try:
+            if e.is_dir(follow_symlinks=False):
+                if e.name != "__pycache__":
+                    stack.append(e.path)
+            elif e.name.endswith(".py"):
+                count, newest = count + 1, max(newest, e.stat().st_mtime_ns)
+        except OSError:
+            pass
+parts += [repr(roots), str(count), str(newest)]
+print(hashlib.sha256("\\0".join(parts).encode("utf-8", "replace")).hexdigest()[:40])
+"""
+# `sh -c` body: $1 python, $2 HELP_KEY_PY, $3 module, $4 the environment's hash, then the listing's
+# arguments. A listing found under its key is printed as it is; otherwise the engine lists its
+# flags, and a successful listing is written to a temporary file and renamed into place (two
+# launches at once never read half of one). Where the cache cannot be written, the engine is asked.
+HELP_CACHE_SH = r"""py=$1; keypy=$2; mod=$3; envh=$4; shift 4
+key=$("$py" -c "$keypy" "$mod" "$envh" "$@" 2>/dev/null)
+d="$HOME/.cache/tuitune/flags"
+case $key in *[!0-9a-f]*|"") key= ;; esac
+if [ -n "$key" ] && [ -s "$d/$key" ]; then echo "tuitune: flags cached" >&2; exec cat -- "$d/$key"; fi
+if [ -n "$key" ] && mkdir -p -- "$d" 2>/dev/null && t=$(mktemp "$d/.tmp.XXXXXX" 2>/dev/null); then
+  "$py" -m "$mod" "$@" >"$t"; rc=$?
+  cat -- "$t"
+  if [ "$rc" -eq 0 ]; then mv -f -- "$t" "$d/$key" 2>/dev/null || rm -f -- "$t"; else rm -f -- "$t"; fi
+  exit "$rc"
+fi
+exec "$py" -m "$mod" "$@"
 """
 
 
@@ -331,6 +400,7 @@ class ServerControl:
         self.preset = preset
         self.state_dir = state_dir
         self._help_flags: set[str] | None = None
+        self.help_cached = False  # the last flag listing came from the target's cache
         self.warnings: list[str] = []
         self.cleanup: str | None = None  # what a failed or cancelled relaunch did with its server
         self.deadline: float | None = None  # monotonic end of the running launch (``--timeout``)
@@ -561,12 +631,18 @@ class ServerControl:
         return f"{where}env -- {env} {command}" if env else f"{where}{command}"
 
     async def server_flags(self) -> set[str]:
+        """The flags the server's own ``--help`` lists, asked once per (python, engine release,
+        environment): the listing is cached on the target (HELP_KEY_PY, HELP_CACHE_SH), so that a
+        relaunch skips vLLM's 15-30 s ``serve --help=all``."""
         if self._help_flags is None:
             py = P.shell_path(self.preset.python())
             helps = " ".join(shlex.quote(a) for a in self.preset.help_args())
+            envh = hashlib.sha256(json.dumps(sorted(self.preset.env.items())).encode()).hexdigest()[:16]
+            args = f"{py} {shlex.quote(HELP_KEY_PY)} {shlex.quote(self.preset.server.module)} {envh} {helps}"
             r = await self.t.run(
-                self._as_server(f"{py} -m {shlex.quote(self.preset.server.module)} {helps}"), timeout=self._limit(180)
+                self._as_server(f"sh -c {shlex.quote(HELP_CACHE_SH)} sh {args}"), timeout=self._limit(180)
             )
+            self.help_cached = r.ok and "tuitune: flags cached" in r.stderr
             if not r.ok:
                 raise ControlError(
                     f"{self.t.label}: `{self.preset.python()} -m {self.preset.server.module} "
