@@ -37,7 +37,7 @@ worst case; (b) relaunches used; (c) interval coverage: the share of configurati
 goodput lies inside the 95 % interval of the model fitted to the launches tune made (goal >= 90 %),
 and of the model fitted to the first launch alone (advise from one capture).
 
-    python benchmarks/advisor_worlds.py [--worlds 20] [--seed 1] [--budget 3] [--verbose]
+    python benchmarks/advisor_worlds.py [--worlds 20] [--seed 1 | --seeds 1,2,3,4] [--budget 3] [--verbose]
 """
 
 from __future__ import annotations
@@ -517,12 +517,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worlds", type=int, default=20, help="random worlds (3 concurrencies each)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seeds", help="several seeds, reported together (e.g. 1,2,3,4); overrides --seed")
     ap.add_argument("--budget", type=int, default=3, help="relaunches tune may make")
     ap.add_argument("--verbose", action="store_true", help="one line per case")
     ns = ap.parse_args()
     t0 = time.time()
-    rows = run(ns.worlds, ns.seed, ns.budget, ns.verbose)
-    print(report(rows, ns.worlds, ns.budget, time.time() - t0, real_target_points()[1]))
+    seeds = [int(x) for x in ns.seeds.split(",")] if ns.seeds else [ns.seed]
+    rows = [r for seed in seeds for r in run(ns.worlds, seed, ns.budget, ns.verbose)]
+    print(report(rows, ns.worlds * len(seeds), ns.budget, time.time() - t0, real_target_points()[1]))
     return 0
 
 
