@@ -271,9 +271,14 @@ def main() -> None:
     ap.add_argument("--cycles", type=int, default=4, help="1-stream / 16-stream cycles a pair")
     ap.add_argument("--single", type=int, default=4, help="requests of a 1-stream phase")
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--ks", default="1,2,3", help="the static Ks compared")
+    ap.add_argument("--ks", default="1,2,3", help="the static Ks compared (none: '')")
     ap.add_argument("--schedule", help="use this schedule file instead of fitting and emitting one")
     ap.add_argument("--out", help="write every measurement here as JSON")
+    ap.add_argument(
+        "--without",
+        default="",
+        help="arms left out, by letter: a (the emitted schedule), c (vLLM's defaults), e.g. 'a,c' to measure --also alone",
+    )
     ap.add_argument(
         "--also",
         action="append",
@@ -303,7 +308,8 @@ def main() -> None:
         if line.startswith(("  batch sizes", "  use it", "  speculation pays")) or "rest on extrapolation" in line:
             print(line)
     arms: dict[str, Path] = {}
-    if top > 0:
+    without = {x.strip() for x in args.without.split(",") if x.strip()}
+    if top > 0 and "a" not in without:
         arms["(a) emitted schedule"] = write(
             "dsd", {"num_speculative_tokens": top, **LOOKUP, "dynamic_schedule": str(f)}
         )
@@ -315,9 +321,10 @@ def main() -> None:
         arms[f"(a{chr(39) * (i + 1)}) {json.dumps([list(r) for r in extra]).replace(' ', '')}"] = write(
             f"also{i}", {"num_speculative_tokens": kk, **LOOKUP, "dynamic_schedule": str(g)}
         )
-    for k in (int(x) for x in args.ks.split(",")):
+    for k in (int(x) for x in args.ks.split(",") if x.strip()):
         arms[f"(b) static K={k}"] = write(f"k{k}", {"num_speculative_tokens": k, **LOOKUP})
-    arms["(c) vLLM's defaults"] = write("defaults", {"num_speculative_tokens": 5, "prompt_lookup_max": 4})
+    if "c" not in without:
+        arms["(c) vLLM's defaults"] = write("defaults", {"num_speculative_tokens": 5, "prompt_lookup_max": 4})
     off = write("off", None)
     results: dict[str, list[tuple[dict, dict]]] = {a: [] for a in arms}
     order = list(arms)
@@ -373,12 +380,16 @@ def main() -> None:
         f"{spread([x['tokens'] / x['time'] for x in offs]):>20s}   1 (every pair's own)"
     )
     static = [a for a in q_of if a.startswith("(b)")]
-    best = max(static, key=lambda a: statistics.median(q_of[a]["all"]))
-    print(f"\n  best static K at the alternating load: {best.split(' ', 1)[1]}")
+    if static:
+        best = max(static, key=lambda a: statistics.median(q_of[a]["all"]))
+        print(f"\n  best static K at the alternating load: {best.split(' ', 1)[1]}")
     if "(a) emitted schedule" in q_of:
         rec, name = q_of["(a) emitted schedule"], "the emitted schedule"
-    else:
+    elif top == 0:
         rec, name = None, "no speculation (the schedule drafts nothing anywhere)"
+    else:
+        print("\n(the emitted schedule was left out: no floor to check)")
+        return
     print(f"== no-regret floor: {name} against no speculation, never more than {FLOOR:.0%} below")
     broken = []
     for c, label in (("1", "1 stream"), ("16", "16 streams"), ("all", "alternating")):

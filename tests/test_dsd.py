@@ -352,6 +352,7 @@ def test_advise_emits_vllm_dsd_from_vllm_launches(tmp_path):
         len(rows) == 7 and rows[0].startswith("  batch sizes 1 ") and "(judged at 1" in rows[0] and "): K " in rows[0]
     ), rows
     top = max(k for _, _, k in table)
+    assert ("K 0 is not off: where the file says 0" in r.stdout) == (top > 0 and 0 in [k for _, _, k in table])
     if top:
         assert f"use it: speculative.dynamic_schedule: {f} in the preset" in r.stdout
         assert f"with num_speculative_tokens {top} or more" in r.stdout

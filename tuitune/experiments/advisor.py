@@ -101,6 +101,12 @@ class Advised:
                 "this file (vLLM at K 0 still runs its speculative path; K=0 is not off)"
             )
         else:
+            if any(w["k"] == 0 for w in self.buckets):
+                lines.append(
+                    "  K 0 is not off: where the file says 0, vLLM still runs its speculative path (reported 7-22 % "
+                    "slower than a launch without speculation, vllm #49548); a benchmark there against such a "
+                    "launch says what it costs"
+                )
             lines.append(
                 f"  use it: speculative.dynamic_schedule: {os.path.abspath(self.emitted or '')} in the preset "
                 "(a path on this machine, "
