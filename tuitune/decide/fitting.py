@@ -293,8 +293,8 @@ class MonotoneCurve:
         token curve the mean is the last segment's slope extended or, when larger, the geometric
         middle of that and the knee prior's expectation (``past_the_knee``): the floor may last
         (a wave-quantised GEMM stays memory-bound to 600 tokens) or end (an 8B on an H200 rises
-        past ~100); on the worlds of benchmarks/advisor_worlds.py the middle ranks better than
-        either end or than a knee prior spread wider (86-89 % within 2 % against 77-83 %)."""
+        past ~100); on the worlds of benchmarks/advisor_worlds.py the middle ranked better than
+        either end or than a knee prior spread wider (measured during development)."""
         k = self.knots
         j = 1.0 + self.jump
         if x >= k[-1]:
