@@ -67,7 +67,7 @@ class Seen:
         ]
         batch = (min(bss), max(bss)) if bss else (1, 1)
         draft = model.draft.n_range if model.draft is not None else None
-        return cls(batch, model.verify.n_range, draft, model.baseline_source == "baseline launch")
+        return cls(batch, model.verify.n_range, draft, model.baseline_source.startswith("baseline launch"))
 
     def reasons(self, c: Config, concurrency: int) -> list[str]:
         """Why the prediction of ``c`` at ``concurrency`` is an extrapolation ([] when it is not)."""

@@ -17,7 +17,8 @@ assuming no shape that the measurements do not show:
   over windows); positions never drafted follow a random walk in log-odds from the deepest one
   measured with a damped drift (no decay assumed: acceptance may fall, plateau or rise), its spread
   growing with the distance;
-* the baseline step (no speculation) from a baseline launch's decode lines when one was seen,
+* the baseline step (no speculation) from a baseline launch when one was seen (the probe's
+  windows, else its benchmark goodput, the engine's throughput lines only as a last resort),
   otherwise from the verify curve at one token a request with a prior leaning cheaper
   (``baseline_source`` says which);
 * a calibration from the benchmarks: ``1/goodput = a/model + s``, s the time per output token a
@@ -550,7 +551,7 @@ class CostModel:
     draft: MonotoneCurve | None  # ms a draft step against bs × topk
     extend: MonotoneCurve | None  # ms against bs
     other: MonotoneCurve  # ms outside the phases against bs
-    baseline: MonotoneCurve | None  # step ms against bs, from a baseline launch's decode lines
+    baseline: MonotoneCurve | None  # step ms against bs, from a baseline launch (_baseline_samples)
     baseline_source: str
     basis: str  # the windows the curves come from: "chains" (trees scaled by tree_*) or "trees"
     tree_verify: Estimate  # a tree's verify against a chain's at the same token count
@@ -558,7 +559,7 @@ class CostModel:
     tree_source: str
     acceptance: Acceptance
     calibration: Calibration  # speculative launches (their windows time the cycles)
-    base_calibration: Calibration  # baseline launches (their decode lines include the prefills)
+    base_calibration: Calibration  # baseline launches (their windows leave out the prefills)
     launch_spread: float
     launches: list[Launch]
     draft_per_cycle: bool = False  # a look-up drafter: its time is one lookup a cycle, not a step
@@ -792,7 +793,7 @@ def fit(launches: list[Launch]) -> CostModel:
         tree_v = verify.factor()
         tree_d = draft.factor() if draft is not None else TREE_PRIOR
         source = "tree launches against the chains' curve"
-    base = _baseline_samples(launches)
+    base, base_source = _baseline_samples(launches)
     baseline = fit_monotone(_cells(base, spread)) if base else None
     model = CostModel(
         verify,
@@ -800,7 +801,7 @@ def fit(launches: list[Launch]) -> CostModel:
         extend,
         other,
         baseline,
-        "baseline launch" if baseline is not None else "verify curve at 1 token (no baseline launch)",
+        base_source if baseline is not None else "verify curve at 1 token (no baseline launch)",
         basis,
         tree_v,
         tree_d,
@@ -816,17 +817,54 @@ def fit(launches: list[Launch]) -> CostModel:
     return model
 
 
-def _baseline_samples(launches: list[Launch]) -> list[Sample]:
-    """(launch, bs, bs, step ms, weight) from the decode lines of launches without speculation."""
-    out = []
+BASELINE_SOURCES = {
+    "windows": "baseline launch (probe windows' step times)",
+    "goodput": "baseline launch (benchmark goodput)",
+    "decodes": (
+        "baseline launch (decode-stats throughput lines, a last resort: averages over the logging "
+        "interval that count idle gaps and prefills)"
+    ),
+}
+
+
+def _baseline_samples(launches: list[Launch]) -> tuple[list[Sample], str]:
+    """(launch, bs, bs, step ms, weight) of the launches without speculation, and what they come
+    from. Per launch the best it shows: the probe's windows (a step timed alone, at its batch
+    size), else the goodput its benchmarks measured (concurrency / goodput: the prefills and ramp
+    included, as in what is compared), and only as a last resort the engine's throughput lines (vLLM's
+    ``Avg generation throughput`` is a 2-second average with idle gaps and prefills in it: at one
+    stream of the real CPU engine 88-103 tok/s where the probe timed 4.9 ms steps)."""
+    out: list[Sample] = []
+    used: set[str] = set()
     for i, ln in enumerate(launches):
         if ln.config.speculative:
             continue
+        wins = [
+            w
+            for w in ln.windows
+            if (w.steps or 0) == 0
+            and w.draft_ms == 0
+            and math.isfinite(w.cycle_ms)
+            and w.cycle_ms > 0
+            and w.cycles > 0
+            and (w.bs or 0) > 0
+        ]
+        if wins:
+            used.add("windows")
+            out += [(i, float(w.bs or 1), float(w.bs or 1), w.cycle_ms, float(w.cycles)) for w in wins]
+            continue
+        good = [(c, g) for c, g in ln.goodput.items() if c > 0 and math.isfinite(g) and g > 0]
+        if good:
+            used.add("goodput")
+            out += [(i, float(c), float(c), c / g * 1000.0, 1.0) for c, g in good]
+            continue
         for d in ln.decodes:
             if d.running_req and d.gen_throughput > 0 and d.accept_len is None:
+                used.add("decodes")
                 bs = float(d.running_req)
                 out.append((i, bs, bs, d.running_req / d.gen_throughput * 1000.0, 1.0))
-    return out
+    worst = next((k for k in ("decodes", "goodput", "windows") if k in used), None)
+    return out, BASELINE_SOURCES[worst] if worst else ""
 
 
 def _calibrations(model: CostModel, launches: list[Launch]) -> tuple[Calibration, Calibration]:
