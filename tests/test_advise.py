@@ -581,23 +581,40 @@ async def test_a_ranking_inside_the_measured_range_is_not_marked(tmp_path):
 # ---- tune: the baseline first; "inside the noise" counts the model's interval ------------------
 
 
-def test_tune_measures_the_never_measured_baseline_first(tmp_path):
-    """h100-llama8b at one stream: speculation pays (the model ranks trees first, "off" ~35 %
-    below), yet with a relaunch left the baseline, never measured, is the first candidate: every
-    gain is judged against it, and predicted from the verify curve alone it can be far off."""
-    capture = single_stream_capture(tmp_path)  # (a tune --budget 0 run; the preset beside it)
-    out = tmp_path / "o1"
-    r = tuitune(
-        tmp_path, "tune", str(tmp_path / "h100.yaml"), "--budget", "1", "--concurrency", "1", "--levels", "1",
-        "--out", str(out), "--ab-rounds", "1", "--no-verdict",
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr + r.stdout
-    rows = [json.loads(x) for x in (out / "tune.jsonl").read_text().splitlines()]
-    launched = [x for x in rows if x["kind"] == "launch"]
-    assert [x["config"] for x in launched] == [Config.chain(3).to_dict(), OFF.to_dict()], launched
-    assert launched[1]["reason"].startswith("the baseline was never measured: off is predicted at")
-    assert "launch 1: off (the baseline was never measured" in r.stdout
-    assert launched[1]["goodput"]["1"] > 0 and capture.is_file()
+def test_tune_measures_the_baseline_when_it_could_win_or_a_relaunch_is_left():
+    """Speculation off, never measured, is predicted from the verify curve alone and can be far off
+    (issue 25: too low in 5 of 6 runs). It is the first relaunch whenever its interval gives it a
+    real chance of being the best (a world where speculation barely pays: acceptance 0.3), and the
+    spare one whenever the loop would otherwise stop with a relaunch left; where it has no chance
+    (a strong drafter at one stream) the relaunch goes where a gain can be (on the out-of-family
+    worlds, off first every time left 88.1 % of cases within 2 % of the best, this rule 92.5 %)."""
+    from tuitune.experiments import tune as T
+
+    weak = world(accept=[0.3] * 12, rank_q=0.5, rank_miss=0.5)
+    lns = launches(weak, [Config.chain(3)], [8, 32, 64])
+    assert weak.goodput(OFF, 32) > weak.goodput(Config.chain(3), 32)  # the world: off wins there
+    nxt, why, _ = T.decide(lns, 32, [Config.chain(3), Config.chain(1), Config(3, 4, 8), OFF])
+    assert nxt == OFF and why.startswith("the baseline was never measured (could be the best): off is predicted")
+    strong = world()
+    lns = launches(strong, [Config.chain(3)], [1, 4])
+    best = lns[0].goodput[1]
+    assert strong.goodput(OFF, 1) < 0.7 * strong.goodput(Config.chain(3), 1)
+    model = fit(lns)
+    p_off = model.predict(OFF, 1).goodput
+    assert T.beat_chance(p_off.mean, p_off.sd_up, best) < T.CHANCE / 10  # no chance of beating the start
+    band = sorted(
+        (T.beat_chance(p.goodput.mean, p.goodput.sd_up, best * (1 + T.NOISE)), p.config)
+        for p in (model.predict(c, 1) for c in A.space())
+        if p.config.speculative and p.config != Config.chain(3)
+    )
+    (nil_chance, nil), (could_chance, could) = band[0], band[-1]
+    assert nil_chance < T.CHANCE < could_chance, band
+    nxt, why, _ = T.decide(lns, 1, [Config.chain(3), could, OFF])
+    assert nxt == could, why  # not the baseline: it cannot win here
+    nxt, why, _ = T.decide(lns, 1, [Config.chain(3), nil, OFF])
+    assert nxt == OFF and why.startswith("the baseline was never measured (a relaunch is left)"), why
+    nxt, why, _ = T.decide(lns, 1, [Config.chain(3), nil])
+    assert nxt is None and why.startswith("predicted gain inside the noise")
 
 
 async def test_inside_the_noise_counts_the_models_interval(tmp_path):
@@ -628,6 +645,4 @@ async def test_inside_the_noise_counts_the_models_interval(tmp_path):
     # at all, which the old rule relaunched for; none of being faster by more than the noise
     assert T.beat_chance(0.99 * best, 0.004 * best, best) > 0.1
     assert T.beat_chance(0.99 * best, 0.004 * best, best * (1 + T.NOISE)) < T.CHANCE / 5
-    # the baseline comes first whenever it is in the space and was never measured
-    assert T.decide(launches_, 1, [Config.chain(3), could[0], OFF])[0] == OFF
     assert T.beat_chance(100.0, 0.0, 100.0) == pytest.approx(0.5) and T.beat_chance(90.0, 1.0, 100.0) < 1e-6
