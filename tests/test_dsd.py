@@ -417,3 +417,81 @@ def test_advise_refuses_launches_that_ran_a_schedule(tmp_path):
         assert "runs vLLM's dynamic schedule" in r.stderr and "advise from launches with a static K" in r.stderr
     r = tuitune(tmp_path, "advise", str(static))  # the same launch with a static K gets past that check
     assert "dynamic schedule" not in r.stderr and "no EAGLE3_PROFILE windows" in r.stderr, r.stderr
+
+
+VLLM_FIT = ROOT / "tests" / "data" / "vllm-cpu-fit"  # tune on the real vLLM 0.32 CPU engine: K 3, then off
+
+
+def real_fit():
+    from tuitune.decide.costmodel import fit
+    from tuitune.experiments.observe import launch_from_capture
+
+    return fit([launch_from_capture(str(p)) for p in sorted((VLLM_FIT / "captures").glob("*.jsonl.gz"))])
+
+
+def test_the_no_regret_floor_says_when_no_schedule_meets_it():
+    """The floor at each concurrency asked: the schedule never more than 2 % below speculation off
+    (measured where a benchmark measured, else predicted). K 0 is not off, so a range at K 0 cannot
+    meet it; where every K 1-8 is below it too, no schedule can, and the recommendation is a launch
+    without speculation for loads that reach there, with what that loses where the schedule wins
+    (the real CPU engine's captures: K 3 283 tok/s at one stream, off 122; at 16 streams K 3 1181,
+    off 904)."""
+    from tuitune.decide import advise as A
+
+    model = real_fit()
+    assert A.schedule_k([[1, 1, 3], [2, 15, 1]], 64) == 1 and A.schedule_k([[1, 1, 3], [2, 15, 1]], 2) == 1
+    ok = A.dsd_floor(model, [[1, 1024, 3]], [1, 16])
+    assert ok["met"] and ok["sentence"] == "" and ok["recommend"] is None
+    assert [(p["concurrency"], p["source"], round(p["goodput"])) for p in ok["points"]] == [
+        (1, "measured", 283),
+        (16, "measured", 1181),
+    ]
+    # K 0 at 16, where K 3 measured 31 % above off (and K 1 is predicted higher still): this file
+    # misses the floor, another would not
+    k0 = A.dsd_floor(model, [[1, 1, 3], [2, 1024, 0]], [1, 16])
+    assert not k0["met"] and k0["recommend"] is None and k0["points"][1]["any_schedule_meets"]
+    assert k0["sentence"] == (
+        "the file misses the no-regret floor at concurrency 16 (K 0 there; K 0 still runs vLLM's speculative "
+        "path: K 0 is not off), where K 1 would meet it (1694 tok/s predicted, off 904 measured)"
+    )
+    # a K predicted below off: K 4 at 16 streams
+    k4 = A.dsd_floor(model, [[1, 1024, 4]], [16])["points"][0]
+    assert (
+        not k4["meets"] and k4["why"].startswith("K 4 is ") and k4["why"].endswith("below speculation off (predicted)")
+    )
+    # at 64 streams every K is predicted below off: no schedule meets the floor there
+    far = A.dsd_floor(model, [[1, 1, 3], [2, 1024, 0]], [1, 64])
+    assert not far["met"] and far["recommend"] == "a launch without speculation"
+    assert far["sentence"].startswith(
+        "no schedule meets the no-regret floor at concurrency 64: every K is more than 2% below speculation off "
+        "there (the best, K "
+    )
+    assert (
+        "and K 0 still runs vLLM's speculative path; for loads that reach 64 streams launch without " in far["sentence"]
+    )
+    assert far["sentence"].endswith("which loses 57% at concurrency 1 (122 vs 283 tok/s, measured)")
+    (lost,) = far["loses"]
+    assert (lost["concurrency"], round(lost["schedule"]), round(lost["off"]), lost["source"]) == (
+        1,
+        283,
+        122,
+        "measured",
+    )
+    assert lost["loss"] == pytest.approx(1 - 122.21 / 282.74, abs=1e-3)
+
+
+def test_advise_says_the_floor_in_text_and_json(tmp_path):
+    caps = [str(p) for p in sorted((VLLM_FIT / "captures").glob("*.jsonl.gz"))]
+    f = tmp_path / "dsd.json"
+    r = tuitune(tmp_path, "advise", *caps, "--concurrency", "1,64", "--emit", "vllm-dsd", str(f))
+    assert r.returncode == 0, r.stderr
+    (line,) = [x for x in r.stdout.splitlines() if "no-regret floor" in x]
+    assert line.startswith("  No schedule meets the no-regret floor at concurrency 64: every K is more than 2% below")
+    assert line.endswith("launch without speculation, which loses 57% at concurrency 1 (122 vs 283 tok/s, measured).")
+    js = tuitune(tmp_path, "advise", *caps, "--concurrency", "1,64", "--emit", "vllm-dsd", str(f), "--json")
+    floor = json.loads(js.stdout)["vllm_dsd"]["floor"]
+    assert floor["recommend"] == "a launch without speculation" and floor["sentence"][1:] in line
+    assert [(p["concurrency"], p["k"], p["meets"]) for p in floor["points"]] == [(1, 3, True), (64, 0, False)]
+    # asked only where the file holds: met, said in one line
+    ok = tuitune(tmp_path, "advise", *caps, "--concurrency", "1", "--emit", "vllm-dsd", str(f))
+    assert "  no-regret floor (never more than 2% below speculation off) at concurrency 1: met" in ok.stdout

@@ -355,3 +355,114 @@ def format_advice(
         else:
             lines.append("  measure next: nothing (no unmeasured configuration could beat the best)")
     return "\n".join(lines)
+
+
+# ---- the no-regret floor of vLLM's dynamic schedule ---------------------------------------------
+
+
+def _value(model: CostModel, c: Config, concurrency: int) -> tuple[float, str]:
+    """Goodput of ``c`` at ``concurrency``: what a benchmark measured there (the best launch), else
+    the model's prediction; and which of the two."""
+    got = [ln.goodput[concurrency] for ln in model.launches if ln.config == c and ln.goodput.get(concurrency, 0) > 0]
+    if got:
+        return max(got), "measured"
+    return model.predict(c, concurrency).goodput.mean, "predicted"
+
+
+def schedule_k(rows: list[list[int]], batch_size: int) -> int:
+    """The K a ``num_speculative_tokens_per_batch_size`` table runs at ``batch_size`` (past the last
+    range, the last range's K: vLLM carries it on)."""
+    for start, end, k in rows:
+        if start <= batch_size <= end:
+            return k
+    return rows[-1][2] if rows and batch_size > rows[-1][1] else 0
+
+
+def dsd_floor(model: CostModel, rows: list[list[int]], concurrencies: list[int], tolerance: float = TOLERANCE) -> dict:
+    """The no-regret floor of an emitted vLLM schedule at each asked concurrency: the schedule is
+    never to be more than ``tolerance`` below a launch without speculation. K 0 is not off (vLLM
+    still runs its speculative path: measured 0.76x of no speculation at 16 streams on its CPU
+    build), so a range at K 0 cannot meet it, nor a K measured or predicted below the floor; where
+    no K of 1-8 is within the tolerance of off either, no schedule meets it, and the recommendation
+    for loads that reach there is a launch without speculation, with what that loses (measured or
+    predicted) at the concurrencies where the schedule beats off. Returns ``met``, ``points`` (one
+    per concurrency), ``sentence`` (empty when met) and ``loses``."""
+    points = []
+    for conc in sorted(set(int(c) for c in concurrencies if int(c) >= 1)):
+        k = schedule_k(rows, conc)
+        off, off_src = _value(model, OFF, conc)
+        spec = {s: _value(model, Config.chain(s), conc) for s in range(1, MAX_STEPS + 1)}
+        best_k = max(spec, key=lambda s: spec[s][0])
+        mine, mine_src = spec[k] if k else (None, "")
+        floor = off * (1 - tolerance)
+        meets = k > 0 and mine is not None and mine >= floor
+        point = {
+            "concurrency": conc,
+            "k": k,
+            "goodput": mine,
+            "source": mine_src or None,
+            "off": off,
+            "off_source": off_src,
+            "best_k": best_k,
+            "best_k_goodput": spec[best_k][0],
+            "best_k_source": spec[best_k][1],
+            "meets": meets,
+            "any_schedule_meets": spec[best_k][0] >= floor,
+        }
+        if not meets:
+            point["why"] = (
+                "K 0 still runs vLLM's speculative path: K 0 is not off"
+                if k == 0
+                else f"K {k} is {1 - mine / off:.0%} below speculation off ({mine_src})"  # type: ignore[operator]
+            )
+        points.append(point)
+    broken = [p for p in points if not p["meets"] and not p["any_schedule_meets"]]
+    fixable = [p for p in points if not p["meets"] and p["any_schedule_meets"]]
+    loses = [
+        {
+            "concurrency": p["concurrency"],
+            "schedule": p["goodput"],
+            "off": p["off"],
+            "loss": 1 - p["off"] / p["goodput"],
+            "source": "measured" if p["source"] == p["off_source"] == "measured" else "predicted",
+        }
+        for p in points
+        if p["meets"] and p["goodput"] > p["off"]
+    ]
+    sentence = ""
+    if broken:
+        where = ", ".join(str(p["concurrency"]) for p in broken)
+        worst = broken[0]
+        sentence = (
+            f"no schedule meets the no-regret floor at concurrency {where}: every K is more than {tolerance:.0%} "
+            f"below speculation off there (the best, K {worst['best_k']}, {worst['best_k_goodput']:.0f} tok/s "
+            f"{worst['best_k_source']}, off {worst['off']:.0f} {worst['off_source']} at {worst['concurrency']}), and "
+            "K 0 still runs vLLM's speculative path; for loads that reach "
+            f"{min(p['concurrency'] for p in broken)} streams launch without speculation"
+        )
+        if loses:
+            sentence += ", which loses " + ", ".join(
+                f"{x['loss']:.0%} at concurrency {x['concurrency']} ({x['off']:.0f} vs {x['schedule']:.0f} tok/s, "
+                f"{x['source']})"
+                for x in loses
+            )
+        else:
+            sentence += " (the schedule beats it at none of the concurrencies asked)"
+    if fixable:
+        sentence += (
+            ("; " if sentence else "")
+            + "the file misses the no-regret floor at concurrency "
+            + ", ".join(
+                f"{p['concurrency']} (K {p['k']} there; {p['why']}), where K {p['best_k']} would meet it "
+                f"({p['best_k_goodput']:.0f} tok/s {p['best_k_source']}, off {p['off']:.0f} {p['off_source']})"
+                for p in fixable
+            )
+        )
+    return {
+        "met": not broken and not fixable,
+        "tolerance": tolerance,
+        "points": points,
+        "sentence": sentence,
+        "recommend": "a launch without speculation" if broken else None,
+        "loses": loses if broken else [],
+    }

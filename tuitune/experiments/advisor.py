@@ -43,12 +43,15 @@ class Advised:
     schedule: dict | None = None  # the file's content
     buckets: list[dict] = field(default_factory=list)  # why each bucket got its candidates (and its K)
     emit_format: str = SG.SCHEDULE
+    floor: dict | None = None  # vLLM's schedule against no speculation at the concurrencies asked (A.dsd_floor)
 
     def to_dict(self) -> dict:
         out = {"model": self.model.summary(), "advice": [a.to_dict() for a in self.advices]}
         if self.schedule is not None:
             key = self.emit_format.replace("-", "_")  # sglang_adaptive, vllm_dsd
             out[key] = {"file": self.emitted, "config": self.schedule, "buckets": self.buckets}
+            if self.floor is not None:
+                out[key]["floor"] = self.floor
         return out
 
     def format(self, top: int = 5) -> str:
@@ -95,6 +98,15 @@ class Advised:
             lines.append("  use it: speculative.adaptive_config: /path/on/the/target.json in the preset (eagle_topk 1)")
             return "\n".join(lines)
         top_k = max(w["k"] for w in self.buckets)
+        fl = self.floor
+        if fl is not None:
+            asked = ", ".join(str(p["concurrency"]) for p in fl["points"])
+            lines.append(
+                f"  no-regret floor (never more than {fl['tolerance']:.0%} below speculation off) at concurrency "
+                f"{asked}: met"
+                if fl["met"]
+                else f"  {fl['sentence'][0].upper()}{fl['sentence'][1:]}."
+            )
         if top_k == 0:
             lines.append(
                 "  speculation pays at none of these batch sizes: serve without speculation rather than with "
@@ -260,7 +272,9 @@ async def advise_sources(
         out.schedule, out.buckets = A.adaptive_schedule(model, tuple(buckets or A.ADAPTIVE_BUCKETS))
         mark_buckets(model, out.buckets)
         if emit_format == VL.DSD_SCHEDULE:
-            out.schedule = VL.dsd_document(dsd_schedule(out.buckets, launches=model.launches))
+            rows = dsd_schedule(out.buckets, launches=model.launches)
+            out.schedule = VL.dsd_document(rows)
+            out.floor = A.dsd_floor(model, rows, concurrencies or [load])
         try:
             if emit_format == VL.DSD_SCHEDULE:
                 VL.write_dsd(emit, out.schedule[VL.DSD_KEY])
