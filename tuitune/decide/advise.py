@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from tuitune.decide.costmodel import OFF, Config, CostModel, Prediction
 from tuitune.engines.base import MAX_STEPS, Engine
@@ -387,7 +388,7 @@ def dsd_floor(model: CostModel, rows: list[list[int]], concurrencies: list[int],
     for loads that reach there is a launch without speculation, with what that loses (measured or
     predicted) at the concurrencies where the schedule beats off. Returns ``met``, ``points`` (one
     per concurrency), ``sentence`` (empty when met) and ``loses``."""
-    points = []
+    points: list[dict[str, Any]] = []
     for conc in sorted(set(int(c) for c in concurrencies if int(c) >= 1)):
         k = schedule_k(rows, conc)
         off, off_src = _value(model, OFF, conc)
@@ -396,7 +397,7 @@ def dsd_floor(model: CostModel, rows: list[list[int]], concurrencies: list[int],
         mine, mine_src = spec[k] if k else (None, "")
         floor = off * (1 - tolerance)
         meets = k > 0 and mine is not None and mine >= floor
-        point = {
+        point: dict[str, Any] = {
             "concurrency": conc,
             "k": k,
             "goodput": mine,
@@ -413,7 +414,7 @@ def dsd_floor(model: CostModel, rows: list[list[int]], concurrencies: list[int],
             point["why"] = (
                 "K 0 still runs vLLM's speculative path: K 0 is not off"
                 if k == 0
-                else f"K {k} is {1 - mine / off:.0%} below speculation off ({mine_src})"  # type: ignore[operator]
+                else f"K {k} is {1 - (mine or 0.0) / off:.0%} below speculation off ({mine_src})"
             )
         points.append(point)
     broken = [p for p in points if not p["meets"] and not p["any_schedule_meets"]]

@@ -49,9 +49,10 @@ class Advised:
         out = {"model": self.model.summary(), "advice": [a.to_dict() for a in self.advices]}
         if self.schedule is not None:
             key = self.emit_format.replace("-", "_")  # sglang_adaptive, vllm_dsd
-            out[key] = {"file": self.emitted, "config": self.schedule, "buckets": self.buckets}
+            emitted: dict = {"file": self.emitted, "config": self.schedule, "buckets": self.buckets}
             if self.floor is not None:
-                out[key]["floor"] = self.floor
+                emitted["floor"] = self.floor
+            out[key] = emitted
         return out
 
     def format(self, top: int = 5) -> str:
