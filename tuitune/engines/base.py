@@ -34,6 +34,8 @@ import types
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import starmap
+from operator import add
 from typing import Literal, NamedTuple
 
 import msgspec
@@ -388,9 +390,9 @@ class FastFields:
     passes over all of them (a swap of t/T and f/F that makes True and False JSON, then three
     one-character replaces), and msgspec decodes it in one call into a row struct whose field
     names are the log's names (swapped alike), and whose last fields, the event's own (the
-    iteration, ``extra``: all but ts and rank), are filled from keys no log text can spell (a
-    name between a comma and a colon holds neither). Each row is the event's constructor
-    arguments but ts and rank. JSON reads numbers as the exact reader does (``-0`` is 0.0, ``1e3``
+    iteration, ``extra``: all but ts and rank), take their defaults, the first from a key no log
+    text can spell that opens each object (a name between a comma and a colon holds neither).
+    Each row is the event's constructor arguments but ts and rank (C-level loops add them). JSON reads numbers as the exact reader does (``-0`` is 0.0, ``1e3``
     an integer, an integer of any length exact); what it would read otherwise (``nan``, ``1_0``,
     ``True`` in a number field, a value the exact reader strips differently) is not JSON, or not
     of the row's type, and any of that, an unknown name (msgspec forbids them), a quote, a
@@ -439,9 +441,8 @@ class FastFields:
         )
         self.decode_rows = msgspec.json.Decoder(types.GenericAlias(list, (row,)), strict=False).decode
         self.cls = cls
-        opening = b"{" + b",".join(
-            b'":%s":%s' % (f.name.encode(), msgspec.json.encode(d)) for f, d in zip(filled, defaults, strict=True)
-        )
+        # each object opens with the first of them (the others take their defaults, the same values)
+        opening = b'{":%s":%s' % (filled[0].name.encode(), msgspec.json.encode(defaults[0]))
         self._first = b"[" + opening
         self._between = b"}," + opening
 
@@ -461,8 +462,8 @@ class FastFields:
             return None
         if len(rows) != len(rests):  # (a line holding "\n" splits)
             return None
-        cls = self.cls
-        return [cls(*_astuple(row), *head) for row, head in zip(rows, heads, strict=True)]
+        # each event: the row's values, then its (ts, rank), in C-level loops
+        return list(starmap(self.cls, map(add, map(_astuple, rows), heads)))
 
     def __call__(self, body: str) -> tuple[typing.Any, ...] | None:
         if '"' in body or "\\" in body:
