@@ -33,6 +33,7 @@ import pytest
 import real_vllm
 import yaml
 from conftest import ROOT, free_port, wait_for
+from stream_client import independent_request
 
 from tuitune.base.events import ProfileWindow, ServerError, VllmSpec
 from tuitune.measure import promscrape
@@ -139,39 +140,6 @@ def log_events(log: Path, start: int = 0) -> list:
 # ---- an independent client (no tuitune code) ---------------------------------------------------------
 
 
-def independent_request(port: int, model: str, prompt: str, max_tokens: int) -> tuple[float, int]:
-    """One streamed /v1/completions request with http.client: (decode tok/s, completion tokens).
-    Same formula as any decode rate: (completion_tokens - 1) / (last token chunk - first token chunk),
-    the count from the server's usage block."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "ignore_eos": True,
-        "stream_options": {"include_usage": True},
-    }
-    c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-    r = c.getresponse()
-    assert r.status == 200, r.read()[:300]
-    first = last = None
-    usage = None
-    while line := r.readline():
-        now = time.perf_counter()
-        if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
-            continue
-        d = json.loads(line[5:])
-        usage = d.get("usage") or usage
-        if d.get("choices") and d["choices"][0].get("text"):
-            first = first or now
-            last = now
-    c.close()
-    n = usage["completion_tokens"]
-    return (n - 1) / (last - first), n
-
-
 class Load:
     """Single-stream requests from the independent client in a thread, until stopped."""
 
@@ -187,7 +155,7 @@ class Load:
             try:
                 independent_request(self.port, self.model, PROMPTS[i % len(PROMPTS)], self.max_tokens)
                 self.done += 1
-            except (OSError, AssertionError, http.client.HTTPException, ValueError, KeyError, TypeError):
+            except (OSError, RuntimeError, http.client.HTTPException, ValueError, KeyError, TypeError):
                 time.sleep(0.5)  # the server went away (a test killed it): keep trying until stopped
             i += 1
 
@@ -346,15 +314,19 @@ def test_status_sees_no_drift_on_what_it_launched_and_drift_on_another_k(served)
     assert "num_speculative_tokens" in r.stdout, r.stdout
 
 
+@pytest.mark.quiet  # two clocks compared: no other test beside it (tests/conftest.py)
 def test_bench_agrees_with_an_independent_client_interleaved(served):
     """`tuitune bench PRESET` (the whole command: its session, log tail and /metrics scrape running)
-    against a plain http.client loop: same prompts in the same order, same formula, interleaved
-    A B B A … on the same server. Request i of a tuitune batch is paired with request i (the same
-    prompt) of the independent batch next to it, so that the machine's drift (2 cores shared with
-    other work) cancels: the median of the paired ratios within 5 %. Every tuitune request has its
-    decode rate: under suite load the session's loop (log tail, /metrics, liveness forks) stalled
-    for seconds and, when the requests were stamped on it, whole streams arrived in one read."""
+    against a plain http.client loop (tests/stream_client.py, a process of its own as bench is): same
+    prompts in the same order, same formula, interleaved A B B A … on the same server. Request i of a
+    tuitune batch is paired with request i (the same prompt) of the independent batch next to it, so
+    that the machine's drift cancels: the median of the paired ratios within 5 %. Every tuitune request
+    has its decode rate: under suite load the session's loop (log tail, /metrics, liveness forks)
+    stalled for seconds and, when the requests were stamped on it, whole streams arrived in one read.
+    In CI, with the independent loop inside the pytest worker and the other worker's tests running,
+    tuitune read 10 % above it; the client now runs apart and the test behind the CPU gate."""
     n, max_tokens = 6, 128
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n + 1)]  # bench's: its warm-up, then the list on
     rounds: list[tuple[list[float], list[float]]] = []
     for rnd in range(4):
         got: dict[str, list[float]] = {}
@@ -369,14 +341,12 @@ def test_bench_agrees_with_an_independent_client_interleaved(served):
                 assert all(x["decode_tok_s"] for x in res), res
                 got[who] = [x["decode_tok_s"] for x in res]
             else:
-                independent_request(served.port, served.model, PROMPTS[0], max_tokens)  # warm-up, as bench's
-                got[who] = []
-                for i in range(n):  # bench's prompts: the list from its warm-up on
-                    tok_s, count = independent_request(
-                        served.port, served.model, PROMPTS[(1 + i) % len(PROMPTS)], max_tokens
-                    )
-                    assert count == max_tokens
-                    got[who].append(tok_s)
+                cmd = [sys.executable, str(ROOT / "tests" / "stream_client.py"), str(served.port), served.model]
+                r = subprocess.run([*cmd, str(max_tokens), *prompts], capture_output=True, text=True, timeout=300)
+                assert r.returncode == 0, r.stderr
+                pairs = json.loads(r.stdout)
+                assert [count for _, count in pairs] == [max_tokens] * n, pairs
+                got[who] = [tok_s for tok_s, _ in pairs]
         rounds.append((got["tuitune"], got["independent"]))
     ratios = [a / b for mine, theirs in rounds for a, b in zip(mine, theirs, strict=True)]
     ratio = statistics.median(ratios)
