@@ -53,14 +53,20 @@ HOME = Path(tempfile.mkdtemp(prefix="tuitune-real-grid-"))
 LOOKUP = (1, 3)  # ngram's prompt_lookup_min, _max (vLLM's own default, 5-grams only, rarely matches here)
 
 
-def configs(which: str, ks: list[int]) -> list[tuple[str, str | None, int]]:
+def configs(ngram_ks: list[int], eagle_ks: list[int]) -> list[tuple[str, str | None, int]]:
     """(label, method, K) of the grid."""
     out: list[tuple[str, str | None, int]] = [("off", None, 0)]
-    if "ngram" in which:
-        out += [(f"ngram K={k}", "NGRAM", k) for k in ks]
-    if "eagle" in which:
-        out += [(f"eagle3 K={k}", "EAGLE3", k) for k in ks]
+    out += [(f"ngram K={k}", "NGRAM", k) for k in ngram_ks]
+    out += [(f"eagle3 K={k}", "EAGLE3", k) for k in eagle_ks]
     return out
+
+
+def ks(text: str) -> list[int]:
+    """'1-8' or '1,3' or '' (none)."""
+    if not text:
+        return []
+    lo, _, hi = text.partition("-")
+    return list(range(int(lo), int(hi) + 1)) if hi else [int(x) for x in text.split(",")]
 
 
 def tt(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
@@ -166,7 +172,7 @@ def server_pgid(preset: Path) -> int:
     return int(st["record"]["pid"])
 
 
-def grid(which: str, ks: list[int], pairs: int, levels: list[int], max_tokens: int) -> dict:
+def grid(ngram_ks: list[int], eagle_ks: list[int], pairs: int, levels: list[int], max_tokens: int) -> dict:
     """Each configuration X on a server of its own, beside a reference server R (speculation off)
     that stays up the whole run: at each concurrency, waves R X R X … R, and X's truth is the median
     of its waves' ratios to the R waves around them, times R's own median goodput. The machine's
@@ -179,7 +185,7 @@ def grid(which: str, ks: list[int], pairs: int, levels: list[int], max_tokens: i
     if r.returncode != 0:
         sys.exit(f"launch of the reference failed:\n{r.stdout}\n{r.stderr}")
     ref_pgid = server_pgid(ref)
-    cfgs = configs(which, ks)
+    cfgs = configs(ngram_ks, eagle_ks)
     ratios: dict[str, dict[str, list[float]]] = {label: {str(c): [] for c in levels} for label, _, _ in cfgs}
     refs: dict[str, list[float]] = {str(c): [] for c in levels}
     launches: list[dict] = []
@@ -315,6 +321,7 @@ def tune(g: dict, method: str, k: int, concurrency: int, budget: int, per_stream
         "best_in_space": best,
         "best_truth": space[best],
         "ratio": space[label] / space[best] if label in space else None,
+        "p_within_2pct": p_within(g, label, [lb for lb in space], c) if label in space else None,
         "within_2pct": label in space and space[label] >= 0.98 * space[best],
         "best_overall": overall,
         "relaunches": res.get("relaunches"),
@@ -325,14 +332,34 @@ def tune(g: dict, method: str, k: int, concurrency: int, budget: int, per_stream
     }
 
 
+def p_within(g: dict, label: str, space: list[str], c: str, draws: int = 2000) -> float:
+    """How sure the grid is that ``label`` is within 2 % of the best of ``space`` at level ``c``:
+    the share of bootstrap draws (each configuration's wave ratios resampled) in which it is."""
+    import random
+
+    rng = random.Random(1)
+    ratios = {lb: g["ratios"][lb][c] for lb in space}
+    hits = 0
+    for _ in range(draws):
+        med = {lb: statistics.median(rng.choices(v, k=len(v))) for lb, v in ratios.items()}
+        hits += med[label] >= 0.98 * max(med.values())
+    return hits / draws
+
+
 def print_tune(t: dict) -> None:
     if "error" in t:
         print(f"  tune from {t['start']} at c={t['concurrency']}: failed: {t['error']}")
         return
-    mark = "within 2 %" if t["within_2pct"] else "NOT within 2 %"
+    if t["chosen_truth"] is None:
+        judged = f"{t['chosen']} is not in the grid: not judged"
+    else:
+        mark = "within 2 %" if t["within_2pct"] else "NOT within 2 %"
+        judged = (
+            f"truth {t['chosen_truth']:.1f} tok/s; best in its space {t['best_in_space']} ({t['best_truth']:.1f}): "
+            f"ratio {t['ratio']:.3f}, {mark} (the grid is sure of that in {t['p_within_2pct']:.0%} of bootstrap draws)"
+        )
     print(
-        f"  tune from {t['start']} at c={t['concurrency']}: chose {t['chosen']} (truth {t['chosen_truth']:.1f} tok/s); "
-        f"best in its space {t['best_in_space']} ({t['best_truth']:.1f}): ratio {t['ratio']:.3f}, {mark}; "
+        f"  tune from {t['start']} at c={t['concurrency']}: chose {t['chosen']} ({judged}); "
         f"{t['relaunches']} relaunches, stopped: {t['stop_reason']} ({t['seconds']} s)"
     )
     measured = ", ".join(f"{k} {v:.1f}" for k, v in sorted((t["tune_measured"] or {}).items(), key=lambda kv: -kv[1]))
@@ -345,8 +372,8 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,8", help="comma-separated levels (default 1,8)")
     ap.add_argument("--requests", type=int, default=3, help="tune's requests per stream (default 3)")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--grid", default="ngram,eagle", help="drafters in the grid beside off (default ngram,eagle)")
-    ap.add_argument("--ks", default="1-6", help="the K of each drafter: a range (1-6) or a list (1,3)")
+    ap.add_argument("--ngram-ks", default="1-8", help="ngram's K in the grid: a range or a list (default 1-8, tune's)")
+    ap.add_argument("--eagle-ks", default="1-6", help="EAGLE-3's K in the grid (default 1-6; '' for none)")
     ap.add_argument("--grid-from", type=Path, help="a JSON this script wrote: reuse its grid, run the tunes only")
     ap.add_argument("--budget", type=int, default=3)
     ap.add_argument("--no-tune", action="store_true")
@@ -363,9 +390,7 @@ def main() -> None:
     if ns.grid_from:
         g = json.loads(ns.grid_from.read_text())["grid"]
     else:
-        lo, _, hi = ns.ks.partition("-")
-        ks = list(range(int(lo), int(hi) + 1)) if hi else [int(x) for x in ns.ks.split(",")]
-        g = grid(ns.grid, ks, ns.pairs, levels, ns.max_tokens)
+        g = grid(ks(ns.ngram_ks), ks(ns.eagle_ks), ns.pairs, levels, ns.max_tokens)
         ns.json.write_text(json.dumps({"grid": g}, indent=1))
     print_grid(g)
     tunes = []
