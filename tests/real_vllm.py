@@ -60,6 +60,10 @@ SEED = 1234
 ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "2",
     "OMP_NUM_THREADS": "1",
+    # numba's thread pool (vLLM's ngram proposer is numba-parallel) is os.cpu_count() threads whatever
+    # OMP_NUM_THREADS says; on 2 cores its second thread burned as much CPU as the model's and ngram ran
+    # at half the speed of no speculation (docs/real-engine.md)
+    "NUMBA_NUM_THREADS": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "VLLM_NO_USAGE_STATS": "1",
     "VLLM_TARGET_DEVICE": "cpu",
