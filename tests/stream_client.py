@@ -15,7 +15,7 @@ import sys
 import time
 
 
-def independent_request(port: int, model: str, prompt: str, max_tokens: int) -> tuple[float, int]:
+def independent_request(port: int, model: str, prompt: str, max_tokens: int) -> tuple[float | None, int]:
     """One streamed /v1/completions request: (decode tok/s, completion tokens). Same formula as any
     decode rate: (completion_tokens - 1) / (last token chunk - first token chunk), the count from the
     server's usage block."""
@@ -46,7 +46,8 @@ def independent_request(port: int, model: str, prompt: str, max_tokens: int) -> 
             last = now
     c.close()
     n = usage["completion_tokens"]
-    return (n - 1) / (last - first), n
+    # a stream that arrived in one read has no decode rate (the server sent it at once)
+    return ((n - 1) / (last - first) if last > first else None), n
 
 
 def main(argv: list[str]) -> None:
