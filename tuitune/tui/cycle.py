@@ -97,7 +97,11 @@ class CyclePanel(Vertical):
         return t
 
     def refresh_from(self, store: MetricsStore, speculative: bool, engine: str = "SGLang") -> None:
-        bars = self.query_one("#bars", Static)
+        found = self.query("#bars")
+        if not found:  # not composed yet (a launch that is ready before the panel is): the next tick draws it
+            self.app._dirty_cycle = True
+            return
+        bars = found.first(Static)
         p = store.last_profile
         d = store.last_decode
         per_pos = store.last_per_position

@@ -1,0 +1,60 @@
+"""An independent streaming client for the real-engine tests: plain http.client, nothing of tuitune.
+
+    python tests/stream_client.py PORT MODEL MAX_TOKENS PROMPT [PROMPT ...]
+
+sends the prompts one after the other (the first one a warm-up, not reported) and prints a JSON list
+of [decode tok/s, completion tokens], one pair a measured request. The tests run it as a process of its
+own, as `tuitune bench` is, so that neither client shares its interpreter (threads, GIL) with the
+test's fixtures."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import sys
+import time
+
+
+def independent_request(port: int, model: str, prompt: str, max_tokens: int) -> tuple[float | None, int]:
+    """One streamed /v1/completions request: (decode tok/s, completion tokens). Same formula as any
+    decode rate: (completion_tokens - 1) / (last token chunk - first token chunk), the count from the
+    server's usage block."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
+    c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
+    first = last = None
+    usage = None
+    while line := r.readline():
+        now = time.perf_counter()
+        if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+            continue
+        d = json.loads(line[5:])
+        usage = d.get("usage") or usage
+        if d.get("choices") and d["choices"][0].get("text"):
+            first = first or now
+            last = now
+    c.close()
+    n = usage["completion_tokens"]
+    # a stream that arrived in one read has no decode rate (the server sent it at once)
+    return ((n - 1) / (last - first) if last > first else None), n
+
+
+def main(argv: list[str]) -> None:
+    port, model, max_tokens, prompts = int(argv[0]), argv[1], int(argv[2]), argv[3:]
+    independent_request(port, model, prompts[0], max_tokens)
+    print(json.dumps([independent_request(port, model, p, max_tokens) for p in prompts[1:]]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
