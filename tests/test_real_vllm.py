@@ -320,7 +320,6 @@ def test_status_sees_no_drift_on_what_it_launched_and_drift_on_another_k(served)
     assert "num_speculative_tokens" in r.stdout, r.stdout
 
 
-@pytest.mark.quiet  # two clocks compared: no other test beside it (tests/conftest.py)
 @pytest.mark.xfail(
     reason="open (issue 24): on the 2-core CPU engine tuitune bench reads 3-8 % below the independent "
     "client (this test 0.924 and 0.849, benchmarks/bench_pairs.py 0.930-0.952 for bench PRESET and "
@@ -574,28 +573,11 @@ def test_sweep_over_num_speculative_tokens(served):
     assert k3["cycle_ms"] > max(b["cycle_ms"] for b in base), rows
 
 
-def c1_request(port: int, model: str, prompt: str, max_tokens: int) -> float:
-    """One request's goodput as tune counts it (tokens over the request's latency), with plain
-    http.client, not streamed."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
-    t0 = time.perf_counter()
-    c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-    r = c.getresponse()
-    data = r.read()
-    took = time.perf_counter() - t0
-    c.close()
-    assert r.status == 200, data[:300]
-    return json.loads(data)["usage"]["completion_tokens"] / took
-
-
-def test_tune_on_the_real_engine_ends_at_the_best_measured_here(served):
-    """`tune` from EAGLE-3 K=1 at one stream (a budget of one relaunch, which the baseline-first rule
-    gives to speculation off); its answer against the truth measured here, by an independent client,
-    on the two configurations tune compared, both up at once on two ports and measured request by
-    request in turn: its choice within 2 % of the better one.
-    (The random draft accepts nothing: off is about twice as fast, so the truth is clear on a loaded
-    machine; benchmarks/real_engine_grid.py measures the whole grid, ngram's included.)"""
+def test_tune_on_the_real_engine(served):
+    """`tune` from EAGLE-3 K=1 at one stream, a budget of one relaunch (the random draft accepts
+    nothing: speculation off, the baseline, could be the best, so it goes first), its final A/B a
+    one-round measurement. Whether its answer is the best is judged on the simulator and in
+    benchmarks/real_engine_grid.py, which measures the real engine's whole grid: here, that it runs."""
     out = served.home / "tune"
     args = ["tune", str(served.k1), "--budget", "1", "--ab-rounds", "1", "--requests", "3"]
     args += ["--warmup", "1", "--max-tokens", "96", "--out", str(out), "--json", str(served.home / "tune.json")]
@@ -607,32 +589,7 @@ def test_tune_on_the_real_engine_ends_at_the_best_measured_here(served):
     assert res.get("relaunches", 0) >= 1, res
     assert "tuned at concurrency" in r.stdout, r.stdout
     assert len(res["measured"]) == 2, res["measured"]  # the start and the one relaunch
-    chosen = "off" if res["chosen"]["steps"] == 0 else f"K={res['chosen']['steps']}"
-    # the truth: both configurations up at once, on two ports, measured request by request in turn
-    # (A B A B …), so that other work on the two cores moves both alike
-    served.launch(served.k1)
-    off_port = free_port()
-    off = write_preset(
-        served.home / "off.yaml",
-        real_vllm.preset("rv-off", served.home / "off.log", off_port, python=served.python, method=None),
-    )
-    r = tt(served.home, "launch", str(off), timeout=420)
-    assert r.returncode == 0, r.stdout + r.stderr
-    try:
-        for port in (served.port, off_port):
-            c1_request(port, served.model, PROMPTS[0], 16)  # warm-up
-        ratios = []
-        for i in range(6):
-            got = {}
-            for port in (served.port, off_port) if i % 2 == 0 else (off_port, served.port):
-                got[port] = c1_request(port, served.model, PROMPTS[1 + i], 96)
-            ratios.append(got[off_port] / got[served.port])
-    finally:
-        tt(served.home, "stop", str(off), "--any", timeout=120)
-    ratio = statistics.median(ratios)  # off / K=1
-    truth = {"off": ratio, "K=1": 1.0}
-    best = max(truth, key=truth.__getitem__)
-    assert truth[chosen] >= 0.98 * truth[best], (chosen, ratios, res["measured"])
+    assert res["chosen"]["steps"] == 0, res  # off: K=1 with a draft that accepts nothing is about half as fast
 
 
 # ---- ngram (prompt lookup): real acceptance ------------------------------------------------------------
@@ -902,6 +859,10 @@ def test_engine_core_killed_while_decoding(remote):
         )
         os.kill(roles["VLLM::EngineCore"], signal.SIGKILL)
         t_kill, killed_at = time.monotonic(), time.time()
+        # --record keeps following (a relaunch would be picked up) until its --duration: once the exit
+        # is in the capture, it is stopped as a user would, with Ctrl-C
+        wait_for(lambda: "exited" in cap.read_text(), 45, 0.5, "the exit captured")
+        rec.send_signal(signal.SIGINT)
         out, err = rec.communicate(timeout=60)
     finally:
         if rec.poll() is None:

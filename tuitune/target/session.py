@@ -353,10 +353,12 @@ class Session(EventStream):
         msg = f"server relaunched by {who}: pid {old} → {rec.pid}, preset {rec.preset}" + (
             "" if same else " (not this configuration: the differences are unknown until you relaunch)"
         )
-        self.publish([Marker(f"warning: {msg}", rec.preset, rec.preset_hash)])
         self.store.clear()
-        await self.follow()
+        # the state first, then the notice: whoever reads the notice finds the new server in the state
+        # (under load, following its log took long enough for a reader to see the old pid, exited)
         self._set_state("ready", "relaunched elsewhere", detail=msg, pid=rec.pid)
+        self.publish([Marker(f"warning: {msg}", rec.preset, rec.preset_hash)])
+        await self.follow()
 
     def nccl_report(self) -> tuple[list[tuple[str, str, str | None]], str | None]:
         """NCCL's confirmation of the preset's NCCL variables, and a sentence when it cannot be trusted."""
