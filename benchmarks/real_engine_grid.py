@@ -354,9 +354,10 @@ def print_tune(t: dict) -> None:
         judged = f"{t['chosen']} is not in the grid: not judged"
     else:
         mark = "within 2 %" if t["within_2pct"] else "NOT within 2 %"
+        sure = t["p_within_2pct"] if t["within_2pct"] else 1 - t["p_within_2pct"]  # draws that agree with the mark
         judged = (
             f"truth {t['chosen_truth']:.1f} tok/s; best in its space {t['best_in_space']} ({t['best_truth']:.1f}): "
-            f"ratio {t['ratio']:.3f}, {mark} (the grid is sure of that in {t['p_within_2pct']:.0%} of bootstrap draws)"
+            f"ratio {t['ratio']:.3f}, {mark} (so in {sure:.0%} of bootstrap draws of the grid)"
         )
     print(
         f"  tune from {t['start']} at c={t['concurrency']}: chose {t['chosen']} ({judged}); "
