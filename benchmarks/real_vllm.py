@@ -29,8 +29,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import real_vllm  # noqa: E402
 import yaml  # noqa: E402
 from conftest import free_port, run_tuitune  # noqa: E402
-from stream_client import independent_request  # noqa: E402
-from test_real_vllm import PROMPTS, Load, log_events, vllm_counters  # noqa: E402
+from test_real_vllm import PROMPTS, Load, independent_request, log_events, vllm_counters  # noqa: E402
 
 from tuitune.base.events import ProfileWindow  # noqa: E402
 
@@ -63,13 +62,11 @@ def stop(preset: Path) -> None:
     tt("stop", str(preset), "--any", timeout=120)
 
 
-def spread(v: list[float | None]) -> str:
-    """Median, min, max of the rates (a stream that arrived in one read has none: left out)."""
-    v = [x for x in v if x is not None]
+def spread(v: list[float]) -> str:
     return f"median {statistics.median(v):.1f} (min {min(v):.1f}, max {max(v):.1f}, n={len(v)})"
 
 
-def indep(port: int, model: str, n: int, max_tokens: int) -> list[float | None]:
+def indep(port: int, model: str, n: int, max_tokens: int) -> list[float]:
     independent_request(port, model, PROMPTS[0], max_tokens)
     return [independent_request(port, model, PROMPTS[(1 + i) % len(PROMPTS)], max_tokens)[0] for i in range(n)]
 
@@ -174,8 +171,8 @@ def bench_cause(model: str, n: int, max_tokens: int) -> None:
     finally:
         stop(path)
 
-    def paired(a: list[float | None], b: list[float | None]) -> str:
-        ratios = sorted(x / y for x, y in zip(a, b, strict=True) if x is not None and y is not None)
+    def paired(a: list[float], b: list[float]) -> str:
+        ratios = sorted(x / y for x, y in zip(a, b, strict=True))
         q1, q3 = ratios[len(ratios) // 4] - 1, ratios[3 * len(ratios) // 4] - 1
         return f"median paired ratio {statistics.median(ratios) - 1:+.1%} (middle half {q1:+.1%} to {q3:+.1%}, n={len(ratios)})"
 
@@ -194,7 +191,7 @@ def loaded(model: str, n: int, max_tokens: int, burners: int = 4) -> None:
     launch(p)
     procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(burners)]
     mine: list[float | None] = []
-    theirs: list[float | None] = []
+    theirs: list[float] = []
     try:
         time.sleep(1)
         for r in range(4):
@@ -212,7 +209,7 @@ def loaded(model: str, n: int, max_tokens: int, burners: int = 4) -> None:
             q.wait()
         stop(p)
     missing = sum(1 for x in mine if x is None)
-    ratios = sorted(a / b for a, b in zip(mine, theirs, strict=True) if a is not None and b is not None)
+    ratios = sorted(a / b for a, b in zip(mine, theirs, strict=True) if a is not None)
     print(f"== bench on a loaded machine ({burners} busy loops beside it; 4 interleaved rounds of {n} requests)")
     print(f"  tuitune bench PRESET: {missing} of {len(mine)} requests without a decode rate")
     if ratios:

@@ -23,9 +23,8 @@ import pytest
 import real_vllm
 import yaml
 from conftest import ROOT, free_port
-from stream_client import independent_request
 from test_dsd import sim_captures
-from test_real_vllm import PROMPTS
+from test_real_vllm import PROMPTS, independent_request
 
 from tuitune import preset as P
 from tuitune.engines import vllm as V
