@@ -56,21 +56,31 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import real_vllm  # noqa: E402
 import yaml  # noqa: E402
-from conftest import free_port, run_tuitune  # noqa: E402
+from conftest import free_port  # noqa: E402
 
 from tuitune.engines import vllm as V  # noqa: E402
 
 HOME = Path(tempfile.mkdtemp(prefix="tuitune-dsd-"))
 PROMPTS = json.loads((ROOT / "tuitune" / "data" / "prompts.json").read_text())
 LOOKUP = {"prompt_lookup_min": 1, "prompt_lookup_max": 3}
-# Intel OpenMP preloaded for every arm (no speculation too), as vLLM's CPU installation guide sets it:
-# without it ngram ran at ~5 tok/s here against ~100-180 with it (tests/real_vllm.py, IOMP)
-ENV = real_vllm.preload_env()
+# vLLM's CPU worker warns that speculative decoding without Intel OpenMP preloaded "will cause
+# significant performance loss" (v1/worker/cpu_worker.py): here ngram ran at ~5 tok/s without it
+# and ~100-180 with it, against ~70-180 for no speculation. The venv ships libiomp5; every arm
+# (no speculation too) gets it, as vLLM's CPU installation guide sets it.
+IOMP = real_vllm.HOME / "lib" / "libiomp5.so"
+ENV = {"LD_PRELOAD": str(IOMP)} if IOMP.is_file() else {}
 FLOOR = 0.02  # the no-regret floor: never more than 2 % below no speculation
 
 
 def tt(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return run_tuitune(HOME, *args, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tuitune", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "HOME": str(HOME)},
+    )
 
 
 def write(name: str, spec: dict | None, profile: bool = False) -> Path:

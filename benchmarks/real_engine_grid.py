@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import real_vllm  # noqa: E402
 import yaml  # noqa: E402
-from conftest import free_port, run_tuitune  # noqa: E402
+from conftest import free_port  # noqa: E402
 
 PROMPTS = json.loads((ROOT / "tuitune" / "data" / "prompts.json").read_text())
 HOME = Path(tempfile.mkdtemp(prefix="tuitune-real-grid-"))
@@ -70,7 +70,14 @@ def ks(text: str) -> list[int]:
 
 
 def tt(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
-    return run_tuitune(HOME, *args, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tuitune", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "HOME": str(HOME)},
+    )
 
 
 def write(name: str, port: int, method: str | None, k: int, file: str, max_tokens: int) -> Path:

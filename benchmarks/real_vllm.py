@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import real_vllm  # noqa: E402
 import yaml  # noqa: E402
-from conftest import free_port, run_tuitune  # noqa: E402
+from conftest import free_port  # noqa: E402
 from test_real_vllm import PROMPTS, Load, independent_request, log_events, vllm_counters  # noqa: E402
 
 from tuitune.base.events import ProfileWindow  # noqa: E402
@@ -37,7 +37,14 @@ HOME = Path(tempfile.mkdtemp(prefix="tuitune-real-vllm-"))
 
 
 def tt(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return run_tuitune(HOME, *args, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tuitune", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "HOME": str(HOME)},
+    )
 
 
 def write(name: str, file: str | None = None, **kw) -> Path:

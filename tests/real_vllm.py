@@ -74,18 +74,6 @@ ENV = {
 }
 ARGS = {"max-model-len": 1024, "dtype": "bfloat16"}
 
-# vLLM's CPU worker warns that speculative decoding without Intel OpenMP preloaded "will cause
-# significant performance loss" (v1/worker/cpu_worker.py): ngram ran at ~5 tok/s without it and
-# ~100-180 with it. The venv ships libiomp5; what measures speculation's speed passes this env
-# (the tests' ENV leaves it out: their figures were taken without it).
-IOMP = HOME / "lib" / "libiomp5.so"
-
-
-def preload_env() -> dict[str, str]:
-    """``LD_PRELOAD`` of the venv's Intel OpenMP, where the venv has it."""
-    return {"LD_PRELOAD": str(IOMP)} if IOMP.is_file() else {}
-
-
 # pip's words when it could not reach an index (the only failure that is not a build failure)
 _UNREACHABLE = (
     "NewConnectionError",

@@ -154,11 +154,14 @@ def vllm_takes(python: Path, argv: list[str]) -> dict:
     return json.loads(line.removeprefix("TUITUNE-DSD "))
 
 
+IOMP = real_vllm.HOME / "lib" / "libiomp5.so"  # vLLM's CPU speculative decoding is many times slower without it
+
+
 def ngram_preset(tmp: Path, models: dict, port: int, k: int, schedule) -> P.Preset:
+    env = {"LD_PRELOAD": str(IOMP)} if IOMP.is_file() else {}
     data = real_vllm.preset(
-        "dsd", tmp / "dsd.log", port, python=real_vllm.PYTHON, method="NGRAM", k=k, profile=False,
-        env=real_vllm.preload_env(),  # vLLM's CPU speculative decoding is many times slower without it
-    )  # fmt: skip
+        "dsd", tmp / "dsd.log", port, python=real_vllm.PYTHON, method="NGRAM", k=k, profile=False, env=env
+    )
     data["speculative"].update(prompt_lookup_min=1, prompt_lookup_max=3, dynamic_schedule=schedule)
     data["server"]["args"]["model"] = str(models["target"])
     return P.from_dict(data)
