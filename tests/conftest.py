@@ -67,19 +67,6 @@ def _cpu_gate(request):
                 fcntl.flock(turnstile, fcntl.LOCK_UN)
 
 
-def run_tuitune(home: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    """`python -m tuitune ARGS` as a user runs it, with ``home`` as its HOME (its state, caches and
-    presets never meet another test's)."""
-    return subprocess.run(
-        [sys.executable, "-m", "tuitune", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=timeout,
-        env={**os.environ, "HOME": str(home)},
-    )
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

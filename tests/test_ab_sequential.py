@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-import test_ab
 from conftest import free_port, make_preset
-from conftest import run_tuitune as tuitune
-from test_advise import sim_preset
 
 from tuitune import preset as P
 from tuitune.experiments.ab import (
@@ -224,6 +224,17 @@ def test_tune_passes_the_spread_it_measured_to_its_final_ab():
     )
 
 
+def tuitune(tmp: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tuitune", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+        env={**os.environ, "HOME": str(tmp)},
+    )
+
+
 def test_cli_refuses_bad_sequential_flags_before_any_relaunch(tmp_path):
     p = P.save(make_preset(tmp_path, "s", profile=False), tmp_path / "s.yaml")
     for args, said in (
@@ -243,8 +254,21 @@ def test_cli_refuses_bad_sequential_flags_before_any_relaunch(tmp_path):
 
 
 def twin(name: str, tmp: Path, port: int) -> P.Preset:
-    """tests/test_ab.py's simulator twin (20x, quasi-random draws), with shorter benchmarks."""
-    return P.with_changes(test_ab.twin(name, tmp, port), {"bench.requests": 3, "bench.max_tokens": 200})
+    """A shipped simulator twin, 20x faster, its log and state under tmp (as tests/test_ab.py)."""
+    return P.with_changes(
+        P.resolve(name),
+        {
+            "server.log": str(tmp / f"{name}.log"),
+            "server.port": port,
+            "profile": False,
+            "server.args.sim-speedup": 20,
+            "server.args.sim-load-seconds": 0.2,
+            "server.args.sim-draws": "quasi",
+            "bench.requests": 3,
+            "bench.warmup": 0,
+            "bench.max_tokens": 200,
+        },
+    )
 
 
 def test_ab_until_decided_against_the_simulator(tmp_path):
@@ -296,6 +320,25 @@ def test_ab_until_decided_against_the_simulator(tmp_path):
     assert f"launch-to-launch spread {sd:.1%}, measured: 8 earlier launches of these presets" in again.stdout
 
 
+def sim_tune_preset(tmp: Path) -> Path:
+    """The seeds' C4 on the simulator at 20x (as tests/test_advise.py): at concurrency 8 speculation
+    off is about 57 % faster than the start."""
+    p = P.with_changes(
+        P.resolve("sim-c4-eagle3-2step-nccl"),
+        {
+            "server.log": str(tmp / "sim.log"),
+            "server.port": free_port(),
+            "server.args.sim-speedup": 20,
+            "server.args.sim-load-seconds": 0.2,
+            "server.args.decode-log-interval": 10,
+            "bench.requests": 4,
+            "bench.warmup": 0,
+            "bench.max_tokens": 120,
+        },
+    )
+    return P.save(p, tmp / "p.yaml")
+
+
 def test_tune_final_ab_is_sequential_and_accepts_a_clearly_better_candidate(tmp_path):
     """tune's final A/B runs the sequential design within --ab-max-rounds, states its power first,
     and takes a clearly better candidate (speculation off, found by the first relaunch)."""
@@ -303,7 +346,7 @@ def test_tune_final_ab_is_sequential_and_accepts_a_clearly_better_candidate(tmp_
     r = tuitune(
         tmp_path,
         "tune",
-        str(sim_preset(tmp_path)),  # the seeds' C4 at 20x: off ~57 % faster at c=8
+        str(sim_tune_preset(tmp_path)),
         "--budget",
         "1",
         "--concurrency",

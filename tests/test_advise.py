@@ -5,13 +5,14 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import os
 import random
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import free_port
-from conftest import run_tuitune as tuitune
 
 from tuitune import preset as P
 from tuitune.decide import advise as A
@@ -231,6 +232,17 @@ def sim_preset(tmp: Path, name: str = "sim-c4-eagle3-2step-nccl") -> Path:
         },
     )
     return P.save(p, tmp / "p.yaml")
+
+
+def tuitune(tmp: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tuitune", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+        env={**os.environ, "HOME": str(tmp)},
+    )
 
 
 def test_tune_finds_the_known_optimum_on_the_sim_and_proves_it(tmp_path):

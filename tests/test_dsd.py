@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from conftest import free_port
-from conftest import run_tuitune as tuitune
 
 from tuitune import preset as P
 from tuitune.decide.costmodel import OFF, Config
@@ -22,6 +21,17 @@ from tuitune.engines import vllm as V
 from tuitune.experiments.advisor import dsd_schedule
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def tuitune(home: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tuitune", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+        env={**os.environ, "HOME": str(home)},
+    )
 
 
 def ngram(tmp: Path, k: int = 3, schedule=None, **spec) -> dict:

@@ -9,13 +9,14 @@ through `tuitune tune`, the schedule from the CLI."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import free_port, run_tuitune
+from conftest import free_port
 
 from tuitune import preset as P
 from tuitune.decide.costmodel import OFF, Config
@@ -26,8 +27,15 @@ NAME = "sim-c4-eagle3-2step-nccl"  # seed-pcie8 at TP 8, the seeds' tuned NCCL s
 LEVELS = (1, 2, 4, 8, 16)
 
 
-def tuitune(tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    return run_tuitune(tmp, *args, timeout=500)  # a tune of two launches at five levels
+def tuitune(tmp: Path, *args: str, timeout: float = 500) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tuitune", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+        env={**os.environ, "HOME": str(tmp)},
+    )
 
 
 def world(tmp: Path) -> Path:
