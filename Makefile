@@ -1,9 +1,12 @@
 # Two commands on a fresh machine: `make demo` and `make test` (and `make demo-vllm`: a real vLLM on the CPU).
 # The demo installs tuitune alone (~100 MB); the tests add pytest & co. and torch (the nccl extra:
 # nccl-bench's orchestration tests run it with the gloo backend). Everything comes from the package index.
+# The tests' torch is held to TORCH: the CPU build where this machine kind keeps its file on disk (about
+# 1 GB in the venv, where a plain `torch` would take a CUDA build of about 5 GB), PyPI's elsewhere.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+TORCH ?= torch==2.13.0
 
 .PHONY: demo demo-vllm test setup screenshots bench docs clean
 
@@ -16,7 +19,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
-	$(BIN)/pip install -q -e '.[test,nccl]'
+	$(BIN)/pip install -q -e '.[test,nccl]' '$(TORCH)'
 	touch $@
 
 $(VENV)/.installed-docs: pyproject.toml $(VENV)/.installed
