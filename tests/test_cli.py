@@ -162,9 +162,9 @@ def test_demo_port_option_is_checked():
 # ---- one error mapper: every command says a failed server's last log lines -----------------------
 
 
-def test_tune_prints_the_failed_servers_last_log_lines(tmp_path):
-    """tune's final A/B relaunches the start; when that server dies at start, tune says why in the
-    server's own words, as launch does (it used to drop the log tail)."""
+def spent_search(tmp_path: Path, **preset_kw) -> tuple[object, Path, Path]:
+    """A simulator preset and a tune log of an earlier search whose budget is spent (for `--resume`):
+    speculation off measured twice as fast as the start. (preset, its file, the --out folder)"""
     from conftest import make_preset
 
     from tuitune import preset as P
@@ -172,13 +172,11 @@ def test_tune_prints_the_failed_servers_last_log_lines(tmp_path):
     from tuitune.experiments.tune import config_of
     from tuitune.measure.capture import CaptureWriter
 
-    # the start does not fit in memory any more (the simulator's OOM at start, with its traceback)
-    base = make_preset(tmp_path, args={"mem-fraction-static": 0.97})
+    base = make_preset(tmp_path, **preset_kw)
     path = P.save(base, tmp_path / "p.yaml")
     out = tmp_path / "out"
     (out / "captures").mkdir(parents=True)
     rows = []
-    # an earlier search (resumed, budget spent): speculation off measured faster than the start
     for i, (config, goodput) in enumerate([(config_of(base), 10.0), (OFF, 20.0)]):
         cap = out / "captures" / f"launch-{i:02d}.jsonl.gz"
         CaptureWriter(cap, {"preset": P.to_dict(base), "tune_config": config.to_dict()}).close()
@@ -186,6 +184,15 @@ def test_tune_prints_the_failed_servers_last_log_lines(tmp_path):
             {"kind": "launch", "round": i, "config": config.to_dict(), "goodput": {"1": goodput}, "capture": str(cap)}
         )
     (out / "tune.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return base, path, out
+
+
+def test_tune_prints_the_failed_servers_last_log_lines(tmp_path):
+    """tune's final A/B relaunches the start; when that server dies at start, tune says why in the
+    server's own words, as launch does (it used to drop the log tail)."""
+    # the start does not fit in memory any more (the simulator's OOM at start, with its traceback);
+    # an earlier search (resumed, budget spent) measured speculation off faster than the start
+    _, path, out = spent_search(tmp_path, args={"mem-fraction-static": 0.97})
     r = tuitune(
         "tune", str(path), "--budget", "0", "--concurrency", "1", "--out", str(out), "--resume", "--ab-rounds", "1", "--no-verdict",
         env={"HOME": str(tmp_path)},
@@ -197,6 +204,24 @@ def test_tune_prints_the_failed_servers_last_log_lines(tmp_path):
     assert tail and any("CUDA out of memory" in line for line in tail), r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("tuitune: ") and "out of memory" in last
+
+
+def test_tune_without_a_final_ab_reports_its_answer_unconfirmed(tmp_path):
+    """`--ab-rounds 0`: the search's answer (here from a resumed search whose budget is spent: off
+    measured twice as fast) is reported as unconfirmed, no best.yaml, nothing launched; a negative
+    count is refused in one sentence."""
+    base, path, out = spent_search(tmp_path)
+    env = {"HOME": str(tmp_path)}
+    common = ["tune", str(path), "--budget", "0", "--concurrency", "1", "--out", str(out), "--resume"]
+    r = tuitune(*common, "--ab-rounds", "-1", env=env)
+    assert r.returncode == 2 and "--ab-rounds must be at least 0" in r.stderr and "Traceback" not in r.stderr
+    r = tuitune(*common, "--ab-rounds", "0", "--json", str(tmp_path / "r.json"), env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert res["chosen"]["steps"] == 0 and res["verdict"]["verdict"] == "not confirmed" and "ab" not in res, res
+    assert "no verdict: --ab-rounds 0: no final A/B" in r.stdout and "A/B:" not in r.stdout, r.stdout
+    assert not (out / "best.yaml").exists()
+    assert not Path(base.server.log).exists()  # no server was started
 
 
 def test_preset_validate_without_arguments_checks_every_preset_and_the_shipped_ones_are_clean(tmp_path):

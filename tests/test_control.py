@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -122,6 +123,32 @@ async def test_drift_of_a_server_started_by_hand(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def test_the_watch_tick_reads_the_state_and_liveness_in_one_command(transport, tmp_path):
+    """What a ready server's watch asks every half second, with shell built-ins only: the record as
+    read_state() reads it (a last line without a newline included), whether the pid lives, a zombie
+    counting as dead, no state file as None. It agrees with read_state() and alive() on each."""
+    p = make_preset(tmp_path, "tick")
+    c = ServerControl(transport, p, state_dir=str(tmp_path / "state"))
+    state = Path(c.state_path.replace("~", str(Path.home()), 1))
+    state.parent.mkdir(parents=True, exist_ok=True)
+    live = subprocess.Popen(["sleep", "60"])
+    zombie = subprocess.Popen(["true"])
+    wait_for(lambda: Path(f"/proc/{zombie.pid}/stat").read_text().split(") ")[-1][0] == "Z", 10, 0.05, "a zombie")
+    try:
+        assert await c.watch_tick(live.pid) == (None, True)  # no state file
+        record = {"pid": live.pid, "port": p.server.port, "preset": "tick", "preset_hash": "h", "started": 1.0}
+        record |= {"log": "/x) y\\n", "argv": ["--a", "b c"], "env": {"K": "v  w"}}
+        state.write_text(json.dumps(record, indent=1))  # several lines, no newline at the end
+        rec, alive = await c.watch_tick(live.pid)
+        assert alive and rec == await c.read_state() and rec.log == "/x) y\\n" and rec.env == {"K": "v  w"}
+        assert (await c.watch_tick(zombie.pid))[1] is False and await c.alive(zombie.pid) is False
+        assert (await c.watch_tick(2**22 + 7))[1] is False  # above pid_max: no such process
+    finally:
+        live.kill()
+        live.wait()
+        zombie.wait()
 
 
 def test_compute_drift_pure():

@@ -321,10 +321,11 @@ def test_status_sees_no_drift_on_what_it_launched_and_drift_on_another_k(served)
 
 
 @pytest.mark.xfail(
-    reason="open (issue 24): on the 2-core CPU engine tuitune bench reads 3-8 % below the independent "
-    "client (this test 0.924 and 0.849, benchmarks/bench_pairs.py 0.930-0.952 for bench PRESET and "
-    "0.969-1.018 for bench --url); tuitune's process spends 2-3x the client CPU a request and the "
-    "engine already keeps both cores busy; not yet shown to be that alone",
+    reason="open (issue 24): in this test's 6-request batches tuitune bench PRESET reads 0.89-0.92 of the "
+    "independent client (3 runs, 2026-12-01, one with the session's log tail, /metrics scrape and "
+    "liveness watch all switched off: 0.903), bench --url 1.010 (1 run); one request a command "
+    "(benchmarks/bench_pairs.py) bench PRESET now reads 1.00 (0.95 before the watch stopped forking); "
+    "the batch gap is not yet explained",
     strict=False,
 )
 def test_bench_agrees_with_an_independent_client_interleaved(served):
@@ -575,14 +576,13 @@ def test_sweep_over_num_speculative_tokens(served):
 
 def test_tune_on_the_real_engine(served):
     """`tune` from EAGLE-3 K=1 at one stream, a budget of one relaunch (the random draft accepts
-    nothing: speculation off, the baseline, could be the best, so it goes first), its final A/B a
-    one-round measurement. Whether its answer is the best is judged on the simulator and in
-    benchmarks/real_engine_grid.py, which measures the real engine's whole grid: here, that it runs."""
+    nothing: speculation off, the baseline, could be the best, so it goes first), and no final A/B
+    (`--ab-rounds 0`: its two launches would double the test's time; `ab` is tested above). Whether
+    its answer is the best is judged on the simulator and in benchmarks/real_engine_grid.py, which
+    measures the real engine's whole grid: here, that it runs and finds the obvious."""
     out = served.home / "tune"
-    args = ["tune", str(served.k1), "--budget", "1", "--ab-rounds", "1", "--requests", "3"]
+    args = ["tune", str(served.k1), "--budget", "1", "--ab-rounds", "0", "--requests", "3"]
     args += ["--warmup", "1", "--max-tokens", "96", "--out", str(out), "--json", str(served.home / "tune.json")]
-    if supports(served.home, "tune", "--no-verdict"):
-        args.append("--no-verdict")
     r = tt(served.home, *args, timeout=1500)
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads((served.home / "tune.json").read_text())
@@ -590,6 +590,9 @@ def test_tune_on_the_real_engine(served):
     assert "tuned at concurrency" in r.stdout, r.stdout
     assert len(res["measured"]) == 2, res["measured"]  # the start and the one relaunch
     assert res["chosen"]["steps"] == 0, res  # off: K=1 with a draft that accepts nothing is about half as fast
+    assert res["verdict"]["verdict"] == "not confirmed" and "ab" not in res, res
+    assert "no verdict: --ab-rounds 0: no final A/B" in r.stdout and not (out / "best.yaml").exists()
+    assert tt(served.home, "status", str(served.k1), timeout=60).returncode == 3  # its last server stopped
 
 
 # ---- ngram (prompt lookup): real acceptance ------------------------------------------------------------

@@ -338,7 +338,11 @@ def tune_args(p: argparse.ArgumentParser) -> None:
         "--levels", help="load levels benchmarked per launch (default: concurrency/4, concurrency, 2 x concurrency)"
     )
     p.add_argument(
-        "--ab-rounds", type=int, default=4, help="launches per arm of the final A/B before its first look (default 4)"
+        "--ab-rounds",
+        type=int,
+        default=4,
+        help="launches per arm of the final A/B before its first look (default 4; 0: no A/B, the "
+        "search's answer is reported unconfirmed and no best.yaml is written)",
     )
     p.add_argument(
         "--ab-max-rounds",
@@ -383,8 +387,8 @@ def cmd_tune(ns) -> int:
     base = load_preset(ns.preset)
     if ns.budget < 0:
         raise CliError(f"--budget must be at least 0 (got {ns.budget})", 2)
-    if ns.ab_rounds < 1:
-        raise CliError(f"--ab-rounds must be at least 1 (got {ns.ab_rounds})", 2)
+    if ns.ab_rounds < 0:
+        raise CliError(f"--ab-rounds must be at least 0 (got {ns.ab_rounds}; 0: no final A/B)", 2)
     from tuitune.experiments.ab import MAX_ROUNDS
 
     if not 1 <= ns.ab_max_rounds <= MAX_ROUNDS:

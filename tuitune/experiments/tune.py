@@ -513,7 +513,7 @@ async def tune(
     from tuitune.experiments.ab import rounds_refusal, run_ab
     from tuitune.target.session import Session
 
-    if (why := rounds_refusal(ab_rounds, "--ab-rounds")) and ab_judge:
+    if ab_rounds and (why := rounds_refusal(ab_rounds, "--ab-rounds")) and ab_judge:
         raise TuneError(why, 2)  # before the first relaunch: the search would end in an A/B that cannot decide
     start = config_of(base)
     if not base.is_speculative:
@@ -656,6 +656,12 @@ async def tune(
                 "reason": f"no configuration measured faster than {describe(start)}",
             }
             await session.stop_server()  # as the A/B (and sweep) do: the search's last server goes
+        elif not ab_rounds:
+            summary["verdict"] = {
+                "verdict": "not confirmed",
+                "reason": "--ab-rounds 0: no final A/B, and the search launched each configuration once",
+            }
+            await session.stop_server()
         else:
             b = P.with_changes(
                 chosen_preset,
@@ -780,6 +786,8 @@ def format_result(r: dict) -> str:
             f"{v['ratio']:.4f}, {v.get('interval_level', 0.95):.1%} CI {v['ratio_ci'][0]:.4f}-{v['ratio_ci'][1]:.4f}, "
             f"p = {v['p_value']:.3f}{_ab_rounds_said(r)}); written to {r.get('best_preset')}"
         )
+    elif v.get("verdict") == "not confirmed":
+        lines.append(f"no verdict: {v['reason']}; the start is kept (no best.yaml)")
     elif v.get("verdict") == "measurement only":
         lines.append(
             f"no verdict: {v['reason']}; A/B medians: start {v['baseline_median']:.1f}, "

@@ -310,7 +310,7 @@ class Session(EventStream):
                 return  # our own relaunch: it watches again once ready
             try:
                 node = self.control.nodes[0]
-                rec, alive = await asyncio.gather(node.read_state(), node.alive(self.record.pid))
+                rec, alive = await node.watch_tick(self.record.pid)
                 replaced = rec is not None and rec.pid != self.record.pid and await node.alive(rec.pid)
             except TransportError:
                 # a link lost during a check is no answer about the server (the transport raises
