@@ -145,6 +145,8 @@ async def test_the_watch_tick_reads_the_state_and_liveness_in_one_command(transp
         assert alive and rec == await c.read_state() and rec.log == "/x) y\\n" and rec.env == {"K": "v  w"}
         assert (await c.watch_tick(zombie.pid))[1] is False and await c.alive(zombie.pid) is False
         assert (await c.watch_tick(2**22 + 7))[1] is False  # above pid_max: no such process
+        state.unlink()
+        assert await c.watch_tick(zombie.pid) == (None, False)
     finally:
         live.kill()
         live.wait()

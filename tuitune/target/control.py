@@ -54,8 +54,8 @@ _REMOTE = resources.files("tuitune.target.remote").joinpath("remote.py").read_te
 # no process of its own: a ready server is checked every WATCH_S, and on a box whose cores the engine
 # keeps busy the checker's forks were part of what tuitune's own measurements cost the engine.
 LIVE_SH = '{ read -r s < /proc/$p/stat; } 2>/dev/null && s=${s##*) } && s=${s%"${s#?}"} && [ -n "$s" ] && [ "$s" != Z ]'
-# the state file on stdout (built-ins, no cat), exit 3 where there is none
-_CAT_STATE_SH = '[ -e {f} ] || exit 3; while IFS= read -r l || [ -n "$l" ]; do printf "%s\\n" "$l"; done < {f}'
+# file {f} on stdout with built-ins (no cat), a last line without a newline included
+_CAT_SH = 'while IFS= read -r l || [ -n "$l" ]; do printf "%s\\n" "$l"; done < {f}'
 # exit 0: the module is there; 3: it (or its package: find_spec raises for "sglang.x" without
 # sglang) is not installed; 5: its package fails to import, the reason on stderr
 FIND_MODULE_PY = """import importlib.util, sys
@@ -432,20 +432,24 @@ class ServerControl:
         """The record of the server tuitune started on this port; an empty or corrupt state file
         (a client killed in the middle of an old, non-atomic write) is recovered from the process
         that listens on the port, and ``warnings`` says so."""
-        r = await self.t.run(_CAT_STATE_SH.format(f=P.shell_path(self.state_path)), timeout=30)
+        f = P.shell_path(self.state_path)
+        r = await self.t.run(f"[ -e {f} ] || exit 3; " + _CAT_SH.format(f=f), timeout=30)
         return None if r.exit_status == 3 else await self._record(r.stdout)
 
     async def watch_tick(self, pid: int) -> tuple[ServerRecord | None, bool]:
         """``read_state()`` and ``alive(pid)`` in one command of shell built-ins: what a ready
         server's watch asks every WATCH_S (one process a tick instead of six)."""
+        # the answer is in the exit status (stdout is the file alone, as read_state's, whatever a
+        # login script prints): 0 alive, 10 not; 3 more where there is no state file
+        f = P.shell_path(self.state_path)
         r = await self.t.run(
-            f"p={int(pid)}; if {LIVE_SH}; then echo 1; else echo 0; fi; "
-            + _CAT_STATE_SH.format(f=P.shell_path(self.state_path)),
+            f"p={int(pid)}; if {LIVE_SH}; then a=0; else a=10; fi; [ -e {f} ] || exit $((a + 3)); "
+            + _CAT_SH.format(f=f)
+            + "; exit $a",
             timeout=30,
         )
-        flag, _, text = r.stdout.partition("\n")
-        alive = flag.strip() == "1"
-        return (None if r.exit_status == 3 else await self._record(text)), alive
+        alive = r.exit_status in (0, 3)
+        return (None if r.exit_status in (3, 13) else await self._record(r.stdout)), alive
 
     async def _record(self, text: str) -> ServerRecord | None:
         try:
