@@ -462,7 +462,10 @@ async def test_capture_throttle_keeps_its_rate_on_real_ticks():
     # over 40 sampling periods (4 s): 20 ticks due, one every other tick (the old throttle kept
     # ~15: 0.77 of them; 0.9 leaves room for a stall of this loaded machine)
     assert n - 1 >= 0.9 * (last - first) / 2, (n, first, last, seqs)
-    assert n - 1 <= (last - first) / 2 + 1, seqs
+    # and never more than one a due time of the clock: under load the companion's ticks come further
+    # apart than 100 ms (in CI 22 were kept over seq 0-39, within a longer span of the clock)
+    at = dict(kept)
+    assert n - 1 <= (at[last] - at[first]) / 0.2 + 1, (seqs, at[last] - at[first])
 
 
 def test_command_prefix_quotes_every_word():
