@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -41,30 +42,51 @@ def pytest_collection_modifyitems(items):
 
 # The CPU gate. Under xdist the two workers share two cores with the engines and simulators they start, so
 # a test that compares two clocks (tuitune's bench against an independent client, a relaunch's measured gain
-# against the model's) sees the other worker's load as noise, or as bias when that load lands on one side
-# only. Such a test is marked `quiet`: it waits for the test running beside it to end and keeps the other
-# worker from starting one until it is done (an exclusive flock; every other test holds it shared). A
-# turnstile lock in front keeps the shared takers, which come back between every two tests, from starving
-# the exclusive one. Module fixtures (a real engine's launch) are set up before it, outside the gate.
-@pytest.fixture(autouse=True)
-def _cpu_gate(request):
+# against the model's, a sequential A/B's verdict on the simulator) sees the other worker's load as noise, or
+# as bias when that load lands on one side only. Such a test is marked `quiet`: it waits for the test
+# running beside it to end and keeps the other worker from starting one until it is done (an exclusive
+# flock; every other test holds it shared). A turnstile lock in front keeps the shared takers, which come
+# back between every two tests, from starving the exclusive one. The setup of a module or session fixture
+# (a real engine's launch: a minute of both cores) holds it shared too, so that no quiet test runs beside
+# one (CI once measured 1.275 for a modelled 1.146 gain in a gated test, an engine starting beside it).
+_GATE_HELD = []  # this process's gate, while it holds one (a fixture set up inside a test takes no other)
+
+
+@contextlib.contextmanager
+def _cpu(quiet: bool):
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if not run:  # one process: nothing runs beside a test
+    if not run or _GATE_HELD:  # one process: nothing runs beside a test
         yield
         return
     base = Path("/tmp") / f"tuitune-tests-{run}"
     with open(f"{base}.turnstile", "a+") as turnstile, open(f"{base}.cpu", "a+") as cpu:
-        quiet = request.node.get_closest_marker("quiet") is not None
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         fcntl.flock(cpu, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
         if not quiet:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
+        _GATE_HELD.append(quiet)
         try:
             yield
         finally:
+            _GATE_HELD.pop()
             fcntl.flock(cpu, fcntl.LOCK_UN)
             if quiet:
                 fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _cpu_gate(request):
+    with _cpu(request.node.get_closest_marker("quiet") is not None):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    if fixturedef.scope == "function":
+        yield
+        return
+    with _cpu(False):
+        yield
 
 
 def free_port() -> int:
@@ -91,6 +113,16 @@ def wait_for(cond, timeout: float = 15.0, interval: float = 0.05, what: str = "c
         if v:
             return v
         time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def until(pilot, cond, timeout: float = 20.0, what: str = "condition"):
+    """A Pilot test's wait: the app runs (pauses of 50 ms) until cond() holds, on the clock."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        await pilot.pause(0.05)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 

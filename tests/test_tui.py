@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import group_alive, make_preset
+from conftest import group_alive, make_preset, until
 
 from tuitune import preset as P
 from tuitune.measure.capture import Replay, read_capture
@@ -18,14 +18,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "screenshots")) 
 from scenes import CAPTURE, SCENES, SIZE, prepare, scene_app  # noqa: E402
 
 SIZE_LIVE = (140, 44)
-
-
-async def until(pilot, cond, timeout: float = 20.0, what: str = "condition"):
-    for _ in range(int(timeout / 0.05)):
-        if cond():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def live_app(tmp_path, **preset_kw) -> tuple[TuituneApp, Session]:

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import re
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import make_preset
+from conftest import make_preset, until
 from textual.widgets import Footer, Input
 
 from tuitune import preset as P
@@ -27,15 +26,6 @@ from scenes import _runs, scene_app  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
 TOUR_KEYS = ["l", "b", "3", "a", "r", "b", "m", "s"]  # l load → b bench → advisor → a → r → b → m → s
-
-
-async def until(pilot, cond, timeout: float = 20.0, what: str = "condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def footer_keys(app) -> list[str]:

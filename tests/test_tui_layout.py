@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import until
 from textual.widgets import Button, Footer, Input
 
 from tuitune.tui.app import NARROW_COLS, TuituneApp, UserConfig, load_user_config, remember_theme
@@ -34,12 +35,13 @@ async def test_small_terminals_keep_every_panel_readable(size):
     app = scene_app()
     async with app.run_test(size=size) as pilot:
         _runs(app)
-        await pilot.pause(0.3)
+        # the runs are drawn on the app's next refresh tick (0.3 s was once not enough under load in CI)
+        await until(pilot, lambda: app.runs_table.row_count == 3, what="the three runs drawn")
+        await until(pilot, lambda: app.runs_table.region.height >= 6, 5, "border, header and three rows")
         assert size[0] < NARROW_COLS and not visible(app.config)  # collapsed below 140 columns
         bars = app.cycle.query_one("#bars")
         assert bars.region.height == 4  # three bars and the summary, none wrapped
         assert "█" in str(bars.render()).splitlines()[1]
-        assert app.runs_table.region.height >= 6  # border, header and at least three rows
         assert app.logpane.query_one(FollowLog).region.height >= 3
         for _ in range(100):  # the footer composes its keys after the first refresh
             keys = footer_keys(app)
@@ -173,7 +175,7 @@ async def test_runs_table_moves_with_j_and_k():
     app = scene_app()
     async with app.run_test(size=(120, 40)) as pilot:
         _runs(app)
-        await pilot.pause(0.3)
+        await until(pilot, lambda: app.runs_table.row_count == 3, what="the three runs drawn")
         app.runs_table.focus()
         app.runs_table.move_cursor(row=0)
         await pilot.press("j", "j")
@@ -219,8 +221,7 @@ async def test_first_run_hint_until_the_first_profile_window():
         assert "space play/pause" in str(app.cycle.query_one("#bars").render())
         replay.publish_until(replay.duration)
         app._dirty_cycle = True
-        await pilot.pause(0.3)
-        assert "waiting" not in str(app.cycle.query_one("#bars").render())
+        await until(pilot, lambda: "waiting" not in str(app.cycle.query_one("#bars").render()), 5, "the bars")
 
 
 async def test_save_dialog_flags_a_description_that_no_longer_matches(tmp_path, monkeypatch):
@@ -311,10 +312,9 @@ async def test_resizing_to_80x24_lays_out_as_starting_there():
         await pilot.pause()
         assert not app.has_class("-short") and app.footer.show_command_palette
         await pilot.resize_terminal(80, 24)
-        await pilot.pause(0.3)
-        assert app.has_class("-short") and app.has_class("-narrow")
+        await until(pilot, lambda: app.has_class("-short") and app.has_class("-narrow"), 5, "the small layout")
         assert app.logpane.query_one(FollowLog).region.height >= 3
         assert app.footer.compact and not app.footer.show_command_palette
         await pilot.resize_terminal(140, 44)
-        await pilot.pause(0.3)
-        assert not app.has_class("-short") and app.footer.show_command_palette and not app.footer.compact
+        await until(pilot, lambda: not app.has_class("-short"), 5, "the wide layout")
+        assert app.footer.show_command_palette and not app.footer.compact

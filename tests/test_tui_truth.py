@@ -8,7 +8,7 @@ import os
 import signal
 import time
 
-from conftest import group_alive, make_preset
+from conftest import group_alive, make_preset, until
 
 from tuitune import preset as P
 from tuitune.target.session import Session
@@ -16,15 +16,6 @@ from tuitune.tui.app import TuituneApp, UserConfig
 from tuitune.tui.screens import QuitScreen, RelaunchScreen
 
 SIZE = (120, 40)
-
-
-async def until(pilot, cond, timeout: float = 20.0, what: str = "condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def live(tmp_path, name="tui", stop_on_quit=False, autostart="launch", **kw):
