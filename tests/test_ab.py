@@ -37,6 +37,7 @@ def twin(name: str, tmp: Path, port: int) -> P.Preset:
     )
 
 
+@pytest.mark.sim_clock  # its ratio within 1.02-1.15, off the simulator's clock
 def test_ab_cli_two_step_eagle3_beats_the_nccl_baseline(tmp_path):
     port = free_port()
     files = []
@@ -106,6 +107,7 @@ def test_detectable_effect_follows_the_verdict_rule():
     assert note["detectable"] is None and note["sentence"].startswith("with 1 launch(es) a side no effect can be")
 
 
+@pytest.mark.sim_clock  # its ratio off the simulator's clock
 async def test_ab_untuned_baseline_is_far_slower(tmp_path):
     port = free_port()
     tuned, untuned = twin("sim-c2-baseline-nccl", tmp_path, port), twin("sim-c1-baseline-untuned", tmp_path, port)

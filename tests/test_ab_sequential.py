@@ -271,7 +271,7 @@ def twin(name: str, tmp: Path, port: int) -> P.Preset:
     )
 
 
-@pytest.mark.quiet  # a verdict from the simulator's clock: the other worker's load widens (or biases) it
+@pytest.mark.sim_clock  # a verdict from the simulator's clock: a real engine beside it widens (or biases) it
 def test_ab_until_decided_against_the_simulator(tmp_path):
     """`ab --until-decided` on the simulator as a process: tuned against untuned NCCL (+41 % in the
     seeds). From a first look after 2 rounds (which cannot decide) it adds rounds, decides at the
@@ -340,7 +340,7 @@ def sim_tune_preset(tmp: Path) -> Path:
     return P.save(p, tmp / "p.yaml")
 
 
-@pytest.mark.quiet  # as above (in CI, ungated, it once read "no significant difference" in 6 rounds)
+@pytest.mark.sim_clock  # as above (in CI, ungated, it once read "no significant difference" in 6 rounds)
 def test_tune_final_ab_is_sequential_and_accepts_a_clearly_better_candidate(tmp_path):
     """tune's final A/B runs the sequential design within --ab-max-rounds, states its power first,
     and takes a clearly better candidate (speculation off, found by the first relaunch)."""

@@ -245,6 +245,7 @@ def tuitune(tmp: Path, *args: str, timeout: float = 400) -> subprocess.Completed
     )
 
 
+@pytest.mark.sim_clock  # its final A/B's verdict off the simulator's clock
 def test_tune_finds_the_known_optimum_on_the_sim_and_proves_it(tmp_path):
     m = S.load_machine("seed-pcie8")
     env = P.resolve("sim-c4-eagle3-2step-nccl").env

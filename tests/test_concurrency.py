@@ -20,6 +20,7 @@ from tuitune.measure.parse import parse_line
 from tuitune.sim import model as M
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.sim_clock  # goodput curves and crossovers off the simulator's clock
 CHAIN3 = [
     "--speculative-algorithm",
     "EAGLE3",

@@ -130,6 +130,7 @@ def _sim_pair(tmp_path: Path):
     return P.save(a, tmp_path / "a.yaml"), P.save(b, tmp_path / "b.yaml"), a
 
 
+@pytest.mark.sim_clock  # a ratio off the simulator's clock
 def test_ab_refuses_rounds_that_cannot_reach_significance_before_relaunching(tmp_path):
     from tuitune.experiments.ab import MIN_ROUNDS, min_p
 

@@ -422,6 +422,7 @@ def test_the_simulators_own_reading_of_the_adaptive_file_agrees_with_tuitunes_ch
         assert adaptive.load_config(cfg) == want
 
 
+@pytest.mark.sim_clock  # two clients' rates on the simulator
 def test_bench_stamps_the_stream_on_its_own_clock_not_the_callers_loop(sim_factory):
     """A caller whose event loop stalls (a session's liveness check forking while its child waits
     for a core, a /metrics page parsed on a loaded machine: 0.3-2.9 s seen on the real vLLM engine)

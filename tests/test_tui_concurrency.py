@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from conftest import make_preset
-from test_tui import SIZE_LIVE, until, wait_ready
+import pytest
+from conftest import make_preset, until
+from test_tui import SIZE_LIVE, wait_ready
 
 from tuitune.target.session import Session
 from tuitune.tui.app import TuituneApp, UserConfig
 from tuitune.tui.chart import render
+
+pytestmark = pytest.mark.sim_clock  # goodput levels off the simulator's clock (CI, beside an engine: 1.47x for 1.5x)
 
 
 async def test_load_drives_batch_size_and_a_multi_level_run_is_a_curve(tmp_path):
