@@ -1,9 +1,9 @@
 """An independent streaming client for the real-engine tests: plain http.client, nothing of tuitune.
 
-    python tests/stream_client.py PORT MODEL MAX_TOKENS PROMPT [PROMPT ...]
+    python tests/stream_client.py [--no-warmup] PORT MODEL MAX_TOKENS PROMPT [PROMPT ...]
 
-sends the prompts one after the other (the first one a warm-up, not reported) and prints a JSON list
-of [decode tok/s, completion tokens], one pair a measured request. The tests run it as a process of its
+sends the prompts one after the other (the first one a warm-up, not reported, unless --no-warmup) and
+prints a JSON list of [decode tok/s, completion tokens, decode span in s], one a measured request. The tests run it as a process of its
 own, as `tuitune bench` is, so that neither client shares its interpreter (threads, GIL) with the
 test's fixtures."""
 
@@ -15,8 +15,9 @@ import sys
 import time
 
 
-def independent_request(port: int, model: str, prompt: str, max_tokens: int) -> tuple[float | None, int]:
-    """One streamed /v1/completions request: (decode tok/s, completion tokens). Same formula as any
+def independent_request(port: int, model: str, prompt: str, max_tokens: int) -> tuple[float | None, int, float]:
+    """One streamed /v1/completions request: (decode tok/s, completion tokens, the span from the first
+    token chunk to the last in seconds). Same formula as any
     decode rate: (completion_tokens - 1) / (last token chunk - first token chunk), the count from the
     server's usage block (the chunk that carries it has no choice)."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
@@ -44,20 +45,27 @@ def independent_request(port: int, model: str, prompt: str, max_tokens: int) -> 
         # every chunk with a choice carries tokens, an empty text included: the detokenizer holds
         # back text that is not yet whole (bytes of one character, spaces), and a stream that ends
         # in such tokens ended on chunks with no text (one prompt of six here: its rate read 25 %
-        # high when those were left out, and tuitune bench, which counts them, 20 % "low")
+        # high when those were left out)
         if d.get("choices"):
             first = first or now
             last = now
     c.close()
     n = usage["completion_tokens"]
     # a stream that arrived in one read has no decode rate (the server sent it at once)
-    return ((n - 1) / (last - first) if last > first else None), n
+    return ((n - 1) / (last - first) if last > first else None), n, last - first
 
 
 def main(argv: list[str]) -> None:
-    port, model, max_tokens, prompts = int(argv[0]), argv[1], int(argv[2]), argv[3:]
-    independent_request(port, model, prompts[0], max_tokens)
-    print(json.dumps([independent_request(port, model, p, max_tokens) for p in prompts[1:]]))
+    warmup = argv[:1] != ["--no-warmup"]
+    port, model, max_tokens, prompts = (
+        int(argv[1 - warmup]),
+        argv[2 - warmup],
+        int(argv[3 - warmup]),
+        argv[4 - warmup :],
+    )
+    if warmup:
+        independent_request(port, model, prompts.pop(0), max_tokens)
+    print(json.dumps([independent_request(port, model, p, max_tokens) for p in prompts]))
 
 
 if __name__ == "__main__":

@@ -320,65 +320,71 @@ def test_status_sees_no_drift_on_what_it_launched_and_drift_on_another_k(served)
     assert "num_speculative_tokens" in r.stdout, r.stdout
 
 
-@pytest.mark.xfail(
-    reason="open (issue 24): in this test's 6-request batches tuitune bench PRESET reads 0.89-0.92 of the "
-    "independent client (3 runs, 2026-12-01, one with the session's log tail, /metrics scrape and "
-    "liveness watch all switched off: 0.903), bench --url 1.010 (1 run); one request a command "
-    "(benchmarks/bench_pairs.py) bench PRESET now reads 1.00 (0.95 before the watch stopped forking); "
-    "the batch gap is not yet explained",
-    strict=False,
-)
+def server_decode_clock(port: int) -> tuple[float, float]:
+    """vLLM's own clock of what it decoded, read with prometheus_client (not tuitune's scraper): the
+    tokens after each finished request's first (its generated tokens less one a request) and the
+    seconds from each one's first token to its last (request_decode_time's sum), over all of them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    tokens, requests, decode = (
+        f"vllm:request_{x}" for x in ("generation_tokens_sum", "generation_tokens_count", "decode_time_seconds_sum")
+    )
+    got = dict.fromkeys((tokens, requests, decode), 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in got:
+                got[sample.name] += sample.value
+    return got[tokens] - got[requests], got[decode]
+
+
 def test_bench_agrees_with_an_independent_client_interleaved(served):
     """`tuitune bench PRESET` (the whole command: its session, log tail and /metrics scrape running)
-    against a plain http.client loop (tests/stream_client.py, a process of its own as bench is): same
-    prompts in the same order, same formula, interleaved A B B A … on the same server. Request i of a
-    tuitune batch is paired with request i (the same prompt) of the independent batch next to it, so
-    that the machine's drift cancels: the median of the paired ratios within 5 %. Every tuitune request
-    has its decode rate: under suite load the session's loop (log tail, /metrics, liveness forks)
-    stalled for seconds and, when the requests were stamped on it, whole streams arrived in one read.
-    In CI, with the independent loop inside the pytest worker and the other worker's tests running,
-    tuitune read 10 % above it; the client now runs apart and the test behind the CPU gate."""
+    and a plain http.client loop (tests/stream_client.py, a process of its own as bench is), in turn
+    A B B A on the same server, each batch held against the server's own clock over the same requests:
+    vLLM's decode time (first token to last, a request) and its token count, read from /metrics before
+    and after the batch. A client's decode rate over a batch (its tokens after the first over its spans)
+    divided by the server's for those requests is drift-free: the machine's speed swings up to 1.5x from
+    one batch to the next here (80 tok/s, then 55), which batch-against-batch pairing of the two clients
+    read as a 5-11 % gap either way. Each client within 3 % of the server (the median of its three
+    batches), and within 5 % of each other.
+    It once read 1.03 for tuitune, 1.000 for the plain client: bench left out the chunks with an empty
+    text (tokens the detokenizer holds back) and so ended a request's span early."""
     n, max_tokens = 6, 128
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n + 1)]  # bench's: its warm-up, then the list on
-    rounds: list[tuple[list[float], list[float]]] = []
-    for rnd in range(4):
-        got: dict[str, list[float]] = {}
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]  # bench's list, from its start (no warm-up)
+    against: dict[str, list[float]] = {"tuitune": [], "independent": []}
+    medians: dict[str, list[float]] = {"tuitune": [], "independent": []}
+    for rnd in range(3):
         for who in ("tuitune", "independent") if rnd % 2 == 0 else ("independent", "tuitune"):
+            before = server_decode_clock(served.port)
             if who == "tuitune":
                 out = served.home / f"bench-{rnd}.json"
-                args = ["bench", str(served.k2), "--requests", str(n), "--warmup", "1"]
+                args = ["bench", str(served.k2), "--requests", str(n), "--warmup", "0"]
                 r = tt(served.home, *args, "--max-tokens", str(max_tokens), "--json", str(out), timeout=300)
                 assert r.returncode == 0, r.stdout + r.stderr
                 res = json.loads(out.read_text())["results"]
                 assert all(x["ok"] and x["completion_tokens"] == max_tokens for x in res), res
-                got[who] = [x["decode_tok_s"] for x in res]
+                spans = [x["e2e_s"] - x["ttft_s"] for x in res]
+                medians[who].append(statistics.median(x["decode_tok_s"] for x in res if x["decode_tok_s"]))
             else:
-                cmd = [sys.executable, str(ROOT / "tests" / "stream_client.py"), str(served.port), served.model]
-                r = subprocess.run([*cmd, str(max_tokens), *prompts], capture_output=True, text=True, timeout=300)
+                cmd = [sys.executable, str(ROOT / "tests" / "stream_client.py"), "--no-warmup", str(served.port)]
+                r = subprocess.run([*cmd, served.model, str(max_tokens), *prompts], capture_output=True, text=True)
                 assert r.returncode == 0, r.stderr
-                pairs = json.loads(r.stdout)
-                assert [count for _, count in pairs] == [max_tokens] * n, pairs
-                got[who] = [tok_s for tok_s, _ in pairs]
-        rounds.append((got["tuitune"], got["independent"]))
-
-    # Now and then the server sends a whole stream (or most of it) at once, to both clients alike: on
-    # a quiet machine one request of 24 read 37,493 tok/s in tuitune's batch and 9,093 in the
-    # independent one, the same prompt, next to each other. Such a stream has no decode rate (None
-    # where it came in one read) or an absurd one; a pair with one is left out, and most must stay.
-    def burst(rate: float | None, batch: list[float | None]) -> bool:
-        return rate is None or rate > 3 * statistics.median([r for r in batch if r is not None])
-
-    ratios = [
-        a / b
-        for mine, theirs in rounds
-        for a, b in zip(mine, theirs, strict=True)
-        if not burst(a, mine) and not burst(b, theirs)
-    ]
-    assert len(ratios) >= 18, rounds  # of 24
-    ratio = statistics.median(ratios)
-    assert abs(ratio - 1) < 0.05, (
-        f"tuitune bench / independent = {ratio:.3f} (median of {len(ratios)} pairs); rounds {rounds}"
-    )
+                res = json.loads(r.stdout)
+                assert [count for _, count, _ in res] == [max_tokens] * n, res
+                spans = [span for _, _, span in res]
+                medians[who].append(statistics.median(rate for rate, _, _ in res if rate))
+            after = server_decode_clock(served.port)
+            tokens, seconds = after[0] - before[0], after[1] - before[1]
+            assert tokens == n * (max_tokens - 1), (before, after)  # these requests, and nothing else
+            against[who].append((n * (max_tokens - 1) / sum(spans)) / (tokens / seconds))
+    # Now and then vLLM's decode time runs longer than both clients' spans (1.185 and 1.136 once, in the
+    # same round): its clock starts at the engine's first token, and on two cores the API server can be
+    # late in sending it. The median of three batches stands; both clients see those delays alike.
+    mine, theirs = (statistics.median(against[who]) for who in ("tuitune", "independent"))
+    assert abs(mine - 1) < 0.03 and abs(theirs - 1) < 0.03, (against, medians)
+    assert abs(mine / theirs - 1) < 0.05, (against, medians)
 
 
 def test_probe_runs_inside_the_real_worker(served):
@@ -415,7 +421,7 @@ def test_metrics_windows_from_the_real_server(served):
             return r.read().decode()
 
     before = promscrape.parse(scrape())
-    _, count = independent_request(served.port, served.model, PROMPTS[3], 64)
+    _, count, _ = independent_request(served.port, served.model, PROMPTS[3], 64)
     w = promscrape.window(before, promscrape.parse(scrape()))
     assert w is not None and w.engine == "vllm"
     assert w.drafts and w.draft_tokens == 2 * w.drafts  # K = 2 drafted each step

@@ -13,6 +13,8 @@ import os
 import shlex
 import subprocess
 import sys
+import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,8 @@ from tuitune.measure import promscrape
 from tuitune.measure.parse import parse_line
 from tuitune.target.control import ControlError, ServerControl
 from tuitune.target.transport import LocalTransport
+
+JSON = {"Content-Type": "application/json"}
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "(APIServer pid=4242) INFO 11-30 09:41:07 [loggers.py:257] "
@@ -598,3 +602,38 @@ async def test_tui_engine_header_spec_tokens_edit_and_position_row(tmp_path):
         assert s.running_preset.speculative.num_speculative_tokens == 3
         await until(pilot, lambda: " 3 " in bars().split("accept by position")[-1], 20, "a three-position row")
         await s.close(stop_server=True)
+
+
+async def test_bench_counts_every_chunk_with_a_choice_as_vllms_stream_sends_them(tmp_path):
+    """vLLM's stream (seen on the real 0.32 CPU engine): no "usage" key in a text chunk, the usage block
+    in a chunk of its own, and a stream that ends in tokens the detokenizer holds back ends on chunks
+    with an empty text. The simulator's vLLM streams so (one request of four ends on three); bench counts
+    each of those chunks, so that a request's decode span ends at its last token, not before (leaving
+    them out read 3 % above vLLM's own decode time on the real engine)."""
+    from tuitune.measure.bench import BenchConfig, run_bench
+
+    t = LocalTransport()
+    p = sim_vllm(tmp_path, "chunks", tokens=None, **{"tensor-parallel-size": 1})
+    c = ServerControl(t, p, state_dir=str(tmp_path / "state"))
+    rec, res = await c.relaunch(30)
+    assert res.ok, res
+    try:
+        url = t.url(await t.forward_port(p.server.port))
+        body = {"model": "/shared/m", "prompt": "hi", "max_tokens": 12, "stream": True}
+        body["stream_options"] = {"include_usage": True}
+        texts, usage_chunks = [], []
+        for _ in range(4):  # one request of four holds its last three tokens back
+            req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), JSON)
+            with urllib.request.urlopen(req, timeout=30) as r:
+                events = [json.loads(x[5:]) for x in r.read().split(b"\n\n") if x.startswith(b"data: {")]
+            assert all("usage" not in e for e in events if e["choices"])
+            usage_chunks += [e for e in events if not e["choices"]]
+            texts.append([e["choices"][0]["text"] for e in events if e["choices"]])
+        assert [len(x) for x in texts] == [12] * 4 and len(usage_chunks) == 4  # one token a chunk, usage apart
+        held = [x for x in texts if x[-3:] == ["", "", ""]]
+        assert len(held) == 1 and all(held[0][:-3]), texts
+        run = await run_bench(replace(BenchConfig.for_preset(url, p), requests=8, max_tokens=40, api="openai"))
+        assert run.failed == 0 and len(run.ok) == 8
+        assert all(r.completion_tokens == 40 and r.chunks == 40 for r in run.ok), [r.chunks for r in run.ok]
+    finally:
+        await c.stop()

@@ -157,6 +157,10 @@ class Window:
 
 
 class Simulator:
+    # the OpenAI stream's chunks: "usage": null in each text chunk (SGLang's), and no text held back
+    USAGE_NULL = True
+    HOLD_BACK, HOLD_BACK_EVERY = 0, 0
+
     def __init__(
         self,
         ns,
@@ -674,14 +678,19 @@ class Simulator:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        # a request of HOLD_BACK_EVERY ends on HOLD_BACK tokens whose text is not whole yet: their chunks
+        # carry an empty text, as a detokenizer's do (the real vLLM: one prompt of six in its tests)
+        held = self.HOLD_BACK if self.HOLD_BACK_EVERY and int(r.rid, 16) % self.HOLD_BACK_EVERY == 0 else 0
         try:
             while True:
                 n, done = await r.take()
                 delta = " " + " ".join(r.next_words(n))
+                if r.produced > r.max_tokens - held:
+                    delta = ""
                 chunk = {
                     **base,
                     "choices": [{"index": 0, "text": delta, "finish_reason": "length" if done else None}],
-                    "usage": None,
+                    **({"usage": None} if self.USAGE_NULL else {}),
                 }
                 await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 if done:

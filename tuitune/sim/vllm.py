@@ -213,6 +213,11 @@ def sglang_namespace(ns) -> argparse.Namespace:
 
 
 class VllmSimulator(Simulator):
+    # as the real vLLM 0.32 streams (seen on its CPU build): no "usage" key in a text chunk, and a
+    # stream that ends in tokens the detokenizer holds back ends on chunks with an empty text
+    USAGE_NULL = False
+    HOLD_BACK, HOLD_BACK_EVERY = 3, 4
+
     def __init__(self, ns, vns, faults, machine, acceptance, non_default: dict):
         super().__init__(ns, faults, machine, acceptance, [])
         self.vns = vns
