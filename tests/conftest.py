@@ -35,84 +35,58 @@ SHARED_FIXTURES = {
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(items):
     for item in items:
-        if item.get_closest_marker("timeout") is None and any(map(item.get_closest_marker, ("quiet", "sim_clock"))):
-            item.add_marker(pytest.mark.timeout(480))  # the suite's 120 s, and a gate's wait (a real sweep: 131 s)
+        if item.get_closest_marker("timeout") is None and item.get_closest_marker("quiet") is not None:
+            item.add_marker(pytest.mark.timeout(480))  # the suite's 120 s, and the gate's wait
         for fixture, group in SHARED_FIXTURES.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(group))
+        if item.get_closest_marker("sim_clock") is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group("real-vllm"))  # the real engine's worker: never beside it
 
 
-# The CPU gates. Under xdist the two workers share two cores with the engines and simulators they start, so
-# a test that compares two clocks sees the other worker's load as noise, or as bias when that load lands on
-# one side only. Two flock gates, each with a turnstile in front (a waiting exclusive taker holds it, so
-# that the shared takers, who come back between every two tests, cannot starve it):
-# - `quiet` (tuitune's bench against an independent client, a relaunch's measured gain against the
-#   model's): nothing runs beside it. It takes the CPU gate exclusive; every other test takes it shared.
-# - `sim_clock` (a verdict or a ratio read off the simulator's clock): no real engine runs beside it. The
-#   real engine's tests (xdist group real-vllm: a serving vLLM keeps both cores busy) take the engine gate
-#   exclusive, those tests shared; the rest need not wait for each other (in CI, beside an engine, such a
-#   test once read 1.47x where 1.5x was asked, another "no significant difference" for a 1.32x gain).
-#   A worker keeps the engine gate through a run of such tests in a row (a module of them), so that it
-#   waits for the engine's current test once a run, not once a test.
-# The setup of a module or session fixture (a real engine's launch: a minute of both cores) takes the gates
-# as its module's tests do, so that no quiet test runs beside one (CI once measured 1.275 for a modelled
-# 1.146 gain in a quiet test, an engine starting beside it). The engine gate is always taken first.
-_GATE_HELD = []  # this process's gates, while it holds them (a fixture set up inside a test takes none)
-_SIM_RUN: dict[str, contextlib.ExitStack] = {}  # the engine gate, held shared through a run of sim_clock tests
-
-
-@contextlib.contextmanager
-def _flock(base: Path, name: str, exclusive: bool):
-    with open(f"{base}.{name}.turnstile", "a+") as turnstile, open(f"{base}.{name}", "a+") as lock:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        if not exclusive:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            if exclusive:
-                fcntl.flock(turnstile, fcntl.LOCK_UN)
-
-
-def _real_engine(node) -> bool:
-    return any(m.args[:1] == ("real-vllm",) for m in node.iter_markers("xdist_group"))
+# `sim_clock` tests (a verdict or a ratio read off the simulator's clock) join the real engine's xdist
+# group: they run on its worker, one after another with its tests, so never beside a serving vLLM (which
+# keeps both cores busy: in CI, beside one, such tests read 1.47x where 1.5x was asked, and "no significant
+# difference" in 6 rounds for a gain a quiet machine measures at 1.32x). A gate that made them wait for
+# the engine's current test on the other worker cost minutes of idle workers a run (one wait was 122 s).
+#
+# The CPU gate. Under xdist the two workers share two cores with the engines and simulators they start, so
+# a test that compares two clocks (tuitune's bench against an independent client, a relaunch's measured gain
+# against the model's) sees the other worker's load as noise, or as bias when that load lands on one side
+# only. Such a test is marked `quiet`: it waits for the test running beside it to end and keeps the other
+# worker from starting one until it is done (an exclusive flock; every other test holds it shared). A
+# turnstile lock in front keeps the shared takers, which come back between every two tests, from starving
+# the exclusive one. The setup of a module or session fixture (a real engine's launch: a minute of both
+# cores) holds it shared too, so that no quiet test runs beside one (CI once measured 1.275 for a modelled
+# 1.146 gain in a quiet test, an engine starting beside it).
+_GATE_HELD = []  # this process's gate, while it holds one (a fixture set up inside a test takes none)
 
 
 @contextlib.contextmanager
-def _gates(node, quiet: bool):
+def _cpu(quiet: bool):
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if not run or _GATE_HELD:  # one process: nothing runs beside a test
         yield
         return
     base = Path("/tmp") / f"tuitune-tests-{run}"
-    engine = _real_engine(node)
-    with contextlib.ExitStack() as gates:
-        if engine:
-            gates.enter_context(_flock(base, "engine", exclusive=True))
-        elif node.get_closest_marker("sim_clock") is not None and "gate" not in _SIM_RUN:
-            _SIM_RUN["gate"] = contextlib.ExitStack()
-            _SIM_RUN["gate"].enter_context(_flock(base, "engine", exclusive=False))
-        gates.enter_context(_flock(base, "cpu", exclusive=quiet))
-        _GATE_HELD.append(node)
+    with open(f"{base}.turnstile", "a+") as turnstile, open(f"{base}.cpu", "a+") as cpu:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(cpu, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
+        if not quiet:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        _GATE_HELD.append(quiet)
         try:
             yield
         finally:
             _GATE_HELD.pop()
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    yield
-    keep = nextitem is not None and nextitem.get_closest_marker("sim_clock") and not _real_engine(nextitem)
-    if "gate" in _SIM_RUN and not keep:  # the run of sim_clock tests ends here
-        _SIM_RUN.pop("gate").close()
+            fcntl.flock(cpu, fcntl.LOCK_UN)
+            if quiet:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
 
 
 @pytest.fixture(autouse=True)
 def _cpu_gate(request):
-    with _gates(request.node, request.node.get_closest_marker("quiet") is not None):
+    with _cpu(request.node.get_closest_marker("quiet") is not None):
         yield
 
 
@@ -121,7 +95,7 @@ def pytest_fixture_setup(fixturedef, request):
     if fixturedef.scope == "function":
         yield
         return
-    with _gates(request.node, False):
+    with _cpu(False):
         yield
 
 

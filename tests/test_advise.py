@@ -416,6 +416,7 @@ def test_sim_refuses_an_adaptive_config_sglang_would_refuse(tmp_path, sim_factor
 
 
 @pytest.mark.quiet  # the measured gain of the kept variable against the model's, on the simulator's clock
+@pytest.mark.sim_clock  # and never beside a serving engine (its own worker: the gate waits for short tests only)
 @pytest.mark.timeout(
     600
 )  # four nccl-bench runs (each starts torch thrice) and two launches, on a shared CPU; the gate's wait
