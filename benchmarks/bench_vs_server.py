@@ -22,24 +22,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def server_clock(port: int) -> tuple[float, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    names = ("vllm:request_generation_tokens_sum", "vllm:request_generation_tokens_count")
-    got = dict.fromkeys((*names, "vllm:request_decode_time_seconds_sum"), 0.0)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in got:
-                got[sample.name] += sample.value
-    return got[names[0]] - got[names[1]], got["vllm:request_decode_time_seconds_sum"]
 
 
 def main() -> None:
@@ -52,7 +37,9 @@ def main() -> None:
     if ns.preset is None:  # `make bench` runs every script bare: this one needs a server that is up
         print(f"{Path(__file__).name}: not run: it needs PRESET, a preset whose server is up (see its --help)")
         return
-    sys.path.insert(0, str(ROOT))
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+    from stream_client import server_decode_clock as server_clock
+
     from tuitune import preset as P
 
     p = P.load(ns.preset)

@@ -5,7 +5,8 @@
 sends the prompts one after the other (the first one a warm-up, not reported, unless --no-warmup) and
 prints a JSON list of [decode tok/s, completion tokens, decode span in s], one a measured request. The tests run it as a process of its
 own, as `tuitune bench` is, so that neither client shares its interpreter (threads, GIL) with the
-test's fixtures."""
+test's fixtures. ``server_decode_clock`` reads vLLM's own decode clock from /metrics, the reference
+both clients are held to (tests/test_real_vllm.py, benchmarks/bench_vs_server.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import http.client
 import json
 import sys
 import time
+import urllib.request
 
 
 def independent_request(port: int, model: str, prompt: str, max_tokens: int) -> tuple[float | None, int, float]:
@@ -53,6 +55,25 @@ def independent_request(port: int, model: str, prompt: str, max_tokens: int) -> 
     n = usage["completion_tokens"]
     # a stream that arrived in one read has no decode rate (the server sent it at once)
     return ((n - 1) / (last - first) if last > first else None), n, last - first
+
+
+def server_decode_clock(port: int) -> tuple[float, float]:
+    """vLLM's own clock of what it decoded, read with prometheus_client (not tuitune's scraper): the
+    tokens after each finished request's first (its generated tokens less one a request) and the
+    seconds from each one's first token to its last (request_decode_time's sum), over all of them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    tokens, requests, decode = (
+        f"vllm:request_{x}" for x in ("generation_tokens_sum", "generation_tokens_count", "decode_time_seconds_sum")
+    )
+    got = dict.fromkeys((tokens, requests, decode), 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in got:
+                got[sample.name] += sample.value
+    return got[tokens] - got[requests], got[decode]
 
 
 def main(argv: list[str]) -> None:

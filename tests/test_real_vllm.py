@@ -33,7 +33,7 @@ import pytest
 import real_vllm
 import yaml
 from conftest import ROOT, free_port, wait_for
-from stream_client import independent_request
+from stream_client import independent_request, server_decode_clock
 
 from tuitune.base.events import ProfileWindow, ServerError, VllmSpec
 from tuitune.measure import promscrape
@@ -318,25 +318,6 @@ def test_status_sees_no_drift_on_what_it_launched_and_drift_on_another_k(served)
     r = tt(served.home, "status", str(k3), timeout=60)
     assert r.returncode == 4, r.stdout + r.stderr
     assert "num_speculative_tokens" in r.stdout, r.stdout
-
-
-def server_decode_clock(port: int) -> tuple[float, float]:
-    """vLLM's own clock of what it decoded, read with prometheus_client (not tuitune's scraper): the
-    tokens after each finished request's first (its generated tokens less one a request) and the
-    seconds from each one's first token to its last (request_decode_time's sum), over all of them."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    tokens, requests, decode = (
-        f"vllm:request_{x}" for x in ("generation_tokens_sum", "generation_tokens_count", "decode_time_seconds_sum")
-    )
-    got = dict.fromkeys((tokens, requests, decode), 0.0)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in got:
-                got[sample.name] += sample.value
-    return got[tokens] - got[requests], got[decode]
 
 
 @pytest.mark.quiet  # CI, beside the other worker's tests: tuitune's first batch read 1.38x of vLLM's clock
