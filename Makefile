@@ -40,7 +40,7 @@ demo-vllm: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	-$(BIN)/python tests/vllm_cli.py  # vLLM's real command line for tests/test_vllm_parser.py (once)
 	$(BIN)/python tests/real_vllm.py  # the real vLLM CPU engine and tiny models for tests/test_real_vllm.py (once)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --reruns 1 --durations=25  # a failure is run once more (docs/testing.md); the slowest, for the suite's time
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --reruns 1 -rR --durations=25  # a failure is run once more (docs/testing.md); the slowest, for the suite's time
 
 screenshots: $(VENV)/.installed-test
 	$(BIN)/python screenshots/make.py screenshots  # from the live demo (the simulator), about two minutes

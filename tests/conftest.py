@@ -136,6 +136,46 @@ async def until(pilot, cond, timeout: float = 20.0, what: str = "condition"):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def wait_or_dump(proc: subprocess.Popen, timeout: float, what: str = "tuitune") -> int:
+    """``proc.wait(timeout)``; past it, the process is asked where it waits (SIGUSR1: tuitune prints
+    its threads and asyncio tasks on stderr), then killed, and the failure shows that answer."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    _dump_and_kill(proc, what, timeout)
+
+
+def run_dumped(args: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
+    """``subprocess.run(args, capture_output=True, text=True, timeout=...)``, but a process that
+    outlives the timeout says where it waits before it is killed (``wait_or_dump``)."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        out = None
+    if out is None:
+        _dump_and_kill(proc, " ".join(str(a) for a in args[2:5]), timeout)
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def tuitune_cli(*args: str, env: dict | None = None, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    """`python -m tuitune ARGS` from the checkout, with ``env`` over this environment; one that
+    outlives ``timeout`` says where it waited (``run_dumped``)."""
+    full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return run_dumped([sys.executable, "-m", "tuitune", *args], timeout, env=full, cwd=ROOT, **kw)
+
+
+def _dump_and_kill(proc: subprocess.Popen, what: str, timeout: float):
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGUSR1)
+    time.sleep(2)
+    proc.kill()
+    _, err = proc.communicate(timeout=10)
+    err = err.decode("utf-8", "replace") if isinstance(err, bytes) else (err or "")
+    raise AssertionError(f"{what} still running after {timeout:.0f} s; where it waited:\n{err[-12000:]}")
+
+
 class Sim:
     """``python -m tuitune.sim`` as a subprocess, its log in a file."""
 

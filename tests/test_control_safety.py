@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import group_alive, make_preset, wait_for
+from conftest import group_alive, make_preset, tuitune_cli, wait_for
 
 from tuitune import preset as P
 from tuitune.experiments import ncclbench as NB
@@ -42,15 +42,7 @@ CORPUS = [
 ]
 
 
-def cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tuitune", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+cli = tuitune_cli
 
 
 async def _first_batch_or_nothing(tail: LogTail, seconds: float = 1.0) -> None:

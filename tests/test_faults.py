@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import group_alive, make_preset, wait_for
+from conftest import group_alive, make_preset, tuitune_cli, wait_for
 
 from tuitune import preset as P
 from tuitune.base import redact
@@ -28,11 +28,7 @@ from tuitune.target.transport import LinkLost, LocalTransport, SshTransport
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "tuitune", *args], capture_output=True, text=True, timeout=timeout, env=full, cwd=ROOT
-    )
+cli = tuitune_cli
 
 
 def ssh(sshd) -> SshTransport:

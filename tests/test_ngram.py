@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from conftest import free_port, tuitune_cli
 
 from tuitune import preset as P
 from tuitune.measure.parse import parse_line
@@ -529,14 +529,7 @@ def test_probe_times_sglangs_ngram_cycle_and_skips_prefills(tmp_path):
 
 
 def cli(*args, env=None, timeout=300):
-    return subprocess.run(
-        [sys.executable, "-m", "tuitune", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-        cwd=ROOT,
-    )
+    return tuitune_cli(*args, env=env, timeout=timeout)
 
 
 async def test_ngram_launches_on_both_dialects_and_profiles_as_lookups(tmp_path):

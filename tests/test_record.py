@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import free_port, make_preset, wait_for
+from conftest import free_port, make_preset, tuitune_cli, wait_for, wait_or_dump
 
 from tuitune import preset as P
 from tuitune.base.events import ProfileWindow
@@ -19,10 +19,8 @@ from tuitune.measure.capture import CaptureWriter, read_capture
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def cli(*args, timeout=180, **kw):
-    return subprocess.run(
-        [sys.executable, "-m", "tuitune", *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout, **kw
-    )
+def cli(*args, timeout=180, env=None):
+    return tuitune_cli(*args, env=env, timeout=timeout)
 
 
 def test_record_then_report_round_trip(tmp_path):
@@ -169,7 +167,7 @@ def test_sweep_finds_the_seeds_answer_and_resumes(tmp_path):
         what="five trials",
     )
     proc.send_signal(signal.SIGINT)
-    proc.wait(30)
+    wait_or_dump(proc, 30, "sweep after SIGINT")
     first = [json.loads(x)["trial"] for x in (out / "results.jsonl").read_text().splitlines()]
     assert 5 <= len(first) < 11
     assert cli(*args).returncode == 2  # existing results without --resume: refused

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import make_preset, wait_for
+from conftest import make_preset, tuitune_cli, wait_for
 
 from tuitune import preset as P
 from tuitune.base import redact
@@ -26,11 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "hf_secret_4711"
 
 
-def cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "tuitune", *args], capture_output=True, text=True, timeout=timeout, env=full, cwd=ROOT
-    )
+cli = tuitune_cli
 
 
 def mode(path: Path) -> int:

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import free_port, group_alive
+from conftest import free_port, group_alive, tuitune_cli
 
 from tuitune import preset as P
 from tuitune.engines import vllm as V
@@ -360,14 +360,7 @@ async def test_vllm_start_failures_name_their_cause(tmp_path):
 
 
 def cli(*args, timeout=240, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "tuitune", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+    return tuitune_cli(*args, env=env, timeout=timeout)
 
 
 async def test_cli_commands_on_a_vllm_preset(tmp_path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from tuitune import __version__
@@ -172,6 +173,12 @@ def completion_parser() -> argparse.ArgumentParser:
 # ---- entry --------------------------------------------------------------------------------------
 
 
+def _dump_tasks(*_) -> None:
+    from tuitune.base.aio import dump_tasks  # asyncio: only when asked, not at every start
+
+    dump_tasks()
+
+
 def main(argv: list[str] | None = None) -> int:
     import os
 
@@ -179,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         import argcomplete
 
         argcomplete.autocomplete(completion_parser())
+    if argv is None and hasattr(signal, "SIGUSR1"):  # the process's own: `kill -USR1` says where it waits
+        signal.signal(signal.SIGUSR1, _dump_tasks)
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in COMMANDS:

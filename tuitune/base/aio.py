@@ -30,3 +30,20 @@ async def cancel_and_wait(
             raise exc
     if interrupted or (me is not None and me.cancelling() > before):
         raise asyncio.CancelledError
+
+
+def dump_tasks(file=None) -> None:
+    """Print where every thread and every asyncio task of the running loop is waiting (SIGUSR1:
+    `kill -USR1 PID` on a tuitune that seems stuck says on what, and it goes on running)."""
+    import faulthandler
+    import sys
+
+    out = file or sys.stderr
+    out.write("tuitune: SIGUSR1: the threads, then the tasks and where each waits\n")
+    out.flush()
+    faulthandler.dump_traceback(file=out, all_threads=True)
+    loop = asyncio._get_running_loop()  # the handler runs on the loop's thread, between its callbacks
+    for task in asyncio.all_tasks(loop) if loop is not None else ():
+        out.write(f"--- {task!r}\n")
+        task.print_stack(file=out)
+    out.flush()
