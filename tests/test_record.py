@@ -160,6 +160,9 @@ def test_sweep_finds_the_seeds_answer_and_resumes(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "HOME": str(tmp_path)},
+        # as a shell's background job starts it: SIGINT ignored. It once ran on unseen to its last trial
+        # (a test before it had left the suite's worker with SIGINT ignored, and the child inherited that)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     wait_for(
         lambda: (out / "results.jsonl").exists() and len((out / "results.jsonl").read_text().splitlines()) >= 5,
@@ -167,7 +170,8 @@ def test_sweep_finds_the_seeds_answer_and_resumes(tmp_path):
         what="five trials",
     )
     proc.send_signal(signal.SIGINT)
-    wait_or_dump(proc, 30, "sweep after SIGINT")
+    assert wait_or_dump(proc, 30, "sweep after SIGINT") == 130
+    assert proc.stderr is not None and "interrupted by SIGINT" in proc.stderr.read().decode()
     first = [json.loads(x)["trial"] for x in (out / "results.jsonl").read_text().splitlines()]
     assert 5 <= len(first) < 11
     assert cli(*args).returncode == 2  # existing results without --resume: refused

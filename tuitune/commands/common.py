@@ -8,6 +8,7 @@ Imports stay lazy (inside the functions): building a command's parser loads no h
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -89,10 +90,39 @@ def _blocks(stream) -> Iterator[list[str]]:
             yield _split(b"".join(pending))
 
 
-def run_async(coro):
+def run_async(coro, what: str = "tuitune", cleanup: Callable[[], str | None] = lambda: None):
+    """Run a command's coroutine. SIGINT and SIGTERM cancel it, so that its ``finally`` clauses
+    clean up (a capture closed, a half-started server stopped), then it ends in one sentence with
+    130 or 143 (``cleanup`` says what it did). Both are taken even when this process was started
+    with SIGINT ignored (a shell's background job): a command that cleans up is stopped with Ctrl-C
+    or ``kill -INT`` like any other, instead of running on unseen."""
     import asyncio
+    import signal
 
-    return asyncio.run(coro)
+    async def main():
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None  # main() runs as asyncio.run's task
+        got: list[int] = []
+
+        def interrupted(sig: int) -> None:
+            got.append(sig)
+            task.cancel()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
+                loop.add_signal_handler(sig, interrupted, sig)
+        try:
+            return await coro
+        except asyncio.CancelledError:
+            if not got:
+                raise
+            done = cleanup()
+            raise CliError(
+                f"{what} interrupted by {signal.Signals(got[0]).name}" + (f"; {done}" if done else ""), 128 + got[0]
+            ) from None
+
+    return asyncio.run(main())
 
 
 # ---- the target ---------------------------------------------------------------------------------
@@ -126,35 +156,9 @@ async def guarded(coro_fn, transport, control=None):
 
 
 def run_signalled(go, transport, what: str, cleanup: Callable[[], str | None] = lambda: None, control=None):
-    """Run a command whose interruption must clean up: SIGINT and SIGTERM cancel it (the core
-    stops what it half-started; ``cleanup`` then says what it did), then it ends in one sentence
-    with 130 or 143."""
-    import asyncio
-    import signal
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        assert task is not None  # main() runs as asyncio.run's task
-        got: list[int] = []
-
-        def interrupted(sig: int) -> None:
-            got.append(sig)
-            task.cancel()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, interrupted, sig)
-        try:
-            return await guarded(go, transport, control)
-        except asyncio.CancelledError:
-            if not got:
-                raise
-            done = cleanup()
-            raise CliError(
-                f"{what} interrupted by {signal.Signals(got[0]).name}" + (f"; {done}" if done else ""), 128 + got[0]
-            ) from None
-
-    return run_async(main())
+    """Run a command whose interruption must clean up on its target (``run_async``, the link and the
+    control closed at the end: ``guarded``)."""
+    return run_async(guarded(go, transport, control), what, cleanup)
 
 
 def print_warnings(control) -> None:
