@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import warnings
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,25 @@ def _cpu(quiet: bool):
 def _cpu_gate(request):
     with _cpu(request.node.get_closest_marker("quiet") is not None):
         yield
+
+
+def _sigint_ignored() -> bool:
+    """Whether this process ignores SIGINT (what its children inherit), from the kernel's own mask."""
+    try:
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("SigIgn:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+
+
+@pytest.fixture(autouse=True)
+def _sigint_kept(request):
+    """A test that leaves the worker ignoring SIGINT is named (a warning) and SIGINT restored: every
+    process the later tests start would inherit it (a sweep once ran on unseen after SIGINT)."""
+    yield
+    if _sigint_ignored():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        warnings.warn(f"{request.node.nodeid} left this worker ignoring SIGINT (restored)", stacklevel=1)
 
 
 @pytest.hookimpl(hookwrapper=True)
