@@ -90,7 +90,7 @@ def _blocks(stream) -> Iterator[list[str]]:
             yield _split(b"".join(pending))
 
 
-def run_async(coro, what: str = "tuitune", cleanup: Callable[[], str | None] = lambda: None):
+def run_async(coro, what: str | None = None, cleanup: Callable[[], str | None] = lambda: None):
     """Run a command's coroutine. SIGINT and SIGTERM cancel it, so that its ``finally`` clauses
     clean up (a capture closed, a half-started server stopped), then it ends in one sentence with
     130 or 143 (``cleanup`` says what it did). Both are taken even when this process was started
@@ -118,8 +118,9 @@ def run_async(coro, what: str = "tuitune", cleanup: Callable[[], str | None] = l
             if not got:
                 raise
             done = cleanup()
+            said = f"{what} interrupted" if what else "interrupted"  # printed after "tuitune: "
             raise CliError(
-                f"{what} interrupted by {signal.Signals(got[0]).name}" + (f"; {done}" if done else ""), 128 + got[0]
+                f"{said} by {signal.Signals(got[0]).name}" + (f"; {done}" if done else ""), 128 + got[0]
             ) from None
 
     return asyncio.run(main())
