@@ -77,7 +77,19 @@ class Term:
             if test(s):
                 return s
             time.sleep(0.2)
-        raise AssertionError(f"{what!r} never appeared on screen:\n{self.screen()}")
+        raise AssertionError(f"{what!r} never appeared on screen:\n{self.screen()}{self.dump()}")
+
+    def dump(self) -> str:
+        """Where the pane's tuitune waits (SIGUSR1: its tasks, written under its HOME), if it runs."""
+        shell = self.tmux("display", "-p", "-t", "app", "#{pane_pid}").strip()
+        kids = subprocess.run(["pgrep", "-P", shell], capture_output=True, text=True).stdout.split()
+        if not kids:
+            return ""
+        for pid in kids:
+            subprocess.run(["kill", "-USR1", pid], capture_output=True)
+        time.sleep(2)
+        found = sorted((self.home / ".cache" / "tuitune" / "dumps").glob("tuitune-*.txt"))
+        return "".join(f"\n--- {p.name}:\n{p.read_text(errors='replace')[-8000:]}" for p in found)
 
     def close(self) -> None:
         self.tmux("kill-server")

@@ -34,16 +34,30 @@ async def cancel_and_wait(
 
 def dump_tasks(file=None) -> None:
     """Print where every thread and every asyncio task of the running loop is waiting (SIGUSR1:
-    `kill -USR1 PID` on a tuitune that seems stuck says on what, and it goes on running)."""
+    `kill -USR1 PID` on a tuitune that seems stuck says on what, and it goes on running). On a
+    terminal (the TUI's screen) it goes to ~/.cache/tuitune/dumps/tuitune-PID.txt instead."""
     import faulthandler
+    import os
     import sys
+    from pathlib import Path
 
     out = file or sys.stderr
+    if file is None and sys.stderr.isatty():  # the TUI draws on that terminal: a file, not the screen
+        path = Path.home() / ".cache" / "tuitune" / "dumps" / f"tuitune-{os.getpid()}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            dump_tasks(f)
+        return
     out.write("tuitune: SIGUSR1: the threads, then the tasks and where each waits\n")
     out.flush()
     faulthandler.dump_traceback(file=out, all_threads=True)
     loop = asyncio._get_running_loop()  # the handler runs on the loop's thread, between its callbacks
-    for task in asyncio.all_tasks(loop) if loop is not None else ():
-        out.write(f"--- {task!r}\n")
-        task.print_stack(file=out)
+    tasks = list(asyncio.all_tasks(loop)) if loop is not None else []
+    pumps = [t for t in tasks if "/textual/" in getattr(getattr(t.get_coro(), "cr_code", None), "co_filename", "")]
+    if pumps:  # Textual's own: a message pump a widget, its timers
+        out.write(f"--- ({len(pumps)} of Textual's own tasks, message pumps and timers, left out)\n")
+    for task in tasks:
+        if task not in pumps:
+            out.write(f"--- {task!r}\n")
+            task.print_stack(file=out)
     out.flush()

@@ -977,7 +977,10 @@ class TuituneApp(App):
             await self.session.close(stop_server=stop_server)
         except (ControlError, TransportError) as e:
             self.messages.append(str(e))
-        self.exit()
+        except Exception as e:  # noqa: BLE001 - whatever the clean-up hit, quitting still quits
+            self.messages.append(f"closing the session failed: {type(e).__name__}: {e}")
+        finally:
+            self.exit()
 
 
 # a number as a word: not a digit inside a name ("EAGLE-3", "H200", "Kimi-K2.5"), nor the start of "3.5"
