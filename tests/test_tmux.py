@@ -21,6 +21,13 @@ from conftest import free_port
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed (.ci/run installs it)")
 
 
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 class Term:
     def __init__(self, tmp_path: Path, cols: int, rows: int):
         self.sock = f"tt-{uuid.uuid4().hex[:12]}"
@@ -63,13 +70,13 @@ class Term:
         for attempt in range(tries):
             self.keys(*keys, gap=gap)
             try:
-                return self.wait(what, timeout)
+                return self.wait(what, timeout, dump=attempt == tries - 1)
             except AssertionError:
                 if attempt == tries - 1:
                     raise
         raise AssertionError("unreachable")
 
-    def wait(self, what, timeout: float = 40.0) -> str:
+    def wait(self, what, timeout: float = 40.0, dump: bool = True) -> str:
         test = what if callable(what) else (lambda s: what in s)
         end = time.monotonic() + timeout
         while time.monotonic() < end:
@@ -77,12 +84,15 @@ class Term:
             if test(s):
                 return s
             time.sleep(0.2)
-        raise AssertionError(f"{what!r} never appeared on screen:\n{self.screen()}{self.dump()}")
+        raise AssertionError(f"{what!r} never appeared on screen:\n{self.screen()}{self.dump() if dump else ''}")
 
     def dump(self) -> str:
         """Where the pane's tuitune waits (SIGUSR1: its tasks, written under its HOME), if it runs."""
         shell = self.tmux("display", "-p", "-t", "app", "#{pane_pid}").strip()
         kids = subprocess.run(["pgrep", "-P", shell], capture_output=True, text=True).stdout.split()
+        if not kids:
+            return ""
+        kids = [p for p in kids if b"tuitune" in _cmdline(p)]  # not the `sleep` after it
         if not kids:
             return ""
         for pid in kids:
