@@ -110,6 +110,24 @@ def _sigint_kept(request):
         warnings.warn(f"{request.node.nodeid} left this worker ignoring SIGINT (restored)", stacklevel=1)
 
 
+_RERUN_FAILURES: list[tuple[str, str]] = []  # (test, its first attempt's failure), in the controller
+
+
+def pytest_runtest_logreport(report):
+    """A test run again (``--reruns``) keeps its first failure: the summary shows only the last
+    attempt, which once failed for another reason than the first (its folder left behind), hiding it."""
+    if report.outcome == "rerun" and report.longrepr is not None:
+        _RERUN_FAILURES.append((report.nodeid, report.longreprtext))
+
+
+def pytest_terminal_summary(terminalreporter):
+    for nodeid, text in _RERUN_FAILURES:
+        lines = text.splitlines()
+        shown = lines if len(lines) <= 80 else ["…", *lines[-80:]]
+        terminalreporter.write_sep("-", f"first attempt of {nodeid} (run again)")
+        terminalreporter.write_line("\n".join(shown))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_fixture_setup(fixturedef, request):
     if fixturedef.scope == "function":

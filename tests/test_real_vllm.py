@@ -514,12 +514,12 @@ def test_the_engines_words_for_a_dead_process_are_classified():
     assert worker.message.startswith("Worker proc VllmWorker-0 died unexpectedly"), worker.message
 
 
-def test_ab_over_num_speculative_tokens(served):
+def test_ab_over_num_speculative_tokens(served, tmp_path):
     k1 = served.k1
     args = ["ab", str(served.k2), str(k1), "--rounds", "1", "--requests", "3", "--warmup", "1", "--max-tokens", "96"]
     if supports(served.home, "ab", "--no-verdict"):
         args.append("--no-verdict")
-    out = served.home / "ab.json"
+    out = tmp_path / "ab.json"  # a fresh folder each attempt: a rerun starts clean
     r = tt(served.home, *args, "--json", str(out), timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads(out.read_text())
@@ -531,8 +531,8 @@ def test_ab_over_num_speculative_tokens(served):
     assert port_free(served.port)
 
 
-def test_sweep_over_num_speculative_tokens(served):
-    out = served.home / "sweep"
+def test_sweep_over_num_speculative_tokens(served, tmp_path):
+    out = tmp_path / "sweep"  # a rerun (CI) used to stop at once on the first attempt's results
     r = tt(
         served.home,
         "sweep",
@@ -565,18 +565,18 @@ def test_sweep_over_num_speculative_tokens(served):
     assert k3["cycle_ms"] > min(b["cycle_ms"] for b in base), rows
 
 
-def test_tune_on_the_real_engine(served):
+def test_tune_on_the_real_engine(served, tmp_path):
     """`tune` from EAGLE-3 K=1 at one stream, a budget of one relaunch (the random draft accepts
     nothing: speculation off, the baseline, could be the best, so it goes first), and no final A/B
     (`--ab-rounds 0`: its two launches would double the test's time; `ab` is tested above). Whether
     its answer is the best is judged on the simulator and in benchmarks/real_engine_grid.py, which
     measures the real engine's whole grid: here, that it runs and finds the obvious."""
-    out = served.home / "tune"
+    out = tmp_path / "tune"
     args = ["tune", str(served.k1), "--budget", "1", "--ab-rounds", "0", "--requests", "3"]
-    args += ["--warmup", "1", "--max-tokens", "96", "--out", str(out), "--json", str(served.home / "tune.json")]
+    args += ["--warmup", "1", "--max-tokens", "96", "--out", str(out), "--json", str(tmp_path / "tune.json")]
     r = tt(served.home, *args, timeout=1500)
     assert r.returncode == 0, r.stdout + r.stderr
-    res = json.loads((served.home / "tune.json").read_text())
+    res = json.loads((tmp_path / "tune.json").read_text())
     assert res.get("relaunches", 0) >= 1, res
     assert "tuned at concurrency" in r.stdout, r.stdout
     assert len(res["measured"]) == 2, res["measured"]  # the start and the one relaunch
