@@ -7,6 +7,7 @@ on the machine it runs on (read the load: other work on the cores widens every s
     python benchmarks/grid_control.py --run   (bare, as `make bench` runs it: says what it needs)
 """
 
+import contextlib
 import os
 import signal
 import statistics
@@ -18,72 +19,53 @@ if "--run" not in sys.argv[1:]:  # two engine launches and ten minutes: asked fo
     print(f"{Path(__file__).name}: not run: pass --run (two real-engine launches, about ten minutes)")
     sys.exit(0)
 
-import real_engine_grid as G
-import real_vllm
-from conftest import free_port
+import real_engine_grid as G  # noqa: E402
+import real_vllm  # noqa: E402
+from conftest import free_port  # noqa: E402
 
-model = str(real_vllm.TARGET)
-ports = [free_port(), free_port()]
-paths = [G.write(f"n{i}", p, None, 0, f"n{i}.yaml", 128) for i, p in enumerate(ports)]
-for p in paths:
-    r = G.tt("launch", str(p))
-    print(p.name, r.returncode, r.stdout.strip().splitlines()[-1:], flush=True)
-pg = [G.server_pgid(p) for p in paths]
+WAVES, PAIRS, TOKENS = 16, 12, 128
 
 
-def stop(i):
-    os.killpg(pg[i], signal.SIGSTOP)
+def summary(name: str, xs: list[float]) -> None:
+    cv = statistics.pstdev(xs) / statistics.mean(xs)
+    print(f"{name}: n={len(xs)} median {statistics.median(xs):.3f} cv {cv:.3f} min {min(xs):.3f} max {max(xs):.3f}")
 
 
-def cont(i):
-    os.killpg(pg[i], signal.SIGCONT)
+def main() -> None:
+    model = str(real_vllm.TARGET)
+    ports = [free_port(), free_port()]
+    paths = [G.write(f"ctl{i}", port, None, 0, f"ctl{i}.yaml", TOKENS) for i, port in enumerate(ports)]
+    pgid: dict[int, int] = {}  # port -> the server's process group, once launched
+    try:
+        for port, path in zip(ports, paths, strict=True):
+            r = G.tt("launch", str(path))
+            if r.returncode != 0:
+                sys.exit(f"launch failed:\n{r.stdout}\n{r.stderr}")
+            pgid[port] = G.server_pgid(path)
+        other = {ports[0]: ports[1], ports[1]: ports[0]}
 
-
-def cv(xs):
-    return statistics.pstdev(xs) / statistics.mean(xs)
-
-
-def summary(name, xs):
-    xs2 = sorted(xs)
-    print(
-        f"{name}: n={len(xs)} median {statistics.median(xs):.3f} cv {cv(xs):.3f} min {xs2[0]:.3f} max {xs2[-1]:.3f}",
-        flush=True,
-    )
-
-
-try:
-    for i in (0, 1):
-        G.wave(ports[i], model, 1, 16)
-    a = [G.wave(ports[1], model, 1, 128, j) for j in range(16)]
-    summary("X alone, ref idle running", a)
-    stop(0)
-    b = [G.wave(ports[1], model, 1, 128, j) for j in range(16)]
-    cont(0)
-    summary("X alone, ref SIGSTOPped", b)
-    for mode in ("plain", "sigstop"):
-        ratios = []
-
-        def w(i, first, mode=mode):
-            if mode == "sigstop":
-                stop(1 - i)
+        def stopped_beside(port: int, *args) -> float:
+            """A wave on ``port`` with the other server SIGSTOPped (no idle CPU of its own)."""
+            os.killpg(pgid[other[port]], signal.SIGSTOP)
             try:
-                return G.wave(ports[i], model, 1, 128, first)
+                return G.wave(port, *args)
             finally:
-                if mode == "sigstop":
-                    cont(1 - i)
+                os.killpg(pgid[other[port]], signal.SIGCONT)
 
-        refs = [w(0, 0)]
-        for j in range(12):
-            x = w(1, j + 1)
-            refs.append(w(0, j + 1))
-            ratios.append(2 * x / (refs[-2] + refs[-1]))
-        summary(f"off/off paired {mode}", ratios)
-        summary(f"  ref waves {mode}", refs)
-finally:
-    for i in (0, 1):
-        try:
-            cont(i)
-        except Exception:
-            pass
-    for p in paths:
-        G.tt("stop", str(p), "--any", timeout=180)
+        G.wave(ports[1], model, 1, 16)
+        summary("X alone, the other server idle", [G.wave(ports[1], model, 1, TOKENS, j) for j in range(WAVES)])
+        summary("X alone, the other SIGSTOPped", [stopped_beside(ports[1], model, 1, TOKENS, j) for j in range(WAVES)])
+        for mode, one in (("plain", None), ("sigstop", stopped_beside)):
+            ratios, refs = G.paired(ports[0], ports[1], model, 1, PAIRS, TOKENS, one)
+            summary(f"off/off paired, {mode}", ratios)
+            summary(f"  the reference's waves, {mode}", refs)
+    finally:
+        for port, path in zip(ports, paths, strict=True):
+            if port in pgid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid[port], signal.SIGCONT)
+            G.tt("stop", str(path), "--any", timeout=180)
+
+
+if __name__ == "__main__":
+    main()

@@ -135,16 +135,20 @@ def wave(port: int, model: str, concurrency: int, max_tokens: int, first: int = 
     return concurrency * sum(n for n, _ in pairs) / sum(e for _, e in pairs)
 
 
-def paired(ref_port: int, port: int, model: str, concurrency: int, pairs: int, max_tokens: int) -> tuple[list, list]:
+def paired(
+    ref_port: int, port: int, model: str, concurrency: int, pairs: int, max_tokens: int, one=None
+) -> tuple[list, list]:
     """R X R X … R, one wave each (after a short warm-up wave on both): each X against the mean
-    of the two R around it. Returns (ratios, the reference's waves)."""
-    wave(ref_port, model, concurrency, 16)
-    wave(port, model, concurrency, 16)
-    refs = [wave(ref_port, model, concurrency, max_tokens, 0)]
+    of the two R around it. ``one`` runs a wave (``wave``'s arguments; ``wave`` itself unless
+    given). Returns (ratios, the reference's waves)."""
+    one = one or wave
+    one(ref_port, model, concurrency, 16)
+    one(port, model, concurrency, 16)
+    refs = [one(ref_port, model, concurrency, max_tokens, 0)]
     ratios = []
     for i in range(pairs):
-        x = wave(port, model, concurrency, max_tokens, (i + 1) * concurrency)
-        refs.append(wave(ref_port, model, concurrency, max_tokens, (i + 1) * concurrency))
+        x = one(port, model, concurrency, max_tokens, (i + 1) * concurrency)
+        refs.append(one(ref_port, model, concurrency, max_tokens, (i + 1) * concurrency))
         ratios.append(2 * x / (refs[-2] + refs[-1]))
     return ratios, refs
 
