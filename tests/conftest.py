@@ -197,11 +197,17 @@ def run_dumped(args: list[str], timeout: float, **kw) -> subprocess.CompletedPro
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
+def tuitune_cmd(*args: str, env: dict | None = None) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of `python -m tuitune ARGS` from the checkout, with ``env``
+    over this environment (for a test that drives the process itself; run it with ``cwd=ROOT``)."""
+    return [sys.executable, "-m", "tuitune", *args], {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+
+
 def tuitune_cli(*args: str, env: dict | None = None, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
-    """`python -m tuitune ARGS` from the checkout, with ``env`` over this environment; one that
-    outlives ``timeout`` says where it waited (``run_dumped``)."""
-    full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return run_dumped([sys.executable, "-m", "tuitune", *args], timeout, env=full, cwd=ROOT, **kw)
+    """`python -m tuitune ARGS` (``tuitune_cmd``); one that outlives ``timeout`` says where it
+    waited (``run_dumped``)."""
+    argv, full = tuitune_cmd(*args, env=env)
+    return run_dumped(argv, timeout, env=full, cwd=ROOT, **kw)
 
 
 def _dump_and_kill(proc: subprocess.Popen, what: str, timeout: float):

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import group_alive, make_preset, tuitune_cli, wait_for, wait_or_dump
+from conftest import group_alive, make_preset, tuitune_cli, tuitune_cmd, wait_for, wait_or_dump
 
 from tuitune import preset as P
 from tuitune.base import redact
@@ -168,15 +168,8 @@ def test_cli_launch_timeout_on_a_health_hang(tmp_path):
     alone took 4 s, which no deadline inside the launch governs (8.5 s in all, twice)."""
     p = make_preset(tmp_path, "hang", args={"sim-fault": "health-hang"})
     path = P.save(p, tmp_path / "hang.yaml")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tuitune", "launch", str(path), "--timeout", "4"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-    )
+    argv, env = tuitune_cmd("launch", str(path), "--timeout", "4", env={"HOME": str(tmp_path)})
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     first = proc.stdout.readline()  # printed (and flushed) as soon as the server is spawned
     t0 = time.monotonic()
     assert "started pid " in first, first
