@@ -2,7 +2,8 @@
 
 Same session pipeline as the TUI (so a replay shows what the TUI would have shown), no Textual.
 On a server that is already running it records from the end of the log (what happens from now
-on), unless ``from_start``. Stops after ``duration`` seconds counted from ready, after ``cycles``
+on), unless ``from_start`` (the whole log so far: ``duration`` then counts from when that history
+has been read, up to HISTORY_WAIT_S). Stops after ``duration`` seconds counted from ready, after ``cycles``
 profiled cycles, or on Ctrl-C / SIGTERM, also in the middle of a relaunch or a benchmark (those
 are cancelled; a half-started server is stopped), and always finishes the file cleanly.
 """
@@ -22,6 +23,8 @@ from tuitune.measure.bench import fetch_server_info
 from tuitune.measure.capture import CaptureWriter, redacted_preset
 from tuitune.target.session import Session
 from tuitune.target.telemetry import CaptureThrottle
+
+HISTORY_WAIT_S = 60.0  # the longest --from-start waits for the log's history before its --duration starts
 
 
 class RecordError(Exception):
@@ -109,7 +112,12 @@ async def record(
             version = (await _server_info(session)).get("version")
             if version:
                 writer.write([Marker(f"server version {version}", preset.name, preset.hash())])
-        t0 = time.monotonic()  # --duration counts from ready
+        if from_start and not relaunch and not await session.tail_caught_up(HISTORY_WAIT_S):
+            # a 1 s --from-start recording under load once ended before the history had arrived
+            sys.stderr.write(
+                f"tuitune: the log's history was not all read within {HISTORY_WAIT_S:.0f} s; recording on from where it is\n"
+            )
+        t0 = time.monotonic()  # --duration counts from ready (and from the history read, --from-start)
         if load:
             await session.set_load(True, load)
         if bench and not await unless_stopped(session.bench(requests=bench)):

@@ -433,7 +433,7 @@ class Session(EventStream):
         was_loaded = self.load.on
         if was_loaded:
             await self.set_load(False)  # a benchmark measures alone
-        await self._tail_caught_up()  # lines logged before the benchmark are no part of it
+        await self.tail_caught_up()  # lines logged before the benchmark are no part of it
         cycles: list[float] = []
         batch: list[int] = []
         self.start_telemetry()
@@ -477,18 +477,21 @@ class Session(EventStream):
         )
         return run
 
-    async def _tail_caught_up(self, timeout_s: float = 3.0) -> None:
-        """Wait (bounded) until the tail has delivered what the log held when called: an attach
-        reads a backlog, whose decode lines would otherwise count as the benchmark's."""
+    async def tail_caught_up(self, timeout_s: float = 3.0) -> bool:
+        """Wait (bounded) until the tail has delivered what the log held when called (an attach
+        reads a backlog, whose decode lines would otherwise count as the benchmark's; a recording
+        from the start waits for the whole history). False if it had not within ``timeout_s``, or
+        the log's size could not be read."""
         if self._tail is None:
-            return
+            return False
         try:
             size = await asyncio.wait_for(file_size(self.transport, self.preset.server.log), timeout_s)
         except (TransportError, TimeoutError):
-            return
+            return False
         deadline = time.monotonic() + timeout_s
         while self._tail is not None and self._tail.offset < size and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
+        return self._tail is not None and self._tail.offset >= size
 
     async def _env_drift(self) -> list[str] | None:
         """The variables in which the measured server's real environment differs from its preset
