@@ -142,6 +142,11 @@ async def test_a_link_drop_during_the_watch_never_reports_a_live_server_exited(s
 # ---- 2. launch --timeout is a deadline for every wait inside it ---------------------------------------
 
 
+# These two read a wall clock against a bound the product promises (T + 2 s) and join the real
+# engine's worker (`sim_clock`): beside a starting vLLM the stop of the half-started server alone once
+# took 2.7-3.5 s past a 6 s deadline, run and rerun (CI of 041df9b), each of its commands a fork on two
+# starved cores.
+@pytest.mark.sim_clock
 @pytest.mark.parametrize("timeout", [3, 6])
 async def test_launch_timeout_on_a_health_hang_reports_on_time(tmp_path, timeout):
     """/health accepts the connection and never answers: each poll used to wait its own 5 s, so
@@ -162,6 +167,7 @@ async def test_launch_timeout_on_a_health_hang_reports_on_time(tmp_path, timeout
     assert started and not group_alive(started[0])
 
 
+@pytest.mark.sim_clock
 def test_cli_launch_timeout_on_a_health_hang(tmp_path):
     """The same through `tuitune launch`. The clock starts at the command's `started pid` line, not
     at the interpreter's start: in CI, beside a starting vLLM, the imports and the preset's load
@@ -172,7 +178,9 @@ def test_cli_launch_timeout_on_a_health_hang(tmp_path):
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     first = proc.stdout.readline()  # printed (and flushed) as soon as the server is spawned
     t0 = time.monotonic()
-    assert "started pid " in first, first
+    if "started pid " not in first:  # CI once read an empty line here: say what the command said
+        rc = wait_or_dump(proc, 60, "tuitune launch --timeout 4")
+        pytest.fail(f"no 'started pid' line (exit {rc}): {first!r}, stderr: {proc.stderr.read()!r}")
     rc = wait_or_dump(proc, 60, "tuitune launch --timeout 4")
     took = time.monotonic() - t0
     err = proc.stderr.read()

@@ -112,11 +112,18 @@ async def record(
             version = (await _server_info(session)).get("version")
             if version:
                 writer.write([Marker(f"server version {version}", preset.name, preset.hash())])
-        if from_start and not relaunch and not await session.tail_caught_up(HISTORY_WAIT_S):
-            # a 1 s --from-start recording under load once ended before the history had arrived
-            sys.stderr.write(
-                f"tuitune: the log's history was not all read within {HISTORY_WAIT_S:.0f} s; recording on from where it is\n"
-            )
+        if from_start and not relaunch:  # a 1 s recording under load once ended before its history arrived
+            caught: list[bool] = []
+
+            async def history() -> None:
+                caught.append(await session.tail_caught_up(HISTORY_WAIT_S))
+
+            if not await unless_stopped(history()):  # Ctrl-C while the history is read
+                return _stats(writer, t0, counted)
+            if not caught[0]:
+                sys.stderr.write(
+                    f"tuitune: the log's history was not all read within {HISTORY_WAIT_S:.0f} s; recording on from where it is\n"
+                )
         t0 = time.monotonic()  # --duration counts from ready (and from the history read, --from-start)
         if load:
             await session.set_load(True, load)
