@@ -70,6 +70,11 @@ class Advised:
                 f"\nwrote {self.emitted} (SGLang --speculative-adaptive-config; candidates within "
                 f"{A.TOLERANCE:.0%} of each bucket's best):"
             )
+
+        def left(w: dict) -> str:  # a tie by a prediction outside what was measured: measurement wins it
+            out = sorted(w.get("left_out", {}))
+            return f"  (tied by extrapolation, left out: steps {', '.join(map(str, out))})" if out else ""
+
         for w in self.buckets:
             mark = f"  EXTRAPOLATED: {'; '.join(w['extrapolated'])}" if w.get("extrapolated") else ""
             seen = f"; measured there: steps {', '.join(map(str, sorted(w['measured'])))}" if w.get("measured") else ""
@@ -78,11 +83,12 @@ class Advised:
                 floor = f"  0 by measurement: {w['measured_floor']}" if w.get("measured_floor") else ""
                 lines.append(
                     f"  batch sizes {sizes:<9} (judged at {w['batch_size']}{seen}): K {w['k']}  "
-                    f"(within {A.TOLERANCE:.0%}: {w['candidates']})" + floor + mark
+                    f"(within {A.TOLERANCE:.0%}: {w['candidates']})" + left(w) + floor + mark
                 )
             else:
                 lines.append(
                     f"  batch size >= {w['key']:<4} (judged at {w['batch_size']}{seen}): candidate_steps {w['candidates']}"
+                    + left(w)
                     + mark
                 )
         marked = [w for w in self.buckets if w.get("extrapolated")]

@@ -63,18 +63,18 @@ async def record(
                 session.subscribers.remove(sink)
             writer.close()
 
-    async def unless_stopped(coro) -> bool:
-        """Run ``coro`` unless Ctrl-C / SIGTERM comes first; then cancel it (False)."""
+    async def unless_stopped(coro) -> tuple[bool, object]:
+        """Run ``coro`` unless Ctrl-C / SIGTERM comes first: (True, its result), or (False, None)
+        once it has been cancelled."""
         task = asyncio.ensure_future(coro)
         waiter = asyncio.ensure_future(stop.wait())
         await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
         if task.done():
-            task.result()
-            return True
+            return True, task.result()
         finish()  # the capture is complete and closed before any cleanup on the target
         await cancel_and_wait(task, ignore=())
-        return False
+        return False, None
 
     try:
         status = await session.connect(backlog=None if from_start else 0)
@@ -107,27 +107,23 @@ async def record(
         session.subscribe(sink)
         writer.write([session.state])
         if relaunch:
-            if not await unless_stopped(session.relaunch()):
+            if not (await unless_stopped(session.relaunch()))[0]:
                 return _stats(writer, t0, counted)
             version = (await _server_info(session)).get("version")
             if version:
                 writer.write([Marker(f"server version {version}", preset.name, preset.hash())])
         if from_start and not relaunch:  # a 1 s recording under load once ended before its history arrived
-            caught: list[bool] = []
-
-            async def history() -> None:
-                caught.append(await session.tail_caught_up(HISTORY_WAIT_S))
-
-            if not await unless_stopped(history()):  # Ctrl-C while the history is read
+            done, whole = await unless_stopped(session.tail_caught_up(HISTORY_WAIT_S))
+            if not done:  # Ctrl-C while the history is read
                 return _stats(writer, t0, counted)
-            if not caught[0]:
+            if not whole:
                 sys.stderr.write(
                     f"tuitune: the log's history was not all read within {HISTORY_WAIT_S:.0f} s; recording on from where it is\n"
                 )
         t0 = time.monotonic()  # --duration counts from ready (and from the history read, --from-start)
         if load:
             await session.set_load(True, load)
-        if bench and not await unless_stopped(session.bench(requests=bench)):
+        if bench and not (await unless_stopped(session.bench(requests=bench)))[0]:
             return _stats(writer, t0, counted)
         while not stop.is_set():
             if duration is not None and time.monotonic() - t0 >= duration:
