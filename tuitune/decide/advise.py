@@ -276,8 +276,8 @@ def adaptive_schedule(
     marks it); within the tolerance it is left out (``left_out``, with its reasons). A convex cost
     past the last tokens measured is extended along its last slope, so such a prediction errs high
     (the simulator's PCIe world: a chain of 3 at 88 tokens predicted at 0.89 of off in one run and
-    within 2 % of it in another, truly 0.74, from chains measured up to 48). A bucket with nothing inside (a batch size past those
-    measured) is chosen from the predictions as they are.
+    within 2 % of it in another, truly 0.74, from chains measured up to 48). A bucket with nothing
+    inside (a batch size past those measured) is chosen from the predictions as they are.
     """
     keys = sorted(set(int(b) for b in buckets if int(b) >= 1))
     if not keys:
