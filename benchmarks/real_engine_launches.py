@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 from pathlib import Path
@@ -28,34 +27,27 @@ from real_engine_grid import free_port, ks, write  # noqa: E402
 
 from tuitune import preset as P  # noqa: E402
 from tuitune.decide.costmodel import OFF, Config  # noqa: E402
-from tuitune.experiments.tune import SessionSource, levels_for  # noqa: E402
+from tuitune.experiments.tune import SessionSource, Step, _append, levels_for  # noqa: E402
 from tuitune.target.session import Session  # noqa: E402
 
 
 async def record(out: Path, concurrency: int, chain_ks: list[int], per_stream: int, max_tokens: int) -> None:
     base = P.load(write("launches", free_port(), "NGRAM", 3, "launches.yaml", max_tokens))
-    overrides = {"requests": per_stream * concurrency, "warmup": 1, "max_tokens": max_tokens}
-    overrides["concurrency"] = concurrency
+    overrides = {
+        "requests": per_stream * concurrency,
+        "warmup": 1,
+        "max_tokens": max_tokens,
+        "concurrency": concurrency,
+    }
     session = Session(base)
     await session.connect()
     source = SessionSource(session, base, out, overrides)
-    log = out / "tune.jsonl"
     try:
         for i, c in enumerate([OFF] + [Config.chain(k) for k in chain_ks]):
             t0 = time.monotonic()
             ln = await source.measure(c, levels_for(concurrency))
-            row = {
-                "kind": "launch",
-                "round": i,
-                "config": c.to_dict(),
-                "label": c.label,
-                "goodput": {str(k): v for k, v in ln.goodput.items()},
-                "failure": ln.failure,
-                "capture": str(Path(ln.label).relative_to(out)),
-                "windows": len(ln.windows),
-            }
-            with log.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            step = Step(i, c, "recorded for replay", None, dict(ln.goodput), ln.failure)  # tune's own log row
+            _append(out, {**step.to_dict(), "capture": str(Path(ln.label).relative_to(out)), "env": ""})
             g = ", ".join(f"c={k} {v:.1f}" for k, v in sorted(ln.goodput.items()))
             print(f"  {c.label:<24} {g or ln.failure}  ({len(ln.windows)} windows, {time.monotonic() - t0:.0f} s)")
     finally:
