@@ -18,8 +18,8 @@ after launch, ngram K=3 read 15 and 39 tok/s at one stream a quarter of an hour 
 afternoon of this machine.)
 
 Then, for each concurrency, `tuitune tune START --budget 3` from ngram K=3 (the space tune searches
-from there: off and ngram K = 1…MAX; EAGLE-3 is not in it, being another drafter), and from EAGLE-3
-K=2 when --eagle-tune is given. tune's answer is the configuration it chose (its best measured);
+from there: off and ngram K = 1…MAX; EAGLE-3 is not in it, being another drafter) when the grid has
+ngram, and from EAGLE-3 K=2 when --eagle-tune is given. tune's answer is the configuration it chose (its best measured);
 "within 2 %" compares the grid's truth of that configuration with the grid's best in tune's space.
 
     python benchmarks/real_engine_grid.py [--pairs 12] [--concurrency 1,8] [--json real-engine-grid.json]
@@ -401,7 +401,8 @@ def main() -> None:
     tunes = []
     if not ns.no_tune:
         print(f"== tuitune tune --budget {ns.budget} against it")
-        starts = [("NGRAM", 3)] + ([("EAGLE3", 2)] if ns.eagle_tune else [])
+        has = {lb.split()[0] for lb in g["truth"]}  # a grid without ngram (--ngram-ks '') has no ngram tune
+        starts = ([("NGRAM", 3)] if "ngram" in has else []) + ([("EAGLE3", 2)] if ns.eagle_tune else [])
         for method, k in starts:
             for c in levels:
                 t = tune(g, method, k, c, ns.budget, per_stream[c], ns.max_tokens)
