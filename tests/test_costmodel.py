@@ -300,3 +300,40 @@ def test_the_vllm_baseline_comes_from_the_probe_windows_not_the_throughput_lines
     assert "last resort" in model.baseline_source and model.step(1).mean > 9.0
     text = A.format_advice(model, [A.advise(model, 1, Config.chain(3))])
     assert "baseline step from the baseline launch (decode-stats throughput lines, a last resort" in text
+
+
+def test_refits_to_resampled_windows_are_deterministic_and_differ():
+    """``bootstrap``: the model refitted to each launch's windows drawn again with replacement; the
+    same seed gives the same refits, each refit sees other windows (its curves move), and launches
+    whose windows leave nothing to fit give no refit rather than an error."""
+    from tuitune.decide.costmodel import bootstrap
+
+    w = world()
+    src = W.WorldSource(w, random.Random(3), jitter=0.4)
+    lns = [asyncio.run(src.measure(c, [1, 4, 16])) for c in (Config.chain(3), OFF)]
+    a, b = bootstrap(lns, 8, seed=1), bootstrap(lns, 8, seed=1)
+    assert len(a) == 8 and [m.verify.values() for m in a] == [m.verify.values() for m in b]
+    assert len({tuple(m.verify.values()) for m in a}) == 8  # each refit its own curve
+    base = fit(lns).verify.values()
+    assert all(len(m.verify.values()) <= len(base) for m in a)
+    assert bootstrap([dataclasses.replace(lns[1])], 4) == []  # off alone: no speculative window to fit
+
+
+def test_a_schedule_the_windows_agree_on_is_sure_in_every_refit():
+    """The control of advise's refits: a world whose windows barely scatter (0.03 % a window) and
+    whose configurations differ by more than the tolerance gives every bucket's candidates in
+    every refit; the per-steps shares are those of the refits (each within [0, 1], the candidates'
+    own at least the set's rule implies)."""
+    from tuitune.decide.costmodel import bootstrap
+
+    w = world()
+    src = W.WorldSource(w, random.Random(3), jitter=0.002)
+    lns = [asyncio.run(src.measure(c, [1, 4, 16])) for c in (Config.chain(3), OFF)]
+    draws = bootstrap(lns, 32)
+    _, why = A.adaptive_schedule(fit(lns), draws=draws)
+    for row in why:
+        assert row["draws"] == 32 and row["sure_candidates"] == 1.0, row
+        assert all(0.0 <= v <= 1.0 for v in row["sure"].values())
+        assert max(row["sure"][s] for s in row["candidates"]) <= row["sure_candidates"]
+    _, plain = A.adaptive_schedule(fit(lns))
+    assert all("sure" not in row for row in plain)  # without refits, nothing is claimed

@@ -500,3 +500,45 @@ def test_advise_says_the_floor_in_text_and_json(tmp_path):
     # asked only where the file holds: met, said in one line
     ok = tuitune(tmp_path, "advise", *caps, "--concurrency", "1", "--emit", "vllm-dsd", str(f))
     assert "  no-regret floor (never more than 2% below speculation off) at concurrency 1: met" in ok.stdout
+
+
+REAL_C8 = ROOT / "tests" / "data" / "real-engine-c8" / "captures"  # tune's launches on the real CPU engine
+
+
+def test_each_bucket_says_how_often_refits_bear_its_k_out(tmp_path):
+    """The real engine's launches of ngram K=3 and K=6 at 2, 8 and 16 streams (tests/data/real-engine-c8,
+    recorded by benchmarks/real_engine_launches.py): most of their cells hold one profile window,
+    so a bucket's K can rest on a few noisy windows. Each bucket says in how many of 64 refits to
+    resampled windows its K is within 2 % of the refit's best; under half is UNSURE, named with the
+    Ks the refits favour and the benchmark that would settle it. The shares are the refits' (the
+    JSON's ``sure``), and the same run twice says the same (a fixed seed)."""
+    caps = [str(REAL_C8 / "launch-03-3-1-4.jsonl.gz"), str(REAL_C8 / "launch-06-6-1-7.jsonl.gz")]
+    f = tmp_path / "dsd.json"
+    r = tuitune(tmp_path, "advise", *caps, "--emit", "vllm-dsd", str(f))
+    assert r.returncode == 0, r.stderr
+    js = tuitune(tmp_path, "advise", *caps, "--emit", "vllm-dsd", str(tmp_path / "b.json"), "--json")
+    buckets = json.loads(js.stdout)["vllm_dsd"]["buckets"]
+    rows = [x for x in r.stdout.splitlines() if x.startswith("  batch sizes ")]
+    assert len(rows) == len(buckets) == 7
+    unsure = []
+    for w, row in zip(buckets, rows, strict=True):
+        assert w["draws"] == 64 and set(map(int, w["sure"])) >= set(w["candidates"]), w
+        share = w["sure"][str(w["k"])]
+        assert 0.0 <= share <= 1.0 and f"in {share:.0%} of 64 refits)" in row, (row, share)
+        assert ("UNSURE" in row) == (share < 0.5) == bool(w.get("unsure")), row
+        if share < 0.5:
+            unsure.append(w["batch_size"])
+            fav = w["unsure"]["favoured"]
+            assert fav and all(v > share for v in fav.values()), w
+            assert f"UNSURE: K {w['k']} within 2% of the best in only {share:.0%} of the refits (more often: K " in row
+            assert f"a benchmark at concurrency {w['batch_size']} (profile on)" in w["settle"]
+    assert unsure, "these two launches leave at least one bucket to a few windows"
+    one = len(unsure) == 1
+    assert (
+        f"{len(unsure)} of 7 buckets {'is' if one else 'are'} unsure: the model refitted to resampled profile "
+        f"windows often puts another choice ahead (a few noisy windows decide {'it' if one else 'them'}); "
+        f"{'a benchmark' if one else 'benchmarks'} at concurrency {','.join(map(str, unsure))} (profile on) "
+        f"would settle {'it' if one else 'them'}"
+    ) in r.stdout
+    again = tuitune(tmp_path, "advise", *caps, "--emit", "vllm-dsd", str(tmp_path / "c.json"), "--json")
+    assert json.loads(again.stdout)["vllm_dsd"]["buckets"] == buckets

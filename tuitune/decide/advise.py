@@ -261,7 +261,10 @@ def neighbours(c: Config, topks: tuple[int, ...] = TOPKS) -> list[Config]:
 
 
 def adaptive_schedule(
-    model: CostModel, buckets: tuple[int, ...] = ADAPTIVE_BUCKETS, tolerance: float = TOLERANCE
+    model: CostModel,
+    buckets: tuple[int, ...] = ADAPTIVE_BUCKETS,
+    tolerance: float = TOLERANCE,
+    draws: list[CostModel] | None = None,
 ) -> tuple[dict, list[dict]]:
     """An SGLang ``--speculative-adaptive-config`` and the reasoning per bucket.
 
@@ -278,6 +281,11 @@ def adaptive_schedule(
     (the simulator's PCIe world: a chain of 3 at 88 tokens predicted at 0.89 of off in one run and
     within 2 % of it in another, truly 0.74, from chains measured up to 48). A bucket with nothing
     inside (a batch size past those measured) is chosen from the predictions as they are.
+
+    With ``draws`` (``costmodel.bootstrap``: the model refitted to resampled windows), each bucket
+    also gets ``sure``: per chain steps, the share of draws in which that choice is within the
+    tolerance of the draw's best (a measured goodput counts as measured in every draw), and
+    ``draws``, how many. It says how much the bucket's choice rests on a few noisy windows.
     """
     keys = sorted(set(int(b) for b in buckets if int(b) >= 1))
     if not keys:
@@ -312,9 +320,36 @@ def adaptive_schedule(
         left = {s: r for s, r in outside.items() if s not in pool and value[s] >= best * (1 - tolerance)}
         if left:
             row["left_out"] = left
+        if draws:
+            row["sure"], row["sure_candidates"] = _sure(draws, steps, bs, measured, set(pool), chosen, tolerance)
+            row["draws"] = len(draws)
         why.append(row)
     check_adaptive(cfg)
     return cfg, why
+
+
+def _sure(
+    draws: list[CostModel],
+    steps: list[Config],
+    bs: int,
+    measured: dict[int, float],
+    pool: set[int],
+    chosen: list[int],
+    tolerance: float,
+) -> tuple[dict[int, float], float]:
+    """Per chain steps of ``pool``: the share of ``draws`` in which it is within ``tolerance`` of
+    that draw's best of the pool at batch size ``bs`` (``measured`` goodputs fixed in every draw);
+    and the share in which one of ``chosen`` is."""
+    hits = dict.fromkeys(sorted(pool), 0)
+    some = 0
+    for d in draws:
+        g = {c.steps: measured.get(c.steps, d.predict(c, bs).goodput.mean) for c in steps if c.steps in pool}
+        top = max(g.values())
+        near = {s for s, v in g.items() if v >= top * (1 - tolerance)}
+        for s in near:
+            hits[s] += 1
+        some += bool(near & set(chosen))
+    return {s: round(n / len(draws), 3) for s, n in hits.items()}, round(some / len(draws), 3)
 
 
 # ---- text ---------------------------------------------------------------------------------------

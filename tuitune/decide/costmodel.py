@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tuitune.base.events import DecodeStats, ProfileWindow
 from tuitune.decide.fitting import Cell, Estimate, MonotoneCurve, bootstrap_sd, fit_monotone, weighted_line
@@ -697,7 +697,12 @@ Sample = tuple[int, float, float, float, float]  # launch, x, bs, value, weight
 
 def _cells(samples: list[Sample], spread: float, trees: set[int] = frozenset()) -> list[Cell]:  # type: ignore[assignment]
     """One cell per (launch, x): the windows' weighted mean, its bootstrap variance, the launch
-    spread (a launch's clocks move all its windows together); launches in ``trees`` are group 1."""
+    spread (a launch's clocks move all its windows together); launches in ``trees`` are group 1.
+    (A floor under a lone window's variance, one window's scatter pooled over the cells of
+    several, was tried for the real engine's cells of one window: on benchmarks/advisor_worlds.py
+    it cost 7 of 360 cases within 2 % and moved the real captures' extrapolations, with no
+    measured gain on the engine; dropped. advise's refits (``bootstrap``) say instead how much
+    a schedule rests on such windows.)"""
     groups: dict[tuple[int, float], list[Sample]] = {}
     for s in samples:
         groups.setdefault((s[0], round(s[1], 6)), []).append(s)
@@ -815,6 +820,26 @@ def fit(launches: list[Launch]) -> CostModel:
     )
     model.calibration, model.base_calibration = _calibrations(model, launches)
     return model
+
+
+def bootstrap(launches: list[Launch], draws: int, seed: int = 0) -> list[CostModel]:
+    """Models refitted to the launches with each launch's profile windows resampled (with
+    replacement): what the fit would have been from other windows of the same launches. A cell of
+    one window comes and goes, so a tile step the curve put between two noisy points moves or
+    vanishes, which moving each point within its own sd does not do. For decisions that compare
+    configurations: within one draw every configuration sees the same curves, as on the engine.
+    Draws whose windows leave nothing to fit are skipped (fewer may come back)."""
+    rng = random.Random(seed)
+    out: list[CostModel] = []
+    for _ in range(draws):
+        again = [
+            replace(ln, windows=[ln.windows[rng.randrange(len(ln.windows))] for _ in ln.windows]) for ln in launches
+        ]
+        try:
+            out.append(fit(again))
+        except FitError:
+            continue
+    return out
 
 
 BASELINE_SOURCES = {

@@ -17,13 +17,15 @@ from dataclasses import dataclass, field
 from tuitune import engines
 from tuitune import preset as P
 from tuitune.decide import advise as A
-from tuitune.decide.costmodel import Config, CostModel, FitError, fit
+from tuitune.decide.costmodel import Config, CostModel, FitError, bootstrap, fit
 from tuitune.engines import sglang as SG
 from tuitune.engines import vllm as VL
 from tuitune.experiments.observe import _is_preset, launches_from
 
 EMIT_ENGINES = {e.schedule: e for e in engines.ENGINES.values() if e.schedule}  # format -> the engine loading it
 EMIT_FORMATS = tuple(EMIT_ENGINES)
+REFITS = 64  # the model refitted to resampled windows this many times to say how sure each bucket is
+SURE = 0.5  # a bucket's choice within the tolerance of the best in fewer of the refits than this: unsure
 
 
 class AdvisorError(Exception):
@@ -75,6 +77,22 @@ class Advised:
             out = sorted(w.get("left_out", {}))
             return f"  (tied by extrapolation, left out: steps {', '.join(map(str, out))})" if out else ""
 
+        def sure(w: dict) -> str:  # how often the refits to resampled windows agree
+            if "sure" not in w or (dsd and w.get("measured_floor")):
+                return ""
+            share = w["sure"].get(w["k"], 0.0) if dsd else w["sure_candidates"]
+            return f"; in {share:.0%} of {w['draws']} refits"
+
+        def unsure(w: dict) -> str:
+            u = w.get("unsure")
+            if not u:
+                return ""
+            what = f"K {w['k']}" if dsd else f"candidate_steps {w['candidates']}"
+            fav = ", ".join(f"{'K' if dsd else 'steps'} {s} {v:.0%}" for s, v in u["favoured"].items())
+            return f"  UNSURE: {what} within {A.TOLERANCE:.0%} of the best in only {u['share']:.0%} of the refits" + (
+                f" (more often: {fav})" if fav else ""
+            )
+
         for w in self.buckets:
             mark = f"  EXTRAPOLATED: {'; '.join(w['extrapolated'])}" if w.get("extrapolated") else ""
             seen = f"; measured there: steps {', '.join(map(str, sorted(w['measured'])))}" if w.get("measured") else ""
@@ -83,14 +101,25 @@ class Advised:
                 floor = f"  0 by measurement: {w['measured_floor']}" if w.get("measured_floor") else ""
                 lines.append(
                     f"  batch sizes {sizes:<9} (judged at {w['batch_size']}{seen}): K {w['k']}  "
-                    f"(within {A.TOLERANCE:.0%}: {w['candidates']})" + left(w) + floor + mark
+                    f"(within {A.TOLERANCE:.0%}: {w['candidates']}{sure(w)})" + left(w) + floor + unsure(w) + mark
                 )
             else:
                 lines.append(
                     f"  batch size >= {w['key']:<4} (judged at {w['batch_size']}{seen}): candidate_steps {w['candidates']}"
+                    + (f"  (one of them within {A.TOLERANCE:.0%} of the best {sure(w)[2:]})" if sure(w) else "")
                     + left(w)
+                    + unsure(w)
                     + mark
                 )
+        doubt = [w for w in self.buckets if w.get("unsure")]
+        if doubt:
+            one = len(doubt) == 1
+            lines.append(
+                f"  {len(doubt)} of {len(self.buckets)} buckets {'is' if one else 'are'} unsure: the model refitted to "
+                f"resampled profile windows often puts another choice ahead (a few noisy windows decide "
+                f"{'it' if one else 'them'}); {'a benchmark' if one else 'benchmarks'} at concurrency "
+                f"{','.join(str(w['batch_size']) for w in doubt)} (profile on) would settle {'it' if one else 'them'}"
+            )
         marked = [w for w in self.buckets if w.get("extrapolated")]
         if marked:
             levels = [str(w["batch_size"]) for w in marked if any("benchmark" in x for x in w["settle"])]
@@ -177,6 +206,27 @@ def dsd_schedule(buckets: list[dict], last_end: int = VL.DSD_LAST_END, launches=
             rows.append([w["key"], end, k])
     VL.check_dsd(rows)
     return rows
+
+
+def mark_unsure(buckets: list[dict], dsd: bool) -> None:
+    """Mark each bucket whose choice the refits (``A.adaptive_schedule``'s ``sure``) do not bear out:
+    vLLM's K (or SGLang's candidates: one of them) within the tolerance of the best in fewer than
+    ``SURE`` of them. A marked bucket gets ``unsure`` (the share, and the steps the refits favour
+    more) and a ``settle`` naming the benchmark that would decide it. A K a measurement set to 0
+    (``measured_floor``) is not judged by the refits."""
+    for w in buckets:
+        sure = w.get("sure")
+        if not sure or (dsd and w.get("measured_floor")):
+            continue
+        share = sure.get(w["k"], 0.0) if dsd else w["sure_candidates"]
+        if share >= SURE:
+            continue
+        mine = {w["k"]} if dsd else set(w["candidates"])
+        better = {s: v for s, v in sorted(sure.items(), key=lambda x: -x[1]) if s not in mine and v > share}
+        w["unsure"] = {"share": share, "favoured": dict(list(better.items())[:3])}
+        bench = f"a benchmark at concurrency {w['batch_size']} (profile on)"
+        if bench not in w.setdefault("settle", []):
+            w["settle"].append(bench)
 
 
 def mark_buckets(model: CostModel, buckets: list[dict]) -> None:
@@ -276,12 +326,14 @@ async def advise_sources(
     out = Advised(model, [A.advise(model, c, running, space, describe) for c in concurrencies or [load]], describe)
     if emit:
         out.emit_format = emit_format
-        out.schedule, out.buckets = A.adaptive_schedule(model, tuple(buckets or A.ADAPTIVE_BUCKETS))
+        draws = bootstrap(launches, REFITS)
+        out.schedule, out.buckets = A.adaptive_schedule(model, tuple(buckets or A.ADAPTIVE_BUCKETS), draws=draws)
         mark_buckets(model, out.buckets)
         if emit_format == VL.DSD_SCHEDULE:
             rows = dsd_schedule(out.buckets, launches=model.launches)
             out.schedule = VL.dsd_document(rows)
             out.floor = A.dsd_floor(model, rows, concurrencies or [load])
+        mark_unsure(out.buckets, emit_format == VL.DSD_SCHEDULE)
         try:
             if emit_format == VL.DSD_SCHEDULE:
                 VL.write_dsd(emit, out.schedule[VL.DSD_KEY])
