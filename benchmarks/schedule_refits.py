@@ -78,9 +78,9 @@ def main() -> None:
             r = D.tt("advise", *sorted(str(x) for x in caps.glob("launch-*")), "--concurrency", "1,16", "--emit",
                      "vllm-dsd", str(D.HOME / "again.json"), "--json")  # fmt: skip
             buckets = json.loads(r.stdout)["vllm_dsd"]["buckets"]
+            table = json.loads(f.read_text())["num_speculative_tokens_per_batch_size"]
         finally:
             shutil.rmtree(D.HOME, ignore_errors=True)
-        table = json.loads(f.read_text()) if f.exists() else None
         print(f"\n== run {run}: {json.dumps(table)}")
         for w in buckets:
             k, bs = w["k"], w["batch_size"]
