@@ -265,6 +265,7 @@ def adaptive_schedule(
     buckets: tuple[int, ...] = ADAPTIVE_BUCKETS,
     tolerance: float = TOLERANCE,
     draws: list[CostModel] | None = None,
+    alt: CostModel | None = None,
 ) -> tuple[dict, list[dict]]:
     """An SGLang ``--speculative-adaptive-config`` and the reasoning per bucket.
 
@@ -286,6 +287,8 @@ def adaptive_schedule(
     also gets ``sure``: per chain steps, the share of draws in which that choice is within the
     tolerance of the draw's best (a measured goodput counts as measured in every draw), and
     ``draws``, how many. It says how much the bucket's choice rests on a few noisy windows.
+    With ``alt`` (the model with its per-request verify cost from the plane through the windows,
+    ``fit(plane=True)``), each bucket gets ``alt``: per chain steps of the pool, that model's value.
     """
     keys = sorted(set(int(b) for b in buckets if int(b) >= 1))
     if not keys:
@@ -323,6 +326,12 @@ def adaptive_schedule(
         if draws:
             row["sure"], row["sure_candidates"] = _sure(draws, steps, bs, measured, set(pool), chosen, tolerance)
             row["draws"] = len(draws)
+        if alt is not None:
+            row["alt"] = {
+                c.steps: round(measured.get(c.steps, alt.predict(c, bs).goodput.mean), 1)
+                for c in steps
+                if c.steps in pool
+            }
         why.append(row)
     check_adaptive(cfg)
     return cfg, why

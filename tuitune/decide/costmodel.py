@@ -745,8 +745,10 @@ def _launch_spread(samples: list[Sample]) -> float:
     return math.sqrt((weight * prior**2 + sum(devs)) / (weight + len(devs)))
 
 
-def fit(launches: list[Launch]) -> CostModel:
-    """Fit the model to every launch seen so far (more launches: more points on every curve)."""
+def fit(launches: list[Launch], plane: bool = False) -> CostModel:
+    """Fit the model to every launch seen so far (more launches: more points on every curve).
+    ``plane``: the verify curve's per-request term centred on the plane through its points
+    (``fitting.per_request_plane``), the alternative advise checks a schedule against."""
     tagged = [(i, w) for i, ln in enumerate(launches) for w in ln.windows if _ok(w) and config_of_window(w) is not None]
     spec = [(i, w) for i, w in tagged if w.steps]
     if not spec:
@@ -783,7 +785,7 @@ def fit(launches: list[Launch]) -> CostModel:
             bs = w.bs or 1
             vs.append((i, float(w.verify_tokens or bs), float(bs), w.verify_ms, float(w.cycles)))
     prior = _tree_prior if both else None
-    verify = fit_monotone(_cells(vs, spread, tree_ids), per_request=True, factor_prior=prior, tokens=True)
+    verify = fit_monotone(_cells(vs, spread, tree_ids), per_request=True, factor_prior=prior, tokens=True, plane=plane)
     draft = (
         fit_monotone(_cells(draft_samples, spread, tree_ids), factor_prior=prior, tokens=not lookup)
         if draft_samples

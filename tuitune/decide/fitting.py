@@ -349,16 +349,49 @@ class MonotoneCurve:
         return Estimate.split(m1, math.sqrt(d2 + between + n2), math.sqrt(u2 + between + n2))
 
 
+def per_request_plane(cells: Sequence[Cell]) -> tuple[float, float] | None:
+    """c of the plane y = a + b·x + c·bs through the cells (weighted least squares, the weights
+    their inverse variances; group 0 only) and its standard deviation, the scatter about the plane
+    counted when it exceeds the cells' own; None where the cells cannot tell c from b (one chain
+    length: x proportional to bs) or are fewer than four. The monotone curve alone pins c only
+    through points that would break its monotonicity, which a few lone noisy windows decide (the
+    real CPU engine's launches of K 3 and K 5 in benchmarks/data/schedule_refits_2026-12-03/run-1:
+    c 0.04 ms a request against the plane's 0.51 ± 0.16; 0.52 ± 0.03 from all nine launches of
+    tests/data/real-engine-c8); the plane borrows strength across x, and bends where tile steps do."""
+    pts = [c for c in cells if not c.group and c.var > 0]
+    if len(pts) < 4:
+        return None
+    m = [[0.0] * 3 for _ in range(3)]
+    v = [0.0] * 3
+    for c in pts:
+        row, w = (1.0, c.x, c.bs), 1.0 / c.var
+        for i in range(3):
+            v[i] += w * row[i] * c.y
+            for j in range(3):
+                m[i][j] += w * row[i] * row[j]
+    inv = inverse(m)
+    if inv is None:
+        return None
+    coef = [sum(inv[i][j] * v[j] for j in range(3)) for i in range(3)]
+    chi2 = sum((c.y - coef[0] - coef[1] * c.x - coef[2] * c.bs) ** 2 / c.var for c in pts)
+    var_c = inv[2][2] * max(1.0, chi2 / (len(pts) - 3))
+    if not (var_c > 0 and math.isfinite(var_c)):
+        return None
+    return coef[2], math.sqrt(var_c)
+
+
 def fit_monotone(
     cells: Sequence[Cell],
     per_request: bool = False,
     factor_prior: Callable[[float], float] | None = None,
     grid: int = 9,
     tokens: bool = False,
+    plane: bool = False,
 ) -> MonotoneCurve:
     """Fit a MonotoneCurve to cells. With ``per_request``, c is given a grid over [0, c_max]
     (c_max: half the smallest value per request measured) and an exponential prior whose mean is a
-    tenth of the smallest value per request. With cells of group 1 and ``factor_prior`` (the log
+    tenth of the smallest value per request (with ``plane``, where ``per_request_plane`` tells c
+    from the slope: normal about the plane's c, its sd at least one grid step). With cells of group 1 and ``factor_prior`` (the log
     prior density of f), f gets a grid over 0.8-1.6. The posterior weights come from how well each
     (c, f) lets the points at one x agree (their variances: windows and launch spread)."""
     if not cells:
@@ -368,10 +401,18 @@ def fit_monotone(
     where = [at[round(c.x, 6)] for c in cells]
     cs = [0.0]
     scale = 1.0
+    centre: tuple[float, float] | None = None
     if per_request and len({c.bs for c in cells}) > 1:
         cmax = 0.5 * min(c.y / c.bs for c in cells if c.bs > 0)
         cs = [cmax * j / (grid - 1) for j in range(grid)]
         scale = max(0.2 * cmax, 1e-12)
+        flat = per_request_plane(cells) if plane else None
+        if flat is not None and flat[1] < cmax:
+            centre = (flat[0], max(flat[1], cmax / (grid - 1)))
+
+    def c_prior(c: float) -> float:
+        return -c / scale if centre is None else -0.5 * ((c - centre[0]) / centre[1]) ** 2
+
     factored = factor_prior is not None and any(c.group for c in cells)
     fs = [0.8 * 2.0 ** (j / 12) for j in range(13)] if factored else [1.0]
     logs = []
@@ -391,7 +432,7 @@ def fit_monotone(
                 wsum[i] += w
             vals = pav([n / w for n, w in zip(num, wsum, strict=True)], wsum)
             chi2 = sum((ri - vals[i]) ** 2 * w for i, ri, w in zip(where, r, inv, strict=True))
-            logs.append(-0.5 * chi2 - c / scale + (factor_prior(f) if factored and factor_prior else 0.0))
+            logs.append(-0.5 * chi2 + c_prior(c) + (factor_prior(f) if factored and factor_prior else 0.0))
             tables.append((c, f, vals, wsum))
     top = max(logs)
     ws = [math.exp(x - top) for x in logs]

@@ -46,6 +46,7 @@ class Advised:
     buckets: list[dict] = field(default_factory=list)  # why each bucket got its candidates (and its K)
     emit_format: str = SG.SCHEDULE
     floor: dict | None = None  # vLLM's schedule against no speculation at the concurrencies asked (A.dsd_floor)
+    per_request: tuple[float, float] | None = None  # the verify's ms a request: the fit's, the plane's
 
     def to_dict(self) -> dict:
         out = {"model": self.model.summary(), "advice": [a.to_dict() for a in self.advices]}
@@ -93,6 +94,14 @@ class Advised:
                 f" (more often: {fav})" if fav else ""
             )
 
+        def costly(w: dict) -> str:
+            p = w.get("per_request")
+            if not p:
+                return ""
+            what = f"K {w['k']}" if dsd else f"candidate_steps {w['candidates']}"
+            best = f"K {p['best']}" if dsd else f"steps {p['best']}"
+            return f"  PER-REQUEST COST DECIDES: {what} is {1 - p['ratio']:.0%} below {best} with the plane's cost"
+
         for w in self.buckets:
             mark = f"  EXTRAPOLATED: {'; '.join(w['extrapolated'])}" if w.get("extrapolated") else ""
             seen = f"; measured there: steps {', '.join(map(str, sorted(w['measured'])))}" if w.get("measured") else ""
@@ -101,7 +110,12 @@ class Advised:
                 floor = f"  0 by measurement: {w['measured_floor']}" if w.get("measured_floor") else ""
                 lines.append(
                     f"  batch sizes {sizes:<9} (judged at {w['batch_size']}{seen}): K {w['k']}  "
-                    f"(within {A.TOLERANCE:.0%}: {w['candidates']}{sure(w)})" + left(w) + floor + unsure(w) + mark
+                    f"(within {A.TOLERANCE:.0%}: {w['candidates']}{sure(w)})"
+                    + left(w)
+                    + floor
+                    + unsure(w)
+                    + costly(w)
+                    + mark
                 )
             else:
                 lines.append(
@@ -109,6 +123,7 @@ class Advised:
                     + (f"  (one of them within {A.TOLERANCE:.0%} of the best {sure(w)[2:]})" if sure(w) else "")
                     + left(w)
                     + unsure(w)
+                    + costly(w)
                     + mark
                 )
         doubt = [w for w in self.buckets if w.get("unsure")]
@@ -119,6 +134,16 @@ class Advised:
                 f"resampled profile windows often puts another choice ahead (a few noisy windows decide "
                 f"{'it' if one else 'them'}); {'a benchmark' if one else 'benchmarks'} at concurrency "
                 f"{','.join(str(w['batch_size']) for w in doubt)} (profile on) would settle {'it' if one else 'them'}"
+            )
+        priced = [w for w in self.buckets if w.get("per_request")]
+        if priced and self.per_request:
+            fit_c, plane_c = self.per_request
+            one = len(priced) == 1
+            lines.append(
+                f"  {len(priced)} of {len(self.buckets)} buckets {'changes' if one else 'change'} with the verify's cost "
+                f"per request, which the launches pin poorly ({fit_c:.2f} ms fitted, {plane_c:.2f} from a plane "
+                f"through the windows): {'a benchmark' if one else 'benchmarks'} at concurrency "
+                f"{','.join(str(w['batch_size']) for w in priced)} (profile on) would settle {'it' if one else 'them'}"
             )
         marked = [w for w in self.buckets if w.get("extrapolated")]
         if marked:
@@ -229,6 +254,29 @@ def mark_unsure(buckets: list[dict], dsd: bool) -> None:
             w["settle"].append(bench)
 
 
+def mark_per_request(buckets: list[dict], dsd: bool) -> None:
+    """Mark each bucket whose choice the per-request verify cost decides: with that cost taken from
+    the plane through the windows (``A.adaptive_schedule``'s ``alt``), vLLM's K (SGLang: the best of
+    its candidates) is more than the tolerance below that model's best there. The monotone fit pins
+    the cost only where a lone window breaks its monotonicity, and on the real CPU engine it put
+    K 1-2 in the bucket 8-15 three runs out of three, a quarter below the best there
+    (benchmarks/schedule_refits.py). A marked bucket gets ``per_request`` (the plane's best steps
+    and the ratio) and the benchmark that would settle it."""
+    for w in buckets:
+        alt = w.get("alt")
+        if not alt or (dsd and w.get("measured_floor")):
+            continue
+        top = max(alt.values())
+        mine = [w["k"]] if dsd else w["candidates"]
+        got = max((alt[s] for s in mine if s in alt), default=0.0)
+        if top <= 0 or got >= top * (1 - A.TOLERANCE):
+            continue
+        w["per_request"] = {"best": max(alt, key=lambda s: alt[s]), "ratio": round(got / top, 3)}
+        bench = f"a benchmark at concurrency {w['batch_size']} (profile on)"
+        if bench not in w.setdefault("settle", []):
+            w["settle"].append(bench)
+
+
 def mark_buckets(model: CostModel, buckets: list[dict]) -> None:
     """Mark each bucket of an emitted schedule whose choice rests on extrapolation: its batch size
     or its candidates' token counts outside what was measured, or "off" never launched. A marked
@@ -327,13 +375,19 @@ async def advise_sources(
     if emit:
         out.emit_format = emit_format
         draws = bootstrap(launches, REFITS)
-        out.schedule, out.buckets = A.adaptive_schedule(model, tuple(buckets or A.ADAPTIVE_BUCKETS), draws=draws)
+        alt = fit(launches, plane=True)
+        same = abs(alt.verify.per_request().mean - model.verify.per_request().mean) < 1e-9
+        out.schedule, out.buckets = A.adaptive_schedule(
+            model, tuple(buckets or A.ADAPTIVE_BUCKETS), draws=draws, alt=None if same else alt
+        )
+        out.per_request = (model.verify.per_request().mean, alt.verify.per_request().mean)
         mark_buckets(model, out.buckets)
         if emit_format == VL.DSD_SCHEDULE:
             rows = dsd_schedule(out.buckets, launches=model.launches)
             out.schedule = VL.dsd_document(rows)
             out.floor = A.dsd_floor(model, rows, concurrencies or [load])
         mark_unsure(out.buckets, emit_format == VL.DSD_SCHEDULE)
+        mark_per_request(out.buckets, emit_format == VL.DSD_SCHEDULE)
         try:
             if emit_format == VL.DSD_SCHEDULE:
                 VL.write_dsd(emit, out.schedule[VL.DSD_KEY])
