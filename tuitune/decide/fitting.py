@@ -391,8 +391,8 @@ def fit_monotone(
     """Fit a MonotoneCurve to cells. With ``per_request``, c is given a grid over [0, c_max]
     (c_max: half the smallest value per request measured) and an exponential prior whose mean is a
     tenth of the smallest value per request (with ``plane``, where ``per_request_plane`` tells c
-    from the slope: normal about the plane's c, its sd at least one grid step). With cells of group 1 and ``factor_prior`` (the log
-    prior density of f), f gets a grid over 0.8-1.6. The posterior weights come from how well each
+    from the slope: normal about the plane's c, its sd at least one grid step). With cells of
+    group 1 and ``factor_prior`` (the log prior density of f), f gets a grid over 0.8-1.6. The posterior weights come from how well each
     (c, f) lets the points at one x agree (their variances: windows and launch spread)."""
     if not cells:
         raise ValueError("no points to fit")

@@ -88,7 +88,7 @@ class Advised:
             u = w.get("unsure")
             if not u:
                 return ""
-            what = f"K {w['k']}" if dsd else f"candidate_steps {w['candidates']}"
+            _, what = _judged(w, dsd)
             fav = ", ".join(f"{'K' if dsd else 'steps'} {s} {v:.0%}" for s, v in u["favoured"].items())
             return f"  UNSURE: {what} within {A.TOLERANCE:.0%} of the best in only {u['share']:.0%} of the refits" + (
                 f" (more often: {fav})" if fav else ""
@@ -98,7 +98,7 @@ class Advised:
             p = w.get("per_request")
             if not p:
                 return ""
-            what = f"K {w['k']}" if dsd else f"candidate_steps {w['candidates']}"
+            _, what = _judged(w, dsd)
             best = f"K {p['best']}" if dsd else f"steps {p['best']}"
             return f"  PER-REQUEST COST DECIDES: {what} is {1 - p['ratio']:.0%} below {best} with the plane's cost"
 
@@ -128,22 +128,24 @@ class Advised:
                 )
         doubt = [w for w in self.buckets if w.get("unsure")]
         if doubt:
-            one = len(doubt) == 1
             lines.append(
-                f"  {len(doubt)} of {len(self.buckets)} buckets {'is' if one else 'are'} unsure: the model refitted to "
-                f"resampled profile windows often puts another choice ahead (a few noisy windows decide "
-                f"{'it' if one else 'them'}); {'a benchmark' if one else 'benchmarks'} at concurrency "
-                f"{','.join(str(w['batch_size']) for w in doubt)} (profile on) would settle {'it' if one else 'them'}"
+                _closing(
+                    doubt,
+                    len(self.buckets),
+                    "{is} unsure: the model refitted to resampled profile windows often puts another choice "
+                    "ahead (a few noisy windows decide {it}); ",
+                )
             )
         priced = [w for w in self.buckets if w.get("per_request")]
         if priced and self.per_request:
             fit_c, plane_c = self.per_request
-            one = len(priced) == 1
             lines.append(
-                f"  {len(priced)} of {len(self.buckets)} buckets {'changes' if one else 'change'} with the verify's cost "
-                f"per request, which the launches pin poorly ({fit_c:.2f} ms fitted, {plane_c:.2f} from a plane "
-                f"through the windows): {'a benchmark' if one else 'benchmarks'} at concurrency "
-                f"{','.join(str(w['batch_size']) for w in priced)} (profile on) would settle {'it' if one else 'them'}"
+                _closing(
+                    priced,
+                    len(self.buckets),
+                    f"{{changes}} with the verify's cost per request, which the launches pin poorly ({fit_c:.2f} ms "
+                    f"fitted, {plane_c:.2f} from a plane through the windows): ",
+                )
             )
         marked = [w for w in self.buckets if w.get("extrapolated")]
         if marked:
@@ -233,6 +235,33 @@ def dsd_schedule(buckets: list[dict], last_end: int = VL.DSD_LAST_END, launches=
     return rows
 
 
+def _benchmark_at(bs: int) -> str:
+    return f"a benchmark at concurrency {bs} (profile on)"
+
+
+def _settle_by_benchmark(w: dict) -> None:
+    """Name a benchmark at the bucket's batch size among what would settle it (once)."""
+    if _benchmark_at(w["batch_size"]) not in w.setdefault("settle", []):
+        w["settle"].append(_benchmark_at(w["batch_size"]))
+
+
+def _closing(marked: list[dict], total: int, said: str) -> str:
+    """The line after the buckets for those ``marked`` one way: ``said`` (with its separator) with
+    {is}, {it}, {changes} in the number of its subject, then the benchmarks that would settle them."""
+    one = len(marked) == 1
+    words = {"is": "is" if one else "are", "it": "it" if one else "them", "changes": "changes" if one else "change"}
+    levels = ",".join(str(w["batch_size"]) for w in marked)
+    return (
+        f"  {len(marked)} of {total} buckets {said.format(**words)}{'a benchmark' if one else 'benchmarks'} at "
+        f"concurrency {levels} (profile on) would settle {words['it']}"
+    )
+
+
+def _judged(w: dict, dsd: bool) -> tuple[set[int], str]:
+    """A bucket's choice (vLLM's K, or SGLang's candidates) and its name in the output."""
+    return ({w["k"]}, f"K {w['k']}") if dsd else (set(w["candidates"]), f"candidate_steps {w['candidates']}")
+
+
 def mark_unsure(buckets: list[dict], dsd: bool) -> None:
     """Mark each bucket whose choice the refits (``A.adaptive_schedule``'s ``sure``) do not bear out:
     vLLM's K (or SGLang's candidates: one of them) within the tolerance of the best in fewer than
@@ -246,12 +275,10 @@ def mark_unsure(buckets: list[dict], dsd: bool) -> None:
         share = sure.get(w["k"], 0.0) if dsd else w["sure_candidates"]
         if share >= SURE:
             continue
-        mine = {w["k"]} if dsd else set(w["candidates"])
+        mine, _ = _judged(w, dsd)
         better = {s: v for s, v in sorted(sure.items(), key=lambda x: -x[1]) if s not in mine and v > share}
         w["unsure"] = {"share": share, "favoured": dict(list(better.items())[:3])}
-        bench = f"a benchmark at concurrency {w['batch_size']} (profile on)"
-        if bench not in w.setdefault("settle", []):
-            w["settle"].append(bench)
+        _settle_by_benchmark(w)
 
 
 def mark_per_request(buckets: list[dict], dsd: bool) -> None:
@@ -267,14 +294,12 @@ def mark_per_request(buckets: list[dict], dsd: bool) -> None:
         if not alt or (dsd and w.get("measured_floor")):
             continue
         top = max(alt.values())
-        mine = [w["k"]] if dsd else w["candidates"]
+        mine, _ = _judged(w, dsd)
         got = max((alt[s] for s in mine if s in alt), default=0.0)
         if top <= 0 or got >= top * (1 - A.TOLERANCE):
             continue
         w["per_request"] = {"best": max(alt, key=lambda s: alt[s]), "ratio": round(got / top, 3)}
-        bench = f"a benchmark at concurrency {w['batch_size']} (profile on)"
-        if bench not in w.setdefault("settle", []):
-            w["settle"].append(bench)
+        _settle_by_benchmark(w)
 
 
 def mark_buckets(model: CostModel, buckets: list[dict]) -> None:
@@ -291,7 +316,7 @@ def mark_buckets(model: CostModel, buckets: list[dict]) -> None:
             continue
         settle = []
         if any(r.startswith("batch size") or "tokens" in r for r in reasons):
-            settle.append(f"a benchmark at concurrency {bs} (profile on)")
+            settle.append(_benchmark_at(bs))
         if any(r.startswith("speculation off") for r in reasons):
             settle.append("a launch with speculation off")
         w["extrapolated"] = reasons
@@ -375,10 +400,9 @@ async def advise_sources(
     if emit:
         out.emit_format = emit_format
         draws = bootstrap(launches, REFITS)
-        alt = fit(launches, plane=True)
-        same = abs(alt.verify.per_request().mean - model.verify.per_request().mean) < 1e-9
+        alt = fit(launches, plane=True)  # the fit itself where no plane tells c from the slope: nothing marked
         out.schedule, out.buckets = A.adaptive_schedule(
-            model, tuple(buckets or A.ADAPTIVE_BUCKETS), draws=draws, alt=None if same else alt
+            model, tuple(buckets or A.ADAPTIVE_BUCKETS), draws=draws, alt=alt
         )
         out.per_request = (model.verify.per_request().mean, alt.verify.per_request().mean)
         mark_buckets(model, out.buckets)
