@@ -465,7 +465,10 @@ def run(worlds: int, seed: int, budget: int, verbose: bool = False, concurrency=
     for i in range(worlds):
         w = random_world(rng, i, real)
         for conc in concurrency:
-            r = asyncio.run(case(w, conc, budget, rng, configs))
+            # each case's launch noise from its own stream: the worlds drawn do not depend on how
+            # many launches earlier cases made, so two versions of the advisor meet the same worlds
+            noise = random.Random(f"{seed}/{i}/{conc}")
+            r = asyncio.run(case(w, conc, budget, noise, configs))
             rows.append(r)
             if verbose:
                 print(

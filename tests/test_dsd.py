@@ -544,28 +544,64 @@ def test_each_bucket_says_how_often_refits_bear_its_k_out(tmp_path):
     assert json.loads(again.stdout)["vllm_dsd"]["buckets"] == buckets
 
 
-RUN1 = ROOT / "benchmarks" / "data" / "schedule_refits_2026-12-03" / "run-1" / "captures"
+REFITS = ROOT / "benchmarks" / "data" / "schedule_refits_2026-12-03"
 
 
-def test_a_bucket_the_per_request_cost_decides_is_marked(tmp_path):
-    """benchmarks/schedule_refits.py's first run on the real CPU engine (tune: ngram K 3, then K 5,
-    at 1, 4 and 16 streams): the schedule put K 1 in the bucket 8-15, which the 11-stream grid of
-    the same engine puts at 0.729 of its best (K 3), and the refits bore it out (64 %). The fit's
-    per-request verify cost is 0.04 ms, set by one fast lone window; a plane through the windows
-    says more, and with it K 1 is more than 2 % below the best at 11 streams: the bucket is marked,
-    with the benchmark that settles it."""
-    caps = sorted(str(p) for p in RUN1.glob("*.jsonl.gz"))
+def grid_at(concurrency: int) -> dict[int, float]:
+    """ngram K (0: off) -> goodput at ``concurrency`` of the real engine's measured grid
+    (benchmarks/real_engine_grid.py, each configuration its own launches: the truth)."""
+    name = {8: "real_engine_grid_c8_2026-12-02.json", 11: "real_engine_grid_c11_2026-12-03.json"}[concurrency]
+    truth = json.loads((ROOT / "benchmarks" / "data" / name).read_text())["grid"]["truth"]
+    return {
+        0 if k == "off" else int(k.split("K=")[1]): per[str(concurrency)]
+        for k, per in truth.items()
+        if k == "off" or k.startswith("ngram")
+    }
+
+
+@pytest.mark.parametrize("run", ["run-1", "run-2", "run-3"])
+def test_the_middle_bucket_holds_with_either_per_request_cost(run, tmp_path):
+    """benchmarks/schedule_refits.py's three runs on the real CPU engine (tune: ngram K 3, then K 5
+    or 6, at 1, 4 and 16 streams). The fit alone put K 1, 1 and 2 in the bucket 8-15 (its
+    per-request verify cost 0.03-0.16 ms: the monotone curve takes the cost of more requests for a
+    step where the windows' batch sizes jump), which the engine's eight-stream grid puts at 0.77,
+    0.77 and 0.92 of its best. The plane through the windows, its fit weighed on held-out cells,
+    says 0.5-0.6 ms; the bucket now holds the K that loses least with either cost, which the grid
+    puts at 0.9 of its best or more. Marks say where no K is within 2 % with both costs, with the
+    benchmark that settles it; the text names both models' choices."""
+    caps = sorted(str(p) for p in (REFITS / run / "captures").glob("*.jsonl.gz"))
     r = tuitune(tmp_path, "advise", *caps, "--emit", "vllm-dsd", str(tmp_path / "a.json"), "--json")
     assert r.returncode == 0, r.stderr
-    buckets = {w["key"]: w for w in json.loads(r.stdout)["vllm_dsd"]["buckets"]}
+    out = json.loads(r.stdout)["vllm_dsd"]
+    buckets = {w["key"]: w for w in out["buckets"]}
     mid = buckets[8]
-    assert mid["k"] == 1 and mid["per_request"]["ratio"] < 0.98, mid
-    assert mid["alt"][str(mid["per_request"]["best"])] == max(mid["alt"].values())
-    assert "a benchmark at concurrency 11 (profile on)" in mid["settle"]
+    eight = grid_at(8)
+    assert eight[mid["k"]] >= 0.9 * max(eight.values()), mid
+    assert min(mid.get("fit_alone", mid["candidates"])) in (1, 2), mid  # what the fit alone chose
+    if mid["k"] in grid_at(11):
+        eleven = grid_at(11)
+        assert eleven[mid["k"]] >= 0.8 * max(eleven.values()), mid
+    for w in buckets.values():
+        both = {int(s): v for s, v in w["both"].items()}
+        top = max(both.values())
+        assert both[w["k"]] >= top * 0.98 or w.get("measured_floor"), w  # the rule, with both costs
+        assert bool(w.get("per_request")) == (both[w["k"]] < 0.98 and not w.get("measured_floor")), w
+        if w.get("per_request"):
+            assert "unsure" not in w and f"a benchmark at concurrency {w['batch_size']} (profile on)" in w["settle"]
     t = tuitune(tmp_path, "advise", *caps, "--emit", "vllm-dsd", str(tmp_path / "b.json"))
-    (row,) = [x for x in t.stdout.splitlines() if x.startswith("  batch sizes 8-15 ")]
-    assert f"PER-REQUEST COST DECIDES: K 1 is {1 - mid['per_request']['ratio']:.0%} below K " in row, row
-    assert "with the verify's cost per request, which the launches pin poorly (0.04 ms fitted, " in t.stdout
-    for w in buckets.values():  # marked exactly where the plane's model puts the K past the tolerance
-        alt = w["alt"]
-        assert bool(w.get("per_request")) == (alt[str(w["k"])] < max(alt.values()) * 0.98), w
+    assert t.returncode == 0, t.stderr
+    for w in buckets.values():
+        if not w.get("per_request"):
+            continue
+        p = w["per_request"]
+        sizes = f"{w['key']}-{w['end']}" if w["end"] != w["key"] else str(w["key"])
+        (row,) = [x for x in t.stdout.splitlines() if x.startswith(f"  batch sizes {sizes} ")]
+        assert (
+            f"PER-REQUEST COST DECIDES: the fit's cost puts K {p['fit_best']} first, the plane's K {p['best']}; "
+            f"K {w['k']} loses least with either (at most {1 - p['ratio']:.0%} below the best)"
+        ) in row, row
+        assert "refits" not in row  # the refits of the fit's cost alone do not judge it
+    assert (
+        json.loads((tmp_path / "a.json").read_text())["num_speculative_tokens_per_batch_size"]
+        == out["config"]["num_speculative_tokens_per_batch_size"]
+    )

@@ -312,6 +312,19 @@ def adaptive_schedule(
         pool = value if max(value.values()) > best * (1 + tolerance) else inside
         best = max(pool.values())
         chosen = sorted(s for s, g in pool.items() if g >= best * (1 - tolerance))
+        extra: dict = {}
+        if alt is not None:  # candidates within the tolerance with either per-request cost
+            other = {s: measured.get(s, alt.predict(steps[s], bs).goodput.mean) for s in pool}
+            top = max(other.values())
+            both = {s: min(pool[s] / best, other[s] / top) if top > 0 else pool[s] / best for s in pool}
+            floor = max(both.values())
+            robust = sorted(s for s, v in both.items() if v >= floor * (1 - tolerance))
+            extra = {
+                "alt": {s: round(other[s], 1) for s in sorted(other)},
+                "both": {s: round(both[s], 3) for s in sorted(both)},
+            }
+            if robust != chosen:
+                extra["fit_alone"], chosen = chosen, robust
         cfg[str(key)] = {"candidate_steps": chosen}
         row = {
             "key": key,
@@ -326,12 +339,7 @@ def adaptive_schedule(
         if draws:
             row["sure"], row["sure_candidates"] = _sure(draws, steps, bs, measured, set(pool), chosen, tolerance)
             row["draws"] = len(draws)
-        if alt is not None:
-            row["alt"] = {
-                c.steps: round(measured.get(c.steps, alt.predict(c, bs).goodput.mean), 1)
-                for c in steps
-                if c.steps in pool
-            }
+        row.update(extra)
         why.append(row)
     check_adaptive(cfg)
     return cfg, why

@@ -66,12 +66,13 @@ class Advised:
         if dsd:
             lines.append(
                 f"\nwrote {self.emitted} (vLLM num_speculative_tokens_per_batch_size; per batch-size range the "
-                f"shortest K within {A.TOLERANCE:.0%} of its best, 0 where speculation off is):"
+                f"shortest K within {A.TOLERANCE:.0%} of its best with both the fitted per-request verify cost and "
+                f"the plane's, 0 where speculation off is):"
             )
         else:
             lines.append(
                 f"\nwrote {self.emitted} (SGLang --speculative-adaptive-config; candidates within "
-                f"{A.TOLERANCE:.0%} of each bucket's best):"
+                f"{A.TOLERANCE:.0%} of each bucket's best with both the fitted per-request verify cost and the plane's):"
             )
 
         def left(w: dict) -> str:  # a tie by a prediction outside what was measured: measurement wins it
@@ -79,8 +80,8 @@ class Advised:
             return f"  (tied by extrapolation, left out: steps {', '.join(map(str, out))})" if out else ""
 
         def sure(w: dict) -> str:  # how often the refits to resampled windows agree
-            if "sure" not in w or (dsd and w.get("measured_floor")):
-                return ""
+            if "sure" not in w or (dsd and w.get("measured_floor")) or w.get("per_request"):
+                return ""  # refits of the fit's cost alone do not judge a bucket that cost decides
             share = w["sure"].get(w["k"], 0.0) if dsd else w["sure_candidates"]
             return f"; in {share:.0%} of {w['draws']} refits"
 
@@ -99,8 +100,11 @@ class Advised:
             if not p:
                 return ""
             _, what = _judged(w, dsd)
-            best = f"K {p['best']}" if dsd else f"steps {p['best']}"
-            return f"  PER-REQUEST COST DECIDES: {what} is {1 - p['ratio']:.0%} below {best} with the plane's cost"
+            name = "K" if dsd else "steps"
+            return (
+                f"  PER-REQUEST COST DECIDES: the fit's cost puts {name} {p['fit_best']} first, the plane's "
+                f"{name} {p['best']}; {what} loses least with either (at most {1 - p['ratio']:.0%} below the best)"
+            )
 
         for w in self.buckets:
             mark = f"  EXTRAPOLATED: {'; '.join(w['extrapolated'])}" if w.get("extrapolated") else ""
@@ -270,8 +274,8 @@ def mark_unsure(buckets: list[dict], dsd: bool) -> None:
     (``measured_floor``) is not judged by the refits."""
     for w in buckets:
         sure = w.get("sure")
-        if not sure or (dsd and w.get("measured_floor")):
-            continue
+        if not sure or (dsd and w.get("measured_floor")) or w.get("per_request"):
+            continue  # a bucket the per-request cost decides: the refits of the fit alone do not judge it
         share = sure.get(w["k"], 0.0) if dsd else w["sure_candidates"]
         if share >= SURE:
             continue
@@ -282,23 +286,28 @@ def mark_unsure(buckets: list[dict], dsd: bool) -> None:
 
 
 def mark_per_request(buckets: list[dict], dsd: bool) -> None:
-    """Mark each bucket whose choice the per-request verify cost decides: with that cost taken from
-    the plane through the windows (``A.adaptive_schedule``'s ``alt``), vLLM's K (SGLang: the best of
-    its candidates) is more than the tolerance below that model's best there. The monotone fit pins
-    the cost only where a lone window breaks its monotonicity, and on the real CPU engine it put
+    """Mark each bucket whose choice the per-request verify cost decides: no choice is within the
+    tolerance of the best both with the fit's cost and with the plane's (``A.adaptive_schedule``'s
+    ``both``: per chain steps the lesser of its two ratios to the best; vLLM's K, or SGLang's best
+    candidate, below 1 − the tolerance). The schedule then holds the choice that loses least with
+    either cost, and the bucket gets ``per_request`` (each model's best steps and the choice's
+    worse ratio) and the benchmark that would settle it. On the real CPU engine the fit alone put
     K 1-2 in the bucket 8-15 three runs out of three, a quarter below the best there
-    (benchmarks/schedule_refits.py). A marked bucket gets ``per_request`` (the plane's best steps
-    and the ratio) and the benchmark that would settle it."""
+    (benchmarks/schedule_refits.py)."""
     for w in buckets:
-        alt = w.get("alt")
-        if not alt or (dsd and w.get("measured_floor")):
+        both, alt = w.get("both"), w.get("alt")
+        if not both or not alt or (dsd and w.get("measured_floor")):
             continue
-        top = max(alt.values())
         mine, _ = _judged(w, dsd)
-        got = max((alt[s] for s in mine if s in alt), default=0.0)
-        if top <= 0 or got >= top * (1 - A.TOLERANCE):
+        got = max((both[s] for s in mine if s in both), default=0.0)
+        if got >= 1 - A.TOLERANCE:
             continue
-        w["per_request"] = {"best": max(alt, key=lambda s: alt[s]), "ratio": round(got / top, 3)}
+        fit = {s: w["measured"].get(s, v) for s, v in w["predicted"].items() if s in alt}
+        w["per_request"] = {
+            "fit_best": max(fit, key=lambda s: fit[s]),
+            "best": max(alt, key=lambda s: alt[s]),
+            "ratio": got,
+        }
         _settle_by_benchmark(w)
 
 
@@ -410,8 +419,8 @@ async def advise_sources(
             rows = dsd_schedule(out.buckets, launches=model.launches)
             out.schedule = VL.dsd_document(rows)
             out.floor = A.dsd_floor(model, rows, concurrencies or [load])
-        mark_unsure(out.buckets, emit_format == VL.DSD_SCHEDULE)
         mark_per_request(out.buckets, emit_format == VL.DSD_SCHEDULE)
+        mark_unsure(out.buckets, emit_format == VL.DSD_SCHEDULE)
         try:
             if emit_format == VL.DSD_SCHEDULE:
                 VL.write_dsd(emit, out.schedule[VL.DSD_KEY])
