@@ -30,6 +30,10 @@ file's physics alone (no tuitune.decide or tuitune.sim formula). Launches are sy
 in-process (profile windows written as EAGLE3_PROFILE v2 lines and decode lines as SGLang prints
 them, parsed back by tuitune's parser), so that ~250 launches take seconds, not hours.
 
+Each case (world, concurrency) draws its launch noise from its own random stream, so the worlds
+a seed draws do not depend on the launches earlier cases made: two versions of the advisor meet
+the same worlds (figures of 2026-12-03: benchmarks/data/advisor_worlds_2026-12-03.txt).
+
 For each world and each concurrency in {1, 8, 32}: tuitune's tune loop (``tune_loop``, the code
 behind `tuitune tune`) from SGLang's usual chain of 3 with a budget of 3 relaunches. Figures:
 (a) the share of cases whose chosen configuration is within 2 % of the best (goal >= 90 %), the

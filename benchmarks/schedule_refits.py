@@ -7,10 +7,13 @@ chose, the share of the model's refits to resampled profile windows in which tha
 of the refit's best (`advise`'s "in N% of 64 refits"), whether advise marked it UNSURE, and, where
 a measured grid of this machine has the bucket's batch size (`--grid`, JSONs of
 `benchmarks/real_engine_grid.py`; their concurrencies), the grid's figure for that K against the
-grid's best. The captures of each run are kept under `--keep` (a run's `captures/`), so a schedule
-can be refitted later without the engine.
+grid's best; where the per-request verify cost decides the bucket (advise's PER-REQUEST COST
+DECIDES), both models' choices, and what the fit alone would have chosen. The captures of each run
+are kept under `--keep` (a run's `captures/`), so a schedule can be refitted later without the
+engine: `--from DIR` advises the kept runs of DIR again with today's code, with no engine.
 
     python benchmarks/schedule_refits.py [--runs 3] [--grid benchmarks/data/real_engine_grid_c11_….json] [--keep DIR]
+    python benchmarks/schedule_refits.py --from benchmarks/data/schedule_refits_2026-12-03 --grid …
 
 World: the real engine on this machine; the grids' truth is of the machine and day they were
 measured on, so compare runs and grids of one session.
@@ -52,14 +55,24 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--grid", action="append", default=[], help="a real_engine_grid.py JSON (repeatable)")
     ap.add_argument("--keep", help="copy each run's captures here (run-1/, run-2/, …)")
+    ap.add_argument("--from", dest="source", help="advise the runs kept in this directory again (no engine)")
     args = ap.parse_args()
+    truth = grid_truth(args.grid)
+    if args.source:
+        shutil.rmtree(D.HOME, ignore_errors=True)  # the one dsd_compare made when imported
+        print(f"world: the real vLLM CPU engine's captures kept in {args.source}, advised again; grids at "
+              f"concurrency {', '.join(map(str, sorted(truth))) or 'none'}")  # fmt: skip
+        for run in sorted(Path(args.source).glob("run-*"), key=lambda p: int(p.name.split("-")[1])):
+            with tempfile.TemporaryDirectory(prefix="tuitune-refits-") as tmp:
+                D.HOME = Path(tmp)
+                report(run.name, sorted(str(x) for x in (run / "captures").glob("launch-*")), Path(tmp), truth)
+        return
     try:
         D.real_vllm.build()
     except D.real_vllm.Unreachable as e:
         print(f"the real vLLM engine was not installed: the package registry is unreachable ({e})")
         return
     shutil.rmtree(D.HOME, ignore_errors=True)  # the one dsd_compare made when imported: each run makes its own
-    truth = grid_truth(args.grid)
     print(
         f"world: the real vLLM {D.real_vllm.RELEASE} CPU build, tiny random Llama, ngram (lookup 1-3), "
         f"{os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f} at start); grids at concurrency "
@@ -75,26 +88,38 @@ def main() -> None:
                 shutil.rmtree(dest, ignore_errors=True)
                 shutil.copytree(caps, dest / "captures")
                 shutil.copy(f, dest / "dsd.json")
-            r = D.tt("advise", *sorted(str(x) for x in caps.glob("launch-*")), "--concurrency", "1,16", "--emit",
-                     "vllm-dsd", str(D.HOME / "again.json"), "--json")  # fmt: skip
-            buckets = json.loads(r.stdout)["vllm_dsd"]["buckets"]
-            table = json.loads(f.read_text())["num_speculative_tokens_per_batch_size"]
+            report(f"run {run}", sorted(str(x) for x in caps.glob("launch-*")), D.HOME, truth, f)
         finally:
             shutil.rmtree(D.HOME, ignore_errors=True)
-        print(f"\n== run {run}: {json.dumps(table)}")
-        for w in buckets:
-            k, bs = w["k"], w["batch_size"]
-            share = (w.get("sure") or {}).get(str(k))
-            grid = ""
-            for c, row in sorted(truth.items()):
-                if w["key"] <= c <= w["end"] and k in row:
-                    grid += (
-                        f"; grid at {c}: K {k} {row[k] / max(row.values()):.3f} of its best (K {max(row, key=row.get)})"
-                    )
-            print(
-                f"  batch sizes {w['key']}-{w['end']} (judged at {bs}): K {k}, candidates {w['candidates']}, "
-                f"in {share:.0%} of the refits" + ("  UNSURE" if w.get("unsure") else "") + grid
-            )
+
+
+def report(
+    name: str, caps: list[str], home: Path, truth: dict[int, dict[int, float]], emitted: Path | None = None
+) -> None:
+    """Advise the captures again, print the schedule and each bucket against the grids."""
+    r = D.tt("advise", *caps, "--concurrency", "1,16", "--emit", "vllm-dsd", str(home / "again.json"), "--json")
+    if r.returncode:
+        print(f"\n== {name}: advise failed: {r.stderr.strip()}")
+        return
+    buckets = json.loads(r.stdout)["vllm_dsd"]["buckets"]
+    table = json.loads((emitted or home / "again.json").read_text())["num_speculative_tokens_per_batch_size"]
+    print(f"\n== {name}: {json.dumps(table)}")
+    for w in buckets:
+        k, bs = w["k"], w["batch_size"]
+        share = (w.get("sure") or {}).get(str(k))
+        grid = ""
+        for c, row in sorted(truth.items()):
+            if w["key"] <= c <= w["end"] and k in row:
+                grid += f"; grid at {c}: K {k} {row[k] / max(row.values()):.3f} of its best (K {max(row, key=row.get)})"
+        p = w.get("per_request")
+        print(
+            f"  batch sizes {w['key']}-{w['end']} (judged at {bs}): K {k}, candidates {w['candidates']}"
+            + (f" (the fit alone: {w['fit_alone']})" if w.get("fit_alone") else "")
+            + (f", in {share:.0%} of the refits" if share is not None and not p else "")
+            + ("  UNSURE" if w.get("unsure") else "")
+            + (f"  PER-REQUEST (fit K {p['fit_best']}, plane K {p['best']}, {p['ratio']:.3f} with both)" if p else "")
+            + grid
+        )
 
 
 if __name__ == "__main__":

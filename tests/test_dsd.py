@@ -598,7 +598,7 @@ def test_the_middle_bucket_holds_with_either_per_request_cost(run, tmp_path):
         (row,) = [x for x in t.stdout.splitlines() if x.startswith(f"  batch sizes {sizes} ")]
         assert (
             f"PER-REQUEST COST DECIDES: the fit's cost puts K {p['fit_best']} first, the plane's K {p['best']}; "
-            f"K {w['k']} loses least with either (at most {1 - p['ratio']:.0%} below the best)"
+            f"K {w['k']} is at most {1 - p['ratio']:.0%} below the best with either"
         ) in row, row
         assert "refits" not in row  # the refits of the fit's cost alone do not judge it
     assert (

@@ -288,7 +288,14 @@ def adaptive_schedule(
     tolerance of the draw's best (a measured goodput counts as measured in every draw), and
     ``draws``, how many. It says how much the bucket's choice rests on a few noisy windows.
     With ``alt`` (the model with its per-request verify cost from the plane through the windows,
-    ``fit(plane=True)``), each bucket gets ``alt``: per chain steps of the pool, that model's value.
+    ``fit(plane=True)``), the candidates are those within ``tolerance`` of the best *with both*
+    models: per chain steps the lesser of its ratios to each model's best (``both``), kept within
+    the tolerance of the highest; where the models agree that is the fit's choice, where they do not
+    the choice that loses least with either (``fit_alone``: what the fit alone would have held).
+    The fit's cost per request is pinned only where a cell breaks monotonicity, and on the real CPU
+    engine it put K 1-2 in the bucket 8-15 three runs out of three, a quarter below the best
+    there (benchmarks/schedule_refits.py); with both costs, K 7, 4 and 8 (the eight-stream grid:
+    0.95, 1.00, 0.92 of its best). Each bucket also gets ``alt``: that model's value per steps.
     """
     keys = sorted(set(int(b) for b in buckets if int(b) >= 1))
     if not keys:

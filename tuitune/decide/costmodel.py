@@ -748,7 +748,8 @@ def _launch_spread(samples: list[Sample]) -> float:
 def fit(launches: list[Launch], plane: bool = False) -> CostModel:
     """Fit the model to every launch seen so far (more launches: more points on every curve).
     ``plane``: the verify curve's per-request term centred on the plane through its points
-    (``fitting.per_request_plane``), the alternative advise checks a schedule against."""
+    (``fitting.per_request_plane``) and weighed on held-out cells: the second model a schedule's
+    buckets must hold with (``advise.adaptive_schedule``'s ``alt``)."""
     tagged = [(i, w) for i, ln in enumerate(launches) for w in ln.windows if _ok(w) and config_of_window(w) is not None]
     spec = [(i, w) for i, w in tagged if w.steps]
     if not spec:
