@@ -315,7 +315,8 @@ def main() -> None:
     print(f"\n== the emitted schedule ({f}): {json.dumps([list(r) for r in table])}")
     for line in said.splitlines():
         if line.startswith(("  batch sizes", "  use it", "  speculation pays")) or any(
-            w in line for w in ("rest on extrapolation", "no-regret floor", "No schedule meets", "unsure:", "cost per request")
+            w in line
+            for w in ("rest on extrapolation", "no-regret floor", "No schedule meets", "unsure:", "cost per request")
         ):
             print(line)
     arms: dict[str, Path] = {}

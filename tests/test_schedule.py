@@ -141,8 +141,8 @@ def test_emitted_schedule_turns_speculation_off_past_the_cross_over(emitted):
     0.90-0.97 of off over seven quiet runs (the acceptance drawn over too few cycles) and CI's stop
     run of f1d1ea1 put it within 2 %; 12 of 480 gave 0.86-0.94 over eight runs, three of them beside
     two busy cores."""
-    m, got, _ = emitted
-    assert got[4] == [0], got  # batch sizes 4-7: off by 7-13 %
+    m, got, text = emitted
+    assert got[4] == [0], (got, text)  # batch sizes 4-7: off by 7-13 %
 
 
 def test_a_measured_goodput_outranks_the_prediction_at_its_batch_size():

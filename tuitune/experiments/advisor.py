@@ -103,7 +103,7 @@ class Advised:
             name = "K" if dsd else "steps"
             return (
                 f"  PER-REQUEST COST DECIDES: the fit's cost puts {name} {p['fit_best']} first, the plane's "
-                f"{name} {p['best']}; {what} loses least with either (at most {1 - p['ratio']:.0%} below the best)"
+                f"{name} {p['best']}; {what} is at most {1 - p['ratio']:.0%} below the best with either"
             )
 
         for w in self.buckets:
@@ -289,8 +289,8 @@ def mark_per_request(buckets: list[dict], dsd: bool) -> None:
     """Mark each bucket whose choice the per-request verify cost decides: no choice is within the
     tolerance of the best both with the fit's cost and with the plane's (``A.adaptive_schedule``'s
     ``both``: per chain steps the lesser of its two ratios to the best; vLLM's K, or SGLang's best
-    candidate, below 1 − the tolerance). The schedule then holds the choice that loses least with
-    either cost, and the bucket gets ``per_request`` (each model's best steps and the choice's
+    candidate, below 1 − the tolerance). The schedule then holds a choice within the tolerance of
+    the one that loses least with either cost, and the bucket gets ``per_request`` (each model's best steps and the choice's
     worse ratio) and the benchmark that would settle it. On the real CPU engine the fit alone put
     K 1-2 in the bucket 8-15 three runs out of three, a quarter below the best there
     (benchmarks/schedule_refits.py)."""
