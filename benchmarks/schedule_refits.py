@@ -65,7 +65,7 @@ def main() -> None:
         for run in sorted(Path(args.source).glob("run-*"), key=lambda p: int(p.name.split("-")[1])):
             with tempfile.TemporaryDirectory(prefix="tuitune-refits-") as tmp:
                 D.HOME = Path(tmp)
-                report(run.name, sorted(str(x) for x in (run / "captures").glob("launch-*")), Path(tmp), truth)
+                report(run.name, sorted(str(x) for x in (run / "captures").glob("launch-*")), truth)
         return
     try:
         D.real_vllm.build()
@@ -88,21 +88,21 @@ def main() -> None:
                 shutil.rmtree(dest, ignore_errors=True)
                 shutil.copytree(caps, dest / "captures")
                 shutil.copy(f, dest / "dsd.json")
-            report(f"run {run}", sorted(str(x) for x in caps.glob("launch-*")), D.HOME, truth, f)
+            report(f"run {run}", sorted(str(x) for x in caps.glob("launch-*")), truth, f)
         finally:
             shutil.rmtree(D.HOME, ignore_errors=True)
 
 
-def report(
-    name: str, caps: list[str], home: Path, truth: dict[int, dict[int, float]], emitted: Path | None = None
-) -> None:
-    """Advise the captures again, print the schedule and each bucket against the grids."""
-    r = D.tt("advise", *caps, "--concurrency", "1,16", "--emit", "vllm-dsd", str(home / "again.json"), "--json")
+def report(name: str, caps: list[str], truth: dict[int, dict[int, float]], emitted: Path | None = None) -> None:
+    """Advise the captures again (in ``D.HOME``, which ``D.tt`` runs tuitune in), print the schedule
+    and each bucket against the grids."""
+    again = D.HOME / "again.json"
+    r = D.tt("advise", *caps, "--concurrency", "1,16", "--emit", "vllm-dsd", str(again), "--json")
     if r.returncode:
         print(f"\n== {name}: advise failed: {r.stderr.strip()}")
         return
     buckets = json.loads(r.stdout)["vllm_dsd"]["buckets"]
-    table = json.loads((emitted or home / "again.json").read_text())["num_speculative_tokens_per_batch_size"]
+    table = json.loads((emitted or again).read_text())["num_speculative_tokens_per_batch_size"]
     print(f"\n== {name}: {json.dumps(table)}")
     for w in buckets:
         k, bs = w["k"], w["batch_size"]

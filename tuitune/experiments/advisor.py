@@ -290,10 +290,10 @@ def mark_per_request(buckets: list[dict], dsd: bool) -> None:
     tolerance of the best both with the fit's cost and with the plane's (``A.adaptive_schedule``'s
     ``both``: per chain steps the lesser of its two ratios to the best; vLLM's K, or SGLang's best
     candidate, below 1 − the tolerance). The schedule then holds a choice within the tolerance of
-    the one that loses least with either cost, and the bucket gets ``per_request`` (each model's best steps and the choice's
-    worse ratio) and the benchmark that would settle it. On the real CPU engine the fit alone put
-    K 1-2 in the bucket 8-15 three runs out of three, a quarter below the best there
-    (benchmarks/schedule_refits.py)."""
+    the one that loses least with either cost, and the bucket gets ``per_request`` (each model's
+    best steps and the choice's worse ratio) and the benchmark that would settle it. On the real
+    CPU engine the fit alone put K 1-2 in the bucket 8-15 three runs out of three, a quarter below
+    the best there (benchmarks/schedule_refits.py)."""
     for w in buckets:
         both, alt = w.get("both"), w.get("alt")
         if not both or not alt or (dsd and w.get("measured_floor")):
