@@ -154,10 +154,14 @@ async def run_trial(session: Session, trial: dict, out: Path, overrides: dict) -
     s = run.summary()
     tok = s.get("tok_s") or {}
     ci = tok.get("ci95") or [None, None]
+    # a benchmark that timed no request's tokens measured nothing: a failed trial, not a figure of None
+    blank = not run.failed and tok.get("median") is None
     return {
         **row,
-        "status": "ok" if not run.failed else "failed",
-        "reason": "; ".join(s["errors"]) if run.failed else None,
+        "status": "ok" if not run.failed and not blank else "failed",
+        "reason": "; ".join(s["errors"])
+        if run.failed
+        else ("the benchmark measured no throughput (no request's tokens were timed)" if blank else None),
         "concurrency": run.config.concurrency,
         "goodput": (s.get("goodput") or {}).get("tok_s"),
         "tok_s_median": tok.get("median"),
