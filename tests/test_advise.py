@@ -698,3 +698,29 @@ async def test_inside_the_noise_counts_the_models_interval(tmp_path):
     assert T.beat_chance(0.99 * best, 0.004 * best, best) > 0.1
     assert T.beat_chance(0.99 * best, 0.004 * best, best * (1 + T.NOISE)) < T.CHANCE / 5
     assert T.beat_chance(100.0, 0.0, 100.0) == pytest.approx(0.5) and T.beat_chance(90.0, 1.0, 100.0) < 1e-6
+
+
+def test_a_schedule_for_sglang_on_a_cpu_never_offers_zero_steps():
+    """SGLang 0.5.18's adaptive runtime on a CPU crashes at a 0-step candidate (CHECK_EQ ... Int vs
+    Long, ../shared/sglang-cpu/README.md). Where the probe's windows say sync=cpu, the emitted schedule
+    keeps each bucket's best chain instead; elsewhere (a GPU's windows) off stays a candidate. A draft
+    that accepts little: off wins the large buckets."""
+    from tuitune.base.events import ProfileWindow
+
+    w = world(accept=[0.3, 0.2] + [0.1] * 10)
+    model = fit(launches(w, [Config.chain(2), Config.chain(1), OFF], [1, 4, 16, 32]))
+    cfg, why = A.adaptive_schedule(model)
+    assert any(0 in b["candidates"] for b in why), why  # off wins somewhere
+    cfg_cpu, why_cpu = A.adaptive_schedule(model, off=False)
+    assert all(0 not in b["candidates"] and b["candidates"] for b in why_cpu), why_cpu
+    for b, b_cpu in zip(why, why_cpu, strict=True):
+        best_chain = max((s for s in b_cpu["predicted"] if s), key=lambda s: b_cpu["predicted"][s])
+        if 0 in b["candidates"]:
+            assert best_chain in b_cpu["candidates"] or b_cpu["measured"], (b, b_cpu)
+    A.check_adaptive(cfg_cpu)
+    eng = sglang.SGLang()
+    cpu = ProfileWindow(v=2, steps=2, topk=1, bs=1, cycles=10, cycle_ms=5.0, draft_ms=1.0, verify_ms=3.0,
+                        extend_ms=1.0, accept_len=1.0, sync="cpu")
+    gpu = ProfileWindow(v=2, steps=2, topk=1, bs=1, cycles=10, cycle_ms=5.0, draft_ms=1.0, verify_ms=3.0,
+                        extend_ms=1.0, accept_len=1.0, sync="event")
+    assert eng.schedule_allows_off([gpu]) and not eng.schedule_allows_off([gpu, cpu])

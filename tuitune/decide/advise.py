@@ -266,8 +266,12 @@ def adaptive_schedule(
     tolerance: float = TOLERANCE,
     draws: list[CostModel] | None = None,
     alt: CostModel | None = None,
+    off: bool = True,
 ) -> tuple[dict, list[dict]]:
     """An SGLang ``--speculative-adaptive-config`` and the reasoning per bucket.
+
+    ``off``: whether a bucket may hold 0 steps (speculation off); False where the engine cannot run
+    it (``Engine.schedule_allows_off``: SGLang 0.5.18 on a CPU crashes at 0 steps).
 
     SGLang routes a batch of size bs to the largest key <= bs (FACTS §7), and adapts steps only
     with topk 1; so each key gets the chain steps (0 = off) within ``tolerance`` of the best at the
@@ -308,7 +312,7 @@ def adaptive_schedule(
     for i, key in enumerate(keys):
         nxt = keys[i + 1] if i + 1 < len(keys) else key
         bs = max(1, round(math.sqrt(key * max(key, nxt - 1))))
-        preds = sorted((model.predict(c, bs) for c in steps), key=lambda p: -p.goodput.mean)
+        preds = sorted((model.predict(c, bs) for c in steps if off or c.steps), key=lambda p: -p.goodput.mean)
         measured = {p.config.steps: seen[(p.config, bs)] for p in preds if (p.config, bs) in seen}
         value = {p.config.steps: measured.get(p.config.steps, p.goodput.mean) for p in preds}
         outside = {

@@ -196,6 +196,11 @@ class Engine:
         """Configuration ``c`` in this engine's words."""
         return c.label
 
+    def schedule_allows_off(self, windows) -> bool:
+        """Whether an emitted schedule may turn speculation off (0 steps) for a batch size, on the
+        server whose profile ``windows`` it was fitted from."""
+        return True
+
     def served_model(self, preset) -> str | None:
         """The model name the OpenAI API expects in requests (None: the server takes any)."""
         return None

@@ -481,6 +481,12 @@ class SGLang(Engine):
         r = preset.speculative.resolved()
         return None if r.num_steps is None else (r.num_steps, r.eagle_topk, r.num_draft_tokens)
 
+    def schedule_allows_off(self, windows) -> bool:
+        # SGLang 0.5.18's adaptive runtime on a CPU (the probe's windows say sync=cpu there) crashes
+        # at a 0-step candidate (`CHECK_EQ(candidates.scalar_type(), index_dtype) failed. Int vs Long`,
+        # ../shared/sglang-cpu/README.md): a schedule for such a server keeps at least one step
+        return not any(getattr(w, "sync", None) == "cpu" for w in windows)
+
     def search_topks(self, preset) -> tuple[int, ...]:
         # NGRAM's trees are looked up, not drafted: the rank model of EAGLE trees says nothing of
         # them, so its search walks chains (breadth 1) of every length, its start included

@@ -47,12 +47,15 @@ class Advised:
     emit_format: str = SG.SCHEDULE
     floor: dict | None = None  # vLLM's schedule against no speculation at the concurrencies asked (A.dsd_floor)
     per_request: tuple[float, float] | None = None  # the verify's ms a request: the fit's, the plane's
+    off_refused: bool = False  # the engine cannot run 0 steps in its schedule (SGLang on a CPU)
 
     def to_dict(self) -> dict:
         out = {"model": self.model.summary(), "advice": [a.to_dict() for a in self.advices]}
         if self.schedule is not None:
             key = self.emit_format.replace("-", "_")  # sglang_adaptive, vllm_dsd
             emitted: dict = {"file": self.emitted, "config": self.schedule, "buckets": self.buckets}
+            if self.off_refused:
+                emitted["off_refused"] = True
             if self.floor is not None:
                 emitted["floor"] = self.floor
             out[key] = emitted
@@ -74,6 +77,10 @@ class Advised:
                 f"\nwrote {self.emitted} (SGLang --speculative-adaptive-config; candidates within "
                 f"{A.TOLERANCE:.0%} of each bucket's best with both the fitted per-request verify cost and the plane's):"
             )
+            if self.off_refused:
+                lines.append(
+                    "  (0 steps not offered: SGLang on a CPU crashes at a 0-step candidate; each bucket keeps a chain)"
+                )
 
         def left(w: dict) -> str:  # a tie by a prediction outside what was measured: measurement wins it
             out = sorted(w.get("left_out", {}))
@@ -410,9 +417,11 @@ async def advise_sources(
         out.emit_format = emit_format
         draws = bootstrap(launches, REFITS)
         alt = fit(launches, plane=True)  # the fit itself where no plane tells c from the slope: nothing marked
+        off = engine.schedule_allows_off([w for ln in launches for w in ln.windows])
         out.schedule, out.buckets = A.adaptive_schedule(
-            model, tuple(buckets or A.ADAPTIVE_BUCKETS), draws=draws, alt=alt
+            model, tuple(buckets or A.ADAPTIVE_BUCKETS), draws=draws, alt=alt, off=off
         )
+        out.off_refused = not off
         out.per_request = (model.verify.per_request().mean, alt.verify.per_request().mean)
         mark_buckets(model, out.buckets)
         if emit_format == VL.DSD_SCHEDULE:
