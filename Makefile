@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 
-.PHONY: demo demo-vllm test setup screenshots bench docs clean
+.PHONY: demo demo-vllm demo-sglang test setup screenshots bench docs clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,9 +37,17 @@ demo-vllm: $(VENV)/.installed
 	$(BIN)/python tests/real_vllm.py --demo
 	$(BIN)/tuitune demo --engine vllm
 
+# The real SGLang without a GPU: PyPI sglang 0.5.18 with its CPU kernels built from the source in
+# ../shared/sglang-cpu/ (once into .cache/, ~4 GB, 5-8 minutes, progress shown), then the TUI on it
+# (presets/sglang-cpu-demo.yaml). Needs g++, cmake, patch and libnuma-dev (.ci/run installs them).
+demo-sglang: $(VENV)/.installed
+	$(BIN)/python tests/real_sglang.py --demo
+	$(BIN)/tuitune demo --engine sglang
+
 test: $(VENV)/.installed-test
 	-$(BIN)/python tests/vllm_cli.py  # vLLM's real command line for tests/test_vllm_parser.py (once)
 	$(BIN)/python tests/real_vllm.py  # the real vLLM CPU engine and tiny models for tests/test_real_vllm.py (once)
+	$(BIN)/python tests/real_sglang.py  # the real SGLang CPU engine (kernels built once) for tests/test_real_sglang.py
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --reruns 1 -rR --durations=25  # a failure is run once more (docs/testing.md); the slowest, for the suite's time
 
 screenshots: $(VENV)/.installed-test

@@ -42,7 +42,7 @@ def pytest_collection_modifyitems(items):
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(group))
         if item.get_closest_marker("sim_clock") is not None and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group("real-vllm"))  # the real engine's worker: never beside it
+            item.add_marker(pytest.mark.xdist_group("real-engine"))  # the real engine's worker: never beside it
 
 
 # `sim_clock` tests (a verdict or a ratio read off the simulator's clock) join the real engine's xdist

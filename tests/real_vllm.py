@@ -137,8 +137,10 @@ def _install_into_place(tmp: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _pip(python: Path, *args: str, timeout: float = 1800, progress: bool = False) -> str:
-    """pip in ``python``'s environment; with ``progress``, a line every few packages it collects."""
+def _pip(python: Path, *args: str, timeout: float = 1800, progress: bool = False, tell=None) -> str:
+    """pip in ``python``'s environment; with ``progress``, a line every few packages it collects
+    (through ``tell``, this module's ``say`` unless given)."""
+    tell = tell or say
     proc = subprocess.Popen(
         [str(python), "-m", "pip", "--disable-pip-version-check", *args],
         stdout=subprocess.PIPE,
@@ -154,9 +156,9 @@ def _pip(python: Path, *args: str, timeout: float = 1800, progress: bool = False
         if progress and line.startswith("Collecting "):
             seen += 1
             if seen % 15 == 1:
-                say(f"pip: {seen} packages so far ({line.split()[1]})")
+                tell(f"pip: {seen} packages so far ({line.split()[1]})")
         elif progress and line.startswith("Installing collected packages"):
-            say(f"pip: installing {seen} packages")
+            tell(f"pip: installing {seen} packages")
         if time.monotonic() > deadline:
             proc.kill()
             break
@@ -455,12 +457,13 @@ def build() -> tuple[Path, dict[str, Path]]:
 DEMO = Path("~/.cache/tuitune/vllm-cpu-demo")  # presets/vllm-cpu-demo.yaml's workdir
 
 
-def link_demo(home: Path = DEMO) -> Path:
-    """What presets/vllm-cpu-demo.yaml runs: ``venv`` and ``models`` under ``home``, linked to the built
-    environment and models (each link replaced atomically)."""
+def link_demo(home: Path = DEMO, env: Path = HOME, models: Path = MODELS) -> Path:
+    """What presets/vllm-cpu-demo.yaml runs (presets/sglang-cpu-demo.yaml too, given its ``env`` and
+    ``models``): ``venv`` and ``models`` under ``home``, linked to the built environment and models
+    (each link replaced atomically)."""
     home = home.expanduser()
     home.mkdir(parents=True, exist_ok=True)
-    for name, to in (("venv", HOME), ("models", MODELS)):
+    for name, to in (("venv", env), ("models", models)):
         tmp = home / f".{name}.{os.getpid()}"
         tmp.unlink(missing_ok=True)
         tmp.symlink_to(to, target_is_directory=True)

@@ -17,6 +17,13 @@ def _run_tui(session, **kw) -> int:
     return 0
 
 
+# the real engines' CPU demos: (preset, what builds it, what it is)
+REAL_DEMOS = {
+    "vllm": ("vllm-cpu-demo", "make demo-vllm", "the vLLM CPU engine", "about 3.4 GB and a few minutes"),
+    "sglang": ("sglang-cpu-demo", "make demo-sglang", "the SGLang CPU engine", "about 4 GB and 5-8 minutes"),
+}
+
+
 def demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--port",
@@ -25,9 +32,10 @@ def demo_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--engine",
-        choices=["sim", "vllm"],
+        choices=["sim", *REAL_DEMOS],
         default="sim",
-        help="vllm: a real vLLM on this machine's CPU (presets/vllm-cpu-demo.yaml; `make demo-vllm` builds it)",
+        help="vllm / sglang: a real vLLM or SGLang on this machine's CPU (presets/vllm-cpu-demo.yaml, "
+        "presets/sglang-cpu-demo.yaml; `make demo-vllm` / `make demo-sglang` build them)",
     )
     p.set_defaults(run=cmd_demo)
 
@@ -38,13 +46,15 @@ def cmd_demo(ns) -> int:
     from tuitune import preset as P
     from tuitune.target.session import Session
 
-    name = "vllm-cpu-demo" if ns.engine == "vllm" else "demo"
+    real = REAL_DEMOS.get(ns.engine)
+    name = real[0] if real else "demo"
     path = P.shipped_dir() / f"{name}.yaml"
     preset = load_preset(str(path))
-    if ns.engine == "vllm" and not Path(preset.python()).expanduser().exists():
+    if real and not Path(preset.python()).expanduser().exists():
+        _, make, what, size = real
         raise CliError(
-            f"the vLLM CPU engine is not built here ({preset.python()} does not exist): run `make demo-vllm` "
-            "in a clone of tuitune (it builds it once, about 3.4 GB and a few minutes, then opens this demo)",
+            f"{what} is not built here ({preset.python()} does not exist): run `{make}` in a clone of "
+            f"tuitune (it builds it once, {size}, then opens this demo)",
             2,
         )
     if ns.port is not None:

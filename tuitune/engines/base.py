@@ -119,6 +119,9 @@ class Engine:
     algorithms: tuple[str, ...] = ()
     # (log text, start-up phase) in the order a start-up passes them
     phases: tuple[tuple[str, str], ...] = ()
+    # a phase whose log text comes again names what it is the second time (SGLang's "Load weight begin"
+    # comes once for the target, then once for the draft model)
+    repeated_phases: dict[str, str] = {}
     # (text in a log line, failure cause) beyond what the parser already tells apart
     errors: tuple[tuple[str, str], ...] = ()
     # its log lines, tried in this order after the probe's EAGLE3_PROFILE line (see Rule)
@@ -147,6 +150,13 @@ class Engine:
         """(timestamp, rank) of this engine's logger prefix in ``line[:end]``, or None when the
         line does not start (before ``end``) the way its logger writes. A pure function of
         ``line[:end]``."""
+        return None
+
+    def phase(self, line: str, seen: set[str]) -> str | None:
+        """The start-up phase a log line begins (None: none), given the phases ``seen`` so far."""
+        for needle, phase in self.phases:
+            if needle in line:
+                return self.repeated_phases.get(phase, phase) if phase in seen else phase
         return None
 
     def launch_args(self, preset) -> list[str]:

@@ -381,6 +381,7 @@ class SGLang(Engine):
         ("Capture cuda graph begin", "capturing graphs"),
         ("Capture draft cuda graph begin", "capturing draft graphs"),
     )
+    repeated_phases = {"loading weights": "loading draft model"}
     rules = (
         Rule(DECODE, _decode, _decode_many, "Decode batch"),
         Rule(PREFILL, _prefill, _prefill_many, "Prefill batch"),

@@ -935,6 +935,7 @@ class ServerControl:
                 on_phase(name, time.monotonic() - t0)
 
         set_phase("starting")
+        seen: set[str] = set()
         tail = LogTail(self.t, rec.log, python=self.preset.python())
         shown = redact.Redactor(self.preset)
 
@@ -948,9 +949,9 @@ class ServerControl:
                     if on_line:
                         on_line(line, ev)
                     if ev is None:
-                        for needle, phase in self.preset.engine.phases:
-                            if needle in line:
-                                set_phase(phase)
+                        if (phase := self.preset.engine.phase(line, seen)) is not None:
+                            seen.add(phase)
+                            set_phase(phase)
                         continue
                     if isinstance(ev, ServerError):
                         res.errors.append(ev)

@@ -1,0 +1,495 @@
+"""tuitune against the real SGLang: PyPI ``sglang==0.5.18`` on this machine's CPU (tests/real_sglang.py:
+the CPU kernels built from ../shared/sglang-cpu/'s source, the three upstream fixes), serving a tiny
+random Llama with real EAGLE-3 chains and trees (a random draft: real costs, acceptance 1.00) and real
+NGRAM (a random model repeats itself: real acceptance), locally and over the real sshd on loopback.
+
+Nothing is mocked: the engine is SGLang's own code, started by tuitune's `launch`, measured by its
+`bench`, profiled by its probe inside SGLang's scheduler process; what checks it is independent of
+tuitune (a plain HTTP client written here, SGLang's own log lines, `meta_info` and /metrics, the process
+table). A launch takes about 20 s here, so the tests share them (module-scoped, in order), and run on
+the real engines' one pytest worker. The only skips: the kernel source is not on this machine (outside
+this workplace), or the package registry cannot be reached.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import real_sglang
+from conftest import ROOT, free_port, wait_for
+from test_real_vllm import Term, group_procs, log_events, needs_tmux, port_free, tt, write_preset
+
+from tuitune.base.events import DecodeStats, ProfileWindow, ServerError
+
+pytestmark = [
+    pytest.mark.xdist_group("real-engine"),  # one worker for both engines: launches never overlap on 2 cores
+    pytest.mark.timeout(1800),
+]
+
+PROMPTS = json.loads((ROOT / "tuitune" / "data" / "prompts.json").read_text())
+# setproctitle names SGLang's processes; the HTTP server keeps its python command line
+ROLES = ("launch_server", "sglang::scheduler", "sglang::detokenizer")
+
+
+@pytest.fixture(scope="session")
+def engine() -> tuple[Path, dict[str, Path]]:
+    try:
+        return real_sglang.build()
+    except (real_sglang.NoSource, real_sglang.Unreachable) as e:
+        pytest.skip(f"the real SGLang engine cannot be built here: {e}")
+
+
+def roles(pgid: int) -> dict[str, int]:
+    out = {}
+    for pid, cmd in group_procs(pgid).items():
+        for role in ROLES:
+            if role in cmd and role not in out:
+                out[role] = pid
+    return out
+
+
+def server_pid(home: Path, preset: Path) -> int:
+    st = json.loads(tt(home, "status", str(preset), "--json", "--any", timeout=60).stdout)
+    assert st["running"], st
+    return int(st["record"]["pid"])
+
+
+# ---- an independent client (no tuitune code): SGLang's native /generate --------------------------
+
+
+def generate(port: int, prompt: str, max_tokens: int) -> dict:
+    """One streamed /generate request: decode tok/s from the chunks' arrival, and the last chunk's
+    ``meta_info`` (SGLang's own count of tokens and, speculating, its acceptance)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=180)
+    body = {
+        "text": prompt,
+        "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
+        "stream": True,
+    }
+    c.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
+    times: list[float] = []
+    meta: dict = {}
+    while line := r.readline():
+        if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+            continue
+        times.append(time.perf_counter())
+        meta = json.loads(line[5:]).get("meta_info") or meta
+    c.close()
+    n = int(meta["completion_tokens"])
+    # streamed by SGLang's stream interval: the rate over the whole span, first chunk to last, of the
+    # tokens after the first chunk's
+    rate = None
+    if len(times) > 1 and times[-1] > times[0]:
+        rate = (n - 1) / (times[-1] - times[0])
+    return {"rate": rate, "tokens": n, "meta": meta}
+
+
+class Load:
+    """Single-stream /generate requests from the independent client in a thread, until stopped."""
+
+    def __init__(self, port: int, max_tokens: int = 96, prompts: list[str] | None = None):
+        import threading
+
+        self.port, self.max_tokens, self.prompts = port, max_tokens, prompts or PROMPTS
+        self.metas: list[dict] = []
+        self.error = ""
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            try:
+                self.metas.append(generate(self.port, self.prompts[i % len(self.prompts)], self.max_tokens)["meta"])
+            except (OSError, RuntimeError, http.client.HTTPException, ValueError, KeyError) as e:
+                self.error = f"{type(e).__name__}: {e}"
+                time.sleep(0.5)
+            i += 1
+
+    @property
+    def done(self) -> int:
+        return len(self.metas)
+
+    def __enter__(self) -> Load:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._t.join(200)
+
+
+# ---- the shared local server -----------------------------------------------------------------------
+
+
+class Served:
+    """One real SGLang server started by `tuitune launch` (relaunched by the tests about relaunches)."""
+
+    def __init__(self, home: Path, engine, target="local", name="rs"):
+        self.home = home
+        self.python, self.models = engine
+        self.port = free_port()
+        self.log = home / f"{name}.log"
+        self.name = name
+        self.target = target
+        self.chain = self.preset("chain.yaml", steps=2)
+        self.current = self.chain
+        self.launch_out: subprocess.CompletedProcess | None = None
+        self.launch_s = 0.0
+
+    def preset(self, file: str, **kw) -> Path:
+        args = {"enable-metrics": True, **kw.pop("args", {})}
+        data = real_sglang.preset(
+            self.name, self.log, self.port, python=self.python, draft=self.models["eagle3"], target=self.target,
+            args=args, **kw,
+        )
+        return write_preset(self.home / file, data)
+
+    def launch(self, preset: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+        t0 = time.monotonic()
+        r = tt(self.home, "launch", str(preset or self.chain), timeout=timeout)
+        self.launch_s = time.monotonic() - t0
+        self.current = preset or self.chain
+        assert r.returncode == 0, f"launch failed ({r.returncode}):\n{r.stdout}\n{r.stderr}\n{self.tail()}"
+        return r
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def cleanup(self) -> None:
+        r = tt(self.home, "status", str(self.current), "--json", "--any", timeout=60)
+        try:
+            rec = json.loads(r.stdout).get("record") or {}
+        except ValueError:
+            rec = {}
+        tt(self.home, "stop", str(self.current), "--any", timeout=120)
+        if rec.get("pid"):
+            try:
+                os.killpg(int(rec["pid"]), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+@pytest.fixture(scope="module")
+def served(engine, tmp_path_factory):
+    s = Served(tmp_path_factory.mktemp("real-sglang-local"), engine)
+    try:
+        s.launch_out = s.launch()
+    except BaseException:
+        s.cleanup()
+        raise
+    yield s
+    s.cleanup()
+
+
+def windows_under_load(served, n: int = 3, max_tokens: int = 96, **kw) -> tuple[list, list]:
+    start = served.log.stat().st_size
+    with Load(served.port, max_tokens, **kw) as load:
+        wait_for(lambda: load.done >= n, 180, 0.5, f"{n} requests ({load.error or 'no error'})")
+    time.sleep(0.5)
+    events = log_events(served.log, start)
+    return [e for e in events if isinstance(e, ProfileWindow)], events
+
+
+# ---- local: one launch shared, in order -------------------------------------------------------------
+
+
+def test_launch_tracks_sglangs_real_phases(served):
+    out = served.launch_out.stdout
+    for phase in ("starting", "loading weights", "http up", "ready"):
+        assert re.search(rf"^\s+\d+\.\ds\s+{phase}$", out, re.M), out
+    ready = float(re.search(r"ready in ([\d.]+)s", out).group(1))
+    assert 3 < ready < served.launch_s, out
+    found = roles(server_pid(served.home, served.chain))
+    assert set(found) == set(ROLES), found  # the HTTP server, its scheduler and detokenizer: one group
+
+
+def test_status_sees_no_drift_and_drift_on_other_steps(served):
+    r = tt(served.home, "status", str(served.chain), timeout=60)
+    assert r.returncode == 0 and "no drift" in r.stdout, r.stdout + r.stderr
+    r = tt(served.home, "status", str(served.preset("steps3.yaml", steps=3)), timeout=60)
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "num_steps" in r.stdout or "speculative-num-steps" in r.stdout, r.stdout
+
+
+def test_probe_inside_the_real_eagle3_worker(served):
+    """EAGLE3_PROFILE lines from SGLang's scheduler process: draft, verify and extend timed inside
+    the real EAGLE worker, phases that add up to the cycle; the random draft accepts nothing, and
+    SGLang's own decode line says the same."""
+    windows, events = windows_under_load(served)
+    assert len(windows) >= 2, served.tail()
+    for w in windows:
+        assert w.v == 2 and w.steps == 2 and w.topk == 1 and w.bs == 1, w
+        assert w.draft_ms > 0 and w.verify_ms > 0 and w.extend_ms > 0, w
+        parts = w.draft_ms + w.verify_ms + w.extend_ms + (w.other_ms or 0)
+        assert parts == pytest.approx(w.cycle_ms, abs=0.01), w
+        assert w.accept_len == pytest.approx(1.0), w
+        assert w.sync == "cpu", w
+    decode = [e for e in events if isinstance(e, DecodeStats)]
+    assert decode and all(e.accept_len == pytest.approx(1.0) for e in decode if e.accept_len is not None)
+    assert all(e.cuda_graph is False for e in decode), decode[:3]  # "cpu graph: False": eager on CPU
+
+
+@pytest.mark.quiet  # two clocks compared: nothing beside it
+def test_bench_native_and_openai_agree_with_an_independent_client(served):
+    """`tuitune bench` through SGLang's native /generate and through its OpenAI API, and a plain
+    http.client loop over /generate written here, in turn (A B C, then C B A, then A B C) on the same
+    server and prompts: each tuitune median within 5 % of the plain client's (pooled over rounds)."""
+    n, max_tokens = 4, 128
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
+    got: dict[str, list[float]] = {"native": [], "openai": [], "independent": []}
+    generate(served.port, prompts[0], 16)  # warm
+    for rnd in range(3):
+        order = ["native", "openai", "independent"]
+        for who in order if rnd % 2 == 0 else order[::-1]:
+            if who == "independent":
+                for p in prompts:
+                    g = generate(served.port, p, max_tokens)
+                    assert g["tokens"] == max_tokens, g
+                    got[who].append(g["rate"])
+                continue
+            out = served.home / f"bench-{who}-{rnd}.json"
+            r = tt(served.home, "bench", str(served.chain), "--api", who, "--requests", str(n), "--warmup", "0",
+                   "--max-tokens", str(max_tokens), "--json", str(out), timeout=300)
+            assert r.returncode == 0, r.stdout + r.stderr
+            res = json.loads(out.read_text())["results"]
+            assert all(x["ok"] and x["completion_tokens"] == max_tokens for x in res), res
+            got[who] += [x["decode_tok_s"] for x in res]
+    ref = statistics.median(got["independent"])
+    for who in ("native", "openai"):
+        assert abs(statistics.median(got[who]) / ref - 1) < 0.05, {k: statistics.median(v) for k, v in got.items()}
+
+
+def test_metrics_beside_the_probe(served):
+    """SGLang's own /metrics (``--enable-metrics``) read by tuitune's scraper: its acceptance gauge
+    beside the probe's (both 1.00 with the random draft), its steps the preset's."""
+    from tuitune.measure import promscrape
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{served.port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    snap = promscrape.parse(text)
+    assert snap.gauges.get("sglang:spec_accept_length") == pytest.approx(1.0, abs=0.01), snap
+    assert "sglang:spec_num_steps" in text or "sglang:spec_accept_rate" in text
+
+
+@needs_tmux
+def test_record_report_replay_of_a_real_sglang_session(served):
+    cap = served.home / "real.jsonl"
+    r = tt(served.home, "--record", str(cap), str(served.chain), "--load", "1", "--duration", "10", timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    kinds = [json.loads(line).get("kind") for line in cap.read_text().splitlines() if line.strip()]
+    assert kinds.count("profile") >= 2 and "decode" in kinds, sorted(set(kinds))
+    (summary,) = json.loads(tt(served.home, "report", str(cap), "--json", timeout=60, check=True).stdout)
+    assert "cycle" in json.dumps(summary), summary
+    t = Term(served.home, f"{sys.executable} -m tuitune replay {cap} --speed 4")
+    try:
+        t.wait(lambda s: re.search(r"accept len \d", s) and "verify" in s, 60)
+        t.keys("q")
+        t.wait(lambda s: "EXITED=0" in s, 30)
+    finally:
+        t.close()
+
+
+@needs_tmux
+def test_tui_in_tmux_shows_the_real_sglang_numbers(served):
+    t = Term(served.home, f"{sys.executable} -m tuitune {served.chain}")
+    try:
+        t.wait(lambda s: "ready" in s, 60)
+        t.keys("l")
+        s = t.wait(lambda s: re.search(r"accept len 1\.00", s) and re.search(r"verify\s+█", s), 120)
+        assert re.search(r"draft\s+█", s) and "EAGLE3_PROFILE v=2" in s, s
+        t.keys("l", "q")
+        s = t.wait(lambda s: "EXITED=" in s or "Leave it running [y]" in s, 30)
+        if "EXITED=" not in s:
+            t.keys("y")
+            t.wait(lambda s: "EXITED=" in s, 30)
+    finally:
+        t.close()
+    assert tt(served.home, "status", str(served.chain), timeout=60).returncode == 0
+
+
+def test_relaunch_as_a_tree_drift_before_none_after(served):
+    """An EAGLE-3 tree (steps 3, topk 4, 8 draft tokens): drift against the running chain, none once
+    relaunched, and the probe's windows from inside the tree's worker say topk 4."""
+    tree = served.preset("tree.yaml", steps=3, topk=4, draft_tokens=8)
+    assert tt(served.home, "status", str(tree), timeout=60).returncode == 4
+    served.launch(tree)
+    r = tt(served.home, "status", str(tree), timeout=60)
+    assert r.returncode == 0 and "no drift" in r.stdout, r.stdout + r.stderr
+    windows, _ = windows_under_load(served, n=2)
+    assert windows and {(w.steps, w.topk) for w in windows} == {(3, 4)}, windows
+    assert all(w.draft_ms > 0 and w.verify_ms > 0 for w in windows)
+
+
+def test_ngram_probe_accept_length_matches_sglangs_own(served):
+    """NGRAM: SGLang's corpus learns from earlier outputs, and a random model repeats itself, so the
+    same prompts again accept for real. The probe's accept length (tokens a request-cycle, weighted by
+    cycles) against SGLang's own over the same requests: the requests' ``meta_info``
+    (completion tokens / verify calls) and its decode lines' ``accept len``; each within 5 %."""
+    ngram = served.preset("ngram.yaml", method="NGRAM", draft_tokens=8)
+    served.launch(ngram)
+    prompts = PROMPTS[:2]
+    with Load(served.port, 128, prompts=prompts) as load:  # the corpus learns these outputs
+        wait_for(lambda: load.done >= 4, 240, 0.5, f"warm-up ({load.error})")
+    start = served.log.stat().st_size
+    with Load(served.port, 128, prompts=prompts) as load:
+        wait_for(lambda: load.done >= 6, 240, 0.5, f"six requests ({load.error})")
+    time.sleep(0.5)
+    events = log_events(served.log, start)
+    windows = [e for e in events if isinstance(e, ProfileWindow)]
+    metas = load.metas[:6]
+    assert windows and all(w.draft_ms >= 0 and w.verify_ms > 0 for w in windows), served.tail()
+    probe = sum(w.accept_len * w.cycles for w in windows) / sum(w.cycles for w in windows)
+    tokens = sum(m["completion_tokens"] for m in metas)
+    verifies = sum(m["spec_verify_ct"] for m in metas)
+    theirs = tokens / verifies
+    assert theirs > 1.3, theirs  # real acceptance, not the random draft's nothing
+    decode = [e.accept_len for e in events if isinstance(e, DecodeStats) and e.accept_len]
+    assert decode
+    logged = statistics.mean(decode)
+    assert abs(probe / theirs - 1) < 0.05, (probe, theirs, logged)
+    assert abs(logged / theirs - 1) < 0.10, (probe, theirs, logged)
+
+
+def test_stop_leaves_none_of_sglangs_processes(served):
+    pid = server_pid(served.home, served.current)
+    found = roles(pid)
+    assert set(found) == set(ROLES), found
+    r = tt(served.home, "stop", str(served.current), timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    wait_for(lambda: not group_procs(pid), 30, 0.2, "SGLang's processes to be gone")
+    assert port_free(served.port)
+    assert tt(served.home, "status", str(served.current), timeout=60).returncode == 3
+
+
+# ---- failures: a classified one-sentence cause, within seconds, nothing left running -------------------
+
+
+def _fails(home: Path, preset: Path, port: int, limit_s: float) -> str:
+    t0 = time.monotonic()
+    r = tt(home, "launch", str(preset), timeout=limit_s + 60)
+    took = time.monotonic() - t0
+    assert r.returncode != 0, r.stdout + r.stderr
+    err = r.stderr.strip()
+    assert "Traceback" not in r.stdout + r.stderr, err
+    cause = [ln for ln in err.splitlines() if ln.startswith("tuitune:")]
+    assert cause, err
+    assert took < limit_s, f"{took:.0f} s: {err}"
+    assert not subprocess.run(["pgrep", "-f", f"--port {port}"], capture_output=True).stdout, "something left running"
+    return cause[0]
+
+
+def _write(tmp_path: Path, engine, name: str, port: int, **kw) -> Path:
+    python, models = engine
+    kw.setdefault("draft", models["eagle3"])
+    return write_preset(tmp_path / f"{name}.yaml", real_sglang.preset(name, tmp_path / f"{name}.log", port,
+                                                                      python=python, **kw))
+
+
+def test_unknown_flag_is_refused_before_launch(engine, tmp_path):
+    port = free_port()
+    cause = _fails(tmp_path, _write(tmp_path, engine, "flag", port, args={"no-such-flag": True}), port, 90)
+    assert "--no-such-flag" in cause and "not accepted" in cause, cause
+
+
+def test_port_in_use_is_refused_before_launch(engine, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        cause = _fails(tmp_path, _write(tmp_path, engine, "port", port), port, 90)
+    assert str(port) in cause and re.search(r"in use|busy|listening", cause), cause
+
+
+def test_missing_model_directory_is_named(engine, tmp_path):
+    port = free_port()
+    missing = tmp_path / "no" / "such" / "model"
+    cause = _fails(tmp_path, _write(tmp_path, engine, "nomodel", port, model=missing), port, 60)
+    assert str(missing) in cause and re.search(r"does not exist|not found|no such", cause, re.I), cause
+
+
+def test_draft_that_does_not_fit_the_target(engine, tmp_path):
+    port = free_port()
+    cause = _fails(tmp_path, _write(tmp_path, engine, "misfit", port, draft=engine[1]["eagle3_misfit"]), port, 90)
+    assert "hidden" in cause and "192" in cause and "384" in cause, cause
+
+
+# ---- over SSH: the real sshd on loopback ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def remote(engine, sshd, tmp_path_factory):
+    s = Served(tmp_path_factory.mktemp("real-sglang-ssh"), engine, target=sshd.target(), name="rs-ssh")
+    try:
+        s.launch_out = s.launch()
+    except BaseException:
+        s.cleanup()
+        raise
+    yield s
+    s.cleanup()
+
+
+def test_over_ssh_launch_status_bench_probe(remote):
+    assert "ready in" in remote.launch_out.stdout, remote.launch_out.stdout
+    r = tt(remote.home, "status", str(remote.chain), timeout=60)
+    assert r.returncode == 0 and "no drift" in r.stdout, r.stdout + r.stderr
+    start = remote.log.stat().st_size
+    js = remote.home / "bench.json"
+    r = tt(remote.home, "bench", str(remote.chain), "--requests", "3", "--max-tokens", "96", "--json", str(js),
+           timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads(js.read_text())
+    assert all(x["ok"] and x["completion_tokens"] == 96 for x in res["results"]), res["results"]
+    windows = [e for e in log_events(remote.log, start) if isinstance(e, ProfileWindow)]
+    assert windows and all(w.draft_ms > 0 and w.verify_ms > 0 for w in windows), remote.tail()
+    assert set(roles(server_pid(remote.home, remote.chain))) == set(ROLES)
+
+
+def test_scheduler_killed_while_decoding(remote):
+    """kill -9 of SGLang's scheduler mid-decode (over SSH): a live --record says in one sentence that
+    the server exited, within seconds, and none of its processes is left."""
+    pid = server_pid(remote.home, remote.current)
+    found = roles(pid)
+    cap = remote.home / "killed.jsonl"
+    rec = subprocess.Popen(
+        [sys.executable, "-m", "tuitune", "--record", str(cap), str(remote.current), "--load", "1", "--duration", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "HOME": str(remote.home)},
+    )
+    try:
+        wait_for(lambda: cap.exists() and '"kind": "profile"' in cap.read_text(), 120, 0.5, "decoding under load")
+        os.kill(found["sglang::scheduler"], signal.SIGKILL)
+        killed_at = time.time()
+        wait_for(lambda: "exited" in cap.read_text(), 45, 0.5, "the exit captured")
+        rec.send_signal(signal.SIGINT)
+        out, err = rec.communicate(timeout=60)
+    finally:
+        if rec.poll() is None:
+            rec.kill()
+    events = [json.loads(line) for line in cap.read_text().splitlines() if line.strip()]
+    exited = [e for e in events if e.get("kind") == "marker" and "exited" in e.get("text", "")]
+    assert exited, (out, err)
+    cause = exited[0]["text"]
+    assert "\n" not in cause and len(cause) < 400, cause
+    assert exited[0]["t"] - killed_at < 20, exited[0]
+    wait_for(lambda: not group_procs(pid), 30, 0.5, "SGLang's processes to be gone")
+    assert port_free(remote.port)
+    assert not [e for e in log_events(remote.log) if isinstance(e, ServerError) and e.category == "traceback"] or cause
