@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuitune.base.events import from_dict
+from tuitune.base.events import ServerError, from_dict
 from tuitune.engines import sglang
 from tuitune.measure import parse
 from tuitune.measure.parse import parse_line, parse_lines, summarize
@@ -639,3 +639,17 @@ def test_a_long_per_position_list_is_read_in_one_pass():
     took = time.process_time() - t0
     assert ev.per_position == (0.5,) * n and ev.accepted == 7
     assert took < 2.0, f"{took:.1f} s for a list of {n} (about 0.2 s read in one pass, 10 s before)"
+
+
+def test_sglangs_words_for_a_dead_scheduler():
+    """SGLang 0.5.18's HTTP server when its scheduler is killed (seen on its CPU build): a classified
+    cause quoting SGLang's words without its logger prefix, with the prefix's time."""
+    from tuitune.target.control import classify
+
+    e = parse_line(
+        "[2026-12-04 18:35:38] Subprocess scheduler_0 (pid=26022) crashed with exit code -9. "
+        "Triggering SIGQUIT for cleanup..."
+    )
+    assert isinstance(e, ServerError) and e.category == "engine_died", e
+    assert e.message.startswith("Subprocess scheduler_0 (pid=26022) crashed") and e.ts == "2026-12-04 18:35:38"
+    assert classify([e])[0] == "engine_died"

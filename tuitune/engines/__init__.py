@@ -10,6 +10,7 @@ from __future__ import annotations
 from tuitune.engines import base
 from tuitune.engines.base import CAUSE_ORDER, CAUSE_TEXT, HF_ERRORS, Engine, Rule
 from tuitune.engines.sglang import SGLang
+from tuitune.engines.sglang import log_prefix as _sglang_prefix
 from tuitune.engines.vllm import VLLM
 from tuitune.engines.vllm import message as _vllm_message
 
@@ -44,9 +45,13 @@ def error_category(line: str) -> str | None:
 
 
 def message(line: str) -> str:
-    """A failure line without its engine's logger prefix (vLLM's ``(EngineCore pid=…) ERROR … [file:n]``),
-    so the cause quotes the engine's words; the whole line when it has none."""
-    return _vllm_message(line)
+    """A failure line without its engine's logger prefix (vLLM's ``(EngineCore pid=…) ERROR … [file:n]``,
+    SGLang's ``[2026-12-04 18:35:38 TP0]``), so the cause quotes the engine's words; the whole line
+    when it has none."""
+    text = _vllm_message(line)
+    if text is line and _sglang_prefix(line, len(line)) is not None:
+        return line[line.find("]") + 1 :].lstrip()
+    return text
 
 
 __all__ = [

@@ -382,6 +382,12 @@ class SGLang(Engine):
         ("Capture draft cuda graph begin", "capturing draft graphs"),
     )
     repeated_phases = {"loading weights": "loading draft model"}
+    errors = (
+        # the HTTP server's words when its scheduler (or detokenizer) is gone: killed, or crashed without a
+        # traceback of its own (seen on SGLang 0.5.18: "Subprocess scheduler_0 (pid=26022) crashed with
+        # exit code -9. Triggering SIGQUIT for cleanup...")
+        ("crashed with exit code", "engine_died"),
+    )
     rules = (
         Rule(DECODE, _decode, _decode_many, "Decode batch"),
         Rule(PREFILL, _prefill, _prefill_many, "Prefill batch"),

@@ -227,7 +227,7 @@ def _error(line: str, category: str, message: str, at: int = 0) -> ServerError:
     return ServerError(category, message.strip()[:500], ts, rank)
 
 
-_ERROR_HINTS = ("rror", "raceback", "out of memory", "ailed", "in use", "died")  # what every failure line below holds
+_ERROR_HINTS = ("rror", "raceback", "out of memory", "ailed", "in use", "died", "crashed")  # what every failure line below holds
 
 
 def _errorish(line: str) -> Event | None:
@@ -235,7 +235,7 @@ def _errorish(line: str) -> Event | None:
     if cause is not None:
         text = engines.message(line)  # without the engine's logger prefix, if it has one
         m = _EXC.match(text)
-        return _error(line, cause, m.group(2) if m else text)
+        return _error(line, cause, m.group(2) if m else text, len(line) - len(text) - 1 if text is not line else 0)
     if "Traceback (most recent call last)" in line:
         return _error(line, "traceback", "Traceback (most recent call last)", line.find("Traceback"))
     if "CUDA out of memory" in line or "OutOfMemoryError" in line:

@@ -30,6 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
     p.add_argument("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
     p.add_argument("--mem-fraction-static", type=float, default=None)
+    p.add_argument(
+        "--device",
+        default="cuda",
+        choices=["cuda", "cpu"],
+        help="what the decode line names: cuda graph, or (cpu) cpu graph (always False: no graphs with speculation)",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--num-continuous-decode-steps", type=int, default=1)

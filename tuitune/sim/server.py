@@ -388,6 +388,11 @@ class Simulator:
         self.log.line(
             "Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, avail mem=22.41 GB, mem usage=71.21 GB."
         )
+        if self.cfg.speculative and not self.cfg.model_free:  # SGLang loads the draft model after the target
+            self.log.line("Load weight begin. avail mem=22.41 GB")
+            self.log.line(
+                "Load weight end. elapsed=0.42 s, type=LlamaForCausalLMEagle3, avail mem=21.52 GB, mem usage=0.89 GB."
+            )
         self.log.line("KV Cache is allocated. #tokens: 1062144, K size: 8.02 GB, V size: 8.02 GB")
         self.log.line("Capture cuda graph begin. This can take up to several minutes. avail mem=5.12 GB")
         await self.sleep_sim(load * 0.3 if self.cfg.speculative else load * 0.4)
@@ -402,6 +407,10 @@ class Simulator:
             )
             self.log.line("Capture draft extend cuda graph begin. avail mem=3.79 GB")
             self.log.line("Capture draft extend cuda graph end. Time elapsed: 0.05 s.")
+        self.log.line(  # SGLang 0.5.18's summary of the start (seen on its CPU build)
+            f"Engine startup timings (s): load_weight={load * 0.55:.2f}, kv_cache_allocation=0.46, "
+            f"scheduler_e2e={load:.2f}, cuda_graph={{prefill=0.00, decode={load * 0.3:.2f}}}"
+        )
         self.log.line(
             f"max_total_num_tokens=1062144, chunked_prefill_size=8192, "
             f"max_prefill_tokens=16384, max_running_requests={self.max_running}, "
@@ -442,7 +451,7 @@ class Simulator:
                 self.log.line(
                     f"Prefill batch, #new-seq: {len(new)}, #new-token: {tokens}, #cached-token: 0, "
                     f"token usage: 0.00, #running-req: {len(self.running)}, #queue-req: "
-                    f"{len(self.waiting)}, #pending-token: 0, cuda graph: False, "
+                    f"{len(self.waiting)}, #pending-token: 0, {self.ns.device} graph: False, "
                     f"input throughput (token/s): {tokens / max(ms, 1e-3) * 1000:.2f}"
                 )
                 now = loop.time()
@@ -536,7 +545,8 @@ class Simulator:
             rate = (accept_len - 1) / max(1, self.cfg.draft_tokens - 1)
             fields += [f"accept len: {accept_len:.2f}", f"accept rate: {rate:.2f}"]
         fields += [
-            "cuda graph: True",
+            # SGLang names the device's graphs; on a CPU speculation always runs eager
+            "cpu graph: False" if self.ns.device == "cpu" else "cuda graph: True",
             f"gen throughput (token/s): {self.last_gen_throughput:.2f}",
             f"#queue-req: {len(self.waiting)}",
         ]
