@@ -369,6 +369,57 @@ def test_ngram_probe_accept_length_matches_sglangs_own(served):
     assert abs(logged / theirs - 1) < 0.10, (probe, theirs, logged)
 
 
+def test_emitted_adaptive_schedule_runs_and_the_probe_follows_sglangs_switches(served):
+    """`advise --emit sglang-adaptive` from a real capture: no 0-step candidate (SGLang 0.5.18 crashes
+    at one on a CPU), a file SGLang's own loader takes (launched with it, `--disable-cuda-graph` as the
+    CPU needs, it serves); a num_steps the file does not list is refused before launching (SGLang would
+    refuse it only after loading the model). Then a schedule with two candidates, starting at 3 steps:
+    SGLang's policy switches (the random draft accepts nothing) and the probe's windows follow, each
+    naming the steps SGLang's last switch line set."""
+    cap = served.home / "real.jsonl"
+    if not cap.exists():  # test_record_report_replay_of_a_real_sglang_session makes it (when it ran)
+        r = tt(served.home, "--record", str(cap), str(served.chain), "--relaunch", "--load", "2", "--duration", "10",
+               timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+    emitted = served.home / "adaptive.json"
+    r = tt(served.home, "advise", str(cap), "--emit", "sglang-adaptive", str(emitted), timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 steps not offered" in r.stdout, r.stdout
+    cfg = json.loads(emitted.read_text())
+    union = sorted({s for v in cfg.values() for s in v["candidate_steps"]})
+    assert union and 0 not in union, cfg
+    bad = served.preset("adaptive-bad.yaml", steps=max(union) + 1, adaptive=emitted)
+    r = tt(served.home, "launch", str(bad), timeout=120)
+    assert r.returncode == 2 and "not one of its candidate steps" in r.stderr, r.stdout + r.stderr
+    served.launch(served.preset("adaptive.yaml", steps=union[0], adaptive=emitted))
+    windows, _ = windows_under_load(served, n=2)
+    assert windows and {w.steps for w in windows} <= set(union), windows
+    two = served.home / "two.json"
+    two.write_text(json.dumps({str(k): {"candidate_steps": [1, 3]} for k in (1, 2, 4, 8)}))
+    served.launch(served.preset("adaptive-two.yaml", steps=3, adaptive=two))
+    start = served.log.stat().st_size
+    windows, _ = windows_under_load(served, n=4)
+    lines = served.log.read_bytes()[start:].decode("utf-8", "replace").splitlines()
+    switches = [re.search(r"Switch adaptive runtime state: steps (\d+) -> (\d+)", ln) for ln in lines]
+    assert any(switches), served.tail()  # SGLang's policy moved (3 -> 1: nothing is accepted)
+    current = 3
+    checked = 0
+    for ln, sw in zip(lines, switches, strict=True):
+        if sw:
+            current = int(sw.group(2))
+        elif "EAGLE3_PROFILE" in ln and "cycles=40" in ln:  # a whole window, all of it after the switch
+            w = next(e for e in log_events_of([ln]) if isinstance(e, ProfileWindow))
+            assert w.steps in (1, 3), w
+            checked += w.steps == current
+    assert checked >= 1 and {w.steps for w in windows} <= {1, 3}, windows
+
+
+def log_events_of(lines: list[str]) -> list:
+    from tuitune.measure.parse import parse_line
+
+    return [e for e in map(parse_line, lines) if e is not None]
+
+
 def test_stop_leaves_none_of_sglangs_processes(served):
     pid = server_pid(served.home, served.current)
     found = roles(pid)

@@ -206,6 +206,14 @@ class Engine:
         """Configuration ``c`` in this engine's words."""
         return c.label
 
+    def schedule_file(self, preset) -> str | None:
+        """The path on the target of a schedule file the server reads at start-up (None: none)."""
+        return None
+
+    def check_schedule(self, preset, text: str) -> str | None:
+        """What is wrong with the schedule file's ``text`` for this preset, in one clause (None: fine)."""
+        return None
+
     def schedule_allows_off(self, windows) -> bool:
         """Whether an emitted schedule may turn speculation off (0 steps) for a batch size, on the
         server whose profile ``windows`` it was fitted from."""

@@ -488,6 +488,27 @@ class SGLang(Engine):
         r = preset.speculative.resolved()
         return None if r.num_steps is None else (r.num_steps, r.eagle_topk, r.num_draft_tokens)
 
+    def schedule_file(self, preset) -> str | None:
+        s = preset.speculative
+        return s.adaptive_config if s is not None else None
+
+    def check_schedule(self, preset, text: str) -> str | None:
+        """SGLang 0.5.18 refuses to start when --speculative-num-steps is not one of the config's
+        candidate steps (``_init_adaptive_speculative_params``: "--speculative-num-steps=2 is not in
+        the adaptive config candidate_steps [1]", seen on its CPU build), after its model load."""
+        try:
+            cfg = check_adaptive(json.loads(text))
+        except ValueError as e:
+            return f"it is not an adaptive config SGLang loads ({e})"
+        steps = preset.speculative.resolved().num_steps
+        union = sorted({s for v in cfg.values() for s in v})
+        if steps is not None and steps not in union:
+            return (
+                f"speculative.num_steps {steps} is not one of its candidate steps {union}, and SGLang refuses "
+                f"to start then; set num_steps to one of them"
+            )
+        return None
+
     def schedule_allows_off(self, windows) -> bool:
         # SGLang 0.5.18's adaptive runtime on a CPU (the probe's windows say sync=cpu there) crashes
         # at a 0-step candidate (`CHECK_EQ(candidates.scalar_type(), index_dtype) failed. Int vs Long`,

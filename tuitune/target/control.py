@@ -731,6 +731,7 @@ class ServerControl:
                     f"{self.t.label}: {why} needs the {module} module, not installed for {p.python()}", 2
                 )
         await self._check_draft_fits()
+        await self._check_schedule()
         known = await self.server_flags()
         unknown = [f for f in p.flag_names() if f not in known]
         if unknown:
@@ -820,6 +821,26 @@ class ServerControl:
                 f"{self.t.label}: {why}; refusing to relaunch",
                 2,
             )
+
+    async def _check_schedule(self) -> None:
+        """A schedule file the server reads at start-up (SGLang's adaptive config): missing, unreadable
+        or at odds with the preset, refused before launching (the engine would refuse it only after
+        loading the model)."""
+        p = self.preset
+        path = p.engine.schedule_file(p)
+        if not path or p.server.module == P.SIM_MODULE:
+            return
+        where = f"cd -- {P.shell_path(p.server.workdir or '~')} 2>/dev/null; "
+        r = await self.t.run(where + f"head -c 1048576 -- {P.shell_path(path)}", timeout=30)
+        if not r.ok:
+            raise ControlError(
+                f"speculative.adaptive_config {path} cannot be read on {self.t.label}: "
+                f"{(r.stderr or '').strip()[:200] or 'no such file'}; refusing to launch",
+                2,
+            )
+        why = p.engine.check_schedule(p, r.stdout)
+        if why:
+            raise ControlError(f"speculative.adaptive_config {path} on {self.t.label}: {why}; refusing to launch", 2)
 
     # ---- start / stop --------------------------------------------------------------------
     async def start(self) -> ServerRecord:
