@@ -5,6 +5,8 @@ The real pieces run: a real aiohttp server on loopback, real files, the simulato
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tuitune.measure.parse import parse_line
@@ -54,3 +56,92 @@ def test_vllm_lines_with_impossible_values_are_malformed():
         assert ev.kind == "malformed" and ev.marker == "Avg prompt throughput", (gen, run)
     # an interval without drafts: vLLM prints nan% for its rate; that is an unknown, not a damaged line
     assert parse_line(spec(acc="0", dra="0", rate="nan")).kind == "vllm_spec"
+
+
+# ---- 4. a log cut at any byte resumes without losing a completed row -------------------------------------
+
+
+def test_a_tune_log_cut_at_any_byte_keeps_every_completed_launch(tmp_path):
+    """`tune --resume` (and `sweep`) after a row cut short wrote the next row onto the broken line, and
+    lost it. Cut the log at every byte: the rows completed before the cut, and the row appended after
+    it, all read back, and --resume rebuilds every completed launch."""
+    from test_cli import spent_search
+
+    from tuitune.experiments.tune import _append, _replay_prior, load_log
+
+    _, _, out = spent_search(tmp_path)
+    log = out / "tune.jsonl"
+    whole = log.read_bytes()
+    ends = [i + 1 for i, b in enumerate(whole) if b == ord("\n")]  # where each completed row ends
+    extra = {
+        "kind": "launch",
+        "round": 9,
+        "config": {"steps": 3, "topk": 1, "draft_tokens": 4},
+        "goodput": {"1": 5.0},
+        "capture": str(out / "captures" / "launch-00.jsonl.gz"),
+    }
+    for cut in range(len(whole) + 1):
+        log.write_bytes(whole[:cut])
+        _append(out, extra)
+        rows = load_log(out)
+        completed = sum(1 for e in ends if e <= cut) + (1 if cut + 1 in ends else 0)  # whole but for its newline
+        assert [r["round"] for r in rows] == [*range(completed), 9], cut
+        prior = _replay_prior(rows)
+        assert len(prior) == completed + 1, cut  # every completed launch, and the new one, rebuilt
+
+
+def test_sweep_results_cut_short_get_the_next_row_on_a_line_of_its_own(tmp_path):
+    from tuitune.experiments.sweep import _append, load_results
+
+    row = {"trial": "t1", "label": "a", "kind": "config", "status": "ok", "tok_s_median": 10.0, "values": [10.0]}
+    _append(tmp_path, row)
+    for name in ("results.jsonl", "results.csv"):
+        path = tmp_path / name
+        path.write_bytes(path.read_bytes()[:-7])  # killed mid-row
+    _append(tmp_path, {**row, "trial": "t2"})
+    assert [r["trial"] for r in load_results(tmp_path)] == ["t2"]
+    csv_lines = (tmp_path / "results.csv").read_text().splitlines()
+    assert csv_lines[-1].startswith("t2,") or ",t2," in csv_lines[-1] or csv_lines[-1].split(",")[0] == "t2", csv_lines
+
+
+# ---- 5. a damaged log row is skipped with a warning naming its line ----------------------------------------
+
+
+DAMAGED_ROWS = [
+    b"\xff\xfe not utf-8 at all\n",
+    b'{"kind": "launch", "round": 5, "config": null, "goodput": {"1": 3.0}}\n',
+    b'{"kind": "launch", "round": 5, "config": {"steps": 2, "topk": 0, "draft_tokens": 0}, "goodput": {"1": 3.0}}\n',
+    b'{"kind": "launch", "round": 5, "config": {"steps": -1}, "goodput": {"1": 3.0}}\n',
+    b'{"kind": "launch", "round": 5, "config": {"steps": 2, "topk": 1, "draft_tokens": 3}, "goodput": {"1": "fast"}}\n',
+    b'{"kind": "launch", "round": 5, "config": {"steps": 2, "topk": 1, "draft_tokens": 3}, "goodput": {"1": Infinity}}\n',
+    b'{"kind": "launch", "round": 5, "config": {"steps": true, "topk": 1, "draft_tokens": 3}, "goodput": {}}\n',
+    b'{"kind": "launch", "round": 5, "config": {"colour": "red"}, "goodput": {}}\n',
+    b'{"kind": "launch", "round": 5, "config": {"steps": 2, "topk": 1, "draft_tokens": 3}, "goodput": [1, 2]}\n',
+    b'{"kind": "nccl", "changes": null}\n',
+    b"[1, 2, 3]\n",
+    b'"just a string"\n',
+    b"{" * 100000 + b"\n",
+]
+
+
+def test_tune_resume_on_a_damaged_log_skips_each_bad_row_naming_its_line(tmp_path):
+    """`tune --resume` on a damaged log ended in a traceback: invalid UTF-8 (UnicodeDecodeError), a
+    row with "config": null (TypeError), hostile configuration values (ZeroDivisionError in the fit).
+    Each damaged row is now skipped with a warning that names its line, and the search goes on from
+    the rows that are whole."""
+    from test_cli import spent_search, tuitune
+
+    _, path, out = spent_search(tmp_path)
+    log = out / "tune.jsonl"
+    good = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(good[0] + b"".join(DAMAGED_ROWS) + good[1])
+    r = tuitune(
+        "tune", str(path), "--budget", "0", "--concurrency", "1", "--out", str(out), "--resume", "--ab-rounds", "0",
+        "--json", str(tmp_path / "r.json"), env={"HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    for n in range(2, 2 + len(DAMAGED_ROWS)):
+        assert f"tune.jsonl line {n} skipped: " in r.stderr, (n, r.stderr[-3000:])
+    assert "line 1 skipped" not in r.stderr and f"line {2 + len(DAMAGED_ROWS)} skipped" not in r.stderr
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert res["chosen"]["steps"] == 0, res  # the whole rows still decide: off measured twice as fast
