@@ -5,9 +5,12 @@ The real pieces run: a real aiohttp server on loopback, real files, the simulato
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 
 import pytest
+from aiohttp import web
 
 from tuitune.measure.parse import parse_line
 
@@ -145,3 +148,153 @@ def test_tune_resume_on_a_damaged_log_skips_each_bad_row_naming_its_line(tmp_pat
     assert "line 1 skipped" not in r.stderr and f"line {2 + len(DAMAGED_ROWS)} skipped" not in r.stderr
     res = json.loads((tmp_path / "r.json").read_text())
     assert res["chosen"]["steps"] == 0, res  # the whole rows still decide: off measured twice as fast
+
+
+# ---- 2. the bench client treats every byte from the server as hostile ------------------------------------
+
+
+class HostileServer:
+    """A real aiohttp server on loopback, on a thread of its own, whose /v1/completions and /generate
+    stream what ``reply`` yields (bytes, or a float: sleep that long); ``reply`` is set per case."""
+
+    def __init__(self) -> None:
+        self.reply = lambda: iter([b"data: [DONE]\n\n"])
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self.thread = threading.Thread(target=self._main, args=(ready,), daemon=True)
+        self.thread.start()
+        ready.wait(10)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def _main(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+
+        async def stream(request: web.Request) -> web.StreamResponse:
+            await request.read()
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            try:
+                for part in self.reply():
+                    if isinstance(part, float):
+                        await asyncio.sleep(part)
+                    else:
+                        await resp.write(part)
+                await resp.write_eof()
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            return resp
+
+        async def start() -> None:
+            app = web.Application()
+            app.router.add_post("/v1/completions", stream)
+            app.router.add_post("/generate", stream)
+            self.runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
+            await self.runner.setup()
+            site = web.TCPSite(self.runner, "127.0.0.1", 0)
+            await site.start()
+            self.port = site._server.sockets[0].getsockname()[1]
+
+        self.loop.run_until_complete(start())
+        ready.set()
+        self.loop.run_forever()
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture
+def hostile():
+    s = HostileServer()
+    yield s
+    s.close()
+
+
+def sse(*events: object) -> list[bytes]:
+    return [b"data: " + (e if isinstance(e, bytes) else json.dumps(e).encode()) + b"\n\n" for e in events]
+
+
+CHOICE = {"choices": [{"text": "x"}]}
+OPENAI_CASES = {
+    "an event that is not an object": sse([1, 2]),
+    "a token count as a string": sse(CHOICE, {"choices": [], "usage": {"completion_tokens": "5"}}),
+    "a token count of 1e999": [b"data: " + json.dumps(CHOICE).encode() + b"\n\n",
+                               b'data: {"choices": [], "usage": {"completion_tokens": 1e999}}\n\n'],
+    "NaN": [b'data: {"choices": [], "usage": {"completion_tokens": NaN}}\n\n'],
+    "a negative count": sse(CHOICE, {"choices": [], "usage": {"completion_tokens": -3}}),
+    "a fractional count": sse(CHOICE, {"choices": [], "usage": {"completion_tokens": 2.5}}),
+    "more tokens than asked for": sse(CHOICE, {"choices": [], "usage": {"completion_tokens": 10**9}}),
+    "usage that is a list": sse(CHOICE, {"choices": [], "usage": [1]}),
+    "an event that is not JSON": [b"data: {nope\n\n"],
+    "an event nested deep": [b"data: " + b"[" * 100000 + b"\n\n"],
+}  # fmt: skip
+NATIVE_CASES = {
+    "meta_info that is a string": sse({"x": {"completion_tokens": 3}, "meta_info": "oops", "finish_reason": "stop"}),
+    "an event that is a list": [b'data: [{"completion_tokens": 3}, {"finish_reason": "stop"}]\n\n'],
+    "a count as a string": sse({"meta_info": {"completion_tokens": "7"}, "finish_reason": "stop"}),
+    "e2e_latency of Infinity": [b'data: {"meta_info": {"completion_tokens": 3, "e2e_latency": Infinity}, '
+                                b'"finish_reason": "stop"}\n\n'],
+    "verify count above the tokens": sse({"meta_info": {"completion_tokens": 3, "spec_verify_ct": 9}, "finish_reason": "stop"}),
+    "a huge count": [b'data: {"meta_info": {"completion_tokens": ' + b"9" * 5000 + b'}, "finish_reason": "stop"}\n\n'],
+}  # fmt: skip
+
+
+def strict_json(text: str):
+    def refuse(name):
+        raise AssertionError(f"{name} in --json")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("api", ["openai", "native"])
+def test_bench_against_a_server_that_replies_badly_fails_each_request_with_its_reason(hostile, tmp_path, api):
+    """`bench --url` against a bad server: an event that is not an object (AttributeError), a token
+    count sent as a string (TypeError), 1e999 (rc 0 with "no successful request" and "2/2 ok", and
+    Infinity in --json). Each request now fails with its reason, counted, and --json is strict JSON."""
+    from test_cli import tuitune
+
+    cases = OPENAI_CASES if api == "openai" else NATIVE_CASES
+    for what, events in cases.items():
+        hostile.reply = lambda events=events: iter(events)
+        out = tmp_path / "b.json"
+        r = tuitune("bench", "--url", hostile.url, "--api", api, "--requests", "2", "--warmup", "0",
+                    "--max-tokens", "8", "--json", str(out))  # fmt: skip
+        assert "Traceback" not in r.stderr, (what, r.stderr[-2000:])
+        assert r.returncode == 1 and "0/2 ok" in r.stdout and "no successful request" in r.stdout, (what, r.stdout)
+        assert "error: bad response: " in r.stdout, (what, r.stdout)
+        doc = strict_json(out.read_text())
+        assert doc["summary"]["failed"] == 2 and all(not x["ok"] and x["error"] for x in doc["results"]), what
+
+
+def test_a_stream_without_event_separators_is_bounded(hostile):
+    """A stream that never sends an event separator grew the client to 331 MB within its 30 s
+    timeout: the buffer is bounded, the request fails at the bound with its reason."""
+    import resource
+
+    from tuitune.measure.bench import MAX_EVENT, BenchConfig, client_session, run_request
+
+    hostile.reply = lambda: (b"data: " + b"x" * 65536 for _ in range(10**6))  # endless, no separator
+
+    async def go():
+        async with client_session() as session:
+            return await run_request(session, BenchConfig(hostile.url, api="openai", max_tokens=8, timeout_s=30), "p")
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    r = asyncio.run(go())
+    assert not r.ok and "without its end" in r.error, r.error
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before  # KiB
+    assert grown < 8 * MAX_EVENT / 1024, grown
+
+
+def test_a_stream_that_never_ends_times_out_with_its_reason(hostile):
+    from tuitune.measure.bench import BenchConfig, client_session, run_request
+
+    hostile.reply = lambda: (p for _ in range(10**6) for p in (*sse(CHOICE), 0.01))  # chunks forever
+
+    async def go():
+        async with client_session() as session:
+            return await run_request(session, BenchConfig(hostile.url, api="openai", max_tokens=8, timeout_s=1.5), "p")
+
+    r = asyncio.run(go())
+    assert not r.ok and r.error == "timed out after 2 s", r.error

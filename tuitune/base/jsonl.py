@@ -124,3 +124,21 @@ def is_count(v: object, low: int = 0, high: int = 1 << 20) -> bool:
 def is_figure(v: object) -> bool:
     """A finite, non-negative number (not a bool): what a row's measured figure must be."""
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
+def finite(obj):
+    """``obj`` with every non-finite float (NaN, ±Infinity) as None, lists and dicts walked: what a
+    strict JSON writer (``allow_nan=False``) takes. NaN is tuitune's "unknown"; JSON has no word
+    for it but null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def dumps(obj, **kw) -> str:
+    """Strict JSON text of ``obj`` (``finite`` first; ``default=str`` for what JSON has no type for)."""
+    return json.dumps(finite(obj), allow_nan=False, default=str, **kw)
