@@ -159,6 +159,7 @@ class HostileServer:
 
     def __init__(self) -> None:
         self.reply = lambda: iter([b"data: [DONE]\n\n"])
+        self.headers_after_reply = False
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
         self.thread = threading.Thread(target=self._main, args=(ready,), daemon=True)
@@ -171,10 +172,14 @@ class HostileServer:
 
         async def stream(request: web.Request) -> web.StreamResponse:
             await request.read()
+            parts = iter(self.reply())
+            if self.headers_after_reply:  # stall before the headers
+                for part in parts:
+                    await asyncio.sleep(part)
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             try:
-                for part in self.reply():
+                for part in parts:
                     if isinstance(part, float):
                         await asyncio.sleep(part)
                     else:
@@ -298,3 +303,131 @@ def test_a_stream_that_never_ends_times_out_with_its_reason(hostile):
 
     r = asyncio.run(go())
     assert not r.ok and r.error == "timed out after 2 s", r.error
+
+
+# ---- 7. every cancel reaches its task ---------------------------------------------------------------------
+
+# where a request's life stalls on the server's side: (events before the stall, seconds of the stall)
+STALLS = {
+    "before the headers": "headers",
+    "after the headers": [0.0],
+    "between two events": [*sse(CHOICE), 30.0],
+    "after the last event": [*sse(CHOICE, {"choices": [], "usage": {"completion_tokens": 1}}), 30.0],
+    "quickly, over and over": [*sse(CHOICE, {"choices": [], "usage": {"completion_tokens": 1}}), b"data: [DONE]\n\n"],
+}
+
+
+@pytest.mark.parametrize("where", list(STALLS))
+async def test_the_load_ends_when_told_wherever_its_requests_are(tmp_path, hostile, where):
+    """A recording's load streams went on sending requests for minutes after its end: a cancel of the
+    load was swallowed under run_request, and close() waited for a task that never ended. The load is
+    stopped at many points of a request's life against a real server that stalls there; it ends
+    within 2 s each time."""
+    import time
+
+    from conftest import make_preset
+
+    from tuitune.base.events import ServerState
+    from tuitune.target.session import Session
+
+    stall = STALLS[where]
+    if stall == "headers":
+        hostile.reply = lambda: iter([60.0])
+        hostile.headers_after_reply = True
+    else:
+        hostile.reply = lambda: iter(stall)
+    preset = make_preset(tmp_path, api="openai", max_tokens=8)
+    session = Session(preset)
+    session.url, session.state = hostile.url, ServerState("ready")
+    for delay in (0.0, 0.001, 0.003, 0.008, 0.02, 0.05, 0.12, 0.3):
+        await session.set_load(True, 2)
+        await asyncio.sleep(delay)
+        t0 = time.monotonic()
+        stopping = asyncio.ensure_future(session.set_load(False))
+        done, _ = await asyncio.wait({stopping}, timeout=2.0)
+        assert done, f"the load did not end within 2 s of its stop ({where}, after {delay} s)"
+        assert time.monotonic() - t0 < 2.0
+    sent = session.load.requests
+    await asyncio.sleep(0.3)
+    assert session.load.requests == sent  # nothing goes on sending once stopped
+    await session.control.close()
+    await session.transport.close()
+
+
+async def test_a_task_that_swallows_its_cancel_is_cancelled_again():
+    """close() waited forever for a load task whose cancel was swallowed under it (a library turning the
+    cancel into a timeout that its caller caught). A task still running after its cancel is cancelled
+    again until it ends."""
+    from tuitune.base.aio import cancel_and_wait
+
+    swallowed = []
+
+    async def stubborn() -> None:  # what a swallowed cancel looks like from above: the task goes on
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed.append(True)
+
+    task = asyncio.ensure_future(stubborn())
+    await asyncio.sleep(0)
+    closing = asyncio.ensure_future(cancel_and_wait(task))
+    done, _ = await asyncio.wait({closing}, timeout=2.0)
+    assert done and task.cancelled() and swallowed
+
+
+def test_record_with_load_ends_within_2_s_of_its_duration_and_of_a_sigterm(tmp_path):
+    """`--record --load 2 --duration D` went on loading the server for minutes after D, and SIGTERM did
+    not end it. Against the simulator as a process: ended by its duration at several lengths, and by a
+    SIGTERM at several moments of its load's requests, it exits within 2 s each time."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from conftest import make_preset, tuitune_cli, tuitune_cmd, wait_or_dump
+
+    from tuitune import preset as P
+
+    p = make_preset(tmp_path, "rec", max_tokens=400)
+    path = P.save(p, tmp_path / "rec.yaml")
+    env = {"HOME": str(tmp_path)}
+    assert tuitune_cli("launch", str(path), env=env).returncode == 0
+    out = tmp_path / "o.jsonl"
+
+    def start(*extra: str) -> tuple[subprocess.Popen, float]:
+        """A recording under load, and when its load was seen on (the capture's marker, flushed
+        within 0.5 s of it: the times below are if anything generous)."""
+        out.unlink(missing_ok=True)
+        argv, full = tuitune_cmd("--record", str(out), str(path), "--load", "2", *extra, env=env)
+        proc = subprocess.Popen(argv, env=full, stderr=subprocess.PIPE, stdout=subprocess.PIPE)
+        deadline = time.monotonic() + 30
+        while b"load on" not in _capture_bytes(out):
+            assert time.monotonic() < deadline and proc.poll() is None, "the load never started"
+            time.sleep(0.01)
+        return proc, time.monotonic()
+
+    try:
+        for d in (0.3, 0.8, 1.3):
+            proc, t0 = start("--duration", str(d))
+            wait_or_dump(proc, 30, "--record --duration")
+            assert proc.returncode == 0 and time.monotonic() - t0 < d + 2.0, (d, time.monotonic() - t0)
+        for after in (0.0, 0.05, 0.2, 0.35, 0.6):
+            proc, _ = start()
+            time.sleep(after)  # the load's requests are somewhere in their lives
+            os.kill(proc.pid, signal.SIGTERM)
+            t0 = time.monotonic()
+            wait_or_dump(proc, 30, "--record after SIGTERM")
+            assert time.monotonic() - t0 < 2.0, after
+            assert proc.returncode == 0, proc.stderr.read()[-500:]
+    finally:
+        tuitune_cli("stop", str(path), env=env)
+
+
+def _capture_bytes(path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 
+from tuitune.base.aio import cancelled_since, cancelling
 from tuitune.measure import stats
 from tuitune.measure.metrics import quantile, summarize
 
@@ -394,6 +395,7 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
     itls: list[float] = []
     final: dict | None = None
     final_recv_wall = 0.0
+    cancels = cancelling()
     try:
         timeout = aiohttp.ClientTimeout(
             total=cfg.request_timeout(), sock_connect=cfg.connect_timeout_s, sock_read=min(60.0, cfg.request_timeout())
@@ -511,6 +513,8 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
         res.error = f"bad response: {e}"
     finally:
         res.client_cpu_s = time.process_time() - cpu0
+    if cancelled_since(cancels):  # a cancel that became one of the errors above is still a cancel
+        raise asyncio.CancelledError
     return res
 
 
@@ -539,7 +543,7 @@ def _server_info(info: dict) -> dict:
     (a hostile or broken server's wrong types and non-finite numbers are left out, never shown)."""
     states = info.get("internal_states")
     state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
-    out = {k: float(state[k]) for k in ("last_gen_throughput", "avg_spec_accept_length") if _figure(state.get(k))}
+    out: dict = {k: float(state[k]) for k in ("last_gen_throughput", "avg_spec_accept_length") if _figure(state.get(k))}
     steps_by = state.get("step_time_dict")
     if isinstance(steps_by, dict):
         steps = [x for v in steps_by.values() if isinstance(v, list) for x in v if _figure(x)]
