@@ -431,3 +431,85 @@ def _capture_bytes(path) -> bytes:
         return path.read_bytes()
     except OSError:
         return b""
+
+
+# ---- 3. captures read with their integrity checked ----------------------------------------------------------
+
+DEMO = __import__("pathlib").Path(__file__).parent / "data" / "demo-capture.jsonl"
+
+
+def gz_capture(tmp_path, name="c.jsonl.gz") -> tuple:
+    import gzip
+
+    data = DEMO.read_bytes()
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(data))
+    return path, data.count(b"\n") - 1  # the records after the metadata
+
+
+def test_a_truncated_or_corrupt_gzip_capture_is_said_to_be_read_in_part(tmp_path):
+    """A truncated .gz capture was read as if complete (report and advise gave numbers from part of it,
+    rc 0, no word), and a gzip with a bad checksum read silently. Each is now named in one sentence
+    with how much was read, by report (human and --json), advise and the reader itself."""
+    from test_cli import tuitune
+
+    from tuitune.measure.capture import read_capture
+
+    path, records = gz_capture(tmp_path)
+    whole = path.read_bytes()
+    assert read_capture(path).damage is None and len(read_capture(path).records) == records
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(whole[: len(whole) // 2])
+    cap = read_capture(cut)
+    assert 0 < len(cap.records) < records and "cut short" in cap.damage
+    r = tuitune("report", str(cut), "--no-chart")
+    assert r.returncode == 0 and "read in part: its gzip stream is cut short" in r.stdout, r.stdout
+    assert f"{len(cap.records)} record(s) read" in r.stdout
+    j = tuitune("report", str(cut), "--json")
+    assert json.loads(j.stdout)[0]["partial"] and "read in part" in j.stderr
+    adv = tuitune("advise", str(cut), "--concurrency", "1")
+    assert "Traceback" not in adv.stderr and "read in part" in adv.stderr, adv.stderr
+    bad = tmp_path / "crc.jsonl.gz"
+    bad.write_bytes(whole[:-8] + bytes(b ^ 0xFF for b in whole[-8:-4]) + whole[-4:])  # the CRC-32 flipped
+    r = tuitune("report", str(bad), "--no-chart")
+    assert "read in part: its gzip data is corrupt" in r.stdout and "CRC" in r.stdout, r.stdout
+
+
+def test_a_mislabelled_capture_is_read_by_its_content_and_said(tmp_path):
+    """A plain JSONL capture named .gz was called "empty file"."""
+    from test_cli import tuitune
+
+    from tuitune.measure.capture import read_capture
+
+    plain = tmp_path / "plain.jsonl.gz"
+    plain.write_bytes(DEMO.read_bytes())
+    cap = read_capture(plain)
+    assert len(cap.records) == DEMO.read_bytes().count(b"\n") - 1 and "not gzip-compressed" in cap.note
+    r = tuitune("report", str(plain), "--no-chart")
+    assert r.returncode == 0 and "is not gzip-compressed though its name ends in .gz" in r.stdout, r.stdout
+    gz, _ = gz_capture(tmp_path, "packed.jsonl")
+    assert "is gzip-compressed though its name does not" in read_capture(gz).note
+
+
+def test_a_huge_record_is_passed_over_without_holding_it(tmp_path):
+    """One 300 MB line in a capture cost 650 MB. A record over the cap is passed over a block at a time,
+    counted and said; the reader's memory does not grow with it."""
+    import subprocess
+    import sys
+
+    lines = DEMO.read_bytes().splitlines(keepends=True)
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as f:
+        f.write(lines[0] + lines[1])
+        f.write(b'{"kind": "log", "line": "' + b"x" * (48 << 20) + b'", "t": 1, "m": 1}\n')
+        f.writelines(lines[2:])
+    probe = (
+        "import resource, sys; from tuitune.measure.capture import read_capture, partial, capture_stats; "
+        "c = read_capture(sys.argv[1]); print(len(c.records), c.oversized, partial(sys.argv[1], capture_stats(c))); "
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe, str(big)], capture_output=True, text=True, timeout=60)
+    small = subprocess.run([sys.executable, "-c", probe, str(DEMO)], capture_output=True, text=True, timeout=60)
+    said, rss = out.stdout.splitlines()
+    assert said.startswith(f"{len(lines) - 1} 1 ") and "1 record(s) over 4 MiB passed over" in said, out.stdout
+    assert int(rss) - int(small.stdout.splitlines()[1]) < 24 * 1024, (rss, small.stdout)  # KiB: far below 48 MiB

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from statistics import median
 
@@ -63,12 +64,15 @@ def _tune_goodput(path: Path) -> dict[int, float]:
 
 
 def launch_from_capture(path: str) -> Launch:
-    from tuitune.measure.capture import CaptureError, read_capture
+    from tuitune.measure.capture import CaptureError, capture_stats, partial, read_capture
 
     try:
         cap = read_capture(path)
     except CaptureError as e:
         raise ObserveError(str(e)) from None
+    for said in (partial(path, capture_stats(cap)), cap.note):
+        if said:  # the advice rests on what was read: said, never silent
+            print(f"tuitune: warning: {said}", file=sys.stderr)
     try:
         p = P.from_dict(cap.meta.get("preset") or {}, path) if cap.meta.get("preset") else None
     except P.PresetError:
