@@ -513,3 +513,86 @@ def test_a_huge_record_is_passed_over_without_holding_it(tmp_path):
     said, rss = out.stdout.splitlines()
     assert said.startswith(f"{len(lines) - 1} 1 ") and "1 record(s) over 4 MiB passed over" in said, out.stdout
     assert int(rss) - int(small.stdout.splitlines()[1]) < 24 * 1024, (rss, small.stdout)  # KiB: far below 48 MiB
+
+
+# ---- 6. secrets by their shape, and the operator's own --------------------------------------------------
+
+SHAPED = {  # (text, the secret inside it)
+    "redis://:hunter2pass@cache:6379/0": "hunter2pass",
+    "https://files.example/x.bin?pwd=opensesame42&lang=en": "opensesame42",
+    "s3://AKIDEXAMPLEKEYID:wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY@bucket/path": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    "key nvapi-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789 set": "nvapi-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789",
+    "google AIzaSyA1234567890abcdefghijklmnopqrstuv here": "AIzaSyA1234567890abcdefghijklmnopqrstuv",
+    "glpat-AbCdEfGhIjKlMnOpQrSt12 pushed": "glpat-AbCdEfGhIjKlMnOpQrSt12",
+    "stripe sk_live_4eC39HqLyjWDarjtT1zdp7dc ok": "sk_live_4eC39HqLyjWDarjtT1zdp7dc",
+    "groq gsk_AbCdEfGhIjKlMnOpQrStUvWx0123 ok": "gsk_AbCdEfGhIjKlMnOpQrStUvWx0123",
+    "replicate r8_AbCdEfGhIjKlMnOpQrStUvWx0123 ok": "r8_AbCdEfGhIjKlMnOpQrStUvWx0123",
+    "perplexity pplx-AbCdEfGhIjKlMnOpQrStUvWx0123 ok": "pplx-AbCdEfGhIjKlMnOpQrStUvWx0123",
+}
+
+
+def test_credentials_are_masked_by_their_shape_in_any_scheme_and_query():
+    """`redis://:password@host` and `?pwd=` were shown in clear, the secret half of an S3 URL with
+    slashes stayed visible, and seven kinds of API key were not recognised."""
+    from tuitune.base import redact
+
+    for line, secret in SHAPED.items():
+        shown = redact.text(line)
+        assert secret not in shown and "••••" in shown, (line, shown)
+        assert redact.found(line), line  # what the state file seals
+        assert redact.sealed_env({"X": line})["X"].startswith("sha256:"), line
+    assert redact.text("redis://:hunter2pass@cache:6379/0") == "redis://:••••@cache:6379/0"
+    assert redact.text("?pwd=opensesame42&lang=en") == "?pwd=••••&lang=en"
+    for harmless in ("https://host:8000/v1/models", "lang=en&page=2", "gsk_short", "hf_transfer enabled"):
+        assert redact.text(harmless) == harmless
+
+
+def test_the_operators_own_secret_patterns_mask_everywhere(tmp_path, monkeypatch):
+    """A way for the operator to add patterns: one regular expression a line of
+    ~/.config/tuitune/secret-patterns; a bad one is left out with a warning naming its line."""
+    from tuitune.base import redact
+
+    conf = tmp_path / "tuitune"
+    conf.mkdir()
+    (conf / "secret-patterns").write_text("# ours\nacme-[0-9a-f]{12}\ndbconn=(\\S+)\n(unclosed\n")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("TUITUNE_SECRET_PATTERNS", raising=False)
+    redact.reload_user_patterns()
+    try:
+        assert redact.text("id acme-0123456789ab in use") == "id •••• in use"
+        assert redact.text("conn dbconn=s3cr3t ok") == "conn dbconn=•••• ok"
+        assert redact.found("conn dbconn=s3cr3t ok") == ["s3cr3t"]
+        assert redact.argv(["--db", "dbconn=s3cr3t"]) == ["--db", "dbconn=••••"]
+        assert redact.sealed_argv(["--db", "dbconn=s3cr3t"])[1].startswith("sha256:")
+    finally:
+        redact.reload_user_patterns()
+        monkeypatch.delenv("XDG_CONFIG_HOME")
+
+
+def test_no_shaped_credential_in_status_json_nor_the_state_file_and_the_log_is_private(tmp_path):
+    """`status --json` and the state file held `redis://:password@host` and `?pwd=` in clear; the
+    server log tuitune creates is mode 0600 (the engine may print its api-key there)."""
+    import os
+    from pathlib import Path
+
+    from conftest import make_preset, tuitune_cli
+
+    from tuitune import preset as P
+
+    env = {"CACHE_URL": "redis://:hunter2pass@cache:6379/0", "NCCL_PROTO": "LL"}
+    args = {"model-path": "https://files.example/m?pwd=opensesame42&rev=main"}
+    p = make_preset(tmp_path, "shaped", env=env, args=args)
+    path = P.save(p, tmp_path / "shaped.yaml")
+    home = {"HOME": str(tmp_path)}
+    Path(p.server.log).write_text("an old log\n")
+    os.chmod(p.server.log, 0o644)
+    r = tuitune_cli("launch", str(path), env=home)
+    assert r.returncode == 0, r.stderr
+    try:
+        state = (tmp_path / ".cache" / "tuitune" / "servers" / f"{p.server.port}.json").read_text()
+        status = tuitune_cli("status", str(path), "--json", env=home).stdout
+        for secret in ("hunter2pass", "opensesame42"):
+            assert secret not in state and secret not in status, secret
+        assert oct(os.stat(p.server.log).st_mode & 0o777) == "0o600"
+    finally:
+        tuitune_cli("stop", str(path), env=home)
