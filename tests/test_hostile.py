@@ -596,3 +596,39 @@ def test_no_shaped_credential_in_status_json_nor_the_state_file_and_the_log_is_p
         assert oct(os.stat(p.server.log).st_mode & 0o777) == "0o600"
     finally:
         tuitune_cli("stop", str(path), env=home)
+
+
+# ---- 1. preset values the target cannot carry ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "where, value, key",
+    [
+        ("env", {"BIG": "x" * (128 * 1024 + 10)}, "env.BIG"),
+        ("args", {"served-model-name": "m" * (128 * 1024 + 10)}, "server.args.served-model-name"),
+        ("env", {f"PART{i}": "y" * 20000 for i in range(7)}, "the launch command"),  # each fits, not all together
+    ],
+)
+def test_a_value_the_target_cannot_carry_is_refused_where_the_preset_is_read(tmp_path, where, value, key):
+    """A value over 128 KiB (Linux's MAX_ARG_STRLEN) passed `preset validate`, then `launch` ended in a
+    traceback ("Argument list too long: 'bash'", from check_python). validate and launch now refuse it
+    in one sentence naming the key and the limit, before anything reaches a shell."""
+    import yaml
+    from conftest import make_preset, tuitune_cli
+
+    from tuitune import preset as P
+
+    p = make_preset(tmp_path, "big")
+    data = P.to_dict(p)
+    if where == "env":
+        data["env"] = {**data.get("env", {}), **value}
+    else:
+        data["server"]["args"] = {**data["server"]["args"], **value}
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump(data))
+    for args in (("preset", "validate", str(path)), ("launch", str(path))):
+        r = tuitune_cli(*args, env={"HOME": str(tmp_path)})
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr[-1500:])
+        said = r.stderr.strip().splitlines()
+        assert len(said) == 1 and key in said[0] and "MAX_ARG_STRLEN" in said[0], said
+    assert not __import__("pathlib").Path(p.server.log).exists()  # nothing was started

@@ -718,6 +718,8 @@ class ServerControl:
     async def preflight(self, replacing: ServerRecord | None) -> None:
         """Refuse a relaunch that cannot work, before anything running is touched."""
         p = self.preset
+        if why := P.carry_problem(p):  # (a preset is checked as it is read; one built in code may not be)
+            raise ControlError(f"{p.name}: {why}", 2)
         if self._python_ok != p.python():
             await self.check_python()
         py = P.shell_path(p.python())
