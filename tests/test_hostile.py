@@ -632,3 +632,156 @@ def test_a_value_the_target_cannot_carry_is_refused_where_the_preset_is_read(tmp
         said = r.stderr.strip().splitlines()
         assert len(said) == 1 and key in said[0] and "MAX_ARG_STRLEN" in said[0], said
     assert not __import__("pathlib").Path(p.server.log).exists()  # nothing was started
+
+
+# ---- fuzz: each reader against generated hostile input (hypothesis; a few seconds each) -------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+_KEYS = ["usage", "completion_tokens", "choices", "meta_info", "finish_reason", "spec_verify_ct", "e2e_latency", "text"]
+_JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**20), 10**20) | st.floats() | st.text(max_size=8),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(_KEYS), c, max_size=4),
+    max_leaves=12,
+)
+_CHUNK = st.one_of(
+    _JSONISH.map(lambda v: b"data: " + json.dumps(v).encode() + b"\n\n"),
+    st.binary(max_size=40),
+    st.sampled_from([b"data: [DONE]\n\n", b"\n\n", b"data:", b'"finish_reason": "stop"', b'"completion_tokens": 3']),
+)
+
+
+def test_fuzz_the_bench_stream_never_raises_nor_gives_an_impossible_figure():
+    import math
+
+    from tuitune.measure.bench import BenchConfig, client_session, run_request
+
+    server = HostileServer()
+    try:
+
+        @FUZZ
+        @given(chunks=st.lists(_CHUNK, max_size=8), api=st.sampled_from(["openai", "native"]))
+        def one(chunks, api):
+            server.reply = lambda: iter(chunks)
+
+            async def go():
+                async with client_session() as session:
+                    cfg = BenchConfig(server.url, api=api, max_tokens=8, timeout_s=5)
+                    return await run_request(session, cfg, "p")
+
+            r = asyncio.run(go())
+            assert r.ok == (r.error is None) or not r.ok
+            if r.ok:
+                assert isinstance(r.completion_tokens, int) and 1 <= r.completion_tokens <= 4 * 8 + 64
+                for v in (r.decode_tok_s, r.accept_len, r.ttft_s, r.e2e_s):
+                    assert v is None or (math.isfinite(v) and v >= 0), r
+            else:
+                assert isinstance(r.error, str) and "\n" not in r.error.strip()
+
+        one()
+    finally:
+        server.close()
+
+
+def test_fuzz_a_damaged_capture_reads_in_part_or_is_refused_in_one_sentence(tmp_path):
+    import gzip
+    import math
+
+    from tuitune.measure.capture import CaptureError, capture_stats, partial, read_capture
+    from tuitune.measure.report import format_report, summarize_capture
+
+    plain = DEMO.read_bytes()[:20000]
+    packed = gzip.compress(plain)
+
+    @FUZZ
+    @given(
+        gz=st.booleans(),
+        cut=st.floats(0, 1),
+        flips=st.lists(st.tuples(st.floats(0, 1), st.integers(1, 255)), max_size=4),
+        extra=st.lists(st.binary(max_size=60), max_size=3),
+        name=st.sampled_from(["c.jsonl", "c.jsonl.gz"]),
+    )
+    def one(gz, cut, flips, extra, name):
+        data = bytearray(packed if gz else plain)
+        for at, x in flips:
+            data[int(at * (len(data) - 1))] ^= x
+        data = bytes(data[: int(cut * len(data))]) + b"".join(extra)
+        path = tmp_path / name
+        path.write_bytes(data)
+        try:
+            cap = read_capture(path)
+        except CaptureError as e:
+            assert "\n" not in str(e) and str(e).startswith(str(path))
+            return
+        assert all(math.isfinite(r.t) and math.isfinite(r.m) for r in cap.records)
+        said = partial(path, capture_stats(cap))
+        assert said is None or ("read in part" in said and "\n" not in said)
+        format_report([summarize_capture(path, keep_series=False)])
+
+    one()
+
+
+_ROW = st.fixed_dictionaries(
+    {"kind": st.sampled_from(["launch", "nccl", "nccl_decision", "result", "x"])},
+    optional={
+        "round": _JSONISH,
+        "config": st.one_of(_JSONISH, st.dictionaries(st.sampled_from(["steps", "topk", "draft_tokens"]), _JSONISH)),
+        "goodput": st.one_of(_JSONISH, st.dictionaries(st.text(max_size=3), _JSONISH)),
+        "capture": _JSONISH,
+        "changes": _JSONISH,
+        "env": _JSONISH,
+        "predicted": _JSONISH,
+    },
+)
+
+
+def test_fuzz_a_damaged_tune_log_is_read_row_by_row_and_resumes(tmp_path):
+    from tuitune.base import jsonl
+    from tuitune.decide.costmodel import Config
+    from tuitune.experiments.tune import _replay_prior, load_log, row_problem
+
+    @FUZZ
+    @given(
+        lines=st.lists(
+            st.one_of(_ROW.map(lambda r: json.dumps(r).encode() + b"\n"), st.binary(max_size=80)), max_size=8
+        )
+    )
+    def one(lines):
+        out = tmp_path / "fuzz"
+        out.mkdir(exist_ok=True)
+        (out / "tune.jsonl").write_bytes(b"".join(lines))
+        said: list[str] = []
+        rows = jsonl.read_rows(out / "tune.jsonl", check=row_problem, warn=said.append)
+        assert all(isinstance(r, dict) and row_problem(r) is None for r in rows)
+        assert all(" line " in w and " skipped: " in w and "\n" not in w for w in said)
+        for r in rows:
+            if r.get("kind") == "launch":
+                Config(**r["config"])  # what --resume builds of it
+        _replay_prior(load_log(out))
+
+    one()
+
+
+def test_fuzz_preset_values_are_refused_in_one_sentence_or_carried(tmp_path):
+    from conftest import make_preset
+
+    from tuitune import preset as P
+    from tuitune.preset.render import MAX_ARG_STRLEN
+
+    value = st.one_of(st.text(max_size=30), st.integers(0, 3).map(lambda k: "v" * (k * 50_000)))
+
+    @FUZZ
+    @given(env=st.dictionaries(st.from_regex(r"[A-Z][A-Z0-9_]{0,8}", fullmatch=True), value, max_size=4),
+           name=value)  # fmt: skip
+    def one(env, name):
+        try:
+            p = make_preset(tmp_path, "fz", env=env, args={"served-model-name": name})
+        except P.PresetError as e:
+            assert "\n" not in str(e)
+            return
+        assert P.carry_problem(p) is None
+        assert len(P.launch_command(p).encode("utf-8", "surrogateescape")) < MAX_ARG_STRLEN
+
+    one()

@@ -478,7 +478,9 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
                 itls = [(res.e2e_s - res.ttft_s) * 1000 / (res.completion_tokens - 1)]
         else:
             meta = _part(final or {}, "meta_info")
-            res.completion_tokens = _count(meta, "completion_tokens") if "completion_tokens" in meta else last_tokens or None
+            res.completion_tokens = (
+                _count(meta, "completion_tokens") if "completion_tokens" in meta else last_tokens or None
+            )
             if (res.completion_tokens or 0) > most:
                 raise BadStream(f"completion_tokens is over {most}, more than asked for")
             res.spec_verify_ct = _count(meta, "spec_verify_ct") or None
@@ -730,7 +732,10 @@ async def _run_bench(
         run.measured_s = time.perf_counter() - t_measured
         run.server = await fetch_server_info(session, cfg.url)
         after = run.server.get("sim") or {}
-        if all(k in d for d in (before, after) for k in ("cycles", "cycles_late")) and after["cycles"] > before["cycles"]:
+        if (
+            all(k in d for d in (before, after) for k in ("cycles", "cycles_late"))
+            and after["cycles"] > before["cycles"]
+        ):
             run.sim_late_share = (after["cycles_late"] - before["cycles_late"]) / (after["cycles"] - before["cycles"])
     run.wall_s = time.perf_counter() - t0
     return run

@@ -238,7 +238,9 @@ def partial(path: str | Path, stats: dict) -> str | None:
         why.append("its last record is cut short")
     if not why:
         return None
-    return f"{path}: read in part: {'; '.join(why)}; {stats.get('records', 0)} record(s) read, what follows rests on them"
+    return (
+        f"{path}: read in part: {'; '.join(why)}; {stats.get('records', 0)} record(s) read, what follows rests on them"
+    )
 
 
 def capture_stats(cap: Capture) -> dict:
