@@ -317,6 +317,7 @@ STALLS = {
 }
 
 
+@pytest.mark.sim_clock  # a wall clock held to 2 s: never beside a serving real engine
 @pytest.mark.parametrize("where", list(STALLS))
 async def test_the_load_ends_when_told_wherever_its_requests_are(tmp_path, hostile, where):
     """A recording's load streams went on sending requests for minutes after its end: a cancel of the
@@ -378,6 +379,7 @@ async def test_a_task_that_swallows_its_cancel_is_cancelled_again():
     assert done and task.cancelled() and swallowed
 
 
+@pytest.mark.sim_clock  # a wall clock held to 2 s: never beside a serving real engine
 def test_record_with_load_ends_within_2_s_of_its_duration_and_of_a_sigterm(tmp_path):
     """`--record --load 2 --duration D` went on loading the server for minutes after D, and SIGTERM did
     not end it. Against the simulator as a process: ended by its duration at several lengths, and by a

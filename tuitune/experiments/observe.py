@@ -8,14 +8,13 @@ tune` lives in its ``tune.jsonl`` beside the captures and is picked up with them
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 from pathlib import Path
 from statistics import median
 
 from tuitune import preset as P
 from tuitune.base.events import DecodeStats, ProfileWindow
+from tuitune.base.jsonl import read_rows
 from tuitune.decide.costmodel import OFF, Config, Launch, config_of_window
 from tuitune.measure.parse import parse_line
 
@@ -46,20 +45,14 @@ def _config(p: P.Preset | None, windows: list[ProfileWindow]) -> Config:
 
 def _tune_goodput(path: Path) -> dict[int, float]:
     """Goodput `tuitune tune` measured for this capture (its tune.jsonl), if any."""
+    from tuitune.experiments.tune import row_problem  # (tune builds on this module)
+
     log = path.parent.parent / "tune.jsonl"
     if not log.is_file():
         return {}
-    for line in log.read_text(errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
+    for row in read_rows(log, check=row_problem, warn=None):  # a damaged row is tune's to name, not advise's
         if row.get("kind") == "launch" and Path(str(row.get("capture", ""))).name == path.name:
-            return {
-                int(k): float(v)
-                for k, v in (row.get("goodput") or {}).items()
-                if isinstance(v, (int, float)) and math.isfinite(v)
-            }
+            return {int(k): float(v) for k, v in (row.get("goodput") or {}).items()}
     return {}
 
 
