@@ -236,8 +236,8 @@ def test_huge_numbers_in_every_field_never_raise_and_keep_the_timestamp():
         "Avg generation throughput: 2.0 tokens/s, Running: 1e309 reqs, Waiting: 0 reqs"
     )
     assert stats.kind == "malformed" and stats.ts == "05-01 12:00:01" and "Running" in stats.reason
-    exact = parse_line("SpecDecoding metrics: Accepted: 123456789012345678901 tokens, Drafted: 3.0 tokens")
-    assert (exact.accepted, exact.drafted) == (123456789012345678901, 3)  # no float on the way
+    exact = parse_line("SpecDecoding metrics: Accepted: 3.0 tokens, Drafted: 123456789012345678901 tokens")
+    assert (exact.accepted, exact.drafted) == (3, 123456789012345678901)  # no float on the way
 
 
 # ---- 4. credentials masked by their shape, and none in clear in the state file --------------------------

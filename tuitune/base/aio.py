@@ -4,12 +4,31 @@ from __future__ import annotations
 
 import asyncio
 
+RECANCEL_S = 0.25  # a task not ended this long after its cancel is cancelled again
+
+
+def cancelled_since(before: int) -> bool:
+    """Whether the running task has been asked to cancel since it read ``before`` off its
+    ``cancelling()``: the test that lets a caller re-raise a cancel that a library turned into an
+    ordinary exception (a timeout, a dropped connection) which the caller's own handler then caught."""
+    me = asyncio.current_task()
+    return me is not None and me.cancelling() > before
+
+
+def cancelling() -> int:
+    """The running task's count of cancel requests (0 outside a task)."""
+    me = asyncio.current_task()
+    return me.cancelling() if me is not None else 0
+
 
 async def cancel_and_wait(
     *tasks: asyncio.Future | None, ignore: tuple[type[BaseException], ...] = (Exception,)
 ) -> None:
     """Cancel ``tasks`` and wait until every one has ended, however it ended (its own cancel and
-    ``ignore`` are dropped; anything else is raised). A cancel of the caller that arrives meanwhile
+    ``ignore`` are dropped; anything else is raised). A task still running RECANCEL_S after its
+    cancel is cancelled again, and again, until it ends: a cancel swallowed somewhere under it (a
+    library that turned it into a timeout its caller caught) does not leave the caller waiting
+    forever for a task that never ends (issue 42). A cancel of the caller that arrives meanwhile
     (Ctrl-C during a relaunch's clean-up) is not swallowed: it is raised once the children have
     ended. One that was already under way when we were called (clean-up in a ``finally`` after
     Ctrl-C) does not cut the clean-up short."""
@@ -21,9 +40,12 @@ async def cancel_and_wait(
     pending, interrupted = set(live), False
     while pending:
         try:
-            _, pending = await asyncio.wait(pending)  # unlike `await t`, passes no cancel on to t
+            # unlike `await t`, passes no cancel on to t
+            _, pending = await asyncio.wait(pending, timeout=RECANCEL_S)
         except asyncio.CancelledError:
             interrupted = True
+        for t in pending:  # a cancel that something under the task swallowed: it gets another
+            t.cancel()
     for t in live:
         exc = None if t.cancelled() else t.exception()
         if exc is not None and not isinstance(exc, ignore):

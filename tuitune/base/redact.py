@@ -50,17 +50,42 @@ _VALUE = r"'[^'\n]{0,512}'|\"[^\"\n]{0,512}\"|[^\s'\",;)}\]]{1,512}"
 # names that may be secret (the predicates above decide): only these may match, so that a
 # harmless assignment never swallows the text after it ("server_args=ServerArgs(api_key=...")
 _WORD = r"(?i:token|key|secret|pass|credential)"
+# API keys by their prefix: (prefix, the characters and length of what follows it, whose key). A
+# key under any name or none is masked by its shape; a new kind of key is one row here.
+KEY_PREFIXES: tuple[tuple[str, str, str], ...] = (
+    ("hf_", r"[A-Za-z0-9]{20,256}(?![A-Za-z0-9])", "Hugging Face"),
+    ("sk-", r"[A-Za-z0-9_-]{20,256}", "OpenAI, Anthropic (sk-proj-…, sk-ant-…)"),
+    ("ghp_", r"[A-Za-z0-9]{30,255}", "GitHub"),
+    ("gho_", r"[A-Za-z0-9]{30,255}", "GitHub"),
+    ("ghu_", r"[A-Za-z0-9]{30,255}", "GitHub"),
+    ("ghs_", r"[A-Za-z0-9]{30,255}", "GitHub"),
+    ("ghr_", r"[A-Za-z0-9]{30,255}", "GitHub"),
+    ("github_pat_", r"[A-Za-z0-9_]{30,255}", "GitHub"),
+    ("glpat-", r"[A-Za-z0-9_-]{20,255}", "GitLab"),
+    ("nvapi-", r"[A-Za-z0-9_-]{20,255}", "NVIDIA"),
+    ("AIza", r"[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])", "Google"),
+    ("sk_live_", r"[0-9A-Za-z]{16,255}", "Stripe"),
+    ("rk_live_", r"[0-9A-Za-z]{16,255}", "Stripe"),
+    ("gsk_", r"[A-Za-z0-9]{20,255}", "Groq"),
+    ("r8_", r"[A-Za-z0-9]{20,255}", "Replicate"),
+    ("pplx-", r"[A-Za-z0-9]{20,255}", "Perplexity"),
+    ("xoxa-", r"[A-Za-z0-9-]{10,250}", "Slack"),
+    ("xoxb-", r"[A-Za-z0-9-]{10,250}", "Slack"),
+    ("xoxp-", r"[A-Za-z0-9-]{10,250}", "Slack"),
+    ("xoxr-", r"[A-Za-z0-9-]{10,250}", "Slack"),
+    ("xoxs-", r"[A-Za-z0-9-]{10,250}", "Slack"),
+)
+_PREFIX_HINTS = tuple(sorted({prefix.lower() for prefix, _, _ in KEY_PREFIXES}))
 _SHAPES = (
-    r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{20,256}(?![A-Za-z0-9])"  # Hugging Face
-    r"|(?<![A-Za-z0-9_-])sk-[A-Za-z0-9_-]{20,256}"  # OpenAI, Anthropic (sk-proj-…, sk-ant-…)
-    r"|(?<![A-Za-z0-9_])gh[pousr]_[A-Za-z0-9]{30,255}|(?<![A-Za-z0-9_])github_pat_[A-Za-z0-9_]{30,255}"
-    r"|(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Za-z])"  # AWS access key id
-    r"|(?<![A-Za-z0-9])xox[abprs]-[A-Za-z0-9-]{10,250}"  # Slack
+    "|".join(rf"(?<![A-Za-z0-9_-]){re.escape(prefix)}{rest}" for prefix, rest, _ in KEY_PREFIXES)
+    + r"|(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Za-z])"  # AWS access key id
     r"|(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,2048}\.eyJ[A-Za-z0-9_-]{8,2048}\.[A-Za-z0-9_-]{0,2048}"  # a JWT
 )
-_GH = re.compile(r"gh[pousr]_")  # (the hints of _SHAPES: see _hinted)
 # URL query parameters that carry a credential whatever the rest of the name (besides _WORD's)
-_QUERY_SECRET = {"sig", "signature", "auth", "authorization", "x-amz-signature", "x-amz-credential"}
+_QUERY_SECRET = {
+    "sig", "signature", "auth", "authorization", "x-amz-signature", "x-amz-credential", "x-goog-signature",
+    "x-goog-credential", "pwd", "pw", "psw", "session", "sessionid", "session_id", "jwt", "otp", "code", "client_secret",
+}  # fmt: skip
 _TEXT = re.compile(
     # ?name=VALUE / &name=VALUE in a URL (before NAME=VALUE: a query value ends at & or #)
     r"(?<=[?&])(?P<qname>[A-Za-z0-9_.-]{1,40})=(?P<qval>[^\s&#'\"<>]{1,1024})"
@@ -74,8 +99,9 @@ _TEXT = re.compile(
     r"|(?P<bearer>(?i:bearer) )(?P<bval>[^\s'\",]{1,512})"
     # Authorization: Basic VALUE / token VALUE
     r"|(?P<auth>(?i:authorization)[\"']?: ?[\"']?(?i:basic|token) )(?P<aval>[^\s'\",]{1,512})"
-    # a URL's user:password@
-    r"|(?P<userinfo>://[^/\s:@'\"]{1,128}:)(?P<uval>[^/\s@'\"]{1,256})(?=@)"
+    # a URL's user:password@ in any scheme, the user empty (redis://:password@host) or not, the
+    # password with slashes (an S3 secret key: s3://KEYID:abc/def+ghi@bucket)
+    r"|(?P<userinfo>://[^/\s:@'\"]{0,128}:)(?P<uval>[^\s@'\"]{1,256})(?=@)"
     # credentials recognisable by their shape alone, under any name or none
     rf"|(?P<shape>{_SHAPES})"
 )
@@ -292,10 +318,12 @@ def _sub(m: re.Match) -> str:
 
 
 def found(s: str) -> list[str]:
-    """The secret values the patterns find in ``s`` (unquoted), in order."""
+    """The secret values the patterns find in ``s`` (unquoted), in order: the operator's own
+    patterns' first."""
+    own = user_patterns()
+    out = [m.group(m.lastindex or 0) for m in own.finditer(s)] if own is not None else []
     if not _hinted(s.lower()):
-        return []
-    out = []
+        return out
     for m in _TEXT.finditer(s):
         value = _secret_in(m)[1]
         if value is not None:
@@ -304,14 +332,82 @@ def found(s: str) -> list[str]:
 
 
 def text(s: str, values: Iterable[str] = ()) -> str:
-    """A line of text with secrets masked: known values anywhere, secret-looking assignments,
-    credential shapes."""
+    """A line of text with secrets masked: known values anywhere, the operator's own patterns,
+    secret-looking assignments, credential shapes."""
     for v in values:
         if v in s:
             s = s.replace(v, MASK)
+    own = user_patterns()
+    if own is not None:
+        s = own.sub(_own_sub, s)
     if not _hinted(s.lower()):
         return s
     return _TEXT.sub(_sub, s)
+
+
+# ---- the operator's own patterns -----------------------------------------------------------------
+
+PATTERNS_FILE = "secret-patterns"  # in tuitune's configuration folder: ~/.config/tuitune/secret-patterns
+
+
+def patterns_path():
+    """Where the operator's own patterns are read from (``$XDG_CONFIG_HOME/tuitune/secret-patterns``,
+    else ``~/.config/tuitune/secret-patterns``); ``TUITUNE_SECRET_PATTERNS`` names another file."""
+    import os
+    from pathlib import Path
+
+    named = os.environ.get("TUITUNE_SECRET_PATTERNS")
+    if named:
+        return Path(named).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "tuitune" / PATTERNS_FILE
+
+
+_OWN: dict[str, Any] = {}
+
+
+def user_patterns() -> re.Pattern | None:
+    """The operator's own secret patterns as one regular expression (None without any): one Python
+    regular expression a line of ``patterns_path()``, ``#`` comments and blank lines left out. What
+    a pattern matches is masked (its last group, when it has groups: ``token-for-db=(\\S+)`` keeps
+    the name). A pattern that does not compile is left out with a warning naming its line. Read once
+    a process (``reload_user_patterns`` reads again)."""
+    if "re" not in _OWN:
+        _OWN["re"] = _read_patterns()
+    return _OWN["re"]
+
+
+def reload_user_patterns() -> None:
+    _OWN.clear()
+
+
+def _read_patterns() -> re.Pattern | None:
+    import sys
+
+    path = patterns_path()
+    try:
+        text_ = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    parts = []
+    for n, line in enumerate(text_.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            re.compile(line)
+        except re.error as e:
+            print(f"tuitune: warning: {path} line {n}: not a regular expression ({e}); left out", file=sys.stderr)
+            continue
+        parts.append(f"(?:{line})")
+    return re.compile("|".join(parts)) if parts else None
+
+
+def _own_sub(m: re.Match) -> str:
+    if not m.lastindex:
+        return MASK
+    start, end = m.span(m.lastindex)
+    return m.group(0)[: start - m.start()] + MASK + m.group(0)[end - m.start() :]
 
 
 def _hinted(low: str) -> bool:
@@ -321,15 +417,13 @@ def _hinted(low: str) -> bool:
     for h in _HINTS:
         if h in low:
             return True
-    # credential shapes, gated by the character each needs (most stats lines have no "_" or "=")
-    if "_" in low and ("hf_" in low or "gh" in low and (_GH.search(low) or "github_pat_" in low)):
-        return True
-    if "-" in low and ("sk-" in low or "xox" in low):
+    # credential shapes, gated by the character each needs (most stats lines have no "_" or "-")
+    if ("_" in low or "-" in low or "aiza" in low) and any(h in low for h in _PREFIX_HINTS):
         return True
     if "akia" in low or "asia" in low or "eyj" in low:
         return True
-    if "auth" in low or "=" in low and "sig" in low:
-        return True  # Authorization: Basic …, ?sig=…, &auth=…
+    if "auth" in low or "=" in low and ("?" in low or "&" in low):
+        return True  # Authorization: Basic …, a URL's query (?sig=…, &pwd=…)
     if "://" in low and "@" in low:
         return True  # https://user:password@host
     at = low.find("token")

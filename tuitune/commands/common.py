@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 from collections.abc import Callable, Iterator
 from itertools import chain
+
+from tuitune.base import jsonl
 
 
 class CliError(Exception):
@@ -30,21 +31,21 @@ def load_preset(name: str):
 
 
 def print_json(obj) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    """Strict JSON (no NaN or Infinity: an unknown figure is null) on standard output."""
+    sys.stdout.write(jsonl.dumps(obj, indent=2) + "\n")
 
 
 def write_json(path: str, obj) -> None:
-    """Atomically to a file, or to standard output for ``-``."""
+    """Strict JSON (``print_json``), atomically to a file, or to standard output for ``-``."""
     import os
 
     if path == "-":
-        json.dump(obj, sys.stdout, indent=1, default=str)
-        sys.stdout.write("\n")
+        sys.stdout.write(jsonl.dumps(obj, indent=1) + "\n")
         return
     tmp = f"{path}.tmp"
     try:
         with open(tmp, "w") as f:
-            json.dump(obj, f, indent=1, default=str)
+            f.write(jsonl.dumps(obj, indent=1))
         os.replace(tmp, path)
     except OSError as e:
         raise CliError(f"{path}: cannot write it ({e.strerror or e})", 1) from None

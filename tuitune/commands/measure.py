@@ -176,6 +176,10 @@ def cmd_report(ns) -> int:
 
     reports = [summarize_capture(c) for c in ns.captures]
     if ns.json:
+        for r in reports:  # (the human report says it in its lines)
+            for said in (r["partial"], r["note"]):
+                if said:
+                    print(f"tuitune: warning: {said}", file=sys.stderr)
         print_json([{k: v for k, v in r.items() if not k.startswith("_")} for r in reports])
         return 0
     print(format_report(reports))

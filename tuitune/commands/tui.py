@@ -88,11 +88,15 @@ def replay_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_replay(ns) -> int:
-    from tuitune.measure.capture import Replay, read_capture
+    from tuitune.measure.capture import Replay, capture_stats, partial, read_capture
 
     if ns.speed <= 0:
         raise CliError(f"--speed must be positive (got {ns.speed})", 2)
-    return _run_tui(Replay(read_capture(ns.capture), ns.speed))
+    cap = read_capture(ns.capture)
+    for said in (partial(ns.capture, capture_stats(cap)), cap.note):
+        if said:  # before the screen takes the terminal (the replay's state says "read in part" too)
+            print(f"tuitune: warning: {said}", file=sys.stderr)
+    return _run_tui(Replay(cap, ns.speed))
 
 
 def cmd_main(ns) -> int:

@@ -23,10 +23,11 @@ Verified against the vLLM 0.33.0 release source (names below are that release's)
 from __future__ import annotations
 
 import json
+import math
 import re
 
 from tuitune.base.events import DecodeStats, Event, Malformed, VllmSpec
-from tuitune.base.numbers import to_int
+from tuitune.base.numbers import to_float, to_int
 from tuitune.engines.base import NO_PREFIX, BenchApi, Engine, Flag, Rule
 
 SPEC_MARKER = "SpecDecoding metrics: "
@@ -467,17 +468,33 @@ def _items(body: str) -> list[tuple[str, str]]:
 
 
 def _num(text: str) -> float:
-    return float(text.split()[0].rstrip("%"))
+    """A rate, length or percentage: a non-negative number in ASCII, or NaN (vLLM prints ``nan%``
+    for the acceptance rate of an interval without drafts); ValueError for anything else (a
+    negative figure, ``inf``, a fullwidth digit: no engine writes one)."""
+    word = text.split()[0].rstrip("%")
+    if word.isascii() and word.lower() in ("nan", "-nan", "+nan"):
+        return math.nan
+    n = to_float(word)
+    if n < 0:
+        raise ValueError(f"{word!r} is negative")
+    return n
 
 
 def _count(text: str) -> int:
     """A count (``412 tokens``, ``3 reqs``): exact, a finite number cut to a whole one; ValueError
-    (never OverflowError) for ``1e309``, ``inf`` or more digits than Python reads."""
-    return to_int(text.split()[0].rstrip("%"), integral=False)
+    (never OverflowError) for ``1e309``, ``inf``, more digits than Python reads, digits of
+    another script, or a negative count."""
+    n = to_int(text.split()[0].rstrip("%"), integral=False)
+    if n < 0:
+        raise ValueError(f"{n} is negative")
+    return n
 
 
 def _why(e: Exception) -> str:
-    return "is out of range" if "out of range" in str(e) else "is not a number"
+    for reason in ("out of range", "negative"):
+        if reason in str(e):
+            return "is " + reason
+    return "is not a number"
 
 
 def _leading_numbers(texts: list[str]) -> tuple[float, ...]:
@@ -486,11 +503,13 @@ def _leading_numbers(texts: list[str]) -> tuple[float, ...]:
     out = []
     for t in texts:
         try:
-            out.append(float(t))
+            out.append(to_float(t))
         except ValueError:
             break
     if not out:
         raise ValueError(texts[0])
+    if not all(0.0 <= x <= 1.0 for x in out):
+        raise ValueError(f"{texts[0]!r} is out of range")  # a rate per position lies in 0-1
     return tuple(out)
 
 
@@ -514,6 +533,12 @@ def spec_line(line: str, at: int) -> Event:
             return Malformed("SpecDecoding metrics", f"{name}: {value!r} {_why(e)}", line[:500], ts, rank)
     if not kw:
         return Malformed("SpecDecoding metrics", "no known field", line[:500], ts, rank)
+    if kw.get("accepted") is not None and kw.get("drafted") is not None and kw["accepted"] > kw["drafted"]:
+        why = f"Accepted: {kw['accepted']} is more than Drafted: {kw['drafted']}"
+        return Malformed("SpecDecoding metrics", why, line[:500], ts, rank)
+    rate = kw.get("draft_acceptance_rate")
+    if rate is not None and rate > 1.0:
+        return Malformed("SpecDecoding metrics", f"acceptance rate {rate:.0%} is over 100 %", line[:500], ts, rank)
     return VllmSpec(ts=ts, rank=rank, **kw)
 
 
@@ -534,7 +559,7 @@ def stats_line(line: str, at: int) -> Event:
             else:
                 n = value.split()[0].rstrip("%") if value else ""
                 extra[re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")] = (
-                    float(n) if re.fullmatch(r"-?\d+(\.\d+)?", n) and len(value.split()) <= 2 else value
+                    float(n) if re.fullmatch(r"-?[0-9]+(\.[0-9]+)?", n) and len(value.split()) <= 2 else value
                 )
         except (ValueError, IndexError) as e:
             return Malformed("Avg prompt throughput", f"{name}: {value!r} {_why(e)}", line[:500], ts, rank)

@@ -8,13 +8,13 @@ tune` lives in its ``tune.jsonl`` beside the captures and is picked up with them
 
 from __future__ import annotations
 
-import json
-import math
+import sys
 from pathlib import Path
 from statistics import median
 
 from tuitune import preset as P
 from tuitune.base.events import DecodeStats, ProfileWindow
+from tuitune.base.jsonl import read_rows
 from tuitune.decide.costmodel import OFF, Config, Launch, config_of_window
 from tuitune.measure.parse import parse_line
 
@@ -45,30 +45,27 @@ def _config(p: P.Preset | None, windows: list[ProfileWindow]) -> Config:
 
 def _tune_goodput(path: Path) -> dict[int, float]:
     """Goodput `tuitune tune` measured for this capture (its tune.jsonl), if any."""
+    from tuitune.experiments.tune import row_problem  # (tune builds on this module)
+
     log = path.parent.parent / "tune.jsonl"
     if not log.is_file():
         return {}
-    for line in log.read_text(errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
+    for row in read_rows(log, check=row_problem, warn=None):  # a damaged row is tune's to name, not advise's
         if row.get("kind") == "launch" and Path(str(row.get("capture", ""))).name == path.name:
-            return {
-                int(k): float(v)
-                for k, v in (row.get("goodput") or {}).items()
-                if isinstance(v, (int, float)) and math.isfinite(v)
-            }
+            return {int(k): float(v) for k, v in (row.get("goodput") or {}).items()}
     return {}
 
 
 def launch_from_capture(path: str) -> Launch:
-    from tuitune.measure.capture import CaptureError, read_capture
+    from tuitune.measure.capture import CaptureError, capture_stats, partial, read_capture
 
     try:
         cap = read_capture(path)
     except CaptureError as e:
         raise ObserveError(str(e)) from None
+    for said in (partial(path, capture_stats(cap)), cap.note):
+        if said:  # the advice rests on what was read: said, never silent
+            print(f"tuitune: warning: {said}", file=sys.stderr)
     try:
         p = P.from_dict(cap.meta.get("preset") or {}, path) if cap.meta.get("preset") else None
     except P.PresetError:

@@ -24,6 +24,7 @@ from tuitune.measure.capture import CaptureWriter, redacted_preset
 from tuitune.target.session import Session
 from tuitune.target.telemetry import CaptureThrottle
 
+CLOSE_S = 1.0  # the longest the clean-up after the capture is closed may take before it is cancelled
 HISTORY_WAIT_S = 60.0  # the longest --from-start waits for the log's history before its --duration starts
 
 
@@ -126,10 +127,11 @@ async def record(
         if bench and not (await unless_stopped(session.bench(requests=bench)))[0]:
             return _stats(writer, t0, counted)
         while not stop.is_set():
-            if duration is not None and time.monotonic() - t0 >= duration:
+            left = None if duration is None else duration - (time.monotonic() - t0)
+            if left is not None and left <= 0:
                 break
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.5)
+                await asyncio.wait_for(stop.wait(), 0.5 if left is None else min(0.5, left))
             if progress and writer is not None:
                 el = time.monotonic() - t0
                 sys.stderr.write(
@@ -142,11 +144,23 @@ async def record(
         if progress:
             sys.stderr.write("\n")
         with contextlib.suppress(Exception):
-            await session.close(stop_server=False)
+            await _bounded(session.close(stop_server=False), CLOSE_S)
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
     return _stats(writer, t0, counted)
+
+
+async def _bounded(coro, seconds: float) -> None:
+    """Run ``coro`` for at most ``seconds``, then cancel it (again and again until it ends:
+    ``cancel_and_wait``): the recording's clean-up (its load streams, its tail) never holds the
+    process past its end, whatever a request or a link is waiting on."""
+    task = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if not done:
+        await cancel_and_wait(task)
+    elif not task.cancelled() and task.exception() is not None:
+        raise task.exception()
 
 
 def _stats(writer: CaptureWriter | None, t0: float, counted: dict) -> dict:

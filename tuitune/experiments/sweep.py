@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tuitune import preset as P
-from tuitune.base.jsonl import append_row, read_rows
+from tuitune.base.jsonl import append_row, end_partial_line, is_count, is_figure, read_rows
 from tuitune.experiments import grid as G
 from tuitune.measure import stats
 from tuitune.measure.capture import CaptureWriter, redacted_preset
@@ -100,11 +100,35 @@ def plan(base: P.Preset, grid: dict, baseline: P.Preset, repeats: int, baseline_
 
 
 def load_results(out: Path) -> list[dict]:
-    return read_rows(out / "results.jsonl")
+    """The usable rows of results.jsonl; a damaged one is skipped with a warning naming its line
+    (its trial runs again on --resume)."""
+    return read_rows(out / "results.jsonl", check=row_problem)
+
+
+def row_problem(r: dict) -> str | None:
+    """Why a results row cannot be used (None when it can): what --resume and the summary read."""
+    for key in ("trial", "label", "kind", "status"):
+        if not isinstance(r.get(key), str):
+            return f"its {key} is not text"
+    if r["status"] == "ok":
+        if not is_figure(r.get("tok_s_median")):
+            return "its tok_s_median is not a finite figure"
+        if not isinstance(r.get("values") or [], list) or not all(is_figure(v) for v in r.get("values") or []):
+            return "its values are not finite figures"
+        for key in ("accept_len", "cycle_ms", "goodput"):
+            if r.get(key) is not None and not is_figure(r[key]):
+                return f"its {key} is not a finite figure"
+    if not is_count(r.get("concurrency", 1), 1):
+        return "its concurrency is not a count"
+    for key in ("changes", "axes"):
+        if not isinstance(r.get(key, {}), dict):
+            return f"its {key} is not an object"
+    return None
 
 
 def _append(out: Path, row: dict) -> None:
     append_row(out / "results.jsonl", row)
+    end_partial_line(out / "results.csv")  # a row cut short by an interrupted run stays one line
     new = not (out / "results.csv").exists()
     with open(out / "results.csv", "a", newline="") as f:
         w = csv.DictWriter(f, CSV_FIELDS, extrasaction="ignore")

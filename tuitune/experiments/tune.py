@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Protocol
 
 from tuitune import preset as P
-from tuitune.base.jsonl import append_row, read_rows
+from tuitune.base.jsonl import append_row, is_count, is_figure, read_rows
 from tuitune.decide import ncclstep as NS
 from tuitune.decide.advise import Advice, advise, space
 from tuitune.decide.costmodel import OFF, Config, FitError, Launch, fit
@@ -362,7 +362,50 @@ class SessionSource:
 
 
 def load_log(out: Path) -> list[dict]:
-    return read_rows(out / "tune.jsonl")
+    """The usable rows of the tune log; a damaged one is skipped with a warning naming its line
+    (its launch, if it was one, runs again on --resume)."""
+    return read_rows(out / "tune.jsonl", check=row_problem)
+
+
+def row_problem(r: dict) -> str | None:
+    """Why a tune log row cannot be used (None when it can): what --resume reads of it checked."""
+    kind = r.get("kind")
+    if kind == "launch":
+        c = r.get("config")
+        if not isinstance(c, dict) or not c or set(c) - {"steps", "topk", "draft_tokens"}:
+            return "its config is not a configuration"
+        if not (
+            is_count(c.get("steps", 0), 0, 64)
+            and is_count(c.get("topk", 1), 1, 64)
+            and is_count(c.get("draft_tokens", 1), 1, 4096)
+        ):
+            return f"its config {c} is out of range"
+        if not is_count(r.get("round", 0)):
+            return "its round is not a count"
+        g = r.get("goodput") or {}
+        if not isinstance(g, dict) or not all(
+            isinstance(k, str) and k.isascii() and k.isdigit() and 0 < int(k) <= 65536 and is_figure(v)
+            for k, v in g.items()
+        ):
+            return "its goodput is not a finite figure per concurrency"
+        for key in ("capture", "reason", "env"):
+            if key in r and not isinstance(r[key], str):
+                return f"its {key} is not text"
+        if r.get("failure") is not None and not isinstance(r["failure"], str):
+            return "its failure is not text"
+        if r.get("predicted") is not None and not isinstance(r["predicted"], dict):
+            return "its prediction is not an object"
+    elif kind == "nccl":
+        ch = r.get("changes")
+        if not isinstance(ch, dict) or not all(
+            isinstance(k, str) and "." in k and (v is None or isinstance(v, str | int | float)) for k, v in ch.items()
+        ):
+            return "its NCCL changes are not preset keys"
+        if r.get("prediction") is not None and not isinstance(r["prediction"], dict):
+            return "its prediction is not an object"
+    elif kind == "nccl_decision" and not isinstance(r.get("env"), str):
+        return "its env is not text"
+    return None
 
 
 def _append(out: Path, row: dict) -> None:

@@ -30,12 +30,75 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 
+from tuitune.base.aio import cancelled_since, cancelling
 from tuitune.measure import stats
 from tuitune.measure.metrics import quantile, summarize
 
 SIM_LATE_LIMIT = 0.10  # above this share of late cycles a simulator's figures are not its model's
-_COMPLETION = re.compile(rb'"completion_tokens":\s*(\d+)')
-_VERIFY = re.compile(rb'"spec_verify_ct":\s*(\d+)')
+_COMPLETION = re.compile(rb'"completion_tokens":\s*(\d{1,15})(?![\d.eE])')
+MAX_EVENT = 4 << 20  # bytes of one stream event (a native chunk's cumulative text at 32k tokens is ~200 KB)
+_MAX_COUNT = 1 << 40  # a token count above this is no server's
+
+
+class BadStream(ValueError):
+    """What a server sent that no server sends (one sentence): the request fails with it."""
+
+
+def _no_constant(name: str):
+    raise BadStream(f"{name} is not a number")
+
+
+def _finite(text: str) -> float:
+    f = float(text)
+    if not math.isfinite(f):
+        raise BadStream(f"{text[:20]} is out of range")
+    return f
+
+
+def _event(payload: bytes) -> dict:
+    """A stream event's JSON, which must be an object of finite numbers; BadStream otherwise."""
+    try:
+        d = json.loads(payload, parse_constant=_no_constant, parse_float=_finite)
+    except BadStream as e:
+        raise BadStream(f"a stream event holds a number that is not finite ({e})") from None
+    except RecursionError:
+        raise BadStream("a stream event is nested too deep") from None
+    except ValueError:
+        raise BadStream(f"a stream event is not JSON ({bytes(payload[:60])!r})") from None
+    if not isinstance(d, dict):
+        raise BadStream(f"a stream event is a JSON {type(d).__name__}, not an object")
+    return d
+
+
+def _part(d: dict, key: str) -> dict:
+    """``d[key]`` as an object ({} when absent or null); BadStream for any other type."""
+    v = d.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise BadStream(f"{key} is a {type(v).__name__}, not an object")
+    return v
+
+
+def _count(d: dict, key: str) -> int | None:
+    """``d[key]`` as a token count (None when absent or null); BadStream for a string, a fraction,
+    a negative or an impossible count."""
+    v = d.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= _MAX_COUNT:
+        raise BadStream(f"{key} is {str(v)[:40]!r}, not a token count")
+    return v
+
+
+def _seconds(d: dict, key: str) -> float | None:
+    """``d[key]`` as a finite, non-negative time (None when absent or null); BadStream otherwise."""
+    v = d.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+        raise BadStream(f"{key} is {str(v)[:40]!r}, not a time")
+    return float(v)
 
 
 def prompts() -> list[str]:
@@ -332,6 +395,7 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
     itls: list[float] = []
     final: dict | None = None
     final_recv_wall = 0.0
+    cancels = cancelling()
     try:
         timeout = aiohttp.ClientTimeout(
             total=cfg.request_timeout(), sock_connect=cfg.connect_timeout_s, sock_read=min(60.0, cfg.request_timeout())
@@ -345,9 +409,10 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
                 start = sent.t
             res.t0 = start
             if resp.status != 200:
-                text = (await resp.text())[:200].strip()
+                text = (await resp.content.read(200)).decode("utf-8", "replace").strip()  # no more: it may not end
                 res.error = f"HTTP {resp.status}" + (f": {text}" if text else "")
                 return res
+            most = 4 * cfg.max_tokens + 64  # a server that counts more tokens than this was not asked for them
             buf = b""
             async for chunk in resp.content.iter_any():
                 now = time.perf_counter()  # every event completed by these bytes arrived now
@@ -355,6 +420,8 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
                 while True:
                     cut = buf.find(b"\n\n")
                     if cut < 0:
+                        if len(buf) > MAX_EVENT:  # a stream that never separates its events: bounded
+                            raise BadStream(f"a stream event runs past {MAX_EVENT >> 20} MiB without its end")
                         break
                     event, buf = buf[:cut], buf[cut + 2 :]
                     if not event.startswith(b"data:"):
@@ -368,9 +435,11 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
                         # chunk of its own without one (vLLM), or with the last (others). Leaving out the
                         # empty ones ended the decode span early: 3 % above vLLM's own request_decode_time
                         # on the real CPU engine (docs/real-engine.md).
-                        event_json = json.loads(payload)
+                        event_json = _event(payload)
                         if event_json.get("usage"):
                             final = event_json
+                            if (_count(_part(final, "usage"), "completion_tokens") or 0) > most:
+                                raise BadStream(f"usage.completion_tokens is over {most}, more than asked for")
                         if not event_json.get("choices"):
                             continue
                         if last_t is None:
@@ -379,12 +448,15 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
                         res.chunks += 1
                         continue
                     m = _COMPLETION.search(payload)
+                    last = b'"finish_reason": null' not in payload and b'"finish_reason":null' not in payload
+                    if last and (m is not None or b'"finish_reason"' in payload):
+                        final = _event(payload)  # read whole: its counts are checked below
+                        final_recv_wall = time.time() - (time.perf_counter() - now)
                     if m is None:
                         continue
                     tokens = int(m.group(1))
-                    if b'"finish_reason": null' not in payload and b'"finish_reason":null' not in payload:
-                        final = json.loads(payload)
-                        final_recv_wall = time.time() - (time.perf_counter() - now)
+                    if tokens > most:
+                        raise BadStream(f"completion_tokens is over {most}, more than asked for")
                     n = tokens - last_tokens
                     if n <= 0:
                         continue
@@ -397,8 +469,7 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
                     last_tokens = tokens
         res.e2e_s = (last_t or time.perf_counter()) - start
         if cfg.api == "openai":
-            usage = (final or {}).get("usage") or {}
-            res.completion_tokens = usage.get("completion_tokens")
+            res.completion_tokens = _count(_part(final or {}, "usage"), "completion_tokens")
             if res.completion_tokens is None:
                 res.error = "stream ended without usage (completion tokens unknown)"
                 return res
@@ -406,15 +477,20 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
                 # chunk sizes are unknown here: spread the decode span evenly over the tokens
                 itls = [(res.e2e_s - res.ttft_s) * 1000 / (res.completion_tokens - 1)]
         else:
-            meta = (final or {}).get("meta_info") or {}
-            res.completion_tokens = meta.get("completion_tokens", last_tokens or None)
-            res.spec_verify_ct = meta.get("spec_verify_ct")
-            res.server_e2e_s = meta.get("e2e_latency")
-            if meta.get("sim_received_wall") and meta.get("sim_sent_wall"):
+            meta = _part(final or {}, "meta_info")
+            res.completion_tokens = (
+                _count(meta, "completion_tokens") if "completion_tokens" in meta else last_tokens or None
+            )
+            if (res.completion_tokens or 0) > most:
+                raise BadStream(f"completion_tokens is over {most}, more than asked for")
+            res.spec_verify_ct = _count(meta, "spec_verify_ct") or None
+            if res.spec_verify_ct and res.spec_verify_ct > (res.completion_tokens or 0):
+                raise BadStream(f"spec_verify_ct {res.spec_verify_ct} is more than the tokens it verified")
+            res.server_e2e_s = _seconds(meta, "e2e_latency")
+            received, sent_wall = _seconds(meta, "sim_received_wall"), _seconds(meta, "sim_sent_wall")
+            if received and sent_wall:
                 # request: client start -> handler; last chunk: written -> timestamped by the client
-                res.client_lag_ms = (
-                    (meta["sim_received_wall"] - start_wall) + (final_recv_wall - meta["sim_sent_wall"])
-                ) * 1000
+                res.client_lag_ms = ((received - start_wall) + (final_recv_wall - sent_wall)) * 1000
             if final is None:
                 res.error = "stream ended before the last chunk (connection dropped?)"
                 return res
@@ -435,10 +511,12 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
         res.error = "connection dropped mid-stream"
     except aiohttp.ClientError as e:
         res.error = f"{type(e).__name__}: {e}"
-    except (json.JSONDecodeError, ValueError) as e:
+    except ValueError as e:  # BadStream and what else the server's bytes made of a value
         res.error = f"bad response: {e}"
     finally:
         res.client_cpu_s = time.process_time() - cpu0
+    if cancelled_since(cancels):  # a cancel that became one of the errors above is still a cancel
+        raise asyncio.CancelledError
     return res
 
 
@@ -458,18 +536,32 @@ async def fetch_server_info(session, url: str, timeout: float = 5.0) -> dict:
             continue
         if not isinstance(info, dict):
             continue
-        state = (info.get("internal_states") or [{}])[0] or {}
-        out = {k: state[k] for k in ("last_gen_throughput", "avg_spec_accept_length") if state.get(k)}
-        if state.get("step_time_dict"):
-            steps = [s for v in state["step_time_dict"].values() for s in v]
-            if steps:
-                out["step_time_ms_median"] = quantile(sorted(steps), 0.5) * 1000
-        if info.get("version"):
-            out["version"] = info["version"]
-        if isinstance(info.get("sim"), dict):
-            out["sim"] = info["sim"]
-        return out
+        return _server_info(info)
     return {}
+
+
+def _server_info(info: dict) -> dict:
+    """What a server's own figures say, each kept only when it is of the type and range it must be
+    (a hostile or broken server's wrong types and non-finite numbers are left out, never shown)."""
+    states = info.get("internal_states")
+    state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+    out: dict = {k: float(state[k]) for k in ("last_gen_throughput", "avg_spec_accept_length") if _figure(state.get(k))}
+    steps_by = state.get("step_time_dict")
+    if isinstance(steps_by, dict):
+        steps = [x for v in steps_by.values() if isinstance(v, list) for x in v if _figure(x)]
+        if steps:
+            out["step_time_ms_median"] = quantile(sorted(steps), 0.5) * 1000
+    if isinstance(info.get("version"), str) and info["version"]:
+        out["version"] = info["version"][:200]
+    sim = info.get("sim")
+    if isinstance(sim, dict) and all(_figure(sim.get(k, 1)) or sim.get(k) == 0 for k in ("cycles", "cycles_late")):
+        out["sim"] = sim
+    return out
+
+
+def _figure(v: object) -> bool:
+    """A finite, positive number (not a bool)."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
 async def served_model(session, url: str, timeout: float = 5.0) -> str | None:
@@ -640,7 +732,10 @@ async def _run_bench(
         run.measured_s = time.perf_counter() - t_measured
         run.server = await fetch_server_info(session, cfg.url)
         after = run.server.get("sim") or {}
-        if "cycles_late" in before and "cycles_late" in after and after["cycles"] > before["cycles"]:
+        if (
+            all(k in d for d in (before, after) for k in ("cycles", "cycles_late"))
+            and after["cycles"] > before["cycles"]
+        ):
             run.sim_late_share = (after["cycles_late"] - before["cycles_late"]) / (after["cycles"] - before["cycles"])
     run.wall_s = time.perf_counter() - t0
     return run

@@ -5,7 +5,9 @@ Format (schema 1): JSON Lines, gzip-compressed when the name ends in ``.gz``. Th
 version, start time); every other record is an event's JSON (``kind`` and its fields) plus ``t``
 (wall-clock seconds) and ``m`` (monotonic seconds since the capture started). Readers skip unknown
 kinds and tolerate a truncated last record, so a capture killed mid-write still reads, and newer
-files keep reading in older tuitune as far as they can.
+files keep reading in older tuitune as far as they can. What was read only in part is said, never
+read as if whole (issue 42): a gzip stream cut short or failing its checksum, a record over
+MAX_RECORD bytes, a file whose name says .gz and whose content is not (``partial``).
 """
 
 from __future__ import annotations
@@ -115,21 +117,55 @@ class Capture:
     truncated: bool = False  # the last record was cut short (a killed recorder)
     skipped: int = 0  # records of unknown kinds or unreadable
     records: list[Record] = field(default_factory=list)
+    damage: str | None = None  # its gzip stream cut short or corrupt (a sentence, with how much was read)
+    note: str | None = None  # compressed or not against what its name says
+    oversized: int = 0  # records over MAX_RECORD bytes, passed over
 
 
-def _lines(path: Path) -> Iterator[bytes]:
+MAX_RECORD = 4 << 20  # bytes of one record; a raw log line (64 KiB of text, escaped) is far below
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _lines(path: Path, stats: dict) -> Iterator[bytes]:
+    """The capture's records as raw lines, its integrity checked on the way (issue 42): compressed
+    or not by its content, not its name (a mislabelled file is read, and said); a gzip stream cut
+    short or failing its checksum, and a record over MAX_RECORD bytes (passed over without holding
+    it), are set down in ``stats`` ("damage", "note", "oversized") with how much was read."""
     try:
-        if path.suffix == ".gz":
-            f: IO[bytes] = gzip.open(path, "rb")  # type: ignore[assignment]
-        else:
-            f = open(path, "rb")
+        raw = open(path, "rb")
     except OSError as e:
         raise CaptureError(f"{path}: cannot open it ({e.strerror or e})") from None
-    with f:
+    with raw:
         try:
-            yield from f
-        except (EOFError, gzip.BadGzipFile, OSError, zlib.error):
-            return  # a gzip stream cut short: keep what was read
+            gz = raw.read(2) == _GZIP_MAGIC
+            raw.seek(0)
+        except OSError as e:
+            raise CaptureError(f"{path}: cannot read it ({e.strerror or e})") from None
+        if gz != (path.suffix == ".gz"):
+            stats["note"] = (
+                f"{path.name} is not gzip-compressed though its name ends in .gz: read as plain JSON Lines"
+                if not gz
+                else f"{path.name} is gzip-compressed though its name does not end in .gz: read decompressed"
+            )
+        f: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="rb") if gz else raw  # type: ignore[assignment]
+        read = 0
+        try:
+            while True:
+                line = f.readline(MAX_RECORD + 1)
+                if not line:
+                    return
+                read += len(line)
+                if len(line) > MAX_RECORD and not line.endswith(b"\n"):
+                    while line and not line.endswith(b"\n"):  # the rest of it, a block at a time
+                        line = f.readline(1 << 20)
+                        read += len(line)
+                    stats["oversized"] += 1
+                    continue
+                yield line
+        except EOFError:
+            stats["damage"] = f"its gzip stream is cut short (no end marker) after {read} bytes of data"
+        except (gzip.BadGzipFile, zlib.error, OSError) as e:
+            stats["damage"] = f"its gzip data is corrupt after {read} bytes of data ({e})"
 
 
 def _is_number(v: object) -> TypeGuard[int | float]:
@@ -139,9 +175,12 @@ def _is_number(v: object) -> TypeGuard[int | float]:
 def iter_capture(path: str | Path) -> tuple[dict, Iterator[Record], dict]:
     """(meta, records, stats) without loading the whole file; stats fills in as it is read."""
     path = Path(path)
-    lines = _lines(path)
+    stats: dict = {"truncated": False, "skipped": 0, "oversized": 0, "damage": None, "note": None, "records": 0}
+    lines = _lines(path, stats)
     first = next(lines, None)
     if first is None:
+        if stats["damage"]:
+            raise CaptureError(f"{path}: not a readable capture: {stats['damage']}")
         raise CaptureError(f"{path}: empty file, not a tuitune capture")
     try:
         meta = json.loads(first)
@@ -154,7 +193,6 @@ def iter_capture(path: str | Path) -> tuple[dict, Iterator[Record], dict]:
             f"{path}: capture schema {meta.get('schema')!r} is newer than this tuitune "
             f"reads ({SCHEMA}); upgrade tuitune"
         )
-    stats = {"truncated": False, "skipped": 0}
     dec = msgspec.json.Decoder()
 
     def records() -> Iterator[Record]:
@@ -172,6 +210,7 @@ def iter_capture(path: str | Path) -> tuple[dict, Iterator[Record], dict]:
             if ev is None or not (_is_number(t) and _is_number(m)):  # "t": null or "t": "x" from a damaged file
                 stats["skipped"] += 1
                 continue
+            stats["records"] += 1
             yield Record(float(t), float(m), ev)
 
     return meta, records(), stats
@@ -182,7 +221,37 @@ def read_capture(path: str | Path) -> Capture:
     cap = Capture(meta, Path(path))
     cap.records = list(recs)
     cap.truncated, cap.skipped = stats["truncated"], stats["skipped"]
+    cap.damage, cap.note, cap.oversized = stats["damage"], stats["note"], stats["oversized"]
     return cap
+
+
+def partial(path: str | Path, stats: dict) -> str | None:
+    """One sentence when a capture was read only in part (its gzip stream cut short or corrupt, a
+    record over the size cap, its last record cut short), with how much was read; None when whole.
+    ``stats``: iter_capture's, once read (or a Capture's fields)."""
+    why = []
+    if stats.get("damage"):
+        why.append(stats["damage"])
+    if stats.get("oversized"):
+        why.append(f"{stats['oversized']} record(s) over {MAX_RECORD >> 20} MiB passed over")
+    if stats.get("truncated") and not stats.get("damage"):
+        why.append("its last record is cut short")
+    if not why:
+        return None
+    return (
+        f"{path}: read in part: {'; '.join(why)}; {stats.get('records', 0)} record(s) read, what follows rests on them"
+    )
+
+
+def capture_stats(cap: Capture) -> dict:
+    """A Capture's reading, in iter_capture's terms (for ``partial``)."""
+    return {
+        "damage": cap.damage,
+        "oversized": cap.oversized,
+        "truncated": cap.truncated,
+        "records": len(cap.records),
+        "note": cap.note,
+    }
 
 
 class Replay(EventStream):
@@ -197,7 +266,8 @@ class Replay(EventStream):
         self.play = play
         self.paused = False
         self.position = 0  # index of the next record
-        self.state = ServerState("replay", detail=str(capture.path))
+        part = " (read in part)" if partial(capture.path, capture_stats(capture)) else ""
+        self.state = ServerState("replay", detail=f"{capture.path}{part}")
         self.link = LinkState("replay")
         self.url = None
         try:

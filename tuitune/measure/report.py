@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from tuitune.base.events import BenchSummary, DecodeStats, GpuSample, Marker, ProfileWindow, ServerError, ServerState
-from tuitune.measure.capture import iter_capture
+from tuitune.measure.capture import iter_capture, partial
 from tuitune.measure.metrics import summarize
 from tuitune.measure.smi import capping
 
@@ -108,6 +108,8 @@ def summarize_capture(path: str | Path, keep_series: bool = True) -> dict:
         "duration_s": (last_m - first_m) if first_m is not None and last_m is not None else 0.0,
         "truncated": stats["truncated"],
         "skipped": stats["skipped"],
+        "partial": partial(path, stats),  # a sentence when only part of it was read
+        "note": stats["note"],
         "relaunches": relaunches,
         "errors": errors[:20],
         "error_count": len(errors),
@@ -135,6 +137,9 @@ def format_report(reports: list[dict]) -> str:
             + (", last record truncated" if r["truncated"] else "")
             + (f", {r['skipped']} record(s) skipped (unknown kind or unreadable)" if r["skipped"] else "")
         )
+        for said in (r.get("partial"), r.get("note")):
+            if said:
+                lines.append(f"    warning: {said}")
         for e in r["errors"][:3]:
             lines.append(f"    error: {e}")
     lines.append("")

@@ -73,6 +73,7 @@ from tuitune.preset.model import (
     _no_control,
 )
 from tuitune.preset.render import (
+    carry_problem,
     launch_command,
     launch_script,
     server_argv,
@@ -99,6 +100,7 @@ __all__ = [
     "_env_checked",
     "_env_text",
     "_no_control",
+    "carry_problem",
     "launch_command",
     "launch_script",
     "server_argv",

@@ -413,6 +413,10 @@ class Preset(_Model):
     @model_validator(mode="after")
     def _engine_rules(self) -> Preset:
         self.engine.validate(self)
+        from tuitune.preset.render import carry_problem  # (render builds on this module)
+
+        if why := carry_problem(self):
+            raise ValueError(why)
         want = self.engine.default_bench_api()
         if "api" not in self.bench.model_fields_set and self.bench.api != want:
             self.bench.api = want  # the engine's API unless the preset picks one

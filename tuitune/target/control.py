@@ -718,6 +718,8 @@ class ServerControl:
     async def preflight(self, replacing: ServerRecord | None) -> None:
         """Refuse a relaunch that cannot work, before anything running is touched."""
         p = self.preset
+        if why := P.carry_problem(p):  # (a preset is checked as it is read; one built in code may not be)
+            raise ControlError(f"{p.name}: {why}", 2)
         if self._python_ok != p.python():
             await self.check_python()
         py = P.shell_path(p.python())
@@ -845,7 +847,14 @@ class ServerControl:
     # ---- start / stop --------------------------------------------------------------------
     async def start(self) -> ServerRecord:
         p = self.preset
-        await self.t.run(f'mkdir -p -- "$(dirname -- {P.shell_path(p.server.log)})"', timeout=30)
+        log = P.shell_path(p.server.log)
+        # the log is the server's own and may hold a secret it prints (vLLM's api-key at start-up):
+        # created private (0600), and made so when it is there already (a device such as /dev/null
+        # refuses chmod: that is left as it is)
+        await self.t.run(
+            f'mkdir -p -- "$(dirname -- {log})" && (umask 077 && : >>{log}); chmod 600 -- {log} 2>/dev/null; true',
+            timeout=30,
+        )
         r = await self.t.run(P.launch_command(p), timeout=60)
         pid_text = r.stdout.strip().splitlines()[-1:] if r.stdout.strip() else []
         if not r.ok or not pid_text or not pid_text[0].isdigit():

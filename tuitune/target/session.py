@@ -18,7 +18,7 @@ import msgspec
 
 from tuitune import preset as P
 from tuitune.base import redact
-from tuitune.base.aio import cancel_and_wait
+from tuitune.base.aio import cancel_and_wait, cancelled_since
 from tuitune.base.events import (
     BenchSummary,
     DecodeStats,
@@ -530,6 +530,8 @@ class Session(EventStream):
                         model=self.preset.engine.served_model(self.preset),
                     )
                     r = await run_request(session, cfg, ps[n % len(ps)])
+                    if cancelled_since(0):  # asked to stop while the request ended anyway: stop
+                        raise asyncio.CancelledError
                     n += 1
                     self.load.requests += 1
                     if not r.ok:
