@@ -59,7 +59,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 CORE_ERRORS: tuple[tuple[str, str, int | None], ...] = (
     ("tuitune.preset.model", "PresetError", 2),
     ("tuitune.target.control", "ControlError", None),  # with the server log's last lines
-    ("tuitune.target.transport", "TransportError", 1),
+    ("tuitune.target.errors", "TransportError", 1),  # LinkLost too; `trust` never loads the transport
     ("tuitune.target.gpus", "GpusError", 1),
     ("tuitune.measure.smi", "SmiParseError", 2),
     ("tuitune.measure.capture", "CaptureError", None),

@@ -136,13 +136,24 @@ def link_printer(state: str, attempt: int, detail: str | None) -> None:
         print(f"tuitune: link lost for good: {detail}", file=sys.stderr)
 
 
+def connecting_printer(label: str, limit_s: float) -> None:
+    print(f"tuitune: connecting to {label}… (gives up after {limit_s:g} s)", file=sys.stderr, flush=True)
+
+
+def watch_link(transport):
+    """A transport whose slow first connection and link losses are said on stderr."""
+    transport.on_link = link_printer
+    transport.on_connecting = connecting_printer
+    return transport
+
+
 def with_control(preset):
-    """The preset's transport (link losses said on stderr) and its server's control."""
+    """The preset's transport (a slow connection and link losses said on stderr) and its server's
+    control."""
     from tuitune.target.cluster import control_for
     from tuitune.target.transport import for_preset
 
-    t = for_preset(preset)
-    t.on_link = link_printer
+    t = watch_link(for_preset(preset))
     return t, control_for(t, preset)
 
 
