@@ -8,9 +8,12 @@ import contextlib
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from conftest import free_port, tuitune_cli
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _one_sentence(r, code: int, *needles: str) -> None:
@@ -115,3 +118,146 @@ def test_a_quick_connection_says_nothing_about_connecting(tmp_path):
     port = free_port()
     r = tuitune_cli("status", _ssh_preset(tmp_path, "127.0.0.1", port), env={"HOME": str(tmp_path)}, timeout=60)
     assert "connecting to" not in r.stderr, r.stderr
+
+
+# ---- B: a model the engine cannot load is refused before it starts --------------------------------
+
+
+def _engine_preset(tmp_path, model: str, engine: str = "vllm", draft: str | None = None, **env: str):
+    """A preset of a real engine's shape on this machine (its python is this one, its module one
+    that is installed: the preflight's model check runs before anything asks the engine itself)."""
+    import sys
+
+    from tuitune import preset as P
+
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    data = {
+        "name": "first-day",
+        "target": "local",
+        "server": {
+            "engine": engine,
+            "python": sys.executable,
+            "module": "json",
+            "workdir": str(work),
+            "log": str(tmp_path / "first-day.log"),
+            "port": free_port(),
+            "args": {"model" if engine == "vllm" else "model-path": model},
+        },
+        "env": {"HF_HOME": str(tmp_path / "hf"), **env},
+    }
+    if draft is not None:
+        data["speculative"] = {"algorithm": "EAGLE3", "draft_model_path": draft, "num_speculative_tokens": 2}
+    return P.from_dict(data)
+
+
+async def _refusal(p) -> str:
+    from tuitune.target.control import ControlError, ServerControl
+    from tuitune.target.transport import LocalTransport
+
+    c = ServerControl(LocalTransport(), p, state_dir=str(p.server.log) + ".state")
+    t0 = time.monotonic()
+    with pytest.raises(ControlError) as e:
+        await c.preflight(None)
+    assert e.value.code == 2 and time.monotonic() - t0 < 15, (str(e.value), time.monotonic() - t0)
+    assert not (Path(p.server.log)).exists()
+    return str(e.value)
+
+
+async def _passes_the_model_check(p) -> None:
+    from tuitune.target.control import ServerControl
+    from tuitune.target.transport import LocalTransport
+
+    c = ServerControl(LocalTransport(), p, state_dir=str(p.server.log) + ".state")
+    await c._check_paths()
+    assert not c.warnings, c.warnings
+
+
+async def test_a_relative_model_that_is_no_directory_and_no_reachable_hub_id_is_refused(tmp_path):
+    """The shipped vllm-cpu-demo preset's `models/llama-tiny` on a machine where it was not built:
+    before, 31 s of start-up, then `ConnectError: [Errno -2] Name or service not known`."""
+    closed = free_port()
+    p = _engine_preset(tmp_path, "models/llama-tiny", HF_ENDPOINT=f"http://127.0.0.1:{closed}")
+    said = await _refusal(p)
+    assert said.startswith(f"server.args.model models/llama-tiny is not a directory under {tmp_path / 'work'}"), said
+    assert f"the Hub is unreachable from local (127.0.0.1:{closed}: connection refused)" in said, said
+    p = _engine_preset(tmp_path, "org/name", engine="sglang", HF_ENDPOINT="https://nonexistent.invalid")
+    assert "(nonexistent.invalid:443: not a known host name)" in await _refusal(p)
+    p = _engine_preset(tmp_path, "org/name", HF_HUB_OFFLINE="1")
+    assert "(offline: HF_HUB_OFFLINE is set)" in await _refusal(p)
+
+
+async def test_a_hub_id_passes_when_it_is_a_directory_cached_or_the_hub_answers(tmp_path):
+    closed = f"http://127.0.0.1:{free_port()}"
+    (tmp_path / "work" / "models" / "llama-tiny").mkdir(parents=True)
+    await _passes_the_model_check(_engine_preset(tmp_path, "models/llama-tiny", HF_ENDPOINT=closed))
+    snap = tmp_path / "hf" / "hub" / "models--org--cached" / "snapshots" / "0123abc"
+    snap.mkdir(parents=True)
+    await _passes_the_model_check(_engine_preset(tmp_path, "org/cached", HF_ENDPOINT=closed))
+    with silent_listener() as port:  # something answers a TCP connection: the engine may fetch it
+        await _passes_the_model_check(_engine_preset(tmp_path, "org/fetched", HF_ENDPOINT=f"http://127.0.0.1:{port}"))
+
+
+@pytest.mark.parametrize(
+    "model, said",
+    [
+        ("-rf", "server.args.model '-rf' looks like a flag"),
+        ("", "server.args.model '' is empty"),
+        ("  ", "server.args.model '  ' is empty"),
+        ("weights.bin", "server.args.model weights.bin is a file on local, not a directory"),
+        ("org/--bad", "server.args.model org/--bad does not exist on local"),
+    ],
+)
+async def test_a_model_that_cannot_name_a_model_is_refused(tmp_path, model, said):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "weights.bin").write_bytes(b"\0")
+    assert (await _refusal(_engine_preset(tmp_path, model))).startswith(said)
+
+
+async def test_a_draft_that_is_a_plain_file_is_refused(tmp_path):
+    (tmp_path / "work" / "m").mkdir(parents=True)
+    (tmp_path / "draft.safetensors").write_bytes(b"\0")
+    said = await _refusal(
+        _engine_preset(tmp_path, str(tmp_path / "work" / "m"), draft=str(tmp_path / "draft.safetensors"))
+    )
+    assert said.startswith(f"speculative.draft_model_path {tmp_path / 'draft.safetensors'} is a file on local"), said
+
+
+def test_the_shipped_demo_presets_model_is_refused_in_one_sentence_where_it_was_not_built(tmp_path):
+    import sys
+
+    import yaml
+
+    data = yaml.safe_load((ROOT / "presets" / "vllm-cpu-demo.yaml").read_text())
+    data["server"].update(
+        python=sys.executable, module="json", workdir=str(tmp_path), log=str(tmp_path / "v.log"), port=free_port()
+    )
+    data["env"].update(HF_ENDPOINT="http://nonexistent.invalid", HF_HOME=str(tmp_path / "hf"))
+    (tmp_path / "demo.yaml").write_text(yaml.safe_dump(data))
+    t0 = time.monotonic()
+    r = tuitune_cli("launch", str(tmp_path / "demo.yaml"), timeout=60)
+    _one_sentence(r, 2, "server.args.model models/llama-tiny is not a directory under", "the Hub is unreachable")
+    assert time.monotonic() - t0 < 20
+
+
+def test_the_engines_words_for_an_unreachable_hub_name_the_cause():
+    from tuitune.engines import CAUSE_TEXT
+    from tuitune.measure.parse import parse_line
+    from tuitune.target.control import classify
+
+    tb = parse_line("Traceback (most recent call last):")
+    for line in (
+        "httpcore2.ConnectError: [Errno -2] Name or service not known",
+        "httpx.ConnectError: [Errno 111] Connection refused",
+        "httpx.ConnectTimeout: timed out",
+        "OSError: We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in "
+        "the cached files.",
+        "huggingface_hub.errors.LocalEntryNotFoundError: An error happened while trying to locate the file on the "
+        "Hub and we cannot find the requested files in the local cache.",
+    ):
+        ev = parse_line(line)
+        assert ev is not None and ev.category == "hub_unreachable", line
+        # a later "Invalid repository ID" line (vLLM's) is the consequence: the Hub is the cause
+        later = parse_line("OSError: Invalid repository ID or local directory specified: 'models/llama-tiny'.")
+        assert classify([tb, ev, later])[0] == "hub_unreachable"
+    assert CAUSE_TEXT["hub_unreachable"] == "the model is not a directory, and the Hub is unreachable"
