@@ -261,3 +261,71 @@ def test_the_engines_words_for_an_unreachable_hub_name_the_cause():
         later = parse_line("OSError: Invalid repository ID or local directory specified: 'models/llama-tiny'.")
         assert classify([tb, ev, later])[0] == "hub_unreachable"
     assert CAUSE_TEXT["hub_unreachable"] == "the model is not a directory, and the Hub is unreachable"
+
+
+# ---- C: Ctrl-C in an experiment stops what the experiment started ----------------------------------
+
+
+def _state_pid(home: Path, port: int) -> int | None:
+    import json
+
+    try:
+        return json.loads((home / ".cache" / "tuitune" / "servers" / f"{port}.json").read_text())["pid"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _experiment(tmp_path, which: str):
+    """(argv, the port its first server listens on) for an experiment on the simulator whose
+    benchmark lasts long enough to be interrupted in the middle."""
+    from conftest import make_preset
+
+    from tuitune import preset as P
+
+    a = make_preset(tmp_path, "arm-a", args={"sim-speedup": 2})
+    path_a = str(P.save(a, tmp_path / "arm-a.yaml"))
+    long = ["--requests", "400", "--max-tokens", "200"]
+    if which == "ab":
+        b = make_preset(tmp_path, "arm-b", spec_steps=3, args={"sim-speedup": 2})
+        argv = ["ab", path_a, str(P.save(b, tmp_path / "arm-b.yaml")), *long]
+    elif which == "sweep":
+        argv = ["sweep", path_a, "--grid", "speculative.num_steps=1,3", "--out", str(tmp_path / "sw"), *long]
+    elif which == "crossover":
+        argv = ["crossover", path_a, "--concurrency", "1,2", "--no-plot", *long]
+    else:
+        argv = ["tune", path_a, "--budget", "2", "--concurrency", "1", "--out", str(tmp_path / "tu"), *long]
+    return argv, a.server.port
+
+
+@pytest.mark.parametrize("which", ["ab", "sweep", "crossover", "tune"])
+def test_ctrl_c_in_an_experiment_stops_the_server_it_started(tmp_path, which):
+    """Before, a completed `ab` stopped both arms and an interrupted one left arm A serving."""
+    import os
+    import signal
+    import subprocess
+
+    from conftest import ROOT as REPO
+    from conftest import group_alive, http_status, tuitune_cmd, wait_for, wait_or_dump
+
+    argv, port = _experiment(tmp_path, which)
+    cmd, env = tuitune_cmd(*argv, env={"HOME": str(tmp_path)})
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: http_status(f"http://127.0.0.1:{port}/health") == 200, 60, what="the first server ready")
+        pid = _state_pid(tmp_path, port)
+        assert pid is not None and group_alive(pid)
+        time.sleep(1.5)  # into its benchmark
+        proc.send_signal(signal.SIGINT)
+        assert wait_or_dump(proc, 60, f"{which} after SIGINT") == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read()
+    last = err.strip().splitlines()[-1]
+    assert "Traceback" not in err, err
+    assert last.startswith(f"tuitune: {which} interrupted by SIGINT; the server it started (arm-a"), err
+    assert last.endswith("was stopped"), err
+    assert not group_alive(pid), f"{which} left server {pid} running"
+    assert _state_pid(tmp_path, port) is None
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)

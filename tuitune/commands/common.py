@@ -11,7 +11,7 @@ import argparse
 import contextlib
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from itertools import chain
 
 
@@ -124,6 +124,19 @@ def run_async(coro, what: str | None = None, cleanup: Callable[[], str | None] =
             ) from None
 
     return asyncio.run(main())
+
+
+def run_experiment(what: str, experiment: Callable[[Callable[[str], None]], Coroutine]):
+    """Run an experiment (ab, sweep, crossover, tune): ``experiment(on_cleanup)`` makes its coroutine;
+    interrupted, it stops the server it started and hands the sentence to ``on_cleanup``, which ends
+    the command's one line ("sweep interrupted by SIGINT; the server it started (…) was stopped")."""
+    said: list[str] = []
+    return run_async(experiment(said.append), what, lambda: "; ".join(said))
+
+
+def say(msg: str) -> None:
+    """An experiment's progress, on stdout as it happens."""
+    print(msg, flush=True)
 
 
 # ---- the target ---------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ from tuitune.commands.common import (
     load_preset,
     overrides,
     run_async,
+    run_experiment,
+    say,
     with_control,
     write_json,
 )
@@ -122,7 +124,7 @@ def cmd_ab(ns) -> int:
             raise CliError(str(e), 2) from None
     t, _ = with_control(a)
 
-    async def go():
+    async def go(on_cleanup):
         return await run_ab(
             t,
             a,
@@ -131,15 +133,16 @@ def cmd_ab(ns) -> int:
             ov,
             ns.min_effect,
             ns.timeout,
-            progress=lambda msg: print(msg, flush=True),
+            progress=say,
             allow_any=ns.any,
             spread=spread,
             spread_source=source,
             judge=not ns.no_verdict,
             max_rounds=last,
+            on_cleanup=on_cleanup,
         )
 
-    result = run_async(guarded(go, t))
+    result = run_experiment("ab", lambda on_cleanup: guarded(lambda: go(on_cleanup), t))
     print(format_ab(result))
     if ns.json:
         write_json(ns.json, result)
@@ -172,10 +175,11 @@ def cmd_crossover(ns) -> int:
         raise CliError(f"--plot {ns.plot}: the file must end in .png or .svg", 2)
     ov = overrides(ns, level=levels[0])
     ov.pop("concurrency", None)
-    result = run_async(
-        crossover(
-            p, sorted(levels), ov, rounds=ns.rounds, min_effect=ns.min_effect, progress=lambda m: print(m, flush=True)
-        )
+    result = run_experiment(
+        "crossover",
+        lambda on_cleanup: crossover(
+            p, sorted(levels), ov, rounds=ns.rounds, min_effect=ns.min_effect, progress=say, on_cleanup=on_cleanup
+        ),
     )
     print()
     print(format_result(result))
@@ -305,8 +309,9 @@ def cmd_sweep(ns) -> int:
     baseline = load_preset(ns.baseline) if ns.baseline else None
     if ns.repeats < 1 or ns.baseline_every < 0:
         raise CliError("--repeats must be at least 1 and --baseline-every at least 0", 2)
-    result = run_async(
-        sweep(
+    result = run_experiment(
+        "sweep",
+        lambda on_cleanup: sweep(
             base,
             G.parse(ns.grid),
             Path(ns.out),
@@ -315,8 +320,9 @@ def cmd_sweep(ns) -> int:
             baseline_every=ns.baseline_every,
             resume=ns.resume,
             overrides=overrides(ns),
-            progress=lambda m: print(m, flush=True),
-        )
+            progress=say,
+            on_cleanup=on_cleanup,
+        ),
     )
     print()
     print(format_table(result))
@@ -399,8 +405,9 @@ def cmd_tune(ns) -> int:
     levels = int_list(ns.levels, "--levels") if ns.levels else None
     ns.concurrency, ns.api = None, None
     ov = overrides(ns)
-    result = run_async(
-        tune(
+    result = run_experiment(
+        "tune",
+        lambda on_cleanup: tune(
             base,
             ns.budget,
             conc,
@@ -415,8 +422,9 @@ def cmd_tune(ns) -> int:
             nccl_backend=ns.nccl_backend,
             nccl_grid=ns.nccl_grid,
             hidden_size=ns.hidden_size,
-            progress=lambda m: print(m, flush=True),
-        )
+            progress=say,
+            on_cleanup=on_cleanup,
+        ),
     )
     print()
     print(format_result(result))

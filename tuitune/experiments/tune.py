@@ -509,7 +509,10 @@ async def tune(
     hidden_size: int | None = None,
     progress: Callable[[str], None] | None = None,
     session=None,
+    on_cleanup: Callable[[str], None] | None = None,
 ) -> dict:
+    """The search, then the final A/B. Interrupted (Ctrl-C, SIGTERM), it stops the server it started
+    (the search's or the A/B's) and says so to ``on_cleanup``; ``--resume`` goes on from its log."""
     from tuitune.experiments.ab import rounds_refusal, run_ab
     from tuitune.target.session import Session
 
@@ -703,6 +706,7 @@ async def tune(
                 spread=spread,
                 spread_source=spread_source,
                 max_rounds=last,
+                on_cleanup=on_cleanup,
             )
             summary["ab"] = ab
             v = ab["verdict"]
@@ -711,6 +715,9 @@ async def tune(
                 summary["best_preset"] = str(P.save(b, out / "best.yaml"))
         _append(out, summary)
         return summary
+    except asyncio.CancelledError:
+        await session.stop_started(on_cleanup)  # (the A/B stopped its own arm: nothing left then)
+        raise
     finally:
         await session.close()
 
