@@ -329,3 +329,62 @@ def test_ctrl_c_in_an_experiment_stops_the_server_it_started(tmp_path, which):
     assert _state_pid(tmp_path, port) is None
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
+
+
+# ---- E: the smaller traps --------------------------------------------------------------------------
+
+
+def test_preset_diff_exits_1_when_the_presets_differ_as_diff_does(tmp_path):
+    import json
+
+    r = tuitune_cli("preset", "diff", "c2-baseline-nccl", "c1-baseline-untuned")
+    assert r.returncode == 1 and "env.NCCL_PROTO" in r.stdout, r
+    r = tuitune_cli("preset", "diff", "c2-baseline-nccl", "c1-baseline-untuned", "--json")
+    assert r.returncode == 1 and json.loads(r.stdout), r
+    r = tuitune_cli("preset", "diff", "c2-baseline-nccl", "c2-baseline-nccl")
+    assert r.returncode == 0 and "launch the same server" in r.stdout, r
+    r = tuitune_cli("preset", "diff", "c2-baseline-nccl", str(tmp_path / "none.yaml"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r
+
+
+def test_an_unknown_key_suggests_the_one_meant(tmp_path):
+    from tuitune import preset as P
+
+    bad = tmp_path / "typo.yaml"
+    bad.write_text("name: typo\nserver:\n  log: /tmp/t.log\nspeculative:\n  algorithm: EAGLE3\n  num_step: 2\n")
+    r = tuitune_cli("preset", "validate", str(bad))
+    assert r.returncode == 2 and "speculative.num_step: unknown key; did you mean num_steps?" in r.stderr, r.stderr
+    with pytest.raises(P.PresetError, match=r"did you mean speculative\.num_steps\?"):
+        P.check_key("speculative.num_step")  # --grid and the TUI's edits
+    with pytest.raises(P.PresetError) as e:
+        P.from_dict({"name": "x", "server": {"log": "/l"}, "zzz": 1})
+    assert "did you mean" not in str(e.value)  # nothing close: no guess
+
+
+def test_the_help_names_both_engines():
+    r = tuitune_cli("--help")
+    assert r.returncode == 0 and "SGLang and vLLM" in r.stdout.split("commands:")[0], r.stdout
+
+
+def test_the_front_pages_quote_the_advisors_current_accuracy():
+    import re
+
+    advisor = (ROOT / "docs" / "advisor.md").read_text()
+    m = re.search(r"\*\*all ten \((\d+) cases\)\*\* \| \*\*\d+/\d+ = ([\d.]+) %\*\*", advisor)
+    assert m, "the pooled row of docs/advisor.md's accuracy table"
+    cases, share = m.group(1), round(float(m.group(2)))
+    for page in ("README.md", "docs/index.md"):
+        text = " ".join((ROOT / page).read_text().split())
+        assert f"{share} % within 2 % of the best over {cases} cases" in text or (
+            f"within 2 % of the best in {share} % of {cases} cases" in text
+        ), page
+        assert "88 %" not in text, page
+
+
+def test_the_demo_on_a_busy_port_says_which_flag_moves_it(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        r = tuitune_cli("demo", "--port", str(port), env={"HOME": str(tmp_path)}, timeout=60)
+    _one_sentence(r, 2, f"port {port}", "is in use", "tuitune demo --port ")

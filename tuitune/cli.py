@@ -107,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tuitune",
         usage=MAIN_USAGE,
-        description="Live-profile and tune speculative-decoding LLM servers (SGLang EAGLE-3) over SSH.",
+        description="Live-profile and tune speculative-decoding LLM servers (SGLang and vLLM: EAGLE-3, "
+        "n-gram, …) over SSH.",
         epilog="commands:\n"
         + "\n".join(f"  {n:<12} {h}" for n, (h, _) in COMMANDS.items())
         + "\n\nRun `tuitune COMMAND --help` for a command's options.",
