@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             ns = build_command_parser(argv[0]).parse_args(argv[1:])
         else:
             ns = build_main_parser().parse_args(argv)
+        ns.argv = argv  # as typed: a command that stops early names the one that resumes it
         return int(ns.run(ns) or 0)
     except KeyboardInterrupt:
         print("tuitune: interrupted", file=sys.stderr)

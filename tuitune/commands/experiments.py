@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
+import shlex
 import sys
 
 from tuitune.commands.common import (
@@ -388,7 +390,7 @@ def tune_args(p: argparse.ArgumentParser) -> None:
 def cmd_tune(ns) -> int:
     from pathlib import Path
 
-    from tuitune.experiments.tune import format_result, tune
+    from tuitune.experiments.tune import format_result
 
     base = load_preset(ns.preset)
     if ns.budget < 0:
@@ -405,7 +407,21 @@ def cmd_tune(ns) -> int:
     levels = int_list(ns.levels, "--levels") if ns.levels else None
     ns.concurrency, ns.api = None, None
     ov = overrides(ns)
-    result = run_experiment(
+    with _resumable(ns, Path(ns.out)):
+        result = _tune(ns, base, conc, levels, ov)
+    print()
+    print(format_result(result))
+    if ns.json:
+        write_json(ns.json, result)
+    return 0 if result["verdict"].get("verdict") != "not comparable" else 1
+
+
+def _tune(ns, base, conc: int, levels: list[int] | None, ov: dict) -> dict:
+    from pathlib import Path
+
+    from tuitune.experiments.tune import tune
+
+    return run_experiment(
         "tune",
         lambda on_cleanup: tune(
             base,
@@ -426,11 +442,27 @@ def cmd_tune(ns) -> int:
             on_cleanup=on_cleanup,
         ),
     )
-    print()
-    print(format_result(result))
-    if ns.json:
-        write_json(ns.json, result)
-    return 0 if result["verdict"].get("verdict") != "not comparable" else 1
+
+
+@contextlib.contextmanager
+def _resumable(ns, out):
+    """tune stopped early (interrupted, a launch of the final A/B that failed, the link lost) with its
+    log written: the error's sentence names the exact command that goes on from it."""
+    from tuitune.target.control import ControlError
+    from tuitune.target.errors import TransportError
+
+    try:
+        yield
+    except (CliError, ControlError, TransportError) as e:
+        if (isinstance(e, CliError) and e.code not in (130, 143)) or not (out / "tune.jsonl").exists():
+            raise  # bad usage, or nothing logged yet: nothing to resume
+        argv = list(getattr(ns, "argv", None) or ["tune", ns.preset, "--budget", str(ns.budget), "--out", str(out)])
+        again = shlex.join(["tuitune", *argv, *([] if "--resume" in argv else ["--resume"])])
+        err = CliError(
+            f"{e}; the run is logged in {out / 'tune.jsonl'}: `{again}` goes on from it", getattr(e, "code", 1)
+        )
+        err.log_tail = getattr(e, "log_tail", None)  # type: ignore[attr-defined]
+        raise err from None
 
 
 PARSERS = {

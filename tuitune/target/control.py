@@ -158,6 +158,7 @@ class ServerRecord:
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     cause: str | None = None  # why it exited, as the watcher that saw it die found it
+    ready_s: float | None = None  # how long it took to become ready (how long a launch of it takes)
 
     @property
     def pgid(self) -> int:
@@ -1163,6 +1164,8 @@ class ServerControl:
                     raise ControlError(
                         f"{res.message or 'server did not become ready'}; {self.cleanup}", 1, res.log_tail
                     )
+                rec.ready_s = round(res.elapsed_s, 2)  # kept: what the next launch of it may take
+                await self.write_state(rec)
                 return rec, res
         finally:
             self.deadline = None
