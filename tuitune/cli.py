@@ -59,7 +59,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 CORE_ERRORS: tuple[tuple[str, str, int | None], ...] = (
     ("tuitune.preset.model", "PresetError", 2),
     ("tuitune.target.control", "ControlError", None),  # with the server log's last lines
-    ("tuitune.target.transport", "TransportError", 1),
+    ("tuitune.target.errors", "TransportError", 1),  # LinkLost too; `trust` never loads the transport
     ("tuitune.target.gpus", "GpusError", 1),
     ("tuitune.measure.smi", "SmiParseError", 2),
     ("tuitune.measure.capture", "CaptureError", None),
@@ -107,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tuitune",
         usage=MAIN_USAGE,
-        description="Live-profile and tune speculative-decoding LLM servers (SGLang EAGLE-3) over SSH.",
+        description="Live-profile and tune speculative-decoding LLM servers (SGLang and vLLM: EAGLE-3, "
+        "n-gram, …) over SSH.",
         epilog="commands:\n"
         + "\n".join(f"  {n:<12} {h}" for n, (h, _) in COMMANDS.items())
         + "\n\nRun `tuitune COMMAND --help` for a command's options.",
@@ -194,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             ns = build_command_parser(argv[0]).parse_args(argv[1:])
         else:
             ns = build_main_parser().parse_args(argv)
+        ns.argv = argv  # as typed: a command that stops early names the one that resumes it
         return int(ns.run(ns) or 0)
     except KeyboardInterrupt:
         print("tuitune: interrupted", file=sys.stderr)

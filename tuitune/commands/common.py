@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from itertools import chain
 
 from tuitune.base import jsonl
@@ -127,6 +127,19 @@ def run_async(coro, what: str | None = None, cleanup: Callable[[], str | None] =
     return asyncio.run(main())
 
 
+def run_experiment(what: str, experiment: Callable[[Callable[[str], None]], Coroutine]):
+    """Run an experiment (ab, sweep, crossover, tune): ``experiment(on_cleanup)`` makes its coroutine;
+    interrupted, it stops the server it started and hands the sentence to ``on_cleanup``, which ends
+    the command's one line ("sweep interrupted by SIGINT; the server it started (…) was stopped")."""
+    said: list[str] = []
+    return run_async(experiment(said.append), what, lambda: "; ".join(said))
+
+
+def say(msg: str) -> None:
+    """An experiment's progress, on stdout as it happens."""
+    print(msg, flush=True)
+
+
 # ---- the target ---------------------------------------------------------------------------------
 
 
@@ -137,13 +150,24 @@ def link_printer(state: str, attempt: int, detail: str | None) -> None:
         print(f"tuitune: link lost for good: {detail}", file=sys.stderr)
 
 
+def connecting_printer(label: str, limit_s: float) -> None:
+    print(f"tuitune: connecting to {label}… (gives up after {limit_s:g} s)", file=sys.stderr, flush=True)
+
+
+def watch_link(transport):
+    """A transport whose slow first connection and link losses are said on stderr."""
+    transport.on_link = link_printer
+    transport.on_connecting = connecting_printer
+    return transport
+
+
 def with_control(preset):
-    """The preset's transport (link losses said on stderr) and its server's control."""
+    """The preset's transport (a slow connection and link losses said on stderr) and its server's
+    control."""
     from tuitune.target.cluster import control_for
     from tuitune.target.transport import for_preset
 
-    t = for_preset(preset)
-    t.on_link = link_printer
+    t = watch_link(for_preset(preset))
     return t, control_for(t, preset)
 
 

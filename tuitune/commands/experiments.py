@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
+import shlex
 import sys
 
 from tuitune.commands.common import (
@@ -15,6 +17,8 @@ from tuitune.commands.common import (
     load_preset,
     overrides,
     run_async,
+    run_experiment,
+    say,
     with_control,
     write_json,
 )
@@ -122,7 +126,7 @@ def cmd_ab(ns) -> int:
             raise CliError(str(e), 2) from None
     t, _ = with_control(a)
 
-    async def go():
+    async def go(on_cleanup):
         return await run_ab(
             t,
             a,
@@ -131,15 +135,16 @@ def cmd_ab(ns) -> int:
             ov,
             ns.min_effect,
             ns.timeout,
-            progress=lambda msg: print(msg, flush=True),
+            progress=say,
             allow_any=ns.any,
             spread=spread,
             spread_source=source,
             judge=not ns.no_verdict,
             max_rounds=last,
+            on_cleanup=on_cleanup,
         )
 
-    result = run_async(guarded(go, t))
+    result = run_experiment("ab", lambda on_cleanup: guarded(lambda: go(on_cleanup), t))
     print(format_ab(result))
     if ns.json:
         write_json(ns.json, result)
@@ -172,10 +177,11 @@ def cmd_crossover(ns) -> int:
         raise CliError(f"--plot {ns.plot}: the file must end in .png or .svg", 2)
     ov = overrides(ns, level=levels[0])
     ov.pop("concurrency", None)
-    result = run_async(
-        crossover(
-            p, sorted(levels), ov, rounds=ns.rounds, min_effect=ns.min_effect, progress=lambda m: print(m, flush=True)
-        )
+    result = run_experiment(
+        "crossover",
+        lambda on_cleanup: crossover(
+            p, sorted(levels), ov, rounds=ns.rounds, min_effect=ns.min_effect, progress=say, on_cleanup=on_cleanup
+        ),
     )
     print()
     print(format_result(result))
@@ -305,8 +311,9 @@ def cmd_sweep(ns) -> int:
     baseline = load_preset(ns.baseline) if ns.baseline else None
     if ns.repeats < 1 or ns.baseline_every < 0:
         raise CliError("--repeats must be at least 1 and --baseline-every at least 0", 2)
-    result = run_async(
-        sweep(
+    result = run_experiment(
+        "sweep",
+        lambda on_cleanup: sweep(
             base,
             G.parse(ns.grid),
             Path(ns.out),
@@ -315,8 +322,9 @@ def cmd_sweep(ns) -> int:
             baseline_every=ns.baseline_every,
             resume=ns.resume,
             overrides=overrides(ns),
-            progress=lambda m: print(m, flush=True),
-        )
+            progress=say,
+            on_cleanup=on_cleanup,
+        ),
     )
     print()
     print(format_table(result))
@@ -382,7 +390,7 @@ def tune_args(p: argparse.ArgumentParser) -> None:
 def cmd_tune(ns) -> int:
     from pathlib import Path
 
-    from tuitune.experiments.tune import format_result, tune
+    from tuitune.experiments.tune import format_result
 
     base = load_preset(ns.preset)
     if ns.budget < 0:
@@ -399,8 +407,23 @@ def cmd_tune(ns) -> int:
     levels = int_list(ns.levels, "--levels") if ns.levels else None
     ns.concurrency, ns.api = None, None
     ov = overrides(ns)
-    result = run_async(
-        tune(
+    with _resumable(ns, Path(ns.out)):
+        result = _tune(ns, base, conc, levels, ov)
+    print()
+    print(format_result(result))
+    if ns.json:
+        write_json(ns.json, result)
+    return 0 if result["verdict"].get("verdict") != "not comparable" else 1
+
+
+def _tune(ns, base, conc: int, levels: list[int] | None, ov: dict) -> dict:
+    from pathlib import Path
+
+    from tuitune.experiments.tune import tune
+
+    return run_experiment(
+        "tune",
+        lambda on_cleanup: tune(
             base,
             ns.budget,
             conc,
@@ -415,14 +438,31 @@ def cmd_tune(ns) -> int:
             nccl_backend=ns.nccl_backend,
             nccl_grid=ns.nccl_grid,
             hidden_size=ns.hidden_size,
-            progress=lambda m: print(m, flush=True),
-        )
+            progress=say,
+            on_cleanup=on_cleanup,
+        ),
     )
-    print()
-    print(format_result(result))
-    if ns.json:
-        write_json(ns.json, result)
-    return 0 if result["verdict"].get("verdict") != "not comparable" else 1
+
+
+@contextlib.contextmanager
+def _resumable(ns, out):
+    """tune stopped early (interrupted, a launch of the final A/B that failed, the link lost) with its
+    log written: the error's sentence names the exact command that goes on from it."""
+    from tuitune.target.control import ControlError
+    from tuitune.target.errors import TransportError
+
+    try:
+        yield
+    except (CliError, ControlError, TransportError) as e:
+        if (isinstance(e, CliError) and e.code not in (130, 143)) or not (out / "tune.jsonl").exists():
+            raise  # bad usage, or nothing logged yet: nothing to resume
+        argv = list(getattr(ns, "argv", None) or ["tune", ns.preset, "--budget", str(ns.budget), "--out", str(out)])
+        again = shlex.join(["tuitune", *argv, *([] if "--resume" in argv else ["--resume"])])
+        err = CliError(
+            f"{e}; the run is logged in {out / 'tune.jsonl'}: `{again}` goes on from it", getattr(e, "code", 1)
+        )
+        err.log_tail = getattr(e, "log_tail", None)  # type: ignore[attr-defined]
+        raise err from None
 
 
 PARSERS = {

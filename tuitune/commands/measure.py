@@ -13,13 +13,13 @@ from tuitune.commands.common import (
     any_arg,
     bench_flags,
     guarded,
-    link_printer,
     load_preset,
     open_lines,
     overrides,
     print_json,
     print_warnings,
     run_async,
+    watch_link,
     with_control,
     write_json,
 )
@@ -152,7 +152,7 @@ def cmd_bench(ns) -> int:
     from tuitune.target.session import Session
 
     session = Session(p)
-    session.transport.on_link = link_printer
+    watch_link(session.transport)
 
     async def go():
         st = await session.connect()  # follows the server's log: the batch sizes it reports

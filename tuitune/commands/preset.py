@@ -25,7 +25,7 @@ def preset_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("presets", nargs="*", help="names or files (default: every preset `preset list` shows)")
     s.add_argument("--json", action="store_true", help="one result per preset: ok, hash, warnings or error")
     s.set_defaults(run=cmd_preset_validate)
-    s = sub.add_parser("diff", help="changed keys between two presets")
+    s = sub.add_parser("diff", help="changed keys between two presets; exit 0 the same, 1 they differ (as diff)")
     s.add_argument("a")
     s.add_argument("b")
     s.add_argument("--json", action="store_true")
@@ -168,7 +168,7 @@ def cmd_preset_diff(ns) -> int:
                 for ra, rb, note in [redact.pair(k, va, vb)]
             ]
         )
-        return 0
+        return 1 if changes else 0
     if not changes:
         print(f"{a.name} and {b.name} launch the same server")
         return 0
@@ -177,7 +177,7 @@ def cmd_preset_diff(ns) -> int:
     for k, va, vb in changes:
         va, vb, note = redact.pair(k, va, vb)
         print(f"{k:<{width}}  {_fmt(va)} -> {_fmt(vb)}{note}")
-    return 0
+    return 1  # as diff(1): 0 the same, 1 they differ, 2 trouble
 
 
 def cmd_preset_lint(ns) -> int:

@@ -214,6 +214,12 @@ def trust_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--user")
     p.add_argument("--known-hosts", help="file to append to (default: the preset's, else ~/.ssh/known_hosts)")
     p.add_argument("--yes", action="store_true", help="do not ask (for scripts)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="seconds each host may take to answer (default: its ConnectTimeout in ~/.ssh/config, else 15)",
+    )
     p.set_defaults(run=cmd_trust)
 
 
@@ -242,7 +248,9 @@ def cmd_trust(ns) -> int:
             raise CliError("not a terminal: pass --yes to trust without asking", 2)
         return input(f"  trust it as {hop.known_hosts_name}? [y/N] ").strip().lower() in ("y", "yes")
 
-    if not run_async(trust_route(_trust_target(ns), confirm, print)):
+    if ns.timeout is not None and ns.timeout <= 0:
+        raise CliError(f"--timeout must be more than 0 seconds (got {ns.timeout:g})", 2)
+    if not run_async(trust_route(_trust_target(ns), confirm, print, ns.timeout)):
         print("not trusted")
         return 1
     return 0

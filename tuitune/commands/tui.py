@@ -63,10 +63,49 @@ def cmd_demo(ns) -> int:
         preset = P.with_changes(
             preset, {"server.port": ns.port, "server.log": f"~/.cache/tuitune/logs/{name}-{ns.port}.log"}
         )
+    _demo_port_check(preset)
     # the demo owns the simulator it starts: quitting stops it unless asked otherwise
     return _run_tui(
         Session(preset), autostart="launch-if-stopped", load_on_start=True, preset_path=path, stop_on_quit=True
     )
+
+
+def _demo_port_check(preset) -> None:
+    """The demo's port held by a program the demo did not start: one sentence that names ``--port``
+    (with a free port) before the TUI opens, not a refusal inside it. Its own server: attached."""
+    import socket
+
+    from tuitune.target.control import ServerControl
+    from tuitune.target.transport import LocalTransport
+
+    port = preset.server.port
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        if s.connect_ex(("127.0.0.1", port)) != 0:
+            return  # nothing listens
+    control = ServerControl(LocalTransport(), preset)
+    st = run_async(control.status())
+    if st.running and control.foreign(st.record) is None:
+        return
+    raise CliError(
+        f"port {port} is in use by a program the demo did not start; "
+        f"run the demo on a free port: `tuitune demo --port {_free_port(port)}`",
+        2,
+    )
+
+
+def _free_port(near: int) -> int:
+    """A port that is free now: the first after ``near``, else one the system picks."""
+    import socket
+
+    for port in [*range(near + 1, min(near + 100, 65536)), 0]:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    return near + 1
 
 
 def cmd_tui(ns) -> int:

@@ -47,6 +47,7 @@ CAUSE_ORDER = (
     "oom",
     "nccl",
     "bad_argument",
+    "hub_unreachable",
     "model_not_found",
     "port_in_use",
     "engine_died",
@@ -58,6 +59,7 @@ CAUSE_TEXT = {
     "oom": "out of memory",
     "nccl": "NCCL error",
     "bad_argument": "bad argument",
+    "hub_unreachable": "the model is not a directory, and the Hub is unreachable",
     "model_not_found": "model not found",
     "port_in_use": "port in use",
     "engine_died": "an engine process died",
@@ -72,6 +74,16 @@ HF_ERRORS = (
     # a local path that does not exist reads as a malformed repo id (huggingface_hub's validator;
     # what vLLM 0.32's CPU build printed for a missing model directory)
     ("Repo id must be in the form", "model_not_found"),
+    # a model that is no directory, fetched from a Hub that does not answer: the HTTP client's
+    # connect error (httpx / httpcore: a name that does not resolve, a refused or silent host;
+    # requests: its pool's), or huggingface_hub's and transformers' words for it
+    ("ConnectError: ", "hub_unreachable"),
+    ("ConnectTimeout: ", "hub_unreachable"),
+    ("ConnectionError: HTTPSConnectionPool(", "hub_unreachable"),
+    ("ConnectionError: HTTPConnectionPool(", "hub_unreachable"),
+    ("We couldn't connect to '", "hub_unreachable"),
+    ("LocalEntryNotFoundError", "hub_unreachable"),
+    ("OfflineModeIsEnabled", "hub_unreachable"),
 )
 MAX_STEPS = 8  # the longest draft chain advise and tune consider
 

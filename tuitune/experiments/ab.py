@@ -33,7 +33,7 @@ from tuitune.measure import stats
 from tuitune.measure.bench import BenchConfig, run_bench
 from tuitune.preset import Preset
 from tuitune.target import telemetry
-from tuitune.target.cluster import controlling
+from tuitune.target.cluster import controlling, stop_started
 from tuitune.target.transport import Transport
 
 ALPHA = 0.05  # stats.compare's significance level
@@ -222,11 +222,27 @@ async def bench_launch(
     listeners: list | None = None,
     allowed: set[str] | None = None,
     allow_any: bool = False,
+    running: list[Preset] | None = None,
+    on_cleanup: Callable[[str], None] | None = None,
 ) -> dict:
     """Relaunch ``p`` (replacing only a server of a preset in ``allowed``), bench it, return one
-    launch's row (``listeners``: where telemetry is handed)."""
+    launch's row (``listeners``: where telemetry is handed). ``running``: ``p`` is put there once
+    its server is started (one running at a time: the A/B's clean-up stops it); a relaunch cut
+    short stops its half-started server itself and says so to ``on_cleanup``."""
+
+    async def started(_rec) -> None:
+        if running is not None:
+            running[:] = [p]
+
     async with controlling(t, p) as control:
-        rec, ready = await control.relaunch(timeout_s, allowed=allowed, allow_any=allow_any)
+        try:
+            rec, ready = await control.relaunch(timeout_s, allowed=allowed, allow_any=allow_any, after_start=started)
+        except asyncio.CancelledError:
+            if running is not None:
+                running.clear()
+            if control.cleanup and on_cleanup is not None:
+                on_cleanup(control.cleanup)
+            raise
         assert ready is not None  # it waited: ready, or an error was raised
     port = await t.forward_port(p.server.port)
     watch = telemetry.RunWatch()
@@ -389,6 +405,7 @@ async def run_ab(
     spread_source: str = "",
     judge: bool = True,
     max_rounds: int | None = None,
+    on_cleanup: Callable[[str], None] | None = None,
 ) -> dict:
     """``rounds`` launches per arm, interleaved; with ``max_rounds`` above ``rounds`` a sequential
     A/B: after round ``rounds`` and every round after it, a look (``stats.decide`` with the design's
@@ -399,7 +416,10 @@ async def run_ab(
 
     ``spread``: the launch-to-launch spread measured before (``spread_source`` says where);
     without it the stated prior PRIOR_SPREAD. Either way the A/B says, before it relaunches, the
-    smallest effect it can detect with its rounds; after, the same from the spread it measured."""
+    smallest effect it can detect with its rounds; after, the same from the spread it measured.
+
+    Interrupted (Ctrl-C, SIGTERM), it stops the arm's server it started, as a completed A/B stops
+    its last, and says so to ``on_cleanup``."""
     last = max(rounds, max_rounds or rounds)
     if last > MAX_ROUNDS:
         raise RoundsError(f"--max-rounds {last} is more than {MAX_ROUNDS}, the most a sequential A/B plans")
@@ -442,17 +462,21 @@ async def run_ab(
         else None
     )
     task = asyncio.ensure_future(gpus.run()) if gpus else None
+    running: list[Preset] = []  # the arm whose server this A/B started and has not stopped yet
     try:
         for r in range(1, last + 1):
             for arm, p in (("A", a), ("B", b)):
                 if progress:
                     progress(f"round {r}/{last}: launching {arm} ({p.name})")
-                row = await bench_launch(t, p, overrides, timeout_s, listeners, allowed, allow_any and not launches)
+                row = await bench_launch(
+                    t, p, overrides, timeout_s, listeners, allowed, allow_any and not launches, running, on_cleanup
+                )
                 row["round"], row["arm"] = r, arm
                 launches.append(row)
                 if a.server.port != b.server.port:  # one server at a time, or the arms share the GPUs
                     async with controlling(t, p) as control:
                         await control.stop()
+                    running.clear()
                 if progress:
                     progress(
                         f"  {p.name}: {row['median_tok_s']:.2f} tok/s median"
@@ -472,6 +496,13 @@ async def run_ab(
                 stopped = stop_reason(v, r, last)
                 if r < last and not stopped.startswith("undecided"):
                     break
+    except asyncio.CancelledError:
+        for p in running:
+            async with controlling(t, p) as control:
+                said = await stop_started(control, p.name)
+            if said and on_cleanup is not None:
+                on_cleanup(said)
+        raise
     finally:
         await telemetry.stop(gpus, task)
     if stop_at_end:

@@ -10,6 +10,7 @@ first level where speculation is significantly slower.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -127,7 +128,10 @@ async def crossover(
     min_effect: float = 0.02,
     progress: Callable[[str], None] | None = None,
     session: Session | None = None,
+    on_cleanup: Callable[[str], None] | None = None,
 ) -> dict:
+    """Both arms at every level, interleaved. Interrupted (Ctrl-C, SIGTERM), it stops the server it
+    started and says so to ``on_cleanup``."""
     if not preset.is_speculative:
         raise CrossoverError(f"{preset.name} has no speculation to turn off (speculative.algorithm is unset)")
     arms = {"on": preset, "off": twin(preset)}
@@ -155,6 +159,9 @@ async def crossover(
 
             await bench_levels(session, group, overrides, label=label, on_run=done)
         await session.stop_server()
+    except asyncio.CancelledError:
+        await session.stop_started(on_cleanup)
+        raise
     finally:
         await session.close()
     return summarize(preset, levels, runs, min_effect)

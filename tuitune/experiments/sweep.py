@@ -9,6 +9,7 @@ a drifting baseline instead of as a false winner. Every finished trial is append
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import hashlib
 import time
@@ -212,7 +213,10 @@ async def sweep(
     overrides: dict | None = None,
     progress: Callable[[str], None] | None = None,
     session: Session | None = None,
+    on_cleanup: Callable[[str], None] | None = None,
 ) -> dict:
+    """Every trial of the plan, appended to OUT as it ends. Interrupted (Ctrl-C, SIGTERM), it stops
+    the server it started and says so to ``on_cleanup``; ``--resume`` goes on from the trials done."""
     baseline = baseline or base
     if (baseline.target.label(), baseline.server.port) != (base.target.label(), base.server.port):
         raise SweepError(f"baseline {baseline.name} must run on the same target and port as {base.name}")
@@ -251,6 +255,9 @@ async def sweep(
                 else:
                     progress(f"    {row['status']}: {row.get('reason')}")
         await session.stop_server()
+    except asyncio.CancelledError:
+        await session.stop_started(on_cleanup)
+        raise
     finally:
         await session.close()
     real = {t["id"]: t["changes"] for t in trials}  # results.jsonl holds secrets masked; best.yaml needs them

@@ -552,7 +552,10 @@ async def tune(
     hidden_size: int | None = None,
     progress: Callable[[str], None] | None = None,
     session=None,
+    on_cleanup: Callable[[str], None] | None = None,
 ) -> dict:
+    """The search, then the final A/B. Interrupted (Ctrl-C, SIGTERM), it stops the server it started
+    (the search's or the A/B's) and says so to ``on_cleanup``; ``--resume`` goes on from its log."""
     from tuitune.experiments.ab import rounds_refusal, run_ab
     from tuitune.target.session import Session
 
@@ -576,6 +579,9 @@ async def tune(
     session = session or Session(base)
     await session.connect()
     original = base
+    if progress:
+        last_ab = (max(ab_rounds, ab_max_rounds or ab_rounds) if ab_judge else ab_rounds) if ab_rounds else 0
+        progress(plan_line(base, budget, last_ab, rows, session.record))
     try:
         screen = next((r for r in rows if r.get("kind") == "nccl"), None)
         if nccl and screen is None:
@@ -660,7 +666,8 @@ async def tune(
         source.count = sum(1 for r in rows if r.get("kind") == "launch")
 
         def on_step(st: Step, ln: Launch) -> None:
-            _append(out, {**st.to_dict(), "capture": ln.label, "env": env_label})
+            ready = session.last_ready.elapsed_s if session.last_ready is not None and not ln.failure else None
+            _append(out, {**st.to_dict(), "capture": ln.label, "env": env_label, "ready_s": ready})
 
         describe = base.engine.config_label
         result = await tune_loop(
@@ -691,12 +698,13 @@ async def tune(
         }
         if result.advice is not None:
             summary["advice"] = result.advice.to_dict(full=False)
+        summary["chosen_why"] = choice_reason(result, describe)
         start_preset = preset_for(original, start, source.spec)
         chosen_preset = source.preset(result.chosen)
         if chosen_preset.hash() == start_preset.hash():
             summary["verdict"] = {
                 "verdict": "start is already best",
-                "reason": f"no configuration measured faster than {describe(start)}",
+                "reason": summary["chosen_why"],
             }
             await session.stop_server()  # as the A/B (and sweep) do: the search's last server goes
         elif not ab_rounds:
@@ -720,6 +728,7 @@ async def tune(
             last = max(ab_rounds, ab_max_rounds or ab_rounds) if ab_judge else ab_rounds
             spread, spread_source = ab_spread(result.launches, concurrency, load_log(out), [start_preset, b])
             if progress:
+                progress(f"chosen: {summary['chosen_label']}: {summary['chosen_why']}")
                 progress(
                     f"A/B: {start_preset.name} ({describe(start)}) vs {summary['chosen_label']}, "
                     + (
@@ -746,6 +755,7 @@ async def tune(
                 spread=spread,
                 spread_source=spread_source,
                 max_rounds=last,
+                on_cleanup=on_cleanup,
             )
             summary["ab"] = ab
             v = ab["verdict"]
@@ -754,8 +764,69 @@ async def tune(
                 summary["best_preset"] = str(P.save(b, out / "best.yaml"))
         _append(out, summary)
         return summary
+    except asyncio.CancelledError:
+        await session.stop_started(on_cleanup)  # (the A/B stopped its own arm: nothing left then)
+        raise
     finally:
         await session.close()
+
+
+def plan_line(base: P.Preset, budget: int, ab_last: int, rows: list[dict], running=None) -> str:
+    """What tune is about to spend, said before its first launch: how many launches at the most (the
+    search's, those of an earlier run of this log counted, and the final A/B's maximum) and roughly
+    how long, from the last launch of this preset it knows of (this log's, or the running server's
+    record); else that it does not know."""
+    done = [r for r in rows if r.get("kind") == "launch"]
+    search = max(0, 1 + budget - len(done))
+    total = search + 2 * ab_last
+    parts = [f"up to {search} for the search (the start and up to {budget} relaunch(es)"]
+    parts[0] += f"; {len(done)} done before)" if done else ")"
+    parts.append(f"up to {2 * ab_last} for the final A/B ({ab_last} round(s) per arm at most)" if ab_last else "no A/B")
+    readies = [r["ready_s"] for r in done if isinstance(r.get("ready_s"), (int, float))]
+    if readies:
+        ready, whence = readies[-1], "its last launch in this log"
+    elif running is not None and running.ready_s and running.preset == base.name:
+        ready, whence = running.ready_s, f"the running server of {base.name}"
+    else:
+        ready = None
+    if ready is None:
+        took = f"how long each takes is unknown (no launch of {base.name} recorded yet)"
+    else:
+        took = (
+            f"each takes about {_duration(ready)} to become ready ({whence}) plus its benchmarks: "
+            f"{_duration(total * ready)} of start-up alone"
+        )
+    return f"tune: up to {total} launch(es): {', '.join(parts)}; {took}"
+
+
+def _duration(s: float) -> str:
+    if s >= 5400:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 60:.0f} min" if s >= 90 else (f"{s:.0f} s" if s >= 10 else f"{s:.1f} s")
+
+
+def choice_reason(result: TuneResult, describe: Callable[[Config], str] = lambda c: c.label) -> str:
+    """Why the search's answer is the configuration it is (what the A/B then proves): the best
+    measured goodput at the target concurrency, why it was launched; or, when another measured a
+    hair more, that the tie within the noise goes to the simpler one."""
+    c = result.concurrency
+    measured = result.measured()
+    chosen, got = result.chosen, measured.get(result.chosen)
+    top = max(measured, key=lambda k: measured[k]) if measured else chosen
+    if got is None:
+        return f"{describe(chosen)} measured nothing at concurrency {c}"
+    start = measured.get(result.start)
+    said = f"measured {got:.1f} tok/s at concurrency {c}"
+    if start and chosen != result.start:
+        said += f" ({got / start - 1:+.1%} on the start's {start:.1f})"
+    launched = next((st.reason for st in result.steps if st.config == chosen), None)
+    if top == chosen:
+        return f"the best measured: {said}" + (f"; launched as {launched}" if launched else "")
+    return (
+        f"{said}; not the best measured ({describe(top)}, {measured[top]:.1f} tok/s), but within "
+        f"{NOISE / 4:.1%} of it and simpler (fewer steps, a smaller tree): a tie inside the noise goes to "
+        "the simpler configuration"
+    )
 
 
 def ab_spread(launches: list[Launch], concurrency: int, rows: list[dict], presets: list) -> tuple[float | None, str]:
@@ -820,6 +891,8 @@ def format_result(r: dict) -> str:
         lines.append(f"  {label:<32} {g:>10.1f} tok/s measured")
     for label, why in (r.get("failed") or {}).items():
         lines.append(f"  {label:<32} did not start: {why}")
+    if r.get("chosen_why") and r["verdict"].get("verdict") != "start is already best":
+        lines.append(f"chosen: {r['chosen_label']}: {r['chosen_why']}")
     v = r["verdict"]
     if v.get("verdict") == "start is already best":
         lines.append(f"verdict: the start is already best ({v['reason']})")

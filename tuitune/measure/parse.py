@@ -227,7 +227,9 @@ def _error(line: str, category: str, message: str, at: int = 0) -> ServerError:
     return ServerError(category, message.strip()[:500], ts, rank)
 
 
-_ERROR_HINTS = ("rror", "raceback", "out of memory", "ailed", "in use", "died", "crashed")  # what every failure line below holds
+# what every failure line below holds (ConnectTimeout: an HTTP client's, httpx's, for a silent Hub;
+# crashed: SGLang's words for a scheduler that died)
+_ERROR_HINTS = ("rror", "raceback", "out of memory", "ailed", "in use", "died", "ConnectTimeout", "crashed")
 
 
 def _errorish(line: str) -> Event | None:

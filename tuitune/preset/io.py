@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from tuitune.preset.model import Preset, PresetError
 
@@ -33,6 +33,37 @@ def _yaml_type(v: Any) -> str:
     }.get(type(v), type(v).__name__)
 
 
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The section model a field holds, also inside ``| None`` and lists (``target.nodes``)."""
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for t in typing.get_args(annotation):
+        if (m := _model_in(t)) is not None:
+            return m
+    return None
+
+
+def near_key(loc: tuple | list) -> str | None:
+    """The key of that section closest to the unknown last one of ``loc`` (``speculative.num_step``
+    -> ``num_steps``), when one is close enough to be a typo; list indices are skipped."""
+    import difflib
+
+    node: type[BaseModel] | None = Preset
+    for part in loc[:-1]:
+        if isinstance(part, int) or (isinstance(part, str) and part.isdigit()):
+            continue
+        field = node.model_fields.get(part) if node is not None else None
+        if field is None:
+            return None
+        node = _model_in(field.annotation)
+    if node is None:
+        return None
+    close = difflib.get_close_matches(str(loc[-1]), list(node.model_fields), n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
 def _format_error(source: str, err: ValidationError) -> str:
     e = err.errors()[0]
     parts = e["loc"]
@@ -46,7 +77,9 @@ def _format_error(source: str, err: ValidationError) -> str:
     if e["type"] in ("model_type", "dict_type"):
         return f"{source}: {loc}: expected a mapping (a YAML section of keys), not {_yaml_type(e.get('input'))}"
     if e["type"] == "extra_forbidden":
-        return f"{source}: {loc}: unknown key (allowed keys are listed by `tuitune preset schema`)"
+        near = near_key(parts)
+        hint = f"; did you mean {near}?" if near else ""
+        return f"{source}: {loc}: unknown key{hint} (allowed keys are listed by `tuitune preset schema`)"
     if e["type"] == "missing":
         return f"{source}: {loc}: required key is missing"
     if loc == "env" and ": " in msg:

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tuitune.preset.io import from_dict
+from tuitune.preset.io import from_dict, near_key
 from tuitune.preset.model import Preset, PresetError
 
 
@@ -36,8 +36,11 @@ def check_key(key: str) -> None:
             return
         field = node.model_fields.get(part)
         if field is None or not part:
+            near = near_key(parts[: i + 1])
             raise PresetError(
-                f"{key}: unknown key {'.'.join(parts[: i + 1])} (allowed keys are listed by `tuitune preset schema`)"
+                f"{key}: unknown key {'.'.join(parts[: i + 1])}"
+                + (f"; did you mean {'.'.join([*parts[:i], near])}?" if near else "")
+                + " (allowed keys are listed by `tuitune preset schema`)"
             )
         node = _section(field.annotation)
 

@@ -70,6 +70,21 @@ async def controlling(
         await c.close()
 
 
+async def stop_started(control: Controller, name: str) -> str | None:
+    """What an interrupted experiment does with a server it started (``control``'s, of the preset
+    called ``name``): stop it, in a sentence for the interruption's message; None when none runs
+    (a relaunch cut short stops its half-started server itself). Never raises a failure to stop:
+    says it, with the command that stops the server."""
+    try:
+        st = await control.status()
+        if not st.running or st.record is None:
+            return None
+        await control.stop()
+    except (ControlError, TransportError) as e:
+        return f"stopping the server it started ({name}) failed ({e}); `tuitune stop {name}` stops it"
+    return f"the server it started ({name}, pid {st.record.pid}) was stopped"
+
+
 class ClusterControl:
     def __init__(
         self,

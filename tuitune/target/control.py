@@ -158,6 +158,7 @@ class ServerRecord:
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     cause: str | None = None  # why it exited, as the watcher that saw it die found it
+    ready_s: float | None = None  # how long it took to become ready (how long a launch of it takes)
 
     @property
     def pgid(self) -> int:
@@ -311,10 +312,27 @@ def compute_drift(preset: P.Preset, argv: list[str], environ: dict[str, str]) ->
     return drift
 
 
-def _is_local_path(v: str) -> bool:
-    """A model reference the engine reads from disk, not a Hugging Face repo id (``name`` or
-    ``org/name``): what Hugging Face itself would reject as an id once it is not a directory."""
-    return v.startswith(("/", "~/", "./", "../")) or v in ("~", ".", "..") or v.count("/") > 1
+# a Hugging Face repo id as huggingface_hub validates one: ``name`` or ``org/name``, letters, digits,
+# "-", "_", "." (no "--" or ".."; neither end "-" or "."), 96 characters at most
+_HUB_ID = re.compile(r"(?!.*(--|\.\.))[A-Za-z0-9_](?:[\w.-]{0,94}[\w])?(?:/[A-Za-z0-9_](?:[\w.-]{0,94}[\w])?)?")
+
+
+def _hub_shaped(v: str) -> bool:
+    """A model reference the engine may fetch from the Hub (``name`` or ``org/name``, a valid id),
+    not only read from disk: ``/…``, ``~/…``, ``./…`` and deeper paths are paths; anything that
+    huggingface_hub would reject as an id is one too, once it is not a directory."""
+    return _HUB_ID.fullmatch(v) is not None and v not in (".", "..")
+
+
+def _not_a_model(v: str) -> str | None:
+    """Why a model value cannot name a model at all (checked before asking the target), or None."""
+    if not v.strip():
+        return "is empty: give the model's directory on the target, or a Hugging Face id (org/name)"
+    if v.startswith("-"):
+        return "looks like a flag, not a model's directory or id"
+    if v != v.strip():
+        return "starts or ends with white space"
+    return None
 
 
 def classify(errors: list[ServerError]) -> tuple[str, str] | None:
@@ -762,39 +780,64 @@ class ServerControl:
                     2,
                 )
 
-    def local_paths(self) -> list[tuple[str, str]]:
-        """(preset key, path) of the model and draft the server reads from the target's disk: a
-        value written as a path (``/…``, ``~/…``, ``./…``, or with more slashes than a Hugging
-        Face id ``org/name`` has); ids are left to the engine to fetch. None for the simulator,
-        which loads no weights."""
+    def model_paths(self) -> list[tuple[str, str]]:
+        """(preset key, value) of the model and draft the server loads: a directory on the target
+        (relative to server.workdir, else the home directory, as the launch runs), or a Hugging Face
+        id the engine fetches. None for the simulator, which loads no weights."""
         p = self.preset
         if p.server.module == P.SIM_MODULE:
             return []
-        out = [
-            (f"server.args.{k}", v)
-            for k in ("model-path", "model")
-            if isinstance(v := p.server.args.get(k), str) and _is_local_path(v)
-        ]
+        out = [(f"server.args.{k}", v) for k in ("model-path", "model") if isinstance(v := p.server.args.get(k), str)]
         draft = p.speculative.draft_model_path if p.speculative else None
-        if draft and _is_local_path(draft):
+        if draft is not None:
             out.append(("speculative.draft_model_path", draft))
         return out
 
     async def _check_paths(self) -> None:
-        """Refuse a model or draft path that does not exist on the target (the engine would
-        otherwise spend its start-up and end in a Hugging Face repo-id error)."""
-        paths = self.local_paths()
+        """Refuse a model or draft the engine cannot load, before it spends its start-up on it: an
+        empty value or one that reads as a flag; a path (``/…``, ``~/…``, ``./…``, more slashes
+        than an id) that is not on the target, or is a plain file (a .gguf excepted); and a value
+        shaped like a Hugging Face id (``name``, ``org/name``) that is no directory there, is not
+        in the Hub cache, and cannot be fetched (the Hub does not answer from the target)."""
+        paths = self.model_paths()
+        for key, v in paths:
+            if why := _not_a_model(v):
+                raise ControlError(f"{key} {v!r} {why}; refusing to launch", 2)
         if not paths:
             return
-        tests = "; ".join(f"[ -e {P.shell_path(v)} ] || echo {i}" for i, (_, v) in enumerate(paths))
-        where = f"cd -- {P.shell_path(self.preset.server.workdir or '~')} 2>/dev/null; "
-        r = await self.t.run(where + tests, timeout=30)
-        missing = [paths[int(x)] for x in r.stdout.split() if x.isdigit() and int(x) < len(paths)]
-        if missing:
-            key, path = missing[0]
+        specs = [("H:" if _hub_shaped(v) else "") + v for _, v in paths]
+        home = f"cd -- {P.shell_path(self.preset.server.workdir or '~')} 2>/dev/null; "
+        r = await self.t.run(home + self._as_server(self._remote("models", *specs)), timeout=self._limit(60))
+        try:
+            seen = json.loads(r.stdout.strip().splitlines()[-1])
+            kinds, hub = seen["paths"], seen["hub"]
+        except (ValueError, IndexError, KeyError, TypeError):
+            self.warnings.append(f"the model paths were not checked ({(r.stderr or r.stdout).strip()[-200:]})")
+            return
+        where = self.preset.server.workdir or "the home directory"
+        fetched = []  # what the engine would fetch from the Hub: said after what is wrong on disk
+        for (key, v), got in zip(paths, kinds, strict=False):
+            if got["kind"] == "file" and not v.endswith(".gguf"):
+                raise ControlError(
+                    f"{key} {v} is a file on {self.t.label}, not a directory: give the directory that "
+                    f"holds the model's config.json; refusing to launch",
+                    2,
+                )
+            if got["kind"] != "none" or got["cached"]:
+                continue
+            if not _hub_shaped(v):
+                raise ControlError(
+                    f"{key} {v} does not exist on {self.t.label}: give the local directory the "
+                    f"server loads (a Hugging Face id is written org/name); refusing to launch",
+                    2,
+                )
+            fetched.append((key, v))
+        if fetched and hub != "ok":
+            key, v = fetched[0]
             raise ControlError(
-                f"{key} {path} does not exist on {self.t.label}: give the local directory the "
-                f"server loads (a Hugging Face id is written org/name); refusing to launch",
+                f"{key} {v} is not a directory under {where} on {self.t.label}, and as a Hugging "
+                f"Face id it is not in the Hub cache and cannot be fetched: the Hub is unreachable "
+                f"from {self.t.label} ({hub}); give the model's directory; refusing to launch",
                 2,
             )
 
@@ -1152,6 +1195,8 @@ class ServerControl:
                     raise ControlError(
                         f"{res.message or 'server did not become ready'}; {self.cleanup}", 1, res.log_tail
                     )
+                rec.ready_s = round(res.elapsed_s, 2)  # kept: what the next launch of it may take
+                await self.write_state(rec)
                 return rec, res
         finally:
             self.deadline = None

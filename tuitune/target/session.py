@@ -35,7 +35,7 @@ from tuitune.measure.bench import BenchConfig, BenchRun, RequestResult, client_s
 from tuitune.measure.parse import parse_line
 from tuitune.measure.stream import EventStream, LoadState
 from tuitune.target import telemetry
-from tuitune.target.cluster import control_for
+from tuitune.target.cluster import control_for, stop_started
 from tuitune.target.control import (
     CAUSE_TEXT,
     ControlError,
@@ -89,6 +89,8 @@ class Session(EventStream):
         self.telemetry: telemetry.Collector | None = None
         self._telemetry_task: asyncio.Task | None = None
         self._relaunch_lock = asyncio.Lock()
+        self.launched = False  # a server this session started runs (stop_started: Ctrl-C's clean-up)
+        self.cleanup: str | None = None  # what a relaunch cut short did with its half-started server
 
     @property
     def label(self) -> str:
@@ -241,6 +243,7 @@ class Session(EventStream):
             async def after_start(rec) -> None:
                 old = self.control
                 self.preset, self.control, self.record = new, control, rec
+                self.launched = True
                 if old is not control:
                     await old.close()  # a multi-node control's links to its nodes; node 0's is the session's
                 self.store.clear()
@@ -261,6 +264,9 @@ class Session(EventStream):
                 self.last_ready = None
                 self._set_state("failed", detail=str(e))
                 raise
+            except asyncio.CancelledError:
+                self.cleanup = control.cleanup  # the half-started server, stopped by the relaunch
+                raise
             assert res is not None  # it waited: ready, or an error was raised
             self.last_ready = res
             self.running_preset = new
@@ -278,8 +284,24 @@ class Session(EventStream):
         await self.set_load(False)
         await self.stop_nodes()
         msg = await self.control.stop()
+        self.launched = False
         self._set_state("stopped", detail=msg)
         return msg
+
+    async def stop_started(self, say: Callable[[str], None] | None = None) -> None:
+        """An interrupted experiment's clean-up (Ctrl-C, SIGTERM): the server this session started is
+        stopped, a server it found running is left alone; what was done is handed to ``say`` in a
+        sentence (nothing when it started none, or none of it runs)."""
+        said = self.cleanup
+        if self.launched:
+            await self._unwatch()
+            await self.set_load(False)
+            await self.stop_nodes()
+            said = await stop_started(self.control, self.preset.name)
+            self.launched = False
+            self._set_state("stopped", detail=said)
+        if said and say is not None:
+            say(said)
 
     # ---- watching a ready server ------------------------------------------------------------
     async def _serve(self, from_end: bool = False) -> None:

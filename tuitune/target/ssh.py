@@ -17,6 +17,8 @@ from tuitune.target.errors import LinkLost, TransportError
 
 KEEPALIVE_INTERVAL = 15
 KEEPALIVE_COUNT = 3
+CONNECT_TIMEOUT_S = 20.0  # a hop's TCP connect and SSH handshake, unless ~/.ssh/config's ConnectTimeout says
+HOST_KEY_TIMEOUT_S = 15.0  # `tuitune trust`'s fetch of one host key (its --timeout)
 
 
 @dataclass
@@ -48,6 +50,7 @@ class SshHop:
     port: int
     user: str | None
     key_alias: str | None  # HostKeyAlias
+    connect_timeout: float | None = None  # ConnectTimeout (seconds), as OpenSSH reads it
 
     @property
     def known_hosts_name(self) -> str:
@@ -109,6 +112,7 @@ def ssh_route(target: SshTarget, _depth: int = 0) -> list[SshHop]:
         int(cfg.get("Port", 22) or 22),
         target.user or cfg.get("User"),
         cfg.get("HostKeyAlias"),
+        float(cfg.get("ConnectTimeout") or 0) or None,
     )
     jump = cfg.get("ProxyJump")
     hops: list[SshHop] = []
@@ -166,21 +170,32 @@ def _fingerprint(key) -> str:
     return f"{key.get_algorithm()} {key.get_fingerprint('sha256')}"
 
 
-async def fetch_host_key(hop: SshHop, tunnel=None):
+async def fetch_host_key(hop: SshHop, tunnel=None, timeout: float | None = None):
+    """The host key ``hop`` presents, within ``timeout`` seconds (its ConnectTimeout, else
+    ``HOST_KEY_TIMEOUT_S``), or one sentence on why not."""
     import asyncssh
 
+    limit = timeout or hop.connect_timeout or HOST_KEY_TIMEOUT_S
     try:
-        key = await asyncio.wait_for(asyncssh.get_server_host_key(hop.name, hop.port, tunnel=tunnel), 15)
+        key = await asyncio.wait_for(asyncssh.get_server_host_key(hop.name, hop.port, tunnel=tunnel), limit)
     except (TimeoutError, OSError, asyncssh.Error) as e:
-        raise TransportError(f"{hop.describe()}: cannot fetch its host key ({_reason(e)})") from None
+        raise TransportError(f"{hop.describe()}: cannot fetch its host key ({_reason(e, limit)})") from None
     if key is None:
         raise TransportError(f"{hop.describe()}: it presented no host key")
     return key
 
 
-def _reason(e: BaseException) -> str:
+def _reason(e: BaseException, timeout: float | None = None) -> str:
+    """Why a connection failed, in a few words: the three ways a host is out of reach said plainly
+    (refused, a name that does not resolve, no answer within ``timeout``), else the error's own."""
+    import errno
+
     if isinstance(e, asyncio.TimeoutError):
-        return "timed out"
+        return f"no answer within {timeout:g} s" if timeout else "timed out"
+    if isinstance(e, socket.gaierror):
+        return f"not a known host name: {e.strerror or e}"
+    if isinstance(e, ConnectionRefusedError) or getattr(e, "errno", None) == errno.ECONNREFUSED:
+        return "connection refused: nothing listens on that port"
     text = getattr(e, "reason", None) or getattr(e, "strerror", None) or str(e) or type(e).__name__
     return str(text).strip().rstrip(".")
 
@@ -191,12 +206,15 @@ async def connect_hop(
     known_hosts: Path,
     trust_hint: str,
     who: str,
-    connect_timeout: float = 20.0,
+    connect_timeout: float | None = None,
     client_keys: list[str] | None = None,
 ):
-    """One asyncssh connection to ``hop`` (through ``tunnel``, None for none), or one sentence."""
+    """One asyncssh connection to ``hop`` (through ``tunnel``, None for none), or one sentence.
+    ``connect_timeout``: the hop's own ConnectTimeout when it has one, else this, else
+    ``CONNECT_TIMEOUT_S``."""
     import asyncssh
 
+    connect_timeout = hop_timeout(hop, connect_timeout)
     opts: dict = {
         "keepalive_interval": KEEPALIVE_INTERVAL,
         "keepalive_count_max": KEEPALIVE_COUNT,
@@ -217,7 +235,12 @@ async def connect_hop(
     except asyncssh.PermissionDenied:
         raise TransportError(f"{who}: authentication failed (check user, identity_file or ssh-agent)") from None
     except (TimeoutError, OSError, asyncssh.Error) as e:
-        raise LinkLost(f"{who}: cannot connect ({_reason(e)})") from None
+        raise LinkLost(f"{who}: cannot connect ({_reason(e, connect_timeout)})") from None
+
+
+def hop_timeout(hop: SshHop, default: float | None = None) -> float:
+    """How long connecting to ``hop`` may take: its ConnectTimeout, else ``default``, else ours."""
+    return hop.connect_timeout or default or CONNECT_TIMEOUT_S
 
 
 async def _host_key_message(who: str, hop: SshHop, tunnel, path: Path, trust_hint: str) -> str:
@@ -238,10 +261,16 @@ async def _host_key_message(who: str, hop: SshHop, tunnel, path: Path, trust_hin
     )
 
 
-async def trust_route(target: SshTarget, confirm: Callable[[SshHop, object], bool], say: Callable[[str], None]) -> bool:
+async def trust_route(
+    target: SshTarget,
+    confirm: Callable[[SshHop, object], bool],
+    say: Callable[[str], None],
+    timeout: float | None = None,
+) -> bool:
     """``tuitune trust``: each hop's key (jump hosts first, fetched through the hops before it) is
     shown and, once ``confirm`` agrees, recorded under the name OpenSSH looks it up by. A recorded
-    key that differs is never replaced. True when every hop is trusted at the end."""
+    key that differs is never replaced. True when every hop is trusted at the end. ``timeout``:
+    seconds each hop may take to answer (None: its ConnectTimeout, else ``HOST_KEY_TIMEOUT_S``)."""
     path = _known_hosts_path(target)
     hops = ssh_route(target)
     conns: list = []
@@ -249,7 +278,7 @@ async def trust_route(target: SshTarget, confirm: Callable[[SshHop, object], boo
         for i, hop in enumerate(hops):
             last = i == len(hops) - 1
             tunnel = conns[-1] if conns else None
-            key = await fetch_host_key(hop, tunnel)
+            key = await fetch_host_key(hop, tunnel, timeout)
             say(f"{'' if last else 'jump host '}{hop.describe()} presents {_fingerprint(key)}")
             state = known_key_state(path, hop, key)
             if state == "changed":
@@ -270,7 +299,9 @@ async def trust_route(target: SshTarget, confirm: Callable[[SshHop, object], boo
                     f.write(trust_line(hop, key))
                 say(f"  added to {path} as {hop.known_hosts_name}")
             if not last:
-                conns.append(await connect_hop(hop, tunnel, path, "tuitune trust", f"jump host {hop.describe()}"))
+                conns.append(
+                    await connect_hop(hop, tunnel, path, "tuitune trust", f"jump host {hop.describe()}", timeout)
+                )
     finally:
         for c in reversed(conns):
             c.abort()

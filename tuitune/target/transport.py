@@ -28,6 +28,7 @@ from tuitune.target.ssh import (
     _known_hosts_path,
     _reason,
     connect_hop,
+    hop_timeout,
     ssh_route,
 )
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     import asyncssh  # imported where it is used: `tuitune --help` does not load it
 
 
+SLOW_CONNECT_S = 1.0  # a first connection that takes longer is said (``on_connecting``)
 RETRY_CAP_S = 8.0  # the longest pause between two reconnect attempts of a follower (``resume``)
 
 
@@ -62,6 +64,8 @@ class Transport:
 
     def __init__(self) -> None:
         self.on_link: Callable[[str, int, str | None], None] | None = None  # (state, attempt, detail)
+        # (label, seconds it may take): a first connection still under way after SLOW_CONNECT_S
+        self.on_connecting: Callable[[str, float], None] | None = None
 
     def _notify(self, state: str, attempt: int = 0, detail: str | None = None) -> None:
         if self.on_link is not None:
@@ -225,7 +229,7 @@ def _killpg(pid: int) -> None:
 
 
 class SshTransport(Transport):
-    def __init__(self, target: SshTarget, connect_timeout: float = 20.0):
+    def __init__(self, target: SshTarget, connect_timeout: float | None = None):
         super().__init__()
         self.target = target
         self.label = target.label()
@@ -237,12 +241,18 @@ class SshTransport(Transport):
         self._jumps: list = []  # open ProxyJump connections, outermost first
         self.trust_hint = f"tuitune trust {target.label()}"  # for_preset names the preset instead
 
-    async def _open(self):
-        """Connect hop by hop (ProxyJump hosts first), each checked against the same known_hosts."""
+    async def _open(self, announce: bool = False):
+        """Connect hop by hop (ProxyJump hosts first), each checked against the same known_hosts,
+        each within its connect timeout (``hop_timeout``). ``announce``: a connection still under
+        way after ``SLOW_CONNECT_S`` is said to ``on_connecting``, with how long it may take."""
         t = self.target
         hops = ssh_route(t)
         self._close_jumps()
         conn = None
+        notice = None
+        if announce and self.on_connecting is not None:
+            bound = sum(hop_timeout(h, self.connect_timeout) for h in hops)
+            notice = asyncio.get_running_loop().call_later(SLOW_CONNECT_S, self.on_connecting, self.label, bound)
         try:
             for i, hop in enumerate(hops):
                 last = i == len(hops) - 1
@@ -261,6 +271,9 @@ class SshTransport(Transport):
         except TransportError:
             self._close_jumps()
             raise
+        finally:
+            if notice is not None:
+                notice.cancel()
         return conn
 
     def _close_jumps(self) -> None:
@@ -292,7 +305,7 @@ class SshTransport(Transport):
     async def connect(self) -> None:
         async with self._lock:
             if self._conn is None:
-                self._conn = await self._open()
+                self._conn = await self._open(announce=True)
                 await self._restore_forwards(self._conn)
         self._notify("connected")
 
