@@ -509,6 +509,8 @@ def test_over_ssh_launch_status_bench_probe(remote):
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads(js.read_text())
     assert all(x["ok"] and x["completion_tokens"] == 96 for x in res["results"]), res["results"]
+    # the limit SGLang really runs with: reset to 48 when speculating (what ab/sweep/crossover compare)
+    assert res["summary"]["server"]["max_running_requests"] == 48, res["summary"]["server"]
     windows = [e for e in log_events(remote.log, start) if isinstance(e, ProfileWindow)]
     assert windows and all(w.draft_ms > 0 and w.verify_ms > 0 for w in windows), remote.tail()
     assert set(roles(server_pid(remote.home, remote.chain))) == set(ROLES)

@@ -233,3 +233,86 @@ def test_ab_and_crossover_say_why_the_verdict_is_what_it_is():
         "difference",
     ], row
     assert "faster / slower when the speedup's 95% CI (bootstrap) lies entirely beyond 1 ± 2%" in text
+
+
+def test_a_verdict_across_different_concurrency_limits_is_refused_where_the_limit_binds():
+    """SGLang resets max_running_requests to 48 whenever speculation is on (GPU or CPU; seen on the real
+    0.5.18 CPU build's /server_info: effective_max_running_requests_per_dp 48): an arm held to 48 at
+    64 streams is not running 64. `ab` and `crossover` read the limit each arm's server reported and
+    refuse a verdict where it binds, naming both; below it the arms compare as before."""
+    from tuitune.experiments.crossover import level_verdict
+    from tuitune.measure.bench import BenchConfig, BenchRun, RequestResult, _server_info, limit_confound
+
+    assert _server_info({"internal_states": [{"effective_max_running_requests_per_dp": 48}]}) == {
+        "max_running_requests": 48
+    }
+    assert _server_info({"max_running_requests": 256, "internal_states": [{}]})["max_running_requests"] == 256
+    assert "max_running_requests" not in _server_info({"max_running_requests": "48", "internal_states": [{}]})
+    assert limit_confound({"A": [48, 48], "B": [48, None]}, 64) is None
+    bound, why = limit_confound({"A": [256], "B": [48]}, 64)
+    assert bound and "A 256" in why and "B 48" in why and "concurrency 64 is above 48" in why
+    assert limit_confound({"A": [256], "B": [48]}, 32)[0] is False
+
+    def rows(conc: int) -> list[dict]:
+        out = []
+        for r in range(1, 5):
+            for arm, tok, limit in (("A", 1000 + r, 256), ("B", 1300 + r, 48)):
+                out.append(
+                    {
+                        **_row(arm, arm.lower(), tok, r),
+                        "goodput": tok * conc,
+                        "concurrency": conc,
+                        "server": {"max_running_requests": limit},
+                    }
+                )
+        return out
+
+    v = verdict(rows(64), 0.01)
+    assert v["verdict"] == "not comparable" and "max_running_requests" in v["reason"], v
+    assert verdict(rows(16), 0.01)["verdict"] == "faster"  # the limit is not reached: a verdict as before
+
+    def run(limit: int, level: int) -> BenchRun:
+        results = [RequestResult(True, ttft_s=0.1, e2e_s=1.0 + i / 100, completion_tokens=100) for i in range(6)]
+        for q in results:
+            q.t0 = 0.0
+        return BenchRun(BenchConfig("http://x", concurrency=level), results, server={"max_running_requests": limit})
+
+    row = level_verdict([run(48, 64)], [run(256, 64)], 64, 0.02)
+    assert row["verdict"] == "not comparable" and "speculation on 48" in row["reason"] and "off 256" in row["reason"], (
+        row
+    )
+    row = level_verdict([run(48, 8)], [run(256, 8)], 8, 0.02)
+    assert row["verdict"] != "not comparable" and "not reached" in row["limits"], row
+
+
+def test_sweep_refuses_a_delta_across_concurrency_limits_where_they_bind(tmp_path):
+    """A sweep of speculation off (the baseline, 256 at once) against a speculating configuration that
+    SGLang held to 48: at 64 streams no delta and never the best, the limits named; at 16 a delta."""
+    base = make_preset(tmp_path, "sw", port=1234)
+
+    def rows(conc: int) -> list[dict]:
+        out = []
+        for i, (kind, label, tok, limit) in enumerate(
+            [
+                ("baseline", "baseline", 100.0, 256),
+                ("config", "num_steps=3", 130.0, 48),
+                ("baseline", "baseline", 100.0, 256),
+            ]
+        ):
+            out.append(
+                {
+                    **_trial(label, kind, tok, i, {"speculative.num_steps": 3} if kind == "config" else None),
+                    "concurrency": conc,
+                    "max_running_requests": limit,
+                }
+            )
+        return out
+
+    result = summarize(base, rows(64), tmp_path)
+    (cfg,) = [t for t in result["table"] if t["label"] == "num_steps=3"]
+    assert cfg["delta"]["verdict"] == "not comparable" and "baseline 256" in cfg["limits"], cfg
+    assert result["best"] == "baseline" and not (tmp_path / "best.yaml").exists()
+    text = format_table(result)
+    assert "n/c (other limit)" in text and "num_steps=3 48" in text, text
+    result = summarize(base, rows(16), tmp_path)
+    assert result["best"] == "num_steps=3", result

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from tuitune.base.events import Event
 from tuitune.measure import stats
-from tuitune.measure.bench import BenchConfig, run_bench
+from tuitune.measure.bench import BenchConfig, limit_confound, run_bench
 from tuitune.preset import Preset
 from tuitune.target import telemetry
 from tuitune.target.cluster import controlling, stop_started
@@ -305,6 +305,15 @@ def verdict(
             "reason": f"GPUs were held back during {len(held)} of {len(launches)} launches "
             f"({x['preset']}, round {x.get('round', '?')}: {x['gpu_note']})",
         }
+    confound = limit_confound(
+        {
+            arm: [(x.get("server") or {}).get("max_running_requests") for x in launches if x["arm"] == arm]
+            for arm in "AB"
+        },
+        max((x.get("concurrency") or 1) for x in launches),
+    )
+    if confound and confound[0]:
+        return {"verdict": "not comparable", "reason": confound[1]}
     key = metric(launches)
     va = [x[key] for x in launches if x["arm"] == "A"]
     vb = [x[key] for x in launches if x["arm"] == "B"]

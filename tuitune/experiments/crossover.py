@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tuitune import preset as P
 from tuitune.measure import stats
-from tuitune.measure.bench import SIM_LATE_LIMIT, BenchRun, stream_goodput
+from tuitune.measure.bench import SIM_LATE_LIMIT, BenchRun, limit_confound, stream_goodput
 from tuitune.measure.levels import bench_levels
 from tuitune.target.session import Session
 
@@ -76,9 +76,20 @@ def level_verdict(on: list[BenchRun], off: list[BenchRun], level: int, min_effec
     late = [r for r in on + off if r.sim_late_share is not None and r.sim_late_share > SIM_LATE_LIMIT]
     held = [r for r in on + off if r.gpu_note]
     mixed = held and len(held) < len(on + off)  # GPUs held back in one arm's runs only, as in `ab`
-    if failed or late or mixed or not pairs["on"] or not pairs["off"]:
+    confound = limit_confound(
+        {
+            "speculation on": [r.server.get("max_running_requests") for r in on],
+            "off": [r.server.get("max_running_requests") for r in off],
+        },
+        level,
+    )
+    if confound:
+        row["limits"] = confound[1]
+    if failed or late or mixed or not pairs["on"] or not pairs["off"] or (confound and confound[0]):
         why = (
-            f"{failed} request(s) failed"
+            confound[1]
+            if confound and confound[0]
+            else f"{failed} request(s) failed"
             if failed
             else f"the simulator fell behind its clock ({late[0].sim_late_share:.0%} of cycles late): lower --sim-speedup"
             if late

@@ -20,6 +20,7 @@ from tuitune import preset as P
 from tuitune.base.jsonl import append_row, end_partial_line, is_count, is_figure, read_rows
 from tuitune.experiments import grid as G
 from tuitune.measure import stats
+from tuitune.measure.bench import limit_confound
 from tuitune.measure.capture import CaptureWriter, redacted_preset
 from tuitune.measure.metrics import quantile
 from tuitune.target.control import ControlError
@@ -188,6 +189,7 @@ async def run_trial(session: Session, trial: dict, out: Path, overrides: dict) -
         if run.failed
         else ("the benchmark measured no throughput (no request's tokens were timed)" if blank else None),
         "concurrency": run.config.concurrency,
+        "max_running_requests": run.server.get("max_running_requests"),
         "goodput": (s.get("goodput") or {}).get("tok_s"),
         "tok_s_median": tok.get("median"),
         "ci_low": ci[0],
@@ -283,6 +285,7 @@ def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict
                 "cycle": [],
                 "goodput": [],
                 "concurrency": r.get("concurrency", 1),
+                "limits": [],
                 "skipped": None,
                 "failed": 0,
             },
@@ -290,6 +293,7 @@ def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict
         if r["status"] == "skipped":
             g["skipped"] = r.get("reason")
         elif r["status"] == "ok":
+            g["limits"].append(r.get("max_running_requests"))
             g["launches"].append(r["tok_s_median"])
             g["values"].extend(r.get("values") or [])
             if r.get("accept_len"):
@@ -321,8 +325,16 @@ def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict
             "concurrency": g["concurrency"],
             "goodput": quantile(sorted(g["goodput"]), 0.5) if g["goodput"] else None,
         }
-        if base_g and g is not base_g and g["concurrency"] != base_g["concurrency"]:
-            # per-request speed falls as the batch grows: no comparison with another concurrency
+        confound = (
+            limit_confound({"baseline": base_g["limits"], g["label"]: g["limits"]}, g["concurrency"])
+            if base_g and g is not base_g
+            else None
+        )
+        if confound:
+            entry["limits"] = confound[1]
+        if base_g and g is not base_g and (g["concurrency"] != base_g["concurrency"] or (confound and confound[0])):
+            # per-request speed falls as the batch grows: no comparison with another concurrency, nor with a
+            # server held to fewer requests at once than the streams sent
             entry["delta"] = {
                 "ratio": float("nan"),
                 "ratio_ci": [float("nan")] * 2,
@@ -382,7 +394,9 @@ def format_table(result: dict) -> str:
         lo, hi = t["ci95"]
         d = t.get("delta")
         if d and d["verdict"] == "not comparable":
-            delta = "n/c (other concurrency)"
+            delta = "n/c (other limit)" if t.get("limits") and "above" in t["limits"] else "n/c (other concurrency)"
+            if t.get("limits"):
+                why.append(f"  {t['label']}: {t['limits']}")
         elif d:
             mark = {"faster": "▲", "slower": "▼"}.get(d["verdict"], "≈")
             rlo, rhi = d["ratio_ci"]

@@ -540,6 +540,30 @@ async def fetch_server_info(session, url: str, timeout: float = 5.0) -> dict:
     return {}
 
 
+def limit_confound(limits: dict[str, list], concurrency: int) -> tuple[bool, str] | None:
+    """Arms that ran with different concurrency limits (label -> the ``max_running_requests`` each of
+    its runs' servers reported, None where unknown): None when they ran with one limit (or none is
+    known); else (confounded, one sentence). Confounded when the benchmark's ``concurrency`` is above
+    the lowest limit: that arm could not run every stream at once, so a difference is partly the
+    limit's (SGLang resets it to 48 whenever speculation is on, GPU or CPU)."""
+    known = {arm: sorted({v for v in vals if isinstance(v, int)}) for arm, vals in limits.items()}
+    seen = {v for vs in known.values() for v in vs}
+    if len(seen) < 2:
+        return None
+    named = ", ".join(f"{arm} {'/'.join(map(str, vs)) or '?'}" for arm, vs in known.items())
+    low = min(seen)
+    if concurrency > low:
+        return True, (
+            f"the arms ran with different max_running_requests ({named}) and concurrency {concurrency} is above "
+            f"{low}: the arm held to {low} could not run every stream at once; pin server.args."
+            f"max-running-requests to one value in both"
+        )
+    return (
+        False,
+        f"the arms ran with different max_running_requests ({named}), not reached at concurrency {concurrency}",
+    )
+
+
 def _server_info(info: dict) -> dict:
     """What a server's own figures say, each kept only when it is of the type and range it must be
     (a hostile or broken server's wrong types and non-finite numbers are left out, never shown)."""
@@ -553,6 +577,11 @@ def _server_info(info: dict) -> dict:
             out["step_time_ms_median"] = quantile(sorted(steps), 0.5) * 1000
     if isinstance(info.get("version"), str) and info["version"]:
         out["version"] = info["version"][:200]
+    # the requests the scheduler runs at once: SGLang resets it to 48 when speculating (GPU or CPU), a
+    # confound for any comparison with speculation off at higher concurrency (experiments check it)
+    limit = state.get("effective_max_running_requests_per_dp", info.get("max_running_requests"))
+    if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit < 10**9:
+        out["max_running_requests"] = limit
     sim = info.get("sim")
     if isinstance(sim, dict) and all(_figure(sim.get(k, 1)) or sim.get(k) == 0 for k in ("cycles", "cycles_late")):
         out["sim"] = sim

@@ -726,6 +726,8 @@ class Simulator:
             "avg_spec_accept_length": (self.total_accept / self.total_verify if self.total_verify else None),
             "num_running_reqs": len(self.running),
             "pid": os.getpid(),
+            # SGLang 0.5.18's internal state: the limit the scheduler really runs with (48 with speculation)
+            "effective_max_running_requests_per_dp": self.max_running,
         }  # for sim.nvidia_smi
         if self.record_step_time:
             state["step_time_dict"] = {str(bs): list(v) for bs, v in self.step_times.items()}
