@@ -36,20 +36,20 @@ SHARED_FIXTURES = {
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(items):
     for item in items:
+        if item.get_closest_marker("sim_clock") is not None and item.get_closest_marker("quiet") is None:
+            item.add_marker(pytest.mark.quiet)  # alone: never beside a serving engine (nor any other test)
         if item.get_closest_marker("timeout") is None and item.get_closest_marker("quiet") is not None:
             item.add_marker(pytest.mark.timeout(480))  # the suite's 120 s, and the gate's wait
         for fixture, group in SHARED_FIXTURES.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(group))
-        if item.get_closest_marker("sim_clock") is not None and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group("real-engine"))  # the real engine's worker: never beside it
 
 
-# `sim_clock` tests (a verdict or a ratio read off the simulator's clock) join the real engine's xdist
-# group: they run on its worker, one after another with its tests, so never beside a serving vLLM (which
-# keeps both cores busy: in CI, beside one, such tests read 1.47x where 1.5x was asked, and "no significant
-# difference" in 6 rounds for a gain a quiet machine measures at 1.32x). A gate that made them wait for
-# the engine's current test on the other worker cost minutes of idle workers a run (one wait was 122 s).
+# `sim_clock` tests (a verdict or a ratio read off the simulator's clock) are `quiet`: each runs alone,
+# never beside a serving engine (which keeps both cores busy: in CI, beside one, such tests read 1.47x
+# where 1.5x was asked, and "no significant difference" in 6 rounds for a gain a quiet machine measures
+# at 1.32x). They used to run on the real engine's worker instead; with two real engines, each on a
+# worker of its own (xdist groups real-vllm and real-sglang), no worker is free of an engine.
 #
 # The CPU gate. Under xdist the two workers share two cores with the engines and simulators they start, so
 # a test that compares two clocks (tuitune's bench against an independent client, a relaunch's measured gain

@@ -32,7 +32,6 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tarfile
 import textwrap
 import time
@@ -85,7 +84,7 @@ ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 # --max-total-tokens: the KV cache is otherwise sized from free host memory (GBs)
-ARGS = {"device": "cpu", "disable-overlap-schedule": True, "max-total-tokens": 16384}
+ARGS = {"device": "cpu", "disable-overlap-schedule": True, "max-total-tokens": 16384, "sleep-on-idle": True}
 
 
 class NoSource(Exception):
@@ -141,15 +140,34 @@ def kernel_wheel() -> Path:
         aot = next(p.parent for p in src.rglob("pyproject_cpu.toml"))
         text = (aot / "pyproject_cpu.toml").read_text()
         if '"torch==2.12.0"' not in text:
-            raise RuntimeError(f"{aot / 'pyproject_cpu.toml'} no longer pins torch==2.12.0: the build recipe needs a look")
+            raise RuntimeError(
+                f"{aot / 'pyproject_cpu.toml'} no longer pins torch==2.12.0: the build recipe needs a look"
+            )
         (aot / "pyproject.toml").write_text(text.replace('"torch==2.12.0"', '"torch"'))
         t0 = time.monotonic()
         say(f"building the CPU kernels from {TARBALL.name} (3-4 minutes on two cores; once)")
         env = {**os.environ, "MAX_JOBS": str(os.cpu_count() or 2), "PATH": f"{python.parent}:{os.environ['PATH']}"}
         proc = subprocess.Popen(
-            ["nice", "-n", "19", str(python), "-m", "pip", "wheel", ".", "--no-build-isolation", "--no-deps",
-             "-w", str(tmp), "-v"],
-            cwd=aot, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                "nice",
+                "-n",
+                "19",
+                str(python),
+                "-m",
+                "pip",
+                "wheel",
+                ".",
+                "--no-build-isolation",
+                "--no-deps",
+                "-w",
+                str(tmp),
+                "-v",
+            ],
+            cwd=aot,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         assert proc.stdout is not None
         out: list[str] = []
@@ -227,7 +245,7 @@ def _guard_torchvision(sp: Path) -> None:
 _AMX_LINE = "    is_amx_tile_supported = torch.cpu._is_amx_tile_supported()\n"
 _AMX_FIX = (
     "    is_amx_tile_supported = torch.cpu._is_amx_tile_supported() or (  # tuitune's test fixture: AVX-512 bf16\n"
-    "        \"avx512_bf16\" in open(\"/proc/cpuinfo\").read())\n"
+    '        "avx512_bf16" in open("/proc/cpuinfo").read())\n'
 )
 
 
@@ -245,7 +263,9 @@ def _apply_fixes(sp: Path) -> None:
     """The three upstream fixes; each hunk must apply (a fix that no longer applies names its file)."""
     dry = subprocess.run(
         ["patch", "-p2", "--dry-run", "--forward", "-d", str(sp), "-i", str(FIXES)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     if dry.returncode != 0:
         bad = re.findall(r"patching file (\S+)\n(?:.*\n)*?.*(?:FAILED|Reversed|ignored)", dry.stdout)
@@ -262,13 +282,16 @@ def check(python: Path = PYTHON) -> None:
         print(json.dumps([__version__, torch.__version__]))
         """
     )
-    r = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, **ENV})
+    r = subprocess.run(
+        [str(python), "-c", code], capture_output=True, text=True, timeout=300, env={**os.environ, **ENV}
+    )
     if r.returncode != 0:
         raise RuntimeError(f"the SGLang environment does not import: {r.stderr.strip()[-800:]}")
     version, torch_version = json.loads(r.stdout.strip().splitlines()[-1])
     if version != RELEASE or not torch_version.endswith("+cpu"):
-        raise RuntimeError(f"the SGLang environment is sglang {version} on torch {torch_version}, not {RELEASE} on a CPU torch")
+        raise RuntimeError(
+            f"the SGLang environment is sglang {version} on torch {torch_version}, not {RELEASE} on a CPU torch"
+        )
 
 
 def build_env() -> Path:
@@ -294,8 +317,11 @@ def build_env() -> Path:
         req.write_text("\n".join(_requirements()) + "\n")
         _pip(tpy, "install", "-r", str(req), "-c", str(CONSTRAINTS), progress=True)
         _pip(tpy, "install", "-q", "--no-deps", f"sglang=={RELEASE}", TVM_FFI, str(wheel))
-        sp = Path(subprocess.check_output(
-            [str(tpy), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True).strip())
+        sp = Path(
+            subprocess.check_output(
+                [str(tpy), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+            ).strip()
+        )
         _guard_torchvision(sp)
         _apply_fixes(sp)
         _allow_avx512(sp)
@@ -324,7 +350,10 @@ def build_models(python: Path | None = None) -> dict[str, Path]:
         say(f"generating tiny models in {MODELS}")
         r = subprocess.run(
             [str(python), "-c", real_vllm.MAKE_MODELS, str(tmp), json.dumps(SHAPE)],
-            capture_output=True, text=True, timeout=900, env={**os.environ, **ENV},
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env={**os.environ, **ENV},
         )
         if r.returncode != 0 or "ok" not in r.stdout:
             raise RuntimeError(f"generating the tiny models failed: {r.stderr.strip()[-1500:]}")

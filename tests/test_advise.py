@@ -719,8 +719,30 @@ def test_a_schedule_for_sglang_on_a_cpu_never_offers_zero_steps():
             assert best_chain in b_cpu["candidates"] or b_cpu["measured"], (b, b_cpu)
     A.check_adaptive(cfg_cpu)
     eng = sglang.SGLang()
-    cpu = ProfileWindow(v=2, steps=2, topk=1, bs=1, cycles=10, cycle_ms=5.0, draft_ms=1.0, verify_ms=3.0,
-                        extend_ms=1.0, accept_len=1.0, sync="cpu")
-    gpu = ProfileWindow(v=2, steps=2, topk=1, bs=1, cycles=10, cycle_ms=5.0, draft_ms=1.0, verify_ms=3.0,
-                        extend_ms=1.0, accept_len=1.0, sync="event")
+    cpu = ProfileWindow(
+        v=2,
+        steps=2,
+        topk=1,
+        bs=1,
+        cycles=10,
+        cycle_ms=5.0,
+        draft_ms=1.0,
+        verify_ms=3.0,
+        extend_ms=1.0,
+        accept_len=1.0,
+        sync="cpu",
+    )
+    gpu = ProfileWindow(
+        v=2,
+        steps=2,
+        topk=1,
+        bs=1,
+        cycles=10,
+        cycle_ms=5.0,
+        draft_ms=1.0,
+        verify_ms=3.0,
+        extend_ms=1.0,
+        accept_len=1.0,
+        sync="event",
+    )
     assert eng.schedule_allows_off([gpu]) and not eng.schedule_allows_off([gpu, cpu])

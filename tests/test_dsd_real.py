@@ -29,7 +29,7 @@ from test_real_vllm import PROMPTS, independent_request
 from tuitune import preset as P
 from tuitune.engines import vllm as V
 
-pytestmark = [pytest.mark.xdist_group("real-engine"), pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.xdist_group("real-vllm"), pytest.mark.timeout(1800)]
 
 SCHEDULE_PY = "vllm/v1/spec_decode/dynamic/utils.py"  # the release's own checks and lookup
 

@@ -34,7 +34,9 @@ from test_real_vllm import Term, group_procs, log_events, needs_tmux, port_free,
 from tuitune.base.events import DecodeStats, ProfileWindow, ServerError
 
 pytestmark = [
-    pytest.mark.xdist_group("real-engine"),  # one worker for both engines: launches never overlap on 2 cores
+    # one worker for SGLang's tests, vLLM's on the other (tests/conftest.py): each engine's launches never
+    # overlap, and the two engines' tests run side by side
+    pytest.mark.xdist_group("real-sglang"),
     pytest.mark.timeout(1800),
 ]
 
@@ -155,8 +157,14 @@ class Served:
     def preset(self, file: str, **kw) -> Path:
         args = {"enable-metrics": True, **kw.pop("args", {})}
         data = real_sglang.preset(
-            self.name, self.log, self.port, python=self.python, draft=self.models["eagle3"], target=self.target,
-            args=args, **kw,
+            self.name,
+            self.log,
+            self.port,
+            python=self.python,
+            draft=self.models["eagle3"],
+            target=self.target,
+            args=args,
+            **kw,
         )
         return write_preset(self.home / file, data)
 
@@ -267,8 +275,22 @@ def test_bench_native_and_openai_agree_with_an_independent_client(served):
                     got[who].append(g["rate"])
                 continue
             out = served.home / f"bench-{who}-{rnd}.json"
-            r = tt(served.home, "bench", str(served.chain), "--api", who, "--requests", str(n), "--warmup", "0",
-                   "--max-tokens", str(max_tokens), "--json", str(out), timeout=300)
+            r = tt(
+                served.home,
+                "bench",
+                str(served.chain),
+                "--api",
+                who,
+                "--requests",
+                str(n),
+                "--warmup",
+                "0",
+                "--max-tokens",
+                str(max_tokens),
+                "--json",
+                str(out),
+                timeout=300,
+            )
             assert r.returncode == 0, r.stdout + r.stderr
             res = json.loads(out.read_text())["results"]
             assert all(x["ok"] and x["completion_tokens"] == max_tokens for x in res), res
@@ -378,8 +400,18 @@ def test_emitted_adaptive_schedule_runs_and_the_probe_follows_sglangs_switches(s
     naming the steps SGLang's last switch line set."""
     cap = served.home / "real.jsonl"
     if not cap.exists():  # test_record_report_replay_of_a_real_sglang_session makes it (when it ran)
-        r = tt(served.home, "--record", str(cap), str(served.chain), "--relaunch", "--load", "2", "--duration", "10",
-               timeout=180)
+        r = tt(
+            served.home,
+            "--record",
+            str(cap),
+            str(served.chain),
+            "--relaunch",
+            "--load",
+            "2",
+            "--duration",
+            "10",
+            timeout=180,
+        )
         assert r.returncode == 0, r.stdout + r.stderr
     emitted = served.home / "adaptive.json"
     r = tt(served.home, "advise", str(cap), "--emit", "sglang-adaptive", str(emitted), timeout=120)
@@ -431,6 +463,101 @@ def test_stop_leaves_none_of_sglangs_processes(served):
     assert tt(served.home, "status", str(served.current), timeout=60).returncode == 3
 
 
+# ---- experiments: each relaunches the real engine itself -------------------------------------------------
+
+
+def test_ab_over_steps(served, tmp_path):
+    steps1 = served.preset("steps1.yaml", steps=1)
+    out = tmp_path / "ab.json"
+    r = tt(
+        served.home,
+        "ab",
+        str(served.chain),
+        str(steps1),
+        "--rounds",
+        "1",
+        "--requests",
+        "3",
+        "--warmup",
+        "1",
+        "--max-tokens",
+        "64",
+        "--no-verdict",
+        "--json",
+        str(out),
+        timeout=900,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads(out.read_text())
+    rows = res["launches"]
+    assert [x["arm"] for x in rows] == ["A", "B"] and all(x["median_tok_s"] > 0 for x in rows), rows
+    assert all(x["server"]["max_running_requests"] == 48 for x in rows), rows  # both speculate: one limit
+    assert tt(served.home, "status", str(steps1), timeout=60).returncode == 3  # ab stops the last server it ran
+    assert port_free(served.port)
+
+
+def test_sweep_over_ngram_draft_tokens(served, tmp_path):
+    ngram = served.preset("ngram4.yaml", method="NGRAM", draft_tokens=4)
+    out = tmp_path / "sweep"
+    r = tt(
+        served.home,
+        "sweep",
+        str(ngram),
+        "--grid",
+        "speculative.num_draft_tokens=8",
+        "--requests",
+        "3",
+        "--warmup",
+        "1",
+        "--max-tokens",
+        "64",
+        "--out",
+        str(out),
+        "--no-plot",
+        timeout=1200,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    base = [row for row in rows if row["kind"] == "baseline"]
+    (cfg,) = [row for row in rows if row["kind"] == "config"]
+    assert len(base) == 2 and cfg["changes"] == {"speculative.num_draft_tokens": 8}, rows
+    for row in rows:
+        assert row["status"] == "ok" and row["failed"] == 0 and row["tok_s_median"] > 0, row
+        assert row["cycle_ms"] > 0 and row["max_running_requests"] == 48, row  # profiled, SGLang's reset limit
+
+
+def test_tune_over_steps_on_the_real_engine(served, tmp_path):
+    """`tune` from an EAGLE-3 chain of 1 at one stream, one relaunch, no final A/B: the random draft
+    accepts nothing, so speculation off (tried first) wins; whether tune's answer is the best is judged
+    on the simulator and the real vLLM's grids."""
+    steps1 = served.preset("steps1.yaml", steps=1)
+    out = tmp_path / "tune"
+    r = tt(
+        served.home,
+        "tune",
+        str(steps1),
+        "--budget",
+        "1",
+        "--ab-rounds",
+        "0",
+        "--requests",
+        "3",
+        "--warmup",
+        "1",
+        "--max-tokens",
+        "64",
+        "--out",
+        str(out),
+        "--json",
+        str(tmp_path / "tune.json"),
+        timeout=1500,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads((tmp_path / "tune.json").read_text())
+    assert len(res["measured"]) == 2 and res["chosen"]["steps"] == 0, res
+    assert tt(served.home, "status", str(steps1), timeout=60).returncode == 3
+
+
 # ---- failures: a classified one-sentence cause, within seconds, nothing left running -------------------
 
 
@@ -451,8 +578,9 @@ def _fails(home: Path, preset: Path, port: int, limit_s: float) -> str:
 def _write(tmp_path: Path, engine, name: str, port: int, **kw) -> Path:
     python, models = engine
     kw.setdefault("draft", models["eagle3"])
-    return write_preset(tmp_path / f"{name}.yaml", real_sglang.preset(name, tmp_path / f"{name}.log", port,
-                                                                      python=python, **kw))
+    return write_preset(
+        tmp_path / f"{name}.yaml", real_sglang.preset(name, tmp_path / f"{name}.log", port, python=python, **kw)
+    )
 
 
 def test_unknown_flag_is_refused_before_launch(engine, tmp_path):
@@ -504,8 +632,9 @@ def test_over_ssh_launch_status_bench_probe(remote):
     assert r.returncode == 0 and "no drift" in r.stdout, r.stdout + r.stderr
     start = remote.log.stat().st_size
     js = remote.home / "bench.json"
-    r = tt(remote.home, "bench", str(remote.chain), "--requests", "3", "--max-tokens", "96", "--json", str(js),
-           timeout=300)
+    r = tt(
+        remote.home, "bench", str(remote.chain), "--requests", "3", "--max-tokens", "96", "--json", str(js), timeout=300
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads(js.read_text())
     assert all(x["ok"] and x["completion_tokens"] == 96 for x in res["results"]), res["results"]
@@ -524,7 +653,10 @@ def test_scheduler_killed_while_decoding(remote):
     cap = remote.home / "killed.jsonl"
     rec = subprocess.Popen(
         [sys.executable, "-m", "tuitune", "--record", str(cap), str(remote.current), "--load", "1", "--duration", "60"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
         env={**os.environ, "HOME": str(remote.home)},
     )
     try:

@@ -40,7 +40,7 @@ from tuitune.measure import promscrape
 from tuitune.measure.parse import parse_line
 
 pytestmark = [
-    pytest.mark.xdist_group("real-engine"),  # one worker: launches never overlap on 2 cores
+    pytest.mark.xdist_group("real-vllm"),  # one worker: launches never overlap on 2 cores
     pytest.mark.timeout(1800),  # a module fixture's launch counts in its first test; each command has its own bound
 ]
 

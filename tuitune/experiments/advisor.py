@@ -169,7 +169,9 @@ class Advised:
                 f"check them before serving with the file ({' and '.join(settle)} would settle them)"
             )
         if not dsd:
-            union = sorted({s for v in self.schedule.values() if isinstance(v, dict) for s in v.get("candidate_steps", [])})
+            union = sorted(
+                {s for v in self.schedule.values() if isinstance(v, dict) for s in v.get("candidate_steps", [])}
+            )
             lines.append(
                 "  use it: speculative.adaptive_config: /path/on/the/target.json in the preset (eagle_topk 1, "
                 f"num_steps one of {union}: SGLang starts at num_steps and refuses one the file does not list)"
