@@ -34,6 +34,7 @@ class ByHand:
         argv = list(self.preset.flags())
         argv[argv.index("--speculative-num-steps") + 1] = "3"
         env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
+        env["EAGLE3_PROFILE"] = "1"  # the simulator's own profile lines (a real engine needs the probe too)
         self.log = Path(self.preset.server.log)
         with self.log.open("wb") as f:
             self.proc = subprocess.Popen(
@@ -97,7 +98,7 @@ async def test_adopt_refuses_when_nothing_listens(tmp_path):
 def test_record_captures_a_hand_started_server_without_relaunching_it(by_hand, tmp_path):
     home = {"HOME": str(tmp_path)}
     out = tmp_path / "hand.jsonl"
-    r = tuitune_cli("--record", str(out), str(by_hand.path), "--load", "--cycles", "40", env=home, timeout=120)
+    r = tuitune_cli("--record", str(out), str(by_hand.path), "--load", "--duration", "4", env=home, timeout=90)
     assert r.returncode == 0, r.stderr
     assert by_hand.proc.poll() is None  # not relaunched, not stopped
     events = [x.event for x in read_capture(out).records]
