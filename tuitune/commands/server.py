@@ -304,4 +304,11 @@ def cmd_trust(ns) -> int:
     return 0
 
 
-PARSERS = {"launch": launch_args, "stop": stop_args, "status": status_args, "adopt": adopt_args, "logs": logs_args, "trust": trust_args}
+PARSERS = {
+    "launch": launch_args,
+    "stop": stop_args,
+    "status": status_args,
+    "adopt": adopt_args,
+    "logs": logs_args,
+    "trust": trust_args,
+}

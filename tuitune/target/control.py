@@ -805,9 +805,7 @@ class ServerControl:
             ours = replacing is not None and replacing.port == p.server.port and await self.alive(replacing.pid)
             if not ours:
                 hand = await self.hand_started()
-                raise ControlError(
-                    refuse_not_ours(p.name, p.server.port, self.t.label, hand.pid if hand else None), 2
-                )
+                raise ControlError(refuse_not_ours(p.name, p.server.port, self.t.label, hand.pid if hand else None), 2)
 
     def model_paths(self) -> list[tuple[str, str]]:
         """(preset key, value) of the model and draft the server loads: a directory on the target
