@@ -136,3 +136,26 @@ async def test_tui_shows_live_numbers_and_refuses_relaunch_and_stop(by_hand, tmp
         assert by_hand.proc.poll() is None and session.state.state == "ready"
         await session.close(stop_server=False)
     assert by_hand.proc.poll() is None
+
+
+def test_status_adopt_and_stop_over_a_real_sshd(sshd, tmp_path):
+    """The same life over SSH (a real sshd on loopback): the listener, its flags and environment are
+    read from the box's /proc through the link, the record written there under the port's lock."""
+    by_hand = ByHand(tmp_path, "remote-hand")
+    try:
+        data = P.to_dict(by_hand.preset)
+        data["target"] = sshd.target()
+        path = P.save(P.loads(__import__("yaml").safe_dump(data)), tmp_path / "remote.yaml")
+        home = {"HOME": str(tmp_path)}
+        r = tuitune_cli("status", str(path), env=home)
+        assert r.returncode == 5 and NOT_OURS in r.stdout, (r.stdout, r.stderr)
+        assert "flag --speculative-num-steps: running 3, preset 2" in r.stdout
+        r = tuitune_cli("stop", str(path), env=home)
+        assert r.returncode == 2 and REFUSED in r.stderr and by_hand.proc.poll() is None, r.stderr
+        r = tuitune_cli("adopt", str(path), env=home)
+        assert r.returncode == 0 and f"adopted server {by_hand.proc.pid}" in r.stdout, r.stderr
+        r = tuitune_cli("stop", str(path), env=home)
+        assert r.returncode == 0 and "stopped" in r.stdout, r.stderr
+        by_hand.proc.wait(10)
+    finally:
+        by_hand.stop()
