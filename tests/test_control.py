@@ -116,9 +116,13 @@ async def test_drift_of_a_server_started_by_hand(tmp_path):
         assert keys["flag --speculative-num-steps"] == ("3", "2")
         assert "env.NCCL_PROTO" not in keys
         # a server tuitune did not start is never stopped without --pid
-        with pytest.raises(ControlError, match="in use by a process tuitune did not start"):
+        with pytest.raises(ControlError, match="in use by a server tuitune did not start .*tuitune adopt"):
             await c.preflight(None)
-        assert "no server started by tuitune" in await c.stop()
+        with pytest.raises(ControlError, match="in use by a server tuitune did not start"):
+            await c.stop()
+        st = await c.status()  # watched read-only: running, not tuitune's, with its drift
+        assert st.running and not st.ours and st.record.pid == proc.pid
+        assert ("flag --speculative-num-steps", "3", "2") in {(d.key, d.running, d.preset) for d in st.drift}
         assert "stopped" in await c.stop(pid=proc.pid, grace_s=3)
     finally:
         if proc.poll() is None:

@@ -223,3 +223,70 @@ def test_the_architecture_page_names_every_folder_and_module():
                 missing.append(module.relative_to(ROOT).as_posix())
     assert seen > 40  # the walk found the package's modules
     assert not missing, f"not on docs/architecture.md: {missing}"
+
+
+# ---- your own server: the page's commands, run against a real sshd on loopback --------------------
+
+
+def _page_commands(page: Path, heading: str) -> list[str]:
+    """The lines of the first ``sh`` block under ``heading``."""
+    section = _sections(page.read_text())[heading]
+    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert block, f"no sh block under {heading}"
+    return [x.strip() for x in block.group(1).splitlines() if x.strip()]
+
+
+def test_preset_show_yaml_round_trips_through_validate(tmp_path):
+    from conftest import tuitune_cli
+
+    r = tuitune_cli("preset", "show", "c4-eagle3-2step-nccl", "--yaml")
+    assert r.returncode == 0, r.stderr
+    path = tmp_path / "my-box.yaml"
+    path.write_text(r.stdout)
+    assert P.load(path).hash() == P.load(P.find("c4-eagle3-2step-nccl")).hash()  # the same preset
+    r = tuitune_cli("preset", "validate", str(path))
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_your_server_pages_first_five_commands_run_against_sshd(sshd, tmp_path):
+    """docs/your-server.md's first five commands, as printed, against a real sshd on loopback with the
+    simulator started by hand (no tuitune state) as the server: validate, trust (--yes: no one to
+    confirm), status (running, not tuitune's: exit 5), bench through the SSH forward, and the TUI's
+    view as a headless recording of the same stream."""
+    import shlex
+
+    from conftest import free_port, http_status, make_preset, tuitune_cli, wait_for
+
+    commands = _page_commands(DOCS / "your-server.md", "The first five commands")
+    assert len(commands) == 5 and all(c.startswith("tuitune ") for c in commands), commands
+    sim = make_preset(tmp_path, "my-box", port=free_port())
+    data = P.to_dict(sim)
+    data["target"] = {**sshd.target(), "known_hosts": str(tmp_path / "known_hosts")}
+    data["server"]["python"] = sys.executable
+    path = tmp_path / "my-box.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
+    env.update({"EAGLE3_PROFILE": "1", "PYTHONPATH": str(ROOT)})
+    with open(sim.server.log, "wb") as log:  # started by hand: `nohup python3 -m … > log &`
+        proc = subprocess.Popen([sys.executable, "-m", "tuitune.sim", *sim.flags()], stdout=log, stderr=log, env=env)
+    try:
+        wait_for(lambda: http_status(f"http://127.0.0.1:{sim.server.port}/health") == 200, 30, what="the sim")
+        home = {"HOME": str(tmp_path)}
+        for line in commands:
+            args = [str(path) if a == "my-box.yaml" else a for a in shlex.split(line)[1:]]
+            if args[0] == "trust":
+                args.append("--yes")
+            elif args[0] == str(path):  # the TUI: its stream, recorded headless
+                args = ["--record", str(tmp_path / "tui.jsonl"), str(path), "--duration", "2"]
+            r = tuitune_cli(*args, env=home, timeout=120)
+            if args[0] == "status":
+                assert r.returncode == 5, (line, r.stdout, r.stderr)
+                assert "running, not started by tuitune: attach read-only, or `tuitune adopt" in r.stdout
+            else:
+                assert r.returncode == 0, (line, r.stdout, r.stderr)
+        assert proc.poll() is None  # watched, never relaunched or stopped
+    finally:
+        proc.kill()
+        proc.wait(10)

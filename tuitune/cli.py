@@ -5,7 +5,8 @@ command runs: `tuitune --help` loads no heavy module, and the headless commands 
 Textual.
 
 Exit status: 0 done, 1 the work failed, 2 bad usage or bad input; `status` adds 3 (not running)
-and 4 (running, but not what the preset says: drift, or the preset was edited since the launch);
+4 (running, but not what the preset says: drift, or the preset was edited since the launch) and 5
+(running, but tuitune did not start it: read-only until `tuitune adopt PRESET`);
 130 / 143 interrupted by SIGINT / SIGTERM.
 """
 
@@ -27,7 +28,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stop": ("stop the server tuitune started for a preset (or --pid)", "server"),
     "status": (
         "is the server running, and does it run what the preset says (drift); "
-        "exit 0 yes, 3 not running, 4 running but differs",
+        "exit 0 yes, 3 not running, 4 running but differs, 5 running but not started by tuitune",
+        "server",
+    ),
+    "adopt": (
+        "make a running server tuitune did not start its own (shows the drift first), so that launch and stop act on it",
         "server",
     ),
     "logs": ("print the server's log (-f follows it)", "server"),

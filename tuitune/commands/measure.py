@@ -157,7 +157,7 @@ def cmd_bench(ns) -> int:
     async def go():
         st = await session.connect()  # follows the server's log: the batch sizes it reports
         print_warnings(session.control)
-        if st.running and not ns.any and (why := session.control.foreign(st.record)):
+        if st.running and st.ours and not ns.any and (why := session.control.foreign(st.record)):
             raise CliError(why, 2)
         return await bench_levels(session, levels, ov, on_level=starting(f"on {session.label}"))
 

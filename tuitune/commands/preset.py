@@ -19,6 +19,11 @@ def preset_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("preset")
     s.add_argument("--command", action="store_true", help="print the launch command only")
     s.add_argument("--json", action="store_true")
+    s.add_argument(
+        "--yaml",
+        action="store_true",
+        help="the preset as a file to save and edit (`preset validate` reads it back); secrets masked unless --reveal",
+    )
     s.add_argument("--reveal", action="store_true", help="show secret values (tokens, keys, passwords) in clear")
     s.set_defaults(run=cmd_preset_show)
     s = sub.add_parser("validate", help="check presets (all of them without an argument); exit 2 if any is invalid")
@@ -69,6 +74,9 @@ def cmd_preset_show(ns) -> int:
     shown = (lambda text: text) if ns.reveal else redact.Redactor(p)
     if ns.command:
         print(shown(P.launch_script(p)))
+        return 0
+    if ns.yaml:
+        sys.stdout.write(shown(P.dumps(p)))
         return 0
     flat = P.flatten(p) if ns.reveal else redact.flat(P.flatten(p))
     if ns.json:

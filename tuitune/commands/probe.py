@@ -19,6 +19,29 @@ def probe_args(p: argparse.ArgumentParser) -> None:
     )
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=cmd_probe_check)
+    i = sub.add_parser(
+        "install", help="copy the probe to a preset's target (for a server started by hand) and check it there"
+    )
+    i.add_argument("preset")
+    i.set_defaults(run=cmd_probe_install)
+
+
+def cmd_probe_install(ns) -> int:
+    from tuitune.commands.common import guarded, load_preset, run_async, with_control
+    from tuitune.probe import REMOTE_DIR
+
+    p = load_preset(ns.preset)
+    t, control = with_control(p)
+
+    async def go():
+        report = await control.nodes[0].install_probe()
+        print(f"probe copied to {REMOTE_DIR} on {t.label}")
+        if not report.get("ok"):
+            raise CliError(f"the probe cannot time every phase there: {report.get('error') or report}", 1)
+        print("patchable phases: " + ", ".join(report.get("phases") or []))
+        return 0
+
+    return run_async(guarded(go, t, control))
 
 
 def cmd_probe_check(ns) -> int:

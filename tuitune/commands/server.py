@@ -1,7 +1,8 @@
 """`tuitune launch|stop|status|logs|trust`: one server's life on its target, and the SSH trust to reach it.
 
-Exit status as everywhere (0 done, 1 failed, 2 bad input); `status` adds 3 (not running) and 4
-(running, but not what the preset says: drift, or the preset was edited since the launch).
+Exit status as everywhere (0 done, 1 failed, 2 bad input); `status` adds 3 (not running), 4
+(running, but not what the preset says: drift, or the preset was edited since the launch) and 5
+(running, but tuitune did not start it: watched read-only until `tuitune adopt PRESET`).
 """
 
 from __future__ import annotations
@@ -115,6 +116,23 @@ def cmd_stop(ns) -> int:
 
 STATUS_NOT_RUNNING = 3
 STATUS_DRIFT = 4
+STATUS_NOT_OURS = 5
+
+
+def _print_drift(drift) -> None:
+    if drift:
+        print(f"drift: {len(drift)} difference(s) between the running process and the preset")
+        for d in drift:
+            print(f"  {d}")
+    else:
+        print("no drift: environment and flags match the preset")
+
+
+def _print_probe_hint(p, rec) -> None:
+    from tuitune.target.control import probe_hint
+
+    if rec is not None and (hint := probe_hint(p, rec.env)):
+        print(f"probe: {hint}")
 
 
 def status_args(p: argparse.ArgumentParser) -> None:
@@ -139,9 +157,11 @@ def cmd_status(ns) -> int:
     async def go():
         st = await control.status(ns.pid)
         print_warnings(control)
-        if st.running and ns.pid is None and not ns.any and (why := control.foreign(st.record)):
+        if st.running and st.ours and ns.pid is None and not ns.any and (why := control.foreign(st.record)):
             raise CliError(why, 2)
         code = STATUS_NOT_RUNNING if not st.running else (STATUS_DRIFT if st.drift or st.same_hash is False else 0)
+        if st.running and not st.ours:
+            code = STATUS_NOT_OURS
         if ns.json:
             print_json(st.to_dict())
             return code
@@ -155,18 +175,46 @@ def cmd_status(ns) -> int:
             print(f"{p.name}: not running" + (f" ({st.note})" if st.note else ""))
             return code
         rec = st.record
+        if not st.ours:
+            print(f"{p.name}: {st.note} (pid {rec.pid}, up {_duration(st.uptime_s)}, log {p.server.log})")
+            _print_drift(st.drift)
+            _print_probe_hint(p, rec)
+            return code
         print(
             f"{p.name}: running, pid {rec.pid}, up {_duration(st.uptime_s)}, preset hash "
             f"{rec.preset_hash or '?'}"
             + ("" if st.same_hash in (True, None) else f" (preset now {p.hash()}: edited since launch)")
         )
-        if st.drift:
-            print(f"drift: {len(st.drift)} difference(s) between the running process and the preset")
-            for d in st.drift:
-                print(f"  {d}")
-        else:
-            print("no drift: environment and flags match the preset")
+        _print_drift(st.drift)
         return code
+
+    return run_async(guarded(go, t, control))
+
+
+def adopt_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("preset")
+    p.set_defaults(run=cmd_adopt)
+
+
+def cmd_adopt(ns) -> int:
+    """Make a server started by hand on the preset's port tuitune's: its drift from the preset first,
+    then its record written under the port's lock (relaunch and stop act on it from then on)."""
+    from tuitune.target.control import ServerControl
+
+    p = load_preset(ns.preset)
+    t, control = with_control(p)
+    if not isinstance(control, ServerControl):
+        raise CliError(f"{p.name}: adopt takes a server of one machine, not a multi-node one", 2)
+
+    async def go():
+        rec, drift = await control.adopt()
+        print_warnings(control)
+        _print_drift(drift)
+        print(
+            f"{p.name}: adopted server {rec.pid} on port {rec.port} (log {rec.log}); "
+            "`tuitune launch` and `tuitune stop` now act on it"
+        )
+        return 0
 
     return run_async(guarded(go, t, control))
 
@@ -256,4 +304,11 @@ def cmd_trust(ns) -> int:
     return 0
 
 
-PARSERS = {"launch": launch_args, "stop": stop_args, "status": status_args, "logs": logs_args, "trust": trust_args}
+PARSERS = {
+    "launch": launch_args,
+    "stop": stop_args,
+    "status": status_args,
+    "adopt": adopt_args,
+    "logs": logs_args,
+    "trust": trust_args,
+}

@@ -234,7 +234,9 @@ async def sweep(
     trials = plan(base, grid, baseline, repeats, baseline_every)
     session = session or Session(base)
     status = await session.connect()
-    foreign = session.control.foreign(status.record, {base.name, baseline.name}) if status.running else None
+    foreign = (
+        session.control.foreign(status.record, {base.name, baseline.name}) if status.running and status.ours else None
+    )
     if foreign:
         await session.close()
         raise SweepError(

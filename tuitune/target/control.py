@@ -138,6 +138,21 @@ exec "$py" -m "$mod" "$@"
 """
 
 
+def not_ours(name: str) -> str:
+    """What every command and view says of a live server on the preset's port that tuitune did not
+    start: it is watched read-only until the operator adopts it."""
+    return f"running, not started by tuitune: attach read-only, or `tuitune adopt {name}`"
+
+
+def refuse_not_ours(name: str, port: int, label: str, pid: int | None = None) -> str:
+    """The one sentence that refuses to relaunch or stop a server tuitune did not start."""
+    who = f" (pid {pid})" if pid else ""
+    return (
+        f"port {port} on {label} is in use by a server tuitune did not start{who}, watched read-only; "
+        f"`tuitune adopt {name}` makes it tuitune's to relaunch or stop (or `tuitune stop {name} --pid PID`)"
+    )
+
+
 class ControlError(Exception):
     """One sentence; ``code`` 2 for bad input (preflight refusals), 1 for failed work."""
 
@@ -192,6 +207,7 @@ class Status:
     same_hash: bool | None = None
     note: str | None = None
     nodes: list[NodeView] = field(default_factory=list)  # each node of a multi-node server (none on one machine)
+    ours: bool = True  # False: a live server tuitune did not start (started by hand): read-only until adopted
 
     def to_dict(self) -> dict:
         rec = asdict(self.record) if self.record else None
@@ -200,6 +216,7 @@ class Status:
             rec["cause"] = redact.text(rec["cause"]) if rec["cause"] else None
         return {
             "running": self.running,
+            "ours": self.ours,
             "record": rec,
             "uptime_s": self.uptime_s,
             "same_hash": self.same_hash,
@@ -280,6 +297,19 @@ def _without_probe(preset: P.Preset, environ: dict[str, str]) -> dict[str, str]:
     else:
         del out["PYTHONPATH"]
     return out
+
+
+def probe_hint(preset: P.Preset, environ: dict[str, str]) -> str | None:
+    """For a server started by hand without tuitune's probe: what the probe would add, and the one
+    line to put in the server's environment to get it (None for the simulator, which prints its own
+    profile lines, and for a server that has it on)."""
+    if preset.server.module == P.SIM_MODULE or environ.get("EAGLE3_PROFILE", "") not in ("", "0"):
+        return None
+    return (
+        "the probe is off: per-phase timings (draft, verify, extend) and accept-length histograms need it; "
+        f"`tuitune probe install {preset.name}` copies it to {PROBE_DIR}, then start the server with "
+        f'EAGLE3_PROFILE=1 PYTHONPATH="$HOME{PROBE_DIR.removeprefix("~")}${{PYTHONPATH:+:$PYTHONPATH}}" in its environment'
+    )
 
 
 def compute_drift(preset: P.Preset, argv: list[str], environ: dict[str, str]) -> list[Drift]:
@@ -774,11 +804,8 @@ class ServerControl:
         if await self.port_busy():
             ours = replacing is not None and replacing.port == p.server.port and await self.alive(replacing.pid)
             if not ours:
-                raise ControlError(
-                    f"port {p.server.port} on {self.t.label} is in use by a process tuitune "
-                    f"did not start; stop it (or `tuitune stop PRESET --pid PID`) first",
-                    2,
-                )
+                hand = await self.hand_started()
+                raise ControlError(refuse_not_ours(p.name, p.server.port, self.t.label, hand.pid if hand else None), 2)
 
     def model_paths(self) -> list[tuple[str, str]]:
         """(preset key, value) of the model and draft the server loads: a directory on the target
@@ -935,6 +962,11 @@ class ServerControl:
         ):
             raise ControlError(why, 2)
         target = pid if pid is not None else (rec.pid if rec else None)
+        if pid is None and (rec is None or not await self.alive(rec.pid)) and await self.port_busy():
+            hand = await self.hand_started()
+            raise ControlError(
+                refuse_not_ours(self.preset.name, self.preset.server.port, self.t.label, hand.pid if hand else None), 2
+            )
         if target is None:
             return "no server started by tuitune on this port"
         if pid is None and rec and not await self.alive(rec.pid):
@@ -1241,6 +1273,62 @@ class ServerControl:
             for i, a in enumerate(argv)
         )
 
+    async def hand_started(self) -> ServerRecord | None:
+        """The server that listens on the preset's port without tuitune having started it, as a
+        record (preset "(by hand)"): its leading process (the one whose ancestors hold no other
+        listener: an engine's workers may share the socket), flags and environment as /proc shows
+        them, and its start time. None when nothing listens, or the listener cannot be read."""
+        try:
+            owners = await self.port_owners()
+        except ControlError:
+            return None
+        if not owners:
+            return None
+        pids = {o["pid"] for o in owners}
+        leader = min(owners, key=lambda o: (any(a in pids for a in o["ancestors"]), o["pid"]))
+        pid = int(leader["pid"])
+        view = await self.process_view(pid)
+        argv, env = view if view is not None else (list(leader.get("argv") or []), {})
+        flags = argv[argv.index("-m") + 2 :] if "-m" in argv else argv[1:]
+        r = await self.t.run(f"ps -o etimes= -p {pid}", timeout=30)
+        up = r.stdout.strip()
+        keep = set(self.preset.launch_env()) | {"EAGLE3_PROFILE", "PYTHONPATH"}
+        return ServerRecord(
+            pid=pid,
+            port=self.preset.server.port,
+            preset="(by hand)",
+            preset_hash="",
+            started=time.time() - int(up) if up.isdigit() else 0.0,
+            log=self.preset.server.log,
+            argv=flags,
+            env={k: v for k, v in env.items() if k in keep or k.startswith("NCCL_")},
+        )
+
+    async def adopt(self) -> tuple[ServerRecord, list[Drift]]:
+        """Record the server that listens on the preset's port, started by hand, as tuitune's (under
+        the port's lock, atomically as a launch writes its record): from then on relaunch and stop
+        act on it. Returns the record and the drift between it and the preset; refuses when
+        nothing listens, or tuitune already runs a server there."""
+        async with self.locked("adopt"):
+            rec = await self.read_state()
+            if rec is not None and await self.alive(rec.pid) and await self.still_ours(rec):
+                raise ControlError(
+                    f"the server on port {rec.port} of {self.t.label} (pid {rec.pid}) is tuitune's already "
+                    f"(preset {rec.preset}); nothing to adopt",
+                    2,
+                )
+            hand = await self.hand_started()
+            if hand is None:
+                raise ControlError(
+                    f"no server listens on port {self.preset.server.port} of {self.t.label}; nothing to adopt", 1
+                )
+            view = await self.process_view(hand.pid)
+            drift = compute_drift(self.preset, *view) if view is not None else []
+            hand.preset = self.preset.name
+            hand.preset_hash = "" if drift else self.preset.hash()
+            await self.write_state(hand)
+            return hand, drift
+
     # ---- as a Controller: one machine is a server of one node ------------------------------
     @property
     def nodes(self) -> list[ServerControl]:
@@ -1266,12 +1354,23 @@ class ServerControl:
                 started=0.0,
                 log=self.preset.server.log,
             )
+        if (rec is None or (pid is None and not await self.alive(rec.pid))) and await self.port_busy():
+            hand = await self.hand_started()
+            if hand is not None:
+                st = Status(
+                    True,
+                    hand,
+                    uptime_s=time.time() - hand.started if hand.started else None,
+                    note=not_ours(self.preset.name),
+                    ours=False,
+                )
+                if (view := await self.process_view(hand.pid)) is not None:
+                    st.drift = compute_drift(self.preset, *view)
+                return st
+            if rec is None:
+                return Status(False, note=f"port {self.preset.server.port} is in use by a program tuitune cannot read")
         if rec is None:
-            busy = await self.port_busy()
-            return Status(
-                False,
-                note=f"port {self.preset.server.port} is in use by a server tuitune did not start" if busy else None,
-            )
+            return Status(False)
         if not await self.alive(rec.pid):
             cause = await self.exit_cause(rec)
             return Status(False, rec, note=f"server {rec.pid} recorded but not running; it exited: {cause}")

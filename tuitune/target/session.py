@@ -47,6 +47,7 @@ from tuitune.target.control import (
     classify,
     nccl_confirmation,
     nccl_note,
+    refuse_not_ours,
 )
 from tuitune.target.tail import LogTail, file_size
 from tuitune.target.transport import Transport, TransportError, for_preset
@@ -91,6 +92,7 @@ class Session(EventStream):
         self._relaunch_lock = asyncio.Lock()
         self.launched = False  # a server this session started runs (stop_started: Ctrl-C's clean-up)
         self.cleanup: str | None = None  # what a relaunch cut short did with its half-started server
+        self.read_only = False  # attached to a server tuitune did not start: watched, never relaunched or stopped
 
     @property
     def label(self) -> str:
@@ -125,14 +127,18 @@ class Session(EventStream):
         await self.transport.connect()
         self.start_telemetry()
         st = await self.control.status()
-        foreign = self.control.foreign(st.record) if st.running else None
+        foreign = self.control.foreign(st.record) if st.running and st.ours else None
+        self.read_only = st.running and not st.ours
         if foreign:
             self._set_state("stopped", detail=foreign.split("; pass --any")[0])
         elif st.running and st.record:
             self.record = st.record
             self.running_preset = self.preset if st.same_hash else None
             await self._open_url()
-            self._set_state("ready", "attached", pid=st.record.pid)
+            if self.read_only:
+                self._set_state("ready", "attached read-only", detail=st.note, pid=st.record.pid)
+            else:
+                self._set_state("ready", "attached", pid=st.record.pid)
             await self.follow(from_end=True, backlog=backlog)
             await self._serve(from_end=True)
         else:
@@ -223,6 +229,8 @@ class Session(EventStream):
 
         A preflight refusal touches nothing: the old server keeps running and the old preset stays.
         """
+        if why := self.refusal():
+            raise ControlError(why, 2)
         async with self._relaunch_lock:
             new = preset or self.preset
             control = control_for(self.transport, new, self.control.state_dir)
@@ -279,7 +287,17 @@ class Session(EventStream):
                 await self.set_load(True, self.load.concurrency)
             return res
 
+    def refusal(self) -> str | None:
+        """Why this session may not relaunch or stop the server (one sentence), or None: a server
+        tuitune did not start is watched read-only until `tuitune adopt PRESET`."""
+        if not self.read_only:
+            return None
+        pid = self.record.pid if self.record else None
+        return refuse_not_ours(self.preset.name, self.preset.server.port, self.transport.label, pid)
+
     async def stop_server(self) -> str:
+        if why := self.refusal():
+            raise ControlError(why, 2)
         await self._unwatch()
         await self.set_load(False)
         await self.stop_nodes()

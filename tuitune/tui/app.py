@@ -433,6 +433,8 @@ class TuituneApp(App):
             self.action_relaunch()
         elif not running:
             self.say(f"{self.session.preset.name}: server not running — press r to launch it", "warning")
+        elif not status.ours:
+            self.say(f"{self.session.preset.name}: {status.note} (pid {status.record.pid})", "warning")
         elif status.drift:
             self.say(
                 f"running server differs from the preset in {len(status.drift)} setting(s): "
@@ -543,6 +545,9 @@ class TuituneApp(App):
 
     # ---- actions --------------------------------------------------------------------------
     def action_relaunch(self) -> None:
+        if why := self.session_refusal():
+            self.say(why, "error")
+            return
         if self.draft_errors:
             self.say("fix the configuration first: " + next(iter(self.draft_errors.values())), "error")
             return
@@ -894,7 +899,16 @@ class TuituneApp(App):
             "warning" if note else "information",
         )
 
+    def session_refusal(self) -> str | None:
+        """Why the live session may not relaunch or stop its server (a server started by hand)."""
+        refusal = getattr(self.session, "refusal", None)
+        return refusal() if self.live and refusal is not None else None
+
     def action_confirm_stop_server(self) -> None:
+        if why := self.session_refusal():
+            self.say(why, "error")
+            return
+
         def done(yes: bool | None) -> None:
             if yes:
                 self.run_worker(self.action_stop_server(), group="stop", exit_on_error=False)
