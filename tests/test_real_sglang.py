@@ -321,6 +321,13 @@ def test_record_report_replay_of_a_real_sglang_session(served):
     assert kinds.count("profile") >= 2 and "decode" in kinds, sorted(set(kinds))
     (summary,) = json.loads(tt(served.home, "report", str(cap), "--json", timeout=60, check=True).stdout)
     assert "cycle" in json.dumps(summary), summary
+    # the second source: SGLang's own counters (--enable-metrics) beside the probe, and they agree
+    figs = {f["figure"]: f for f in summary["second_source"]}
+    assert {"accept length", "steps"} <= set(figs) and not summary["disagreements"], summary["second_source"]
+    assert figs["steps"]["probe"] == figs["steps"]["server"] == 2
+    # tokens over verifies: 1.00 with the random draft, and a little over it, since each request's first
+    # token (from its prefill) counts in SGLang's tokens but no verify made it
+    assert 1.0 <= figs["accept length"]["server"] < 1.03, figs
     t = Term(served.home, f"{sys.executable} -m tuitune replay {cap} --speed 4")
     try:
         t.wait(lambda s: re.search(r"accept len \d", s) and "verify" in s, 60)

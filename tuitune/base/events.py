@@ -225,6 +225,15 @@ class MetricsWindow(Event, frozen=True, tag="metrics"):
     accepted: int | None = None
     running_req: int | None = None
     queue_req: int | None = None
+    # SGLang: request-verifies and generated tokens in the window, the steps and draft tokens it runs,
+    # and (its device timer, GPUs only) the seconds its forwards took by phase
+    verify_calls: int | None = None
+    gen_tokens: int | None = None
+    num_steps: float | None = None
+    num_draft_tokens: float | None = None
+    draft_s: float | None = None
+    verify_s: float | None = None
+    extend_s: float | None = None
 
 
 class Malformed(Event, frozen=True, tag="malformed"):

@@ -217,6 +217,17 @@ GAUGES = {
     "sglang:num_running_reqs": "running_req",
     "sglang:num_queue_reqs": "queue_req",
 }
+# counters (deltas over a window): SGLang's own count of request-verifies and tokens, a second source for
+# the probe's cycles and accept length (SGLang 0.5.18: accept length = generation tokens / verify calls,
+# what a request's meta_info says); with SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 (CUDA events: GPUs only),
+# forward time by category, a second source for the probe's phases
+VERIFY_CALLS = "sglang:spec_verify_calls_total"
+GEN_TOKENS = "sglang:generation_tokens_total"
+FORWARD_SECONDS = "sglang:forward_execution_seconds_total"
+COUNTERS = {VERIFY_CALLS: "verify_calls", GEN_TOKENS: "gen_tokens"}
+FORWARD_CATEGORIES = {"eagle_draft": "draft_s", "target_verify": "verify_s", "eagle_draft_extend": "extend_s"}
+STEP_GAUGES = {"sglang:spec_num_steps": "num_steps", "sglang:spec_num_draft_tokens": "num_draft_tokens"}
+DEVICE_TIMER = "SGLANG_ENABLE_METRICS_DEVICE_TIMER"
 INFO_PATHS = ("/server_info", "/get_server_info")  # the newer name first
 
 # ---- log lines -----------------------------------------------------------------------------------------
@@ -445,6 +456,11 @@ class SGLang(Engine):
         return ["--help"]
 
     def validate(self, preset) -> None:
+        if str(preset.env.get(DEVICE_TIMER, "")).lower() in ("1", "true") and preset.server.args.get("device") == "cpu":
+            raise ValueError(
+                f"env.{DEVICE_TIMER}: SGLang's forward timer uses CUDA events and crashes the server on a CPU "
+                "before it is ready (seen with 0.5.18); leave it out there (the probe times the phases)"
+            )
         s = preset.speculative
         if s is None:
             return

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tuitune.base.events import DecodeStats, Event, GpuSample, MetricsWindow, ProfileWindow, VllmSpec
+from tuitune.measure.sources import SecondSource
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,11 +197,15 @@ class MetricsStore:
         self.last_per_position: tuple[float, ...] | None = None  # acceptance by draft position (vLLM)
         self.spec_lines = 0  # vLLM SpecDecoding lines seen
         self.gpus = GpuStore()
+        # the probe's windows against SGLang's own counters over the last minutes (tuitune.measure.sources)
+        self.sources = SecondSource(keep=240)
 
     def __getitem__(self, name: str) -> Series:
         return self.series[name]
 
     def feed(self, ev: Event, t: float | None = None) -> None:
+        if isinstance(ev, ProfileWindow | MetricsWindow):
+            self.sources.feed(ev, time.monotonic() if t is None else t)
         if isinstance(ev, ProfileWindow):
             self.profile_windows += 1
             self.last_profile = ev

@@ -25,7 +25,16 @@ VLLM_COUNTERS = tuple(V.VLLM.counters)
 VLLM_GAUGES = V.VLLM.gauges
 # A real page is mostly histograms tuitune does not read; prometheus_client's parser is pure Python,
 # so only the lines of the families read here are handed to it (a startswith test with C-level speed)
-_NAMES = (*SGLANG_GAUGES, *VLLM_COUNTERS, *VLLM_GAUGES, V.ACCEPTED_PER_POS)
+SGLANG_COUNTERS = S.COUNTERS
+_NAMES = (
+    *SGLANG_GAUGES,
+    *S.STEP_GAUGES,
+    *S.COUNTERS,
+    S.FORWARD_SECONDS,
+    *VLLM_COUNTERS,
+    *VLLM_GAUGES,
+    V.ACCEPTED_PER_POS,
+)
 _WANTED = tuple(p + n for n in _NAMES for p in ("", "# HELP ", "# TYPE "))
 
 
@@ -56,9 +65,16 @@ def parse(text: str, t: float | None = None) -> Snapshot:
                     if s.labels.get("position", "").isdigit():
                         pos = int(s.labels["position"])
                         snap.per_pos[pos] = snap.per_pos.get(pos, 0.0) + s.value
-            elif name in VLLM_COUNTERS:
-                snap.counters[name] = sum(s.value for s in totals)
-            elif name in VLLM_GAUGES or name in SGLANG_GAUGES:
+            elif name in VLLM_COUNTERS or name + "_total" in SGLANG_COUNTERS:
+                snap.counters[name + "_total" if name + "_total" in SGLANG_COUNTERS else name] = sum(
+                    s.value for s in totals if math.isfinite(s.value)
+                )
+            elif name + "_total" == S.FORWARD_SECONDS:
+                for s in totals:
+                    key = S.FORWARD_CATEGORIES.get(s.labels.get("category", ""))
+                    if key and math.isfinite(s.value):
+                        snap.counters[key] = snap.counters.get(key, 0.0) + s.value
+            elif name in VLLM_GAUGES or name in SGLANG_GAUGES or name in S.STEP_GAUGES:
                 values = [s.value for s in fam.samples if math.isfinite(s.value)]
                 if values:
                     snap.gauges[name] = sum(values) / len(values)
@@ -95,10 +111,21 @@ def window(prev: Snapshot, cur: Snapshot) -> MetricsWindow | None:
                 kw["per_position"] = tuple(pos[i] / drafts for i in sorted(pos))
         return MetricsWindow("vllm", seconds, **kw)
     kw = {}
-    for name, key in SGLANG_GAUGES.items():
+    for name, key in (*SGLANG_GAUGES.items(), *S.STEP_GAUGES.items()):
         if name in cur.gauges:
             v = cur.gauges[name]
             kw[key] = int(v) if key.endswith("_req") else v
+    delta = {k: cur.counters[k] - prev.counters[k] for k in cur.counters if k in prev.counters}
+    if any(v < 0 for v in delta.values()):
+        return None  # a restart between the scrapes
+    for name, key in SGLANG_COUNTERS.items():
+        if name in delta:
+            kw[key] = int(delta[name])
+    for key in S.FORWARD_CATEGORIES.values():
+        if key in delta:
+            kw[key] = delta[key]
+    if kw.get("verify_calls") and kw.get("gen_tokens"):
+        kw["accept_len"] = kw["gen_tokens"] / kw["verify_calls"]  # SGLang's own definition (meta_info's)
     return MetricsWindow("sglang", seconds, **kw) if kw else None
 
 

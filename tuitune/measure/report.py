@@ -10,10 +10,20 @@ import os
 import sys
 from pathlib import Path
 
-from tuitune.base.events import BenchSummary, DecodeStats, GpuSample, Marker, ProfileWindow, ServerError, ServerState
+from tuitune.base.events import (
+    BenchSummary,
+    DecodeStats,
+    GpuSample,
+    Marker,
+    MetricsWindow,
+    ProfileWindow,
+    ServerError,
+    ServerState,
+)
 from tuitune.measure.capture import iter_capture, partial
 from tuitune.measure.metrics import summarize
 from tuitune.measure.smi import capping
+from tuitune.measure.sources import SecondSource
 
 PHASES = ("draft_ms", "verify_ms", "extend_ms", "cycle_ms")
 ROWS = (*PHASES, "accept_len", "tok_s", "gen_throughput")
@@ -66,11 +76,14 @@ def summarize_capture(path: str | Path, keep_series: bool = True) -> dict:
     gpus = GpuMeans()
     runs: list[dict] = []
     first_m = last_m = None
+    second = SecondSource()
     for rec in records:
         events += 1
         ev = rec.event
         first_m = rec.m if first_m is None else first_m
         last_m = rec.m
+        if isinstance(ev, ProfileWindow | MetricsWindow):
+            second.feed(ev, rec.m)
         if isinstance(ev, ProfileWindow):
             for k in PHASES:
                 series[k].append(getattr(ev, k))
@@ -116,6 +129,9 @@ def summarize_capture(path: str | Path, keep_series: bool = True) -> dict:
         "stats": {k: (s.as_dict() if (s := summarize(v)) else None) for k, v in series.items()},
         "gpus": gpus.result(),
         "runs": runs,
+        # the probe's figures against the engine's own counters (SGLang's /metrics), 10 % apart flagged
+        "second_source": [f.to_dict() for f in second.figures()],
+        "disagreements": second.disagreements(),
     }
     if keep_series:
         out["_series"] = {"m": times, "tok_s": series["tok_s"], "verify_ms": series["verify_ms"]}
@@ -169,7 +185,21 @@ def format_report(reports: list[dict]) -> str:
         lines.append(row)
     for i, r in enumerate(reports):
         lines += format_runs(i + 1, r.get("runs") or []) + format_gpus(i + 1, r.get("gpus") or {})
+        lines += format_second_source(i + 1, r.get("second_source") or [])
     return "\n".join(lines)
+
+
+def format_second_source(n: int, figures: list[dict]) -> list[str]:
+    """The probe's figures beside the server's own (tuitune.measure.sources)."""
+    if not figures:
+        return []
+    out = ["", f"[{n}] the probe against the server's own counters (/metrics; over 10 % apart: DISAGREE)"]
+    for f in figures:
+        r = f["ratio"]
+        rel = f" ({r - 1:+.1%})" if r is not None and f["compared"] else " (counts: windows not aligned)"
+        mark = "  DISAGREE" if f["disagrees"] else ""
+        out.append(f"    {f['figure']:<26} probe {f['probe']:>10.3f}   server {f['server']:>10.3f}{rel}{mark}")
+    return out
 
 
 def format_runs(n: int, runs: list[dict]) -> list[str]:

@@ -225,6 +225,10 @@ class Simulator:
         self.busy_since: float | None = None
         self.lag_s = 0.0  # how far the last cycle started behind its modelled start
         self.children: list[subprocess.Popen] = []
+        # SGLang's forward time by category (sglang:forward_execution_seconds_total), kept only with
+        # SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 as SGLang keeps it (CUDA events: GPUs only)
+        self.device_timer = os.environ.get("SGLANG_ENABLE_METRICS_DEVICE_TIMER", "") in ("1", "true", "True")
+        self.forward_s: dict[str, float] = {}
 
     # ---- helpers -------------------------------------------------------------------------
     def scaled(self, ms: float) -> float:
@@ -488,6 +492,10 @@ class Simulator:
             if self.adaptive is not None:
                 self.adaptive.observe(bs, accepted)
             self.total_verify += bs
+            if self.cfg.speculative:  # SGLang's device timer's categories (real seconds, as the server sees them)
+                for category, ms in (("eagle_draft", draft), ("target_verify", verify), ("eagle_draft_extend", extend)):
+                    if ms:
+                        self.forward_s[category] = self.forward_s.get(category, 0.0) + self.scaled(ms)
             self.running = [r for r in self.running if not r.finished]
             if self.record_step_time:
                 self.step_times.setdefault(bs, deque(maxlen=1000)).append(round(cycle / 1000 / self.speedup, 6))
@@ -783,13 +791,31 @@ class Simulator:
             ("num_queue_reqs", "gauge", len(self.waiting)),
             ("num_requests_total", "counter", self.num_requests_total),
             ("generation_tokens_total", "counter", self.generation_tokens_total),
+            # SGLang 0.5.18 (seen on its CPU build): request-verifies, and the steps and draft tokens it runs
+            # (NGRAM's steps are its draft tokens // breadth there: 0 for 8 tokens at breadth 10)
+            ("spec_verify_calls_total", "counter", self.total_verify),
+            ("spec_num_steps", "gauge", self.gauge_steps() if self.cfg.speculative else 0),
+            ("spec_num_draft_tokens", "gauge", self.cfg.draft_tokens if self.cfg.speculative else 0),
         ):
             lines += [
                 f"# HELP sglang:{metric} {metric.replace('_', ' ')}",
                 f"# TYPE sglang:{metric} {kind}",
                 f"sglang:{metric}{lbl} {float(value)}",
             ]
+        if self.device_timer:
+            metric = "forward_execution_seconds_total"
+            lines += [
+                f"# HELP sglang:{metric} Total time that GPU is busy executing model forward passes.",
+                f"# TYPE sglang:{metric} counter",
+            ]
+            for category, seconds in sorted(self.forward_s.items()):
+                lines.append(f'sglang:{metric}{{model_name="{name}",category="{category}"}} {seconds}')
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    def gauge_steps(self) -> int:
+        if self.cfg.model_free:
+            return self.cfg.draft_tokens // max(1, self.ns.speculative_ngram_max_bfs_breadth)
+        return self.cfg.steps
 
     def build_app(self) -> web.Application:
         app = web.Application(client_max_size=16 * 1024 * 1024)

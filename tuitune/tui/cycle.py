@@ -132,6 +132,17 @@ class CyclePanel(Vertical):
             if dist:
                 text.append("\nbatch sizes ", style="bold")
                 text.append(dist)
+            second = [f for f in store.sources.figures() if f.compared]
+            if second:  # SGLang's own counters beside the probe's (tuitune.measure.sources)
+                text.append("\nserver's own ", style="bold")
+                for i, f in enumerate(second):
+                    rel = f"{f.ratio - 1:+.0%}" if f.ratio is not None else "?"
+                    text.append(
+                        ("  " if i else "") + f"{f.name} {f.server:.3g} (probe {rel})",
+                        style="bold red" if f.disagrees else "",
+                    )
+                if any(f.disagrees for f in second):
+                    text.append("  DISAGREE (>10 %)", style="bold red")
             bars.update(text)
             self.border_title = "cycle (EAGLE3_PROFILE)"
         elif d is not None:
