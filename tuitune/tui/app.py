@@ -585,12 +585,35 @@ class TuituneApp(App):
             self.relaunch_worker.cancel()
 
     def action_apply_advice(self) -> None:
-        best = self.advisor.top()
+        """The advisor's ``▶`` into the config panel; a gain inside the running configuration's
+        interval, or a measurement (``▷``: the running one is predicted best), is asked about first."""
+        sug = self.advisor.suggestion()
+        best = sug.config
         if best is None:
-            self.say("no advice yet: the advisor needs profile windows of the running server", "warning")
+            if self.advisor.rows:
+                self.say("the running configuration is predicted best: nothing to apply", "warning")
+            else:
+                self.say("no advice yet: the advisor needs profile windows of the running server", "warning")
             return
-        apply_to_config(self.config, best)
-        self.say(f"config panel set to {self.advisor.engine.config_label(best)}: press r to relaunch with it")
+        label = self.advisor.engine.config_label(best)
+
+        def apply(yes: bool | None = True) -> None:
+            if yes:
+                apply_to_config(self.config, best)
+                self.say(f"config panel set to {label}: press r to relaunch with it")
+
+        if sug.kind == "gain":
+            apply()
+            return
+        question = (
+            f"{label} is predicted {sug.gain:+.1%}, inside the running configuration's 95 % interval: "
+            "not a sure gain. Put it into the config panel anyway (then r, b to measure it)?"
+            if sug.kind == "within"
+            else f"The running configuration is predicted best ({label}: {sug.gain:+.1%}). "
+            f"{label} is the measurement worth making next: put it into the config panel to measure it?"
+        )
+        self.say(question.split(". ")[0], "warning")
+        self.push_screen(ConfirmScreen(question, "Apply [y]", "y"), apply)
 
     def action_bench(self) -> None:
         self._start_bench(None)
