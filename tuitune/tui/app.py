@@ -207,6 +207,8 @@ class TuituneApp(App):
     .-narrow.-show-config #config { display: block; layer: overlay; dock: right; width: 52; max-width: 80%; }
     /* a short terminal keeps the bars, the runs and the log; the sparklines make room */
     .-short CyclePanel .spark-row { display: none; }
+    /* the chart tab on a short terminal: the panels above it make room, so the plot gets rows */
+    .-short.-chart-tab #cycle, .-short.-chart-tab #gpus, .-short.-chart-tab #runs { display: none; }
     """
     TITLE = "tuitune"
     COMMANDS = App.COMMANDS | {TuituneCommands}
@@ -836,6 +838,13 @@ class TuituneApp(App):
         """The next tab: log → chart → advisor → log."""
         now = self.tabs.active.removeprefix("tab-")
         self.action_show_tab(self.TABS[(self.TABS.index(now) + 1) % len(self.TABS)] if now in self.TABS else "log")
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        # by key or by mouse: the chart tab on a short terminal hides the panels above it
+        self.set_class(event.pane.id == "tab-chart", "-chart-tab")
+        if event.pane.id == "tab-chart":
+            self._last_chart = 0.0
+            self.call_after_refresh(self.refresh_views)  # drawn at its new size, not a second later
 
     def action_show_tab(self, name: str) -> None:
         self.tabs.active = f"tab-{name}"
