@@ -294,6 +294,7 @@ class TuituneApp(App):
         self._last_stale: str | None = None
         self._last_chart = 0.0
         self.messages: list[str] = []  # notifications shown, for tests and the log
+        self.opened_not_launched = False  # `o` loaded a preset that has not been launched yet
         session.subscribe(self.pending.extend)
 
     # ---- layout ---------------------------------------------------------------------------
@@ -452,8 +453,20 @@ class TuituneApp(App):
             self.logpane.add([ev.text for ev in events if isinstance(ev, LogLine) and ev.node == node], node)
         if lines:
             self.logpane.add(lines)
-            if self.relaunch_screen is not None and not self.relaunch_screen.finished:
-                self.relaunch_screen.add_lines(lines)
+        screen = (
+            self.relaunch_screen if self.relaunch_screen is not None and not self.relaunch_screen.finished else None
+        )
+        if screen is not None:
+            # the relaunch view shows the new server's lines only: those of the old one (its
+            # shutdown, a last request) arrive before the new process is launched
+            fresh = []
+            for ev in events:
+                if isinstance(ev, ServerState) and ev.state == "starting" and ev.phase == "launching":
+                    screen.launched = True
+                elif screen.launched and isinstance(ev, LogLine) and not ev.node:
+                    fresh.append(ev.text)
+            if fresh:
+                screen.add_lines(fresh)
         for ev in events:
             if isinstance(ev, ServerState):
                 self._dirty_cycle = True  # the store may have been cleared (a relaunch here or elsewhere)
@@ -482,6 +495,9 @@ class TuituneApp(App):
             for ev in telemetry:
                 if isinstance(ev, TelemetryState) and ev.state in ("unavailable", "stopped") and ev.detail:
                     self.say(ev.detail, "warning")
+        if self.live:  # a dead server's GPUs: the last figures, greyed out, not live-looking
+            st = s.state.state
+            self.gpu_panel.set_stale(None if st in ("ready", "starting", "stopping") else f"server {st}")
         self.header.show(
             s.label,
             self.draft.name if self.draft else "?",
@@ -493,6 +509,7 @@ class TuituneApp(App):
             self.clock(),
             bench=self.bench_progress,
             engine=self.draft.engine.label if self.draft else None,
+            not_running=self._not_running(),
         )
         if self._diff_for is None or self._diff_for[0] is not s.running_preset or self._diff_for[1] is not self.draft:
             self.update_diff()
@@ -512,6 +529,17 @@ class TuituneApp(App):
         if now - self._last_chart > 1.0 and self.tabs.active == "tab-chart":
             self._last_chart = now
             self.chart.draw(s.store, self.book)
+
+    def _not_running(self) -> str | None:
+        """After `o`: the header's "loaded, not running" (naming what the server runs) until the
+        loaded preset is launched."""
+        if not self.opened_not_launched:
+            return None
+        run = self.session.running_preset
+        if run is not None and self.loaded is not None and not P.diff(run, self.loaded, include_bench=False):
+            return None  # launched since (here or by another client)
+        up = self.session.state.state in ("ready", "starting")
+        return run.name if run is not None and up else ""
 
     def stale_reason(self) -> str | None:
         return self.book.stale_reason(self.clock())
@@ -576,6 +604,7 @@ class TuituneApp(App):
                 screen.done(False, "cancelled")
             raise
         screen.done(True)
+        self.opened_not_launched = False
         if self.draft == preset:  # else the user edited while it started: keep the newer edits
             self.config.load(preset)
             self.draft = preset
@@ -651,6 +680,9 @@ class TuituneApp(App):
             f"concurrency {', '.join(map(str, levels))}…"
         )
 
+        logged = self.session.store["decode_accept_len"]
+        logged_from = logged.appended
+
         def progress(_i: int, r) -> None:
             if r.ok and r.decode_tok_s is not None:
                 done.append(r.decode_tok_s)
@@ -670,11 +702,18 @@ class TuituneApp(App):
             self.say(f"benchmark: no request succeeded ({errors[:200]}); no row added", "error")
             return
         first = runs[0]
+        summary = first.summary()
+        if not (summary.get("accept_len") or {}).get("mean") and preset.is_speculative:
+            # vLLM's responses carry no acceptance: the server's own figure, as the cycle panel
+            # shows it (its SpecDecoding lines or /metrics), over the run or else the last one
+            vals = logged.since(logged_from) or ([logged.last()] if logged.last() is not None else [])
+            if vals:
+                summary["accept_len"] = {"mean": sum(vals) / len(vals), "source": "server log"}
         r = self.book.add(
             preset.name,
             preset,
             first.tok_s(),
-            first.summary(),
+            summary,
             first.cycle_ms,
             started=self.clock(),
             env_drift=first.env_drift,
@@ -811,6 +850,7 @@ class TuituneApp(App):
                 )
                 return
             self.loaded = self.draft = p
+            self.opened_not_launched = True
             self.preset_path = path
             self.config.load(p)
             self.update_diff()
@@ -864,7 +904,7 @@ class TuituneApp(App):
 
     def action_focus_filter(self) -> None:
         self.tabs.active = "tab-log"
-        self.logpane.query_one("#log-filter", Input).focus()
+        self.logpane.focus_filter()
 
     def action_edit(self) -> None:
         self.add_class("-show-config")

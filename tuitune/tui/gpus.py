@@ -3,6 +3,8 @@ maximum, temperature, a utilisation sparkline, flags), or one summary line when 
 
 It stays hidden until telemetry arrives (a replay without telemetry looks as before). The key
 cycles full -> summary line -> hidden; a terminal too short for the rows gets the summary line.
+When the server is not running (it exited, failed or was stopped) the last figures stay, greyed
+out and marked stale (``set_stale``), not as if live.
 """
 
 from __future__ import annotations
@@ -91,6 +93,23 @@ class GpuPanel(Static):
         self.state: TelemetryState | None = None
         self.flags: dict[int, list[str]] = {}
         self.rows = 0  # GPU rows drawn last time (0 in summary mode)
+        self.stale: str | None = None  # why the figures are not live (the server died): drawn grey
+        self._last: tuple[GpuStore, bool] | None = None
+
+    def set_stale(self, reason: str | None) -> None:
+        """Mark the figures as not live (``reason``, e.g. "server exited") or live again (None);
+        the panel is redrawn from its last samples, greyed out and said so in its subtitle."""
+        if reason != self.stale:
+            self.stale = reason
+            if self._last is not None:
+                self.update_from(*self._last, [])
+
+    def update(self, content="", **kw) -> None:
+        if getattr(self, "stale", None) and isinstance(content, Text):
+            content = content.copy()
+            content.stylize("dim")
+            content.append(f"\nstale: {self.stale}; the figures above are from before", style="bold yellow")
+        super().update(content, **kw)
 
     def on_mount(self) -> None:
         self.border_title = "gpus"
@@ -115,10 +134,13 @@ class GpuPanel(Static):
             self.display = False
             return
         self.display = self.mode != "hidden"
+        self._last = (store, load_on)
         gpus = store.current()
         self.flags = gpu_flags(store, load_on)
         st = self.state
         self.border_subtitle = "" if st.state == "on" else f"{st.state}: {st.detail or ''}"[:60]
+        if self.stale:
+            self.border_subtitle = f"stale: {self.stale}"[:60]
         name = gpus[0].last.name if gpus and gpus[0].last.name else "GPU"
         self.border_title = f"gpus · {len(gpus)} × {name}" if gpus else "gpus"
         if not self.display:
