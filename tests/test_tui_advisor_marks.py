@@ -60,7 +60,7 @@ async def test_no_play_mark_on_a_slower_configuration_and_a_asks():
         await pilot.pause()
         text = await show(app, pilot, rows_running_best())
         assert "▶" not in text and "▷" in text
-        assert "running configuration is predicted best" in text and "worth making next" in text
+        assert "running configuration is predicted best" in text and "worth measuring next" in text
         before = app.draft
         await pilot.press("a")
         await pilot.pause()

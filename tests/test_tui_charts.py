@@ -10,7 +10,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import plotext as plt
+from conftest import until
+from test_gpu_panel import tick
 
+from tuitune.base.events import TelemetryState
 from tuitune.tui.chart import render
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "screenshots"))
@@ -46,6 +49,7 @@ def test_phase_legend_is_under_the_plot():
     }
     text = plt.uncolorize(render("phases", store, None, 70, 14))
     lines = text.splitlines()
+    assert len(lines) <= 14  # the legend fits the panel's rows, not one below them
     plot_lines = [ln for ln in lines if "│" in ln or "┤" in ln]
     assert not any("verify" in ln or "cycle" in ln for ln in plot_lines)  # nothing written on the lines
     assert "verify" in lines[-1] and "cycle" in lines[-1] and "draft" in lines[-1]
@@ -55,14 +59,19 @@ async def test_chart_tab_gets_rows_at_80x24():
     app = scene_app()
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
+        app.session.publish([TelemetryState("on", None, 2), *tick(0, n=2)])
+        await until(pilot, lambda: app.gpu_panel.display, 5, "the GPU panel")
         await pilot.press("2")
         await pilot.pause()
         await pilot.pause()
-        assert app.chart.content_size.height >= 10, app.chart.content_size
-        assert not app.runs_table.display or app.runs_table.region.height == 0
+        assert app.chart.content_size.height >= 12, app.chart.content_size
+        assert app.runs_table.region.height == 0 and not app.gpu_panel.display
+        app.session.publish(tick(1, n=2))  # a GPU sample does not bring its panel back over the chart
+        await pilot.pause(0.3)
+        assert not app.gpu_panel.display
         await pilot.press("1")
         await pilot.pause()
-        assert app.runs_table.region.height > 0  # the panels come back with the log
+        assert app.runs_table.region.height > 0 and app.gpu_panel.display  # back with the log
 
 
 def test_sweep_plot_has_the_baseline_in_its_series(monkeypatch):

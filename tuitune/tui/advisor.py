@@ -101,6 +101,13 @@ class AdvisorPanel(Static):
         run = next((p for p in self.rows if p.config == self.running), None)
         sug = self.suggestion()
         best = sug.config
+        # what the marks mean, above the rows (a short terminal cuts the panel's bottom off)
+        if sug.kind == "within":
+            t.append(f"▶ {sug.gain:+.1%} is within the interval: not a sure gain (a asks first)\n", style="yellow")
+        elif sug.kind == "measure":
+            t.append("the running configuration is predicted best; ▷ worth measuring next (a asks)\n", style="yellow")
+        elif best is None and run is not None:
+            t.append("the running configuration is predicted best; nothing to try next\n", style="yellow")
         for p in self.rows:
             gain = p.goodput.mean / run.goodput.mean - 1 if run and run.goodput.mean > 0 else 0.0
             if p.config == best:
@@ -126,18 +133,11 @@ class AdvisorPanel(Static):
         if best is not None:
             label = self.engine.config_label(best)
             t.append(
-                {
-                    "gain": f"a: apply {label} to the config panel, then r relaunches   ",
-                    "within": f"≈ {sug.gain:+.1%} is within the interval: not a sure gain (a asks first)   ",
-                    "measure": (
-                        "the running configuration is predicted best; ▷ marks the measurement worth making"
-                        " next (its interval reaches above): a asks first   "
-                    ),
-                }[sug.kind],
+                f"a: apply {label} to the config panel, then r relaunches   "
+                if sug.kind == "gain"
+                else f"a: asks, then puts {label} into the config panel   ",
                 style="dim",
             )
-        elif run is not None:
-            t.append("the running configuration is predicted best; nothing to try next   ", style="dim")
         t.append(self.note, style="dim")
         return t
 

@@ -394,6 +394,8 @@ class TuituneApp(App):
     def _layout_for(self, width: int, height: int | None = None) -> None:
         self.set_class(width < NARROW_COLS, "-narrow")
         self.set_class((self.size.height if height is None else height) < SHORT_ROWS, "-short")
+        if getattr(self, "gpu_panel", None) is not None:  # its display is its own (set inline), not the CSS's
+            self.gpu_panel.make_room(self.has_class("-chart-tab") and self.has_class("-short"))
         wide = width >= WIDE_FOOTER_COLS
         if self.footer is not None and self.footer.show_command_palette != wide:
             # narrow: less padding and no palette key (? lists it), so the first five minutes' keys fit 80
@@ -882,6 +884,7 @@ class TuituneApp(App):
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         # by key or by mouse: the chart tab on a short terminal hides the panels above it
         self.set_class(event.pane.id == "tab-chart", "-chart-tab")
+        self.gpu_panel.make_room(event.pane.id == "tab-chart" and self.has_class("-short"))
         if event.pane.id == "tab-chart":
             self._last_chart = 0.0
             self.call_after_refresh(self.refresh_views)  # drawn at its new size, not a second later

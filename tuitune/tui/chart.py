@@ -57,7 +57,7 @@ def render(mode: str, store: MetricsStore, book: RunBook, width: int, height: in
         for name, vals in shown:
             plt.plot(list(range(len(vals))), vals, marker=PHASE_MARKERS[name])
         plt.title("phase times per profile window (ms)")
-        return plt.build() + "\n" + legend([name for name, _ in shown])
+        return plt.build().rstrip("\n") + "\n" + legend([name for name, _ in shown])
     return plt.build()
 
 

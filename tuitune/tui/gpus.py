@@ -114,9 +114,18 @@ class GpuPanel(Static):
     def on_mount(self) -> None:
         self.border_title = "gpus"
 
+    making_room = False  # the app's chart tab on a short terminal: hidden while it is shown
+
+    def make_room(self, on: bool) -> None:
+        self.making_room = on
+        self.display = self._shown() and self.state is not None and self.state.state != "unavailable"
+
+    def _shown(self) -> bool:
+        return self.mode != "hidden" and not self.making_room
+
     def cycle_mode(self) -> str:
         self.mode = MODES[(MODES.index(self.mode) + 1) % len(MODES)]
-        self.display = self.mode != "hidden" and self.state is not None
+        self.display = self._shown() and self.state is not None
         return self.mode
 
     def effective_mode(self) -> str:
@@ -133,7 +142,7 @@ class GpuPanel(Static):
         if self.state is None or self.state.state == "unavailable":
             self.display = False
             return
-        self.display = self.mode != "hidden"
+        self.display = self._shown()
         self._last = (store, load_on)
         gpus = store.current()
         self.flags = gpu_flags(store, load_on)
