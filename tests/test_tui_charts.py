@@ -69,6 +69,9 @@ async def test_chart_tab_gets_rows_at_80x24():
         app.session.publish(tick(1, n=2))  # a GPU sample does not bring its panel back over the chart
         await pilot.pause(0.3)
         assert not app.gpu_panel.display
+        await pilot.press("3")  # the advisor too: its rows need the height
+        await pilot.pause()
+        assert app.runs_table.region.height == 0 and app.advisor.region.height >= 12
         await pilot.press("1")
         await pilot.pause()
         assert app.runs_table.region.height > 0 and app.gpu_panel.display  # back with the log

@@ -192,6 +192,7 @@ class TuituneCommands(Provider):
 NARROW_COLS = 140  # below this the config panel collapses (e shows it) so the left side stays readable
 WIDE_FOOTER_COLS = 120  # below this the footer is compact
 SHORT_ROWS = 30  # below this the cycle panel drops its sparklines (bars, runs and log keep their rows)
+TALL_TABS = ("tab-chart", "tab-advisor")  # on a short terminal these hide the panels above them
 
 
 class TuituneApp(App):
@@ -207,8 +208,9 @@ class TuituneApp(App):
     .-narrow.-show-config #config { display: block; layer: overlay; dock: right; width: 52; max-width: 80%; }
     /* a short terminal keeps the bars, the runs and the log; the sparklines make room */
     .-short CyclePanel .spark-row { display: none; }
-    /* the chart tab on a short terminal: the panels above it make room, so the plot gets rows */
-    .-short.-chart-tab #cycle, .-short.-chart-tab #gpus, .-short.-chart-tab #runs { display: none; }
+    /* the chart and advisor tabs on a short terminal: the panels above make room (a plot's rows,
+       the advisor's running configuration and its neighbours) */
+    .-short.-tall-tab #cycle, .-short.-tall-tab #gpus, .-short.-tall-tab #runs { display: none; }
     """
     TITLE = "tuitune"
     COMMANDS = App.COMMANDS | {TuituneCommands}
@@ -395,7 +397,7 @@ class TuituneApp(App):
         self.set_class(width < NARROW_COLS, "-narrow")
         self.set_class((self.size.height if height is None else height) < SHORT_ROWS, "-short")
         if getattr(self, "gpu_panel", None) is not None:  # its display is its own (set inline), not the CSS's
-            self.gpu_panel.make_room(self.has_class("-chart-tab") and self.has_class("-short"))
+            self.gpu_panel.make_room(self.has_class("-tall-tab") and self.has_class("-short"))
         wide = width >= WIDE_FOOTER_COLS
         if self.footer is not None and self.footer.show_command_palette != wide:
             # narrow: less padding and no palette key (? lists it), so the first five minutes' keys fit 80
@@ -882,9 +884,9 @@ class TuituneApp(App):
         self.action_show_tab(self.TABS[(self.TABS.index(now) + 1) % len(self.TABS)] if now in self.TABS else "log")
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
-        # by key or by mouse: the chart tab on a short terminal hides the panels above it
-        self.set_class(event.pane.id == "tab-chart", "-chart-tab")
-        self.gpu_panel.make_room(event.pane.id == "tab-chart" and self.has_class("-short"))
+        # by key or by mouse: the chart and advisor tabs on a short terminal hide the panels above
+        self.set_class(event.pane.id in TALL_TABS, "-tall-tab")
+        self.gpu_panel.make_room(event.pane.id in TALL_TABS and self.has_class("-short"))
         if event.pane.id == "tab-chart":
             self._last_chart = 0.0
             self.call_after_refresh(self.refresh_views)  # drawn at its new size, not a second later

@@ -114,7 +114,7 @@ class GpuPanel(Static):
     def on_mount(self) -> None:
         self.border_title = "gpus"
 
-    making_room = False  # the app's chart tab on a short terminal: hidden while it is shown
+    making_room = False  # the app's chart or advisor tab on a short terminal: hidden while shown
 
     def make_room(self, on: bool) -> None:
         self.making_room = on
