@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))  # the checkout's tuitune, as `make` runs it
 from tuitune import preset as P  # noqa: E402
 from tuitune.target.session import Session  # noqa: E402
 from tuitune.tui.app import TuituneApp, UserConfig  # noqa: E402
-from tuitune.tui.screens import RelaunchScreen  # noqa: E402
+from tuitune.tui.screens import ConfirmScreen, RelaunchScreen  # noqa: E402
 
 SIZES = ((140, 44), (120, 40), (80, 24))  # 120×40 is what most users have; 80×24 must still work
 SCENES = ("main", "relaunch", "advisor", "runs", "help", "config", "gpus", "failure")
@@ -102,6 +102,9 @@ async def scenes(app: TuituneApp, pilot, out: Path, control: Path) -> list[Path]
     await pilot.press("3")
     await until(pilot, lambda: app.advisor.top() is not None, 30, "the advisor's suggestion")
     await pilot.press("a")
+    await pilot.pause()
+    if isinstance(app.screen, ConfirmScreen):  # not a sure gain, or a measurement: `a` asks first
+        await pilot.press("y")
     for size in SIZES:  # each size its own relaunch: the view is up for a few seconds only
         await shoot.at(size)
         await pilot.press("r")

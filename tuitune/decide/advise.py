@@ -548,3 +548,40 @@ def dsd_floor(model: CostModel, rows: list[list[int]], concurrencies: list[int],
         "recommend": "a launch without speculation" if broken else None,
         "loses": loses if broken else [],
     }
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """What the advisor puts forward among ``rows`` (predictions of the running configuration and
+    its neighbours): ``kind`` is "gain" (predicted faster, beyond the running configuration's
+    interval), "within" (predicted faster, but inside the running configuration's 95 % interval:
+    not a sure gain), "measure" (the running configuration is predicted best: ``config`` is the
+    measurement worth making next, ``next_measurement``) or "none" (nothing to put forward)."""
+
+    kind: str
+    config: Config | None = None
+    gain: float = 0.0  # predicted goodput over the running configuration's, -1 .. ; 0 when unknown
+
+    @property
+    def faster(self) -> bool:
+        return self.kind in ("gain", "within")
+
+
+def suggestion(rows: list[Prediction], running: Config | None) -> Suggestion:
+    """Never a configuration predicted slower than the running one as a move: when the running
+    configuration is predicted best, the unmeasured neighbour whose interval reaches above it is
+    offered as a measurement instead."""
+    run = next((p for p in rows if p.config == running), None)
+    others = sorted((p for p in rows if p.config != running), key=lambda p: -p.goodput.mean)
+    if not others:
+        return Suggestion("none")
+    if run is None or run.goodput.mean <= 0:
+        return Suggestion("gain", others[0].config)
+    best = others[0]
+    gain = best.goodput.mean / run.goodput.mean - 1
+    if best.goodput.mean > run.goodput.mean:
+        return Suggestion("within" if best.goodput.mean <= run.goodput.hi else "gain", best.config, gain)
+    nxt = next_measurement([run, *others], {running})
+    if nxt is None:
+        return Suggestion("none")
+    return Suggestion("measure", nxt.config, nxt.goodput.mean / run.goodput.mean - 1)

@@ -214,6 +214,9 @@ def _series(result: dict) -> tuple[list[int], dict[str, list[float]]]:
     return xs, {f"speculation {arm}": [r[arm]["goodput"] for r in result["levels"]] for arm in ARMS}
 
 
+MARKERS = {"on": "o", "off": "x"}  # plot_text's marker per arm
+
+
 def plot_text(result: dict, width: int = 100, height: int = 20) -> str:
     """Goodput against concurrency for both arms, in the terminal (plotext)."""
     import plotext as plt
@@ -225,7 +228,8 @@ def plot_text(result: dict, width: int = 100, height: int = 20) -> str:
     if max(xs) >= 8 * min(xs):
         plt.xscale("log")
     for name, ys in series.items():
-        plt.plot(xs, ys, label=name, marker="dot")
+        # a marker of its own for each arm: told apart without colour (NO_COLOR, a print-out)
+        plt.plot(xs, ys, label=name, marker=MARKERS.get(name.split()[-1], "dot"))
     if result["crossover"] is not None:
         plt.vertical_line(result["crossover"])
     plt.title("goodput (tok/s) against concurrency" + (", | = crossover" if result["crossover"] is not None else ""))

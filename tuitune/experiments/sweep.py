@@ -359,10 +359,14 @@ def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict
     best = next(
         (t for t in ranked if t["kind"] == "config" and (t.get("delta") or {}).get("verdict") == "faster"), None
     )
+    keys = list(dict.fromkeys(k for r in rows for k in (r.get("axes") or {})))
+    flat = P.flatten(base)
     result = {
         "preset": base.name,
         "table": ranked + [t for t in table if "tok_s" not in t],
         "best": best["label"] if best else None,
+        # the grid's axes as the baseline (the preset unchanged) has them: its point in plot()
+        "baseline_axes": {k: flat.get(k) for k in keys},
     }
     if best is None and base_g and base_g["launches"]:
         result["best"] = "baseline"
@@ -450,20 +454,35 @@ def plot(result: dict, width: int = 100, height: int = 18, colour: bool = True) 
         return None
     import plotext as plt
 
+    steps = "speculative.num_steps"
+
+    def series(axes: dict) -> str:
+        return " ".join(f"{k.split('.')[-1]}={v}" for k, v in axes.items() if k != steps) or "preset"
+
     lines: dict[str, list[tuple[int, float]]] = {}
     for t in rows:
-        rest = " ".join(f"{k.split('.')[-1]}={v}" for k, v in t["axes"].items() if k != "speculative.num_steps")
-        lines.setdefault(rest or "preset", []).append((t["changes"]["speculative.num_steps"], t["tok_s"]))
+        lines.setdefault(series(t["axes"]), []).append((t["changes"][steps], t["tok_s"]))
+    base = next((t for t in result["table"] if t.get("kind") == "baseline" and "tok_s" in t), None)
+    base_axes = result.get("baseline_axes") or {}
+    on_line = None
+    if base and isinstance(base_axes.get(steps), int):
+        # the baseline is a point of the series it belongs to (its steps between the grid's), not
+        # only a horizontal line: without it a line joins steps 1 and 3 over the measured 2
+        name = series(base_axes)
+        pts = lines.get(name)
+        if pts is not None and all(x != base_axes[steps] for x, _ in pts):
+            pts.append((base_axes[steps], base["tok_s"]))
+            on_line = base_axes[steps]
     plt.clear_figure()
     plt.plotsize(width, height)
     plt.theme("clear")
     for name, pts in lines.items():
         pts.sort()
         plt.plot([p[0] for p in pts], [p[1] for p in pts], label=name, marker="dot")
-    base = next((t for t in result["table"] if t.get("kind") == "baseline" and "tok_s" in t), None)
     if base:
         plt.horizontal_line(base["tok_s"])
-    plt.title("tok/s against speculative steps" + (" (horizontal line: baseline)" if base else ""))
+    note = f"baseline: the point at steps {on_line}, and the line" if on_line else "horizontal line: baseline"
+    plt.title("tok/s against speculative steps" + (f" ({note})" if base else ""))
     plt.xlabel("speculative.num_steps")
     from tuitune.measure.report import finish_chart
 

@@ -59,7 +59,7 @@ def summarize(values: Iterable[float]) -> Summary | None:
 
 
 class Series:
-    __slots__ = ("name", "unit", "capacity", "max_age_s", "_t", "_v", "lo", "hi")
+    __slots__ = ("name", "unit", "capacity", "max_age_s", "_t", "_v", "lo", "hi", "appended")
 
     def __init__(
         self,
@@ -77,6 +77,7 @@ class Series:
         self._t: deque[float] = deque(maxlen=capacity)
         self._v: deque[float] = deque(maxlen=capacity)
         self.lo, self.hi = lo, hi  # fixed display range (None = from the data)
+        self.appended = 0  # values ever appended (``since``: those of an interval, by count not clock)
 
     def append(self, value: float, t: float | None = None) -> None:
         if not math.isfinite(value):
@@ -84,6 +85,7 @@ class Series:
         t = time.monotonic() if t is None else t
         self._t.append(t)
         self._v.append(value)
+        self.appended += 1
         if self.max_age_s is not None:
             cutoff = t - self.max_age_s
             while self._t and self._t[0] < cutoff:
@@ -98,6 +100,11 @@ class Series:
 
     def last(self) -> float | None:
         return self._v[-1] if self._v else None
+
+    def since(self, appended: int) -> list[float]:
+        """The values appended after ``appended`` (an earlier ``self.appended``) still held."""
+        n = min(len(self._v), self.appended - appended)
+        return list(self._v)[-n:] if n > 0 else []
 
     def summary(self, last_n: int | None = None) -> Summary | None:
         vals = self.values()

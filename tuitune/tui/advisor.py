@@ -2,6 +2,12 @@
 (steps ±1, other topk, speculation off) at the current load, with intervals; refitted as profile
 windows arrive (at most every ``REFIT_S``). ``apply_to_config`` puts the top suggestion into the
 config panel's fields, from where `r` relaunches it like any edit.
+
+Marks: ``▶`` a configuration predicted faster than the running one (``●``); when its prediction
+lies inside the running configuration's 95 % interval it is marked ``≈`` and the panel says
+"within the interval: not a sure gain". A configuration predicted slower never gets ``▶``: when
+the running one is predicted best, ``▷`` marks the measurement worth making next
+(``advise.suggestion``).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from textual.widgets import Input, Select, Static
 
 from tuitune import engines
 from tuitune.base.events import Event, Marker, ProfileWindow, ServerState
-from tuitune.decide.advise import neighbours
+from tuitune.decide.advise import Suggestion, neighbours, suggestion
 from tuitune.decide.costmodel import Config, FitError, Launch, config_of_window, fit
 
 REFIT_S = 2.0
@@ -79,29 +85,58 @@ class AdvisorPanel(Static):
         self.note = f"baseline from the {model.baseline_source}"
         self.update(self.render_rows())
 
+    def suggestion(self) -> Suggestion:
+        """What the panel puts forward: a faster configuration (sure or within the interval), or
+        the measurement worth making next when the running one is predicted best."""
+        return suggestion(self.rows, self.running) if self.rows else Suggestion("none")
+
     def top(self) -> Config | None:
-        """The best suggestion that differs from the running configuration."""
-        return next((p.config for p in self.rows if p.config != self.running), None) if self.rows else None
+        """The configuration the panel marks (``▶`` or ``▷``), None when there is none."""
+        return self.suggestion().config
 
     def render_rows(self) -> Text:
         t = Text()
         t.append(f"predicted goodput at concurrency {self.concurrency} ", style="bold")
         t.append(f"({len(self.windows)} windows of this launch)\n", style="dim")
         run = next((p for p in self.rows if p.config == self.running), None)
-        best = self.top()
+        sug = self.suggestion()
+        best = sug.config
+        # what the marks mean, above the rows (a short terminal cuts the panel's bottom off)
+        if sug.kind == "within":
+            t.append(f"▶ {sug.gain:+.1%} is within the interval: not a sure gain (a asks first)\n", style="yellow")
+        elif sug.kind == "measure":
+            t.append("the running configuration is predicted best; ▷ worth measuring next (a asks)\n", style="yellow")
+        elif best is None and run is not None:
+            t.append("the running configuration is predicted best; nothing to try next\n", style="yellow")
         for p in self.rows:
             gain = p.goodput.mean / run.goodput.mean - 1 if run and run.goodput.mean > 0 else 0.0
-            mark = "▶ " if p.config == best else ("● " if p.config == self.running else "  ")
-            style = "bold green" if p.config == best and gain > 0 else ("bold" if p.config == self.running else "")
+            if p.config == best:
+                mark = "▶ " if sug.faster else "▷ "
+            else:
+                mark = "● " if p.config == self.running else "  "
+            style = (
+                "bold green"
+                if p.config == best and sug.kind == "gain"
+                else ("bold" if p.config in (self.running, best) else "")
+            )
             t.append(
                 f"{mark}{self.engine.config_label(p.config):<30} {p.goodput.mean:>9.1f} tok/s  "
                 f"[{max(0.0, p.goodput.lo):.0f}–{p.goodput.hi:.0f}] ",
                 style=style,
             )
-            t.append(f"{gain:+6.1%}\n" if p.config != self.running else "running\n", style=style or "dim")
+            t.append(f"{gain:+6.1%}" if p.config != self.running else "running", style=style or "dim")
+            if p.config == best and sug.kind == "within":
+                t.append(" ≈", style="yellow")  # as the runs table's ≈: no clear change
+            elif p.config == best and sug.kind == "measure":
+                t.append(" measure", style="dim")
+            t.append("\n")
         if best is not None:
+            label = self.engine.config_label(best)
             t.append(
-                f"a: apply {self.engine.config_label(best)} to the config panel, then r relaunches   ", style="dim"
+                f"a: apply {label} to the config panel, then r relaunches   "
+                if sug.kind == "gain"
+                else f"a: asks, then puts {label} into the config panel   ",
+                style="dim",
             )
         t.append(self.note, style="dim")
         return t

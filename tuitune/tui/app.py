@@ -192,6 +192,7 @@ class TuituneCommands(Provider):
 NARROW_COLS = 140  # below this the config panel collapses (e shows it) so the left side stays readable
 WIDE_FOOTER_COLS = 120  # below this the footer is compact
 SHORT_ROWS = 30  # below this the cycle panel drops its sparklines (bars, runs and log keep their rows)
+TALL_TABS = ("tab-chart", "tab-advisor")  # on a short terminal these hide the panels above them
 
 
 class TuituneApp(App):
@@ -207,6 +208,9 @@ class TuituneApp(App):
     .-narrow.-show-config #config { display: block; layer: overlay; dock: right; width: 52; max-width: 80%; }
     /* a short terminal keeps the bars, the runs and the log; the sparklines make room */
     .-short CyclePanel .spark-row { display: none; }
+    /* the chart and advisor tabs on a short terminal: the panels above make room (a plot's rows,
+       the advisor's running configuration and its neighbours) */
+    .-short.-tall-tab #cycle, .-short.-tall-tab #gpus, .-short.-tall-tab #runs { display: none; }
     """
     TITLE = "tuitune"
     COMMANDS = App.COMMANDS | {TuituneCommands}
@@ -292,6 +296,7 @@ class TuituneApp(App):
         self._last_stale: str | None = None
         self._last_chart = 0.0
         self.messages: list[str] = []  # notifications shown, for tests and the log
+        self.opened_not_launched = False  # `o` loaded a preset that has not been launched yet
         session.subscribe(self.pending.extend)
 
     # ---- layout ---------------------------------------------------------------------------
@@ -391,6 +396,8 @@ class TuituneApp(App):
     def _layout_for(self, width: int, height: int | None = None) -> None:
         self.set_class(width < NARROW_COLS, "-narrow")
         self.set_class((self.size.height if height is None else height) < SHORT_ROWS, "-short")
+        if getattr(self, "gpu_panel", None) is not None:  # its display is its own (set inline), not the CSS's
+            self.gpu_panel.make_room(self.has_class("-tall-tab") and self.has_class("-short"))
         wide = width >= WIDE_FOOTER_COLS
         if self.footer is not None and self.footer.show_command_palette != wide:
             # narrow: less padding and no palette key (? lists it), so the first five minutes' keys fit 80
@@ -452,8 +459,20 @@ class TuituneApp(App):
             self.logpane.add([ev.text for ev in events if isinstance(ev, LogLine) and ev.node == node], node)
         if lines:
             self.logpane.add(lines)
-            if self.relaunch_screen is not None and not self.relaunch_screen.finished:
-                self.relaunch_screen.add_lines(lines)
+        screen = (
+            self.relaunch_screen if self.relaunch_screen is not None and not self.relaunch_screen.finished else None
+        )
+        if screen is not None:
+            # the relaunch view shows the new server's lines only: those of the old one (its
+            # shutdown, a last request) arrive before the new process is launched
+            fresh = []
+            for ev in events:
+                if isinstance(ev, ServerState) and ev.state == "starting" and ev.phase == "launching":
+                    screen.launched = True
+                elif screen.launched and isinstance(ev, LogLine) and not ev.node:
+                    fresh.append(ev.text)
+            if fresh:
+                screen.add_lines(fresh)
         for ev in events:
             if isinstance(ev, ServerState):
                 self._dirty_cycle = True  # the store may have been cleared (a relaunch here or elsewhere)
@@ -482,6 +501,9 @@ class TuituneApp(App):
             for ev in telemetry:
                 if isinstance(ev, TelemetryState) and ev.state in ("unavailable", "stopped") and ev.detail:
                     self.say(ev.detail, "warning")
+        if self.live:  # a dead server's GPUs: the last figures, greyed out, not live-looking
+            st = s.state.state
+            self.gpu_panel.set_stale(None if st in ("ready", "starting", "stopping") else f"server {st}")
         self.header.show(
             s.label,
             self.draft.name if self.draft else "?",
@@ -493,6 +515,7 @@ class TuituneApp(App):
             self.clock(),
             bench=self.bench_progress,
             engine=self.draft.engine.label if self.draft else None,
+            not_running=self._not_running(),
         )
         if self._diff_for is None or self._diff_for[0] is not s.running_preset or self._diff_for[1] is not self.draft:
             self.update_diff()
@@ -512,6 +535,17 @@ class TuituneApp(App):
         if now - self._last_chart > 1.0 and self.tabs.active == "tab-chart":
             self._last_chart = now
             self.chart.draw(s.store, self.book)
+
+    def _not_running(self) -> str | None:
+        """After `o`: the header's "loaded, not running" (naming what the server runs) until the
+        loaded preset is launched."""
+        if not self.opened_not_launched:
+            return None
+        run = self.session.running_preset
+        if run is not None and self.loaded is not None and not P.diff(run, self.loaded, include_bench=False):
+            return None  # launched since (here or by another client)
+        up = self.session.state.state in ("ready", "starting")
+        return run.name if run is not None and up else ""
 
     def stale_reason(self) -> str | None:
         return self.book.stale_reason(self.clock())
@@ -579,6 +613,7 @@ class TuituneApp(App):
                 screen.done(False, "cancelled")
             raise
         screen.done(True)
+        self.opened_not_launched = False
         if self.draft == preset:  # else the user edited while it started: keep the newer edits
             self.config.load(preset)
             self.draft = preset
@@ -590,12 +625,35 @@ class TuituneApp(App):
             self.relaunch_worker.cancel()
 
     def action_apply_advice(self) -> None:
-        best = self.advisor.top()
+        """The advisor's ``▶`` into the config panel; a gain inside the running configuration's
+        interval, or a measurement (``▷``: the running one is predicted best), is asked about first."""
+        sug = self.advisor.suggestion()
+        best = sug.config
         if best is None:
-            self.say("no advice yet: the advisor needs profile windows of the running server", "warning")
+            if self.advisor.rows:
+                self.say("the running configuration is predicted best: nothing to apply", "warning")
+            else:
+                self.say("no advice yet: the advisor needs profile windows of the running server", "warning")
             return
-        apply_to_config(self.config, best)
-        self.say(f"config panel set to {self.advisor.engine.config_label(best)}: press r to relaunch with it")
+        label = self.advisor.engine.config_label(best)
+
+        def apply(yes: bool | None = True) -> None:
+            if yes:
+                apply_to_config(self.config, best)
+                self.say(f"config panel set to {label}: press r to relaunch with it")
+
+        if sug.kind == "gain":
+            apply()
+            return
+        question = (
+            f"{label} is predicted {sug.gain:+.1%}, inside the running configuration's 95 % interval: "
+            "not a sure gain. Put it into the config panel anyway (then r, b to measure it)?"
+            if sug.kind == "within"
+            else f"The running configuration is predicted best ({label}: {sug.gain:+.1%}). "
+            f"{label} is the measurement worth making next: put it into the config panel to measure it?"
+        )
+        self.say(question.split(". ")[0], "warning")
+        self.push_screen(ConfirmScreen(question, "Apply [y]", "y"), apply)
 
     def action_bench(self) -> None:
         self._start_bench(None)
@@ -631,6 +689,9 @@ class TuituneApp(App):
             f"concurrency {', '.join(map(str, levels))}…"
         )
 
+        logged = self.session.store["decode_accept_len"]
+        logged_from = logged.appended
+
         def progress(_i: int, r) -> None:
             if r.ok and r.decode_tok_s is not None:
                 done.append(r.decode_tok_s)
@@ -650,11 +711,18 @@ class TuituneApp(App):
             self.say(f"benchmark: no request succeeded ({errors[:200]}); no row added", "error")
             return
         first = runs[0]
+        summary = first.summary()
+        if not (summary.get("accept_len") or {}).get("mean") and preset.is_speculative:
+            # vLLM's responses carry no acceptance: the server's own figure, as the cycle panel
+            # shows it (its SpecDecoding lines or /metrics), over the run or else the last one
+            vals = logged.since(logged_from) or ([logged.last()] if logged.last() is not None else [])
+            if vals:
+                summary["accept_len"] = {"mean": sum(vals) / len(vals), "source": "server log"}
         r = self.book.add(
             preset.name,
             preset,
             first.tok_s(),
-            first.summary(),
+            summary,
             first.cycle_ms,
             started=self.clock(),
             env_drift=first.env_drift,
@@ -791,6 +859,7 @@ class TuituneApp(App):
                 )
                 return
             self.loaded = self.draft = p
+            self.opened_not_launched = True
             self.preset_path = path
             self.config.load(p)
             self.update_diff()
@@ -819,6 +888,14 @@ class TuituneApp(App):
         now = self.tabs.active.removeprefix("tab-")
         self.action_show_tab(self.TABS[(self.TABS.index(now) + 1) % len(self.TABS)] if now in self.TABS else "log")
 
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        # by key or by mouse: the chart and advisor tabs on a short terminal hide the panels above
+        self.set_class(event.pane.id in TALL_TABS, "-tall-tab")
+        self.gpu_panel.make_room(event.pane.id in TALL_TABS and self.has_class("-short"))
+        if event.pane.id == "tab-chart":
+            self._last_chart = 0.0
+            self.call_after_refresh(self.refresh_views)  # drawn at its new size, not a second later
+
     def action_show_tab(self, name: str) -> None:
         self.tabs.active = f"tab-{name}"
         if name == "chart":
@@ -837,7 +914,7 @@ class TuituneApp(App):
 
     def action_focus_filter(self) -> None:
         self.tabs.active = "tab-log"
-        self.logpane.query_one("#log-filter", Input).focus()
+        self.logpane.focus_filter()
 
     def action_edit(self) -> None:
         self.add_class("-show-config")

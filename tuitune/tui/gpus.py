@@ -3,6 +3,8 @@ maximum, temperature, a utilisation sparkline, flags), or one summary line when 
 
 It stays hidden until telemetry arrives (a replay without telemetry looks as before). The key
 cycles full -> summary line -> hidden; a terminal too short for the rows gets the summary line.
+When the server is not running (it exited, failed or was stopped) the last figures stay, greyed
+out and marked stale (``set_stale``), not as if live.
 """
 
 from __future__ import annotations
@@ -91,13 +93,39 @@ class GpuPanel(Static):
         self.state: TelemetryState | None = None
         self.flags: dict[int, list[str]] = {}
         self.rows = 0  # GPU rows drawn last time (0 in summary mode)
+        self.stale: str | None = None  # why the figures are not live (the server died): drawn grey
+        self._last: tuple[GpuStore, bool] | None = None
+
+    def set_stale(self, reason: str | None) -> None:
+        """Mark the figures as not live (``reason``, e.g. "server exited") or live again (None);
+        the panel is redrawn from its last samples, greyed out and said so in its subtitle."""
+        if reason != self.stale:
+            self.stale = reason
+            if self._last is not None:
+                self.update_from(*self._last, [])
+
+    def update(self, content="", **kw) -> None:
+        if getattr(self, "stale", None) and isinstance(content, Text):
+            content = content.copy()
+            content.stylize("dim")
+            content.append(f"\nstale: {self.stale}; the figures above are from before", style="bold yellow")
+        super().update(content, **kw)
 
     def on_mount(self) -> None:
         self.border_title = "gpus"
 
+    making_room = False  # the app's chart or advisor tab on a short terminal: hidden while shown
+
+    def make_room(self, on: bool) -> None:
+        self.making_room = on
+        self.display = self._shown() and self.state is not None and self.state.state != "unavailable"
+
+    def _shown(self) -> bool:
+        return self.mode != "hidden" and not self.making_room
+
     def cycle_mode(self) -> str:
         self.mode = MODES[(MODES.index(self.mode) + 1) % len(MODES)]
-        self.display = self.mode != "hidden" and self.state is not None
+        self.display = self._shown() and self.state is not None
         return self.mode
 
     def effective_mode(self) -> str:
@@ -114,11 +142,14 @@ class GpuPanel(Static):
         if self.state is None or self.state.state == "unavailable":
             self.display = False
             return
-        self.display = self.mode != "hidden"
+        self.display = self._shown()
+        self._last = (store, load_on)
         gpus = store.current()
         self.flags = gpu_flags(store, load_on)
         st = self.state
         self.border_subtitle = "" if st.state == "on" else f"{st.state}: {st.detail or ''}"[:60]
+        if self.stale:
+            self.border_subtitle = f"stale: {self.stale}"[:60]
         name = gpus[0].last.name if gpus and gpus[0].last.name else "GPU"
         self.border_title = f"gpus · {len(gpus)} × {name}" if gpus else "gpus"
         if not self.display:

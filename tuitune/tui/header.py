@@ -42,7 +42,11 @@ class StatusHeader(Static):
         now: float | None = None,
         bench: tuple[int, int, float | None] | None = None,
         engine: str | None = None,
+        not_running: str | None = None,
     ) -> None:
+        """``not_running``: the preset shown was loaded (`o`) but not launched; the value names the
+        preset the server runs ("" when none or unknown), so the header does not pass it for the
+        running one."""
         now = time.time() if now is None else now
         # narrow (80 columns): what is usual goes (the name, a connected link) so that the load fits
         narrow = 0 < self.size.width < NARROW
@@ -54,6 +58,11 @@ class StatusHeader(Static):
         t.append(preset, style="bold")
         if modified:
             t.append(" (modified)", style="bold magenta")
+        if not_running is not None:
+            t.append(" (loaded, not running", style="bold yellow")
+            if not_running and not narrow:
+                t.append(f"; server runs {not_running}", style="yellow")
+            t.append(")", style="bold yellow")
         if engine:
             t.append(f" · {engine}", style="cyan")
         t.append(" │ ")

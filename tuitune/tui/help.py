@@ -69,6 +69,8 @@ GROUPS: tuple[tuple[str, tuple[Entry, ...]], ...] = (
         (
             Entry("advisor: predicted goodput", ("tuitune.tab_advisor",)),
             Entry("apply its top suggestion", ("tuitune.apply_advice",)),
+            Entry("predicted faster; ≈ in the CI", keys="▶ ≈"),
+            Entry("running best: measure this", keys="▷"),
             Entry("then relaunch it and bench it", ("tuitune.relaunch", "tuitune.bench"), action="relaunch"),
         ),
     ),

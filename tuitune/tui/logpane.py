@@ -111,6 +111,19 @@ class FollowLog(Log):
             self.scroll_end(animate=False)
 
 
+class FilterInput(Input):
+    """The log's filter: focused by `/` (``LogPane.focus_filter``), never by Tab, so that Tab
+    through the panels does not land where `j`, `k`, `m` are typed as text (and blank the log)."""
+
+    armed = False
+
+    def allow_focus(self) -> bool:
+        return self.armed and super().allow_focus()
+
+    def on_blur(self) -> None:
+        self.armed = False
+
+
 class LogPane(Vertical):
     DEFAULT_CSS = """
     LogPane { height: 1fr; }
@@ -133,7 +146,7 @@ class LogPane(Vertical):
         return self.lines if node == 0 else self.node_lines.setdefault(node, deque(maxlen=MAX_LINES))
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder=FILTER_HINT, id="log-filter")
+        yield FilterInput(placeholder=FILTER_HINT, id="log-filter")
         yield FollowLog(max_lines=MAX_LINES, auto_scroll=True, id="log")
 
     @property
@@ -167,6 +180,8 @@ class LogPane(Vertical):
         if not self.following:
             return f"paused · {self.new_while_paused} new · End/G to follow"
         text = f"filter: {self.filter}" if self.filter else "following"
+        if self.filter and not any(self.shows(ln) for ln in self.buffer(self.node)):
+            text = f"no line contains {self.filter!r} (/ then clear the filter)"
         if not self.show_own and self.own_hidden:
             text += f" · {self.own_hidden} of tuitune's own requests hidden (v shows)"
         return text
@@ -196,6 +211,11 @@ class LogPane(Vertical):
         self.node = node
         self.query_one(FollowLog).border_title = title
         self.set_filter(self.filter)
+
+    def focus_filter(self) -> None:
+        box = self.query_one(FilterInput)
+        box.armed = True
+        box.focus()
 
     def follow(self) -> None:
         self.query_one(FollowLog).follow()

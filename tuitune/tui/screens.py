@@ -42,6 +42,7 @@ class RelaunchScreen(ModalScreen[None]):
         self.preset_name = preset_name
         self.command = command
         self.lines: list[str] = []
+        self.launched = False  # the new server's process is up: log lines from here on are its own
         self.finished = False
         self.failed = False
         # what the view shows, kept as data: updates may arrive before the widgets are composed
