@@ -36,7 +36,11 @@ HOME = Path(tempfile.mkdtemp(prefix="tuitune-real-sglang-"))
 
 def tt(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "tuitune", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        [sys.executable, "-m", "tuitune", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
         env={**os.environ, "HOME": str(HOME)},
     )
 
@@ -111,8 +115,10 @@ def overhead(rounds: int, n: int, max_tokens: int) -> None:
             finally:
                 stop(p)
     ratios = [a / b for a, b in zip(got["on"], got["off"], strict=True)]
-    print(f"== the probe's overhead (EAGLE3 chain, steps 2; {rounds} launch pairs alternated, {n} requests of "
-          f"{max_tokens} tokens each, an independent /generate client)")
+    print(
+        f"== the probe's overhead (EAGLE3 chain, steps 2; {rounds} launch pairs alternated, {n} requests of "
+        f"{max_tokens} tokens each, an independent /generate client)"
+    )
     print(f"  probe on   {spread(got['on'], 'tok/s')}")
     print(f"  probe off  {spread(got['off'], 'tok/s')}")
     print(f"  on / off by pair: {', '.join(f'{x:.3f}' for x in ratios)}; median {statistics.median(ratios):.3f}")
