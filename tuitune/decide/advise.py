@@ -581,7 +581,7 @@ def suggestion(rows: list[Prediction], running: Config | None) -> Suggestion:
     gain = best.goodput.mean / run.goodput.mean - 1
     if best.goodput.mean > run.goodput.mean:
         return Suggestion("within" if best.goodput.mean <= run.goodput.hi else "gain", best.config, gain)
-    nxt = next_measurement([run, *others], {running})
+    nxt = next_measurement([run, *others], {run.config})
     if nxt is None:
         return Suggestion("none")
     return Suggestion("measure", nxt.config, nxt.goodput.mean / run.goodput.mean - 1)
