@@ -149,6 +149,10 @@ class LogPane(Vertical):
         yield FilterInput(placeholder=FILTER_HINT, id="log-filter")
         yield FollowLog(max_lines=MAX_LINES, auto_scroll=True, id="log")
 
+    def on_mount(self) -> None:
+        if self.buffer(self.node):
+            self.set_filter(self.filter)  # what arrived before the pane was composed
+
     @property
     def following(self) -> bool:
         return self.query_one(FollowLog).following
@@ -163,11 +167,14 @@ class LogPane(Vertical):
         shown = [ln for ln in lines if self.shows(ln)]
         if not self.show_own:
             self.own_hidden += sum(1 for ln in lines if own_request(ln))
+        found = self.query(FollowLog)
+        if not found:  # not composed yet (an attach's history can come first): on_mount writes the buffer
+            return
         if not shown:
             if lines:
                 self._subtitle()
             return
-        log = self.query_one(FollowLog)
+        log = found.first()
         log.write_lines(shown)
         if log.following:
             log.scroll_end(animate=False)
