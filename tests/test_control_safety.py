@@ -284,7 +284,9 @@ def test_a_race_of_tuitune_processes_starts_one_server_and_stops_it_once(where, 
         pid = int(started[0].split()[2].rstrip(","))
         writers = _log_writers(p.server.log)
         assert pid in writers and {os.getpgid(x) for x in writers} == {pid}, writers  # one server's group
-        assert Path(p.server.log).read_text().count("server_args=ServerArgs(") == 1  # started once (its args logged once)
+        assert (
+            Path(p.server.log).read_text().count("server_args=ServerArgs(") == 1
+        )  # started once (its args logged once)
         st = cli("status", path, "--json", env={"HOME": str(tmp_path)})
         assert st.returncode == 0 and json.loads(st.stdout)["record"]["pid"] == pid, st.stdout + st.stderr
         _, out, _ = one_winner(_race(n, ["stop", path, "--grace", "8"], tmp_path), "stop")
