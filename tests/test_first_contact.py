@@ -322,6 +322,52 @@ def test_own_requests_are_told_apart_from_everything_else():
     assert not own_request("the word /metrics in a message")
 
 
+def test_a_repeated_line_is_shown_once_with_a_count_that_grows():
+    """SGLang logs "Received output for rid=… but the state was deleted" once a decode step after a
+    client left (seen in CI: it pushed every EAGLE3_PROFILE line off the pane)."""
+    from tuitune.tui.logpane import Fold, fold_marker, repeat_key
+
+    flood = [
+        f"[2026-12-04 23:09:{s:02d}] Received output for rid='c07b' but the state was deleted in TokenizerManager."
+        for s in range(6)
+    ]
+    f = Fold()
+    assert f.feed(["a", *flood[:3]]) == (None, ["a", flood[0], fold_marker(2)])
+    assert f.feed(flood[3:5]) == (fold_marker(4), [])  # the marker written before is updated, no new line
+    prof = "EAGLE3_PROFILE v=2 cycle=9 draft_ms=1.0"
+    assert f.feed([prof, flood[5], prof]) == (None, [prof, flood[5], prof])  # only consecutive repeats fold
+    assert f.feed([prof]) == (None, [fold_marker(1)])
+    # vLLM's timestamp, and lines that differ in more than their time are kept apart
+    v = "(APIServer pid=9) INFO 12-04 23:09:{} [loggers.py:257] Engine 000: Avg generation throughput: {} tokens/s"
+    assert repeat_key(v.format("58", "9.1")) == repeat_key(v.format("59", "9.1"))
+    assert repeat_key(v.format("58", "9.1")) != repeat_key(v.format("58", "9.2"))
+
+
+async def test_the_log_pane_folds_a_flood_and_keeps_every_line_in_its_buffer():
+    from textual.app import App
+
+    from tuitune.tui.logpane import LogPane, fold_marker
+
+    class One(App):
+        def compose(self):
+            yield LogPane()
+
+    flood = [f"[2026-12-04 23:10:{s:02d}] Received output for rid='c07b' but the state was deleted." for s in range(50)]
+    async with One().run_test(size=(100, 20)) as pilot:
+        pane = pilot.app.query_one(LogPane)
+        log = pane.query_one("#log")
+        pane.add(["server up"])
+        for i in range(0, 50, 10):
+            pane.add(flood[i : i + 10])
+            await pilot.pause()
+        assert list(log.lines) == ["server up", flood[0], fold_marker(49)]
+        pane.add(["EAGLE3_PROFILE v=2 cycle=1"])
+        assert list(log.lines)[-2:] == [fold_marker(49), "EAGLE3_PROFILE v=2 cycle=1"]
+        assert len(pane.lines) == 52  # the buffer keeps them all
+        pane.set_filter("rid")  # a rebuilt view folds the same way
+        assert list(log.lines) == [flood[0], fold_marker(49)]
+
+
 async def test_log_pane_hides_tuitunes_own_requests_and_v_shows_them(tmp_path):
     from test_tui import SIZE_LIVE, until, wait_ready
 

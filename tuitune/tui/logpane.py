@@ -5,7 +5,10 @@ scrolling back to the end resumes), never inferred from scroll positions: a resi
 filter or a panel growing above moves the scroll position without the user asking to stop. A
 multi-node server's other nodes have their own buffers; ``show_node`` switches the pane. The
 access-log lines of tuitune's own requests (its ``/metrics`` scrapes, health checks, benchmark
-requests) are hidden unless asked for: on a real server they are most of the log.
+requests) are hidden unless asked for: on a real server they are most of the log. A line repeated
+(timestamps aside) is shown once with a count that grows in place (``Fold``): SGLang logs one line a
+decode step for a request whose client left, which would push every other line off the pane. The
+buffers keep every line as it came.
 """
 
 from __future__ import annotations
@@ -44,6 +47,49 @@ OWN_PATHS = frozenset(
 _ACCESS = re.compile(r'INFO:\s+\S+ - "[A-Z]+ (/[^ ?"]*)[^ "]* HTTP/[0-9.]+" \d{3}\b')
 
 
+# the timestamps the engines print: SGLang's ``[2026-12-04 23:09:59]``, vLLM's ``INFO 12-04 23:09:59``
+_STAMP = re.compile(r"\d{2,4}-\d{2}(?:-\d{2})?[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?")
+
+
+def repeat_key(line: str) -> str:
+    """What two lines must share to count as one repeated: the line without its timestamps."""
+    return _STAMP.sub("", line).strip()
+
+
+def fold_marker(n: int) -> str:
+    return f"    ⋯ the line above, {n} more time{'s' if n != 1 else ''}"
+
+
+class Fold:
+    """Consecutive repeats of one line shown once, then a marker line counting them, which later
+    repeats update in place (``feed``'s first value) instead of adding lines."""
+
+    def __init__(self) -> None:
+        self.key: str | None = None
+        self.repeats = 0  # of the last line shown, after it
+
+    def feed(self, lines: list[str]) -> tuple[str | None, list[str]]:
+        """(the new text of the last line written, or None; the lines to write after it)."""
+        update: str | None = None
+        out: list[str] = []
+        marker_in_out = False
+        for ln in lines:
+            k = repeat_key(ln)
+            if k == self.key:
+                self.repeats += 1
+                if marker_in_out:
+                    out[-1] = fold_marker(self.repeats)
+                elif self.repeats == 1:
+                    out.append(fold_marker(1))
+                    marker_in_out = True
+                else:  # the marker was written before this batch: it is the last line shown
+                    update = fold_marker(self.repeats)
+                continue
+            self.key, self.repeats, marker_in_out = k, 0, False
+            out.append(ln)
+        return update, out
+
+
 def own_request(line: str) -> bool:
     """An access-log line of a request tuitune itself makes (its path is one of OWN_PATHS)."""
     m = _ACCESS.search(line)
@@ -53,6 +99,14 @@ def own_request(line: str) -> bool:
 class FollowLog(Log):
     BINDINGS = [Binding("k", "scroll_up", show=False), Binding("j", "scroll_down", show=False)]
     following = True
+
+    def replace_last(self, text: str) -> None:
+        """The last line's text replaced (a fold's count); nothing when the log is empty."""
+        lines = getattr(self, "_lines", None)  # Textual's Log keeps its lines there
+        if not lines:
+            return
+        lines[-1] = text
+        self.refresh_lines(len(lines) - 1)
 
     class Moved(Message):
         """The user paused or resumed following."""
@@ -141,6 +195,7 @@ class LogPane(Vertical):
         self.new_while_paused = 0
         self.show_own = False  # tuitune's own requests' access-log lines (v shows them)
         self.own_hidden = 0  # of the lines seen, how many were hidden as tuitune's own
+        self.fold = Fold()  # of the lines shown
 
     def buffer(self, node: int) -> deque[str]:
         return self.lines if node == 0 else self.node_lines.setdefault(node, deque(maxlen=MAX_LINES))
@@ -170,11 +225,14 @@ class LogPane(Vertical):
         found = self.query(FollowLog)
         if not found:  # not composed yet (an attach's history can come first): on_mount writes the buffer
             return
+        update, shown = self.fold.feed(shown)
+        log = found.first()
+        if update is not None:
+            log.replace_last(update)
         if not shown:
             if lines:
                 self._subtitle()
             return
-        log = found.first()
         log.write_lines(shown)
         if log.following:
             log.scroll_end(animate=False)
@@ -201,7 +259,8 @@ class LogPane(Vertical):
         self.filter = text
         log = self.query_one(FollowLog)
         log.clear()
-        log.write_lines([ln for ln in self.buffer(self.node) if self.shows(ln)])
+        self.fold = Fold()
+        log.write_lines(self.fold.feed([ln for ln in self.buffer(self.node) if self.shows(ln)])[1])
         if log.following:
             log.scroll_end(animate=False)
         self._subtitle()
