@@ -117,6 +117,14 @@ def _digest(*paths: Path, extra: str = "") -> str:
     return h.hexdigest()[:16]
 
 
+def missing_build_tools() -> list[str]:
+    """The Debian packages the kernel build needs and this machine lacks (.ci/run installs them)."""
+    need = [pkg for tool, pkg in (("g++", "g++"), ("patch", "patch")) if shutil.which(tool) is None]
+    if not Path("/usr/include/numa.h").is_file():
+        need.append("libnuma-dev")
+    return need
+
+
 def kernel_wheel() -> Path:
     """The kernel wheel, built once from the tarball (cached by the source's and recipe's hash)."""
     reason = no_source_reason()
@@ -127,6 +135,10 @@ def kernel_wheel() -> Path:
     found = sorted(home.glob("sglang_kernel_cpu-*.whl")) if _built(home, stamp) else []
     if found:
         return found[0]
+    if need := missing_build_tools():
+        raise RuntimeError(
+            f"building the SGLang CPU kernels needs {', '.join(need)}: `apt-get install {' '.join(need)}` (as .ci/run does)"
+        )
     python = _build_venv_base()
     with _locked(home.name):
         found = sorted(home.glob("sglang_kernel_cpu-*.whl")) if _built(home, stamp) else []
@@ -444,6 +456,9 @@ if __name__ == "__main__":
     except (NoSource, Unreachable) as e:
         print(f"the real SGLang engine was not installed: {e}")
         sys.exit(1 if demo else 0)  # the suite runs without it (its tests skip); the demo cannot
+    except RuntimeError as e:  # anywhere else a failure is a failure, said in a sentence
+        print(f"the real SGLang engine was not installed: {e}", file=sys.stderr)
+        sys.exit(1)
     print(py)
     for k, v in models.items():
         print(f"{k}: {v}")

@@ -237,6 +237,52 @@ async def test_ctrl_c_during_start_stops_the_server(tmp_path):
     assert not await c.alive(rec.pid) and await c.read_state() is None
 
 
+async def test_ctrl_c_while_a_relaunch_stops_the_old_server_finishes_the_stop_and_says_so(tmp_path):
+    """Cut half-way, the stop left the old server's record behind and the interrupted experiment
+    said nothing of the server it had started (CI: tune's Ctrl-C, mid-relaunch)."""
+    t = LocalTransport()
+    p = make_preset(tmp_path)
+    c = ServerControl(t, p, state_dir=str(tmp_path / "state"))
+    old, _ = await c.relaunch(30)
+    stopping = asyncio.Event()
+
+    async def before_stop() -> None:
+        stopping.set()  # the stop begins as this returns: the cancel below lands in it
+
+    task = asyncio.ensure_future(c.relaunch(30, before_stop=before_stop))
+    await stopping.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert c.cleanup == f"the server it was replacing ({p.name}, pid {old.pid}) was stopped"
+    assert not group_alive(old.pid) and await c.read_state() is None  # stopped to the end, nothing started
+
+
+async def test_to_the_end_finishes_a_step_under_a_cancel_then_says_it_came():
+    from tuitune.base.aio import to_the_end
+
+    done = []
+
+    async def step(fail: bool = False):
+        await asyncio.sleep(0.2)
+        done.append(1)
+        if fail:
+            raise ValueError("x")
+        return 7
+
+    assert await to_the_end(step()) == (7, False)
+    for fail in (False, True):
+        task = asyncio.ensure_future(to_the_end(step(fail)))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        if fail:  # failing after the cancel came: the cancel is what the caller gets
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        else:
+            assert await task == (7, True)
+    assert len(done) == 3
+
+
 # ---- tail ------------------------------------------------------------------------------------------
 
 

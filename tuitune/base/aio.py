@@ -54,6 +54,26 @@ async def cancel_and_wait(
         raise asyncio.CancelledError
 
 
+async def to_the_end(aw) -> tuple:
+    """Await ``aw`` to its end even when the caller is cancelled meanwhile: (its result, whether a
+    cancel came). For the steps that, cut half-way, would lose track of a server (stopping one,
+    starting one and writing its record): the caller does its clean-up with the result, then raises
+    the cancel. Should ``aw`` fail after a cancel came, the cancel is what is raised."""
+    task = asyncio.ensure_future(aw)
+    cut = False
+    while True:
+        try:
+            return await asyncio.shield(task), cut
+        except asyncio.CancelledError:
+            if task.done():  # the step itself was cancelled, not its caller
+                raise
+            cut = True
+        except BaseException:
+            if cut:
+                raise asyncio.CancelledError from None
+            raise
+
+
 def dump_tasks(file=None) -> None:
     """Print where every thread and every asyncio task of the running loop is waiting (SIGUSR1:
     `kill -USR1 PID` on a tuitune that seems stuck says on what, and it goes on running). On a

@@ -33,7 +33,7 @@ from typing import Protocol
 
 from tuitune import preset as P
 from tuitune.base import redact
-from tuitune.base.aio import cancel_and_wait
+from tuitune.base.aio import cancel_and_wait, to_the_end
 from tuitune.base.events import Event, NcclEnv, ServerError
 from tuitune.engines import CAUSE_ORDER, CAUSE_TEXT
 from tuitune.engines.base import draft_misfit
@@ -1207,20 +1207,28 @@ class ServerControl:
                 if before_stop is not None:
                     await before_stop()
                 if current is not None:
-                    msg = await self._stop()
+                    # stopped to the end, and started and recorded to the end, even under a Ctrl-C:
+                    # cut half-way, either would leave a server that nothing tracks
+                    msg, cut = await to_the_end(self._stop())
+                    if cut:
+                        self.cleanup = f"the server it was replacing ({current.preset}, pid {current.pid}) was stopped"
+                        raise asyncio.CancelledError
                     if on_stopped is not None:
                         on_stopped(msg)
-                rec = await self.start()
-                if after_start is not None:
-                    await after_start(rec)
-                if not wait:
-                    return rec, None
+                rec, cut = await to_the_end(self.start())
+                if cut:
+                    await to_the_end(self._after_failure(rec, keep_on_failure))
+                    raise asyncio.CancelledError
                 try:
+                    if after_start is not None:
+                        await after_start(rec)
+                    if not wait:
+                        return rec, None
                     res = await self.wait_ready(
                         rec, timeout_s, on_phase=on_phase, health_timeout_s=health_timeout_s, deadline=deadline
                     )
                 except asyncio.CancelledError:
-                    await asyncio.shield(self._after_failure(rec, keep_on_failure))
+                    await to_the_end(self._after_failure(rec, keep_on_failure))
                     raise
                 if not res.ok:
                     await self._after_failure(rec, keep_on_failure)

@@ -315,7 +315,8 @@ class Session(EventStream):
             await self._unwatch()
             await self.set_load(False)
             await self.stop_nodes()
-            said = await stop_started(self.control, self.preset.name)
+            # (None when none runs: a relaunch cut short stopped its half-started server, and said so)
+            said = await stop_started(self.control, self.preset.name) or said
             self.launched = False
             self._set_state("stopped", detail=said)
         if said and say is not None:
