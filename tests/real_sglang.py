@@ -81,6 +81,9 @@ ENV = {
     "OMP_NUM_THREADS": "1",
     # NGRAM JIT-compiles its corpus on first use (32 s the first time): one cache for every launch
     "SGLANG_JIT_CACHE_DIR": str(CACHE / f"sglang-cpu-{RELEASE}-jit"),
+    # the first request's Inductor compile (17 s of each launch's 25 on two cores) is cached under
+    # ~/.cache/sglang, which is each test's own HOME: one cache for every launch instead
+    "SGLANG_CACHE_DIR": str(CACHE / f"sglang-cpu-{RELEASE}-cache"),
     "TOKENIZERS_PARALLELISM": "false",
 }
 # --max-total-tokens: the KV cache is otherwise sized from free host memory (GBs)

@@ -346,10 +346,12 @@ def test_tui_in_tmux_shows_the_real_sglang_numbers(served):
         # the bars and the profile's own lines in the log (a flood of one repeated line is folded:
         # SGLang logs one a step for a request whose client left, as a slow machine's load timing out)
         t.wait(
-            lambda s: re.search(r"accept len 1\.00", s)
-            and re.search(r"verify\s+█", s)
-            and re.search(r"draft\s+█", s)
-            and "EAGLE3_PROFILE v=2" in s,
+            lambda s: (
+                re.search(r"accept len 1\.00", s)
+                and re.search(r"verify\s+█", s)
+                and re.search(r"draft\s+█", s)
+                and "EAGLE3_PROFILE v=2" in s
+            ),
             120,
         )
         t.keys("l", "q")
@@ -624,6 +626,51 @@ def test_draft_that_does_not_fit_the_target(engine, tmp_path):
     port = free_port()
     cause = _fails(tmp_path, _write(tmp_path, engine, "misfit", port, draft=engine[1]["eagle3_misfit"]), port, 90)
     assert "hidden" in cause and "192" in cause and "384" in cause, cause
+
+
+# every process of the server refuses SIGTERM, as a wedged engine does: the signal ignored from the
+# start (inherited by the processes SGLang spawns) and any handler for it, uvicorn's included, refused
+_DEAF = """import signal
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+_set = signal.signal
+
+
+def _refuse_term(sig, handler):
+    return signal.SIG_IGN if sig == signal.SIGTERM else _set(sig, handler)
+
+
+signal.signal = _refuse_term
+"""
+
+
+def test_a_server_that_ignores_sigterm_is_killed_after_the_grace(engine, tmp_path):
+    hook = tmp_path / "deaf"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_DEAF)
+    port = free_port()
+    p = _write(tmp_path, engine, "deaf", port, method=None, profile=False, env={"PYTHONPATH": str(hook)})
+    r = tt(tmp_path, "launch", str(p), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    pid = server_pid(tmp_path, p)
+    found = roles(pid)
+    assert set(found) == set(ROLES), found
+    os.killpg(pid, signal.SIGTERM)  # it does ignore it
+    time.sleep(1.0)
+    assert set(roles(pid)) == set(ROLES)
+    t0 = time.monotonic()
+    r = tt(tmp_path, "stop", str(p), "--grace", "3", timeout=120)
+    assert r.returncode == 0 and "killed after the grace period" in r.stdout, r.stdout + r.stderr
+    assert time.monotonic() - t0 < 30
+    wait_for(lambda: not group_procs(pid) and not any(_alive(x) for x in found.values()), 30, 0.2, "none left")
+    assert port_free(port)
+    assert tt(tmp_path, "status", str(p), timeout=60).returncode == 3
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return not Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return False
 
 
 # ---- over SSH: the real sshd on loopback ---------------------------------------------------------------

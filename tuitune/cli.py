@@ -40,6 +40,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "fetch the SSH host keys of a preset's target (and its jump hosts), show them, add them to known_hosts",
         "server",
     ),
+    "watch": (
+        "the acceptance guard on a running server: say when acceptance collapses or speculation goes off; "
+        "exit 1 on an alarm",
+        "measure",
+    ),
     "bench": ("benchmark a running server (through the SSH forward for remote presets)", "measure"),
     "ab": ("interleaved relaunch + bench of two presets (A B A B …), with a verdict", "experiments"),
     "crossover": ("speculation on vs off over concurrency levels: where it stops paying", "experiments"),
@@ -76,6 +81,7 @@ CORE_ERRORS: tuple[tuple[str, str, int | None], ...] = (
     ("tuitune.experiments.observe", "ObserveError", None),
     ("tuitune.experiments.advisor", "AdvisorError", None),
     ("tuitune.experiments.record", "RecordError", 1),
+    ("tuitune.experiments.watch", "WatchError", None),
 )
 
 
@@ -156,6 +162,11 @@ def build_main_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--bench", type=int, metavar="N", help="run a benchmark of N requests at the start")
     g.add_argument("--raw", action="store_true", help="keep the raw log lines too")
+    p.add_argument(
+        "--against",
+        metavar="CAPTURE",
+        help="the acceptance guard compares with this capture of a good run (default: the launch's first cycles)",
+    )
     g.add_argument(
         "--from-start",
         action="store_true",

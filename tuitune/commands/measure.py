@@ -263,4 +263,75 @@ def _trouble(sentence: str) -> None:
     print(f"tuitune: {sentence}", file=sys.stderr)
 
 
-PARSERS = {"parse": parse_args, "bench": bench_args, "report": report_args, "gpus": gpus_args}
+def watch_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("preset")
+    p.add_argument(
+        "--against",
+        metavar="CAPTURE",
+        help="compare with a capture of a run known to be good (default: the launch's own first cycles)",
+    )
+    p.add_argument(
+        "--drop",
+        type=float,
+        default=0.10,
+        metavar="SHARE",
+        help="alarm when the accept length falls this share below the baseline's (default 0.10)",
+    )
+    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
+    p.add_argument("--until-alarm", action="store_true", help="stop at the first alarm")
+    p.add_argument(
+        "--load", type=int, metavar="C", help="keep C request streams running (default: the server's own traffic)"
+    )
+    p.add_argument("--json", metavar="PATH", help="write the result as JSON to PATH (- for standard output)")
+    p.set_defaults(run=cmd_watch)
+
+
+def cmd_watch(ns) -> int:
+    """Exit 0 no alarm, 1 an alarm was raised, 2 bad usage, 3 no server running (or it exited)."""
+    from tuitune.experiments.watch import watch
+    from tuitune.measure.capture import CaptureError
+    from tuitune.measure.guard import Baseline
+
+    if not 0 < ns.drop < 1:
+        raise CliError(f"--drop is a share between 0 and 1, such as 0.1 (got {ns.drop})", 2)
+    for flag in ("duration", "load"):
+        v = getattr(ns, flag)
+        if v is not None and v <= 0:
+            raise CliError(f"--{flag} must be positive (got {v})", 2)
+    baseline = None
+    if ns.against:
+        try:
+            baseline = Baseline.from_capture(ns.against)
+        except (CaptureError, ValueError) as e:
+            raise CliError(f"--against: {e}", 2) from None
+    p = load_preset(ns.preset)
+    res = run_async(
+        watch(
+            p,
+            baseline=baseline,
+            drop=ns.drop,
+            duration=ns.duration,
+            until_alarm=ns.until_alarm,
+            load=ns.load,
+            say=lambda line: print(line, flush=True),
+        )
+    )
+    if ns.json:
+        write_json(ns.json, res)
+    if res["exited"]:
+        print(f"tuitune: the server exited while watched: {res['exited']}", file=sys.stderr)
+    n = res["alarms_raised"]
+    print(
+        f"{n} alarm{'s' if n != 1 else ''} raised in {res['seconds']:.0f} s; {res['status']}",
+        file=sys.stderr if ns.json == "-" else sys.stdout,
+    )
+    return 1 if n else 3 if res["exited"] else 0
+
+
+PARSERS = {
+    "parse": parse_args,
+    "bench": bench_args,
+    "report": report_args,
+    "gpus": gpus_args,
+    "watch": watch_args,
+}

@@ -117,7 +117,22 @@ def cmd_tui(ns) -> int:
         return 0
     path = P.find(ns.preset)
     preset = load_preset(str(path))
-    return _run_tui(Session(preset), autostart="attach", preset_path=path)
+    session = Session(preset)
+    _guard_against(session, ns)
+    return _run_tui(session, autostart="attach", preset_path=path)
+
+
+def _guard_against(session, ns) -> None:
+    """``--against CAPTURE``: the acceptance guard compares with that capture, not the launch's first cycles."""
+    if not getattr(ns, "against", None):
+        return
+    from tuitune.measure.capture import CaptureError
+    from tuitune.measure.guard import AcceptanceGuard, Baseline
+
+    try:
+        session.guard = AcceptanceGuard(baseline=Baseline.from_capture(ns.against))
+    except (CaptureError, ValueError) as e:
+        raise CliError(f"--against: {e}", 2) from None
 
 
 def replay_args(p: argparse.ArgumentParser) -> None:
@@ -159,10 +174,15 @@ def cmd_record(ns) -> int:
         if v is not None and v <= 0:
             raise CliError(f"--{flag} must be positive (got {v})", 2)
     p = load_preset(ns.preset)
+    from tuitune.target.session import Session
+
+    session = Session(p)
+    _guard_against(session, ns)
     stats = run_async(
         record(
             p,
             ns.record,
+            session=session,
             duration=ns.duration,
             cycles=ns.cycles,
             relaunch=ns.relaunch,
@@ -175,7 +195,8 @@ def cmd_record(ns) -> int:
     )
     print(
         f"wrote {stats['events']} events ({stats['windows']} profile windows, {stats['cycles']} cycles) to "
-        f"{ns.record}: {stats['bytes']} bytes, {stats['seconds']:.1f} s",
+        f"{ns.record}: {stats['bytes']} bytes, {stats['seconds']:.1f} s"
+        + (f"; the acceptance guard raised {stats['alarms']} alarm(s)" if stats.get("alarms") else ""),
         file=sys.stderr,
     )
     return 0

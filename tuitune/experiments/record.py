@@ -21,6 +21,7 @@ from tuitune.base.aio import cancel_and_wait
 from tuitune.base.events import Event, LogLine, Marker, ProfileWindow
 from tuitune.measure.bench import fetch_server_info
 from tuitune.measure.capture import CaptureWriter, redacted_preset
+from tuitune.measure.guard import PREFIX as GUARD_PREFIX
 from tuitune.target.session import Session
 from tuitune.target.telemetry import CaptureThrottle
 
@@ -102,6 +103,9 @@ async def record(
                 if isinstance(e, ProfileWindow):
                     counted["cycles"] += e.cycles
                     counted["windows"] += 1
+                elif isinstance(e, Marker) and e.text.startswith(GUARD_PREFIX):
+                    sys.stderr.write(f"\ntuitune: {e.text}\n" if progress else f"tuitune: {e.text}\n")
+                    sys.stderr.flush()
             if cycles is not None and counted["cycles"] >= cycles:
                 stop.set()
 
@@ -109,14 +113,14 @@ async def record(
         writer.write([session.state])
         if relaunch:
             if not (await unless_stopped(session.relaunch()))[0]:
-                return _stats(writer, t0, counted)
+                return _stats(writer, t0, counted, session)
             version = (await _server_info(session)).get("version")
             if version:
                 writer.write([Marker(f"server version {version}", preset.name, preset.hash())])
         if from_start and not relaunch:  # a 1 s recording under load once ended before its history arrived
             done, whole = await unless_stopped(session.tail_caught_up(HISTORY_WAIT_S))
             if not done:  # Ctrl-C while the history is read
-                return _stats(writer, t0, counted)
+                return _stats(writer, t0, counted, session)
             if not whole:
                 sys.stderr.write(
                     f"tuitune: the log's history was not all read within {HISTORY_WAIT_S:.0f} s; recording on from where it is\n"
@@ -125,7 +129,7 @@ async def record(
         if load:
             await session.set_load(True, load)
         if bench and not (await unless_stopped(session.bench(requests=bench)))[0]:
-            return _stats(writer, t0, counted)
+            return _stats(writer, t0, counted, session)
         while not stop.is_set():
             left = None if duration is None else duration - (time.monotonic() - t0)
             if left is not None and left <= 0:
@@ -148,7 +152,7 @@ async def record(
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
-    return _stats(writer, t0, counted)
+    return _stats(writer, t0, counted, session)
 
 
 async def _bounded(coro, seconds: float) -> None:
@@ -163,8 +167,9 @@ async def _bounded(coro, seconds: float) -> None:
         raise task.exception()
 
 
-def _stats(writer: CaptureWriter | None, t0: float, counted: dict) -> dict:
+def _stats(writer: CaptureWriter | None, t0: float, counted: dict, session: Session | None = None) -> dict:
     return {
+        "alarms": session.guard.raised if session is not None and session.guard is not None else 0,
         "events": writer.events if writer else 0,
         "bytes": writer.bytes if writer else 0,
         "seconds": time.monotonic() - t0,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tuitune.base.events import Event
+from tuitune.measure.guard import AcceptanceGuard
 from tuitune.measure.metrics import MetricsStore
 
 Subscriber = Callable[[list[Event]], None]
@@ -35,6 +36,10 @@ class EventStream:
     live = False  # a live stream can relaunch, benchmark and load its server
     record: ServerInfo | None = None  # the running server's record, when there is one
     load: LoadState | None = None  # background load state, for live streams
+    # the acceptance guard (live streams; a replay shows the alarms its capture holds) and whether
+    # it reads without alarming (a log's history, read when attaching)
+    guard: AcceptanceGuard | None = None
+    guard_quiet = False
 
     def __init__(self) -> None:
         self.store = MetricsStore()
@@ -53,8 +58,11 @@ class EventStream:
         self.subscribers.append(fn)
 
     def publish(self, events: list[Event]) -> None:
-        """Feed the metrics store, then every subscriber (one call per batch, never per event)."""
+        """Feed the acceptance guard (its alarms join the batch as markers), the metrics store, then
+        every subscriber (one call per batch, never per event)."""
         now = time.monotonic()
+        if self.guard is not None:
+            events = [*events, *self.guard.feed(events, now, quiet=self.guard_quiet)]
         for ev in events:
             self.store.feed(ev, now)
         for fn in list(self.subscribers):

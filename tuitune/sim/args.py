@@ -110,6 +110,20 @@ def build_parser() -> argparse.ArgumentParser:
         + " or comma-separated per-position rates",
     )
     g.add_argument(
+        "--sim-acceptance-shift",
+        default=None,
+        metavar="SECONDS=ACCEPTANCE",
+        help="SECONDS after ready, acceptance becomes ACCEPTANCE (a profile or per-position rates): "
+        "a draft that stops matching, as after a deployment change",
+    )
+    g.add_argument(
+        "--sim-context-limit",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="past TOKENS of context a request's acceptance falls to a fifth (acceptance that collapses with length)",
+    )
+    g.add_argument(
         "--sim-fault",
         action="append",
         default=[],
@@ -179,6 +193,21 @@ def parse_acceptance(p: argparse.ArgumentParser, spec: str | None) -> tuple[floa
             f"({', '.join(model.ACCEPTANCE_PROFILES)}) nor rates in [0, 1]"
         )
     return rates
+
+
+def parse_acceptance_shift(p: argparse.ArgumentParser, spec: str | None) -> tuple[float, tuple[float, ...]] | None:
+    if spec is None:
+        return None
+    when, sep, what = spec.partition("=")
+    try:
+        seconds = float(when)
+    except ValueError:
+        seconds = -1.0
+    if not sep or seconds < 0:
+        p.error(f"--sim-acceptance-shift: {spec!r} is not SECONDS=ACCEPTANCE (such as 30=0.2,0.1)")
+    rates = parse_acceptance(p, what)
+    assert rates is not None
+    return seconds, rates
 
 
 def load_machine(p: argparse.ArgumentParser, spec: str | None) -> model.Machine:

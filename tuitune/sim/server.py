@@ -204,6 +204,8 @@ class Simulator:
         self.record_step_time = os.environ.get("SGLANG_RECORD_STEP_TIME", "") not in ("", "0")
         self.max_running = ns.max_running_requests or 256
         self.ready = False
+        self.ready_at: float | None = None
+        self.cfg_long: model.SimConfig | None = None  # --sim-context-limit's
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.wake = asyncio.Event()
@@ -483,8 +485,9 @@ class Simulator:
             await asyncio.sleep(max(0.0, delay))
             self.note_lag(-delay, self.scaled(cycle))
             accepted = []
+            self.shift_acceptance(loop.time())
             for r in self.running:
-                n = model.draw_accepted(self.cfg, self.uniform)  # per request, position by position
+                n = model.draw_accepted(self.cfg_for(r), self.uniform)  # per request, position by position
                 r.verify_ct += 1
                 accepted.append(n)
                 self.emit(r, n)
@@ -911,6 +914,24 @@ class Simulator:
             self.kill_children()
             self.node.close()
 
+    def shift_acceptance(self, now: float) -> None:
+        """--sim-acceptance-shift: from its time after ready on, the other acceptance."""
+        shift = self.ns.sim_acceptance_shift
+        if shift is None or self.ready_at is None or now - self.ready_at < shift[0]:
+            return
+        self.cfg = replace(self.cfg, acceptance=shift[1])
+        self.ns.sim_acceptance_shift = None
+        self.cfg_long = None
+
+    def cfg_for(self, r: Request) -> model.SimConfig:
+        """The configuration a request's draws use: --sim-context-limit cuts a long request's acceptance."""
+        limit = self.ns.sim_context_limit
+        if limit is None or r.prompt_tokens + r.produced <= limit or not self.cfg.speculative:
+            return self.cfg
+        if self.cfg_long is None:
+            self.cfg_long = replace(self.cfg, acceptance=tuple(a / 5 for a in self.cfg.rates))
+        return self.cfg_long
+
     async def warmup(self) -> None:
         self.log.line(
             f'INFO:     127.0.0.1:{40000 + os.getpid() % 20000} - "GET /get_model_info HTTP/1.1" 200 OK', rank=None
@@ -922,6 +943,7 @@ class Simulator:
         )
         await self.sleep_sim(max(0.05, self.ns.sim_load_seconds * 0.05))
         self.ready = True
+        self.ready_at = asyncio.get_running_loop().time()
         self.log.line("The server is fired up and ready to roll!", rank=None)
 
 
@@ -932,6 +954,9 @@ def main(argv: list[str] | None = None) -> int:
     if ns.stream_interval < 1:
         parser.error(f"--stream-interval must be at least 1 (got {ns.stream_interval})")
     acceptance = sim_args.parse_acceptance(parser, ns.sim_acceptance)
+    ns.sim_acceptance_shift = sim_args.parse_acceptance_shift(parser, ns.sim_acceptance_shift)
+    if ns.sim_context_limit is not None and ns.sim_context_limit < 1:
+        parser.error(f"--sim-context-limit must be at least 1 (got {ns.sim_context_limit})")
     machine = sim_args.load_machine(parser, ns.sim_machine)
     log = Log(ns.log_level)
     try:

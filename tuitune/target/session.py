@@ -32,6 +32,7 @@ from tuitune.base.events import (
 )
 from tuitune.measure import promscrape
 from tuitune.measure.bench import BenchConfig, BenchRun, RequestResult, client_session, prompts, run_bench, run_request
+from tuitune.measure.guard import AcceptanceGuard
 from tuitune.measure.parse import parse_line
 from tuitune.measure.stream import EventStream, LoadState
 from tuitune.target import telemetry
@@ -53,6 +54,7 @@ from tuitune.target.tail import LogTail, file_size
 from tuitune.target.transport import Transport, TransportError, for_preset
 
 ATTACH_BACKLOG = 256 * 1024  # bytes of an already-running server's log read on attach
+HISTORY_S = 60.0  # the longest the guard stays quiet while an attach reads the log's history
 WATCH_S = 0.5  # how often a ready server is checked (alive? relaunched elsewhere?): seen within 2 s
 
 
@@ -93,6 +95,8 @@ class Session(EventStream):
         self.launched = False  # a server this session started runs (stop_started: Ctrl-C's clean-up)
         self.cleanup: str | None = None  # what a relaunch cut short did with its half-started server
         self.read_only = False  # attached to a server tuitune did not start: watched, never relaunched or stopped
+        self.guard = AcceptanceGuard()  # acceptance against the launch's first cycles (or a capture: watch --against)
+        self._history_task: asyncio.Task | None = None  # the guard quiet while an attach reads the log's history
 
     @property
     def label(self) -> str:
@@ -139,11 +143,21 @@ class Session(EventStream):
                 self._set_state("ready", "attached read-only", detail=st.note, pid=st.record.pid)
             else:
                 self._set_state("ready", "attached", pid=st.record.pid)
+            if backlog != 0:  # the history teaches the guard its baseline; alarms are for what comes after
+                self.guard_quiet = True
+                self._history_task = asyncio.ensure_future(self._history_read())
             await self.follow(from_end=True, backlog=backlog)
             await self._serve(from_end=True)
         else:
             self._set_state("stopped", detail=st.note)
         return st
+
+    async def _history_read(self) -> None:
+        try:
+            await asyncio.sleep(0.1)  # the tail is started after this task
+            await self.tail_caught_up(HISTORY_S)
+        finally:
+            self.guard_quiet = False
 
     async def _open_url(self) -> str:
         port = await self.transport.forward_port(self.preset.server.port)
@@ -255,6 +269,8 @@ class Session(EventStream):
                 if old is not control:
                     await old.close()  # a multi-node control's links to its nodes; node 0's is the session's
                 self.store.clear()
+                if self.guard is not None:
+                    self.guard.reset()
                 self._set_state("starting", "launching", pid=rec.pid)
                 await self.follow()
 
@@ -395,6 +411,8 @@ class Session(EventStream):
             "" if same else " (not this configuration: the differences are unknown until you relaunch)"
         )
         self.store.clear()
+        if self.guard is not None:
+            self.guard.reset()
         # the state first, then the notice: whoever reads the notice finds the new server in the state
         # (under load, following its log took long enough for a reader to see the old pid, exited)
         self._set_state("ready", "relaunched elsewhere", detail=msg, pid=rec.pid)
@@ -584,6 +602,8 @@ class Session(EventStream):
 
     # ---- shutdown -------------------------------------------------------------------------
     async def close(self, stop_server: bool = False) -> None:
+        task, self._history_task = self._history_task, None
+        await cancel_and_wait(task)
         await self._unwatch()
         await self.set_load(False)
         await self.stop_follow()

@@ -30,6 +30,7 @@ from tuitune import preset as P
 from tuitune.base import redact
 from tuitune.base.events import Event, GpuSample, LogLine, Marker, ProfileWindow, ServerState, TelemetryState
 from tuitune.measure.bench import level_row
+from tuitune.measure.guard import PREFIX as GUARD_PREFIX
 from tuitune.measure.levels import bench_levels, is_level, plan_levels
 from tuitune.measure.runs import RunBook, delta_mark
 from tuitune.target.control import ControlError
@@ -480,6 +481,10 @@ class TuituneApp(App):
                 self._dirty_cycle = True
             elif isinstance(ev, Marker) and ev.text.startswith("warning: "):
                 self.say(ev.text.removeprefix("warning: "), "warning")
+            elif isinstance(ev, Marker) and ev.text.startswith(GUARD_PREFIX):
+                self._dirty_cycle = True
+                cleared = ev.text.startswith(GUARD_PREFIX + "cleared: ")
+                self.say(ev.text, "information" if cleared else "warning")
             elif (
                 isinstance(ev, ServerState)
                 and self.relaunch_screen is not None
@@ -525,6 +530,7 @@ class TuituneApp(App):
                 s.store,
                 bool(self.draft and self.draft.is_speculative),
                 self.draft.engine.label if self.draft else "SGLang",
+                s.guard,
             )
         stale = self.stale_reason()
         if self._dirty_runs or stale != self._last_stale:

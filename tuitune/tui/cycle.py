@@ -7,6 +7,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
+from tuitune.measure.guard import AcceptanceGuard
 from tuitune.measure.metrics import MetricsStore
 
 BAR_WIDTH = 36  # at most; narrower terminals get shorter bars, never wrapped ones
@@ -64,6 +65,17 @@ def batch_distribution(hist: tuple[tuple[int, int], ...] | None, width: int = 24
     return "   ".join(parts) + (f"   other {rest / total:.0%}" if rest else "")
 
 
+def guard_line(text: Text, guard: AcceptanceGuard | None) -> None:
+    """The acceptance guard's alarms (and what it set aside), when it has any: a quiet guard takes no line."""
+    if guard is None:
+        return
+    if guard.active:
+        text.append("\nACCEPTANCE ", style="bold red")
+        text.append("; ".join(a.text for a in guard.active.values()), style="bold red")
+    elif guard.notes:
+        text.append(f"\nguard: {guard.notes[-1]}", style="dim")
+
+
 class CyclePanel(Vertical):
     DEFAULT_CSS = """
     CyclePanel { height: auto; border: round $primary; padding: 0 1; }
@@ -96,7 +108,9 @@ class CyclePanel(Vertical):
             t.append(f"  {self.hint}", style="bold")
         return t
 
-    def refresh_from(self, store: MetricsStore, speculative: bool, engine: str = "SGLang") -> None:
+    def refresh_from(
+        self, store: MetricsStore, speculative: bool, engine: str = "SGLang", guard: AcceptanceGuard | None = None
+    ) -> None:
         found = self.query("#bars")
         if not found:  # not composed yet (a launch that is ready before the panel is): the next tick draws it
             self.app._dirty_cycle = True
@@ -143,6 +157,7 @@ class CyclePanel(Vertical):
                     )
                 if any(f.disagrees for f in second):
                     text.append("  DISAGREE (>10 %)", style="bold red")
+            guard_line(text, guard)
             bars.update(text)
             self.border_title = "cycle (EAGLE3_PROFILE)"
         elif d is not None:
@@ -165,6 +180,7 @@ class CyclePanel(Vertical):
                 )
             else:
                 t.append("\nbaseline server (no speculation): decode throughput only", style="dim")
+            guard_line(t, guard)
             bars.update(t)
             self.border_title = f"cycle ({engine} decode lines)"
         else:
