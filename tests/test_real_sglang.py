@@ -407,6 +407,45 @@ def test_ngram_probe_accept_length_matches_sglangs_own(served):
     assert abs(logged / theirs - 1) < 0.10, (probe, theirs, logged)
 
 
+def test_watch_says_when_real_ngram_acceptance_collapses_with_the_workload(served):
+    """NGRAM's acceptance is real here, and it is the workload's: prompts the server has answered
+    before draw their drafts from its earlier answers (an accept length about 6 of 9), new prompts do
+    not (about 2.5). A capture of the repeated workload is the baseline (`--against`); when the
+    traffic turns to new prompts, `tuitune watch` says so and exits 1 (the server is NGRAM, 8 draft
+    tokens, from the test above)."""
+    import random
+
+    cap = served.home / "repeated.jsonl"
+    with Load(served.port, 48, prompts=PROMPTS[:4]):
+        r = tt(served.home, "--record", str(cap), str(served.current), "--duration", "8", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rng = random.Random(11)
+    words = "alpha beta gamma delta river stone cloud paper lamp orbit maple cedar tiger violet amber quartz".split()
+    novel = [" ".join(rng.choice(words) for _ in range(8)) for _ in range(400)]
+    argv = [sys.executable, "-m", "tuitune", "watch", str(served.current), "--against", str(cap)]
+    w = subprocess.Popen(
+        [*argv, "--window", "80", "--duration", "25"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "HOME": str(served.home)},
+    )
+    try:
+        assert w.stdout is not None
+        first = w.stdout.readline()
+        assert "baseline " in first and "(capture repeated.jsonl" in first, first
+        with Load(served.port, 48, prompts=novel):
+            out, err = w.communicate(timeout=120)
+    finally:
+        if w.poll() is None:
+            w.kill()
+    assert w.returncode == 1, first + out + err
+    drop = [x for x in out.splitlines() if "acceptance guard: accept length " in x and "below the baseline's" in x]
+    assert drop, first + out
+    assert re.search(r"is [3-9]\d % below the baseline's [4-9]\.\d\d \(capture repeated\.jsonl", drop[0]), drop[0]
+
+
 def test_emitted_adaptive_schedule_runs_and_the_probe_follows_sglangs_switches(served):
     """`advise --emit sglang-adaptive` from a real capture: no 0-step candidate (SGLang 0.5.18 crashes
     at one on a CPU), a file SGLang's own loader takes (launched with it, `--disable-cuda-graph` as the

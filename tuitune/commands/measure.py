@@ -277,6 +277,13 @@ def watch_args(p: argparse.ArgumentParser) -> None:
         metavar="SHARE",
         help="alarm when the accept length falls this share below the baseline's (default 0.10)",
     )
+    p.add_argument(
+        "--window",
+        type=int,
+        metavar="CYCLES",
+        help="profiled cycles in each window the guard compares (default 400; fewer on a quiet server, "
+        "at the price of noise)",
+    )
     p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
     p.add_argument("--until-alarm", action="store_true", help="stop at the first alarm")
     p.add_argument(
@@ -294,7 +301,7 @@ def cmd_watch(ns) -> int:
 
     if not 0 < ns.drop < 1:
         raise CliError(f"--drop is a share between 0 and 1, such as 0.1 (got {ns.drop})", 2)
-    for flag in ("duration", "load"):
+    for flag in ("duration", "load", "window"):
         v = getattr(ns, flag)
         if v is not None and v <= 0:
             raise CliError(f"--{flag} must be positive (got {v})", 2)
@@ -313,6 +320,7 @@ def cmd_watch(ns) -> int:
             duration=ns.duration,
             until_alarm=ns.until_alarm,
             load=ns.load,
+            window=ns.window,
             say=lambda line: print(line, flush=True),
         )
     )

@@ -38,11 +38,14 @@ async def watch(
     duration: float | None = None,
     until_alarm: bool = False,
     load: int | None = None,
+    window: int | None = None,
     say: Callable[[str], None] = print,
     session: Session | None = None,
 ) -> dict:
     session = session or Session(preset)
     guard = AcceptanceGuard(drop=drop, baseline=baseline)
+    if window:  # the probe's cycles a window holds (a quiet server needs fewer to say anything)
+        guard.recent["probe"], guard.learn["probe"] = window, window * 5 // 4
     session.guard = guard
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
