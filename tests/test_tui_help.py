@@ -212,6 +212,53 @@ async def test_save_starts_on_the_name_and_warns_only_about_a_real_mismatch(tmp_
         await pilot.press("escape")
 
 
+def test_a_stale_description_is_put_right_where_the_mention_is_sure():
+    from tuitune.tui.app import rewrite_description
+
+    base = P.load(P.find("demo"))
+    loaded = P.with_changes(base, {"description": "EAGLE-3, 2 steps, topk 1, TP 8"})
+    draft = P.with_changes(loaded, {"speculative.num_steps": 4})
+    # the 2 beside "steps" (the derived draft tokens 3 -> 5 is not mentioned); EAGLE-3 and TP 8 stay
+    assert rewrite_description(loaded, draft, loaded.description) == "EAGLE-3, 4 steps, topk 1, TP 8"
+    assert rewrite_description(loaded, loaded, loaded.description) is None  # nothing changed
+    # a value named twice, neither beside the key's words: not placed surely, not rewritten
+    twice = P.with_changes(base, {"description": "NCCL LL, and LL only", "env.NCCL_PROTO": "LL"})
+    assert rewrite_description(twice, P.with_changes(twice, {"env.NCCL_PROTO": "Simple"}), twice.description) is None
+    once = P.with_changes(base, {"description": "NCCL LL", "env.NCCL_PROTO": "LL"})
+    assert rewrite_description(once, P.with_changes(once, {"env.NCCL_PROTO": "Simple"}), "NCCL LL") == "NCCL Simple"
+
+
+async def test_the_save_dialog_fixes_the_description_and_gives_a_new_name_its_own_log(tmp_path, monkeypatch):
+    """The save dialog warned about a stale description and offered no way to fix it, and a preset
+    saved under a new name kept the old one's log (both would write, and read, one file)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    app = scene_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        app.preset_path = None
+        app.loaded = app.draft = P.with_changes(
+            app.draft, {"name": "demo", "description": "EAGLE-3, 2 steps", "server.log": "~/logs/demo.log"}
+        )
+        app.config.load(app.draft)
+        app.config.query_one("#spec-num-steps").value = "5"
+        await pilot.pause()
+        await pilot.press("s")
+        await pilot.pause()
+        note = app.screen.query_one("#save-stale")
+        assert note.display and "ctrl+r makes it: EAGLE-3, 5 steps" in str(note.render())
+        await pilot.press(*["backspace"] * 4, *"five")
+        await pilot.pause()
+        slot = str(app.screen.query_one("#save-slot").render())
+        assert "log ~/logs/five.log" in slot and "the port is demo's: one of them runs at a time" in slot, slot
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        assert app.screen.query_one("#save-description", Input).value == "EAGLE-3, 5 steps" and not note.display
+        await pilot.press("enter")
+        await pilot.pause()
+    saved = P.load(P.user_dir() / "five.yaml")
+    assert saved.description == "EAGLE-3, 5 steps" and str(saved.server.log) == "~/logs/five.log"
+    assert saved.server.port == app.loaded.server.port
+
+
 async def test_saving_over_a_shipped_name_asks_and_the_list_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     app = scene_app()

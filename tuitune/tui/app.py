@@ -827,13 +827,37 @@ class TuituneApp(App):
             return None if (P.user_dir() / f"{name}.yaml").exists() else P.shadowed(name)
 
         self.push_screen(
-            SaveScreen(target, description, lambda d: stale_description(self.loaded, self.draft, d), hides), done
+            SaveScreen(
+                target,
+                description,
+                lambda d: stale_description(self.loaded, self.draft, d),
+                hides,
+                fix=lambda d: rewrite_description(self.loaded, self.draft, d),
+                slot=self._slot_note,
+            ),
+            done,
         )
+
+    def _renamed(self, name: str) -> P.Preset:
+        """The draft saved under ``name``: a log path that names the old preset names the new one (two
+        presets writing one log would read each other's lines); the port stays (one server slot)."""
+        old = self.draft.name
+        changes: dict = {"name": name}
+        log = str(self.draft.server.log)
+        if name != old and old and old in Path(log).name:
+            changes["server.log"] = str(Path(log).with_name(Path(log).name.replace(old, name, 1)))
+        return P.with_changes(self.draft, changes)
+
+    def _slot_note(self, target: str) -> str:
+        """What the save dialog says of the server a preset saved under ``target`` would use."""
+        name = Path(target).expanduser().stem if target.strip() else self.draft.name
+        p = self._renamed(name)
+        same = "" if name == self.draft.name else f" (the port is {self.draft.name}'s: one of them runs at a time)"
+        return f"port {p.server.port}, log {p.server.log}{same}"
 
     def _save(self, path: Path, description: str) -> None:
         try:
-            name = path.stem if path.stem != self.draft.name else self.draft.name
-            saved = P.save(P.with_changes(self.draft, {"name": name, "description": description or None}), path)
+            saved = P.save(P.with_changes(self._renamed(path.stem), {"description": description or None}), path)
         except (OSError, P.PresetError) as e:
             self.say(f"{path}: cannot save ({e})", "error")
             return
@@ -1106,6 +1130,43 @@ def mentions_as(description: str, value, key: str) -> bool:
             if any(t.startswith(w.rstrip("s")) for t in near for w in words):
                 return True
     return False
+
+
+def _spans(description: str, value) -> list[tuple[int, int]]:
+    """Where ``description`` mentions ``value`` (as ``mentions`` reads it)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        pattern = re.compile(rf"(?<![\w.-]){re.escape(str(value))}(?![\w-])")
+        return [m.span() for m in pattern.finditer(description)]
+    return [m.span() for m in NUMBER.finditer(description) if float(m.group()) == number]
+
+
+def rewrite_description(loaded: P.Preset | None, draft: P.Preset, description: str) -> str | None:
+    """The description with each changed value it mentions put right (the save dialog's ctrl+r):
+    the mention beside a word of the key ("4 steps" for num_steps), else the only mention; None when
+    there is nothing to fix, or a mention cannot be placed surely (twice, none beside the key) or put
+    right (the setting was unset, or is on/off)."""
+    if not description or loaded is None:
+        return None
+    out, changed = description, False
+    derived = P.derived_keys(draft)
+    for key, old, new in P.diff(loaded, draft):
+        if not (mentions_as(out, old, key) if key in derived else mentions(out, old)):
+            continue
+        if new is None or isinstance(new, bool):
+            return None
+        words = [
+            w.rstrip("s") for w in re.split(r"[._-]", key.rsplit(".", 1)[-1].lower()) if len(w) >= 3 and w != "num"
+        ]
+        spans = _spans(out, old)
+        near = [(a, b) for a, b in spans if any(w in out[max(0, a - 16) : b + 16].lower() for w in words)]
+        pick = near if len(near) == 1 else spans if len(spans) == 1 and key not in derived else []
+        if not pick:
+            return None
+        a, b = pick[0]
+        out, changed = out[:a] + str(new) + out[b:], True
+    return out if changed else None
 
 
 def stale_description(loaded: P.Preset | None, draft: P.Preset, description: str | None = None) -> str:

@@ -106,7 +106,10 @@ class RelaunchScreen(ModalScreen[None]):
 class SaveScreen(ModalScreen[tuple[str, str] | None]):
     """Where to save, and the description (flagged when it mentions a value that changed)."""
 
-    BINDINGS = [Binding("escape", "cancel", "cancel", id="save.cancel")]
+    BINDINGS = [
+        Binding("escape", "cancel", "cancel", id="save.cancel"),
+        Binding("ctrl+r", "fix_description", "fix the description", id="save.fix"),
+    ]
     DEFAULT_CSS = """
     SaveScreen { align: center middle; }
     SaveScreen > Vertical { width: 90; max-width: 100%; height: auto; max-height: 100%; border: thick $primary;
@@ -114,23 +117,29 @@ class SaveScreen(ModalScreen[tuple[str, str] | None]):
     SaveScreen Input { margin-bottom: 1; }
     SaveScreen Label { width: 100%; }
     SaveScreen #save-stale, SaveScreen #save-shadow { color: $warning; height: auto; }
+    SaveScreen #save-slot { color: $text-muted; height: auto; }
     SaveScreen #save-shadow { margin-bottom: 1; }
     """
 
-    def __init__(self, default_path: str, description: str = "", stale="", shipped=None):
+    def __init__(self, default_path: str, description: str = "", stale="", shipped=None, fix=None, slot=None):
         """``stale``: the warning about the description, or a function of the description giving it
-        (redrawn as the description is edited); ``shipped(name)``: the shipped preset a name hides."""
+        (redrawn as the description is edited); ``shipped(name)``: the shipped preset a name hides;
+        ``fix(description)``: the description put right (ctrl+r), or None; ``slot(name)``: the port
+        and log a preset saved under that name would use."""
         super().__init__()
         self.default_path = default_path
         self.description = description
         self.stale = stale if callable(stale) else (lambda _d, s=stale: s)
         self.shipped = shipped or (lambda _name: None)
+        self.fix = fix or (lambda _d: None)
+        self.slot = slot or (lambda _name: "")
 
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label("save the current configuration as (a name goes to your presets directory):")
             yield Input(value=self.default_path, id="save-path")
             yield Static("", id="save-shadow")
+            yield Static("", id="save-slot")
             yield Label("description:")
             yield Static("", id="save-stale")
             yield Input(value=self.description, id="save-description")
@@ -146,11 +155,17 @@ class SaveScreen(ModalScreen[tuple[str, str] | None]):
     def _notes(self) -> None:
         if not self.query("#save-stale"):
             return
-        stale = self.stale(self.query_one("#save-description", Input).value)
+        desc = self.query_one("#save-description", Input).value
+        stale = self.stale(desc)
+        fixed = self.fix(desc) if stale else None
         note = self.query_one("#save-stale", Static)
-        note.update(Content(f"⚠ {stale}" if stale else ""))
+        hint = f" ctrl+r makes it: {fixed}" if fixed else ""
+        note.update(Content(f"⚠ {stale}{hint}" if stale else ""))
         note.display = bool(stale)
         name = self.query_one("#save-path", Input).value.strip()
+        slot = self.slot(name)
+        self.query_one("#save-slot", Static).update(Content(slot))
+        self.query_one("#save-slot", Static).display = bool(slot)
         shadow = self.query_one("#save-shadow", Static)
         shadow.update(Content(f"⚠ {name} is a shipped preset's name: yours would hide it (you will be asked)"))
         shadow.display = self.shipped(name) is not None
@@ -158,6 +173,12 @@ class SaveScreen(ModalScreen[tuple[str, str] | None]):
     def on_input_submitted(self, event: Input.Submitted) -> None:
         path = self.query_one("#save-path", Input).value.strip()
         self.dismiss((path, self.query_one("#save-description", Input).value.strip()) if path else None)
+
+    def action_fix_description(self) -> None:
+        box = self.query_one("#save-description", Input)
+        fixed = self.fix(box.value)
+        if fixed is not None:
+            box.value = fixed
 
     def action_cancel(self) -> None:
         self.dismiss(None)
