@@ -123,7 +123,8 @@ async def test_tui_shows_live_numbers_and_refuses_relaunch_and_stop(by_hand, tmp
     async with app.run_test(size=(140, 44)) as pilot:
         await until(pilot, lambda: session.state.state == "ready", 20, "attached")
         assert session.read_only and session.state.pid == by_hand.proc.pid
-        assert any(NOT_OURS in m for m in said), said
+        # said once the attach has read the log's history (ready comes first: under load, well before)
+        await until(pilot, lambda: any(NOT_OURS in m for m in said), 20, f"the read-only notice: {said}")
         await session.set_load(True)
         await until(pilot, lambda: session.store.last_profile is not None, 20, "profile windows from its log")
         await pilot.press("r")
