@@ -81,8 +81,9 @@ ENV = {
     "OMP_NUM_THREADS": "1",
     # NGRAM JIT-compiles its corpus on first use (32 s the first time): one cache for every launch
     "SGLANG_JIT_CACHE_DIR": str(CACHE / f"sglang-cpu-{RELEASE}-jit"),
-    # the first request's Inductor compile (17 s of each launch's 25 on two cores) is cached under
-    # ~/.cache/sglang, which is each test's own HOME: one cache for every launch instead
+    # SGLang's compile caches (Inductor's, ...) live under ~/.cache/sglang, each test's own HOME:
+    # one cache for every launch instead (a launch's warm-up request takes about 3 s either way on a
+    # quiet machine; the cache keeps the test homes small)
     "SGLANG_CACHE_DIR": str(CACHE / f"sglang-cpu-{RELEASE}-cache"),
     "TOKENIZERS_PARALLELISM": "false",
 }
