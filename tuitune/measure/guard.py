@@ -89,7 +89,6 @@ class Figures:
     source: str
     shares: tuple[float, ...] | None = None  # by draft position
     config: tuple | None = None  # the one configuration they share, None when mixed or unknown
-    steps: tuple[int, ...] = ()  # the step counts of the probe's windows, in order of first sight
 
     @staticmethod
     def of(readings: list[_Reading]) -> Figures | None:
@@ -118,11 +117,7 @@ class Figures:
                 shares = tuple(sum(s[k] * x for s, x in given) / ws for k in range(n))
         configs = {r.config for r in readings}
         config = configs.pop() if len(configs) == 1 else None
-        steps: list[int] = []
-        for r in readings:
-            if r.config is not None and r.config[0] is not None and r.config[0] not in steps:
-                steps.append(r.config[0])
-        return Figures(accept, w, readings[0].source, shares, config, tuple(steps))
+        return Figures(accept, w, readings[0].source, shares, config)
 
 
 @dataclass

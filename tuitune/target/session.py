@@ -143,10 +143,11 @@ class Session(EventStream):
                 self._set_state("ready", "attached read-only", detail=st.note, pid=st.record.pid)
             else:
                 self._set_state("ready", "attached", pid=st.record.pid)
-            if backlog != 0:  # the history teaches the guard its baseline; alarms are for what comes after
-                self.guard_quiet = True
-                self._history_task = asyncio.ensure_future(self._history_read())
+            # the history teaches the guard its baseline; alarms are for what comes after
+            self.guard_quiet = backlog != 0
             await self.follow(from_end=True, backlog=backlog)
+            if self.guard_quiet:
+                self._history_task = asyncio.ensure_future(self._history_read())
             await self._serve(from_end=True)
         else:
             self._set_state("stopped", detail=st.note)
@@ -154,7 +155,6 @@ class Session(EventStream):
 
     async def _history_read(self) -> None:
         try:
-            await asyncio.sleep(0.1)  # the tail is started after this task
             await self.tail_caught_up(HISTORY_S)
         finally:
             self.guard_quiet = False
