@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Callable
 
 RECANCEL_S = 0.25  # a task not ended this long after its cancel is cancelled again
 
@@ -72,6 +76,38 @@ async def to_the_end(aw) -> tuple:
             if cut:
                 raise asyncio.CancelledError from None
             raise
+
+
+def stop_on_signals(stop: asyncio.Event) -> Callable[[], None]:
+    """SIGINT and SIGTERM set ``stop`` (a headless command that ends cleanly: ``--record``, `watch`);
+    returns what puts the handlers back."""
+    loop = asyncio.get_running_loop()
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    for sig in sigs:
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
+            loop.add_signal_handler(sig, stop.set)
+
+    def undo() -> None:
+        for sig in sigs:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+
+    return undo
+
+
+async def until_stopped(
+    stop: asyncio.Event, t0: float, duration: float | None, tick: Callable[[], None] | None = None
+) -> None:
+    """Wait until ``stop`` is set or ``duration`` seconds have passed since monotonic ``t0`` (None:
+    no end), calling ``tick`` every half second meanwhile (progress, notes)."""
+    while not stop.is_set():
+        left = None if duration is None else duration - (time.monotonic() - t0)
+        if left is not None and left <= 0:
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.5 if left is None else min(0.5, left))
+        if tick is not None:
+            tick()
 
 
 def dump_tasks(file=None) -> None:

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import sys
 import time
 
 from tuitune import preset as P
-from tuitune.base.aio import cancel_and_wait
+from tuitune.base.aio import cancel_and_wait, stop_on_signals, until_stopped
 from tuitune.base.events import Event, LogLine, Marker, ProfileWindow
 from tuitune.measure.bench import fetch_server_info
 from tuitune.measure.capture import CaptureWriter, redacted_preset
@@ -49,10 +48,7 @@ async def record(
 ) -> dict:
     session = session or Session(preset)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+    restore_signals = stop_on_signals(stop)
     counted = {"cycles": 0, "windows": 0}
     writer: CaptureWriter | None = None
     t0 = time.monotonic()
@@ -130,12 +126,8 @@ async def record(
             await session.set_load(True, load)
         if bench and not (await unless_stopped(session.bench(requests=bench)))[0]:
             return _stats(writer, t0, counted, session)
-        while not stop.is_set():
-            left = None if duration is None else duration - (time.monotonic() - t0)
-            if left is not None and left <= 0:
-                break
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.5 if left is None else min(0.5, left))
+
+        def show_progress() -> None:
             if progress and writer is not None:
                 el = time.monotonic() - t0
                 sys.stderr.write(
@@ -143,15 +135,15 @@ async def record(
                     f"{el:.0f}s elapsed, {counted['cycles']} cycles   "
                 )
                 sys.stderr.flush()
+
+        await until_stopped(stop, t0, duration, show_progress)
     finally:
         finish()
         if progress:
             sys.stderr.write("\n")
         with contextlib.suppress(Exception):
             await _bounded(session.close(stop_server=False), CLOSE_S)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
+        restore_signals()
     return _stats(writer, t0, counted, session)
 
 

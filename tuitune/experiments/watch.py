@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import time
 from collections.abc import Callable
 
 from tuitune import preset as P
+from tuitune.base.aio import stop_on_signals, until_stopped
 from tuitune.base.events import Event, Marker, ServerState
 from tuitune.measure.guard import DROP, PREFIX, AcceptanceGuard, Baseline
 from tuitune.target.session import Session
@@ -48,10 +48,7 @@ async def watch(
         guard.recent["probe"], guard.learn["probe"] = window, window * 5 // 4
     session.guard = guard
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+    restore_signals = stop_on_signals(stop)
     said: list[str] = []
     exited: list[str] = []
     t0 = time.monotonic()
@@ -95,23 +92,19 @@ async def watch(
             say(f"{stamp()} note: {note}")
         if load:
             await session.set_load(True, load)
-        noted = len(guard.notes)
-        while not stop.is_set():
-            left = None if duration is None else duration - (time.monotonic() - t0)
-            if left is not None and left <= 0:
-                break
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.5 if left is None else min(0.5, left))
-            for note in guard.notes[noted:]:
+        noted = [len(guard.notes)]
+
+        def say_notes() -> None:
+            for note in guard.notes[noted[0] :]:
                 say(f"{stamp()} note: {note}")
-            noted = len(guard.notes)
+            noted[0] = len(guard.notes)
+
+        await until_stopped(stop, t0, duration, say_notes)
     finally:
         with contextlib.suppress(ValueError):
             session.subscribers.remove(sink)
         await session.close(stop_server=False)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
+        restore_signals()
     current = guard.current_baseline()
     return {
         "preset": preset.name,
