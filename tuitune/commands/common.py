@@ -135,6 +135,14 @@ def run_experiment(what: str, experiment: Callable[[Callable[[str], None]], Coro
     return run_async(experiment(said.append), what, lambda: "; ".join(said))
 
 
+def check_positive(ns, *flags: str) -> None:
+    """Each of ``flags`` given is above 0, or a usage error naming it."""
+    for flag in flags:
+        v = getattr(ns, flag.replace("-", "_"))
+        if v is not None and v <= 0:
+            raise CliError(f"--{flag} must be positive (got {v})", 2)
+
+
 def say(msg: str) -> None:
     """An experiment's progress, on stdout as it happens."""
     print(msg, flush=True)

@@ -12,6 +12,7 @@ from tuitune.commands.common import (
     CliError,
     any_arg,
     bench_flags,
+    check_positive,
     guarded,
     load_preset,
     open_lines,
@@ -301,10 +302,7 @@ def cmd_watch(ns) -> int:
 
     if not 0 < ns.drop < 1:
         raise CliError(f"--drop is a share between 0 and 1, such as 0.1 (got {ns.drop})", 2)
-    for flag in ("duration", "load", "window"):
-        v = getattr(ns, flag)
-        if v is not None and v <= 0:
-            raise CliError(f"--{flag} must be positive (got {v})", 2)
+    check_positive(ns, "duration", "load", "window")
     baseline = None
     if ns.against:
         try:

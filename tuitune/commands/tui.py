@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tuitune.commands.common import CliError, load_preset, run_async
+from tuitune.commands.common import CliError, check_positive, load_preset, run_async
 
 
 def _run_tui(session, **kw) -> int:
@@ -169,10 +169,7 @@ def cmd_record(ns) -> int:
 
     if ns.preset is None:
         raise CliError("--record needs a PRESET", 2)
-    for flag in ("duration", "cycles", "load", "bench"):
-        v = getattr(ns, flag)
-        if v is not None and v <= 0:
-            raise CliError(f"--{flag} must be positive (got {v})", 2)
+    check_positive(ns, "duration", "cycles", "load", "bench")
     p = load_preset(ns.preset)
     from tuitune.target.session import Session
 
