@@ -75,6 +75,8 @@ def test_watch_refuses_what_it_cannot_watch_in_one_sentence(tmp_path):
     assert r.returncode == 2 and r.stderr.startswith("tuitune: --against: ") and "Traceback" not in r.stderr, r.stderr
     r = _cli(tmp_path, "watch", path, "--drop", "10")
     assert r.returncode == 2 and "--drop is a share between 0 and 1" in r.stderr, r.stderr
+    r = _cli(tmp_path, "watch", path, "--window", "0")
+    assert r.returncode == 2 and r.stderr.strip() == "tuitune: --window must be positive (got 0)", r.stderr
 
 
 def test_record_says_the_alarm_and_keeps_it_and_against_sets_aside_another_configuration(tmp_path):

@@ -1120,14 +1120,20 @@ def mentions(description: str, value) -> bool:
     return any(float(m) == number for m in NUMBER.findall(description))
 
 
+def key_words(key: str) -> list[str]:
+    """The words a description names a setting by, plural "s" off: "draft", "token" for
+    speculative.num_draft_tokens."""
+    return [w.rstrip("s") for w in re.split(r"[._-]", key.rsplit(".", 1)[-1].lower()) if len(w) >= 3 and w != "num"]
+
+
 def mentions_as(description: str, value, key: str) -> bool:
     """``value`` written next to a word of ``key`` ("3 draft tokens" for speculative.num_draft_tokens)."""
-    words = [w for w in re.split(r"[._-]", key.rsplit(".", 1)[-1].lower()) if len(w) >= 3 and w != "num"]
+    words = key_words(key)
     tokens = re.findall(r"[\w.]+", description.lower())
     for i, tok in enumerate(tokens):
         if mentions(tok, value):
             near = tokens[max(0, i - 2) : i] + tokens[i + 1 : i + 3]
-            if any(t.startswith(w.rstrip("s")) for t in near for w in words):
+            if any(t.startswith(w) for t in near for w in words):
                 return True
     return False
 
@@ -1156,9 +1162,7 @@ def rewrite_description(loaded: P.Preset | None, draft: P.Preset, description: s
             continue
         if new is None or isinstance(new, bool):
             return None
-        words = [
-            w.rstrip("s") for w in re.split(r"[._-]", key.rsplit(".", 1)[-1].lower()) if len(w) >= 3 and w != "num"
-        ]
+        words = key_words(key)
         spans = _spans(out, old)
         near = [(a, b) for a, b in spans if any(w in out[max(0, a - 16) : b + 16].lower() for w in words)]
         pick = near if len(near) == 1 else spans if len(spans) == 1 and key not in derived else []
