@@ -7,6 +7,7 @@ tests/test_real_sglang.py."""
 from __future__ import annotations
 
 import json
+import re
 
 from conftest import make_preset, tuitune_cli, until
 
@@ -114,4 +115,6 @@ async def test_the_tui_says_the_alarm_and_shows_it_in_the_cycle_panel(tmp_path):
             pilot, lambda: any(m.startswith("acceptance guard: accept length") for m in app.messages), 90, "alarm"
         )
         await until(pilot, lambda: "ACCEPTANCE" in str(app.cycle.query_one("#bars").render()), 10, "the panel's line")
+        line = next(x for x in str(app.cycle.query_one("#bars").render()).splitlines() if x.startswith("ACCEPTANCE"))
+        assert re.match(r"ACCEPTANCE accept length \d\.\d\d, \d+ % under \d\.\d\d", line), line  # a few words
         await s.close(stop_server=True)

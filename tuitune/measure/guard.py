@@ -45,6 +45,7 @@ class Alarm:
     kind: str  # accept_drop, position, context, spec_off
     text: str  # one sentence
     raised: bool = True  # False: cleared
+    short: str = ""  # a few words for a line of the TUI's cycle panel
 
     def marker(self) -> Marker:
         return Marker(PREFIX + ("" if self.raised else "cleared: ") + self.text)
@@ -309,6 +310,7 @@ class AcceptanceGuard:
             off,
             cleared=off is None and (self.last_decode_t or 0) <= (self.last_spec_t or 0),
             clear_text="speculative cycles are back",
+            short="speculation off",
         )
         if now is None or base is None:
             return out
@@ -331,9 +333,10 @@ class AcceptanceGuard:
             text if now.accept < limit and prev is not None and prev.accept < limit else None,
             cleared=now.accept >= bf.accept * (1 - self.drop / 2),
             clear_text=back,
+            short=f"accept length {now.accept:.2f}, {pct(below)} under {bf.accept:.2f}",
         )
         # a draft position's acceptance collapsing
-        pos = None
+        pos = short = None
         if now.shares and bf.shares and prev is not None and prev.shares:
             for k, (a, a0, b0) in enumerate(zip(now.shares, prev.shares, bf.shares, strict=False), 1):
                 # a position the baseline accepted often enough that half of it is no noise: on
@@ -341,6 +344,7 @@ class AcceptanceGuard:
                 enough = b0 >= POSITION_FLOOR and (now.source != "probe" or b0 * now.weight >= 40)
                 if enough and a < b0 * COLLAPSE and a0 < b0 * COLLAPSE:
                     pos = f"draft position {k} is accepted {pct(a)} of the time, against {pct(b0)} at the baseline ({b.where})"
+                    short = f"position {k} {pct(a)} (was {pct(b0)})"
                     break
         self._set(
             out,
@@ -348,10 +352,18 @@ class AcceptanceGuard:
             pos,
             cleared=pos is None,
             clear_text="every draft position accepts at least half as often as at the baseline again",
+            short=short or "",
         )
         # acceptance falling with context length
         ctx = self._context()
-        self._set(out, "context", ctx, cleared=ctx is None, clear_text="accept length no longer falls with context")
+        self._set(
+            out,
+            "context",
+            ctx,
+            cleared=ctx is None,
+            clear_text="accept length no longer falls with context",
+            short="falls with context",
+        )
         return out
 
     def _context(self) -> str | None:
@@ -378,9 +390,17 @@ class AcceptanceGuard:
             f"{fl.accept:.2f} at about {cl:,.0f}"
         )
 
-    def _set(self, out: list[Alarm], kind: str, text: str | None, cleared: bool, clear_text: str | None = None) -> None:
+    def _set(
+        self,
+        out: list[Alarm],
+        kind: str,
+        text: str | None,
+        cleared: bool,
+        clear_text: str | None = None,
+        short: str = "",
+    ) -> None:
         if text is not None and kind not in self.active:
-            a = Alarm(kind, text)
+            a = Alarm(kind, text, short=short)
             self.active[kind] = a
             self.raised += 1
             out.append(a)

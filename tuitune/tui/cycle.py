@@ -69,9 +69,9 @@ def guard_line(text: Text, guard: AcceptanceGuard | None) -> None:
     """The acceptance guard's alarms (and what it set aside), when it has any: a quiet guard takes no line."""
     if guard is None:
         return
-    if guard.active:
+    if guard.active:  # a few words each, on one line (the whole sentences were said as warnings)
         text.append("\nACCEPTANCE ", style="bold red")
-        text.append("; ".join(a.text for a in guard.active.values()), style="bold red")
+        text.append(" · ".join(a.short or a.kind for a in guard.active.values()), style="bold red")
     elif guard.notes:
         text.append(f"\nguard: {guard.notes[-1]}", style="dim")
 
