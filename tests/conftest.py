@@ -463,6 +463,42 @@ def sshd(tmp_path_factory):
     server.stop()
 
 
+def collect_says(app) -> list[str]:
+    """Every message the app says from now on (``app.say`` still shows them), in order."""
+    said: list[str] = []
+    real_say = app.say
+
+    def say(msg, *a, **kw):
+        said.append(msg)
+        return real_say(msg, *a, **kw)
+
+    app.say = say
+    return said
+
+
+class HandServer:
+    """A server started as a person starts one (`cd DIR; VAR=… nohup python -m … > LOG 2>&1 &`): a
+    plain child of the test, no tuitune state; ``log`` None: its output into a pipe (a supervisor's).
+    Ready when ``port`` answers /health."""
+
+    def __init__(self, argv: list[str], port: int, env: dict, log: Path | None, cwd=None, timeout: float = 30):
+        self.port, self.log = port, log
+        out = log.open("wb") if log else subprocess.PIPE
+        try:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        finally:
+            if log:
+                out.close()
+        url = f"http://127.0.0.1:{port}/health"
+        wait_for(lambda: http_status(url) == 200 or self.proc.poll() is not None, timeout, what=f"`{argv[2]}` by hand")
+        assert self.proc.poll() is None, log.read_text()[-2000:] if log else "exited"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
 def make_preset(
     tmp: Path,
     name: str = "t",

@@ -4,12 +4,11 @@ relaunch and stop refused with one sentence, until `tuitune adopt PRESET` makes 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import http_status, make_preset, tuitune_cli, until, wait_for
+from conftest import HandServer, collect_says, make_preset, tuitune_cli, until
 
 from tuitune import preset as P
 from tuitune.base.events import DecodeStats, ProfileWindow
@@ -36,18 +35,11 @@ class ByHand:
         env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
         env["EAGLE3_PROFILE"] = "1"  # the simulator's own profile lines (a real engine needs the probe too)
         self.log = Path(self.preset.server.log)
-        with self.log.open("wb") as f:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tuitune.sim", *argv], stdout=f, stderr=subprocess.STDOUT, env=env
-            )
-        url = f"http://127.0.0.1:{self.preset.server.port}/health"
-        wait_for(lambda: http_status(url) == 200 or self.proc.poll() is not None, 30, what="the hand-started sim")
-        assert self.proc.poll() is None, self.log.read_text()[-2000:]
+        self.hand = HandServer([sys.executable, "-m", "tuitune.sim", *argv], self.preset.server.port, env, self.log)
+        self.proc = self.hand.proc
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
+        self.hand.stop()
 
 
 @pytest.fixture
@@ -112,14 +104,7 @@ def test_record_captures_a_hand_started_server_without_relaunching_it(by_hand, t
 async def test_tui_shows_live_numbers_and_refuses_relaunch_and_stop(by_hand, tmp_path):
     session = Session(by_hand.preset, state_dir=str(tmp_path / "state"))
     app = TuituneApp(session, user_config=UserConfig())
-    said: list[str] = []
-    real_say = app.say
-
-    def say(msg, *a, **kw):
-        said.append(msg)
-        return real_say(msg, *a, **kw)
-
-    app.say = say
+    said = collect_says(app)
     async with app.run_test(size=(140, 44)) as pilot:
         await until(pilot, lambda: session.state.state == "ready", 20, "attached")
         assert session.read_only and session.state.pid == by_hand.proc.pid

@@ -111,6 +111,7 @@ def exit_status(e: BaseException) -> int | None:
 MAIN_USAGE = """tuitune [PRESET]                 interactive TUI for the preset's server
        tuitune demo                     the TUI against the built-in simulator
        tuitune --record OUT [PRESET]    headless capture of the live event stream
+       tuitune --port P [--host H]      either, for a server started by hand (no preset)
        tuitune COMMAND ...              (see the list below)"""
 
 
@@ -171,6 +172,14 @@ def build_main_parser() -> argparse.ArgumentParser:
         "--from-start",
         action="store_true",
         help="on a running server, record its whole log so far too (default: from now on)",
+    )
+    from tuitune.commands.common import add_discover_args
+
+    add_discover_args(
+        p.add_argument_group(
+            "a server started by hand, instead of a PRESET (read off its process; `tuitune preset discover` "
+            "writes it down)"
+        )
     )
     p.set_defaults(run=cmd_main, show_help=lambda: build_parser().print_help())
     return p

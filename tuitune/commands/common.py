@@ -30,6 +30,42 @@ def load_preset(name: str):
     return P.resolve(name)  # a PresetError is the mapper's: exit 2
 
 
+# ---- a server started by hand, found without a preset (target/discover.py) ---------------------
+HAND_FLAGS = ("port", "pid", "log", "host")
+
+
+def add_discover_args(g, required: bool = False) -> None:
+    """--port / --pid / --log / --host: the server to read a preset off (``required``: one of the first two)."""
+    which = g.add_mutually_exclusive_group(required=required) if required else g
+    which.add_argument("--port", type=int, metavar="P", help="the server that listens on port P")
+    which.add_argument("--pid", type=int, metavar="PID", help="the server that process PID runs")
+    g.add_argument("--log", metavar="PATH", help="its log (default: the file its output goes to)")
+    g.add_argument("--host", metavar="[USER@]HOST[:SSH_PORT]", help="the machine it runs on (default: this one)")
+
+
+def wants_discovery(ns) -> bool:
+    return any(getattr(ns, k, None) is not None for k in HAND_FLAGS)
+
+
+def discovered_preset(ns, name: str | None = None):
+    """The preset read off the server ``--port`` / ``--pid`` name, its notes said on stderr."""
+    from tuitune.target.discover import DiscoverError, discover
+
+    if ns.port is None and ns.pid is None:
+        raise CliError("give the server's --port or --pid (--log and --host only say where it is)", 2)
+    for flag in ("port", "pid"):
+        v = getattr(ns, flag)
+        if v is not None and not (1 <= v <= (65535 if flag == "port" else 2**22)):
+            raise CliError(f"--{flag} {v} is not a {'port' if flag == 'port' else 'process id'}", 2)
+    try:
+        found = run_async(discover(ns.host, port=ns.port, pid=ns.pid, log=ns.log, name=name))
+    except DiscoverError as e:
+        raise CliError(str(e), e.code) from None
+    for note in found.notes:
+        print(f"tuitune: note: {note}", file=sys.stderr)
+    return found.preset
+
+
 def print_json(obj) -> None:
     """Strict JSON (no NaN or Infinity: an unknown figure is null) on standard output."""
     sys.stdout.write(jsonl.dumps(obj, indent=2) + "\n")

@@ -1,11 +1,11 @@
-"""`tuitune preset list|show|validate|diff|lint|schema`."""
+"""`tuitune preset list|show|validate|diff|lint|schema|discover`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from tuitune.commands.common import load_preset, print_json
+from tuitune.commands.common import CliError, add_discover_args, discovered_preset, load_preset, print_json
 
 
 def preset_args(p: argparse.ArgumentParser) -> None:
@@ -40,6 +40,15 @@ def preset_args(p: argparse.ArgumentParser) -> None:
     s.set_defaults(run=cmd_preset_lint)
     s = sub.add_parser("schema", help="the preset schema as JSON Schema")
     s.set_defaults(run=cmd_preset_schema)
+    s = sub.add_parser(
+        "discover",
+        help="the preset of a server started by hand, read off its process (its flags, environment and log)",
+    )
+    add_discover_args(s, required=True)
+    s.add_argument("--name", help="the preset's name (default: ENGINE-PORT)")
+    s.add_argument("--save", action="store_true", help="write it to your presets (~/.config/tuitune/presets/NAME.yaml)")
+    s.add_argument("--reveal", action="store_true", help="show secret values (tokens, keys, passwords) in clear")
+    s.set_defaults(run=cmd_preset_discover)
 
 
 def cmd_preset_list(ns) -> int:
@@ -197,6 +206,25 @@ def cmd_preset_lint(ns) -> int:
         print(f"{p.name}: no advice")
     for a in advice:
         print(f"- {a}")
+    return 0
+
+
+def cmd_preset_discover(ns) -> int:
+    """Print (or ``--save``) the preset of the server ``--port`` / ``--pid`` names."""
+    from tuitune import preset as P
+    from tuitune.base import redact
+
+    if ns.name is not None and not P.NAME_RE.fullmatch(ns.name):
+        raise CliError(f"--name {ns.name!r} is not a preset name (letters, digits, . _ -)", 2)
+    p = discovered_preset(ns, name=ns.name)
+    if not ns.save:
+        sys.stdout.write(P.dumps(p) if ns.reveal else redact.Redactor(p)(P.dumps(p)))
+        return 0
+    path = P.user_dir() / f"{p.name}.yaml"
+    if path.exists():
+        raise CliError(f"{path} exists already; give the new preset another --name", 2)
+    P.save(p, path)
+    print(f"wrote {path}: `tuitune adopt {p.name}` makes the server tuitune's, `tuitune status {p.name}` shows it")
     return 0
 
 

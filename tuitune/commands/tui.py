@@ -6,7 +6,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tuitune.commands.common import CliError, check_positive, load_preset, run_async
+from tuitune.commands.common import (
+    CliError,
+    check_positive,
+    discovered_preset,
+    load_preset,
+    run_async,
+    wants_discovery,
+)
 
 
 def _run_tui(session, **kw) -> int:
@@ -108,15 +115,25 @@ def _free_port(near: int) -> int:
     return near + 1
 
 
-def cmd_tui(ns) -> int:
+def _preset_of(ns):
+    """(the preset, its file): the PRESET named, or one read off the server --port / --pid name."""
     from tuitune import preset as P
+
+    if wants_discovery(ns):
+        if ns.preset is not None:
+            raise CliError("give a PRESET or the server's --port / --pid, not both", 2)
+        return discovered_preset(ns), None
+    path = P.find(ns.preset)
+    return load_preset(str(path)), path
+
+
+def cmd_tui(ns) -> int:
     from tuitune.target.session import Session
 
-    if ns.preset is None:
+    if ns.preset is None and not wants_discovery(ns):
         ns.show_help()
         return 0
-    path = P.find(ns.preset)
-    preset = load_preset(str(path))
+    preset, path = _preset_of(ns)
     session = Session(preset)
     _guard_against(session, ns)
     return _run_tui(session, autostart="attach", preset_path=path)
@@ -167,10 +184,10 @@ def cmd_main(ns) -> int:
 def cmd_record(ns) -> int:
     from tuitune.experiments.record import record
 
-    if ns.preset is None:
-        raise CliError("--record needs a PRESET", 2)
+    if ns.preset is None and not wants_discovery(ns):
+        raise CliError("--record needs a PRESET, or the server's --port / --pid", 2)
     check_positive(ns, "duration", "cycles", "load", "bench")
-    p = load_preset(ns.preset)
+    p, _ = _preset_of(ns)
     from tuitune.target.session import Session
 
     session = Session(p)

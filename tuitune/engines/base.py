@@ -156,6 +156,12 @@ class Engine:
     topks: tuple[int, ...] = (1, 2, 4, 8)
     # the server.args key naming the model to serve (a path on the target or a hub id)
     model_arg = ""
+    # how a process runs its server: ``python -m MODULE …`` for a module here, or a console script
+    # of one of these names (what a hand-started server is recognised by)
+    modules: tuple[str, ...] = ()
+    scripts: tuple[str, ...] = ()
+    # the prefixes of its own environment variables, kept in the preset of a server started by hand
+    env_prefixes: tuple[str, ...] = ()
 
     @staticmethod
     def log_prefix(line: str, end: int) -> tuple[str | None, str | None] | None:
@@ -247,6 +253,55 @@ class Engine:
         """Arguments of ``eagle3_probe.py --check`` for this engine's source tree."""
         return ["--engine", self.name]
 
+    def derived_flags(self, preset) -> set[str]:
+        """The flags the preset writes only with the value the engine itself picks when the flag is
+        absent (``Resolved.derived``): a running server without them runs the same."""
+        if not preset.is_speculative:
+            return set()
+        try:
+            derived = preset.speculative.resolved().derived
+        except ValueError:
+            return set()
+        return {f"--{flag}" for flag, key in self.reserved_args.items() if key.removeprefix("speculative.") in derived}
+
+    def server_args(self, argv: list[str]) -> tuple[str, list[str]] | None:
+        """When a process's ``argv`` (its interpreter first, as /proc shows it) runs this engine's
+        server: (the module a preset names for it, the server's own arguments as ``launch_args``
+        writes them); None when it runs something else."""
+        _, module, rest = interpreter_split(argv)
+        if module in self.modules:
+            return module, rest
+        if module is None and rest and rest[0].rsplit("/", 1)[-1] in self.scripts:
+            return self.default_module, rest[1:]
+        return None
+
+    def preset_data(self, args: list[str]) -> dict:
+        """The inverse of ``launch_args``: a running server's own arguments as a preset's pieces,
+        ``{"port": …, "args": {…}, "speculative": {…}, "notes": [sentences]}`` (port None when the
+        flags leave it to the engine; a note for what a preset cannot hold, left out). ValueError
+        (one sentence) for a server no preset of one machine can describe."""
+        out: dict = {"port": None, "args": {}, "speculative": {}, "notes": []}
+        for pos in positionals(args):
+            out["notes"].append(f"the argument {pos!r} is not one a preset holds: left out")
+        for flag, v in flag_pairs(args).items():
+            self._take(out, flag[2:], v)
+        return out
+
+    def _take(self, out: dict, key: str, v: str | None) -> None:
+        """One ``--key v`` of a running server into ``preset_data``'s pieces."""
+        owner = self.reserved_args.get(key)
+        if owner is None:
+            out["args"][key] = True if v is None else literal(v)
+        elif owner == "server.port":
+            if v is None or not v.isdigit():
+                raise ValueError(f"--port {v} is not a port")
+            out["port"] = int(v)
+        elif owner.startswith("speculative."):
+            if v is not None:
+                out["speculative"][owner.removeprefix("speculative.")] = literal(v)
+        else:
+            raise ValueError(f"--{key}: a server of several machines; describe it with a preset ({owner})")
+
     @staticmethod
     def plain_flags(args: dict, skip: tuple[str, ...] = ()) -> list[str]:
         """``server.args`` as flags: true = bare flag, false/None = omitted."""
@@ -256,6 +311,56 @@ class Engine:
                 continue
             out += [f"--{k}"] if v is True else [f"--{k}", str(v)]
         return out
+
+
+def flag_pairs(argv: Sequence[str]) -> dict[str, str | None]:
+    """``--flag value`` / ``--flag=value`` / a bare ``--flag`` (None) of an argv, in order."""
+    out: dict[str, str | None] = {}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--"):
+            if "=" in a:
+                k, v = a.split("=", 1)
+                out[k] = v
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                out[a] = argv[i + 1]
+                i += 1
+            else:
+                out[a] = None
+        i += 1
+    return out
+
+
+def positionals(argv: Sequence[str]) -> list[str]:
+    """Arguments that are neither flags nor flag values (vLLM's ``serve MODEL``)."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i].startswith("--"):
+            i += 1 if "=" in argv[i] or i + 1 >= len(argv) or argv[i + 1].startswith("--") else 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
+def interpreter_split(argv: Sequence[str]) -> tuple[str | None, str | None, list[str]]:
+    """A Python process's argv as (interpreter, module, the rest): ``python -u -m MOD a b`` is
+    (python, MOD, [a, b]); ``python /bin/tool a`` is (python, None, [/bin/tool, a])."""
+    if not argv:
+        return None, None, []
+    i = 1
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "-m":
+        i += 2 if argv[i] in ("-X", "-W") else 1  # the interpreter's own options
+    if i + 1 < len(argv) and argv[i] == "-m":
+        return argv[0], argv[i + 1], list(argv[i + 2 :])
+    return argv[0], None, list(argv[i:])
+
+
+def literal(text: str) -> int | float | str:
+    """A flag's value as a preset writes it back unchanged: a number where it prints the same."""
+    n = number(text)
+    return n if n is not None and str(n) == text else text
 
 
 def chains(max_steps: int = MAX_STEPS) -> list[tuple[int, int, int]]:

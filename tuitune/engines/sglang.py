@@ -368,6 +368,8 @@ class SGLang(Engine):
     default_module = "sglang.launch_server"
     default_port = 30000
     model_arg = "model-path"
+    modules = ("sglang.launch_server",)
+    env_prefixes = ("SGLANG_", "SGL_")
     reserved_args = {
         "port": "server.port",
         "speculative-algorithm": "speculative.algorithm",

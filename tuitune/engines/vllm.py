@@ -28,7 +28,7 @@ import re
 
 from tuitune.base.events import DecodeStats, Event, Malformed, VllmSpec
 from tuitune.base.numbers import to_float, to_int
-from tuitune.engines.base import NO_PREFIX, BenchApi, Engine, Flag, Rule
+from tuitune.engines.base import NO_PREFIX, BenchApi, Engine, Flag, Rule, flag_pairs, positionals
 
 SPEC_MARKER = "SpecDecoding metrics: "
 STATS_MARKER = "Avg prompt throughput: "
@@ -41,6 +41,8 @@ SUFFIX_MODULE = "arctic_inference"  # suffix decoding's implementation, imported
 # the dynamic schedule (K by batch size; its rules: check_dsd below)
 DSD_SCHEDULE = "vllm-dsd"  # advise --emit's name for it
 DSD_KEY = "num_speculative_tokens_per_batch_size"
+# the keys of --speculative-config a preset's speculative section holds under the same name
+SPEC_KEYS = ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "draft_tensor_parallel_size")
 DSD_LAST_END = 1024  # the last range's end as written (vLLM carries its K on past it anyway)
 
 # Prometheus counter names as declared (the exposition adds ``_total``)
@@ -93,6 +95,9 @@ class VLLM(Engine):
     default_module = "vllm.entrypoints.cli.main"  # what the `vllm` console script runs
     default_port = 8000
     model_arg = "model"
+    modules = ("vllm.entrypoints.cli.main",)
+    scripts = ("vllm",)
+    env_prefixes = ("VLLM_",)
     reserved_args = {"port": "server.port", "speculative-config": "speculative", "sc": "speculative"}
     phases = (
         ("Starting to load model", "loading weights"),
@@ -134,6 +139,50 @@ class VLLM(Engine):
 
     def help_args(self, preset) -> list[str]:
         return ["serve", "--help=all"]
+
+    def preset_data(self, args: list[str]) -> dict:
+        pos = positionals(args)
+        if pos[:1] != ["serve"]:
+            raise ValueError(f"it runs `vllm {pos[0] if pos else ''}`, not `vllm serve`: no server")
+        out: dict = {"port": None, "args": {}, "speculative": {}, "notes": []}
+        if len(pos) > 1:
+            out["args"]["model"] = pos[1]
+        out["notes"] += [f"the argument {p!r} is not one a preset holds: left out" for p in pos[2:]]
+        for flag, v in flag_pairs(args).items():
+            if self.reserved_args.get(flag[2:]) == "speculative":
+                out["speculative"], notes = self._speculative_from(v)
+                out["notes"] += notes
+            else:
+                self._take(out, flag[2:], v)
+        return out
+
+    @staticmethod
+    def _speculative_from(text: str | None) -> tuple[dict, list[str]]:
+        """``--speculative-config``'s JSON as the preset's speculative section (the inverse of
+        ``speculative_config``), and a note for each key a preset does not hold."""
+        try:
+            cfg = json.loads(text or "")
+        except ValueError:
+            cfg = None
+        if not isinstance(cfg, dict):
+            raise ValueError(f"--speculative-config {str(text)[:60]!r} is not a JSON object")
+        by_method = {m: a for a, m in METHODS.items()}
+        method = cfg.get("method")
+        if method not in by_method:
+            raise ValueError(
+                f"--speculative-config: the method {method!r} is not one tuitune knows ({', '.join(METHODS.values())})"
+            )
+        spec: dict = {"algorithm": by_method[method]}
+        notes = []
+        for key, v in cfg.items():
+            if key == "method":
+                continue
+            own = {"model": "draft_model_path", DSD_KEY: "dynamic_schedule"}.get(key, key)
+            if own in ("draft_model_path", "dynamic_schedule", *SPEC_KEYS):
+                spec[own] = v
+            else:
+                notes.append(f"--speculative-config's {key!r} is not one a preset holds: left out")
+        return spec, notes
 
     @staticmethod
     def speculative_config(preset) -> dict:

@@ -32,6 +32,7 @@ FLAG_RE = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
 ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 ArgValue = bool | int | float | str
 LOCAL_HOSTS = ("local", "localhost-local")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a preset's name
 
 
 class PresetError(ValueError):
@@ -383,11 +384,14 @@ class Preset(_Model):
     profile: bool = False
     bench: Bench = Field(default_factory=Bench)
     telemetry: Telemetry = Field(default_factory=Telemetry)
+    # read off a running server (preset/discovered.py), not from a file: the flags that found it
+    # (``--port 30000 --host gpu-box``), which say how to write it down before adopting it
+    _discovered: str | None = PrivateAttr(default=None)
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", v):
+        if not NAME_RE.fullmatch(v):
             raise ValueError(f"{v!r} is not a preset name (letters, digits, . _ -)")
         return v
 
@@ -450,6 +454,12 @@ class Preset(_Model):
         return self
 
     # ---- derived ------------------------------------------------------------------------
+    def adopt_hint(self) -> str:
+        """The command(s), quoted, that make a server on this preset's port tuitune's."""
+        if self._discovered is None:
+            return f"`tuitune adopt {self.name}`"
+        return f"`tuitune preset discover {self._discovered} --save`, then `tuitune adopt {self.name}`"
+
     @property
     def engine(self) -> engines.Engine:
         return engines.get(self.server.engine)

@@ -36,7 +36,7 @@ from tuitune.base import redact
 from tuitune.base.aio import cancel_and_wait, to_the_end
 from tuitune.base.events import Event, NcclEnv, ServerError
 from tuitune.engines import CAUSE_ORDER, CAUSE_TEXT
-from tuitune.engines.base import draft_misfit
+from tuitune.engines.base import draft_misfit, flag_pairs, positionals
 from tuitune.measure.parse import parse_line
 from tuitune.probe import REMOTE_DIR as PROBE_DIR
 from tuitune.target.tail import LogTail
@@ -138,18 +138,19 @@ exec "$py" -m "$mod" "$@"
 """
 
 
-def not_ours(name: str) -> str:
+def not_ours(preset: P.Preset) -> str:
     """What every command and view says of a live server on the preset's port that tuitune did not
     start: it is watched read-only until the operator adopts it."""
-    return f"running, not started by tuitune: attach read-only, or `tuitune adopt {name}`"
+    return f"running, not started by tuitune: attach read-only, or {preset.adopt_hint()}"
 
 
-def refuse_not_ours(name: str, port: int, label: str, pid: int | None = None) -> str:
+def refuse_not_ours(preset: P.Preset, label: str, pid: int | None = None) -> str:
     """The one sentence that refuses to relaunch or stop a server tuitune did not start."""
     who = f" (pid {pid})" if pid else ""
+    other = "" if preset._discovered else f" (or `tuitune stop {preset.name} --pid PID`)"
     return (
-        f"port {port} on {label} is in use by a server tuitune did not start{who}, watched read-only; "
-        f"`tuitune adopt {name}` makes it tuitune's to relaunch or stop (or `tuitune stop {name} --pid PID`)"
+        f"port {preset.server.port} on {label} is in use by a server tuitune did not start{who}, watched "
+        f"read-only; {preset.adopt_hint()} makes it tuitune's to relaunch or stop{other}"
     )
 
 
@@ -252,36 +253,6 @@ class ReadyResult:
     reported_at: float | None = None
 
 
-def _flag_pairs(argv: list[str]) -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    i = 0
-    while i < len(argv):
-        a = argv[i]
-        if a.startswith("--"):
-            if "=" in a:
-                k, v = a.split("=", 1)
-                out[k] = v
-            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                out[a] = argv[i + 1]
-                i += 1
-            else:
-                out[a] = None
-        i += 1
-    return out
-
-
-def _positionals(argv: list[str]) -> list[str]:
-    """Arguments that are neither flags nor flag values (vLLM's ``serve MODEL``)."""
-    out, i = [], 0
-    while i < len(argv):
-        if argv[i].startswith("--"):
-            i += 1 if "=" in argv[i] or i + 1 >= len(argv) or argv[i + 1].startswith("--") else 2
-        else:
-            out.append(argv[i])
-            i += 1
-    return out
-
-
 def _without_probe(preset: P.Preset, environ: dict[str, str]) -> dict[str, str]:
     """The process environment less what tuitune itself added at launch: the probe's directory
     at the head of PYTHONPATH (render.server_argv), so drift is about the preset's own values."""
@@ -328,11 +299,14 @@ def compute_drift(preset: P.Preset, argv: list[str], environ: dict[str, str]) ->
         server_args = argv[m + 2 :]
     except ValueError:
         server_args = argv[1:]
-    have_pos, want_pos = _positionals(server_args), _positionals(preset.flags())
+    have_pos, want_pos = positionals(server_args), positionals(preset.flags())
     if have_pos != want_pos:
         drift.append(Drift("arguments", " ".join(have_pos) or None, " ".join(want_pos) or None))
-    have, want = _flag_pairs(server_args), _flag_pairs(preset.flags())
+    have, want = flag_pairs(server_args), flag_pairs(preset.flags())
+    same_anyway = preset.engine.derived_flags(preset)  # absent, the engine picks the preset's value
     for k in list(dict.fromkeys([*want, *have])):
+        if k not in have and k in same_anyway:
+            continue
         if k not in have:
             drift.append(Drift(f"flag {k}", None, want[k] or "(set)"))
         elif k not in want:
@@ -805,7 +779,7 @@ class ServerControl:
             ours = replacing is not None and replacing.port == p.server.port and await self.alive(replacing.pid)
             if not ours:
                 hand = await self.hand_started()
-                raise ControlError(refuse_not_ours(p.name, p.server.port, self.t.label, hand.pid if hand else None), 2)
+                raise ControlError(refuse_not_ours(p, self.t.label, hand.pid if hand else None), 2)
 
     def model_paths(self) -> list[tuple[str, str]]:
         """(preset key, value) of the model and draft the server loads: a directory on the target
@@ -964,9 +938,7 @@ class ServerControl:
         target = pid if pid is not None else (rec.pid if rec else None)
         if pid is None and (rec is None or not await self.alive(rec.pid)) and await self.port_busy():
             hand = await self.hand_started()
-            raise ControlError(
-                refuse_not_ours(self.preset.name, self.preset.server.port, self.t.label, hand.pid if hand else None), 2
-            )
+            raise ControlError(refuse_not_ours(self.preset, self.t.label, hand.pid if hand else None), 2)
         if target is None:
             return "no server started by tuitune on this port"
         if pid is None and rec and not await self.alive(rec.pid):
@@ -1369,7 +1341,7 @@ class ServerControl:
                     True,
                     hand,
                     uptime_s=time.time() - hand.started if hand.started else None,
-                    note=not_ours(self.preset.name),
+                    note=not_ours(self.preset),
                     ours=False,
                 )
                 if (view := await self.process_view(hand.pid)) is not None:

@@ -309,7 +309,7 @@ class Session(EventStream):
         if not self.read_only:
             return None
         pid = self.record.pid if self.record else None
-        return refuse_not_ours(self.preset.name, self.preset.server.port, self.transport.label, pid)
+        return refuse_not_ours(self.preset, self.transport.label, pid)
 
     async def stop_server(self) -> str:
         if why := self.refusal():
