@@ -476,16 +476,32 @@ def collect_says(app) -> list[str]:
     return said
 
 
+def sim_argv(port: int, steps: int = 2) -> list[str]:
+    """The simulator's command line as a person types it: EAGLE-3 with ``steps`` steps (no draft
+    token count: SGLang derives it), fast (a 0.3 s load, ten times the modelled speed)."""
+    return [
+        *(sys.executable, "-m", "tuitune.sim", "--model-path", "/m/llama", "--port", str(port), "--tp-size", "2"),
+        *("--sim-speedup", "10", "--sim-load-seconds", "0.3", "--decode-log-interval", "10"),
+        *("--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d"),
+        *("--speculative-num-steps", str(steps), "--speculative-eagle-topk", "1"),
+    ]
+
+
 class HandServer:
     """A server started as a person starts one (`cd DIR; VAR=… nohup python -m … > LOG 2>&1 &`): a
     plain child of the test, no tuitune state; ``log`` None: its output into a pipe (a supervisor's).
-    Ready when ``port`` answers /health."""
+    Ready when ``port`` answers /health. ``group``: it leads a process group of its own (a shell's
+    background job; an engine's workers go with it when it stops)."""
 
-    def __init__(self, argv: list[str], port: int, env: dict, log: Path | None, cwd=None, timeout: float = 30):
-        self.port, self.log = port, log
-        out = log.open("wb") if log else subprocess.PIPE
+    def __init__(
+        self, argv: list[str], port: int, env: dict, log: Path | None, cwd=None, timeout: float = 30, group=False
+    ):
+        self.port, self.log, self.group = port, log, group
+        out = log.open("ab") if log else subprocess.PIPE
         try:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+            self.proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=group
+            )
         finally:
             if log:
                 out.close()
@@ -494,7 +510,10 @@ class HandServer:
         assert self.proc.poll() is None, log.read_text()[-2000:] if log else "exited"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
+        if self.group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        elif self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(10)
 

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, HandServer, collect_says, free_port, tuitune_cli, until
+from conftest import ROOT, HandServer, collect_says, free_port, sim_argv, tuitune_cli, until
 
 from tuitune import preset as P
 from tuitune.base.events import DecodeStats, ProfileWindow
@@ -100,10 +99,7 @@ def start_hand(tmp: Path, log: bool = True) -> HandServer:
     """The simulator as a person starts it: `cd DIR; NCCL_ALGO=Ring EAGLE3_PROFILE=1 nohup python -m
     tuitune.sim … > server.log 2>&1 &` (``log`` False: its output into a pipe, as under a supervisor)."""
     port = free_port()
-    argv = [sys.executable, "-m", "tuitune.sim", "--model-path", "/m/llama", "--port", str(port)]
-    argv += ["--tp-size", "2", "--sim-speedup", "10", "--sim-load-seconds", "0.3", "--decode-log-interval", "10"]
-    argv += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d"]
-    argv += ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1"]
+    argv = sim_argv(port, steps=3)
     env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
     env.update(NCCL_ALGO="Ring", EAGLE3_PROFILE="1")
     return HandServer(argv, port, env, tmp / "server.log" if log else None, cwd=tmp)
@@ -210,26 +206,3 @@ async def test_tui_on_a_discovered_preset_shows_live_numbers_and_refuses_relaunc
         assert any(f"`tuitune preset discover --port {hand.port} --save`" in m for m in said), said
         await session.close(stop_server=False)
     assert hand.proc.poll() is None
-
-
-def test_discover_over_a_real_sshd_by_its_ssh_config_alias(sshd, hand, tmp_path):
-    """`--host gpu-box`: an alias of ~/.ssh/config (the loopback sshd); its host key unknown at first
-    (the sentence names `tuitune trust`), then trusted; the process, its environment and its output
-    file are read through the link."""
-    ssh = tmp_path / ".ssh"
-    ssh.mkdir(exist_ok=True)
-    (ssh / "config").write_text(
-        f"Host gpu-box\n    HostName 127.0.0.1\n    Port {sshd.port}\n    User root\n"
-        f"    IdentityFile {sshd.client_key_path}\n"
-    )
-    home = {"HOME": str(tmp_path)}
-    r = tuitune_cli("preset", "discover", "--host", "gpu-box", "--port", str(hand.port), env=home)
-    said = r.stderr.strip()  # one sentence (no library's deprecation warnings before it)
-    assert r.returncode == 1 and "`tuitune trust gpu-box`" in said and "\n" not in said, said  # an unknown host key
-    r = tuitune_cli("trust", "gpu-box", "--yes", env=home)
-    assert r.returncode == 0, r.stdout + r.stderr
-    r = tuitune_cli("preset", "discover", "--host", "gpu-box", "--port", str(hand.port), env=home)
-    assert r.returncode == 0, r.stderr
-    data = yaml.safe_load(r.stdout)
-    assert data["target"] == {"host": "gpu-box"} and data["server"]["log"] == str(hand.log), data
-    assert data["speculative"]["num_steps"] == 3

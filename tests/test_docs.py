@@ -290,3 +290,53 @@ def test_your_server_pages_first_five_commands_run_against_sshd(sshd, tmp_path):
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_your_server_pages_commands_without_a_preset_run_against_sshd(sshd, tmp_path):
+    """docs/your-server.md's commands for a server with no preset, as printed, against a real sshd on
+    loopback (`gpu-box`: an alias of ~/.ssh/config; its host key unknown at first, so the first
+    command's sentence names `tuitune trust gpu-box`) with the simulator started by hand on the port:
+    the TUI's view as a headless recording, a recording, the preset read off the process through the
+    link (its log where the process writes, its flags and NCCL variable), and saved under a name."""
+    import shlex
+
+    import yaml
+    from conftest import HandServer, free_port, sim_argv, tuitune_cli
+
+    commands = _page_commands(DOCS / "your-server.md", "Without writing a preset first")
+    assert len(commands) == 4 and all(c.startswith("tuitune ") and "--port 30000" in c for c in commands), commands
+    ssh = tmp_path / ".ssh"
+    ssh.mkdir()
+    (ssh / "config").write_text(
+        f"Host gpu-box\n    HostName 127.0.0.1\n    Port {sshd.port}\n    User root\n"
+        f"    IdentityFile {sshd.client_key_path}\n"
+    )
+    port, log = free_port(), tmp_path / "server.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
+    env.update({"EAGLE3_PROFILE": "1", "NCCL_PROTO": "LL", "PYTHONPATH": str(ROOT)})
+    hand = HandServer(sim_argv(port), port, env, log, cwd=tmp_path)  # `nohup python3 -m … > log &`
+    home = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    try:
+        r = tuitune_cli("preset", "discover", "--host", "gpu-box", "--port", str(port), env=home)
+        said = r.stderr.strip()  # one sentence (no library's deprecation warnings before it)
+        assert r.returncode == 1 and "`tuitune trust gpu-box`" in said and "\n" not in said, said
+        assert tuitune_cli("trust", "gpu-box", "--yes", env=home).returncode == 0
+        for line in commands:
+            words = {"30000": str(port), "run.jsonl": str(tmp_path / "run.jsonl")}
+            args = [words.get(a, a) for a in shlex.split(line.split("#")[0])[1:]]
+            if args[0] == "--host":  # the TUI: its stream, recorded headless
+                args = ["--record", str(tmp_path / "tui.jsonl"), *args, "--duration", "2"]
+            if "--duration" in args:
+                args[args.index("--duration") + 1] = "2"
+            r = tuitune_cli(*args, env=home, timeout=120)
+            assert r.returncode == 0, (line, r.stdout, r.stderr)
+            if args[:2] == ["preset", "discover"] and "--save" not in args:
+                data = yaml.safe_load(r.stdout)
+                assert data["target"] == {"host": "gpu-box"} and data["server"]["log"] == str(log), data
+                assert data["env"] == {"NCCL_PROTO": "LL", "PYTHONPATH": str(ROOT)}, data  # not HOME, PATH, …
+                assert data["speculative"]["num_steps"] == 2, data
+        saved = P.load(tmp_path / "cfg" / "tuitune" / "presets" / "my-box.yaml")
+        assert saved.server.port == port and saved.target.host == "gpu-box"
+        assert hand.proc.poll() is None  # watched, never relaunched or stopped
+    finally:
+        hand.stop()

@@ -28,9 +28,10 @@ from pathlib import Path
 
 import pytest
 import real_sglang
-from conftest import ROOT, free_port, wait_for
+from conftest import ROOT, HandServer, free_port, wait_for
 from test_real_vllm import Term, group_procs, log_events, needs_tmux, port_free, tt, write_preset
 
+from tuitune import preset as P
 from tuitune.base.events import DecodeStats, ProfileWindow, ServerError
 
 pytestmark = [
@@ -153,6 +154,7 @@ class Served:
         self.current = self.chain
         self.launch_out: subprocess.CompletedProcess | None = None
         self.launch_s = 0.0
+        self.hand: HandServer | None = None  # a server started by hand on the port (not tuitune's)
 
     def preset(self, file: str, **kw) -> Path:
         args = {"enable-metrics": True, **kw.pop("args", {})}
@@ -168,7 +170,26 @@ class Served:
         )
         return write_preset(self.home / file, data)
 
+    def start_by_hand(self, preset: Path) -> HandServer:
+        """The preset's server started as a person starts SGLang, not by tuitune: `tuitune probe
+        install`, then `EAGLE3_PROFILE=1 PYTHONPATH=~/.cache/tuitune/probe nohup python -m
+        sglang.launch_server … >> LOG 2>&1 &` (the flags and variables the preset would give it)."""
+        tt(self.home, "stop", str(self.current), "--any", check=True, timeout=120)
+        tt(self.home, "probe", "install", str(preset), check=True, timeout=120)
+        p = P.load(preset)
+        env = {**os.environ, **p.launch_env(), "HOME": str(self.home)}
+        env["PYTHONPATH"] = str(self.home / ".cache" / "tuitune" / "probe")
+        argv = [p.python(), "-m", p.server.module, *p.flags()]
+        self.hand = HandServer(argv, self.port, env, self.log, cwd=self.home, timeout=300, group=True)
+        return self.hand
+
+    def stop_hand(self) -> None:
+        if self.hand is not None:
+            self.hand.stop()
+            self.hand = None
+
     def launch(self, preset: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+        self.stop_hand()  # a test that adopts and stops it has done so already; one that failed has not
         t0 = time.monotonic()
         r = tt(self.home, "launch", str(preset or self.chain), timeout=timeout)
         self.launch_s = time.monotonic() - t0
@@ -183,6 +204,7 @@ class Served:
             return "(no log)"
 
     def cleanup(self) -> None:
+        self.stop_hand()
         r = tt(self.home, "status", str(self.current), "--json", "--any", timeout=60)
         try:
             rec = json.loads(r.stdout).get("record") or {}
@@ -381,9 +403,19 @@ def test_ngram_probe_accept_length_matches_sglangs_own(served):
     """NGRAM: SGLang's corpus learns from earlier outputs, and a random model repeats itself, so the
     same prompts again accept for real. The probe's accept length (tokens a request-cycle, weighted by
     cycles) against SGLang's own over the same requests: the requests' ``meta_info``
-    (completion tokens / verify calls) and its decode lines' ``accept len``; each within 5 %."""
+    (completion tokens / verify calls) and its decode lines' ``accept len``; each within 5 %.
+    The server is started by hand, not by tuitune (as most servers are), and `tuitune preset discover`
+    reads its preset off the process: NGRAM with 8 draft tokens, the probe on, no drift from it."""
     ngram = served.preset("ngram.yaml", method="NGRAM", draft_tokens=8)
-    served.launch(ngram)
+    hand = served.start_by_hand(ngram)
+    tt(served.home, "preset", "discover", "--port", str(served.port), "--name", "ngram-hand", "--save", check=True)
+    found = P.load(served.home / ".config" / "tuitune" / "presets" / "ngram-hand.yaml")
+    assert found.speculative.algorithm == "NGRAM" and found.speculative.num_draft_tokens == 8, found
+    want = P.load(ngram).env
+    assert found.profile and found.server.log == str(served.log), found
+    assert {k: found.env.get(k) for k in want} == want, found.env
+    r = tt(served.home, "status", "ngram-hand", timeout=60)
+    assert r.returncode == 5 and f"pid {hand.proc.pid}" in r.stdout and "no drift" in r.stdout, r.stdout + r.stderr
     prompts = PROMPTS[:2]
     with Load(served.port, 128, prompts=prompts) as load:  # the corpus learns these outputs
         wait_for(lambda: load.done >= 4, 240, 0.5, f"warm-up ({load.error})")
@@ -412,24 +444,26 @@ def test_watch_says_when_real_ngram_acceptance_collapses_with_the_workload(serve
     before draw their drafts from its earlier answers (an accept length about 6 of 9), new prompts do
     not (about 2.5). A capture of the repeated workload is the baseline (`--against`); when the
     traffic turns to new prompts, `tuitune watch` says so and exits 1 (the server is NGRAM, 8 draft
-    tokens, from the test above)."""
+    tokens, started by hand in the test above: recorded by its port, watched through the preset
+    `preset discover` wrote, never relaunched)."""
     import random
 
+    assert served.hand is not None, "the hand-started NGRAM server of the test above"
     cap = served.home / "repeated.jsonl"
     with Load(served.port, 48, prompts=PROMPTS[:4]):
-        r = tt(served.home, "--record", str(cap), str(served.current), "--duration", "8", timeout=120)
+        r = tt(served.home, "--record", str(cap), "--port", str(served.port), "--duration", "8", timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     rng = random.Random(11)
     words = "alpha beta gamma delta river stone cloud paper lamp orbit maple cedar tiger violet amber quartz".split()
     novel = [" ".join(rng.choice(words) for _ in range(8)) for _ in range(400)]
-    argv = [sys.executable, "-m", "tuitune", "watch", str(served.current), "--against", str(cap)]
+    argv = [sys.executable, "-m", "tuitune", "watch", "ngram-hand", "--against", str(cap)]
     w = subprocess.Popen(
         [*argv, "--window", "80", "--duration", "25"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
-        env={**os.environ, "HOME": str(served.home)},
+        env={**os.environ, "HOME": str(served.home), "XDG_CONFIG_HOME": str(served.home / ".config")},
     )
     try:
         assert w.stdout is not None
@@ -444,6 +478,25 @@ def test_watch_says_when_real_ngram_acceptance_collapses_with_the_workload(serve
     drop = [x for x in out.splitlines() if "acceptance guard: accept length " in x and "below the baseline's" in x]
     assert drop, first + out
     assert re.search(r"is [3-9]\d % below the baseline's [4-9]\.\d\d \(capture repeated\.jsonl", drop[0]), drop[0]
+    assert served.hand.proc.poll() is None  # watched, never relaunched
+
+
+def test_adopt_makes_the_hand_started_real_server_tuitunes_to_stop(served):
+    """`tuitune adopt` records the hand-started SGLang (the two tests above) as tuitune's, with no drift
+    from the preset read off it; `tuitune stop` then ends its whole process group (the HTTP server,
+    scheduler and detokenizer SGLang started)."""
+    assert served.hand is not None, "the hand-started NGRAM server of the tests above"
+    pid = served.hand.proc.pid
+    r = tt(served.home, "stop", "ngram-hand", timeout=60)
+    assert r.returncode == 2 and "tuitune did not start" in r.stderr and served.hand.proc.poll() is None, r.stderr
+    r = tt(served.home, "adopt", "ngram-hand", timeout=60)
+    assert r.returncode == 0 and f"adopted server {pid}" in r.stdout and "difference(s)" not in r.stdout, r.stdout
+    assert set(roles(pid)) == set(ROLES)
+    r = tt(served.home, "stop", "ngram-hand", timeout=120)
+    assert r.returncode == 0 and "stopped" in r.stdout, r.stdout + r.stderr
+    served.hand.proc.wait(30)
+    wait_for(lambda: not roles(pid), 30, 0.5, "SGLang's processes gone")
+    served.hand = None
 
 
 def test_emitted_adaptive_schedule_runs_and_the_probe_follows_sglangs_switches(served):
