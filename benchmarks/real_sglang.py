@@ -134,7 +134,7 @@ def main() -> None:
     t0 = time.monotonic()
     try:
         real_sglang.build()
-    except (real_sglang.NoSource, real_sglang.Unreachable) as e:
+    except (real_sglang.NoSource, real_sglang.UnfitCpu, real_sglang.Unreachable) as e:
         sys.exit(f"the real SGLang engine cannot be built here: {e}")
     print(f"engine ready in {time.monotonic() - t0:.0f} s (0 when built before; a first build prints its own times)")
     only = set(ns.only.split(","))

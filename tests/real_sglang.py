@@ -18,7 +18,8 @@ the same release, source and recipe):
   target (for the failure tests). The generator is tests/real_vllm.py's, with this shape.
 
 Where ``../shared/sglang-cpu/`` is absent (a machine outside this workplace) the kernel source cannot be
-had: :class:`NoSource` says where it comes from and the SGLang tests skip with that reason; the package
+had: :class:`NoSource` says where it comes from and the SGLang tests skip with that reason; a CPU without
+AVX-512 (the kernels' instructions) is :class:`UnfitCpu`, checked before the build (skips too); the package
 registry out of reach is :class:`real_vllm.Unreachable` (skips too). Any other failure raises.
 Run ``python tests/real_sglang.py`` to build it all ahead (``make test`` does).
 """
@@ -95,6 +96,30 @@ class NoSource(Exception):
     """The kernel source is not on this machine (outside this workplace): the SGLang tests skip."""
 
 
+class UnfitCpu(Exception):
+    """This CPU cannot run SGLang's CPU kernels (no AVX-512): the SGLang tests skip, saying so."""
+
+
+def unfit_cpu_reason(cpuinfo: str | None = None) -> str | None:
+    """Why this CPU cannot run the kernels, or None. They are built for AVX-512 with AMX or with
+    AVX-512 bf16 (``_AMX_FIX``); on a CPU without AVX-512 (an AMD EPYC of this machine kind offers
+    AVX2 only) importing them dies on an illegal instruction (exit 132), after a 7-minute build."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None  # not Linux: the build says what fails
+    flags = set(next((ln.split(":", 1)[1].split() for ln in cpuinfo.splitlines() if ln.startswith("flags")), []))
+    model = next((ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines() if ln.startswith("model name")), "")
+    if "avx512f" in flags and ({"amx_tile", "avx512_bf16"} & flags):
+        return None
+    lacks = "AVX-512" if "avx512f" not in flags else "AMX and AVX-512 bf16"
+    return (
+        f"this CPU ({model or 'unknown'}) lacks {lacks}, which SGLang's CPU kernels need (a Xeon with AMX, or "
+        "AVX-512 with bf16): they die on an illegal instruction here"
+    )
+
+
 def say(msg: str) -> None:
     print(f"real-sglang: {msg}", file=sys.stderr, flush=True)
 
@@ -134,6 +159,9 @@ def kernel_wheel() -> Path:
     reason = no_source_reason()
     if reason:
         raise NoSource(reason)
+    reason = unfit_cpu_reason()
+    if reason:
+        raise UnfitCpu(reason)
     stamp = _digest(TARBALL, PYPROJECT, extra=f"{TORCH} {KERNEL_RECIPE}")
     home = CACHE / f"sglang-kernel-cpu-{stamp}"
     found = sorted(home.glob("sglang_kernel_cpu-*.whl")) if _built(home, stamp) else []
@@ -457,7 +485,7 @@ if __name__ == "__main__":
     demo = "--demo" in sys.argv[1:]
     try:
         py, models = build()
-    except (NoSource, Unreachable) as e:
+    except (NoSource, UnfitCpu, Unreachable) as e:
         print(f"the real SGLang engine was not installed: {e}")
         sys.exit(1 if demo else 0)  # the suite runs without it (its tests skip); the demo cannot
     except RuntimeError as e:  # anywhere else a failure is a failure, said in a sentence
