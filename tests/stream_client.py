@@ -17,7 +17,9 @@ import time
 import urllib.request
 
 
-def independent_request(port: int, model: str, prompt: str, max_tokens: int) -> tuple[float | None, int, float]:
+def independent_request(
+    port: int, model: str, prompt: str, max_tokens: int, temperature: float = 0.0
+) -> tuple[float | None, int, float]:
     """One streamed /v1/completions request: (decode tok/s, completion tokens, the span from the first
     token chunk to the last in seconds). Same formula as any
     decode rate: (completion_tokens - 1) / (last token chunk - first token chunk), the count from the
@@ -27,7 +29,7 @@ def independent_request(port: int, model: str, prompt: str, max_tokens: int) -> 
         "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
-        "temperature": 0,
+        "temperature": temperature,
         "stream": True,
         "ignore_eos": True,
         "stream_options": {"include_usage": True},

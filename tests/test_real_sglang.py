@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import real_sglang
 from conftest import ROOT, HandServer, free_port, wait_for
-from test_real_vllm import Term, group_procs, log_events, needs_tmux, port_free, tt, write_preset
+from test_real_vllm import Term, group_procs, log_events, needs_tmux, port_free, tt, watch_drop, write_preset
 
 from tuitune import preset as P
 from tuitune.base.events import DecodeStats, ProfileWindow, ServerError
@@ -472,28 +472,9 @@ def test_watch_says_when_real_ngram_acceptance_collapses_with_the_workload(serve
     rng = random.Random(11)
     words = "alpha beta gamma delta river stone cloud paper lamp orbit maple cedar tiger violet amber quartz".split()
     novel = [" ".join(rng.choice(words) for _ in range(8)) for _ in range(400)]
-    argv = [sys.executable, "-m", "tuitune", "watch", "ngram-hand", "--against", str(cap)]
-    w = subprocess.Popen(
-        [*argv, "--window", "80", "--duration", "25"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "HOME": str(served.home), "XDG_CONFIG_HOME": str(served.home / ".config")},
-    )
-    try:
-        assert w.stdout is not None
-        first = w.stdout.readline()
-        assert "baseline " in first and "(capture repeated.jsonl" in first, first
-        with Load(served.port, 48, prompts=novel):
-            out, err = w.communicate(timeout=120)
-    finally:
-        if w.poll() is None:
-            w.kill()
-    assert w.returncode == 1, first + out + err
-    drop = [x for x in out.splitlines() if "acceptance guard: accept length " in x and "below the baseline's" in x]
-    assert drop, first + out
-    assert re.search(r"is [3-9]\d % below the baseline's [4-9]\.\d\d \(capture repeated\.jsonl", drop[0]), drop[0]
+    novel_load = Load(served.port, 48, prompts=novel)
+    drop = watch_drop(served.home, "ngram-hand", cap, novel_load, "--window", "80", "--duration", "25", timeout=120)
+    assert re.search(r"is [3-9]\d % below the baseline's [4-9]\.\d\d \(capture repeated\.jsonl", drop), drop
     assert served.hand.proc.poll() is None  # watched, never relaunched
 
 

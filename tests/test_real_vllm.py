@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import real_vllm
 import yaml
-from conftest import ROOT, free_port, wait_for
+from conftest import ROOT, HandServer, free_port, wait_for
 from stream_client import independent_request, server_decode_clock
 
 from tuitune.base.events import ProfileWindow, ServerError, VllmSpec
@@ -134,6 +134,28 @@ def port_free(port: int) -> bool:
             return True
 
 
+def watch_drop(home: Path, preset: str, capture: Path, load, *flags: str, timeout: float = 150) -> str:
+    """`tuitune watch PRESET --against CAPTURE FLAGS` run as a user runs it: its first line (the
+    baseline, from the capture) read before ``load`` (a context manager: the traffic that changes)
+    starts; it must exit 1 with an accept-length alarm, whose line is returned."""
+    argv = [sys.executable, "-m", "tuitune", "watch", preset, "--against", str(capture), *flags]
+    env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config")}
+    w = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    try:
+        assert w.stdout is not None
+        first = w.stdout.readline()
+        assert "baseline " in first and f"(capture {capture.name}" in first, first
+        with load:
+            out, err = w.communicate(timeout=timeout)
+    finally:
+        if w.poll() is None:
+            w.kill()
+    assert w.returncode == 1, first + out + err
+    drop = [x for x in out.splitlines() if "acceptance guard: accept length " in x and "below the baseline's" in x]
+    assert drop, first + out
+    return drop[0]
+
+
 def log_events(log: Path, start: int = 0) -> list:
     text = log.read_bytes()[start:].decode("utf-8", "replace")
     return [e for e in (parse_line(line) for line in text.splitlines()) if e is not None]
@@ -143,10 +165,11 @@ def log_events(log: Path, start: int = 0) -> list:
 
 
 class Load:
-    """Single-stream requests from the independent client in a thread, until stopped."""
+    """Single-stream requests from the independent client in a thread, until stopped (greedy, or
+    sampled at ``temperature``)."""
 
-    def __init__(self, port: int, model: str, max_tokens: int = 96):
-        self.port, self.model, self.max_tokens = port, model, max_tokens
+    def __init__(self, port: int, model: str, max_tokens: int = 96, temperature: float = 0.0):
+        self.port, self.model, self.max_tokens, self.temperature = port, model, max_tokens, temperature
         self.done = 0
         self.error = ""
         self._stop = threading.Event()
@@ -156,7 +179,8 @@ class Load:
         i = 0
         while not self._stop.is_set():
             try:
-                independent_request(self.port, self.model, PROMPTS[i % len(PROMPTS)], self.max_tokens)
+                prompt = PROMPTS[i % len(PROMPTS)]
+                independent_request(self.port, self.model, prompt, self.max_tokens, self.temperature)
                 self.done += 1
             except (OSError, RuntimeError, http.client.HTTPException, ValueError, KeyError, TypeError) as e:
                 self.error = f"{type(e).__name__}: {e}"  # said when a test's wait for requests times out
@@ -707,6 +731,95 @@ def test_ngram_probe_accept_length_matches_vllms_own(demo):
     assert per_step < theirs - 0.1  # steps without a draft: what tells the two definitions apart here
     probe = sum(w.accept_len * w.cycles for w in windows) / sum(w.cycles for w in windows)
     assert abs(probe / per_step - 1) < 0.05, (probe, per_step)
+
+
+# ---- a server started by hand: found by its port, recorded, watched, adopted ---------------------------
+
+
+@pytest.fixture(scope="module")
+def hand(engine, tmp_path_factory):
+    """The real vLLM started by hand, as most servers are, not by tuitune: ngram K=3 (prompt lookup
+    1-3), the probe installed by `tuitune probe install` and put on its path as status's hint says,
+    `setsid nohup python -m vllm.entrypoints.cli.main serve … > LOG 2>&1 &`; no tuitune state. One
+    launch for the tests below, in order."""
+    from types import SimpleNamespace
+
+    from tuitune import preset as P
+
+    python, models = engine
+    home = tmp_path_factory.mktemp("real-vllm-hand")
+    port, log = free_port(), home / "server.log"
+    path = write_preset(
+        home / "ngram.yaml", real_vllm.preset("ngram", log, port, python=python, method="NGRAM", k=3, lookup=(1, 3))
+    )
+    r = tt(home, "probe", "install", str(path), timeout=120)
+    assert "probe copied to" in r.stdout, r.stdout + r.stderr
+    p = P.load(path)
+    env = {**os.environ, **p.launch_env(), "HOME": str(home)}
+    env["PYTHONPATH"] = str(home / ".cache" / "tuitune" / "probe")
+    server = HandServer(
+        [p.python(), "-m", p.server.module, *p.flags()], port, env, log, cwd=home, timeout=420, group=True
+    )
+    try:
+        yield SimpleNamespace(home=home, port=port, log=log, preset=p, server=server, model=str(models["target"]))
+    finally:
+        server.stop()
+
+
+def test_a_hand_started_server_is_discovered_and_recorded_by_its_port(hand):
+    """`tuitune preset discover` reads the preset off the process (vLLM's console module and
+    --speculative-config turned back into the speculative section, its variables, its log), with no
+    drift from it; `tuitune --record --port` captures the probe's windows and vLLM's own lines without
+    relaunching it (greedy load: the capture is the next test's baseline)."""
+    from tuitune import preset as P
+    from tuitune.measure.capture import read_capture
+
+    tt(hand.home, "preset", "discover", "--port", str(hand.port), "--name", "vllm-hand", "--save", check=True)
+    found = P.load(hand.home / ".config" / "tuitune" / "presets" / "vllm-hand.yaml")
+    s = found.speculative
+    assert found.server.engine == "vllm" and found.server.log == str(hand.log), found
+    assert (s.algorithm, s.num_speculative_tokens, s.prompt_lookup_min, s.prompt_lookup_max) == ("NGRAM", 3, 1, 3)
+    assert found.profile and {k: found.env.get(k) for k in hand.preset.env} == hand.preset.env, found.env
+    assert found.flags() == hand.preset.flags()
+    r = tt(hand.home, "status", "vllm-hand", timeout=60)
+    assert r.returncode == 5 and f"pid {hand.server.proc.pid}" in r.stdout and "no drift" in r.stdout, r.stdout
+    cap = hand.home / "greedy.jsonl"
+    r = tt(hand.home, "--record", str(cap), "--port", str(hand.port), "--load", "--duration", "10", timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    events = [x.event for x in read_capture(cap).records]
+    windows = [e for e in events if isinstance(e, ProfileWindow)]
+    assert windows and all(w.drafter == "ngram" for w in windows), events[:5]
+    assert any(isinstance(e, VllmSpec) for e in events)
+    assert sum(w.accept_len * w.cycles for w in windows) / sum(w.cycles for w in windows) > 1.3  # real acceptance
+    assert hand.server.proc.poll() is None  # never relaunched
+
+
+def test_watch_says_when_sampling_collapses_real_ngram_acceptance(hand):
+    """Prompt lookup accepts what the request repeats: a random model decoding greedily repeats itself
+    (an accept length about 2.3 here), sampled at temperature 1 it does not (about 1.0). With the
+    greedy capture as its baseline, `tuitune watch` says so when the traffic turns to sampling, and
+    exits 1 at the alarm (`--until-alarm`)."""
+    cap = hand.home / "greedy.jsonl"
+    assert cap.exists(), "the capture of the test above"
+    sampled = Load(hand.port, hand.model, temperature=1.0)
+    drop = watch_drop(hand.home, "vllm-hand", cap, sampled, "--window", "60", "--until-alarm", "--duration", "120")
+    assert re.search(r"is [2-9]\d % below the baseline's [1-9]\.\d\d \(capture greedy\.jsonl", drop), drop
+    assert hand.server.proc.poll() is None  # watched, never relaunched
+
+
+def test_adopt_makes_the_hand_started_server_tuitunes_to_stop(hand):
+    """Stop is refused until `tuitune adopt` (no drift: the preset was read off the process); then
+    `tuitune stop` ends vLLM's whole group (API server, engine core, worker)."""
+    pid = hand.server.proc.pid
+    r = tt(hand.home, "stop", "vllm-hand", timeout=60)
+    assert r.returncode == 2 and "tuitune did not start" in r.stderr and hand.server.proc.poll() is None, r.stderr
+    r = tt(hand.home, "adopt", "vllm-hand", timeout=60)
+    assert r.returncode == 0 and f"adopted server {pid}" in r.stdout and "difference(s)" not in r.stdout, r.stdout
+    assert len(engine_roles(group_procs(pid))) == 3, group_procs(pid)
+    r = tt(hand.home, "stop", "vllm-hand", timeout=120)
+    assert r.returncode == 0 and "stopped" in r.stdout, r.stdout + r.stderr
+    hand.server.proc.wait(30)
+    wait_for(lambda: not group_procs(pid), 30, 0.5, "vLLM's processes gone")
 
 
 # ---- failures: a classified one-sentence cause, within seconds, nothing left running ------------------
