@@ -7,7 +7,7 @@ random Llama, EAGLE-3 with a random draft, ngram): start-up time (with and witho
 World: the machine it runs on (on the project's 2-core machines other work shares the cores: run it
 on a quiet machine, and read the spread it prints). Builds the engine first if needed.
 
-    python benchmarks/real_vllm.py [--rounds N] [--skip-startup] [--only acceptance,agreement,...]
+    python benchmarks/real_vllm.py [--rounds N] [--skip-startup] [--only acceptance,agreement,...] [--runs N]
 """
 
 from __future__ import annotations
@@ -348,15 +348,49 @@ def overhead(model: str, rounds: int, n: int, max_tokens: int) -> None:
     print(f"  probe on  {spread(got['on'])} tok/s  ({m_on / m_off - 1:+.1%})")
 
 
+def record_end(runs: int, duration: float = 5.0, streams: int = 2) -> None:
+    """Issue 42: `tuitune --record OUT PRESET --load N --duration S` must end within 2 s of its
+    duration, every time (it once kept its load streams sending for six minutes). Each run: the
+    command against a running ngram server (K 3, real acceptance), timed from the moment its duration
+    ran out (the capture's ``started`` plus S) to the process's exit, and whether the capture closed."""
+    from tuitune.measure.capture import partial, read_capture
+
+    port = free_port()
+    p = write("record-end", port=port, method="NGRAM", k=3, lookup=(1, 3))
+    launch(p)
+    late: list[float] = []
+    try:
+        for i in range(runs):
+            out = HOME / f"end-{i}.jsonl"
+            args = ["--record", str(out), str(p), "--load", str(streams), "--duration", str(duration)]
+            r = tt(*args, timeout=duration + 120)
+            ended = time.time()
+            if r.returncode != 0:
+                sys.exit(f"--record failed ({r.returncode}):\n{r.stderr}")
+            cap = read_capture(out)
+            cut = partial(out, {"damage": cap.damage, "oversized": cap.oversized, "truncated": cap.truncated})
+            if cut:  # a capture not closed cleanly
+                sys.exit(f"run {i + 1}: {cut}")
+            late.append(ended - (cap.meta["started"] + duration))
+    finally:
+        stop(p)
+    print(
+        f"== --record --load {streams} --duration {duration:g} on ngram K=3, {runs} runs: the exit after the "
+        f"duration ran out, {spread(late)} s; within 2 s: {sum(x <= 2.0 for x in late)} of {runs}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--skip-startup", action="store_true")
+    ap.add_argument("--runs", type=int, default=20, help="record-end: how many recordings")
     ap.add_argument(
         "--only",
-        help="comma-separated sections: startup, agreement, cause, loaded, acceptance, numba, overhead (default: all)",
+        help="comma-separated sections: startup, agreement, cause, loaded, acceptance, numba, overhead, "
+        "record-end (default: all but numba and record-end)",
     )
     ns = ap.parse_args()
     try:
@@ -380,6 +414,8 @@ def main() -> None:
         numba_threads(model)
     if "overhead" in only:
         overhead(model, max(2, ns.rounds // 2), ns.requests, ns.max_tokens)
+    if "record-end" in only:
+        record_end(ns.runs)
 
 
 if __name__ == "__main__":

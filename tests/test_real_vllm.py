@@ -807,6 +807,35 @@ def test_watch_says_when_sampling_collapses_real_ngram_acceptance(hand):
     assert hand.server.proc.poll() is None  # watched, never relaunched
 
 
+def test_bench_on_the_operators_sharegpt_file(hand, tmp_path):
+    """`tuitune bench --prompts` with a ShareGPT file and a JSONL file of output lengths: vLLM answers each
+    prompt with the length the data asks for, and the run names its workload."""
+    from tuitune.measure.workload import load as load_workload
+
+    share = tmp_path / "sharegpt.json"
+    share.write_text(
+        json.dumps(
+            [
+                {"conversations": [{"from": "human", "value": p}, {"from": "gpt", "value": "an answer"}]}
+                for p in ("Write a function that reverses a list.", "What is a KV cache?")
+            ]
+        )
+    )
+    lengths = tmp_path / "lengths.jsonl"
+    lengths.write_text(
+        '{"prompt": "def fib(n):", "max_tokens": 20}\n{"prompt": "Summarise: a b c", "max_tokens": 44}\n'
+    )
+    for path, want in ((share, [32, 32, 32, 32]), (lengths, [20, 44, 20, 44])):
+        out = tmp_path / "b.json"
+        args = ["bench", "--url", f"127.0.0.1:{hand.port}", "--api", "openai", "--requests", "4", "--warmup", "0"]
+        r = tt(hand.home, *args, "--max-tokens", "32", "--prompts", str(path), "--json", str(out), timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        data = json.loads(out.read_text())
+        assert [x["completion_tokens"] for x in data["results"]] == want, data["results"]
+        assert data["summary"]["workload"] == load_workload(path).as_dict()
+        assert f"workload: {path.name} (" in r.stdout
+
+
 def test_adopt_makes_the_hand_started_server_tuitunes_to_stop(hand):
     """Stop is refused until `tuitune adopt` (no drift: the preset was read off the process); then
     `tuitune stop` ends vLLM's whole group (API server, engine core, worker)."""

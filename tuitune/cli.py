@@ -82,6 +82,7 @@ CORE_ERRORS: tuple[tuple[str, str, int | None], ...] = (
     ("tuitune.experiments.advisor", "AdvisorError", None),
     ("tuitune.experiments.record", "RecordError", 1),
     ("tuitune.experiments.watch", "WatchError", None),
+    ("tuitune.measure.workload", "WorkloadError", 2),
 )
 
 

@@ -269,6 +269,11 @@ def bench_flags(p: argparse.ArgumentParser, levels: bool = False) -> None:
         else "concurrent request streams",
     )
     p.add_argument("--api", choices=["native", "openai"])
+    p.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help="your own prompts (one a line, JSONL, or ShareGPT JSON; overrides bench.prompts; default: the built-in twelve)",
+    )
 
 
 def _one_level(ns) -> int | None:
@@ -294,6 +299,7 @@ def overrides(ns, level: int | None = None) -> dict:
             ("max_tokens", ns.max_tokens),
             ("concurrency", level),
             ("api", ns.api),
+            ("prompts", _prompt_file(getattr(ns, "prompts", None))),
         )
         if v is not None
     }
@@ -302,6 +308,22 @@ def overrides(ns, level: int | None = None) -> dict:
         if isinstance(v, int) and v < least:
             raise CliError(f"--{k.replace('_', '-')} must be at least {least} (got {v})", 2)
     return ov
+
+
+def _prompt_file(path: str | None) -> str | None:
+    """``--prompts FILE`` as an absolute path, checked now (one sentence, before any launch)."""
+    if path is None:
+        return None
+    import os
+
+    from tuitune.measure.workload import WorkloadError
+    from tuitune.measure.workload import load as load_workload
+
+    try:
+        load_workload(path)
+    except WorkloadError as e:
+        raise CliError(f"--prompts: {e}", 2) from None
+    return os.path.abspath(os.path.expanduser(path))
 
 
 def int_list(text: str, flag: str) -> list[int]:

@@ -383,6 +383,7 @@ def tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int)
     p.add_argument("--warmup", type=int)
     p.add_argument("--max-tokens", type=int)
+    p.add_argument("--prompts", metavar="FILE", help="your own prompts (see `tuitune bench --help`)")
     p.add_argument("--json", metavar="OUT", help="write the result as JSON")
     p.set_defaults(run=cmd_tune)
 

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 
 from tuitune.base.events import Event
-from tuitune.measure import stats
+from tuitune.measure import stats, workload
 from tuitune.measure.bench import BenchConfig, limit_confound, run_bench
 from tuitune.preset import Preset
 from tuitune.target import telemetry
@@ -271,6 +271,7 @@ async def bench_launch(
         "server": s.get("server"),
         "time": time.time(),
         "gpu_note": watch.note(),
+        "workload": s.get("workload"),
     }
 
 
@@ -305,6 +306,11 @@ def verdict(
             "reason": f"GPUs were held back during {len(held)} of {len(launches)} launches "
             f"({x['preset']}, round {x.get('round', '?')}: {x['gpu_note']})",
         }
+    other = next(
+        (why for x in launches if (why := workload.differ(x.get("workload"), launches[0].get("workload")))), None
+    )
+    if other:
+        return {"verdict": "not comparable", "reason": f"the launches ran different workloads ({other})"}
     confound = limit_confound(
         {
             arm: [(x.get("server") or {}).get("max_running_requests") for x in launches if x["arm"] == arm]
@@ -432,6 +438,12 @@ async def run_ab(
     last = max(rounds, max_rounds or rounds)
     if last > MAX_ROUNDS:
         raise RoundsError(f"--max-rounds {last} is more than {MAX_ROUNDS}, the most a sequential A/B plans")
+    if "prompts" not in overrides and a.bench.prompts != b.bench.prompts:
+        raise RoundsError(
+            f"the arms benchmark different prompts (bench.prompts: {a.name} {a.bench.prompts or 'built-in'}, "
+            f"{b.name} {b.bench.prompts or 'built-in'}): a difference would be partly the workload's; "
+            "pass --prompts FILE to use one for both"
+        )
     why = rounds_refusal(last, "--max-rounds" if last > rounds else "--rounds")
     if why and (judge or last > rounds):
         raise RoundsError(why)
@@ -590,6 +602,9 @@ def format_ab(result: dict) -> str:
             f"{ci[0]:>8.2f}-{ci[1]:<8.2f} {x.get('goodput', math.nan):>9.1f} {acc:>7} {x['failed']:>6}"
             + (f"  ⚠ GPUs: {x['gpu_note']}" if x.get("gpu_note") else "")
         )
+    w = next((x["workload"] for x in result["launches"] if x.get("workload")), None)
+    if w:
+        lines.append(f"workload: {workload.describe(w)}")
     v = result["verdict"]
     if v["verdict"] == "not comparable":
         lines.append(f"\nverdict: not comparable: {v['reason']}")

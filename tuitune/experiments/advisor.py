@@ -21,6 +21,7 @@ from tuitune.decide.costmodel import Config, CostModel, FitError, bootstrap, fit
 from tuitune.engines import sglang as SG
 from tuitune.engines import vllm as VL
 from tuitune.experiments.observe import _is_preset, launches_from
+from tuitune.measure.workload import differ as workload_differ
 
 EMIT_ENGINES = {e.schedule: e for e in engines.ENGINES.values() if e.schedule}  # format -> the engine loading it
 EMIT_FORMATS = tuple(EMIT_ENGINES)
@@ -48,9 +49,12 @@ class Advised:
     floor: dict | None = None  # vLLM's schedule against no speculation at the concurrencies asked (A.dsd_floor)
     per_request: tuple[float, float] | None = None  # the verify's ms a request: the fit's, the plane's
     off_refused: bool = False  # the engine cannot run 0 steps in its schedule (SGLang on a CPU)
+    warnings: list[str] = field(default_factory=list)  # what the sources do not share (their workloads)
 
     def to_dict(self) -> dict:
         out = {"model": self.model.summary(), "advice": [a.to_dict() for a in self.advices]}
+        if self.warnings:
+            out["warnings"] = self.warnings
         if self.schedule is not None:
             key = self.emit_format.replace("-", "_")  # sglang_adaptive, vllm_dsd
             emitted: dict = {"file": self.emitted, "config": self.schedule, "buckets": self.buckets}
@@ -63,6 +67,7 @@ class Advised:
 
     def format(self, top: int = 5) -> str:
         lines = [A.format_advice(self.model, self.advices, top=top, describe=self.describe)]
+        lines += [f"warning: {w}" for w in self.warnings]
         if self.schedule is None:
             return "\n".join(lines)
         dsd = self.emit_format == VL.DSD_SCHEDULE
@@ -363,6 +368,33 @@ def _ran_a_schedule(src: str) -> bool:
     return isinstance(spec, dict) and spec.get("dynamic_schedule") is not None
 
 
+def _workload_of(src: str) -> tuple[bool, dict | None]:
+    """(whether the source is a capture, the workload tuitune sent while it was recorded: None for
+    the server's own traffic, or a preset's running server)."""
+    if _is_preset(src):
+        return False, None
+    from tuitune.measure.capture import CaptureError, iter_capture
+
+    try:
+        w = iter_capture(src)[0].get("workload")
+    except (CaptureError, OSError, ValueError):
+        return True, None  # said by launches_from
+    return True, w if isinstance(w, dict) else None
+
+
+def workload_warning(sources: list[str]) -> str | None:
+    """One sentence when the captures advised from ran different workloads: each launch's acceptance
+    is its prompts', so a model fitted across them mixes two questions."""
+    found = [(src, w) for src in sources for cap, w in [_workload_of(src)] if cap]
+    for src, w in found[1:]:
+        if other := workload_differ(w, found[0][1], traffic=True):
+            return (
+                f"the captures ran different workloads ({other}: {found[0][0]} and {src}); acceptance is the "
+                "prompts', so the fit mixes them: advise from captures of one workload"
+            )
+    return None
+
+
 def _refuse_emit(emit_format: str, engine: engines.Engine) -> None:
     """The one sentence for a schedule asked of an engine that cannot load it."""
     owner = EMIT_ENGINES[emit_format]
@@ -419,6 +451,8 @@ async def advise_sources(
     space = A.space(topks=(1,) if lookup else engine.topks)
     describe = engine.config_label
     out = Advised(model, [A.advise(model, c, running, space, describe) for c in concurrencies or [load]], describe)
+    if said := workload_warning(sources):
+        out.warnings.append(said)
     if emit:
         out.emit_format = emit_format
         draws = bootstrap(launches, REFITS)

@@ -19,8 +19,8 @@ from pathlib import Path
 from tuitune import preset as P
 from tuitune.base.jsonl import append_row, end_partial_line, is_count, is_figure, read_rows
 from tuitune.experiments import grid as G
-from tuitune.measure import stats
-from tuitune.measure.bench import limit_confound
+from tuitune.measure import stats, workload
+from tuitune.measure.bench import BenchConfig, limit_confound
 from tuitune.measure.capture import CaptureWriter, redacted_preset
 from tuitune.measure.metrics import quantile
 from tuitune.target.control import ControlError
@@ -122,7 +122,7 @@ def row_problem(r: dict) -> str | None:
                 return f"its {key} is not a finite figure"
     if not is_count(r.get("concurrency", 1), 1):
         return "its concurrency is not a count"
-    for key in ("changes", "axes"):
+    for key in ("changes", "axes", "workload"):
         if not isinstance(r.get(key, {}), dict):
             return f"its {key} is not an object"
     return None
@@ -161,6 +161,7 @@ async def run_trial(session: Session, trial: dict, out: Path, overrides: dict) -
             "preset_hash": p.hash(),
             "target": p.target.label(),
             "trial": trial["id"],
+            "workload": BenchConfig.for_preset("", p, overrides).prompts.as_dict(),
         },
     )
     gpu_rate = CaptureThrottle(p.telemetry.record_every_s)
@@ -226,6 +227,13 @@ async def sweep(
     done_rows = load_results(out)
     if done_rows and not resume:
         raise SweepError(f"{out} already holds results; pass --resume to continue, or choose another --out")
+    work = BenchConfig.for_preset("", base, overrides).prompts.as_dict()  # a bad prompt file: said before any launch
+    other = next((why for r in done_rows if (why := workload.differ(work, r.get("workload")))), None)
+    if other:
+        raise SweepError(
+            f"{out}'s trials were measured on another workload ({other}, the results'): resuming would compare "
+            "the two; pass their prompts again (--prompts or bench.prompts), or choose another --out"
+        )
     done = {r["trial"] for r in done_rows}
     labels = [G.label(c, grid) for c in G.combinations(grid)]
     twins = sorted({x for x in labels if labels.count(x) > 1})
@@ -252,7 +260,7 @@ async def sweep(
                     + (f" (repeat {trial['repeat'] + 1})" if repeats > 1 and trial["kind"] == "config" else "")
                 )
             row = await run_trial(session, trial, out, overrides or {})
-            _append(out, row)
+            _append(out, {**row, "workload": work})
             if progress:
                 if row["status"] == "ok":
                     progress(f"    {row['tok_s_median']:.2f} tok/s")

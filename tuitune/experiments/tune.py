@@ -36,6 +36,8 @@ from tuitune.decide import ncclstep as NS
 from tuitune.decide.advise import Advice, advise, space
 from tuitune.decide.costmodel import OFF, Config, FitError, Launch, fit
 from tuitune.experiments.observe import preset_config
+from tuitune.measure import workload
+from tuitune.measure.bench import BenchConfig
 from tuitune.measure.levels import bench_levels
 from tuitune.target.control import ControlError
 
@@ -405,6 +407,8 @@ def row_problem(r: dict) -> str | None:
             return "its prediction is not an object"
     elif kind == "nccl_decision" and not isinstance(r.get("env"), str):
         return "its env is not text"
+    elif kind == "workload" and not (isinstance(r.get("hash"), str) and isinstance(r.get("name"), str)):
+        return "its workload has no name and hash"
     return None
 
 
@@ -576,6 +580,16 @@ async def tune(
     rows = load_log(out)
     if rows and not resume:
         raise TuneError(f"{out} already holds a tune log; pass --resume to continue, or choose another --out", 2)
+    work = BenchConfig.for_preset("", base, overrides).prompts.as_dict()  # a bad prompt file: said before any launch
+    logged = next((r for r in rows if r.get("kind") == "workload"), None)
+    if rows and (other := workload.differ(work, logged)):
+        raise TuneError(
+            f"{out}'s launches were measured on another workload ({other}, the log's): resuming would compare "
+            "the two; pass the log's prompts again (--prompts or bench.prompts), or choose another --out",
+            2,
+        )
+    if logged is None:
+        _append(out, {"kind": "workload", **work})
     session = session or Session(base)
     await session.connect()
     original = base

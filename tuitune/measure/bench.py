@@ -28,11 +28,14 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
-from importlib import resources
 
 from tuitune.base.aio import cancelled_since, cancelling
 from tuitune.measure import stats
 from tuitune.measure.metrics import quantile, summarize
+from tuitune.measure.workload import Workload
+from tuitune.measure.workload import builtin as builtin_workload
+from tuitune.measure.workload import describe as describe_workload
+from tuitune.measure.workload import load as load_workload
 
 SIM_LATE_LIMIT = 0.10  # above this share of late cycles a simulator's figures are not its model's
 _COMPLETION = re.compile(rb'"completion_tokens":\s*(\d{1,15})(?![\d.eE])')
@@ -102,7 +105,7 @@ def _seconds(d: dict, key: str) -> float | None:
 
 
 def prompts() -> list[str]:
-    return json.loads(resources.files("tuitune").joinpath("data/prompts.json").read_text("utf-8"))
+    return [it.prompt for it in builtin_workload().items]
 
 
 @dataclass(slots=True)
@@ -155,6 +158,17 @@ class BenchConfig:
     connect_timeout_s: float = 10.0
     label: str = ""
     model: str | None = None  # OpenAI API model name; None: the first of /v1/models
+    workload: Workload | None = None  # the prompts (None: tuitune's built-in twelve)
+
+    @property
+    def prompts(self) -> Workload:
+        return self.workload or builtin_workload()
+
+    def for_item(self, i: int) -> tuple[BenchConfig, str]:
+        """(this config for the workload's ``i``-th request, its prompt): the output length the
+        data gives, where it gives one."""
+        it = self.prompts.item(i)
+        return (self if it.max_tokens is None else replace(self, max_tokens=it.max_tokens)), it.prompt
 
     def request_timeout(self) -> float:
         return self.timeout_s or max(30.0, self.max_tokens * 0.5)
@@ -172,6 +186,7 @@ class BenchConfig:
             api=b["api"],
             label=label or preset.name,
             model=preset.engine.served_model(preset),
+            workload=load_workload(b["prompts"]) if b.get("prompts") else None,
         ).at_level(b["concurrency"])
 
     def at_level(self, concurrency: int) -> BenchConfig:
@@ -261,6 +276,7 @@ class BenchRun:
             ss = summarize(vs)
             if ss:
                 out[name] = {**ss.as_dict(), "p99": quantile(sorted(vs), 0.99)}
+        out["workload"] = self.config.prompts.as_dict()
         out["server"] = self.server
         out["warnings"] = self.cross_check()
         if self.gpu_note:
@@ -716,7 +732,6 @@ async def _run_bench(
     import aiohttp
 
     run = BenchRun(cfg, started=time.time())
-    ps = prompts()
     t0 = time.perf_counter()
     connector = aiohttp.TCPConnector(limit=max(4, cfg.concurrency * 2), force_close=False)
     async with client_session(connector=connector) as session:
@@ -727,12 +742,15 @@ async def _run_bench(
         if cfg.warmup and cfg.concurrency > 1:
             wave = replace(cfg, max_tokens=min(cfg.max_tokens, 64))
             warm = await asyncio.gather(
-                *(run_request(session, wave, ps[i % len(ps)]) for i in range(max(cfg.warmup, cfg.concurrency)))
+                *(
+                    run_request(session, wave, cfg.prompts.item(i).prompt)
+                    for i in range(max(cfg.warmup, cfg.concurrency))
+                )
             )
         else:
             warm = []
             for i in range(cfg.warmup):
-                warm.append(await run_request(session, cfg, ps[i % len(ps)]))
+                warm.append(await run_request(session, *cfg.for_item(i)))
                 last = warm[-1]
                 if not last.ok and last.error and last.error.startswith(("cannot connect", "server disconnected")):
                     break
@@ -753,7 +771,7 @@ async def _run_bench(
         async def worker() -> None:
             while not queue.empty() and not (stop and stop.is_set()):
                 i = queue.get_nowait()
-                r = await run_request(session, cfg, ps[(cfg.warmup + i) % len(ps)])
+                r = await run_request(session, *cfg.for_item(cfg.warmup + i))
                 run.results.append(r)
                 on_result(i, r)
 
@@ -825,6 +843,8 @@ def format_levels(summaries: list[dict]) -> str:
     lines.append(
         "goodput: output tok/s of all streams together; batch: mean #running-req in the server's log (— without one)"
     )
+    if summaries and summaries[0].get("workload"):
+        lines.append(f"workload: {describe_workload(summaries[0]['workload'])}")
     return "\n".join(lines)
 
 
@@ -867,6 +887,8 @@ def format_summary(s: dict) -> str:
         if srv.get("step_time_ms_median"):
             bits.append(f"step {srv['step_time_ms_median']:.2f} ms")
         lines.append("  server says: " + ", ".join(bits))
+    if s.get("workload"):
+        lines.append(f"  workload: {describe_workload(s['workload'])}")
     for e in s.get("errors", []):
         lines.append(f"  error: {e}")
     for w in s.get("warnings", []):

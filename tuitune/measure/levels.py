@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from tuitune.measure.bench import BenchConfig, BenchRun, RequestResult, run_bench
+from tuitune.measure.workload import load as load_workload
 
 MAX_LEVEL = 1024  # the most concurrent request streams a level (and bench.concurrency) may ask for
 
@@ -49,7 +50,9 @@ class UrlBencher:
         self.api = "auto"  # without --api: asked of the server once, then kept for every level
 
     def bench_config(self, overrides: dict | None = None, label: str = "") -> BenchConfig:
-        cfg = BenchConfig(self.url, label=label, **{"api": self.api, **(overrides or {})})
+        ov = {"api": self.api, **(overrides or {})}
+        path = ov.pop("prompts", None)
+        cfg = BenchConfig(self.url, label=label, workload=load_workload(path) if path else None, **ov)
         return cfg.at_level(cfg.concurrency)
 
     async def bench(self, label: str = "", on_result: OnResult | None = None, **overrides) -> BenchRun:

@@ -24,6 +24,8 @@ from tuitune.measure.capture import iter_capture, partial
 from tuitune.measure.metrics import summarize
 from tuitune.measure.smi import capping
 from tuitune.measure.sources import SecondSource
+from tuitune.measure.workload import describe as describe_workload
+from tuitune.measure.workload import differ as workload_differ
 
 PHASES = ("draft_ms", "verify_ms", "extend_ms", "cycle_ms")
 ROWS = (*PHASES, "accept_len", "tok_s", "gen_throughput")
@@ -117,6 +119,8 @@ def summarize_capture(path: str | Path, keep_series: bool = True) -> dict:
         "target": meta.get("target"),
         "server_version": meta.get("server_version"),
         "schema": meta.get("schema"),
+        # the prompts tuitune sent meanwhile (--load, --bench); None: only the server's own traffic
+        "workload": meta.get("workload") if isinstance(meta.get("workload"), dict) else None,
         "events": events,
         "duration_s": (last_m - first_m) if first_m is not None and last_m is not None else 0.0,
         "truncated": stats["truncated"],
@@ -153,11 +157,22 @@ def format_report(reports: list[dict]) -> str:
             + (", last record truncated" if r["truncated"] else "")
             + (f", {r['skipped']} record(s) skipped (unknown kind or unreadable)" if r["skipped"] else "")
         )
+        w = r.get("workload")
+        lines.append(
+            f"    workload: {describe_workload(w)}"
+            if w
+            else "    workload: the server's own traffic (tuitune sent none)"
+        )
         for said in (r.get("partial"), r.get("note")):
             if said:
                 lines.append(f"    warning: {said}")
         for e in r["errors"][:3]:
             lines.append(f"    error: {e}")
+    sent = [r.get("workload") for r in reports]
+    if len(reports) > 1 and (
+        other := next((why for w in sent[1:] if (why := workload_differ(w, sent[0], traffic=True))), None)
+    ):
+        lines.append(f"warning: the captures ran different workloads ({other}): acceptance and speed are the prompts'")
     lines.append("")
     head = f"{'metric':<16}" + "".join(
         f" {f'[{i + 1}] mean':>11} {'median':>8} {'p90':>8}" for i in range(len(reports))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from tuitune import preset as P
 from tuitune.base import redact
-from tuitune.measure import stats
+from tuitune.measure import stats, workload
 
 
 @dataclass
@@ -162,6 +162,9 @@ class RunBook:
                 "ratio": math.nan,
                 "why": f"concurrency {run.concurrency} vs the baseline's {base.concurrency}",
             }
+        other = workload.differ(run.summary.get("workload"), base.summary.get("workload"))
+        if other:  # acceptance, and so speed, is the prompts': another workload is another question
+            return {"verdict": "not comparable", "ratio": math.nan, "why": f"{other} (the baseline's)"}
         if (base.gpu_note is None) != (run.gpu_note is None):
             # one was measured with GPUs held back (capped clocks, a straggler), the other not
             return {

@@ -349,6 +349,19 @@ class Bench(_Model):
     max_tokens: int = Field(default=500, ge=2, le=1_000_000)
     concurrency: int = Field(default=1, ge=1, le=1024)
     api: Literal["native", "openai"] = "native"
+    # the operator's own prompts: a file on this machine (text, JSONL, ShareGPT JSON;
+    # measure/workload.py), read when a benchmark runs; unset: tuitune's built-in twelve
+    prompts: str | None = None
+
+    @field_validator("prompts")
+    @classmethod
+    def _prompts_path(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        _no_control(v, "prompts")
+        if not v.startswith(("/", "~/")):
+            raise ValueError(f"{v!r} is not an absolute path; start it with / or ~/")
+        return v
 
 
 class Telemetry(_Model):

@@ -31,10 +31,11 @@ from tuitune.base.events import (
     ServerState,
 )
 from tuitune.measure import promscrape
-from tuitune.measure.bench import BenchConfig, BenchRun, RequestResult, client_session, prompts, run_bench, run_request
+from tuitune.measure.bench import BenchConfig, BenchRun, RequestResult, client_session, run_bench, run_request
 from tuitune.measure.guard import AcceptanceGuard
 from tuitune.measure.parse import parse_line
 from tuitune.measure.stream import EventStream, LoadState
+from tuitune.measure.workload import WorkloadError
 from tuitune.target import telemetry
 from tuitune.target.cluster import control_for, stop_started
 from tuitune.target.control import (
@@ -573,7 +574,13 @@ class Session(EventStream):
         self.publish([Marker(f"load {'on' if on else 'off'} ({self.load.concurrency} stream(s))")])
 
     async def _load_loop(self) -> None:
-        ps = prompts()
+        try:
+            work = BenchConfig.for_preset(self.url or "", self.preset).prompts
+        except WorkloadError as e:
+            self.load.on = False
+            self.load.last_error = f"bench.prompts: {e}"
+            self.publish([Marker(f"load off: bench.prompts: {e}")])
+            return
 
         async def stream(i: int) -> None:
             async with client_session() as session:
@@ -587,8 +594,9 @@ class Session(EventStream):
                         max_tokens=self.preset.bench.max_tokens,
                         api=self.preset.bench.api,
                         model=self.preset.engine.served_model(self.preset),
+                        workload=work,
                     )
-                    r = await run_request(session, cfg, ps[n % len(ps)])
+                    r = await run_request(session, *cfg.for_item(n))
                     if cancelled_since(0):  # asked to stop while the request ended anyway: stop
                         raise asyncio.CancelledError
                     n += 1

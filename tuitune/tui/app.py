@@ -33,6 +33,7 @@ from tuitune.measure.bench import level_row
 from tuitune.measure.guard import PREFIX as GUARD_PREFIX
 from tuitune.measure.levels import bench_levels, is_level, plan_levels
 from tuitune.measure.runs import RunBook, delta_mark
+from tuitune.measure.workload import WorkloadError
 from tuitune.target.control import ControlError
 from tuitune.target.transport import TransportError
 from tuitune.tui.advisor import AdvisorPanel, apply_to_config
@@ -684,15 +685,20 @@ class TuituneApp(App):
     @work(group="bench", exit_on_error=False)
     async def run_bench(self, levels: list[int] | None = None) -> None:
         """One run at the preset's concurrency, or one run over several levels (a goodput curve)."""
-        self.bench_running = True
         preset = self.session.running_preset or self.session.preset
         levels = levels or [preset.bench.concurrency]
-        n = sum(c.requests for c in plan_levels(self.session, levels, label=preset.name))  # 2+ per stream
+        try:
+            plan = plan_levels(self.session, levels, label=preset.name)
+        except WorkloadError as e:
+            self.say(f"benchmark: bench.prompts: {e}", "error")
+            return
+        self.bench_running = True
+        n = sum(c.requests for c in plan)  # 2+ per stream
         done: list[float] = []
         self.bench_progress = (0, n, None)
         self.say(
             f"benchmark: {preset.bench.warmup} warm-up + {n} requests of {preset.bench.max_tokens} tokens at "
-            f"concurrency {', '.join(map(str, levels))}…"
+            f"concurrency {', '.join(map(str, levels))}, workload {plan[0].prompts.label}…"
         )
 
         logged = self.session.store["decode_accept_len"]
@@ -706,7 +712,7 @@ class TuituneApp(App):
 
         try:
             runs = await bench_levels(self.session, levels, label=preset.name, on_level=lambda _cfg: progress)
-        except (ControlError, TransportError) as e:
+        except (ControlError, TransportError, WorkloadError) as e:
             self.say(str(e), "error")
             return
         finally:
@@ -738,10 +744,13 @@ class TuituneApp(App):
         self._dirty_runs = True
         if len(runs) > 1:
             self.chart.mode = "goodput"
-        mark = delta_mark(self.book.delta(r))
+        delta = self.book.delta(r)
+        mark = delta_mark(delta)
+        why = (delta or {}).get("why")
         self.say(
             f"run #{r.id}: {r.median:.1f} tok/s"
             + ("" if mark == "—" else f", {mark} vs baseline")
+            + (f" ({why})" if why else "")
             + (f", {r.failed} failed" if r.failed else "")
             + (f"; GPUs held back: {r.gpu_note}" if r.gpu_note else ""),
             "error" if r.failed else "information",

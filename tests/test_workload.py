@@ -1,0 +1,217 @@
+"""Issue 40 item 6: the operator's own workload. `bench`, `ab`, `sweep`, `tune` and the TUI's load send
+the prompts of a file (plain text, JSONL, ShareGPT or chat JSON) with the output lengths it gives;
+every run, capture and verdict names its workload (name and hash); comparisons across workloads are
+refused (ab, tune --resume, sweep --resume) or flagged (the runs table, report, advise)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+from conftest import make_preset, tuitune_cli
+
+from tuitune import preset as P
+from tuitune.experiments.ab import RoundsError, run_ab, verdict
+from tuitune.experiments.advisor import workload_warning
+from tuitune.measure import workload as W
+from tuitune.measure.capture import CaptureWriter
+from tuitune.measure.report import format_report, summarize_capture
+from tuitune.measure.runs import RunBook
+
+SHAREGPT = [
+    {"id": "a", "conversations": [{"from": "human", "value": "Write a haiku."}, {"from": "gpt", "value": "…"}]},
+    {"id": "b", "conversations": [{"from": "system", "value": "Be short."}, {"from": "human", "value": "Hi?"}]},
+]
+
+
+def write(path: Path, text: str | bytes) -> Path:
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+# ---- reading prompt files: pure ------------------------------------------------------------------
+
+
+def test_the_formats_benchmarking_tools_take(tmp_path):
+    text = W.load(write(tmp_path / "p.txt", "first prompt\n\n  second prompt\n"))
+    assert [it.prompt for it in text.items] == ["first prompt", "  second prompt"] and text.name == "p.txt"
+    rows = [
+        {"prompt": "def f(x):", "max_tokens": 40},
+        "a bare string",
+        {"text": "summarise this", "output_len": 64},
+        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "chat turn"}]},
+        SHAREGPT[0],
+    ]
+    jl = W.load(write(tmp_path / "p.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n\n"))
+    assert [(it.prompt, it.max_tokens) for it in jl.items] == [
+        ("def f(x):", 40),
+        ("a bare string", None),
+        ("summarise this", 64),
+        ("chat turn", None),
+        ("Write a haiku.", None),
+    ]
+    share = W.load(write(tmp_path / "sharegpt.json", json.dumps(SHAREGPT)))
+    assert [it.prompt for it in share.items] == ["Write a haiku.", "Hi?"]
+    assert share.as_dict() == {"name": "sharegpt.json", "hash": share.hash, "prompts": 2, "lengths": 0}
+    assert share.label == f"sharegpt.json ({share.hash}, 2 prompts)"
+
+
+def test_a_workload_is_its_prompts_in_order(tmp_path):
+    a = W.load(write(tmp_path / "a.txt", "x\ny\n"))
+    assert W.load(write(tmp_path / "b.txt", "x\ny\n")).hash == a.hash  # the file's name is not its identity
+    assert W.load(write(tmp_path / "c.txt", "y\nx\n")).hash != a.hash
+    lengths = W.load(write(tmp_path / "d.jsonl", '{"prompt": "x", "max_tokens": 9}\n"y"\n'))
+    assert lengths.hash != a.hash  # another output length is another workload
+    builtin = W.builtin()
+    shipped = json.loads((Path(W.__file__).parent.parent / "data" / "prompts.json").read_text())
+    assert [it.prompt for it in builtin.items] == shipped and builtin.hash == W.builtin_hash()
+    assert W.same(None, builtin.as_dict()) and W.differ(None, a.as_dict()) == (
+        f"workload built-in ({builtin.hash}) vs a.txt ({a.hash})"
+    )
+    # a capture of the server's own traffic is no workload of tuitune's: not the built-in one
+    assert W.differ(None, builtin.as_dict(), traffic=True) and W.differ(None, None, traffic=True) is None
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ('{"prompt": "x"}\n{"prompt": \n', "b.jsonl:2: not a JSON value"),
+        ('{"prompt": "x"}\n{"question": "y"}\n', "b.jsonl:2: an object with none of prompt, text, input"),
+        ('{"prompt": "x"}\n{"prompt": "   "}\n', "b.jsonl:2: 'prompt': an empty prompt"),
+        ('{"prompt": 7}\n', "the prompt is a int, not text"),
+        ('{"prompt": "x", "max_tokens": 1}\n', "max_tokens 1 is not an output length"),
+        ('{"prompt": "x", "max_tokens": true}\n', "max_tokens true is not an output length"),
+        ('{"conversations": [{"from": "gpt", "value": "a"}]}\n', "its conversation has no human or user turn"),
+        ('[{"prompt": "x"}, 3]', "b.jsonl: item 2: a int, not a prompt"),
+        ("[1, 2", "starts as a JSON list but is not JSON"),
+        ("\n\n", "no prompt in it"),
+        (b"ok\n\xff\xfe\n", "b.jsonl:2: not UTF-8 text"),
+    ],
+)
+def test_a_damaged_prompt_file_is_one_sentence_naming_the_line(tmp_path, content, words):
+    with pytest.raises(W.WorkloadError) as e:
+        W.load(write(tmp_path / "b.jsonl", content))
+    assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_what_is_no_prompt_file(tmp_path):
+    for path, words in ((tmp_path, "a directory"), (tmp_path / "none.txt", "cannot read it (No such file")):
+        with pytest.raises(W.WorkloadError, match=re.escape(words)):
+            W.load(path)
+    with pytest.raises(P.PresetError, match="is not an absolute path"):
+        make_preset(tmp_path, prompts="prompts.txt")
+
+
+# ---- verdicts across workloads -------------------------------------------------------------------
+
+
+def _run(book: RunBook, w: dict | None, values=(100.0, 101.0, 99.0, 100.5, 100.2)):
+    summary = {"tok_s": {"median": 100.0, "ci95": [99.0, 101.0]}, "failed": 0, "concurrency": 1, "workload": w}
+    return book.add("x", make_preset(Path("/tmp")), list(values), summary)
+
+
+def test_the_runs_table_does_not_compare_runs_of_two_workloads(tmp_path):
+    other = W.load(write(tmp_path / "code.txt", "def f():\n")).as_dict()
+    book = RunBook()
+    base = _run(book, None)  # a run from before workloads were named: the built-in one
+    same = _run(book, W.builtin().as_dict())
+    moved = _run(book, other)
+    book.mark_baseline(base.id)
+    assert book.delta(same)["verdict"] != "not comparable"
+    d = book.delta(moved)
+    assert d["verdict"] == "not comparable" and f"code.txt ({other['hash']})" in d["why"], d
+
+
+def test_ab_refuses_arms_with_different_prompts_and_judges_none_across_workloads(tmp_path):
+    prompts = write(tmp_path / "mine.txt", "hello\n")
+    a = make_preset(tmp_path, "a")
+    b = P.with_changes(make_preset(tmp_path, "b"), {"bench.prompts": str(prompts)})
+    with pytest.raises(RoundsError, match="the arms benchmark different prompts.*pass --prompts FILE"):
+        asyncio.run(run_ab(None, a, b, 3, {}))  # refused before the transport is touched
+    w1, w2 = W.builtin().as_dict(), W.load(prompts).as_dict()
+    launches = [
+        {"arm": arm, "preset": arm, "median_tok_s": v, "goodput": math.nan, "failed": 0, "errors": [], "workload": w}
+        for arm, v, w in (("A", 100, w1), ("B", 110, w1), ("A", 101, w1), ("B", 111, w2))
+    ]
+    v = verdict(launches)
+    assert v["verdict"] == "not comparable" and "different workloads" in v["reason"], v
+
+
+def test_tune_and_sweep_resume_refuse_another_workload(tmp_path):
+    prompts = write(tmp_path / "mine.txt", "hello\n")
+    preset = P.save(make_preset(tmp_path, "t"), tmp_path / "t.yaml")
+    tune_out = tmp_path / "tune-out"
+    tune_out.mkdir()
+    logged = W.load(prompts).as_dict()
+    (tune_out / "tune.jsonl").write_text(json.dumps({"kind": "workload", **logged}) + "\n")
+    home = {"HOME": str(tmp_path)}
+    r = tuitune_cli("tune", str(preset), "--budget", "1", "--out", str(tune_out), "--resume", env=home)
+    said = r.stderr.strip()
+    assert r.returncode == 2 and "were measured on another workload" in said and "\n" not in said, said
+    assert f"mine.txt ({logged['hash']})" in said
+    sweep_out = tmp_path / "sweep-out"
+    sweep_out.mkdir()
+    row = {"trial": "t1", "label": "x", "kind": "config", "status": "skipped", "workload": logged}
+    (sweep_out / "results.jsonl").write_text(json.dumps(row) + "\n")
+    grid = "speculative.num_steps=1,2"
+    r = tuitune_cli("sweep", str(preset), "--grid", grid, "--out", str(sweep_out), "--resume", env=home)
+    said = r.stderr.strip()
+    assert r.returncode == 2 and "were measured on another workload" in said and "\n" not in said, said
+    r = tuitune_cli("bench", str(preset), "--prompts", str(tmp_path / "none.jsonl"), env=home)
+    said = r.stderr.strip()
+    assert r.returncode == 2 and said.startswith("tuitune: --prompts:") and "\n" not in said, said
+
+
+def test_report_and_advise_flag_captures_of_two_workloads(tmp_path):
+    mine = W.load(write(tmp_path / "mine.txt", "hello\n")).as_dict()
+    paths = []
+    for name, w in (("a", None), ("b", mine), ("c", mine)):
+        path = tmp_path / f"{name}.jsonl"
+        CaptureWriter(path, {"preset": {"name": name}, "workload": w}).close()
+        paths.append(str(path))
+    text = format_report([summarize_capture(p) for p in paths])
+    assert "workload: the server's own traffic (tuitune sent none)" in text
+    assert f"workload: mine.txt ({mine['hash']}, 1 prompt)" in text
+    assert "warning: the captures ran different workloads (workload mine.txt" in text and "vs the server's own" in text
+    assert "different workloads" not in format_report([summarize_capture(p) for p in paths[1:]])
+    said = workload_warning(paths)
+    assert said and "advise from captures of one workload" in said and workload_warning(paths[1:]) is None
+
+
+# ---- against the simulator as a real process ------------------------------------------------------
+
+
+def test_bench_sends_the_operators_prompts_with_their_lengths(sim_factory, tmp_path):
+    sim = sim_factory("--tp-size", "2", "--sim-load-seconds", "0.2", "--sim-speedup", "10")
+    sim.wait_ready()
+    rows = [{"prompt": "def f(x):", "max_tokens": 24}, SHAREGPT[0], {"text": "long", "output_len": 36}]
+    path = write(tmp_path / "mine.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "b.json"
+    args = ["--requests", "6", "--warmup", "0", "--max-tokens", "30", "--prompts", str(path), "--json", str(out)]
+    r = tuitune_cli("bench", "--url", f"127.0.0.1:{sim.port}", *args)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    w = W.load(path)
+    assert data["summary"]["workload"] == w.as_dict()
+    assert [x["completion_tokens"] for x in data["results"]] == [24, 30, 36, 24, 30, 36]  # the data's lengths
+    assert f"workload: mine.jsonl ({w.hash}, 3 prompts)" in r.stdout
+
+
+async def test_the_load_says_when_its_prompt_file_is_bad(tmp_path):
+    from tuitune.target.session import Session
+
+    p = P.with_changes(make_preset(tmp_path, "l"), {"bench.prompts": str(tmp_path / "gone.jsonl")})
+    session = Session(p, state_dir=str(tmp_path / "state"))
+    said = []
+    session.subscribe(lambda evs: said.extend(getattr(e, "text", "") for e in evs))
+    await session.set_load(True)
+    await session._load_task  # it ends at once: no prompts to send
+    assert (
+        not session.load.on and "bench.prompts:" in session.load.last_error and "gone.jsonl" in session.load.last_error
+    )
+    assert any(t.startswith("load off: bench.prompts:") for t in said), said
+    await session.close()
