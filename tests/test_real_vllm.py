@@ -749,9 +749,12 @@ def hand(engine, tmp_path_factory):
     python, models = engine
     home = tmp_path_factory.mktemp("real-vllm-hand")
     port, log = free_port(), home / "server.log"
-    path = write_preset(
-        home / "ngram.yaml", real_vllm.preset("ngram", log, port, python=python, method="NGRAM", k=3, lookup=(1, 3))
+    template = home / "chat.jinja"  # the tiny model's tokenizer has no chat template: the chat API needs one
+    template.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:")
+    data = real_vllm.preset(
+        "ngram", log, port, python=python, method="NGRAM", k=3, lookup=(1, 3), args={"chat-template": str(template)}
     )
+    path = write_preset(home / "ngram.yaml", data)
     r = tt(home, "probe", "install", str(path), timeout=120)
     assert "probe copied to" in r.stdout, r.stdout + r.stderr
     p = P.load(path)
@@ -808,8 +811,9 @@ def test_watch_says_when_sampling_collapses_real_ngram_acceptance(hand):
 
 
 def test_bench_on_the_operators_sharegpt_file(hand, tmp_path):
-    """`tuitune bench --prompts` with a ShareGPT file and a JSONL file of output lengths: vLLM answers each
-    prompt with the length the data asks for, and the run names its workload."""
+    """`tuitune bench --prompts` with a ShareGPT file through the chat API (the user's turn through a chat
+    template; its role-only first chunk carries no token) and a JSONL file of output lengths through
+    completions: vLLM answers each prompt with the length asked for, and the run names its workload."""
     from tuitune.measure.workload import load as load_workload
 
     share = tmp_path / "sharegpt.json"
@@ -825,9 +829,9 @@ def test_bench_on_the_operators_sharegpt_file(hand, tmp_path):
     lengths.write_text(
         '{"prompt": "def fib(n):", "max_tokens": 20}\n{"prompt": "Summarise: a b c", "max_tokens": 44}\n'
     )
-    for path, want in ((share, [32, 32, 32, 32]), (lengths, [20, 44, 20, 44])):
+    for path, want, api in ((share, [32, 32, 32, 32], "chat"), (lengths, [20, 44, 20, 44], "openai")):
         out = tmp_path / "b.json"
-        args = ["bench", "--url", f"127.0.0.1:{hand.port}", "--api", "openai", "--requests", "4", "--warmup", "0"]
+        args = ["bench", "--url", f"127.0.0.1:{hand.port}", "--api", api, "--requests", "4", "--warmup", "0"]
         r = tt(hand.home, *args, "--max-tokens", "32", "--prompts", str(path), "--json", str(out), timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
         data = json.loads(out.read_text())

@@ -199,6 +199,27 @@ def test_bench_sends_the_operators_prompts_with_their_lengths(sim_factory, tmp_p
     assert data["summary"]["workload"] == w.as_dict()
     assert [x["completion_tokens"] for x in data["results"]] == [24, 30, 36, 24, 30, 36]  # the data's lengths
     assert f"workload: mine.jsonl ({w.hash}, 3 prompts)" in r.stdout
+    # the chat API: the prompt as the user's turn; the chunk that opens the turn carries no token
+    r = tuitune_cli("bench", "--url", f"127.0.0.1:{sim.port}", *args[:-2], "--api", "chat", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    chat = json.loads(out.read_text())
+    assert [x["completion_tokens"] for x in chat["results"]] == [24, 30, 36, 24, 30, 36]
+    assert all(x["ok"] and x["ttft_s"] > 0 for x in chat["results"]), chat["results"]
+
+
+def test_a_chat_streams_role_chunk_is_no_token():
+    from tuitune.measure.bench import _role_only
+
+    opening = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    assert _role_only(opening)
+    for event in (
+        {"choices": [{"delta": {"content": ""}}]},  # a token whose text is held back: a token
+        {"choices": [{"delta": {"role": "assistant", "content": "Hi"}}]},  # a role with text (some servers)
+        {"choices": [{"delta": {"role": "assistant"}, "finish_reason": "length"}]},  # the end
+        {"choices": ["not an object"]},
+        {"choices": [{"delta": "text"}]},
+    ):
+        assert not _role_only(event), event
 
 
 async def test_the_load_says_when_its_prompt_file_is_bad(tmp_path):

@@ -268,7 +268,11 @@ def bench_flags(p: argparse.ArgumentParser, levels: bool = False) -> None:
         if levels
         else "concurrent request streams",
     )
-    p.add_argument("--api", choices=["native", "openai"])
+    p.add_argument(
+        "--api",
+        choices=["native", "openai", "chat"],
+        help="native (SGLang's /generate), openai (/v1/completions) or chat (/v1/chat/completions, the model's chat template)",
+    )
     p.add_argument(
         "--prompts",
         metavar="FILE",

@@ -40,7 +40,7 @@ from typing import Literal, NamedTuple
 
 import msgspec
 
-BenchApi = Literal["native", "openai"]  # SGLang's /generate, or the OpenAI /v1/completions
+BenchApi = Literal["native", "openai", "chat"]  # SGLang's /generate, the OpenAI /v1/completions or its chat
 
 # Failure causes the parser can tell apart, most telling first (control picks the first present).
 CAUSE_ORDER = (

@@ -104,6 +104,21 @@ def _seconds(d: dict, key: str) -> float | None:
     return float(v)
 
 
+# the OpenAI-compatible APIs: completions (the prompt as text) and chat (the prompt as the user's turn,
+# through the model's chat template: what a chat product sends); their streams read alike
+OPENAI_APIS = ("openai", "chat")
+
+
+def _role_only(event: dict) -> bool:
+    """A chat stream's chunk that only opens the assistant's turn (its role, no text, not the end):
+    it carries no token, so it neither starts the clock of the first token nor counts as one."""
+    choice = event["choices"][0] if isinstance(event["choices"], list) else None
+    if not isinstance(choice, dict) or choice.get("finish_reason"):
+        return False
+    delta = choice.get("delta")
+    return isinstance(delta, dict) and "role" in delta and not delta.get("content")
+
+
 def prompts() -> list[str]:
     return [it.prompt for it in builtin_workload().items]
 
@@ -379,16 +394,18 @@ async def detect_api(session, url: str, timeout: float = 5.0) -> str | None:
 
 
 def _payload(api: str, prompt: str, max_tokens: int, model: str | None = None) -> tuple[str, dict]:
-    if api == "openai":
-        return "/v1/completions", {
+    if api in OPENAI_APIS:
+        sampling = {
             "model": model or "default",
-            "prompt": prompt,
             "max_tokens": max_tokens,
             "temperature": 0,
             "stream": True,
             "ignore_eos": True,
             "stream_options": {"include_usage": True},
         }
+        if api == "chat":  # the prompt as the user's turn, through the model's chat template
+            return "/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}], **sampling}
+        return "/v1/completions", {"prompt": prompt, **sampling}
     return "/generate", {
         "text": prompt,
         "stream": True,
@@ -445,7 +462,7 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
                     payload = event[5:].strip()
                     if payload == b"[DONE]":
                         continue
-                    if cfg.api == "openai":
+                    if cfg.api in OPENAI_APIS:
                         # Every chunk with a choice carries tokens, an empty text included (the detokenizer
                         # holds back bytes of a character that is not whole yet); the usage block comes in a
                         # chunk of its own without one (vLLM), or with the last (others). Leaving out the
@@ -456,7 +473,7 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
                             final = event_json
                             if (_count(_part(final, "usage"), "completion_tokens") or 0) > most:
                                 raise BadStream(f"usage.completion_tokens is over {most}, more than asked for")
-                        if not event_json.get("choices"):
+                        if not event_json.get("choices") or _role_only(event_json):
                             continue
                         if last_t is None:
                             res.ttft_s = now - start
@@ -484,7 +501,7 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
                     last_t = now
                     last_tokens = tokens
         res.e2e_s = (last_t or time.perf_counter()) - start
-        if cfg.api == "openai":
+        if cfg.api in OPENAI_APIS:
             res.completion_tokens = _count(_part(final or {}, "usage"), "completion_tokens")
             if res.completion_tokens is None:
                 res.error = "stream ended without usage (completion tokens unknown)"
@@ -737,7 +754,7 @@ async def _run_bench(
     async with client_session(connector=connector) as session:
         if cfg.api == "auto":
             cfg.api = await detect_api(session, cfg.url) or "native"  # unreachable: the requests say so
-        if cfg.api == "openai" and cfg.model is None:
+        if cfg.api in OPENAI_APIS and cfg.model is None:
             cfg.model = await served_model(session, cfg.url)
         if cfg.warmup and cfg.concurrency > 1:
             wave = replace(cfg, max_tokens=min(cfg.max_tokens, 64))

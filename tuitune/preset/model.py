@@ -348,7 +348,7 @@ class Bench(_Model):
     warmup: int = Field(default=2, ge=0, le=1000)
     max_tokens: int = Field(default=500, ge=2, le=1_000_000)
     concurrency: int = Field(default=1, ge=1, le=1024)
-    api: Literal["native", "openai"] = "native"
+    api: Literal["native", "openai", "chat"] = "native"
     # the operator's own prompts: a file on this machine (text, JSONL, ShareGPT JSON;
     # measure/workload.py), read when a benchmark runs; unset: tuitune's built-in twelve
     prompts: str | None = None

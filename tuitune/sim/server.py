@@ -617,6 +617,8 @@ class Simulator:
         if isinstance(body.get("input_ids"), list):
             return len(body["input_ids"])
         text = body.get("text") or body.get("prompt") or ""
+        if isinstance(body.get("messages"), list):  # the chat API: every turn's text is prompt
+            text = " ".join(str(m.get("content") or "") for m in body["messages"] if isinstance(m, dict))
         if isinstance(text, list):
             text = " ".join(map(str, text))
         return max(1, int(len(str(text).split()) * 1.3))
@@ -669,16 +671,31 @@ class Simulator:
             r.finished = True
         return resp
 
-    async def h_completions(self, request: web.Request) -> web.StreamResponse:
+    async def h_chat(self, request: web.Request) -> web.StreamResponse:
+        """The OpenAI chat API: as completions, its text in ``delta.content`` (``message`` whole)."""
+        return await self.h_completions(request, chat=True)
+
+    async def h_completions(self, request: web.Request, chat: bool = False) -> web.StreamResponse:
         body = await self._json(request)
+        if chat and not (isinstance(body.get("messages"), list) and body["messages"]):
+            return web.json_response(
+                {"error": {"message": "messages: a list of turns is required", "code": 400}}, status=400
+            )
         r = self.submit(self._prompt_tokens(body), int(body.get("max_tokens", 16)))
         created = int(time.time())
         base = {
-            "id": f"cmpl-{r.rid}",
-            "object": "text_completion",
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{r.rid}",
+            "object": "chat.completion.chunk" if chat else "text_completion",
             "created": created,
             "model": self.ns.served_model_name or self.ns.model_path,
         }
+
+        def choice(text: str, finish: str | None, whole: bool = False) -> dict:
+            if not chat:
+                return {"index": 0, "text": text, "finish_reason": finish}
+            if whole:
+                return {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+            return {"index": 0, "delta": {"content": text}, "finish_reason": finish}
 
         def usage() -> dict:
             return {
@@ -692,7 +709,7 @@ class Simulator:
             return web.json_response(
                 {
                     **base,
-                    "choices": [{"index": 0, "text": " ".join(words), "finish_reason": "length"}],
+                    "choices": [choice(" ".join(words), "length", whole=True)],
                     "usage": usage(),
                 }
             )
@@ -703,6 +720,9 @@ class Simulator:
         # carry an empty text, as a detokenizer's do (the real vLLM: one prompt of six in its tests)
         held = self.HOLD_BACK if self.HOLD_BACK_EVERY and int(r.rid, 16) % self.HOLD_BACK_EVERY == 0 else 0
         try:
+            if chat:  # the role comes first, in a chunk of its own that carries no token (as vLLM sends it)
+                role = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+                await resp.write(b"data: " + json.dumps(role).encode() + b"\n\n")
             while True:
                 n, done = await r.take()
                 delta = " " + " ".join(r.next_words(n))
@@ -710,7 +730,7 @@ class Simulator:
                     delta = ""
                 chunk = {
                     **base,
-                    "choices": [{"index": 0, "text": delta, "finish_reason": "length" if done else None}],
+                    "choices": [choice(delta, "length" if done else None)],
                     **({"usage": None} if self.USAGE_NULL else {}),
                 }
                 await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
@@ -826,6 +846,7 @@ class Simulator:
         app.router.add_get("/health_generate", self.h_health)
         app.router.add_post("/generate", self.h_generate)
         app.router.add_post("/v1/completions", self.h_completions)
+        app.router.add_post("/v1/chat/completions", self.h_chat)
         app.router.add_get("/v1/models", self.h_models)
         app.router.add_get("/server_info", self.h_server_info)
         app.router.add_get("/get_server_info", self.h_server_info)

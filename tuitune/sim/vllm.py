@@ -41,6 +41,7 @@ ROUTES = (
     ("GET", "/version", "h_version"),
     ("GET", "/v1/models", "h_models"),
     ("POST", "/v1/completions", "h_completions"),
+    ("POST", "/v1/chat/completions", "h_chat"),
 )
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50, "trace": 5}
 
@@ -417,7 +418,7 @@ class VllmSimulator(Simulator):
         )
 
     # ---- HTTP ----------------------------------------------------------------------------
-    async def h_completions(self, request: web.Request) -> web.StreamResponse:
+    async def h_completions(self, request: web.Request, chat: bool = False) -> web.StreamResponse:
         body = await self._json(request)
         if body.get("model") not in (None, self.ns.served_model_name):
             return web.json_response(
@@ -431,7 +432,7 @@ class VllmSimulator(Simulator):
                 },
                 status=404,
             )
-        return await super().h_completions(request)
+        return await super().h_completions(request, chat)
 
     async def h_models(self, request: web.Request) -> web.Response:
         name = self.ns.served_model_name
