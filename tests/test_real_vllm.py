@@ -540,15 +540,26 @@ def test_the_engines_words_for_a_dead_process_are_classified():
     assert worker.message.startswith("Worker proc VllmWorker-0 died unexpectedly"), worker.message
 
 
+def operators_prompts(tmp_path: Path) -> Path:
+    """A prompt file of the operator's kind (plain text, one prompt a line) for the experiments below."""
+    path = tmp_path / "mine.txt"
+    path.write_text("def quicksort(xs):\nExplain what a KV cache holds.\nSummarise: the cat sat on the mat.\n")
+    return path
+
+
 def test_ab_over_num_speculative_tokens(served, tmp_path):
+    """`ab` on the operator's prompts (a text file): every launch names its workload."""
     k1 = served.k1
     args = ["ab", str(served.k2), str(k1), "--rounds", "1", "--requests", "3", "--warmup", "1", "--max-tokens", "96"]
     if supports(served.home, "ab", "--no-verdict"):
         args.append("--no-verdict")
     out = tmp_path / "ab.json"  # a fresh folder each attempt: a rerun starts clean
-    r = tt(served.home, *args, "--json", str(out), timeout=900)
+    prompts = operators_prompts(tmp_path)
+    r = tt(served.home, *args, "--prompts", str(prompts), "--json", str(out), timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads(out.read_text())
+    assert all(x["workload"]["name"] == "mine.txt" and x["workload"]["prompts"] == 3 for x in res["launches"]), res
+    assert "workload: mine.txt (" in r.stdout, r.stdout
     text = json.dumps(res)
     assert "launches" in text or "rounds" in text, res
     medians = re.findall(r'"median[^"]*":\s*([\d.]+)', text)
@@ -574,10 +585,13 @@ def test_sweep_over_num_speculative_tokens(served, tmp_path):
         "--out",
         str(out),
         "--no-plot",
+        "--prompts",
+        str(operators_prompts(tmp_path)),
         timeout=1200,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    assert all(row["workload"]["name"] == "mine.txt" for row in rows), rows  # the operator's prompts
     base = [row for row in rows if row["kind"] == "baseline"]
     (k3,) = [row for row in rows if row["kind"] == "config"]
     assert len(base) == 2, rows  # measured before and after the trial: drift would show
@@ -600,8 +614,10 @@ def test_tune_on_the_real_engine(served, tmp_path):
     out = tmp_path / "tune"
     args = ["tune", str(served.k1), "--budget", "1", "--ab-rounds", "0", "--requests", "3"]
     args += ["--warmup", "1", "--max-tokens", "96", "--out", str(out), "--json", str(tmp_path / "tune.json")]
-    r = tt(served.home, *args, timeout=1500)
+    r = tt(served.home, *args, "--prompts", str(operators_prompts(tmp_path)), timeout=1500)
     assert r.returncode == 0, r.stdout + r.stderr
+    logged = [json.loads(line) for line in (out / "tune.jsonl").read_text().splitlines() if line.strip()]
+    assert logged[0]["kind"] == "workload" and logged[0]["name"] == "mine.txt", logged[0]  # the operator's prompts
     res = json.loads((tmp_path / "tune.json").read_text())
     assert res.get("relaunches", 0) >= 1, res
     assert "tuned at concurrency" in r.stdout, r.stdout
