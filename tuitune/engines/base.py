@@ -281,11 +281,14 @@ class Engine:
         flags leave it to the engine; a note for what a preset cannot hold, left out). ValueError
         (one sentence) for a server no preset of one machine can describe."""
         out: dict = {"port": None, "args": {}, "speculative": {}, "notes": []}
-        for pos in positionals(args):
-            out["notes"].append(f"the argument {pos!r} is not one a preset holds: left out")
+        self._take_positionals(out, positionals(args))
         for flag, v in flag_pairs(args).items():
             self._take(out, flag[2:], v)
         return out
+
+    def _take_positionals(self, out: dict, pos: list[str]) -> None:
+        """The server's arguments that are no flags, into ``preset_data``'s pieces (none, here)."""
+        out["notes"] += [f"the argument {p!r} is not one a preset holds: left out" for p in pos]
 
     def _take(self, out: dict, key: str, v: str | None) -> None:
         """One ``--key v`` of a running server into ``preset_data``'s pieces."""

@@ -28,7 +28,7 @@ import re
 
 from tuitune.base.events import DecodeStats, Event, Malformed, VllmSpec
 from tuitune.base.numbers import to_float, to_int
-from tuitune.engines.base import NO_PREFIX, BenchApi, Engine, Flag, Rule, flag_pairs, positionals
+from tuitune.engines.base import NO_PREFIX, BenchApi, Engine, Flag, Rule
 
 SPEC_MARKER = "SpecDecoding metrics: "
 STATS_MARKER = "Avg prompt throughput: "
@@ -140,21 +140,19 @@ class VLLM(Engine):
     def help_args(self, preset) -> list[str]:
         return ["serve", "--help=all"]
 
-    def preset_data(self, args: list[str]) -> dict:
-        pos = positionals(args)
+    def _take_positionals(self, out: dict, pos: list[str]) -> None:
+        """``serve MODEL``: the subcommand, and the model as ``server.args.model``."""
         if pos[:1] != ["serve"]:
             raise ValueError(f"it runs `vllm {pos[0] if pos else ''}`, not `vllm serve`: no server")
-        out: dict = {"port": None, "args": {}, "speculative": {}, "notes": []}
         if len(pos) > 1:
             out["args"]["model"] = pos[1]
-        out["notes"] += [f"the argument {p!r} is not one a preset holds: left out" for p in pos[2:]]
-        for flag, v in flag_pairs(args).items():
-            if self.reserved_args.get(flag[2:]) == "speculative":
-                out["speculative"], notes = self._speculative_from(v)
-                out["notes"] += notes
-            else:
-                self._take(out, flag[2:], v)
-        return out
+        super()._take_positionals(out, pos[2:])
+
+    def _take(self, out: dict, key: str, v: str | None) -> None:
+        if self.reserved_args.get(key) != "speculative":
+            return super()._take(out, key, v)
+        out["speculative"], notes = self._speculative_from(v)
+        out["notes"] += notes
 
     @staticmethod
     def _speculative_from(text: str | None) -> tuple[dict, list[str]]:

@@ -18,7 +18,8 @@ import time
 from tuitune import preset as P
 from tuitune.base.aio import cancel_and_wait, stop_on_signals, until_stopped
 from tuitune.base.events import Event, LogLine, Marker, ProfileWindow
-from tuitune.measure.bench import BenchConfig, fetch_server_info
+from tuitune.measure import workload
+from tuitune.measure.bench import fetch_server_info
 from tuitune.measure.capture import CaptureWriter, redacted_preset
 from tuitune.measure.guard import PREFIX as GUARD_PREFIX
 from tuitune.target.session import Session
@@ -88,7 +89,7 @@ async def record(
             "server_version": info.get("version"),
             "raw": raw,
             # what tuitune sends meanwhile (its load, its benchmark); none: the server's own traffic only
-            "workload": BenchConfig.for_preset("", preset).prompts.as_dict() if (load or bench) else None,
+            "workload": workload.for_preset(preset).as_dict() if (load or bench) else None,
         }
         writer = CaptureWriter(out, meta)
         gpu_rate = CaptureThrottle(preset.telemetry.record_every_s)  # telemetry at its own, bounded rate

@@ -20,7 +20,7 @@ from tuitune import preset as P
 from tuitune.base.jsonl import append_row, end_partial_line, is_count, is_figure, read_rows
 from tuitune.experiments import grid as G
 from tuitune.measure import stats, workload
-from tuitune.measure.bench import BenchConfig, limit_confound
+from tuitune.measure.bench import limit_confound
 from tuitune.measure.capture import CaptureWriter, redacted_preset
 from tuitune.measure.metrics import quantile
 from tuitune.target.control import ControlError
@@ -139,7 +139,7 @@ def _append(out: Path, row: dict) -> None:
         w.writerow(row)
 
 
-async def run_trial(session: Session, trial: dict, out: Path, overrides: dict) -> dict:
+async def run_trial(session: Session, trial: dict, out: Path, overrides: dict, work: dict) -> dict:
     p: P.Preset = trial["preset"]
     row = {
         "trial": trial["id"],
@@ -161,7 +161,7 @@ async def run_trial(session: Session, trial: dict, out: Path, overrides: dict) -
             "preset_hash": p.hash(),
             "target": p.target.label(),
             "trial": trial["id"],
-            "workload": BenchConfig.for_preset("", p, overrides).prompts.as_dict(),
+            "workload": work,
         },
     )
     gpu_rate = CaptureThrottle(p.telemetry.record_every_s)
@@ -227,7 +227,7 @@ async def sweep(
     done_rows = load_results(out)
     if done_rows and not resume:
         raise SweepError(f"{out} already holds results; pass --resume to continue, or choose another --out")
-    work = BenchConfig.for_preset("", base, overrides).prompts.as_dict()  # a bad prompt file: said before any launch
+    work = workload.for_preset(base, overrides).as_dict()  # a bad prompt file: said before any launch
     other = next((why for r in done_rows if (why := workload.differ(work, r.get("workload")))), None)
     if other:
         raise SweepError(
@@ -259,7 +259,7 @@ async def sweep(
                     f"[{i}/{len(trials)}] {trial['kind']} {trial['label']}"
                     + (f" (repeat {trial['repeat'] + 1})" if repeats > 1 and trial["kind"] == "config" else "")
                 )
-            row = await run_trial(session, trial, out, overrides or {})
+            row = await run_trial(session, trial, out, overrides or {}, work)
             _append(out, {**row, "workload": work})
             if progress:
                 if row["status"] == "ok":

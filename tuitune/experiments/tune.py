@@ -37,7 +37,6 @@ from tuitune.decide.advise import Advice, advise, space
 from tuitune.decide.costmodel import OFF, Config, FitError, Launch, fit
 from tuitune.experiments.observe import preset_config
 from tuitune.measure import workload
-from tuitune.measure.bench import BenchConfig
 from tuitune.measure.levels import bench_levels
 from tuitune.target.control import ControlError
 
@@ -580,7 +579,7 @@ async def tune(
     rows = load_log(out)
     if rows and not resume:
         raise TuneError(f"{out} already holds a tune log; pass --resume to continue, or choose another --out", 2)
-    work = BenchConfig.for_preset("", base, overrides).prompts.as_dict()  # a bad prompt file: said before any launch
+    work = workload.for_preset(base, overrides).as_dict()  # a bad prompt file: said before any launch
     logged = next((r for r in rows if r.get("kind") == "workload"), None)
     if rows and (other := workload.differ(work, logged)):
         raise TuneError(

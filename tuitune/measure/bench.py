@@ -35,7 +35,7 @@ from tuitune.measure.metrics import quantile, summarize
 from tuitune.measure.workload import Workload
 from tuitune.measure.workload import builtin as builtin_workload
 from tuitune.measure.workload import describe as describe_workload
-from tuitune.measure.workload import load as load_workload
+from tuitune.measure.workload import for_preset as workload_for
 
 SIM_LATE_LIMIT = 0.10  # above this share of late cycles a simulator's figures are not its model's
 _COMPLETION = re.compile(rb'"completion_tokens":\s*(\d{1,15})(?![\d.eE])')
@@ -119,10 +119,6 @@ def _role_only(event: dict) -> bool:
     return isinstance(delta, dict) and "role" in delta and not delta.get("content")
 
 
-def prompts() -> list[str]:
-    return [it.prompt for it in builtin_workload().items]
-
-
 @dataclass(slots=True)
 class RequestResult:
     ok: bool
@@ -201,7 +197,7 @@ class BenchConfig:
             api=b["api"],
             label=label or preset.name,
             model=preset.engine.served_model(preset),
-            workload=load_workload(b["prompts"]) if b.get("prompts") else None,
+            workload=workload_for(preset, b),
         ).at_level(b["concurrency"])
 
     def at_level(self, concurrency: int) -> BenchConfig:

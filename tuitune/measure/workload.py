@@ -53,8 +53,8 @@ class Workload:
     items: tuple[Item, ...]
     source: str = "built-in"  # the file's path, or "built-in"
 
-    @property
-    def hash(self) -> str:
+    @functools.cached_property
+    def hash(self) -> str:  # every run's summary names it: hashed once (a file may hold a million prompts)
         h = hashlib.sha256()
         for it in self.items:
             h.update(json.dumps([it.prompt, it.max_tokens]).encode())
@@ -79,6 +79,7 @@ def describe(w: dict) -> str:
     return f"{w.get('name')} ({w.get('hash')}, {n} prompt{'' if n == 1 else 's'})"
 
 
+@functools.cache
 def builtin() -> Workload:
     """tuitune's twelve prompts (code, chat, summaries), ``tuitune/data/prompts.json``."""
     prompts = json.loads(resources.files("tuitune").joinpath("data/prompts.json").read_text("utf-8"))
@@ -108,18 +109,34 @@ def _named(w: dict | None, traffic: bool = False) -> str:
     return f"{w.get('name')} ({w.get('hash')})"
 
 
-@functools.cache
 def builtin_hash() -> str:
     return builtin().hash
 
 
+def for_preset(preset, overrides: dict | None = None) -> Workload:
+    """The workload a preset's benchmarks send: ``--prompts`` (in ``overrides``), else its
+    ``bench.prompts``, else the built-in one."""
+    path = (overrides or {}).get("prompts") or preset.bench.prompts
+    return load(path) if path else builtin()
+
+
 def load(path: str | Path) -> Workload:
-    """The workload in a prompt file (format by content: JSON list, JSONL, else plain text)."""
+    """The workload in a prompt file (format by content: JSON list, JSONL, else plain text); read
+    again only when the file changed (a benchmark asks for it at every load level)."""
     p = Path(path).expanduser()
     try:
-        size = p.stat().st_size
-        if size > MAX_FILE:
-            raise WorkloadError(f"{path}: {size >> 20} MiB is over the {MAX_FILE >> 20} MiB a prompt file may have")
+        st = p.stat()
+    except OSError as e:
+        raise WorkloadError(f"{path}: cannot read it ({e.strerror or e})") from None
+    if st.st_size > MAX_FILE:
+        raise WorkloadError(f"{path}: {st.st_size >> 20} MiB is over the {MAX_FILE >> 20} MiB a prompt file may have")
+    return _read(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _read(path: str, _mtime_ns: int, _size: int) -> Workload:
+    p = Path(path).expanduser()
+    try:
         data = p.read_bytes()
     except IsADirectoryError:
         raise WorkloadError(f"{path}: a directory, not a prompt file") from None

@@ -45,6 +45,14 @@ def _no_control(v: str, what: str = "value") -> str:
     return v
 
 
+def _absolute_path(v: str, key: str) -> str:
+    """A path tuitune reads on this machine (a schedule, a prompt file): plain, and absolute or ~/."""
+    _no_control(v, key)
+    if not v.startswith(("/", "~/")):
+        raise ValueError(f"{v!r} is not an absolute path; start it with / or ~/")
+    return v
+
+
 def _env_text(v: Any) -> Any:
     """YAML numbers and booleans in ``env`` as the strings the process will see."""
     if not isinstance(v, dict):
@@ -270,10 +278,7 @@ class Speculative(_Model):
             raise ValueError(
                 f"expected a list of [start, end, K] ranges or the path of a schedule file, not {type(v).__name__}"
             )
-        _no_control(v, "dynamic_schedule")
-        if not v.startswith(("/", "~/")):
-            raise ValueError(f"{v!r} is not an absolute path; start it with / or ~/")
-        return v
+        return _absolute_path(v, "dynamic_schedule")
 
     @field_validator("dynamic_schedule", mode="after")
     @classmethod
@@ -356,12 +361,7 @@ class Bench(_Model):
     @field_validator("prompts")
     @classmethod
     def _prompts_path(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        _no_control(v, "prompts")
-        if not v.startswith(("/", "~/")):
-            raise ValueError(f"{v!r} is not an absolute path; start it with / or ~/")
-        return v
+        return None if v is None else _absolute_path(v, "prompts")
 
 
 class Telemetry(_Model):
@@ -467,6 +467,12 @@ class Preset(_Model):
         return self
 
     # ---- derived ------------------------------------------------------------------------
+    @property
+    def discovered(self) -> str | None:
+        """The flags that read this preset off a running server (``--port 30000 --host gpu-box``),
+        None for a preset from a file."""
+        return self._discovered
+
     def adopt_hint(self) -> str:
         """The command(s), quoted, that make a server on this preset's port tuitune's."""
         if self._discovered is None:

@@ -147,7 +147,7 @@ def not_ours(preset: P.Preset) -> str:
 def refuse_not_ours(preset: P.Preset, label: str, pid: int | None = None) -> str:
     """The one sentence that refuses to relaunch or stop a server tuitune did not start."""
     who = f" (pid {pid})" if pid else ""
-    other = "" if preset._discovered else f" (or `tuitune stop {preset.name} --pid PID`)"
+    other = "" if preset.discovered else f" (or `tuitune stop {preset.name} --pid PID`)"
     return (
         f"port {preset.server.port} on {label} is in use by a server tuitune did not start{who}, watched "
         f"read-only; {preset.adopt_hint()} makes it tuitune's to relaunch or stop{other}"
@@ -1253,11 +1253,11 @@ class ServerControl:
             for i, a in enumerate(argv)
         )
 
-    async def hand_started(self) -> ServerRecord | None:
-        """The server that listens on the preset's port without tuitune having started it, as a
-        record (preset "(by hand)"): its leading process (the one whose ancestors hold no other
-        listener: an engine's workers may share the socket), flags and environment as /proc shows
-        them, and its start time. None when nothing listens, or the listener cannot be read."""
+    async def listener(self) -> tuple[int, list[str], dict[str, str] | None] | None:
+        """(pid, argv, environment) of the process that listens on the preset's port: its leading
+        one (whose ancestors hold no other listener: an engine's workers may share the socket), as
+        /proc shows it (where /proc cannot be read: its argv from the port's owners, environment
+        None). None when nothing listens, or the listener cannot be told."""
         try:
             owners = await self.port_owners()
         except ControlError:
@@ -1268,7 +1268,20 @@ class ServerControl:
         leader = min(owners, key=lambda o: (any(a in pids for a in o["ancestors"]), o["pid"]))
         pid = int(leader["pid"])
         view = await self.process_view(pid)
-        argv, env = view if view is not None else (list(leader.get("argv") or []), {})
+        if view is None:
+            return pid, list(leader.get("argv") or []), None
+        return pid, *view
+
+    async def hand_started(self) -> ServerRecord | None:
+        """The server that listens on the preset's port without tuitune having started it, as a
+        record (preset "(by hand)"): its leading process (the one whose ancestors hold no other
+        listener: an engine's workers may share the socket), flags and environment as /proc shows
+        them, and its start time. None when nothing listens, or the listener cannot be read."""
+        found = await self.listener()
+        if found is None:
+            return None
+        pid, argv, env = found
+        env = env or {}
         flags = argv[argv.index("-m") + 2 :] if "-m" in argv else argv[1:]
         r = await self.t.run(f"ps -o etimes= -p {pid}", timeout=30)
         up = r.stdout.strip()

@@ -88,14 +88,16 @@ async def discover(
     where = control.t.label
     try:
         if port is not None:
-            hand = await control.hand_started()
-            if hand is None:
+            found = await control.listener()
+            if found is None:
                 raise DiscoverError(f"nothing listens on port {port} of {where} (or its process is not yours to read)")
-            if pid is not None and pid != hand.pid:
-                raise DiscoverError(f"pid {pid} is not the server on port {port} of {where} (pid {hand.pid} is)")
-            pid = hand.pid
-        assert pid is not None
-        view = await control.process_view(pid)
+            if pid is not None and pid != found[0]:
+                raise DiscoverError(f"pid {pid} is not the server on port {port} of {where} (pid {found[0]} is)")
+            pid, argv, env = found
+            view = None if env is None else (argv, env)
+        else:
+            assert pid is not None
+            view = await control.process_view(pid)
         if view is None:
             raise DiscoverError(f"no process {pid} on {where} (or it is not yours to read)")
         argv, environ = view

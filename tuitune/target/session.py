@@ -30,7 +30,7 @@ from tuitune.base.events import (
     ServerError,
     ServerState,
 )
-from tuitune.measure import promscrape
+from tuitune.measure import promscrape, workload
 from tuitune.measure.bench import BenchConfig, BenchRun, RequestResult, client_session, run_bench, run_request
 from tuitune.measure.guard import AcceptanceGuard
 from tuitune.measure.parse import parse_line
@@ -575,7 +575,7 @@ class Session(EventStream):
 
     async def _load_loop(self) -> None:
         try:
-            work = BenchConfig.for_preset(self.url or "", self.preset).prompts
+            work = workload.for_preset(self.preset)
         except WorkloadError as e:
             self.load.on = False
             self.load.last_error = f"bench.prompts: {e}"
