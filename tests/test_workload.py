@@ -236,3 +236,90 @@ async def test_the_load_says_when_its_prompt_file_is_bad(tmp_path):
     )
     assert any(t.startswith("load off: bench.prompts:") for t in said), said
     await session.close()
+
+
+# ---- a workload recorded from the server's own request log -------------------------------------------
+
+
+def sglang_finished(text, completion_tokens=40, max_new_tokens=128, rid="r1") -> str:
+    """A request's line as SGLang 0.5.18 logs it with --log-requests --log-requests-format json
+    (srt/utils/request_logger.py, log_finished_request; the logger's own prefix first)."""
+    body = {
+        "timestamp": "2026-12-06T09:40:00.123456",
+        "event": "request.finished",
+        "rid": rid,
+        "obj": {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}, "rid": rid},
+        "out": {"text": "…", "meta_info": {"id": rid, "prompt_tokens": 12, "completion_tokens": completion_tokens}},
+    }
+    return f"[2026-12-06 09:40:00] {json.dumps(body, ensure_ascii=False)}"
+
+
+def test_sglangs_request_log_read_back_as_a_workload():
+    from tuitune.engines import get
+
+    long = "x" * 1024 + "..." + "y" * 1024  # level 2 logs a prompt over 2,048 characters as its two ends
+    lines = [
+        '[2026-12-06 09:39:59] INFO:     127.0.0.1:5000 - "POST /generate HTTP/1.1" 200 OK',
+        sglang_finished("<|im_start|>user\nWhat is a KV cache?<|im_end|>\n<|im_start|>assistant\n", 96),
+        sglang_finished("def fib(n):", completion_tokens=None, max_new_tokens=64),  # no length out: the asked one
+        sglang_finished(long),
+        sglang_finished(["a", "b"]),  # a batch: no one prompt
+        '[2026-12-06 09:40:01] {"timestamp": "x", "event": "request.finished", "obj": ',  # cut mid-line
+        sglang_finished("naïve — ünïcödé", 7),
+    ]
+    got = W.from_log(lines, get("sglang"))
+    assert [(it.prompt, it.max_tokens) for it in got.items] == [
+        ("<|im_start|>user\nWhat is a KV cache?<|im_end|>\n<|im_start|>assistant\n", 96),
+        ("def fib(n):", 64),
+        ("naïve — ünïcödé", 7),
+    ]
+    assert got.cut == 1 and got.unlengthed == 0
+
+
+def test_a_recorded_workload_masks_credentials_and_keeps_the_rest(tmp_path):
+    from tuitune.base.redact import Redactor
+    from tuitune.engines import get
+
+    secret = "hf_" + "A1b2C3d4E5f6G7h8I9j0K1l2"
+    got = W.from_log(
+        [sglang_finished(f"my token is {secret}, summarise"), sglang_finished("plain")], get("sglang"), Redactor()
+    )
+    assert got.masked == 1 and secret not in got.items[0].prompt and got.items[1].prompt == "plain"
+    w = W.write_jsonl(got.items, tmp_path / "w.jsonl")
+    assert secret not in (tmp_path / "w.jsonl").read_text() and len(w.items) == 2
+
+
+def test_workload_from_log_and_show(tmp_path):
+    log = write(tmp_path / "server.log", "\n".join(sglang_finished(f"prompt {i}", 10 + i) for i in range(5)) + "\n")
+    out = tmp_path / "traffic.jsonl"
+    r = tuitune_cli("workload", "from-log", "--log", str(log), "--engine", "sglang", "--out", str(out), "--last", "3")
+    assert r.returncode == 0, r.stderr
+    w = W.load(out)
+    assert [(it.prompt, it.max_tokens) for it in w.items] == [("prompt 2", 12), ("prompt 3", 13), ("prompt 4", 14)]
+    assert f"workload {w.label}" in r.stdout and "the last 3 of 5 requests" in r.stdout
+    r = tuitune_cli("workload", "show", str(out))
+    assert r.returncode == 0 and f"workload: {w.label}" in r.stdout and "3 of 3, 12-14 tokens" in r.stdout, r.stdout
+    # no request in the log: what to turn on, in one sentence; nothing written
+    r = tuitune_cli("workload", "from-log", "--log", str(log), "--engine", "vllm", "--out", str(tmp_path / "no.jsonl"))
+    assert r.returncode == 1 and "--enable-log-requests" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "no.jsonl").exists()
+    r = tuitune_cli("workload", "from-log", "--log", str(log), "--out", str(out))
+    assert r.returncode == 2 and "--log needs --engine" in r.stderr, r.stderr
+    r = tuitune_cli(
+        "workload", "from-log", "--log", str(tmp_path / "nope.log"), "--engine", "sglang", "--out", str(out)
+    )
+    assert r.returncode == 2 and "cannot open it" in r.stderr and W.load(out).items == w.items, r.stderr
+
+
+def test_workload_from_the_log_of_a_preset_over_a_real_sshd(sshd, tmp_path):
+    """The preset's log is read on its target, through SSH (streamed), as the server wrote it."""
+    preset = make_preset(tmp_path, "remote", target=sshd.target())
+    path = P.save(preset, tmp_path / "remote.yaml")
+    write(Path(preset.server.log), "noise\n" + sglang_finished("over ssh", 33) + "\n" + sglang_finished("again", 5))
+    out = tmp_path / "remote.jsonl"
+    r = tuitune_cli("workload", "from-log", str(path), "--out", str(out), env={"HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert [(it.prompt, it.max_tokens) for it in W.load(out).items] == [("over ssh", 33), ("again", 5)]
+    Path(preset.server.log).unlink()
+    r = tuitune_cli("workload", "from-log", str(path), "--out", str(out), env={"HOME": str(tmp_path)})
+    assert r.returncode == 1 and "cannot read" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -49,6 +49,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ab": ("interleaved relaunch + bench of two presets (A B A B …), with a verdict", "experiments"),
     "crossover": ("speculation on vs off over concurrency levels: where it stops paying", "experiments"),
     "nccl-bench": ("rank NCCL settings with an all-reduce micro-benchmark at decode sizes", "experiments"),
+    "workload": ("describe a prompt file, or record one from the requests a server logged (from-log)", "workload"),
     "report": ("summaries of captures (phase times, accept length, tok/s), side by side with deltas", "measure"),
     "sweep": ("relaunch, bench and record every configuration of a grid, against a baseline", "experiments"),
     "advise": (

@@ -120,6 +120,15 @@ class Rule(NamedTuple):
     name: str | None = None
 
 
+class LoggedRequest(NamedTuple):
+    """One request as the server's own log names it (``Engine.request_reader``): what was asked,
+    read back to replay it as a workload."""
+
+    prompt: str
+    max_tokens: int | None  # the output length it got (or asked for); None: the log does not say
+    truncated: bool = False  # the log cut the prompt short: not that prompt
+
+
 class Engine:
     name = ""
     label = ""  # as users write it: "SGLang", "vLLM"
@@ -162,6 +171,14 @@ class Engine:
     scripts: tuple[str, ...] = ()
     # the prefixes of its own environment variables, kept in the preset of a server started by hand
     env_prefixes: tuple[str, ...] = ()
+
+    # how to make its log name every request's prompt and output length, in one sentence (None: it cannot)
+    request_logging: str | None = None
+
+    def request_reader(self) -> Callable[[str], LoggedRequest | None] | None:
+        """A reader of this engine's log lines, called on each line in order, giving each request the
+        line (or lines) that complete it; None when the engine's log cannot name its requests."""
+        return None
 
     @staticmethod
     def log_prefix(line: str, end: int) -> tuple[str | None, str | None] | None:

@@ -20,6 +20,7 @@ from tuitune.engines.base import (
     Engine,
     FastFields,
     Flag,
+    LoggedRequest,
     Resolved,
     Rule,
     as_bool,
@@ -577,3 +578,50 @@ class SGLang(Engine):
                 else {}
             ),
         }
+
+    request_logging = (
+        "start SGLang with --log-requests --log-requests-level 3 --log-requests-format json (level 3 logs "
+        "whole prompts; level 2 cuts those over 2,048 characters)"
+    )
+
+    def request_reader(self):
+        return request_log
+
+
+# ---- its request log (--log-requests --log-requests-format json) --------------------------------------
+# SGLang 0.5.18, ``srt/utils/request_logger.py`` (RequestLogger.log_finished_request): one JSON object
+# a request, ``{"timestamp": …, "event": "request.finished", "rid": …, "obj": {…, "text": PROMPT,
+# "sampling_params": {"max_new_tokens": N, …}}, "out": {…, "meta_info": {"completion_tokens": N, …}}}``
+# after the logger's prefix. ``text`` is the prompt as the model saw it (an OpenAI chat request's after
+# its template: at level >= 2 the tokenizer manager decodes the input ids into it); a string over
+# ``max_length`` (2,048 at level 2) is logged as its first and last halves joined by "...".
+_FINISHED = '"event": "request.finished"'
+_CUT = 2048  # level 2's max_length
+
+
+def request_log(line: str) -> LoggedRequest | None:
+    if _FINISHED not in line:
+        return None
+    at = line.find("{")
+    if at < 0:
+        return None
+    try:
+        d = json.loads(line[at:])
+    except ValueError:
+        return None
+    if not isinstance(d, dict) or d.get("event") != "request.finished":
+        return None
+    obj, out = d.get("obj"), d.get("out")
+    if not isinstance(obj, dict):
+        return None
+    text = obj.get("text")
+    if not isinstance(text, str) or not text:
+        return None  # a batch (a list of prompts) or token ids only: no one prompt to replay
+    meta = out.get("meta_info") if isinstance(out, dict) else None
+    n = meta.get("completion_tokens") if isinstance(meta, dict) else None
+    if not (isinstance(n, int) and not isinstance(n, bool) and n > 0):
+        sp = obj.get("sampling_params")
+        n = sp.get("max_new_tokens") if isinstance(sp, dict) else None
+        n = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+    cut = len(text) == _CUT + 3 and text[_CUT // 2 : _CUT // 2 + 3] == "..."
+    return LoggedRequest(text, n, cut)

@@ -28,7 +28,7 @@ import re
 
 from tuitune.base.events import DecodeStats, Event, Malformed, VllmSpec
 from tuitune.base.numbers import to_float, to_int
-from tuitune.engines.base import NO_PREFIX, BenchApi, Engine, Flag, Rule
+from tuitune.engines.base import NO_PREFIX, BenchApi, Engine, Flag, LoggedRequest, Rule
 
 SPEC_MARKER = "SpecDecoding metrics: "
 STATS_MARKER = "Avg prompt throughput: "
@@ -346,6 +346,67 @@ class VLLM(Engine):
 
     def default_bench_api(self) -> BenchApi:
         return "openai"  # vLLM has no /generate
+
+    request_logging = (
+        "start vLLM with --enable-log-requests and VLLM_LOGGING_LEVEL=DEBUG (its prompts are logged at "
+        "DEBUG only) and without --max-log-len (which cuts them)"
+    )
+
+    def request_reader(self):
+        return RequestLog()
+
+
+# ---- its request log (--enable-log-requests) ---------------------------------------------------------
+# vLLM 0.32.0, ``entrypoints/serve/utils/request_logger.py`` (RequestLogger.log_inputs): at DEBUG,
+# ``Request ID details: prompt: REPR, prompt_token_ids: [...], prompt_embeds shape: …`` (the prompt
+# as Python's repr, after the chat template for a chat request; None for a request sent as token ids),
+# then at INFO ``Received request ID: params: SamplingParams(…, max_tokens=N, …), lora_request: …``.
+_DETAILS = re.compile(r"\bRequest (\S+) details: prompt: ")
+_RECEIVED = re.compile(r"\bReceived request (\S+): params: ")
+_MAX_TOKENS = re.compile(r"\bmax_tokens=(\d+)")
+
+
+class RequestLog:
+    """vLLM's request log read line by line: a request is complete at its ``Received request`` line,
+    its prompt from the ``details`` line before it (a request without one, or sent as token ids, is
+    no workload prompt and is skipped)."""
+
+    MAX_PENDING = 4096  # details lines waiting for their Received line (a log cut mid-request)
+
+    def __init__(self) -> None:
+        self.prompts: dict[str, str | None] = {}
+
+    def __call__(self, line: str) -> LoggedRequest | None:
+        if (m := _DETAILS.search(line)) is not None:
+            end = line.rfind(", prompt_token_ids: ")
+            if end < m.end():
+                return None
+            prompt = _string_literal(line[m.end() : end])
+            if len(self.prompts) >= self.MAX_PENDING:
+                self.prompts.pop(next(iter(self.prompts)))
+            self.prompts[m.group(1)] = prompt
+            return None
+        if (m := _RECEIVED.search(line)) is None:
+            return None
+        prompt = self.prompts.pop(m.group(1), None)
+        if prompt is None:
+            return None
+        n = _MAX_TOKENS.search(line, m.end())
+        return LoggedRequest(prompt, int(n.group(1)) if n else None)
+
+
+def _string_literal(text: str) -> str | None:
+    """A Python string literal (what ``%r`` of a str writes), or None for anything else."""
+    import ast
+
+    text = text.strip()
+    if len(text) < 2 or text[0] not in "'\"" or text[-1] != text[0]:
+        return None
+    try:
+        v = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return v if isinstance(v, str) else None
 
 
 # ---- the dynamic schedule (SpeculativeConfig.num_speculative_tokens_per_batch_size) ------------------

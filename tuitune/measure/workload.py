@@ -221,3 +221,75 @@ def _length(row: dict, where: str) -> int | None:
                 raise WorkloadError(f"{where}: {key} {json.dumps(v)[:40]} is not an output length (2 to {MAX_OUTPUT})")
             return v
     return None
+
+
+# ---- a workload recorded from the server's own traffic ---------------------------------------------
+
+
+class FromLog:
+    """The requests an engine's log names, read line by line (``feed``), in the order they were logged:
+    each prompt as the model saw it (after a chat template) and the output length it got or asked
+    for. A prompt the log cut short is counted, never kept; ``mask`` (text -> text) masks what looks
+    like a secret in each prompt (tuitune writes no credential it reads). WorkloadError when the
+    engine's log cannot name its requests, or names too many."""
+
+    def __init__(self, engine, mask=None):
+        read = engine.request_reader()
+        if read is None:
+            raise WorkloadError(f"{engine.label}'s log does not name its requests' prompts")
+        self.read, self.mask = read, mask
+        self.items: list[Item] = []
+        self.cut = 0  # requests whose prompt the log cut short (left out: not the prompts that were sent)
+        self.unlengthed = 0  # requests whose output length the log did not say
+        self.masked = 0  # prompts in which something that looks like a credential was masked
+
+    def feed(self, line: str) -> None:
+        r = self.read(line)
+        if r is None:
+            return
+        if r.truncated:
+            self.cut += 1
+            return
+        n = r.max_tokens if r.max_tokens is not None and 2 <= r.max_tokens <= MAX_OUTPUT else None
+        self.unlengthed += n is None
+        prompt = self.mask(r.prompt) if self.mask else r.prompt
+        self.masked += prompt != r.prompt
+        self.items.append(Item(prompt, n))
+        if len(self.items) > MAX_PROMPTS:
+            raise WorkloadError(f"the log names more than {MAX_PROMPTS:,} requests")
+
+
+def from_log(lines, engine, mask=None) -> FromLog:
+    """``FromLog`` over all of ``lines``."""
+    got = FromLog(engine, mask)
+    for line in lines:
+        got.feed(line)
+    return got
+
+
+def write_jsonl(items, path: str | Path) -> Workload:
+    """``items`` as a JSONL prompt file (``{"prompt": …, "max_tokens": …}`` a line), written to a
+    temporary file and renamed (never half a file); the workload it now is, read back."""
+    import os
+    import tempfile
+
+    p = Path(path).expanduser()
+    body = "".join(
+        json.dumps(
+            {"prompt": it.prompt, **({"max_tokens": it.max_tokens} if it.max_tokens else {})}, ensure_ascii=False
+        )
+        + "\n"
+        for it in items
+    )
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent if str(p.parent) else ".")
+    except OSError as e:
+        raise WorkloadError(f"{p.parent}: cannot write there ({e.strerror or e})") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(body)
+        os.replace(tmp, p)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise WorkloadError(f"{p}: cannot write it ({e.strerror or e})") from None
+    return load(p)
