@@ -350,7 +350,7 @@ def tune(g: dict, method: str, k: int, concurrency: int, budget: int, per_stream
         "1",
         "--max-tokens",
         str(max_tokens),
-        *(["--prompts", str(WORKLOAD), "--api", API] if WORKLOAD else ["--api", API]),
+        *(["--prompts", str(WORKLOAD)] if WORKLOAD else []),  # the preset's bench.api is API
         "--out",
         str(out),
         "--json",
