@@ -335,7 +335,12 @@ def build_draft(python: Path | None = None) -> Path:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, **real_vllm.ENV, "OMP_NUM_THREADS": str(os.cpu_count() or 1), "TOKENIZERS_PARALLELISM": "false"},
+            env={
+                **os.environ,
+                **real_vllm.ENV,
+                "OMP_NUM_THREADS": str(os.cpu_count() or 1),
+                "TOKENIZERS_PARALLELISM": "false",
+            },
         )
         assert proc.stderr is not None and proc.stdout is not None
         tail: list[str] = []

@@ -1031,6 +1031,83 @@ def test_the_servers_own_traffic_recorded_as_a_workload_and_replayed(smol, tmp_p
     assert replayed == original, (replayed, original)
 
 
+# ---- a trained EAGLE-3 head: real draft costs and real acceptance ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def drafted(engine, tmp_path_factory):
+    """SmolLM2 with the EAGLE-3 head trained here (tests/real_draft.py, its final checkpoint), K=3, on
+    the real vLLM; the probe logs every cycle. One launch for the test below."""
+    import real_draft
+
+    home = tmp_path_factory.mktemp("real-vllm-eagle3")
+    python, models = engine
+    draft = real_draft.build_draft(python) / "final"
+    port = free_port()
+    log = home / "eagle3.log"
+    data = real_vllm.preset(
+        "eagle3-smol",
+        log,
+        port,
+        python=python,
+        method="EAGLE3",
+        k=3,
+        draft=draft,
+        model=models["smollm2"],
+        args={"max-model-len": 2048},
+        env={"EAGLE3_PROFILE_WINDOW": "1"},
+    )
+    path = write_preset(home / "eagle3.yaml", data)
+    try:
+        r = tt(home, "launch", str(path), timeout=420)
+        assert r.returncode == 0, f"launch failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
+        yield {"home": home, "port": port, "preset": path, "log": log}
+    finally:
+        stop_for_good(home, path)
+
+
+def vllm_per_position(port: int) -> dict[int, float]:
+    """vLLM's accepted tokens per draft position (its ``spec_decode_num_accepted_tokens_per_pos``)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[int, float] = {}
+    pat = r'^vllm:spec_decode_num_accepted_tokens_per_pos_total\{[^}]*position="(\d+)"[^}]*\} ([-+0-9.eE]+)$'
+    for m in re.finditer(pat, text, re.M):
+        out[int(m.group(1))] = out.get(int(m.group(1)), 0.0) + float(m.group(2))
+    return out
+
+
+def test_a_trained_eagle3_head_accepts_and_the_probe_counts_it_as_vllm_does(drafted):
+    """With a head that accepts (not the random draft's 1.00), over the same run: the probe's accept
+    length is vLLM's own within 3 % (EAGLE drafts at every step, so per draft and per request-step
+    are one figure), and the probe's accept-length histogram gives vLLM's accepted tokens at each
+    draft position (a step that accepted j drafts accepted positions 1..j)."""
+    port, log, home = drafted["port"], drafted["log"], drafted["home"]
+    start = log.stat().st_size
+    before, pos_before = vllm_counters(port), vllm_per_position(port)
+    prompts = WORKLOADS / "code.txt"
+    args = ["bench", str(drafted["preset"]), "--api", "chat", "--prompts", str(prompts), "--requests", "4"]
+    r = tt(home, *args, "--warmup", "0", "--max-tokens", "80", timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    time.sleep(3)
+    d = {k: v - before.get(k, 0.0) for k, v in vllm_counters(port).items()}
+    per_pos = {k: v - pos_before.get(k, 0.0) for k, v in vllm_per_position(port).items()}
+    windows = [e for e in log_events(log, start) if isinstance(e, ProfileWindow)]
+    assert windows and all(w.steps == 3 for w in windows)
+    drafts, accepted = d["vllm:spec_decode_num_drafts"], d["vllm:spec_decode_num_accepted_tokens"]
+    theirs = 1 + accepted / drafts
+    assert theirs > 1.05, theirs  # it accepts (the random head: exactly 1.00)
+    mine = sum(w.accept_len * w.cycles for w in windows) / sum(w.cycles for w in windows)
+    print(f"EAGLE-3 K=3, trained head, code.txt: vLLM {theirs:.3f}, probe {mine:.3f}; per position {per_pos}")
+    assert abs(mine / theirs - 1) < 0.03, (mine, theirs)
+    counts = [0] * 5
+    for w in windows:
+        for i, n in enumerate(w.accept_counts or ()):
+            counts[i] += n
+    from_hist = {j: float(sum(counts[j + 1 :])) for j in range(3)}  # length L = 1 + accepted drafts
+    assert from_hist == {j: per_pos.get(j, 0.0) for j in range(3)}, (from_hist, per_pos)
+
+
 def _fails(home: Path, preset: Path, port: int, limit_s: float) -> str:
     t0 = time.monotonic()
     r = tt(home, "launch", str(preset), timeout=limit_s + 60)
