@@ -882,6 +882,9 @@ def test_adopt_makes_the_hand_started_server_tuitunes_to_stop(hand):
 # ---- a real model: SmolLM2-135M-Instruct, real text and real acceptance --------------------------------
 
 WORKLOADS = ROOT / "tests" / "data" / "workloads"  # the kinds operators serve, in three file formats
+# The real model's tests count tokens, never time them: a group of their own, so that the other worker
+# can take them while this module's launches run (two engines at once fit in memory; each waits longer).
+real_model = pytest.mark.xdist_group("real-vllm-model")
 
 
 @pytest.fixture(scope="module")
@@ -916,6 +919,7 @@ def smol(engine, tmp_path_factory):
         stop_for_good(home, path)
 
 
+@real_model
 def test_the_real_model_answers_through_its_own_chat_template(smol):
     """What the fixture serves is a real model, not random weights: greedy, through SmolLM2's own chat
     template (the independent client, no tuitune code), it answers a question and writes code."""
@@ -927,6 +931,7 @@ def test_the_real_model_answers_through_its_own_chat_template(smol):
     assert "def " in ask("Write a Python function that returns the nth Fibonacci number.", 60)
 
 
+@real_model
 @pytest.mark.parametrize(
     "file", ["summaries.jsonl", "code.txt", "chat-sharegpt.json"], ids=["summaries", "code", "chat"]
 )
@@ -1000,6 +1005,7 @@ def chat(port: int, model: str, text: str, max_tokens: int) -> dict:
         return json.loads(r.read())
 
 
+@real_model
 def test_the_servers_own_traffic_recorded_as_a_workload_and_replayed(smol, tmp_path):
     """Traffic tuitune did not send (the independent client's chat requests) read back from vLLM's own
     request log (--enable-log-requests, VLLM_LOGGING_LEVEL=DEBUG) by `tuitune workload from-log PRESET`:
@@ -1077,6 +1083,7 @@ def vllm_per_position(port: int) -> dict[int, float]:
     return out
 
 
+@real_model
 def test_a_trained_eagle3_head_accepts_and_the_probe_counts_it_as_vllm_does(drafted):
     """With a head that accepts (not the random draft's 1.00), over the same run: the probe's accept
     length is vLLM's own within 3 % (EAGLE drafts at every step, so per draft and per request-step
