@@ -277,16 +277,20 @@ def test_sglangs_request_log_read_back_as_a_workload():
 
 
 def test_a_recorded_workload_masks_credentials_and_keeps_the_rest(tmp_path):
-    from tuitune.base.redact import Redactor
+    from tuitune.base.redact import text
     from tuitune.engines import get
 
     secret = "hf_" + "A1b2C3d4E5f6G7h8I9j0K1l2"
+    long = "word " * 20_000  # 100,000 characters: over the 64 KiB a log line is clipped to for display
     got = W.from_log(
-        [sglang_finished(f"my token is {secret}, summarise"), sglang_finished("plain")], get("sglang"), Redactor()
+        [sglang_finished(f"my token is {secret}, summarise"), sglang_finished("plain"), sglang_finished(long)],
+        get("sglang"),
+        text,
     )
+    assert got.items[2].prompt == long  # masked, never clipped
     assert got.masked == 1 and secret not in got.items[0].prompt and got.items[1].prompt == "plain"
     w = W.write_jsonl(got.items, tmp_path / "w.jsonl")
-    assert secret not in (tmp_path / "w.jsonl").read_text() and len(w.items) == 2
+    assert secret not in (tmp_path / "w.jsonl").read_text() and len(w.items) == 3 and w.items[2].prompt == long
 
 
 def test_workload_from_log_and_show(tmp_path):

@@ -54,8 +54,17 @@ def cmd_show(ns) -> int:
     return 0
 
 
+def _masker(preset=None):
+    """What looks like a credential in a prompt, masked (the preset's own secret values too); the
+    prompt kept whole otherwise (no clipping: a clipped prompt would be another prompt)."""
+    from functools import partial
+
+    from tuitune.base.redact import secret_values, text
+
+    return partial(text, values=secret_values(preset) if preset is not None else [])
+
+
 def cmd_from_log(ns) -> int:
-    from tuitune.base.redact import Redactor
     from tuitune.engines import get
     from tuitune.measure.workload import from_log, write_jsonl
 
@@ -65,16 +74,16 @@ def cmd_from_log(ns) -> int:
         if not ns.engine:
             raise CliError("--log needs --engine (sglang or vllm): whose request lines to read", 2)
         engine = get(ns.engine)
-        got = from_log(open_lines(ns.log), engine, Redactor())
+        got = from_log(open_lines(ns.log), engine, _masker(), keep=ns.last)
         where = ns.log
     else:
         p = load_preset(ns.preset)
         if ns.engine and ns.engine != p.server.engine:
             raise CliError(f"--engine {ns.engine}: {p.name} runs {p.server.engine}", 2)
         engine = p.engine
-        got = _from_target(p, engine)
+        got = _from_target(p, engine, ns.last)
         where = f"{p.name}'s log ({p.server.log})"
-    items = got.items[-ns.last :] if ns.last else got.items
+    items = list(got.items)
     if not items:
         why = f"; {got.cut} had their prompt cut short by the log" if got.cut else ""
         raise CliError(
@@ -84,8 +93,8 @@ def cmd_from_log(ns) -> int:
     w = write_jsonl(items, ns.out)
     print(f"wrote {ns.out}: workload {w.label}, from {where}")
     notes = []
-    if ns.last and len(got.items) > len(items):
-        notes.append(f"the last {len(items)} of {len(got.items)} requests")
+    if got.total > len(items):
+        notes.append(f"the last {len(items)} of {got.total} requests")
     if got.cut:
         notes.append(f"{got.cut} left out: the log cut their prompt short ({engine.request_logging})")
     if got.unlengthed:
@@ -97,21 +106,20 @@ def cmd_from_log(ns) -> int:
     return 0
 
 
-def _from_target(p, engine):
+def _from_target(p, engine, keep: int | None):
     """The preset's server log, read through its target (streamed: a log may be gigabytes)."""
-    from tuitune.base.redact import Redactor
     from tuitune.measure.workload import FromLog
     from tuitune.preset import shell_path
 
     t, _ = with_control(p)
-    mask = Redactor(p)
+    mask = _masker(p)
 
     async def go():
         log = shell_path(p.server.log)
         r = await t.run(f"test -r {log} && echo readable", timeout=30)
         if "readable" not in r.stdout:
             raise CliError(f"{t.label}: cannot read {p.server.log} (no such file, or not readable)", 1)
-        got = FromLog(engine, mask)
+        got = FromLog(engine, mask, keep)
         # a stream runs until we close it: the file's end is a line of our own after it
         end = f"tuitune-log-end-{secrets.token_hex(8)}"
         pending = b""

@@ -20,6 +20,7 @@ the line, never skipped (a workload that silently lost prompts would be another 
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import json
@@ -231,14 +232,16 @@ class FromLog:
     each prompt as the model saw it (after a chat template) and the output length it got or asked
     for. A prompt the log cut short is counted, never kept; ``mask`` (text -> text) masks what looks
     like a secret in each prompt (tuitune writes no credential it reads). WorkloadError when the
-    engine's log cannot name its requests, or names too many."""
+    engine's log cannot name its requests. Only the last ``keep`` requests are kept (``total`` counts all)."""
 
-    def __init__(self, engine, mask=None):
+    def __init__(self, engine, mask=None, keep: int | None = None):
         read = engine.request_reader()
         if read is None:
             raise WorkloadError(f"{engine.label}'s log does not name its requests' prompts")
         self.read, self.mask = read, mask
-        self.items: list[Item] = []
+        # the last ``keep`` requests (at most MAX_PROMPTS: a workload's bound), in order
+        self.items: collections.deque[Item] = collections.deque(maxlen=min(keep or MAX_PROMPTS, MAX_PROMPTS))
+        self.total = 0  # requests read (kept or not)
         self.cut = 0  # requests whose prompt the log cut short (left out: not the prompts that were sent)
         self.unlengthed = 0  # requests whose output length the log did not say
         self.masked = 0  # prompts in which something that looks like a credential was masked
@@ -255,13 +258,12 @@ class FromLog:
         prompt = self.mask(r.prompt) if self.mask else r.prompt
         self.masked += prompt != r.prompt
         self.items.append(Item(prompt, n))
-        if len(self.items) > MAX_PROMPTS:
-            raise WorkloadError(f"the log names more than {MAX_PROMPTS:,} requests")
+        self.total += 1
 
 
-def from_log(lines, engine, mask=None) -> FromLog:
+def from_log(lines, engine, mask=None, keep: int | None = None) -> FromLog:
     """``FromLog`` over all of ``lines``."""
-    got = FromLog(engine, mask)
+    got = FromLog(engine, mask, keep)
     for line in lines:
         got.feed(line)
     return got
