@@ -595,6 +595,9 @@ class TuituneApp(App):
         if self.relaunch_worker is not None and self.relaunch_worker.state == WorkerState.RUNNING:
             self.say("a relaunch is already in progress", "warning")
             return
+        # what arrived before this relaunch (the running server's lines, the launch it came from, not
+        # yet drawn on a busy machine) goes to the log pane now, not to the new launch's view
+        self.refresh_views()
         self.relaunch_screen = RelaunchScreen(
             self.draft.name, redact.Redactor(self.draft)(P.launch_command(self.draft))
         )
@@ -619,6 +622,7 @@ class TuituneApp(App):
             if screen and not screen.finished:
                 screen.done(False, "cancelled")
             raise
+        self.refresh_views()  # the new server's lines not drawn yet (a busy machine) go to its view first
         screen.done(True)
         self.opened_not_launched = False
         if self.draft == preset:  # else the user edited while it started: keep the newer edits
