@@ -19,7 +19,6 @@ import argparse
 import re
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,20 +29,9 @@ import real_vllm  # noqa: E402
 import yaml  # noqa: E402
 from conftest import free_port  # noqa: E402
 from real_engine_grid import HOME, tt  # noqa: E402  (tuitune under a HOME of the run's own)
+from stream_client import server_counters as counters  # noqa: E402
 
 WORKLOADS = ROOT / "tests" / "data" / "workloads"
-
-
-def counters(port: int) -> dict[str, float]:
-    """vLLM's counters (summed over label sets; per-position ones keyed ``name@position``)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for m in re.finditer(r"^(vllm:[a-z_]+)_total(\{[^}]*\})? ([-+0-9.eE]+)$", text, re.M):
-        pos = re.search(r'position="(\d+)"', m.group(2) or "")
-        key = m.group(1) + (f"@{pos.group(1)}" if pos else "")
-        out[key] = out.get(key, 0.0) + float(m.group(3))
-    return out
 
 
 def measure(checkpoint: Path, k: int, requests: int, max_tokens: int) -> list[str]:

@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 import real_vllm  # noqa: E402
 import yaml  # noqa: E402
 from conftest import free_port  # noqa: E402
-from test_real_vllm import PROMPTS, Load, independent_request, log_events, vllm_counters  # noqa: E402
+from stream_client import server_counters as vllm_counters  # noqa: E402
+from test_real_vllm import PROMPTS, Load, independent_request, log_events  # noqa: E402
 
 from tuitune.base.events import ProfileWindow  # noqa: E402
 

@@ -78,6 +78,27 @@ def server_decode_clock(port: int) -> tuple[float, float]:
     return got[tokens] - got[requests], got[decode]
 
 
+def server_counters(port: int, prefix: str = "vllm:") -> dict[str, float]:
+    """The server's own Prometheus counters (``*_total``), read with prometheus_client (not tuitune's
+    scraper): each summed over its label sets, keyed without ``_total``; a counter labelled by draft
+    position also per position, as ``name@position``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not (sample.name.startswith(prefix) and sample.name.endswith("_total")):
+                continue
+            name = sample.name.removesuffix("_total")
+            out[name] = out.get(name, 0.0) + sample.value
+            if "position" in sample.labels:
+                key = f"{name}@{sample.labels['position']}"
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
 def main(argv: list[str]) -> None:
     warmup = argv[:1] != ["--no-warmup"]
     port, model, max_tokens, prompts = (

@@ -33,7 +33,7 @@ import pytest
 import real_vllm
 import yaml
 from conftest import ROOT, HandServer, free_port, wait_for
-from stream_client import independent_request, server_decode_clock
+from stream_client import independent_request, server_counters, server_decode_clock
 
 from tuitune.base.events import ProfileWindow, ServerError, VllmSpec
 from tuitune.measure import promscrape
@@ -702,16 +702,6 @@ def test_the_vllm_demo_shows_real_acceptance(demo):
     assert "EAGLE3_PROFILE v=2" in screen, screen  # the log pane: the probe's lines from vLLM's worker
 
 
-def vllm_counters(port: int) -> dict[str, float]:
-    """vLLM's own Prometheus counters (``*_total``, summed over label sets), read without tuitune's scraper."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for m in re.finditer(r"^(vllm:[a-z_]+)_total(?:\{[^}]*\})? ([-+0-9.eE]+)$", text, re.M):
-        out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
-    return out
-
-
 def test_ngram_probe_accept_length_matches_vllms_own(demo):
     """On ngram a random model soon repeats itself, so acceptance is real, and some steps find no
     match and draft nothing. vLLM's "Mean acceptance length" is 1 + accepted / drafts, a draft being
@@ -723,7 +713,7 @@ def test_ngram_probe_accept_length_matches_vllms_own(demo):
     count is the counters'. On the demo's server, its own load off."""
     port, log = demo["port"], demo["log"]
     start = log.stat().st_size
-    before = vllm_counters(port)
+    before = server_counters(port)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as r:
         model = json.loads(r.read())["data"][0]["id"]  # what the demo serves (its path, relative to its workdir)
     with Load(port, model, max_tokens=200) as load:
@@ -732,7 +722,7 @@ def test_ngram_probe_accept_length_matches_vllms_own(demo):
         except AssertionError as e:
             raise AssertionError(f"{e}; the client's last error: {load.error or 'none'}") from None
     time.sleep(3)  # the last stats interval (VLLM_LOG_STATS_INTERVAL=2) is logged
-    after = vllm_counters(port)
+    after = server_counters(port)
     d = {k: after[k] - before.get(k, 0.0) for k in after}
     events = log_events(log, start)
     windows = [e for e in events if isinstance(e, ProfileWindow)]
@@ -947,7 +937,7 @@ def test_probe_accept_length_agrees_with_vllms_own_on_a_real_model(smol, file):
     port, log, home = smol["port"], smol["log"], smol["home"]
     prompts = WORKLOADS / file
     start = log.stat().st_size
-    before = vllm_counters(port)
+    before = server_counters(port)
     out = home / f"bench-{file}.json"
     r = tt(
         home,
@@ -974,7 +964,7 @@ def test_probe_accept_length_agrees_with_vllms_own_on_a_real_model(smol, file):
     lengths = [it.max_tokens or 80 for it in load_workload(prompts).items]
     assert [x["completion_tokens"] for x in data["results"]] == lengths, data["results"]
     time.sleep(3)  # the counters of the last step (the frontend's stats)
-    d = {k: v - before.get(k, 0.0) for k, v in vllm_counters(port).items()}
+    d = {k: v - before.get(k, 0.0) for k, v in server_counters(port).items()}
     windows = [e for e in log_events(log, start) if isinstance(e, ProfileWindow)]
     assert windows and all(w.drafter == "ngram" for w in windows)
     drafts, accepted, gen = (
@@ -1025,14 +1015,14 @@ def test_the_servers_own_traffic_recorded_as_a_workload_and_replayed(smol, tmp_p
     assert [it.max_tokens for it in w.items] == [n for _, n in asks]
     for it, (text, _) in zip(w.items, asks, strict=True):
         assert text in it.prompt and it.prompt.index(text) > 0, it.prompt  # the template around the user's turn
-    before = vllm_counters(port)
+    before = server_counters(port)
     res = tmp_path / "replay.json"
     args = ["bench", str(smol["preset"]), "--api", "openai", "--prompts", str(out), "--requests", "3", "--warmup", "0"]
     r = tt(home, *args, "--json", str(res), timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert [x["completion_tokens"] for x in json.loads(res.read_text())["results"]] == [n for _, n in asks]
     time.sleep(3)
-    replayed = vllm_counters(port)["vllm:prompt_tokens"] - before["vllm:prompt_tokens"]
+    replayed = server_counters(port)["vllm:prompt_tokens"] - before["vllm:prompt_tokens"]
     original = sum(s["usage"]["prompt_tokens"] for s in sent)
     assert replayed == original, (replayed, original)
 
@@ -1072,17 +1062,6 @@ def drafted(engine, tmp_path_factory):
         stop_for_good(home, path)
 
 
-def vllm_per_position(port: int) -> dict[int, float]:
-    """vLLM's accepted tokens per draft position (its ``spec_decode_num_accepted_tokens_per_pos``)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out: dict[int, float] = {}
-    pat = r'^vllm:spec_decode_num_accepted_tokens_per_pos_total\{[^}]*position="(\d+)"[^}]*\} ([-+0-9.eE]+)$'
-    for m in re.finditer(pat, text, re.M):
-        out[int(m.group(1))] = out.get(int(m.group(1)), 0.0) + float(m.group(2))
-    return out
-
-
 @real_model
 def test_a_trained_eagle3_head_accepts_and_the_probe_counts_it_as_vllm_does(drafted):
     """With a head that accepts (not the random draft's 1.00), over the same run: the probe's accept
@@ -1091,14 +1070,14 @@ def test_a_trained_eagle3_head_accepts_and_the_probe_counts_it_as_vllm_does(draf
     draft position (a step that accepted j drafts accepted positions 1..j)."""
     port, log, home = drafted["port"], drafted["log"], drafted["home"]
     start = log.stat().st_size
-    before, pos_before = vllm_counters(port), vllm_per_position(port)
+    before = server_counters(port)
     prompts = WORKLOADS / "code.txt"
     args = ["bench", str(drafted["preset"]), "--api", "chat", "--prompts", str(prompts), "--requests", "4"]
     r = tt(home, *args, "--warmup", "0", "--max-tokens", "80", timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     time.sleep(3)
-    d = {k: v - before.get(k, 0.0) for k, v in vllm_counters(port).items()}
-    per_pos = {k: v - pos_before.get(k, 0.0) for k, v in vllm_per_position(port).items()}
+    d = {k: v - before.get(k, 0.0) for k, v in server_counters(port).items()}
+    per_pos = {j: d.get(f"vllm:spec_decode_num_accepted_tokens_per_pos@{j}", 0.0) for j in range(3)}
     windows = [e for e in log_events(log, start) if isinstance(e, ProfileWindow)]
     assert windows and all(w.steps == 3 for w in windows)
     drafts, accepted = d["vllm:spec_decode_num_drafts"], d["vllm:spec_decode_num_accepted_tokens"]
@@ -1112,7 +1091,7 @@ def test_a_trained_eagle3_head_accepts_and_the_probe_counts_it_as_vllm_does(draf
         for i, n in enumerate(w.accept_counts or ()):
             counts[i] += n
     from_hist = {j: float(sum(counts[j + 1 :])) for j in range(3)}  # length L = 1 + accepted drafts
-    assert from_hist == {j: per_pos.get(j, 0.0) for j in range(3)}, (from_hist, per_pos)
+    assert from_hist == per_pos, (from_hist, per_pos)
 
 
 def _fails(home: Path, preset: Path, port: int, limit_s: float) -> str:
