@@ -52,7 +52,7 @@ def main() -> None:
             finally:
                 os.killpg(pgid[other[port]], signal.SIGCONT)
 
-        G.wave(ports[1], model, 1, 16)
+        G.wave(ports[1], model, 1, 16, 0, True)
         summary("X alone, the other server idle", [G.wave(ports[1], model, 1, TOKENS, j) for j in range(WAVES)])
         summary("X alone, the other SIGSTOPped", [stopped_beside(ports[1], model, 1, TOKENS, j) for j in range(WAVES)])
         for mode, one in (("plain", None), ("sigstop", stopped_beside)):

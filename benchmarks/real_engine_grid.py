@@ -150,16 +150,17 @@ def one_request(port: int, model: str, prompt: str, max_tokens: int) -> tuple[in
     return int(json.loads(data)["usage"]["completion_tokens"]), took
 
 
-def wave(port: int, model: str, concurrency: int, max_tokens: int, first: int = 0) -> float:
+def wave(port: int, model: str, concurrency: int, max_tokens: int, first: int = 0, warm_up: bool = False) -> float:
     """One wave: ``concurrency`` requests at once (prompts from ``first`` on), goodput over it,
-    concurrency x sum(tokens) / sum(latency)."""
+    concurrency x sum(tokens) / sum(latency). Each request asks for its prompt's output length from
+    the data where it has one, else ``max_tokens``; a ``warm_up`` wave asks for ``max_tokens`` always."""
     pairs: list[tuple[int, float]] = []
     errors: list[BaseException] = []
 
     def one(i: int) -> None:
         try:
             j = (first + i) % len(PROMPTS)
-            n = LENGTHS[j] if max_tokens > 16 else None  # a warm-up wave asks for 16 whatever the data says
+            n = None if warm_up else LENGTHS[j]
             pairs.append(one_request(port, model, PROMPTS[j], n or max_tokens))
         except BaseException as e:  # noqa: BLE001 - raised below
             errors.append(e)
@@ -182,8 +183,8 @@ def paired(
     is between two R waves of the same prompts (R X R, R X R, …). ``one`` runs a wave (``wave``'s arguments; ``wave`` itself unless
     given). Returns (ratios, the reference's waves)."""
     one = one or wave
-    one(ref_port, model, concurrency, 16)
-    one(port, model, concurrency, 16)
+    one(ref_port, model, concurrency, 16, 0, True)
+    one(port, model, concurrency, 16, 0, True)
     ratios = []
     if WORKLOAD is not None:  # an operator's prompts differ in length and in output length: R X R on the same ones
         refs = []
