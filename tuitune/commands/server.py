@@ -42,13 +42,24 @@ def launch_args(p: argparse.ArgumentParser) -> None:
     p.set_defaults(run=cmd_launch)
 
 
-async def _print_started(rec) -> None:
-    print(f"started pid {rec.pid}, log {rec.log}", flush=True)
+def checked(control) -> str:
+    """What the launch's checks took, and where the engine's flag listing came from (the target's
+    cache, or the engine asked now: 15-30 s of vLLM's ``serve --help=all``)."""
+    if control.preflight_s is None:
+        return ""
+    where = {True: " (flag listing cached on the target)", False: " (flag listing asked of the engine)"}
+    flags = where.get(control.help_cached, "")
+    return f"checked in {control.preflight_s:.1f}s{flags}"
 
 
 def cmd_launch(ns) -> int:
     p = load_preset(ns.preset)
     t, control = with_control(p)
+
+    async def started(rec) -> None:
+        if said := checked(control):
+            print(said, flush=True)
+        print(f"started pid {rec.pid}, log {rec.log}", flush=True)
 
     async def go():
         try:
@@ -56,7 +67,7 @@ def cmd_launch(ns) -> int:
                 ns.timeout,
                 wait=not ns.no_wait,
                 on_phase=lambda name, el: print(f"  {el:6.1f}s  {name}", flush=True),
-                after_start=_print_started,
+                after_start=started,
                 on_stopped=lambda msg: print(f"stopped: {msg}"),
                 allow_any=ns.any,
                 keep_on_failure=ns.keep_on_failure,

@@ -427,7 +427,8 @@ class ServerControl:
         self.preset = preset
         self.state_dir = state_dir
         self._help_flags: set[str] | None = None
-        self.help_cached = False  # the last flag listing came from the target's cache
+        self.help_cached: bool | None = None  # the flag listing came from the target's cache (None: not listed)
+        self.preflight_s: float | None = None  # how long the last relaunch's checks took
         self.warnings: list[str] = []
         self.cleanup: str | None = None  # what a failed or cancelled relaunch did with its server
         self.deadline: float | None = None  # monotonic end of the running launch (``--timeout``)
@@ -1175,7 +1176,9 @@ class ServerControl:
                     and await self.alive(current.pid)
                 ):
                     raise ControlError(why, 2)
+                t_check = time.monotonic()
                 await self.preflight(current)
+                self.preflight_s = time.monotonic() - t_check
                 if before_stop is not None:
                     await before_stop()
                 if current is not None:
