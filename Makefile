@@ -47,7 +47,7 @@ demo-sglang: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	-$(BIN)/python tests/vllm_cli.py  # vLLM's real command line for tests/test_vllm_parser.py (once)
 	$(BIN)/python tests/real_vllm.py  # the real vLLM CPU engine and tiny models for tests/test_real_vllm.py (once)
-	$(BIN)/python tests/real_draft.py  # an EAGLE-3 head for SmolLM2, trained on the CPU once (about 12 minutes on 2 cores)
+	$(BIN)/python tests/real_draft.py  # an EAGLE-3 head for SmolLM2, trained on the CPU once (about 13 minutes on 2 cores)
 	$(BIN)/python tests/real_sglang.py  # the real SGLang CPU engine (kernels built once) for tests/test_real_sglang.py
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --reruns 1 -rR --durations=25  # a failure is run once more (docs/testing.md); the slowest, for the suite's time
 

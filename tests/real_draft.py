@@ -10,19 +10,26 @@ embedding is the target's, shared by the engine), with ``train.json`` saying wha
 often it agreed with the target on held-out text.
 
 How (the script ``TRAIN`` below, run by the vLLM venv's python, which has torch and transformers):
-1. the data: prompts made from local text (the Python standard library's docstrings, sorted, the
+1. the data, all local: prompts made from the Python standard library's docstrings (sorted, the
    same on every machine) under instructions of the kinds operators serve (summarise, explain,
    rewrite, write a function, answer), each through SmolLM2's chat template, answered greedily by
-   SmolLM2 itself (batched ``generate``);
-2. the features: SmolLM2 reads each whole sequence once; kept are the residual stream entering
-   layers 2, 15 and 27 (what vLLM hands an EAGLE-3 head: ``(2, L // 2, L - 3)``) and the target's
-   own greedy choice at every position (the draft learns what the target would say, not the text);
-3. the head: vLLM's EAGLE-3 Llama layer written out in torch (fc over the three states; the layer
+   SmolLM2 itself (batched ``generate``), kept past the end of the turn for the answer's whole
+   length (what a fixed-length bench with ``ignore_eos`` reads); and windows of text the target
+   reads as they are (no template, as the completions API sends them): the interpreter's own
+   documentation (``pydoc_data``) and the standard library's code;
+2. the features: SmolLM2 reads each sequence once; kept are the residual stream entering layers 2,
+   15 and 27 (what vLLM hands an EAGLE-3 head: ``(2, L // 2, L - 3)``) and the target's own greedy
+   choice at every position (the draft learns what the target would say, not the text);
+3. a tenth of the sequences of each kind held out before anything is learnt: the draft vocabulary
+   (the 4,096 tokens the target chose most often) comes from the rest, and held-out agreement is
+   scored on the target's own answers (and, apart, on the text), a choice outside the vocabulary
+   counting as a miss, so that it compares with the engine's acceptance;
+4. the head: vLLM's EAGLE-3 Llama layer written out in torch (fc over the three states; the layer
    reads ``[norm(embedding of the next token), norm(state)]``; the final norm; the head over the
-   draft vocabulary, the 8,192 tokens the target chose most often, initialised from the target's
-   tied embedding), trained with EAGLE-3's training-time test: three draft steps unrolled, each
-   step's query attending to the first step's keys up to its position and to its own earlier
-   steps' keys at that position, as the engine's draft cache holds them.
+   draft vocabulary, initialised from the target's tied embedding), trained with EAGLE-3's
+   training-time test: three draft steps unrolled, each step's query attending to the first step's
+   keys up to its position and to its own earlier steps' keys at that position, as the engine's
+   draft cache holds them.
 
 Run ``python tests/real_draft.py`` to build it ahead (it builds SmolLM2 first if needed).
 """
@@ -41,10 +48,13 @@ import real_vllm
 
 # the recipe: every number that changes what is built (its hash names the folder)
 RECIPE = {
-    "version": 1,
+    "version": 3,
     "prompts": 128,  # answered greedily by the target
-    "new_tokens": 96,  # each answer's length (at most)
+    "new_tokens": 96,  # each answer's length, kept past the end-of-turn (what a fixed-length bench reads)
     "gen_batch": 32,
+    "raw_windows": {"prose": 54, "code": 46},  # windows of local text the target reads (no template)
+    "raw_window": 512,  # tokens a window
+    "feat_batch": 8,
     "aux_layers": [2, 15, 27],  # SmolLM2 has 30 layers: vLLM's default (2, 30 // 2, 30 - 3)
     "draft_vocab": 4096,
     "chunk": 256,  # training sequence length
@@ -112,43 +122,73 @@ for i, (name, doc) in enumerate(docs[: R["prompts"]]):
     text = asks[i % len(asks)].format(name=name, doc=doc)
     prompts.append(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False))
 say(f"{len(prompts)} prompts from {len(docs)} docstrings of the standard library")
-seqs = []
+prompts.sort(key=lambda p: len(tok(p, add_special_tokens=False)["input_ids"]))  # batches of like length: little padding
+seqs = []  # (token ids, the index of the first token the target chose: its own answer)
+gcfg = model.generation_config
+gcfg.eos_token_id, gcfg.do_sample, gcfg.pad_token_id = None, False, tok.pad_token_id  # past the end of turn
+gcfg.max_new_tokens = gcfg.min_new_tokens = R["new_tokens"]
 with torch.no_grad():
     for b in range(0, len(prompts), R["gen_batch"]):
         enc = tok(prompts[b : b + R["gen_batch"]], return_tensors="pt", padding=True, add_special_tokens=False)
-        gen = model.generate(**enc, max_new_tokens=R["new_tokens"], do_sample=False, pad_token_id=tok.pad_token_id)
+        gen = model.generate(**enc, generation_config=gcfg)
         width = enc["input_ids"].shape[1]
         for row, mask in zip(gen, enc["attention_mask"]):
-            answer = row[width:].tolist()
-            if tok.eos_token_id in answer:  # a finished answer is padded after its end: cut there
-                answer = answer[: answer.index(tok.eos_token_id) + 1]
-            seqs.append(row[:width][mask.bool()].tolist() + answer)
+            prompt = row[:width][mask.bool()].tolist()
+            seqs.append((prompt + row[width:].tolist(), len(prompt)))
         say(f"generated {len(seqs)}/{len(prompts)}")
 gen_s = time.monotonic() - T0
 
+# ---- 1b. local text read as it is: prose (the interpreter's own documentation) and code -------------------
+import pydoc_data.topics as topics
+W = R["raw_window"]
+raw = []
+for kind, texts in (
+    ("prose", [topics.topics[k] for k in sorted(topics.topics)]),
+    ("code", [p.read_text(encoding="utf-8", errors="replace") for p in sorted(lib.glob("*.py"))]),
+):
+    stream = tok("\n\n".join(texts), add_special_tokens=False)["input_ids"]
+    windows = [stream[a : a + W] for a in range(0, len(stream) - W, W)]
+    random.shuffle(windows)
+    raw += [(w, 0) for w in windows[: R["raw_windows"][kind]]]
+    say(f"{kind}: {min(len(windows), R['raw_windows'][kind])} windows of {W} tokens (of {len(windows)})")
+
 # ---- 2. the target's states at the aux layers and its own greedy choices ----------------------------
 A = R["aux_layers"]
-feats, toks, ys = [], [], []
+feats, toks, ys, firsts = [], [], [], []
+def read(group):
+    """A batch of sequences padded on the right: causal attention keeps each one's own tokens from seeing
+    the padding after them, so no mask is needed and each is read as if alone."""
+    n = max(len(ids) for ids, _ in group)
+    x = torch.tensor([ids + [tok.pad_token_id] * (n - len(ids)) for ids, _ in group])
+    o = model(input_ids=x, output_hidden_states=True)
+    for j, (ids, first) in enumerate(group):
+        m = len(ids)
+        feats.append(torch.cat([o.hidden_states[a][j, :m] for a in A], -1).to(torch.bfloat16))
+        toks.append(x[j, :m]); ys.append(o.logits[j, :m].argmax(-1)); firsts.append(first)
 with torch.no_grad():
-    for i, ids in enumerate(seqs):
-        x = torch.tensor([ids])
-        o = model(input_ids=x, output_hidden_states=True)  # one sequence at a time: no padding to mask
-        feats.append(torch.cat([o.hidden_states[a][0] for a in A], -1).to(torch.bfloat16))
-        toks.append(x[0]); ys.append(o.logits[0].argmax(-1))
-        if (i + 1) % 64 == 0:
-            say(f"features {i + 1}/{len(seqs)}")
+    for group in (seqs, raw):  # the answers (sorted by length already), then the windows of text
+        for b in range(0, len(group), R["feat_batch"]):
+            read(group[b : b + R["feat_batch"]])
+    say(f"features of {len(toks)} sequences")
 n_tokens = sum(len(t) for t in toks)
+n_answer = sum(len(ids) - first for ids, first in seqs)
 feat_s = time.monotonic() - T0 - gen_s
 say(f"{n_tokens} tokens of features")
 
-# ---- the draft vocabulary: the tokens the target chose most often ---------------------------------
-counts = torch.bincount(torch.cat(ys), minlength=V)
+# ---- held out: whole sequences (a tenth of each kind), before anything is learnt from the data -------
+order = list(range(len(toks))); random.shuffle(order)
+kinds = {"answers": [i for i in order if i < len(seqs)], "raw": [i for i in order if i >= len(seqs)]}
+held_ids = {i for ids in kinds.values() for i in ids[: max(2, int(len(ids) * R["held_out"]))]}
+
+# ---- the draft vocabulary: the tokens the target chose most often (training sequences only) ---------
+counts = torch.bincount(torch.cat([ys[i] for i in range(len(ys)) if i not in held_ids]), minlength=V)
 Vd = R["draft_vocab"]
 keep = torch.sort(torch.topk(counts, Vd).indices).values  # draft id -> target id, ascending
 d2t = keep - torch.arange(Vd)  # EAGLE-3's offsets: target = draft + d2t[draft]
-t2d = torch.full((V,), -100, dtype=torch.long); t2d[keep] = torch.arange(Vd)
-covered = counts[keep].sum().item() / counts.sum().item()
-say(f"draft vocabulary {Vd}: {covered:.1%} of the target's choices")
+t2d = torch.full((V,), Vd, dtype=torch.long); t2d[keep] = torch.arange(Vd)  # Vd: outside, never right
+held_choices = torch.cat([ys[i] for i in held_ids])
+covered = (t2d[held_choices] < Vd).float().mean().item()
+say(f"draft vocabulary {Vd}: {covered:.1%} of the target's choices on held-out text")
 
 # ---- 3. the head, as vLLM's Eagle3 Llama layer computes it ---------------------------------------------
 heads, kv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
@@ -221,36 +261,43 @@ def unrolled(head, feat, tok_next, pos, steps):
         out.append(logits)
     return out
 
-# chunks: (features at t, the tokens after t for each step, the target's choice after each)
+# chunks: (features at t, the tokens after t for each step, the target's choice after each, the first
+# position, the first label that is the target's own answer: what agreement is scored on)
 L, S = R["chunk"], R["ttt_steps"]
-chunks = []
-for f, t, y in zip(feats, toks, ys):
+train, held = [], {"answers": [], "raw": []}
+for n, (f, t, y, first) in enumerate(zip(feats, toks, ys, firsts)):
     for a in range(0, len(t) - S - 1, L):
         b = min(a + L, len(t) - S - 1)
         if b - a >= 32:
-            chunks.append((f[a:b], t[a + 1 : b + S], y[a + 1 : b + S], a))
-random.shuffle(chunks)
-n_held = max(4, int(len(chunks) * R["held_out"]))
-held, train = chunks[:n_held], chunks[n_held:]
-say(f"{len(train)} training chunks, {len(held)} held out")
+            c = (f[a:b], t[a + 1 : b + S], y[a + 1 : b + S], a, max(0, first - 2 - a) if first else 0)
+            if n not in held_ids:
+                train.append(c)
+            elif first == 0 or b + S > first:
+                held["answers" if first else "raw"].append(c)
+random.shuffle(train)
+say(f"{len(train)} training chunks; held out: {len(held['answers'])} with answers, {len(held['raw'])} of text")
 
 def batch(items):
     T = max(len(c[0]) for c in items)
     f = torch.zeros(len(items), T, len(A) * H); tn = torch.zeros(len(items), T + S - 1, dtype=torch.long)
     y = torch.full((len(items), T + S - 1), -100, dtype=torch.long); pos = torch.zeros(len(items), T, dtype=torch.long)
-    for i, (fi, ti, yi, a) in enumerate(items):
+    for i, (fi, ti, yi, a, scored) in enumerate(items):
         n = len(fi)
         f[i, :n] = fi.float(); tn[i, : n + S - 1] = ti; y[i, : n + S - 1] = t2d[yi]; pos[i, :n] = torch.arange(a, a + n)
+        if not grad_all:
+            y[i, :scored] = -100
     return f, tn, y, pos
 
-def losses(head, items, grad=True):
+grad_all = True  # training learns from every position; held-out agreement counts only the target's answers
+
+def losses(head, items):
     f, tn, y, pos = batch(items)
     outs = unrolled(head, f, tn, pos, S)
     ls, acc = [], []
     for s, lg in enumerate(outs):
         ys_ = y[:, s : s + lg.shape[1]]
-        ls.append(F.cross_entropy(lg.reshape(-1, Vd), ys_.reshape(-1), ignore_index=-100))
-        ok = ys_ != -100
+        ls.append(F.cross_entropy(lg.reshape(-1, Vd), ys_.masked_fill(ys_ == Vd, -100).reshape(-1), ignore_index=-100))
+        ok = ys_ != -100  # a choice outside the draft vocabulary counts, as a miss
         acc.append(((lg.argmax(-1) == ys_) & ok).sum().item() / max(1, ok.sum().item()))
     return ls, acc
 
@@ -260,15 +307,20 @@ opt = torch.optim.AdamW(params, lr=R["lr"], weight_decay=0.0)
 steps = R["steps"]
 sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 30) * 0.5 * (1 + math.cos(math.pi * min(i, steps) / steps)))
 saves = {v: k for k, v in R["saves"].items()}
-report = {"tokens": n_tokens, "sequences": len(seqs), "draft_vocab_coverage": round(covered, 4),
-          "generate_s": round(gen_s), "features_s": round(feat_s), "checkpoints": {}}
+report = {"tokens": n_tokens, "answer_tokens": n_answer, "answers": len(seqs), "text_windows": len(raw),
+          "held_out_vocab_coverage": round(covered, 4), "generate_s": round(gen_s), "features_s": round(feat_s),
+          "checkpoints": {}}
 
 def evaluate():
-    head.eval()
+    global grad_all
+    head.eval(); grad_all = False
+    got = {}
     with torch.no_grad():
-        accs = [losses(head, held[i : i + 8], False)[1] for i in range(0, len(held), 8)]
-    head.train()
-    return [round(sum(a[s] for a in accs) / len(accs), 4) for s in range(S)]
+        for kind, cs in held.items():
+            accs = [losses(head, cs[i : i + 8])[1] for i in range(0, len(cs), 8)]
+            got[kind] = [round(sum(a[s] for a in accs) / max(1, len(accs)), 4) for s in range(S)]
+    head.train(); grad_all = True
+    return got
 
 def save(name):
     d = out / name; d.mkdir(parents=True)
@@ -293,7 +345,7 @@ def save(name):
     }
     (d / "config.json").write_text(json.dumps(conf, indent=2))
     acc = evaluate()
-    report["checkpoints"][name] = {"step": i + 1, "held_out_agreement_per_step": acc, "train_s": round(time.monotonic() - t_train)}
+    report["checkpoints"][name] = {"step": i + 1, "held_out_agreement_per_step": acc, "train_s": round(time.monotonic() - t_train)}  # answers: on the target's own answers only
     say(f"saved {name} at step {i + 1}: held-out agreement per draft step {acc}")
 
 t_train = time.monotonic()
@@ -329,7 +381,7 @@ def build_draft(python: Path | None = None) -> Path:
         tmp = real_vllm._fresh_tmp(DRAFT)
         tmp.mkdir(parents=True)
         t0 = time.monotonic()
-        say(f"training an EAGLE-3 head for SmolLM2 into {DRAFT} (on the CPU, about 15 minutes on 2 cores)")
+        say(f"training an EAGLE-3 head for SmolLM2 into {DRAFT} (on the CPU, about 13 minutes on 2 cores)")
         proc = subprocess.Popen(
             [str(python), "-c", TRAIN, str(target), str(tmp), json.dumps(RECIPE)],
             stdout=subprocess.PIPE,

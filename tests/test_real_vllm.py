@@ -1087,7 +1087,9 @@ def test_a_trained_eagle3_head_accepts_and_the_probe_counts_it_as_vllm_does(draf
     assert windows and all(w.steps == 3 for w in windows)
     drafts, accepted = d["vllm:spec_decode_num_drafts"], d["vllm:spec_decode_num_accepted_tokens"]
     theirs = 1 + accepted / drafts
-    assert theirs > 1.05, theirs  # it accepts (the random head: exactly 1.00)
+    # it accepts (the random head: exactly 1.00); the trained head read 1.58 here after a warm-up
+    # request (docs/real-engine.md), the floor leaves room for another CPU's training run
+    assert theirs > 1.3, theirs
     mine = sum(w.accept_len * w.cycles for w in windows) / sum(w.cycles for w in windows)
     print(f"EAGLE-3 K=3, trained head, code.txt: vLLM {theirs:.3f}, probe {mine:.3f}; per position {per_pos}")
     assert abs(mine / theirs - 1) < 0.03, (mine, theirs)
