@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -231,6 +232,10 @@ def test_shipped_two_node_preset_runs_locally(tmp_path):
     r = cli("launch")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "node 1 NCCL_SOCKET_IFNAME: applied" in r.stdout and "node 0 NCCL_PROTO: applied" in r.stdout
+    # every node's checks at once, timed; the simulator's listing asked (a fresh HOME's first launch)
+    assert re.search(
+        r"^checked in \d+\.\ds \(flag listing (asked of the engine|cached on the target)\)$", r.stdout, re.M
+    ), r.stdout
     r = cli("status")
     assert r.returncode == 0 and "node 0 on local: running" in r.stdout and "node 1 on local: running" in r.stdout
     assert "no drift" in r.stdout

@@ -101,12 +101,19 @@ class ClusterControl:
         self.state_dir = state_dir
         self.warnings: list[str] = []
         self.cleanup: str | None = None
+        self.preflight_s: float | None = None  # how long the last relaunch's checks took, every node's at once
         self.records: list[ServerRecord] = []
         self.node_nccl: list[dict[str, str]] = []  # NCCL variables each node's log confirmed
 
     @property
     def nodes(self) -> list[ServerControl]:
         return self.controls
+
+    @property
+    def help_cached(self) -> bool | None:
+        """Every node's flag listing came from its cache (False: one was asked of the engine)."""
+        got = [c.help_cached for c in self.controls if c.help_cached is not None]
+        return all(got) if got else None
 
     def label(self, i: int) -> str:
         return f"node {i} ({self.controls[i].t.label})"
@@ -191,7 +198,9 @@ class ClusterControl:
             for i, (c, rec) in enumerate(zip(self.controls, current, strict=False)):
                 if not allow_any and (why := c.foreign(rec, self._allowed(i, allowed))) and await c.alive(rec.pid):
                     raise ControlError(f"{self.label(i)}: {why}", 2)
+            t_check = time.monotonic()
             await self.preflight(current)
+            self.preflight_s = time.monotonic() - t_check
             if before_stop is not None:
                 await before_stop()
             if any(rec is not None for rec in current):

@@ -378,6 +378,12 @@ class Controller(Protocol):
     state_dir: str
     warnings: list[str]  # what the last relaunch (or status) found worth saying
     cleanup: str | None  # what a failed or cancelled relaunch did with its server
+    preflight_s: float | None  # how long the last relaunch's checks took
+
+    @property
+    def help_cached(self) -> bool | None:
+        """The engine's flag listing came from the target's cache (None: not listed yet)."""
+        ...
 
     @property
     def nodes(self) -> Sequence[ServerControl]:
