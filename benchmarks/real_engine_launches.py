@@ -77,15 +77,9 @@ def main() -> None:
     ap.add_argument("--lookup", default="1,3", help="ngram's prompt_lookup_min,max (default 1,3)")
     ap.add_argument("--draft", choices=("early", "mid", "final"), help="the trained head's checkpoint (SmolLM2)")
     a = ap.parse_args()
-    if a.method == "EAGLE3" and a.model == "smollm2" and not a.draft:
-        sys.exit("EAGLE-3 on SmolLM2 needs a head that fits it: --draft early|mid|final")
-    if a.draft and a.model != "smollm2":
-        sys.exit("--draft is a head trained for SmolLM2: use it with --model smollm2")
+    grid.set_world(a.model, a.api, a.draft, a.lookup, a.prompts, eagle=a.method == "EAGLE3")
     if a.out.exists() and any(a.out.iterdir()):
         sys.exit(f"{a.out} is not empty")
-    grid.MODEL, grid.API, grid.DRAFT = a.model, a.api, a.draft
-    grid.LOOKUP = tuple(int(x) for x in a.lookup.split(","))  # type: ignore[assignment]
-    grid.WORKLOAD = a.prompts
     a.out.mkdir(parents=True, exist_ok=True)
     print(f"world: {grid.world_name()}; {a.method}; tune's launches at c={a.concurrency}")
     asyncio.run(record(a.out, a.concurrency, ks(a.ks), a.requests, a.max_tokens, a.method))

@@ -277,21 +277,19 @@ for n, (f, t, y, first) in enumerate(zip(feats, toks, ys, firsts)):
 random.shuffle(train)
 say(f"{len(train)} training chunks; held out: {len(held['answers'])} with answers, {len(held['raw'])} of text")
 
-def batch(items):
+def batch(items, answers_only):
     T = max(len(c[0]) for c in items)
     f = torch.zeros(len(items), T, len(A) * H); tn = torch.zeros(len(items), T + S - 1, dtype=torch.long)
     y = torch.full((len(items), T + S - 1), -100, dtype=torch.long); pos = torch.zeros(len(items), T, dtype=torch.long)
     for i, (fi, ti, yi, a, scored) in enumerate(items):
         n = len(fi)
         f[i, :n] = fi.float(); tn[i, : n + S - 1] = ti; y[i, : n + S - 1] = t2d[yi]; pos[i, :n] = torch.arange(a, a + n)
-        if not grad_all:
+        if answers_only:  # held-out agreement counts only the target's answers; training learns from all
             y[i, :scored] = -100
     return f, tn, y, pos
 
-grad_all = True  # training learns from every position; held-out agreement counts only the target's answers
-
-def losses(head, items):
-    f, tn, y, pos = batch(items)
+def losses(head, items, answers_only=False):
+    f, tn, y, pos = batch(items, answers_only)
     outs = unrolled(head, f, tn, pos, S)
     ls, acc = [], []
     for s, lg in enumerate(outs):
@@ -312,14 +310,13 @@ report = {"tokens": n_tokens, "answer_tokens": n_answer, "answers": len(seqs), "
           "checkpoints": {}}
 
 def evaluate():
-    global grad_all
-    head.eval(); grad_all = False
+    head.eval()
     got = {}
     with torch.no_grad():
         for kind, cs in held.items():
-            accs = [losses(head, cs[i : i + 8])[1] for i in range(0, len(cs), 8)]
+            accs = [losses(head, cs[i : i + 8], True)[1] for i in range(0, len(cs), 8)]
             got[kind] = [round(sum(a[s] for a in accs) / max(1, len(accs)), 4) for s in range(S)]
-    head.train(); grad_all = True
+    head.train()
     return got
 
 def save(name):
