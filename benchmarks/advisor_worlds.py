@@ -42,6 +42,18 @@ goodput lies inside the 95 % interval of the model fitted to the launches tune m
 and of the model fitted to the first launch alone (advise from one capture).
 
     python benchmarks/advisor_worlds.py [--worlds 20] [--seed 1 | --seeds 1,2,3,4] [--budget 3] [--verbose]
+
+``--real`` scores the same figures in the real engines' worlds instead (issue 40): each world of
+``tests/data/real-worlds.json`` is tune's own launch of every configuration of its space on a real
+engine, recorded (``benchmarks/real_engine_launches.py``), and a grid of the same configurations
+measured apart by another client, paired against a reference server (``benchmarks/real_engine_grid.py``),
+which is its truth. tune's loop is replayed over the recorded launches (``tuitune.experiments.recorded``:
+a launch it asks for is the recorded one, read back as ``tune --resume`` reads its own), and advise's
+choice is read from the start launch alone. The launches and the grid ran at different times with
+different clients, so for coverage the grid's truth is put on the launches' level by one factor,
+the recorded off launch over the grid's off; the share within 2 % needs no such factor.
+
+    python benchmarks/advisor_worlds.py --real [--budget 3] [--verbose]
 """
 
 from __future__ import annotations
@@ -60,9 +72,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tuitune.decide.advise import space  # noqa: E402
-from tuitune.decide.costmodel import Config, Launch, fit  # noqa: E402
-from tuitune.experiments.tune import tune_loop  # noqa: E402
+from tuitune.decide.advise import extrapolation, rank, space  # noqa: E402
+from tuitune.decide.costmodel import OFF, Config, Launch, fit  # noqa: E402
+from tuitune.experiments.recorded import RecordedLaunches  # noqa: E402
+from tuitune.experiments.tune import levels_for, tune_loop  # noqa: E402
 from tuitune.measure.parse import parse_line  # noqa: E402
 
 CONCURRENCY = (1, 8, 32)
@@ -520,6 +533,96 @@ def report(rows: list[dict], worlds: int, budget: int, seconds: float, source: s
     return "\n".join(out)
 
 
+# ---- the real engines' worlds (recorded launches, measured grids) -------------------------------
+
+REAL_WORLDS = ROOT / "tests" / "data" / "real-worlds.json"
+WITHIN = 0.98
+
+
+def real_worlds() -> list[dict]:
+    return json.loads(REAL_WORLDS.read_text())
+
+
+async def real_case(w: dict, budget: int) -> dict:
+    """tune replayed over one real world's recorded launches, advise from its start launch, and the
+    intervals of both against the grid's truth."""
+    conc = w["concurrency"]
+    src = RecordedLaunches(ROOT / w["launches"], conc, levels_for(conc))
+    configs = space(topks=(1,))  # vLLM drafts chains: off and K = 1..8, as tune searches it there
+
+    def label(c: Config) -> str:
+        return f"{w['method'].lower()} K={c.steps}" if c.speculative else "off"
+
+    grid = json.loads((ROOT / w["grid"]).read_text())["grid"]
+    truth = {c: grid["truth"][label(c)][str(conc)] for c in configs}
+    opt = max(truth, key=truth.__getitem__)
+    start = Config.chain(3)
+    res = await tune_loop(src, start, budget, conc, configs=configs)
+    first = src.launch(start)
+    model1 = fit([first])
+    ranking = rank(model1, conc, configs)
+    advised = ranking[0].config
+    said = extrapolation(model1, conc, ranking, {start: first.goodput[conc]} if conc in first.goodput else {})
+    level = src.launch(OFF).goodput[conc] / truth[OFF]  # the launches' level over the grid's
+    leveled = {c: v * level for c, v in truth.items()}
+    cov, width = coverage(res.launches, conc, configs, leveled)
+    cov1, width1 = coverage([first], conc, configs, leveled)
+    return {
+        "world": w["id"],
+        "features": [w["method"].lower()],
+        "concurrency": conc,
+        "chosen": label(res.chosen),
+        "optimum": label(opt),
+        "ratio": truth[res.chosen] / truth[opt],
+        "advised": label(advised),
+        "advise_ratio": truth[advised] / truth[opt],
+        "advise_flagged": said is not None,  # advise said its order rests on extrapolation
+        "advise_settle": said.settle if said is not None else [],
+        "start_ratio": truth[start] / truth[opt],
+        "off_ratio": truth[OFF] / truth[opt],
+        "relaunches": res.relaunches,
+        "coverage": cov,
+        "width": width,
+        "coverage1": cov1,
+        "width1": width1,
+        "level": level,
+        "stop": res.stop_reason,
+        "launched": [label(c) for c in src.asked],
+    }
+
+
+def real_report(rows: list[dict], budget: int) -> str:
+    n = len(rows)
+    within = sum(1 for r in rows if r["ratio"] >= WITHIN)
+    advised = sum(1 for r in rows if r["advise_ratio"] >= WITHIN)
+    worst = min(rows, key=lambda r: r["ratio"])
+    rel = [r["relaunches"] for r in rows]
+    out = [
+        f"{n} real-engine worlds ({REAL_WORLDS.relative_to(ROOT)}), budget {budget} relaunches, from K=3; "
+        f"truth: each world's measured grid",
+        f"(a) tune within 2 % of the best: {within}/{n} = {within / n:.0%}; worst {worst['ratio']:.3f} "
+        f"({worst['world']}: chose {worst['chosen']}, best {worst['optimum']}); advise from the start launch "
+        f"alone within 2 %: {advised}/{n}, and of those not, marked extrapolated: "
+        f"{sum(1 for r in rows if r['advise_ratio'] < WITHIN and r['advise_flagged'])}/{n - advised}   "
+        f"(the start within 2 %: {sum(1 for r in rows if r['start_ratio'] >= WITHIN)}/{n}, "
+        f"off: {sum(1 for r in rows if r['off_ratio'] >= WITHIN)}/{n})",
+        f"(b) relaunches: mean {sum(rel) / n:.2f}, max {max(rel)}",
+        f"(c) interval coverage (the grid's truth on the launches' level, all configurations): after tune "
+        f"{sum(r['coverage'] for r in rows) / n:.0%} (median half-width {sorted(r['width'] for r in rows)[n // 2]:.1%}), "
+        f"from the start launch alone {sum(r['coverage1'] for r in rows) / n:.0%} "
+        f"(median half-width {sorted(r['width1'] for r in rows)[n // 2]:.1%})",
+    ]
+    for r in rows:
+        out.append(
+            f"    {r['world']:<30} tune {r['ratio']:.3f} ({r['chosen']}, {r['relaunches']} relaunches: "
+            f"{' -> '.join(r['launched'])}), advise {r['advise_ratio']:.3f} ({r['advised']}"
+            f"{'; extrapolated, settle with: ' + ' and '.join(r['advise_settle']) if r['advise_flagged'] else ''}), best {r['optimum']} "
+            f"(K=3 {r['start_ratio']:.3f}, off {r['off_ratio']:.3f}); coverage {r['coverage']:.0%}/{r['coverage1']:.0%}, "
+            f"launches/grid level {r['level']:.2f}"
+        )
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worlds", type=int, default=20, help="random worlds (3 concurrencies each)")
@@ -527,8 +630,13 @@ def main() -> int:
     ap.add_argument("--seeds", help="several seeds, reported together (e.g. 1,2,3,4); overrides --seed")
     ap.add_argument("--budget", type=int, default=3, help="relaunches tune may make")
     ap.add_argument("--verbose", action="store_true", help="one line per case")
+    ap.add_argument("--real", action="store_true", help="the real engines' recorded worlds instead of random ones")
     ns = ap.parse_args()
     t0 = time.time()
+    if ns.real:
+        rows = [asyncio.run(real_case(w, ns.budget)) for w in real_worlds()]
+        print(real_report(rows, ns.budget))
+        return 0
     seeds = [int(x) for x in ns.seeds.split(",")] if ns.seeds else [ns.seed]
     rows = [r for seed in seeds for r in run(ns.worlds, seed, ns.budget, ns.verbose)]
     print(report(rows, ns.worlds * len(seeds), ns.budget, time.time() - t0, real_target_points()[1]))

@@ -305,6 +305,21 @@ def test_a_stream_that_never_ends_times_out_with_its_reason(hostile):
     assert not r.ok and r.error == "timed out after 2 s", r.error
 
 
+def test_the_default_bound_of_a_request_grows_with_the_streams_sharing_the_server():
+    """A slow server still streaming is not a hang: at four streams the CPU engine's EAGLE-3 K=5
+    gave 2.4 tokens a second a stream, and half of its 96-token requests hit the old bound (48 s,
+    tokens alone). A stall is the read timeout's to catch."""
+    from dataclasses import replace
+
+    from tuitune.measure.bench import BenchConfig
+
+    one = BenchConfig("http://127.0.0.1:9", max_tokens=96)
+    assert one.request_timeout() == 48
+    assert one.at_level(4).request_timeout() == 192  # each of 4 streams may be 4 times slower
+    assert BenchConfig("http://127.0.0.1:9", max_tokens=8, concurrency=4).request_timeout() == 30
+    assert replace(one.at_level(4), timeout_s=5.0).request_timeout() == 5.0  # the operator's own bound is kept
+
+
 # ---- 7. every cancel reaches its task ---------------------------------------------------------------------
 
 # where a request's life stalls on the server's side: (events before the stall, seconds of the stall)
