@@ -558,12 +558,13 @@ async def real_case(w: dict, budget: int) -> dict:
     opt = max(truth, key=truth.__getitem__)
     start = Config.chain(3)
     res = await tune_loop(src, start, budget, conc, configs=configs)
-    first = src.launch(start)
+    first = res.launches[0]  # the start's launch, as tune measured it first
     model1 = fit([first])
     ranking = rank(model1, conc, configs)
     advised = ranking[0].config
     said = extrapolation(model1, conc, ranking, {start: first.goodput[conc]} if conc in first.goodput else {})
-    level = src.launch(OFF).goodput[conc] / truth[OFF]  # the launches' level over the grid's
+    off = next((ln for ln in res.launches if ln.config == OFF), None) or src.launch(OFF)
+    level = off.goodput[conc] / truth[OFF]  # the launches' level over the grid's
     leveled = {c: v * level for c, v in truth.items()}
     cov, width = coverage(res.launches, conc, configs, leveled)
     cov1, width1 = coverage([first], conc, configs, leveled)
