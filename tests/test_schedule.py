@@ -24,7 +24,11 @@ from tuitune.sim import model as S
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "sim-c4-eagle3-2step-nccl"  # seed-pcie8 at TP 8, the seeds' tuned NCCL set, 4 continuous decode steps
-LEVELS = (1, 2, 4, 8, 16)
+# the bucket of 16 is judged at 22 streams (up to the next key, 32): benchmarked to 24, its chains' verify
+# forwards (66 tokens for a chain of 2 there, 88 for 3) lie inside what was measured. Benchmarked to 16 only
+# (48 tokens at most), CI's run of e962415 once predicted chains of 2-3 ahead of off there (truth: 0.84
+# and 0.75 of off), its choice resting on the verify curve extended past the tokens measured.
+LEVELS = (1, 2, 4, 8, 16, 24)
 # the schedule is emitted from launches benchmarked on the simulator's clock (CI, beside an engine: a step
 # at 0.747 of the best where 0.88 was asked)
 pytestmark = pytest.mark.sim_clock
@@ -123,11 +127,14 @@ def test_emitted_schedule_follows_the_simulated_worlds_winners(emitted):
         for bs in range(key, min(upper, max(LEVELS) + 1)):
             g = {s: truth(m, s, bs) for s in range(9)}
             best = max(g.values())
-            assert all(g[s] >= 0.88 * best for s in steps), (key, bs, steps, {s: round(g[s] / best, 3) for s in steps})
+            assert all(g[s] >= 0.88 * best for s in steps), (
+                (key, bs, steps, {s: round(g[s] / best, 3) for s in steps}),
+                text,
+            )
     assert 0 not in got[1] and got[1], got  # one stream: speculate (off is a quarter behind)
     assert got[8] == [0] and got[16] == [0], got  # eight streams and more: off (speculation 12 % behind)
     marks = {int(x.split(">=")[1].split()[0]): "EXTRAPOLATED" in x for x in text.splitlines() if "batch size >=" in x}
-    assert not any(marks[k] for k in (1, 2, 4, 8, 16)) and marks[32] and marks[64], marks  # measured 1-16
+    assert not any(marks[k] for k in (1, 2, 4, 8, 16)) and marks[32] and marks[64], marks  # measured 1-24
 
 
 @pytest.mark.timeout(600)
