@@ -104,7 +104,7 @@ async def sim_world(n: int, spread: float, max_tokens: int, requests: int, min_e
 
     from tuitune import preset as P
     from tuitune.experiments.ab import measured_spread, run_ab
-    from tuitune.target.transport import LocalTransport
+    from tuitune.machine.transport import LocalTransport
 
     out: dict = {}
     spreads = []

@@ -23,11 +23,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import SshServer, make_preset  # noqa: E402
 
+from tuitune.machine.control import ServerControl  # noqa: E402
+from tuitune.machine.ssh import SshTarget  # noqa: E402
+from tuitune.machine.tail import LogTail  # noqa: E402
+from tuitune.machine.transport import LocalTransport, SshTransport  # noqa: E402
 from tuitune.measure.metrics import quantile  # noqa: E402
-from tuitune.target.control import ServerControl  # noqa: E402
-from tuitune.target.ssh import SshTarget  # noqa: E402
-from tuitune.target.tail import LogTail  # noqa: E402
-from tuitune.target.transport import LocalTransport, SshTransport  # noqa: E402
 
 
 async def tail_latency(t, log: Path, n: int = 1000) -> list[float]:

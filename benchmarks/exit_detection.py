@@ -22,8 +22,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import SshServer, make_preset  # noqa: E402
 
+from tuitune.machine.session import Session  # noqa: E402
 from tuitune.measure.metrics import quantile  # noqa: E402
-from tuitune.target.session import Session  # noqa: E402
 
 
 async def detection_times(tmp: Path, target, n: int = 10) -> list[float]:

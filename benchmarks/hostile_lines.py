@@ -32,9 +32,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from conftest import make_preset  # noqa: E402
 
 from tuitune.base import redact  # noqa: E402
+from tuitune.machine.session import Session  # noqa: E402
+from tuitune.machine.tail import LogTail  # noqa: E402
 from tuitune.measure.parse import parse_line, parse_lines, parse_many  # noqa: E402
-from tuitune.target.session import Session  # noqa: E402
-from tuitune.target.tail import LogTail  # noqa: E402
 
 
 def lines(n: int) -> dict[str, str]:

@@ -38,10 +38,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from conftest import SshServer, make_preset  # noqa: E402
 
 from tuitune.experiments.record import record  # noqa: E402
-from tuitune.target.control import ServerControl  # noqa: E402
-from tuitune.target.session import Session  # noqa: E402
-from tuitune.target.ssh import SshTarget  # noqa: E402
-from tuitune.target.transport import SshTransport  # noqa: E402
+from tuitune.machine.control import ServerControl  # noqa: E402
+from tuitune.machine.session import Session  # noqa: E402
+from tuitune.machine.ssh import SshTarget  # noqa: E402
+from tuitune.machine.transport import SshTransport  # noqa: E402
 
 
 def drop(sshd: SshServer, stop_listener: bool) -> None:

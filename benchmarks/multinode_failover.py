@@ -22,8 +22,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from conftest import free_port, sim_pids  # noqa: E402
 
 from tuitune import preset as P  # noqa: E402
+from tuitune.machine.session import Session  # noqa: E402
 from tuitune.measure.metrics import quantile  # noqa: E402
-from tuitune.target.session import Session  # noqa: E402
 
 
 def two_nodes(tmp: Path) -> P.Preset:

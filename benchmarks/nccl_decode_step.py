@@ -3,7 +3,7 @@
 For each NCCL setting (a fresh set of processes each: NCCL reads its variables when a communicator
 is created) this runs, with the same environment:
 
-1. nccl-bench's own worker (``tuitune/target/remote/nccl_worker.py --graph``, what `tuitune
+1. nccl-bench's own worker (``tuitune/machine/remote/nccl_worker.py --graph``, what `tuitune
    nccl-bench` runs on a target) at the step's all-reduce sizes, one process a GPU;
 2. the decode step of a Llama-8B-shaped model (32 layers, hidden 4096, 32 query / 8 KV heads of
    128, MLP 14336, vocab 128256; each rank holds its 1/world share, as tensor parallelism splits

@@ -35,7 +35,7 @@ from real_engine_grid import free_port, ks, write  # noqa: E402
 from tuitune import preset as P  # noqa: E402
 from tuitune.decide.costmodel import OFF, Config  # noqa: E402
 from tuitune.experiments.tune import SessionSource, Step, _append, levels_for  # noqa: E402
-from tuitune.target.session import Session  # noqa: E402
+from tuitune.machine.session import Session  # noqa: E402
 
 
 async def record(

@@ -135,8 +135,8 @@ def bench_cause(model: str, n: int, max_tokens: int) -> None:
     import asyncio
 
     from tuitune import preset as P
+    from tuitune.machine.session import Session
     from tuitune.measure.bench import BenchConfig, client_session, run_request
-    from tuitune.target.session import Session
 
     port = free_port()
     path = write("cause", port=port)

@@ -24,9 +24,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 from conftest import SshServer  # noqa: E402
 
 from tuitune.base.events import GpuSample  # noqa: E402
-from tuitune.target.ssh import SshTarget  # noqa: E402
-from tuitune.target.telemetry import Collector, command_prefix  # noqa: E402
-from tuitune.target.transport import SshTransport  # noqa: E402
+from tuitune.machine.ssh import SshTarget  # noqa: E402
+from tuitune.machine.telemetry import Collector, command_prefix  # noqa: E402
+from tuitune.machine.transport import SshTransport  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 

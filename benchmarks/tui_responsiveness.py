@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from conftest import make_preset  # noqa: E402
 from textual import events  # noqa: E402
 
+from tuitune.machine.session import Session  # noqa: E402
 from tuitune.measure.metrics import quantile  # noqa: E402
-from tuitune.target.session import Session  # noqa: E402
 from tuitune.tui.app import TuituneApp, UserConfig  # noqa: E402
 
 

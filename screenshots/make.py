@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the checkout's tuitune, as `make` runs it
 
 from tuitune import preset as P  # noqa: E402
-from tuitune.target.session import Session  # noqa: E402
+from tuitune.machine.session import Session  # noqa: E402
 from tuitune.tui.app import TuituneApp, UserConfig  # noqa: E402
 from tuitune.tui.screens import ConfirmScreen, RelaunchScreen  # noqa: E402
 

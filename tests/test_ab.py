@@ -13,7 +13,7 @@ from conftest import free_port
 
 from tuitune import preset as P
 from tuitune.experiments.ab import detectable_effect, power_note, run_ab, verdict
-from tuitune.target.transport import LocalTransport
+from tuitune.machine.transport import LocalTransport
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,10 +12,10 @@ from conftest import HandServer, collect_says, make_preset, tuitune_cli, until
 
 from tuitune import preset as P
 from tuitune.base.events import DecodeStats, ProfileWindow
+from tuitune.machine.control import ControlError, ServerControl
+from tuitune.machine.session import Session
+from tuitune.machine.transport import LocalTransport
 from tuitune.measure.capture import read_capture
-from tuitune.target.control import ControlError, ServerControl
-from tuitune.target.session import Session
-from tuitune.target.transport import LocalTransport
 from tuitune.tui.app import TuituneApp, UserConfig
 
 NOT_OURS = "running, not started by tuitune: attach read-only, or `tuitune adopt"

@@ -15,10 +15,10 @@ import pytest
 from conftest import group_alive, make_preset, wait_for
 
 from tuitune import preset as P
-from tuitune.target.control import ControlError, ServerControl, compute_drift, nccl_confirmation
-from tuitune.target.ssh import SshTarget
-from tuitune.target.tail import LogTail
-from tuitune.target.transport import LocalTransport, SshTransport, TransportError
+from tuitune.machine.control import ControlError, ServerControl, compute_drift, nccl_confirmation
+from tuitune.machine.ssh import SshTarget
+from tuitune.machine.tail import LogTail
+from tuitune.machine.transport import LocalTransport, SshTransport, TransportError
 
 ROOT = Path(__file__).resolve().parent.parent
 

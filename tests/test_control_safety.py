@@ -18,10 +18,10 @@ from conftest import group_alive, make_preset, tuitune_cli, wait_for
 
 from tuitune import preset as P
 from tuitune.experiments import ncclbench as NB
-from tuitune.target.control import ControlError, ServerControl
-from tuitune.target.ssh import SshTarget
-from tuitune.target.tail import LogTail, file_size
-from tuitune.target.transport import LocalTransport, SshTransport
+from tuitune.machine.control import ControlError, ServerControl
+from tuitune.machine.ssh import SshTarget
+from tuitune.machine.tail import LogTail, file_size
+from tuitune.machine.transport import LocalTransport, SshTransport
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -141,7 +141,7 @@ def test_upload_killed_midway_leaves_the_old_file(tmp_path):
     target = tmp_path / "state.json"
     target.write_text('{"old": true}')
     code = (
-        "import asyncio,sys\nfrom tuitune.target.transport import LocalTransport\n"
+        "import asyncio,sys\nfrom tuitune.machine.transport import LocalTransport\n"
         "async def slow():\n"
         "    t = LocalTransport()\n"
         "    await t.upload(b'x' * (400 * 1024 * 1024), sys.argv[1], 0o600)\n"
@@ -350,7 +350,7 @@ async def test_health_of_another_process_on_the_port_is_not_ready(tmp_path, sim_
     c = ServerControl(LocalTransport(), p, state_dir=str(tmp_path / "state"))
     sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
-        from tuitune.target.control import ServerRecord
+        from tuitune.machine.control import ServerRecord
 
         rec = ServerRecord(sleeper.pid, other.port, p.name, p.hash(), time.time(), str(other.log))
         res = await c.wait_ready(rec, timeout_s=3)
@@ -515,7 +515,7 @@ async def test_tail_rotated_while_the_link_is_down_restarts_at_zero(sshd, tmp_pa
 
 
 async def test_follow_again_restarts_a_stopped_tail(tmp_path):
-    from tuitune.target.session import Session
+    from tuitune.machine.session import Session
 
     p = make_preset(tmp_path, "fol")
     s = Session(p, LocalTransport(), state_dir=str(tmp_path / "state"))
@@ -566,7 +566,7 @@ async def test_follow_again_restarts_a_stopped_tail(tmp_path):
 
 async def test_a_reused_pid_is_never_stopped(tmp_path):
     """Same class as item 6: the recorded pid died unseen and now belongs to an unrelated program."""
-    from tuitune.target.control import ServerRecord
+    from tuitune.machine.control import ServerRecord
 
     p = make_preset(tmp_path, "reuse")
     c = ServerControl(LocalTransport(), p, state_dir=str(tmp_path / "state"))

@@ -16,11 +16,11 @@ from conftest import ROOT, HandServer, collect_says, free_port, sim_argv, tuitun
 
 from tuitune import preset as P
 from tuitune.base.events import DecodeStats, ProfileWindow
+from tuitune.machine.control import compute_drift
+from tuitune.machine.discover import DiscoverError, parse_host
+from tuitune.machine.session import Session
 from tuitune.measure.capture import read_capture
 from tuitune.preset.discovered import from_process
-from tuitune.target.control import compute_drift
-from tuitune.target.discover import DiscoverError, parse_host
-from tuitune.target.session import Session
 from tuitune.tui.app import TuituneApp, UserConfig
 
 PRESETS = sorted((ROOT / "tuitune" / "presets").glob("*.yaml"))
@@ -188,7 +188,7 @@ def test_a_server_whose_output_is_no_file_needs_log(tmp_path):
 
 
 async def test_tui_on_a_discovered_preset_shows_live_numbers_and_refuses_relaunch(hand, tmp_path):
-    from tuitune.target.discover import discover
+    from tuitune.machine.discover import discover
 
     found = await discover(port=hand.port)
     assert found.pid == hand.proc.pid and found.notes == []

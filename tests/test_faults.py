@@ -19,11 +19,11 @@ from conftest import group_alive, make_preset, tuitune_cli, tuitune_cmd, wait_fo
 from tuitune import preset as P
 from tuitune.base import redact
 from tuitune.base.events import LogLine
+from tuitune.machine.control import ControlError, ServerControl
+from tuitune.machine.ssh import SshTarget
+from tuitune.machine.tail import LogTail
+from tuitune.machine.transport import LinkLost, LocalTransport, SshTransport
 from tuitune.measure.parse import parse_line
-from tuitune.target.control import ControlError, ServerControl
-from tuitune.target.ssh import SshTarget
-from tuitune.target.tail import LogTail
-from tuitune.target.transport import LinkLost, LocalTransport, SshTransport
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -95,7 +95,7 @@ async def test_a_command_whose_connection_dies_raises_link_lost(sshd):
 async def test_a_link_drop_during_the_watch_never_reports_a_live_server_exited(sshd, tmp_path):
     """The live server is watched over a slow link; the link is cut while a liveness check runs,
     five times: it never turns "exited", and the tail follows again after every drop."""
-    from tuitune.target.session import Session
+    from tuitune.machine.session import Session
 
     p = make_preset(tmp_path, "drop", target=sshd.target())
     t = ssh(sshd)
@@ -345,7 +345,7 @@ def test_no_credential_in_any_output_nor_in_clear_in_the_state_file(tmp_path):
 
 async def test_the_tui_shows_no_credential(tmp_path):
     """The launch command in the relaunch view, the log pane and the configuration diff."""
-    from tuitune.target.session import Session
+    from tuitune.machine.session import Session
     from tuitune.tui.app import TuituneApp, UserConfig
     from tuitune.tui.screens import RelaunchScreen
 
@@ -496,7 +496,7 @@ def test_status_after_a_crash_names_its_cause(tmp_path):
 async def test_the_cause_a_watcher_saw_is_kept_in_the_state(tmp_path):
     """A session saw the server die (the TUI's "exited: cause"); the state keeps that cause, so
     `status` names it even once the log is gone."""
-    from tuitune.target.session import Session
+    from tuitune.machine.session import Session
 
     home = {"HOME": str(tmp_path)}
     p = make_preset(tmp_path, "watched", args={"sim-fault": "crash-after=60"})

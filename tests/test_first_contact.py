@@ -176,8 +176,8 @@ async def test_the_presets_pythonpath_reaches_preflight_the_server_and_status(tm
     from conftest import make_preset
 
     from tuitune import preset as P
-    from tuitune.target.control import ServerControl
-    from tuitune.target.transport import LocalTransport
+    from tuitune.machine.control import ServerControl
+    from tuitune.machine.transport import LocalTransport
 
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "the callers"))  # never the server's
@@ -247,8 +247,8 @@ async def test_a_missing_model_directory_is_refused_at_once_and_the_real_help_ru
 ):
     import time
 
-    from tuitune.target.control import ControlError, ServerControl
-    from tuitune.target.transport import LocalTransport
+    from tuitune.machine.control import ControlError, ServerControl
+    from tuitune.machine.transport import LocalTransport
 
     for k in ("VLLM_TARGET_DEVICE", "VLLM_LOGGING_LEVEL"):
         monkeypatch.delenv(k, raising=False)
@@ -286,8 +286,8 @@ async def test_a_missing_model_directory_is_refused_at_once_and_the_real_help_ru
 def test_the_classifier_knows_huggingfaces_wording_for_a_missing_model(vllm_python, tmp_path):
     """The wording comes from the real transformers / huggingface_hub that vLLM loads through."""
     from tuitune.engines import CAUSE_TEXT
+    from tuitune.machine.control import classify
     from tuitune.measure.parse import parse_line
-    from tuitune.target.control import classify
 
     r = subprocess.run(
         [
@@ -372,7 +372,7 @@ async def test_log_pane_hides_tuitunes_own_requests_and_v_shows_them(tmp_path):
     from test_tui import SIZE_LIVE, until, wait_ready
 
     from tuitune import preset as P
-    from tuitune.target.session import Session
+    from tuitune.machine.session import Session
     from tuitune.tui.app import TuituneApp, UserConfig
     from tuitune.tui.logpane import own_request
 

@@ -153,8 +153,8 @@ def _engine_preset(tmp_path, model: str, engine: str = "vllm", draft: str | None
 
 
 async def _refusal(p) -> str:
-    from tuitune.target.control import ControlError, ServerControl
-    from tuitune.target.transport import LocalTransport
+    from tuitune.machine.control import ControlError, ServerControl
+    from tuitune.machine.transport import LocalTransport
 
     c = ServerControl(LocalTransport(), p, state_dir=str(p.server.log) + ".state")
     t0 = time.monotonic()
@@ -166,8 +166,8 @@ async def _refusal(p) -> str:
 
 
 async def _passes_the_model_check(p) -> None:
-    from tuitune.target.control import ServerControl
-    from tuitune.target.transport import LocalTransport
+    from tuitune.machine.control import ServerControl
+    from tuitune.machine.transport import LocalTransport
 
     c = ServerControl(LocalTransport(), p, state_dir=str(p.server.log) + ".state")
     await c._check_paths()
@@ -243,8 +243,8 @@ def test_the_shipped_demo_presets_model_is_refused_in_one_sentence_where_it_was_
 
 def test_the_engines_words_for_an_unreachable_hub_name_the_cause():
     from tuitune.engines import CAUSE_TEXT
+    from tuitune.machine.control import classify
     from tuitune.measure.parse import parse_line
-    from tuitune.target.control import classify
 
     tb = parse_line("Traceback (most recent call last):")
     for line in (

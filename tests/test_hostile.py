@@ -344,7 +344,7 @@ async def test_the_load_ends_when_told_wherever_its_requests_are(tmp_path, hosti
     from conftest import make_preset
 
     from tuitune.base.events import ServerState
-    from tuitune.target.session import Session
+    from tuitune.machine.session import Session
 
     stall = STALLS[where]
     if stall == "headers":

@@ -68,20 +68,20 @@ def test_layer_contract_kept(contracts, name):
 @pytest.mark.timeout(600)
 def test_an_upward_import_breaks_the_layers(tmp_path):
     """The contracts can fail: the same config on a copy of the package where tuitune.base (the bottom
-    layer) imports tuitune.target.control reports the layers contract BROKEN, naming that import."""
+    layer) imports tuitune.machine.control reports the layers contract BROKEN, naming that import."""
     shutil.copytree(ROOT / "tuitune", tmp_path / "tuitune", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "layers.toml")
     events = tmp_path / "tuitune" / "base" / "events.py"
     text = events.read_text()
     line = text.count("\n") + 1
-    events.write_text(text + "import tuitune.target.control  # noqa: E402\n")
+    events.write_text(text + "import tuitune.machine.control  # noqa: E402\n")
     # the copy, not the checkout (nor the installed tuitune), is what grimp finds and analyses
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     r = lint_imports("--no-cache", str(tmp_path / "layers.toml"), cwd=tmp_path, env=env)
     out = report(r)
     assert r.returncode != 0, out
     assert verdicts(r.stdout)[LAYERS] == "BROKEN", out
-    assert f"tuitune.base.events -> tuitune.target.control (l.{line})" in out, out
+    assert f"tuitune.base.events -> tuitune.machine.control (l.{line})" in out, out
 
 
 @pytest.mark.timeout(300)

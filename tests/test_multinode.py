@@ -16,9 +16,9 @@ import pytest
 from conftest import SshServer, free_port, group_alive, sim_pids
 
 from tuitune import preset as P
-from tuitune.target.cluster import ClusterControl, control_for
-from tuitune.target.control import ControlError
-from tuitune.target.transport import for_preset
+from tuitune.machine.cluster import ClusterControl, control_for
+from tuitune.machine.control import ControlError
+from tuitune.machine.transport import for_preset
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -136,7 +136,7 @@ async def test_a_node_dying_at_start_fails_the_server_and_stops_the_rest(machine
 
 
 async def test_a_node_killed_while_serving_fails_within_5s(machines):
-    from tuitune.target.session import Session
+    from tuitune.machine.session import Session
 
     p = two_node_preset(machines, name="mn-kill")
     s = Session(p)
@@ -180,7 +180,7 @@ def test_preset_show_command_lists_every_node(machines, tmp_path):
 
 
 async def test_tui_shows_both_nodes(machines):
-    from tuitune.target.session import Session
+    from tuitune.machine.session import Session
     from tuitune.tui.app import TuituneApp, UserConfig
     from tuitune.tui.screens import RelaunchScreen
 

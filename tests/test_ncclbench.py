@@ -13,7 +13,7 @@ import pytest
 from tuitune import preset as P
 from tuitune.experiments import grid as G
 from tuitune.experiments import ncclbench as NB
-from tuitune.target.transport import LocalTransport
+from tuitune.machine.transport import LocalTransport
 
 torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parent.parent

@@ -533,9 +533,9 @@ def cli(*args, env=None, timeout=300):
 
 
 async def test_ngram_launches_on_both_dialects_and_profiles_as_lookups(tmp_path):
+    from tuitune.machine.control import ControlError, ServerControl
+    from tuitune.machine.transport import LocalTransport
     from tuitune.measure.bench import BenchConfig, run_bench
-    from tuitune.target.control import ControlError, ServerControl
-    from tuitune.target.transport import LocalTransport
 
     t = LocalTransport()
     v = vllm_ngram(tmp_path, "vng", tokens=3, sim=True, prompt_lookup_min=1, prompt_lookup_max=3)
@@ -670,7 +670,7 @@ def test_tune_walks_sglang_ngram_as_chains_of_draft_tokens(tmp_path):
 async def test_tui_shows_the_lookup_drafter_and_its_advisor_walks_k(tmp_path):
     from test_tui import SIZE_LIVE, until, wait_ready
 
-    from tuitune.target.session import Session
+    from tuitune.machine.session import Session
     from tuitune.tui.app import TuituneApp, UserConfig
 
     p = vllm_ngram(tmp_path, "tui-ng", tokens=2, sim=True, prompt_lookup_min=1, prompt_lookup_max=3)
@@ -699,8 +699,8 @@ async def test_preflight_refuses_suffix_decoding_without_arctic_inference(tmp_pa
     """The real vLLM 0.33 environment has no arctic-inference: refused before anything starts."""
     import vllm_cli
 
-    from tuitune.target.control import ControlError, ServerControl
-    from tuitune.target.transport import LocalTransport
+    from tuitune.machine.control import ControlError, ServerControl
+    from tuitune.machine.transport import LocalTransport
 
     model = tmp_path / "model"
     model.mkdir()

@@ -18,9 +18,9 @@ from conftest import make_preset, tuitune_cli, wait_for
 from tuitune import preset as P
 from tuitune.base import redact
 from tuitune.experiments import grid as G
-from tuitune.target.control import ControlError, ServerControl, ServerRecord, Status, compute_drift
-from tuitune.target.ssh import SshTarget
-from tuitune.target.transport import LocalTransport, SshTransport, TransportError
+from tuitune.machine.control import ControlError, ServerControl, ServerRecord, Status, compute_drift
+from tuitune.machine.ssh import SshTarget
+from tuitune.machine.transport import LocalTransport, SshTransport, TransportError
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "hf_secret_4711"
@@ -323,7 +323,7 @@ async def test_bad_identity_file_is_one_sentence(sshd, tmp_path, which):
 async def test_tui_turns_worker_errors_into_notifications(sshd, tmp_path):
     """A .pub identity_file (an error the transport names) and an error nobody expected: the TUI
     stays up and shows each as a notification instead of exiting with WorkerFailed."""
-    from tuitune.target.session import Session
+    from tuitune.machine.session import Session
     from tuitune.tui.app import TuituneApp, UserConfig
 
     pub = tmp_path / "id.pub"
@@ -354,8 +354,8 @@ async def test_hostile_log_lines_never_stall_the_session(tmp_path):
     import asyncio
 
     from tuitune.base.events import LogLine
+    from tuitune.machine.session import Session
     from tuitune.measure.parse import TRUNCATED
-    from tuitune.target.session import Session
 
     p = make_preset(tmp_path, "hostile")
     hostile = [

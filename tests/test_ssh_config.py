@@ -13,7 +13,7 @@ import pytest
 from conftest import free_port
 
 from tuitune import preset as P
-from tuitune.target.ssh import SshHop, SshTarget, ssh_route
+from tuitune.machine.ssh import SshHop, SshTarget, ssh_route
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh-agent") is None, reason="ssh-agent not installed")
 

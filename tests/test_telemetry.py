@@ -14,12 +14,12 @@ import pytest
 from conftest import ROOT, make_preset
 
 from tuitune.base.events import GpuSample, TelemetryState
+from tuitune.machine import gpus as G
+from tuitune.machine.ssh import SshTarget
+from tuitune.machine.telemetry import CaptureThrottle, Collector, RunWatch, command_prefix, gpu_flags, stop
+from tuitune.machine.transport import LocalTransport, SshTransport
 from tuitune.measure import smi
 from tuitune.measure.metrics import GpuStore
-from tuitune.target import gpus as G
-from tuitune.target.ssh import SshTarget
-from tuitune.target.telemetry import CaptureThrottle, Collector, RunWatch, command_prefix, gpu_flags, stop
-from tuitune.target.transport import LocalTransport, SshTransport
 
 DATA = ROOT / "tests" / "data" / "nvidia-smi"  # shared/data/nvidia-smi plus captures of our own (README there)
 COMPANION = f"{sys.executable} -m tuitune.sim.nvidia_smi"
@@ -554,9 +554,9 @@ async def test_collector_over_ssh_survives_a_link_drop(sshd):
 async def test_bench_during_simulated_capping_is_marked_in_capture_report_and_runs(tmp_path):
     from tuitune import preset as P
     from tuitune.experiments.record import record
+    from tuitune.machine.session import Session
     from tuitune.measure.report import format_report, summarize_capture
     from tuitune.measure.runs import RunBook, delta_mark
-    from tuitune.target.session import Session
 
     p = make_preset(tmp_path, "capped", args={"tp-size": 4}, max_tokens=400, requests=4)
     ctl = tmp_path / "ctl.json"

@@ -9,8 +9,8 @@ import pytest
 from conftest import group_alive, make_preset, until
 
 from tuitune import preset as P
+from tuitune.machine.session import Session
 from tuitune.measure.capture import Replay, read_capture
-from tuitune.target.session import Session
 from tuitune.tui.app import TuituneApp, UserConfig, load_user_config
 from tuitune.tui.screens import RelaunchScreen
 
@@ -193,8 +193,8 @@ async def test_quit_leaves_the_server_running_by_default(tmp_path):
         await pilot.press("enter")
         await until(pilot, lambda: not app.is_running, 10, "the app to exit")
     assert group_alive(pid)
-    from tuitune.target.control import ServerControl
-    from tuitune.target.transport import LocalTransport
+    from tuitune.machine.control import ServerControl
+    from tuitune.machine.transport import LocalTransport
 
     await ServerControl(LocalTransport(), s.preset, s.control.state_dir).stop()
 

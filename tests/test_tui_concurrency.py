@@ -6,7 +6,7 @@ import pytest
 from conftest import make_preset, until
 from test_tui import SIZE_LIVE, wait_ready
 
-from tuitune.target.session import Session
+from tuitune.machine.session import Session
 from tuitune.tui.app import TuituneApp, UserConfig
 from tuitune.tui.chart import render
 

@@ -14,7 +14,7 @@ from conftest import make_preset, until
 from textual.widgets import Footer, Input
 
 from tuitune import preset as P
-from tuitune.target.session import Session
+from tuitune.machine.session import Session
 from tuitune.tui.app import TuituneApp, TuituneCommands, UserConfig, mentions, stale_description
 from tuitune.tui.help import GROUPS, TOUR, HelpScreen
 from tuitune.tui.runs import legend

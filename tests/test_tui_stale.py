@@ -14,7 +14,7 @@ from test_gpu_panel import tick
 
 from tuitune import preset as P
 from tuitune.base.events import LogLine, TelemetryState
-from tuitune.target.session import Session
+from tuitune.machine.session import Session
 from tuitune.tui.app import TuituneApp, UserConfig
 from tuitune.tui.logpane import FilterInput
 from tuitune.tui.screens import RelaunchScreen

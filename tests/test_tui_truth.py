@@ -11,7 +11,7 @@ import time
 from conftest import group_alive, make_preset, until
 
 from tuitune import preset as P
-from tuitune.target.session import Session
+from tuitune.machine.session import Session
 from tuitune.tui.app import TuituneApp, UserConfig
 from tuitune.tui.screens import QuitScreen, RelaunchScreen
 

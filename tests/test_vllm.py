@@ -22,10 +22,10 @@ from conftest import free_port, group_alive, tuitune_cli
 
 from tuitune import preset as P
 from tuitune.engines import vllm as V
+from tuitune.machine.control import ControlError, ServerControl
+from tuitune.machine.transport import LocalTransport
 from tuitune.measure import promscrape
 from tuitune.measure.parse import parse_line
-from tuitune.target.control import ControlError, ServerControl
-from tuitune.target.transport import LocalTransport
 
 JSON = {"Content-Type": "application/json"}
 
@@ -540,7 +540,7 @@ def test_tune_and_advise_on_vllm_walk_chains(tmp_path):
 async def test_tui_engine_header_spec_tokens_edit_and_position_row(tmp_path):
     from test_tui import SIZE_LIVE, until, wait_ready
 
-    from tuitune.target.session import Session
+    from tuitune.machine.session import Session
     from tuitune.tui.app import TuituneApp, UserConfig
     from tuitune.tui.screens import ConfirmScreen, RelaunchScreen
 

@@ -22,10 +22,10 @@ import vllm_cli
 from conftest import free_port
 
 from tuitune import preset as P
+from tuitune.machine.control import ServerControl
+from tuitune.machine.transport import LocalTransport
 from tuitune.measure import promscrape
 from tuitune.measure.parse import parse_line
-from tuitune.target.control import ServerControl
-from tuitune.target.transport import LocalTransport
 
 # Everything up to serving is vLLM's own: `vllm` main, the serve subparser, validate(). The serve
 # step prints what the parser produced instead of starting an engine.

@@ -102,7 +102,7 @@ def test_record_says_the_alarm_and_keeps_it_and_against_sets_aside_another_confi
 async def test_the_tui_says_the_alarm_and_shows_it_in_the_cycle_panel(tmp_path):
     from test_tui import SIZE_LIVE, wait_ready
 
-    from tuitune.target.session import Session
+    from tuitune.machine.session import Session
     from tuitune.tui.app import TuituneApp, UserConfig
 
     p, _ = _preset(tmp_path, "tuiguard", **{"sim-acceptance-shift": "3=0.3,0.1,0.05"})

@@ -223,7 +223,7 @@ def test_a_chat_streams_role_chunk_is_no_token():
 
 
 async def test_the_load_says_when_its_prompt_file_is_bad(tmp_path):
-    from tuitune.target.session import Session
+    from tuitune.machine.session import Session
 
     p = P.with_changes(make_preset(tmp_path, "l"), {"bench.prompts": str(tmp_path / "gone.jsonl")})
     session = Session(p, state_dir=str(tmp_path / "state"))

@@ -69,9 +69,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # cannot have been raised, so none is imported here.
 CORE_ERRORS: tuple[tuple[str, str, int | None], ...] = (
     ("tuitune.preset.model", "PresetError", 2),
-    ("tuitune.target.control", "ControlError", None),  # with the server log's last lines
-    ("tuitune.target.errors", "TransportError", 1),  # LinkLost too; `trust` never loads the transport
-    ("tuitune.target.gpus", "GpusError", 1),
+    ("tuitune.machine.control", "ControlError", None),  # with the server log's last lines
+    ("tuitune.machine.errors", "TransportError", 1),  # LinkLost too; `trust` never loads the transport
+    ("tuitune.machine.gpus", "GpusError", 1),
     ("tuitune.measure.smi", "SmiParseError", 2),
     ("tuitune.measure.capture", "CaptureError", None),
     ("tuitune.experiments.grid", "GridError", 2),

@@ -49,7 +49,7 @@ def wants_discovery(ns) -> bool:
 
 def discovered_preset(ns, name: str | None = None):
     """The preset read off the server ``--port`` / ``--pid`` name, its notes said on stderr."""
-    from tuitune.target.discover import DiscoverError, discover
+    from tuitune.machine.discover import DiscoverError, discover
 
     if ns.port is None and ns.pid is None:
         raise CliError("give the server's --port or --pid (--log and --host only say where it is)", 2)
@@ -208,8 +208,8 @@ def watch_link(transport):
 def with_control(preset):
     """The preset's transport (a slow connection and link losses said on stderr) and its server's
     control."""
-    from tuitune.target.cluster import control_for
-    from tuitune.target.transport import for_preset
+    from tuitune.machine.cluster import control_for
+    from tuitune.machine.transport import for_preset
 
     t = watch_link(for_preset(preset))
     return t, control_for(t, preset)

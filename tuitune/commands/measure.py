@@ -150,7 +150,7 @@ def cmd_bench(ns) -> int:
             raise CliError(str(e), 2) from None
         return report(runs)
     p = load_preset(ns.preset)
-    from tuitune.target.session import Session
+    from tuitune.machine.session import Session
 
     session = Session(p)
     watch_link(session.transport)
@@ -208,7 +208,7 @@ def gpus_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_gpus(ns) -> int:
-    from tuitune.target import gpus as G
+    from tuitune.machine import gpus as G
 
     if ns.parse:
         if ns.watch:
@@ -222,7 +222,7 @@ def cmd_gpus(ns) -> int:
         return 0
     if ns.fields:
         raise CliError("--fields only applies with --parse", 2)
-    from tuitune.target.telemetry import for_preset
+    from tuitune.machine.telemetry import for_preset
 
     p = load_preset(ns.preset)
     t, _ = with_control(p)
@@ -244,7 +244,7 @@ def cmd_gpus(ns) -> int:
 
 def _frame_printer(as_json: bool):
     """`gpus --watch`'s output: one JSON object per sample, or the table redrawn (in place on a terminal)."""
-    from tuitune.target import gpus as G
+    from tuitune.machine import gpus as G
 
     clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
 

@@ -53,7 +53,7 @@ def preset_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_preset_list(ns) -> int:
     from tuitune import preset as P
-    from tuitune.target.ssh import SshTarget, reachable
+    from tuitune.machine.ssh import SshTarget, reachable
 
     rows = P.where_they_run(P.entries(), lambda t: reachable(SshTarget(t.host, t.port, t.user)))
     if ns.json:

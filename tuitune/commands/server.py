@@ -90,7 +90,7 @@ def _print_nccl(p, seen: dict, where: str = "", said: set[str] | None = None) ->
     """NCCL's own confirmation of the preset's NCCL variables, or why there is none: said for a real
     server only (the simulator applies what it is given) and once (``said``: the nodes of one launch)."""
     from tuitune import preset as P
-    from tuitune.target.control import nccl_confirmation, nccl_note
+    from tuitune.machine.control import nccl_confirmation, nccl_note
 
     for name, state, got in nccl_confirmation(p, seen):
         if state == "unconfirmed":
@@ -140,7 +140,7 @@ def _print_drift(drift) -> None:
 
 
 def _print_probe_hint(p, rec) -> None:
-    from tuitune.target.control import probe_hint
+    from tuitune.machine.control import probe_hint
 
     if rec is not None and (hint := probe_hint(p, rec.env)):
         print(f"probe: {hint}")
@@ -210,7 +210,7 @@ def adopt_args(p: argparse.ArgumentParser) -> None:
 def cmd_adopt(ns) -> int:
     """Make a server started by hand on the preset's port tuitune's: its drift from the preset first,
     then its record written under the port's lock (relaunch and stop act on it from then on)."""
-    from tuitune.target.control import ServerControl
+    from tuitune.machine.control import ServerControl
 
     p = load_preset(ns.preset)
     t, control = with_control(p)
@@ -240,8 +240,8 @@ def logs_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_logs(ns) -> int:
     from tuitune.base.redact import Redactor
+    from tuitune.machine.tail import LogTail, file_size
     from tuitune.preset import shell_path
-    from tuitune.target.tail import LogTail, file_size
 
     p = load_preset(ns.preset)
     nodes = p.node_presets()
@@ -285,7 +285,7 @@ def trust_args(p: argparse.ArgumentParser) -> None:
 def _trust_target(ns):
     """The SSH target of a preset of that name or path, else the host as given."""
     from tuitune import preset as P
-    from tuitune.target.ssh import SshTarget
+    from tuitune.machine.ssh import SshTarget
 
     try:
         path = P.find(ns.target)
@@ -298,7 +298,7 @@ def _trust_target(ns):
 
 
 def cmd_trust(ns) -> int:
-    from tuitune.target.ssh import trust_route
+    from tuitune.machine.ssh import trust_route
 
     def confirm(hop, key) -> bool:
         if ns.yes:

@@ -51,7 +51,7 @@ def cmd_demo(ns) -> int:
     from pathlib import Path
 
     from tuitune import preset as P
-    from tuitune.target.session import Session
+    from tuitune.machine.session import Session
 
     real = REAL_DEMOS.get(ns.engine)
     name = real[0] if real else "demo"
@@ -82,8 +82,8 @@ def _demo_port_check(preset) -> None:
     (with a free port) before the TUI opens, not a refusal inside it. Its own server: attached."""
     import socket
 
-    from tuitune.target.control import ServerControl
-    from tuitune.target.transport import LocalTransport
+    from tuitune.machine.control import ServerControl
+    from tuitune.machine.transport import LocalTransport
 
     port = preset.server.port
     with socket.socket() as s:
@@ -128,7 +128,7 @@ def _preset_of(ns):
 
 
 def cmd_tui(ns) -> int:
-    from tuitune.target.session import Session
+    from tuitune.machine.session import Session
 
     if ns.preset is None and not wants_discovery(ns):
         ns.show_help()
@@ -188,7 +188,7 @@ def cmd_record(ns) -> int:
         raise CliError("--record needs a PRESET, or the server's --port / --pid", 2)
     check_positive(ns, "duration", "cycles", "load", "bench")
     p, _ = _preset_of(ns)
-    from tuitune.target.session import Session
+    from tuitune.machine.session import Session
 
     session = Session(p)
     _guard_against(session, ns)

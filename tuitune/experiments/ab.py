@@ -29,12 +29,12 @@ import time
 from collections.abc import Callable
 
 from tuitune.base.events import Event
+from tuitune.machine import telemetry
+from tuitune.machine.cluster import controlling, stop_started
+from tuitune.machine.transport import Transport
 from tuitune.measure import stats, workload
 from tuitune.measure.bench import BenchConfig, limit_confound, run_bench
 from tuitune.preset import Preset
-from tuitune.target import telemetry
-from tuitune.target.cluster import controlling, stop_started
-from tuitune.target.transport import Transport
 
 ALPHA = 0.05  # stats.compare's significance level
 

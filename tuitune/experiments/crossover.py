@@ -16,10 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tuitune import preset as P
+from tuitune.machine.session import Session
 from tuitune.measure import stats
 from tuitune.measure.bench import SIM_LATE_LIMIT, BenchRun, limit_confound, stream_goodput
 from tuitune.measure.levels import bench_levels
-from tuitune.target.session import Session
 
 ARMS = ("on", "off")
 

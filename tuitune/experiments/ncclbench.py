@@ -20,10 +20,10 @@ from typing import Any
 from tuitune import preset as P
 from tuitune.base.events import NcclAlgo, NcclEnv, ServerError
 from tuitune.experiments import grid as G
+from tuitune.machine.control import STATE_DIR, classify
+from tuitune.machine.transport import Transport, TransportError
 from tuitune.measure.parse import parse_line
 from tuitune.preset import nccl
-from tuitune.target.control import STATE_DIR, classify
-from tuitune.target.transport import Transport, TransportError
 
 DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING"}
 
@@ -163,7 +163,7 @@ async def run(
         sizes = decode_sizes(preset, hidden, dtype_bytes)
     plan = configs(preset, grid)
     worker = f"{STATE_DIR}/nccl_worker.py"
-    await t.upload(resources.files("tuitune.target.remote").joinpath("nccl_worker.py").read_bytes(), worker)
+    await t.upload(resources.files("tuitune.machine.remote").joinpath("nccl_worker.py").read_bytes(), worker)
     rows = []
     for entry in plan:
         row = {"label": entry["label"], "changes": entry["changes"], "current": entry.get("current", False)}

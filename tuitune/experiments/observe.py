@@ -83,8 +83,8 @@ def launch_from_capture(path: str) -> Launch:
 
 
 async def launch_from_server(p: P.Preset) -> Launch:
-    from tuitune.target.control import ServerControl
-    from tuitune.target.transport import for_preset
+    from tuitune.machine.control import ServerControl
+    from tuitune.machine.transport import for_preset
 
     t = for_preset(p)
     try:

@@ -18,12 +18,12 @@ import time
 from tuitune import preset as P
 from tuitune.base.aio import cancel_and_wait, stop_on_signals, until_stopped
 from tuitune.base.events import Event, LogLine, Marker, ProfileWindow
+from tuitune.machine.session import Session
+from tuitune.machine.telemetry import CaptureThrottle
 from tuitune.measure import workload
 from tuitune.measure.bench import fetch_server_info
 from tuitune.measure.capture import CaptureWriter, redacted_preset
 from tuitune.measure.guard import PREFIX as GUARD_PREFIX
-from tuitune.target.session import Session
-from tuitune.target.telemetry import CaptureThrottle
 
 CLOSE_S = 1.0  # the longest the clean-up after the capture is closed may take before it is cancelled
 HISTORY_WAIT_S = 60.0  # the longest --from-start waits for the log's history before its --duration starts

@@ -19,14 +19,14 @@ from pathlib import Path
 from tuitune import preset as P
 from tuitune.base.jsonl import append_row, end_partial_line, is_count, is_figure, read_rows
 from tuitune.experiments import grid as G
+from tuitune.machine.control import ControlError
+from tuitune.machine.session import Session
+from tuitune.machine.telemetry import CaptureThrottle
+from tuitune.machine.transport import TransportError
 from tuitune.measure import stats, workload
 from tuitune.measure.bench import limit_confound
 from tuitune.measure.capture import CaptureWriter, redacted_preset
 from tuitune.measure.metrics import quantile
-from tuitune.target.control import ControlError
-from tuitune.target.session import Session
-from tuitune.target.telemetry import CaptureThrottle
-from tuitune.target.transport import TransportError
 
 CSV_FIELDS = (
     "trial",

@@ -36,10 +36,10 @@ from tuitune.decide import ncclstep as NS
 from tuitune.decide.advise import Advice, advise, space
 from tuitune.decide.costmodel import OFF, Config, FitError, Launch, fit
 from tuitune.experiments.observe import preset_config
+from tuitune.machine.control import ControlError
 from tuitune.measure import workload
 from tuitune.measure.bench import SIM_LATE_LIMIT
 from tuitune.measure.levels import bench_levels
-from tuitune.target.control import ControlError
 
 NOISE = 0.02  # gains below this are inside launch-to-launch noise (FACTS §7: published gains are ~1-4 %)
 CHANCE = 0.025  # a configuration with less chance than this of beating the best measured is not worth a relaunch
@@ -583,7 +583,7 @@ async def tune(
     """The search, then the final A/B. Interrupted (Ctrl-C, SIGTERM), it stops the server it started
     (the search's or the A/B's) and says so to ``on_cleanup``; ``--resume`` goes on from its log."""
     from tuitune.experiments.ab import rounds_refusal, run_ab
-    from tuitune.target.session import Session
+    from tuitune.machine.session import Session
 
     if ab_rounds and (why := rounds_refusal(ab_rounds, "--ab-rounds")) and ab_judge:
         raise TuneError(why, 2)  # before the first relaunch: the search would end in an A/B that cannot decide

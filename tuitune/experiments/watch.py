@@ -17,8 +17,8 @@ from collections.abc import Callable
 from tuitune import preset as P
 from tuitune.base.aio import stop_on_signals, until_stopped
 from tuitune.base.events import Event, Marker, ServerState
+from tuitune.machine.session import Session
 from tuitune.measure.guard import DROP, PREFIX, AcceptanceGuard, Baseline
-from tuitune.target.session import Session
 
 HISTORY_BYTES = 4_000_000  # of the log read first: the launch's first cycles, where the log is not larger
 HISTORY_WAIT_S = 60.0

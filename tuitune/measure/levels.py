@@ -35,7 +35,7 @@ def parse_levels(text: str) -> list[int]:
 
 
 class Bencher(Protocol):
-    """What benchmarks one level: ``Session`` (tuitune.target.session) and ``UrlBencher``."""
+    """What benchmarks one level: ``Session`` (tuitune.machine.session) and ``UrlBencher``."""
 
     def bench_config(self, overrides: dict | None = None, label: str = "") -> BenchConfig: ...
 

@@ -29,13 +29,13 @@ from textual.worker import Worker, WorkerState
 from tuitune import preset as P
 from tuitune.base import redact
 from tuitune.base.events import Event, GpuSample, LogLine, Marker, ProfileWindow, ServerState, TelemetryState
+from tuitune.machine.control import ControlError
+from tuitune.machine.transport import TransportError
 from tuitune.measure.bench import level_row
 from tuitune.measure.guard import PREFIX as GUARD_PREFIX
 from tuitune.measure.levels import bench_levels, is_level, plan_levels
 from tuitune.measure.runs import RunBook, delta_mark
 from tuitune.measure.workload import WorkloadError
-from tuitune.target.control import ControlError
-from tuitune.target.transport import TransportError
 from tuitune.tui.advisor import AdvisorPanel, apply_to_config
 from tuitune.tui.chart import ChartPanel
 from tuitune.tui.config import ConfigPanel

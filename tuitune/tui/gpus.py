@@ -13,8 +13,8 @@ from rich.text import Text
 from textual.widgets import Static
 
 from tuitune.base.events import Event, GpuSample, TelemetryState
+from tuitune.machine.telemetry import gpu_flags
 from tuitune.measure.metrics import GpuStore
-from tuitune.target.telemetry import gpu_flags
 from tuitune.tui.cycle import sparkline
 
 MODES = ("full", "summary", "hidden")

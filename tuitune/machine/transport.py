@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tuitune.target.errors import LinkLost, TransportError
-from tuitune.target.ssh import (
+from tuitune.machine.errors import LinkLost, TransportError
+from tuitune.machine.ssh import (
     SshTarget,
     _known_hosts_path,
     _reason,

@@ -22,9 +22,9 @@ from collections.abc import Callable
 from tuitune.base import redact
 from tuitune.base.aio import cancel_and_wait
 from tuitune.base.events import Event, GpuSample, TelemetryState
+from tuitune.machine.transport import LinkLost, Transport, TransportError
 from tuitune.measure import smi
 from tuitune.measure.metrics import GpuStore
-from tuitune.target.transport import LinkLost, Transport, TransportError
 
 DEFAULT_COMMAND = "nvidia-smi"
 SAMPLE_KEYS = frozenset(GpuSample.__struct_fields__) - {"seq"}

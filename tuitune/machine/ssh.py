@@ -1,7 +1,7 @@
 """SSH as tuitune resolves it: the target and its hops (``~/.ssh/config``: Host, HostName, User,
 Port, IdentityFile, ProxyJump), whether a host answers at all, and host-key trust (known_hosts
 checked on every connection; ``tuitune trust`` shows a key and adds it). The connection itself and
-what runs over it are the transport's (tuitune.target.transport).
+what runs over it are the transport's (tuitune.machine.transport).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuitune.target.errors import LinkLost, TransportError
+from tuitune.machine.errors import LinkLost, TransportError
 
 KEEPALIVE_INTERVAL = 15
 KEEPALIVE_COUNT = 3

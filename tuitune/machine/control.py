@@ -37,10 +37,10 @@ from tuitune.base.aio import cancel_and_wait, to_the_end
 from tuitune.base.events import Event, NcclEnv, ServerError
 from tuitune.engines import CAUSE_ORDER, CAUSE_TEXT
 from tuitune.engines.base import draft_misfit, flag_pairs, positionals
+from tuitune.machine.tail import LogTail
+from tuitune.machine.transport import LinkLost, Transport, TransportError
 from tuitune.measure.parse import parse_line
 from tuitune.probe import REMOTE_DIR as PROBE_DIR
-from tuitune.target.tail import LogTail
-from tuitune.target.transport import LinkLost, Transport, TransportError
 
 STATE_DIR = "~/.cache/tuitune"
 LOCK_ANSWER_S = 60.0  # the lock helper answers in milliseconds; a python that hangs at start does not
@@ -48,7 +48,7 @@ HELPER_EXITED = "ERROR the lock helper exited"
 OWN_RELEASE_S = 3.0  # how long a lock this process let go may still read as held (its helper dying)
 _HELD: set[tuple[str, str]] = set()  # (target, lock path) this process holds now
 HEALTH_TIMEOUT_S = 120.0  # once HTTP answers, the longest wait for /health 200 (a phase limit)
-_REMOTE = resources.files("tuitune.target.remote").joinpath("remote.py").read_text()
+_REMOTE = resources.files("tuitune.machine.remote").joinpath("remote.py").read_text()
 # true when process $p exists and is not a zombie (a zombie only waits for its parent to reap it):
 # the state is the first letter after the last ") " of /proc/$p/stat. Shell built-ins only (POSIX sh),
 # no process of its own: a ready server is checked every WATCH_S, and on a box whose cores the engine
@@ -370,7 +370,7 @@ def _lock_answer(head: bytes) -> str | None:
 
 class Controller(Protocol):
     """The control of one server: ``ServerControl`` on one machine, ``ClusterControl``
-    (tuitune.target.cluster) on several in step. The session and the commands hold one of these
+    (tuitune.machine.cluster) on several in step. The session and the commands hold one of these
     and never ask which: what differs between the two is a member here."""
 
     t: Transport  # node 0's link (the caller's)

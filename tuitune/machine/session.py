@@ -30,15 +30,9 @@ from tuitune.base.events import (
     ServerError,
     ServerState,
 )
-from tuitune.measure import promscrape, workload
-from tuitune.measure.bench import BenchConfig, BenchRun, RequestResult, client_session, run_bench, run_request
-from tuitune.measure.guard import AcceptanceGuard
-from tuitune.measure.parse import parse_line
-from tuitune.measure.stream import EventStream, LoadState
-from tuitune.measure.workload import WorkloadError
-from tuitune.target import telemetry
-from tuitune.target.cluster import control_for, stop_started
-from tuitune.target.control import (
+from tuitune.machine import telemetry
+from tuitune.machine.cluster import control_for, stop_started
+from tuitune.machine.control import (
     CAUSE_TEXT,
     ControlError,
     Controller,
@@ -51,8 +45,14 @@ from tuitune.target.control import (
     nccl_note,
     refuse_not_ours,
 )
-from tuitune.target.tail import LogTail, file_size
-from tuitune.target.transport import Transport, TransportError, for_preset
+from tuitune.machine.tail import LogTail, file_size
+from tuitune.machine.transport import Transport, TransportError, for_preset
+from tuitune.measure import promscrape, workload
+from tuitune.measure.bench import BenchConfig, BenchRun, RequestResult, client_session, run_bench, run_request
+from tuitune.measure.guard import AcceptanceGuard
+from tuitune.measure.parse import parse_line
+from tuitune.measure.stream import EventStream, LoadState
+from tuitune.measure.workload import WorkloadError
 
 ATTACH_BACKLOG = 256 * 1024  # bytes of an already-running server's log read on attach
 HISTORY_S = 60.0  # the longest the guard stays quiet while an attach reads the log's history

@@ -15,10 +15,10 @@ import msgspec
 
 from tuitune.base.aio import cancel_and_wait
 from tuitune.base.events import GpuSample, TelemetryState
+from tuitune.machine.telemetry import SAMPLE_KEYS, Collector, gpu_flags
+from tuitune.machine.transport import LinkLost, Transport
 from tuitune.measure import smi
 from tuitune.measure.metrics import GpuStore
-from tuitune.target.telemetry import SAMPLE_KEYS, Collector, gpu_flags
-from tuitune.target.transport import LinkLost, Transport
 
 SNAPSHOT_FIELDS = (*smi.GPU_FIELDS, "uuid")
 

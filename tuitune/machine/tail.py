@@ -24,12 +24,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from importlib import resources
 
+from tuitune.machine.transport import LinkLost, Transport
 from tuitune.preset import shell_path
-from tuitune.target.transport import LinkLost, Transport
 
 MAX_LINE = 1024 * 1024
 CHECK_WINDOW = 64 * 1024  # bytes before the offset whose checksum a resumed tail compares
-_TAILER = resources.files("tuitune.target.remote").joinpath("tailer.py").read_text()
+_TAILER = resources.files("tuitune.machine.remote").joinpath("tailer.py").read_text()
 
 
 async def file_size(t: Transport, path: str) -> int:

@@ -28,8 +28,7 @@ from tuitune import preset as P
 from tuitune.base import redact
 from tuitune.base.aio import cancel_and_wait
 from tuitune.base.events import NcclEnv, ServerError
-from tuitune.measure.parse import parse_line
-from tuitune.target.control import (
+from tuitune.machine.control import (
     CAUSE_TEXT,
     HEALTH_TIMEOUT_S,
     STATE_DIR,
@@ -42,7 +41,8 @@ from tuitune.target.control import (
     Status,
     classify,
 )
-from tuitune.target.transport import Transport, TransportError, for_preset
+from tuitune.machine.transport import Transport, TransportError, for_preset
+from tuitune.measure.parse import parse_line
 
 POLL_S = 0.5  # how often the other nodes' processes are checked while starting and serving
 TAIL_LINES = 40

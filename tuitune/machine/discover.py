@@ -16,9 +16,9 @@ import sys
 from dataclasses import dataclass, field
 
 from tuitune import preset as P
+from tuitune.machine.control import ControlError, ServerControl
+from tuitune.machine.transport import SshTransport, for_preset
 from tuitune.preset.discovered import from_process
-from tuitune.target.control import ControlError, ServerControl
-from tuitune.target.transport import SshTransport, for_preset
 
 _HOST = re.compile(r"(?:(?P<user>[^@\s]+)@)?(?P<host>[^@:\s]+)(?::(?P<port>\d{1,5}))?")
 
