@@ -123,9 +123,6 @@ class Launch:
     label: str = ""
     failure: str | None = None  # why the server did not come up (nothing measured then)
     engine: str = "sglang"  # whose server it was (costs of two engines are not one model)
-    # levels whose benchmark is not a measurement of the server (a simulator behind its clock):
-    # concurrency -> {"goodput": what it read, "why": one sentence}; never in ``goodput``
-    set_aside: dict[int, dict] = field(default_factory=dict)
 
 
 # ---- combining estimates ----------------------------------------------------------------------

@@ -38,7 +38,6 @@ from tuitune.decide.costmodel import OFF, Config, FitError, Launch, fit
 from tuitune.experiments.observe import preset_config
 from tuitune.machine.control import ControlError
 from tuitune.measure import workload
-from tuitune.measure.bench import SIM_LATE_LIMIT
 from tuitune.measure.levels import bench_levels
 
 NOISE = 0.02  # gains below this are inside launch-to-launch noise (FACTS §7: published gains are ~1-4 %)
@@ -90,10 +89,8 @@ class Step:
     predicted: dict | None  # the prediction that chose it (None for the start)
     goodput: dict[int, float] = field(default_factory=dict)
     failure: str | None = None
-    set_aside: dict[int, dict] = field(default_factory=dict)  # Launch.set_aside
 
     def to_dict(self) -> dict:
-        extra = {"set_aside": {str(k): v for k, v in self.set_aside.items()}} if self.set_aside else {}
         return {
             "kind": "launch",
             "round": self.round,
@@ -103,7 +100,6 @@ class Step:
             "predicted": self.predicted,
             "failure": self.failure,
             "goodput": {str(k): v for k, v in self.goodput.items()},
-            **extra,
             "time": time.time(),
         }
 
@@ -252,7 +248,7 @@ async def tune_loop(
         if progress:
             progress(f"launch {len(steps)}: {describe(c)} ({reason})")
         ln = await source.measure(c, levels)
-        st = Step(len(steps), c, reason, predicted, dict(ln.goodput), ln.failure, dict(ln.set_aside))
+        st = Step(len(steps), c, reason, predicted, dict(ln.goodput), ln.failure)
         steps.append(st)
         launches.append(ln)
         if on_step:
@@ -264,8 +260,6 @@ async def tune_loop(
                 if ln.failure
                 else f"  goodput at concurrency {concurrency}: " + (f"{g:.1f} tok/s" if g else "not measured")
             )
-            for conc, s in sorted(ln.set_aside.items()):
-                progress(f"  concurrency {conc} left out ({s['goodput']:.1f} tok/s read): {s['why']}")
 
     if not steps:
         await run(start, "the starting configuration", None)
@@ -353,16 +347,7 @@ class SessionSource:
 
             def done(cfg, run) -> None:
                 gp = run.goodput() if not run.failed else None
-                if not gp:
-                    return
-                late = run.sim_late_share
-                if late is not None and late > SIM_LATE_LIMIT:  # the host's speed, not the model's: set aside
-                    launch.set_aside[cfg.concurrency] = {
-                        "goodput": gp["tok_s"],
-                        "why": f"the simulator fell behind its clock ({late:.0%} of its cycles started late), "
-                        f"so the figure is this machine's speed, not the server's; lower --sim-speedup",
-                    }
-                else:
+                if gp:
                     launch.goodput[cfg.concurrency] = gp["tok_s"]
 
             # two requests at least, also at concurrency 1 (above it, two per stream: BenchConfig.at_level)
@@ -411,13 +396,6 @@ def row_problem(r: dict) -> str | None:
             return "its failure is not text"
         if r.get("predicted") is not None and not isinstance(r["predicted"], dict):
             return "its prediction is not an object"
-        aside = r.get("set_aside") or {}
-        if not isinstance(aside, dict) or not all(
-            isinstance(k, str) and k.isascii() and k.isdigit() and 0 < int(k) <= 65536
-            and isinstance(v, dict) and is_figure(v.get("goodput")) and isinstance(v.get("why"), str)
-            for k, v in aside.items()
-        ):  # fmt: skip
-            return "its set-aside levels are not a figure and a reason per concurrency"
     elif kind == "nccl":
         ch = r.get("changes")
         if not isinstance(ch, dict) or not all(
@@ -452,7 +430,6 @@ def _replay_prior(rows: list[dict]) -> list[tuple[Step, Launch]]:
             goodput={int(k): v for k, v in (r.get("goodput") or {}).items()},
             label=r.get("capture", ""),
             failure=r.get("failure"),
-            set_aside={int(k): v for k, v in (r.get("set_aside") or {}).items()},
         )
         try:
             cap = read_capture(r["capture"])
@@ -460,7 +437,7 @@ def _replay_prior(rows: list[dict]) -> list[tuple[Step, Launch]]:
             continue  # its capture is gone: that launch runs again
         ln.windows = [x.event for x in cap.records if isinstance(x.event, ProfileWindow)]
         ln.decodes = [x.event for x in cap.records if isinstance(x.event, DecodeStats)]
-        st = Step(r["round"], c, r.get("reason", ""), r.get("predicted"), dict(ln.goodput), ln.failure, ln.set_aside)
+        st = Step(r["round"], c, r.get("reason", ""), r.get("predicted"), dict(ln.goodput), ln.failure)
         prior.append((st, ln))
     return prior
 
