@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 from tuitune.decide import ncclstep as NS  # noqa: E402
 
-WORKER = ROOT / "tuitune" / "target" / "remote" / "nccl_worker.py"
+WORKER = ROOT / "tuitune" / "machine" / "remote" / "nccl_worker.py"
 # NVLink multicast can put a shared host's GPUs out of service: always off, in every process
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 DEFAULT_SETTINGS = [""] + [f"NCCL_PROTO={p} NCCL_ALGO={a}" for p in ("LL", "LL128", "Simple") for a in ("Ring", "Tree")]
