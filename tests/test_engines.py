@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tuitune import engines
+from tuitune.base import logline
 from tuitune.engines import base, sglang, vllm
 from tuitune.measure import parse, promscrape
 
@@ -35,7 +36,7 @@ def test_each_engine_fills_in_the_interface(e):
 
 def test_the_parser_scraper_and_bench_read_every_engine_from_here():
     for e in ALL:
-        assert e.log_prefix in base._READERS  # the prefix of its log, for every rule's ts and rank
+        assert e.log_prefix in logline._READERS  # the prefix of its log, for every rule's ts and rank
         for r in e.rules:
             assert r in parse._RULES  # its lines in the parser's one pass
         for needle, cause in e.errors:
@@ -53,8 +54,11 @@ def test_each_engines_log_prefix_and_lines():
     assert vl("(EngineCore_DP0 pid=7) INFO 05-01 12:00:00 [loggers.py:1] x", 58) == ("05-01 12:00:00", "DP0")
     assert vl("[2026-11-29 16:02:11 TP0] Decode batch", 26) is None
     # the composed prefix: the first engine's reader that knows the line
-    assert base.prefix("(EngineCore_DP0 pid=7) INFO 05-01 12:00:00 [loggers.py:1] x", 58) == ("05-01 12:00:00", "DP0")
-    assert base.prefix("plain", 5) == (None, None)
+    assert logline.prefix("(EngineCore_DP0 pid=7) INFO 05-01 12:00:00 [loggers.py:1] x", 58) == (
+        "05-01 12:00:00",
+        "DP0",
+    )
+    assert logline.prefix("plain", 5) == (None, None)
 
 
 @settings(max_examples=300, deadline=None)

@@ -7,8 +7,9 @@ accept) is read from here.
 
 from __future__ import annotations
 
-from tuitune.engines import base
-from tuitune.engines.base import CAUSE_ORDER, CAUSE_TEXT, HF_ERRORS, Engine, Rule
+from tuitune.base import logline
+from tuitune.base.logline import Rule
+from tuitune.engines.base import CAUSE_ORDER, CAUSE_TEXT, HF_ERRORS, Engine
 from tuitune.engines.sglang import SGLang
 from tuitune.engines.sglang import log_prefix as _sglang_prefix
 from tuitune.engines.vllm import VLLM
@@ -18,7 +19,7 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (SGLang(), VLLM())}
 NAMES = tuple(ENGINES)
 
 for _e in ENGINES.values():
-    base.register_prefix(_e.log_prefix)
+    logline.register_prefix(_e.log_prefix)
 
 # every engine's log lines, engines in ENGINES order (the parser tries the probe's line first)
 RULES: tuple[Rule, ...] = tuple(r for e in ENGINES.values() for r in e.rules)

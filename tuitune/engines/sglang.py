@@ -15,22 +15,9 @@ from collections.abc import Sequence
 from itertools import repeat
 
 from tuitune.base.events import DecodeStats, Event, Malformed, PrefillStats, Ready
-from tuitune.engines.base import (
-    MAX_STEPS,
-    Engine,
-    FastFields,
-    Flag,
-    LoggedRequest,
-    Resolved,
-    Rule,
-    as_bool,
-    as_float,
-    as_int,
-    number,
-    prefix,
-    prefixes,
-)
-from tuitune.engines.base import fields as _fields
+from tuitune.base.logline import FastFields, Rule, as_bool, as_float, as_int, number, prefix, prefixes
+from tuitune.base.logline import fields as _fields
+from tuitune.engines.base import MAX_STEPS, Engine, Flag, LoggedRequest, Resolved
 
 # ---- speculative rules (server_args.py) ------------------------------------------------------------
 

@@ -27,8 +27,9 @@ import math
 import re
 
 from tuitune.base.events import DecodeStats, Event, Malformed, VllmSpec
+from tuitune.base.logline import NO_PREFIX, Rule
 from tuitune.base.numbers import to_float, to_int
-from tuitune.engines.base import NO_PREFIX, BenchApi, Engine, Flag, LoggedRequest, Rule
+from tuitune.engines.base import BenchApi, Engine, Flag, LoggedRequest
 
 SPEC_MARKER = "SpecDecoding metrics: "
 STATS_MARKER = "Avg prompt throughput: "

@@ -10,13 +10,13 @@ module (``engines.RULES``: SGLang's Decode/Prefill batch lines and readiness, vL
 SpecDecoding lines), its failure wording is ``engines.error_category``'s. A line is read in one
 pass: the first rule whose marker it holds reads it whole (the probe's line first, then the
 engines' rules in ``engines.ENGINES`` order, then NCCL, Uvicorn, failures). The logger prefix
-(timestamp, rank) of any engine's log is ``engines.base.prefix``'s.
+(timestamp, rank) of any engine's log is ``base.logline.prefix``'s.
 
 The lines a busy server prints most (EAGLE3_PROFILE, Decode batch, Prefill batch) take a fast
 path first: the line is rewritten into JSON with C-level string operations and decoded by
 msgspec (the probe's line straight into the event type, its values quoted: lax mode turns "19.5"
 into 19.5; the stats lines as rows of the event's fields, their values unquoted: see
-``engines.base.FastFields``). Anything unusual about a line (a quote or backslash, an unknown or
+``base.logline.FastFields``). Anything unusual about a line (a quote or backslash, an unknown or
 repeated field, a value msgspec would read differently) makes the fast path give up, and the
 exact field-by-field reader decides. ``parse_many`` reads many lines at once (a one-character
 test before each of those markers, a memo of quiet lines, then one rewrite and one decode for all
@@ -48,7 +48,7 @@ from tuitune.base.events import (
     ServerError,
 )
 from tuitune.base.lines import MAX_LINE, TRUNCATED, clip  # noqa: F401  (clip: part of the parser's API)
-from tuitune.engines.base import Rule, as_float, as_int, number, prefix, prefixes
+from tuitune.base.logline import Rule, as_float, as_int, number, prefix, prefixes
 
 PROFILE_MARKER = "EAGLE3_PROFILE "
 _KEY = re.compile(r"[a-z0-9_]+\Z")
