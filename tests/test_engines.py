@@ -42,7 +42,8 @@ def test_the_parser_scraper_and_bench_read_every_engine_from_here():
         for needle, cause in e.errors:
             assert engines.error_category(f"x {needle} y") == cause and cause in engines.CAUSE_TEXT
         assert set(e.info_paths) <= set(engines.INFO_PATHS)
-    assert promscrape.SGLANG_GAUGES == sglang.SGLang.gauges and set(promscrape.VLLM_COUNTERS) == set(vllm.VLLM.counters)
+        assert set(e.metric_families()) <= set(promscrape._NAMES)  # its /metrics families, read by the scraper
+    assert set(sglang.SGLang.gauges) | set(vllm.VLLM.counters) <= set(promscrape._NAMES)
 
 
 def test_each_engines_log_prefix_and_lines():
@@ -78,3 +79,93 @@ def test_sglangs_adaptive_schedule_format():
     text = sglang.adaptive_text(cfg)
     assert text.count("\n") == 4 and '"8": {"candidate_steps": [0, 1]}' in text
     assert sglang.SGLang.schedule == "sglang-adaptive" and vllm.VLLM.schedule == "vllm-dsd"
+
+
+# ---- the door: what callers outside engines/ ask an engine (issue 43) ---------------------------------
+
+# a schedule each engine loads, in its table form (what a preset holds and advise decides)
+SCHEDULES = {
+    "sglang-adaptive": {"1": {"candidate_steps": [1, 3]}, "8": {"candidate_steps": [0, 1]}},
+    "vllm-dsd": [[1, 4, 3], [5, 16, 1], [17, 1024, 0]],
+}
+BAD_SCHEDULES = {"sglang-adaptive": {"1": {"candidate_steps": []}}, "vllm-dsd": [[2, 4, 3]]}
+SCHEDULING = [e for e in ALL if e.schedule]
+
+
+def test_every_schedule_format_is_tested_here():
+    assert {e.schedule for e in SCHEDULING} == set(SCHEDULES) == set(BAD_SCHEDULES)
+
+
+@pytest.mark.parametrize("e", SCHEDULING, ids=[e.name for e in SCHEDULING])
+def test_each_engines_schedule_round_trips_through_its_file(e, tmp_path):
+    import json
+
+    table = SCHEDULES[e.schedule]
+    checked = e.check_schedule_table(table)
+    doc = e.schedule_document(table)
+    path = tmp_path / "schedule.json"
+    e.write_schedule(str(path), doc)
+    assert json.loads(path.read_text()) == doc  # the file holds the document
+    assert e.read_schedule(str(path)) == checked  # and reads back as the checked table
+    assert not list(tmp_path.glob("*.tmp"))  # written atomically: no temporary file left
+    with pytest.raises(ValueError):
+        e.check_schedule_table(BAD_SCHEDULES[e.schedule])
+    with pytest.raises(ValueError):
+        e.schedule_document(BAD_SCHEDULES[e.schedule])
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not JSON"):
+        e.read_schedule(str(path), "the test's file")
+    with pytest.raises(ValueError, match="cannot be read"):
+        e.read_schedule(str(tmp_path / "missing.json"))
+
+
+def test_each_engine_resolves_a_section_in_its_own_keys():
+    from types import SimpleNamespace as S
+
+    sg, vl = engines.get("sglang"), engines.get("vllm")
+    eagle = S(algorithm="EAGLE3", num_steps=3, draft_model_path="/d")
+    r = sg.resolve(eagle)
+    assert (r.num_steps, r.eagle_topk, r.num_draft_tokens) == (3, 1, 4) and "eagle_topk" in r.derived
+    assert vl.resolve(eagle) is None  # not in vLLM's keys
+    chain = S(algorithm="EAGLE3", num_speculative_tokens=2, draft_model_path="/d")
+    assert vl.resolve(chain) == base.Resolved("EAGLE3", 2, 1, 3)
+    assert vl.resolve(S(algorithm="SUFFIX")) == base.Resolved("SUFFIX", None, None, None)
+    # the registry: a section names no engine; the one whose keys it uses resolves it
+    assert engines.resolve(chain) == base.Resolved("EAGLE3", 2, 1, 3) and engines.resolve(eagle) == r
+    assert engines.resolve(S(algorithm=None)) == base.Resolved(None, None, None, None)
+    with pytest.raises(ValueError, match="draft_model_path is required"):
+        engines.resolve(S(algorithm="EAGLE", num_steps=2))
+    with pytest.raises(ValueError, match="SUFFIX is vLLM's"):
+        sg.resolve(S(algorithm="SUFFIX"))
+    for e in ALL:
+        assert set(e.model_free) <= set(e.algorithms) and set(e.model_free) <= set(engines.MODEL_FREE)
+    assert engines.MODEL_FREE == ("NGRAM", "SUFFIX")
+
+
+# a page of each engine's /metrics at two scrapes (a: before, b: 2 s later)
+PAGES = {
+    "sglang": (
+        "sglang:spec_accept_length 2.5\nsglang:num_running_reqs 4\n"
+        "sglang:spec_verify_calls_total {v}\nsglang:generation_tokens_total {g}\n"
+    ),
+    "vllm": (
+        "# TYPE vllm:spec_decode_num_drafts counter\n"
+        'vllm:spec_decode_num_drafts_total{{engine="0"}} {v}\n'
+        "# TYPE vllm:spec_decode_num_accepted_tokens counter\n"
+        'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {g}\n'
+        'vllm:num_requests_running{{engine="0"}} 4\n'
+    ),
+}
+
+
+@pytest.mark.parametrize("e", ALL, ids=[e.name for e in ALL])
+def test_each_engine_reads_its_metrics_page_into_windows(e):
+    assert set(PAGES) == set(engines.NAMES)
+    a = promscrape.parse(PAGES[e.name].format(v=100, g=300), t=0.0)
+    b = promscrape.parse(PAGES[e.name].format(v=140, g=420), t=2.0)
+    assert e.on_page(b) and not any(o.on_page(b) for o in ALL if o is not e)
+    w = e.metrics_window(a, b, 2.0)
+    assert w is not None and w.engine == e.name and w.running_req == 4
+    assert w.to_dict() == promscrape.window(a, b).to_dict()  # the scraper's window is the engine's
+    assert e.metrics_window(b, a, 2.0) is None  # counters went down: a restart
+    assert w.accept_len == ((420 - 300) / 40 if e.name == "sglang" else 1 + 120 / 40)

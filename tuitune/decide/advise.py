@@ -1,11 +1,12 @@
 """Advice from a fitted cost model: every configuration's predicted goodput, the best few, the
 measurement worth making next, and SGLang's own adaptive schedule (core; no UI).
 
-The space is the engine's (``Engine.space``; SGLang's rules, ``engines.sglang.configurations``):
+The space is the engine's (``Engine.space``; SGLang's rules when no engine is named):
 speculation off; steps 1-8; topk 1, 2, 4, 8; draft tokens = steps + 1 for topk 1, and for trees
 the budgets SGLang accepts. An engine that drafts chains only (vLLM: ``Engine.topks == (1,)``)
-gets the chains and "off". The schedule's file format and its checks are SGLang's
-(``engines.sglang``: ``check_adaptive``, ``write_adaptive``); what goes in it is decided here.
+gets the chains and "off". The schedule's file format and its checks are SGLang's (its engine's
+``check_schedule_table``, ``write_schedule``: ``check_adaptive``, ``write_adaptive`` here); what
+goes in it is decided here.
 """
 
 from __future__ import annotations
@@ -15,15 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tuitune import engines
 from tuitune.decide.costmodel import OFF, Config, CostModel, Prediction
 from tuitune.engines.base import MAX_STEPS, Engine
-from tuitune.engines.sglang import (  # noqa: F401  (write_adaptive: the command line writes it from here)
-    ADAPTIVE_BUCKETS,
-    TOPKS,
-    check_adaptive,
-    configurations,
-    write_adaptive,
-)
+
+_ADAPTIVE = engines.get("sglang")  # the engine whose adaptive schedule is decided here
+ADAPTIVE_BUCKETS = _ADAPTIVE.schedule_buckets
+TOPKS = _ADAPTIVE.topks
+check_adaptive = _ADAPTIVE.check_schedule_table
+write_adaptive = _ADAPTIVE.write_schedule  # (the command line writes it from here)
 
 TOLERANCE = 0.02  # "within 2 % of the best" (adaptive candidates; ties)
 BATCH_REACH = 1.5  # a batch size within this factor of those measured is interpolation, beyond it extrapolation
@@ -37,7 +38,7 @@ TOKEN_REACH_BELOW = 2.0
 def space(max_steps: int = MAX_STEPS, topks: tuple[int, ...] = TOPKS, engine: Engine | None = None) -> list[Config]:
     """The configurations to compare, as costmodel Configs: the engine's space when one is given,
     else SGLang's rules for these tree widths (``topks=(1,)``: chains only)."""
-    raw = engine.space(max_steps) if engine is not None else configurations(max_steps, topks)
+    raw = engine.space(max_steps) if engine is not None else _ADAPTIVE.space(max_steps, topks)
     return [Config(*c) if c[0] else OFF for c in raw]
 
 

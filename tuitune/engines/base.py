@@ -33,6 +33,7 @@ in pyproject.toml keeps it so).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
@@ -146,6 +147,12 @@ class Engine:
     editable_flags: tuple[Flag, ...] = ()
     # the name of the file format of its speculation schedule (``tuitune advise --emit``), if any
     schedule: str | None = None
+    # the batch sizes a schedule of buckets is decided at (the keys of SGLang's adaptive config)
+    schedule_buckets: tuple[int, ...] = ()
+    # a schedule of batch-size ranges: the last range's end as it writes it (None: no such schedule)
+    schedule_last_end: int | None = None
+    # the speculative algorithms that draft with no draft model (from the request's own tokens)
+    model_free: tuple[str, ...] = ()
     # the simulator's --sim-engine value when it plays this engine (None: its default dialect)
     sim_dialect: str | None = None
     # draft tree widths this engine runs (1 = a chain): the space advise and tune search
@@ -205,10 +212,18 @@ class Engine:
         them at start (the configurations advise and tune compare; costmodel.Config's fields)."""
         raise NotImplementedError
 
-    def space(self, max_steps: int = MAX_STEPS) -> list[tuple[int, int, int]]:
+    def space(self, max_steps: int = MAX_STEPS, topks: tuple[int, ...] | None = None) -> list[tuple[int, int, int]]:
         """Every (steps, topk, draft tokens) advise and tune may compare on this engine, speculation
-        off (0, 1, 1) first; the base: chains of 1 to ``max_steps`` steps."""
+        off (0, 1, 1) first, trees of the widths ``topks`` (None: ``self.topks``) where it drafts trees;
+        the base: chains of 1 to ``max_steps`` steps."""
         return chains(max_steps)
+
+    def resolve(self, spec) -> Resolved | None:
+        """A speculative section's settings as this engine runs them; None when the section is not
+        written in this engine's own keys (``engines.resolve`` asks each engine). ``spec``: the preset's
+        ``speculative`` section, or any object with its keys as attributes (a missing one reads as
+        None). ValueError (one sentence) for a combination the engine refuses."""
+        return None
 
     def config_changes(self, c, preset=None) -> dict:
         """The speculative section's keys that make a preset run configuration ``c`` (steps,
@@ -236,10 +251,65 @@ class Engine:
         """What is wrong with the schedule file's ``text`` for this preset, in one clause (None: fine)."""
         return None
 
+    # ---- its schedule file (``schedule``): a table (what a preset holds and advise decides) and the
+    # document the file holds (JSON)
+
+    def check_schedule_table(self, table):
+        """The schedule ``table`` as checked by the engine's loader rules (its normal form); ValueError
+        (one sentence) for one the engine would refuse or silently change."""
+        raise NotImplementedError(f"{self.label} has no schedule")
+
+    def schedule_document(self, table) -> dict:
+        """The JSON object a schedule file holds for ``table`` (checked; ValueError as above)."""
+        raise NotImplementedError(f"{self.label} has no schedule")
+
+    def write_schedule(self, path: str, document: dict) -> None:
+        """Write a schedule file atomically (``document``: ``schedule_document``'s); OSError when it cannot."""
+        raise NotImplementedError(f"{self.label} has no schedule")
+
+    def read_schedule(self, path: str, source: str = "the file"):
+        """A schedule file on this machine as its checked table; ValueError (one sentence, naming it as
+        ``source``) when it cannot be read or is not such a schedule."""
+        raise NotImplementedError(f"{self.label} has no schedule")
+
     def schedule_allows_off(self, windows) -> bool:
         """Whether an emitted schedule may turn speculation off (0 steps) for a batch size, on the
         server whose profile ``windows`` it was fitted from."""
         return True
+
+    # ---- its /metrics page (``measure.promscrape`` parses it; the names and their meaning are here)
+
+    def metric_families(self) -> tuple[str, ...]:
+        """The metric families of its /metrics page tuitune reads (as HELP and TYPE lines name them)."""
+        per_position = (self.per_position_metric,) if self.per_position_metric else ()
+        return (*self.counters, *self.gauges, *per_position)
+
+    def read_metric(self, snap, name: str, samples) -> bool:
+        """Add one family of a page (``name`` without "_total", its prometheus_client ``samples``) to
+        ``snap`` (``counters``: sums, ``gauges``: means, ``per_pos``: accepted tokens by draft position);
+        False when the family is none of this engine's. The base: ``counters``, ``gauges`` and
+        ``per_position_metric`` as declared above."""
+        if name == self.per_position_metric:
+            for s in _totals(name, samples):
+                if s.labels.get("position", "").isdigit():
+                    pos = int(s.labels["position"])
+                    snap.per_pos[pos] = snap.per_pos.get(pos, 0.0) + s.value
+        elif name in self.counters:
+            snap.counters[name] = sum(s.value for s in _totals(name, samples) if math.isfinite(s.value))
+        elif name in self.gauges:
+            mean_gauge(snap, name, samples)
+        else:
+            return False
+        return True
+
+    def on_page(self, snap) -> bool:
+        """Whether a page's snapshot holds this engine's metrics (its windows are then this engine's)."""
+        return any(k in snap.counters for k in self.counters) or bool(self.gauges.keys() & snap.gauges.keys())
+
+    def metrics_window(self, prev, cur, seconds: float):
+        """The ``MetricsWindow`` of what changed between two snapshots of one server ``seconds`` apart;
+        None when nothing known changed or the counters went backwards (a restart between the scrapes)."""
+        return None
 
     def served_model(self, preset) -> str | None:
         """The model name the OpenAI API expects in requests (None: the server takes any)."""
@@ -368,6 +438,33 @@ def literal(text: str) -> int | float | str:
     """A flag's value as a preset writes it back unchanged: a number where it prints the same."""
     n = number(text)
     return n if n is not None and str(n) == text else text
+
+
+def _totals(name: str, samples) -> list:
+    """A counter family's samples (without a TYPE line the family keeps the "_total" name)."""
+    return [s for s in samples if s.name == name + "_total"]
+
+
+def mean_gauge(snap, name: str, samples) -> None:
+    """A gauge's mean over its label sets (data-parallel engines), its non-finite values left out."""
+    values = [s.value for s in samples if math.isfinite(s.value)]
+    if values:
+        snap.gauges[name] = sum(values) / len(values)
+
+
+def read_schedule_text(path: str, source: str = "the file") -> str:
+    """A schedule file's text, on this machine; ValueError (one sentence, naming it as ``source``) when
+    it cannot be read or is over 1 MB."""
+    import os
+
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as f:
+            text = f.read(1_000_001)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{source} cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    if len(text) > 1_000_000:
+        raise ValueError(f"{source} is over 1 MB, too large to be a schedule")
+    return text
 
 
 def chains(max_steps: int = MAX_STEPS) -> list[tuple[int, int, int]]:

@@ -9,15 +9,16 @@ so that the command tuitune shows is the configuration the server will really ru
 from __future__ import annotations
 
 import json
+import math
 import re
 import typing
 from collections.abc import Sequence
 from itertools import repeat
 
-from tuitune.base.events import DecodeStats, Event, Malformed, PrefillStats, Ready
+from tuitune.base.events import DecodeStats, Event, Malformed, MetricsWindow, PrefillStats, Ready
 from tuitune.base.logline import FastFields, Rule, as_bool, as_float, as_int, number, prefix, prefixes
 from tuitune.base.logline import fields as _fields
-from tuitune.engines.base import MAX_STEPS, Engine, Flag, LoggedRequest, Resolved
+from tuitune.engines.base import MAX_STEPS, Engine, Flag, LoggedRequest, Resolved, mean_gauge, read_schedule_text
 
 # ---- speculative rules (server_args.py) ------------------------------------------------------------
 
@@ -402,8 +403,90 @@ class SGLang(Engine):
         Flag("disable-custom-all-reduce", "disable custom all-reduce", "bool"),
     )
     schedule = SCHEDULE
+    schedule_buckets = ADAPTIVE_BUCKETS
     topks = TOPKS
+    model_free = MODEL_FREE
     log_prefix = staticmethod(log_prefix)
+
+    def resolve(self, spec) -> Resolved:
+        """SGLang's rules (``resolve`` above); it answers any section (SUFFIX and vLLM's keys it refuses)."""
+        return resolve(
+            spec.algorithm,
+            getattr(spec, "num_steps", None),
+            getattr(spec, "eagle_topk", None),
+            getattr(spec, "num_draft_tokens", None),
+            getattr(spec, "draft_model_path", None),
+            getattr(spec, "ngram_max_bfs_breadth", None),
+            getattr(spec, "ngram_min_bfs_breadth", None),
+        )
+
+    # ---- the adaptive config (--speculative-adaptive-config): its table is the file's JSON object
+
+    def check_schedule_table(self, table) -> dict[int, list[int]]:
+        return check_adaptive(table)
+
+    def schedule_document(self, table) -> dict:
+        check_adaptive(table)
+        return table
+
+    def write_schedule(self, path: str, document: dict) -> None:
+        write_adaptive(path, document)
+
+    def read_schedule(self, path: str, source: str = "the file") -> dict[int, list[int]]:
+        try:
+            doc = json.loads(read_schedule_text(path, source))
+        except ValueError as e:
+            raise ValueError(f"{source} is not JSON ({e})") from None
+        try:
+            return check_adaptive(doc)
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
+
+    # ---- /metrics: gauges (last values), counters (deltas), forward time by category
+
+    def metric_families(self) -> tuple[str, ...]:
+        return (*GAUGES, *STEP_GAUGES, *COUNTERS, FORWARD_SECONDS)
+
+    def read_metric(self, snap, name: str, samples) -> bool:
+        total = name + "_total"  # its counters are kept under the page's name
+        if total in COUNTERS:
+            snap.counters[total] = sum(s.value for s in samples if s.name == total and math.isfinite(s.value))
+        elif total == FORWARD_SECONDS:
+            for s in samples:
+                key = FORWARD_CATEGORIES.get(s.labels.get("category", ""))
+                if s.name == total and key and math.isfinite(s.value):
+                    snap.counters[key] = snap.counters.get(key, 0.0) + s.value
+        elif name in GAUGES or name in STEP_GAUGES:
+            mean_gauge(snap, name, samples)
+        else:
+            return False
+        return True
+
+    def on_page(self, snap) -> bool:
+        return any(k in snap.counters for k in (*COUNTERS, *FORWARD_CATEGORIES.values())) or any(
+            k in snap.gauges for k in (*GAUGES, *STEP_GAUGES)
+        )
+
+    def metrics_window(self, prev, cur, seconds: float) -> MetricsWindow | None:
+        """Gauges: their last values; counters: deltas (accept length = generation tokens / verify calls,
+        SGLang's own definition, meta_info's)."""
+        kw: dict = {}
+        for name, key in (*GAUGES.items(), *STEP_GAUGES.items()):
+            if name in cur.gauges:
+                v = cur.gauges[name]
+                kw[key] = int(v) if key.endswith("_req") else v
+        delta = {k: cur.counters[k] - prev.counters[k] for k in cur.counters if k in prev.counters}
+        if any(v < 0 for v in delta.values()):
+            return None  # a restart between the scrapes
+        for name, key in COUNTERS.items():
+            if name in delta:
+                kw[key] = int(delta[name])
+        for key in FORWARD_CATEGORIES.values():
+            if key in delta:
+                kw[key] = delta[key]
+        if kw.get("verify_calls") and kw.get("gen_tokens"):
+            kw["accept_len"] = kw["gen_tokens"] / kw["verify_calls"]
+        return MetricsWindow("sglang", seconds, **kw) if kw else None
 
     def launch_args(self, preset) -> list[str]:
         out = self.plain_flags(preset.server.args) + ["--port", str(preset.server.port)]
@@ -528,8 +611,8 @@ class SGLang(Engine):
             return (1,)
         return self.topks
 
-    def space(self, max_steps: int = MAX_STEPS) -> list[tuple[int, int, int]]:
-        return configurations(max_steps, self.topks)
+    def space(self, max_steps: int = MAX_STEPS, topks: tuple[int, ...] | None = None) -> list[tuple[int, int, int]]:
+        return configurations(max_steps, self.topks if topks is None else topks)
 
     def config_changes(self, c, preset=None) -> dict:
         if preset is not None and preset.is_speculative and preset.speculative.algorithm == "NGRAM":

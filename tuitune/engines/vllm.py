@@ -26,10 +26,10 @@ import json
 import math
 import re
 
-from tuitune.base.events import DecodeStats, Event, Malformed, VllmSpec
+from tuitune.base.events import DecodeStats, Event, Malformed, MetricsWindow, VllmSpec
 from tuitune.base.logline import NO_PREFIX, Rule
 from tuitune.base.numbers import to_float, to_int
-from tuitune.engines.base import BenchApi, Engine, Flag, LoggedRequest
+from tuitune.engines.base import BenchApi, Engine, Flag, LoggedRequest, Resolved, read_schedule_text
 
 SPEC_MARKER = "SpecDecoding metrics: "
 STATS_MARKER = "Avg prompt throughput: "
@@ -125,6 +125,53 @@ class VLLM(Engine):
     sim_dialect = "vllm"
     topks = (1,)  # EAGLE on vLLM drafts a chain
     schedule = DSD_SCHEDULE  # K by batch size (speculative.dynamic_schedule)
+    schedule_last_end = DSD_LAST_END
+    model_free = tuple(m for m in METHODS if m not in DRAFT_METHODS)
+
+    def resolve(self, spec) -> Resolved | None:
+        """vLLM's keys: num_speculative_tokens (a chain: K drafted, K + 1 verified), or suffix
+        decoding (it picks its length per request)."""
+        n = getattr(spec, "num_speculative_tokens", None)
+        if n is not None:
+            return Resolved(spec.algorithm, n, 1, n + 1)
+        if spec.algorithm == "SUFFIX":
+            return Resolved(spec.algorithm, None, None, None)
+        return None
+
+    def check_schedule_table(self, table) -> list[tuple[int, int, int]]:
+        return check_dsd(table)
+
+    def schedule_document(self, table) -> dict:
+        return dsd_document(table)
+
+    def write_schedule(self, path: str, document: dict) -> None:
+        write_dsd(path, document[DSD_KEY])
+
+    def read_schedule(self, path: str, source: str = "the file") -> list[tuple[int, int, int]]:
+        return read_dsd(path, source)
+
+    def metrics_window(self, prev, cur, seconds: float) -> MetricsWindow | None:
+        """Counters: acceptance (per draft position too) and rates from their deltas; gauges: last values."""
+        delta = {k: cur.counters.get(k, 0.0) - prev.counters.get(k, 0.0) for k in self.counters}
+        pos = {i: v - prev.per_pos.get(i, 0.0) for i, v in cur.per_pos.items()}
+        if any(v < 0 for v in (*delta.values(), *pos.values())):
+            return None
+        kw: dict = {self.gauges[k]: int(v) for k, v in cur.gauges.items() if k in self.gauges}
+        if GENERATION_TOKENS in cur.counters:
+            kw["gen_tok_s"] = delta[GENERATION_TOKENS] / seconds
+        drafts = delta[NUM_DRAFTS]
+        if drafts > 0:
+            kw.update(
+                drafts=int(drafts),
+                draft_tokens=int(delta[NUM_DRAFT_TOKENS]),
+                accepted=int(delta[NUM_ACCEPTED]),
+                accept_len=1 + delta[NUM_ACCEPTED] / drafts,
+            )
+            if delta[NUM_DRAFT_TOKENS] > 0:
+                kw["accept_rate"] = delta[NUM_ACCEPTED] / delta[NUM_DRAFT_TOKENS]
+            if pos:
+                kw["per_position"] = tuple(pos[i] / drafts for i in sorted(pos))
+        return MetricsWindow("vllm", seconds, **kw)
 
     @staticmethod
     def log_prefix(line: str, end: int) -> tuple[str | None, str | None] | None:
@@ -505,16 +552,7 @@ def parse_dsd(text: str, source: str = "the file") -> list[tuple[int, int, int]]
 def read_dsd(path: str, source: str = "the file") -> list[tuple[int, int, int]]:
     """A schedule file on this machine, checked; ValueError (one sentence, naming it as ``source``)
     when it cannot be read or is not a schedule."""
-    import os
-
-    try:
-        with open(os.path.expanduser(path), encoding="utf-8") as f:
-            text = f.read(1_000_001)
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"{source} cannot be read ({getattr(e, 'strerror', None) or e})") from None
-    if len(text) > 1_000_000:
-        raise ValueError(f"{source} is over 1 MB, too large to be a schedule")
-    return parse_dsd(text, source)
+    return parse_dsd(read_schedule_text(path, source), source)
 
 
 def write_dsd(path: str, table) -> None:

@@ -18,13 +18,14 @@ from tuitune import engines
 from tuitune import preset as P
 from tuitune.decide import advise as A
 from tuitune.decide.costmodel import Config, CostModel, FitError, bootstrap, fit
-from tuitune.engines import sglang as SG
-from tuitune.engines import vllm as VL
 from tuitune.experiments.observe import _is_preset, launches_from
 from tuitune.measure.workload import differ as workload_differ
 
 EMIT_ENGINES = {e.schedule: e for e in engines.ENGINES.values() if e.schedule}  # format -> the engine loading it
 EMIT_FORMATS = tuple(EMIT_ENGINES)
+_DSD = engines.get("vllm")  # its schedule: one K per batch-size range (num_speculative_tokens_per_batch_size)
+DSD = str(_DSD.schedule)  # "vllm-dsd"
+ADAPTIVE = str(engines.get("sglang").schedule)  # "sglang-adaptive": candidate steps per bucket
 REFITS = 64  # the model refitted to resampled windows this many times to say how sure each bucket is
 SURE = 0.5  # a bucket's choice within the tolerance of the best in fewer of the refits than this: unsure
 
@@ -45,7 +46,7 @@ class Advised:
     emitted: str | None = None  # the schedule's file
     schedule: dict | None = None  # the file's content
     buckets: list[dict] = field(default_factory=list)  # why each bucket got its candidates (and its K)
-    emit_format: str = SG.SCHEDULE
+    emit_format: str = ADAPTIVE
     floor: dict | None = None  # vLLM's schedule against no speculation at the concurrencies asked (A.dsd_floor)
     per_request: tuple[float, float] | None = None  # the verify's ms a request: the fit's, the plane's
     off_refused: bool = False  # the engine cannot run 0 steps in its schedule (SGLang on a CPU)
@@ -70,7 +71,7 @@ class Advised:
         lines += [f"warning: {w}" for w in self.warnings]
         if self.schedule is None:
             return "\n".join(lines)
-        dsd = self.emit_format == VL.DSD_SCHEDULE
+        dsd = self.emit_format == DSD
         if dsd:
             lines.append(
                 f"\nwrote {self.emitted} (vLLM num_speculative_tokens_per_batch_size; per batch-size range the "
@@ -231,7 +232,7 @@ def measured_floor(launches, key: int, end: int, k: int) -> str | None:
     return None
 
 
-def dsd_schedule(buckets: list[dict], last_end: int = VL.DSD_LAST_END, launches=()) -> list[list[int]]:
+def dsd_schedule(buckets: list[dict], last_end: int = _DSD.schedule_last_end or 0, launches=()) -> list[list[int]]:
     """vLLM's ``num_speculative_tokens_per_batch_size`` from the per-bucket decision SGLang's schedule
     is made of (``A.adaptive_schedule``: each key's candidates, the chain steps within the tolerance
     of the bucket's best, 0 = off). vLLM runs one K per batch size, so each bucket gets 0 when off is
@@ -253,7 +254,7 @@ def dsd_schedule(buckets: list[dict], last_end: int = VL.DSD_LAST_END, launches=
             rows[-1][1] = end
         else:
             rows.append([w["key"], end, k])
-    VL.check_dsd(rows)
+    _DSD.check_schedule_table(rows)
     return rows
 
 
@@ -398,7 +399,7 @@ def workload_warning(sources: list[str]) -> str | None:
 def _refuse_emit(emit_format: str, engine: engines.Engine) -> None:
     """The one sentence for a schedule asked of an engine that cannot load it."""
     owner = EMIT_ENGINES[emit_format]
-    if emit_format == SG.SCHEDULE:
+    if emit_format == ADAPTIVE:
         why = "has no adaptive speculation to load it"
     else:
         why = "has no num_speculative_tokens_per_batch_size to load it"
@@ -411,7 +412,7 @@ async def advise_sources(
     concurrencies: list[int] | None = None,
     emit: str | None = None,
     buckets: list[int] | None = None,
-    emit_format: str = SG.SCHEDULE,
+    emit_format: str = ADAPTIVE,
 ) -> Advised:
     """Advice for each of ``concurrencies`` (default: the load the launches were measured at) from
     presets' running servers or captures; with ``emit``, the engine schedule ``emit_format`` (SGLang's
@@ -464,17 +465,14 @@ async def advise_sources(
         out.off_refused = not off
         out.per_request = (model.verify.per_request().mean, alt.verify.per_request().mean)
         mark_buckets(model, out.buckets)
-        if emit_format == VL.DSD_SCHEDULE:
+        if emit_format == DSD:
             rows = dsd_schedule(out.buckets, launches=model.launches)
-            out.schedule = VL.dsd_document(rows)
+            out.schedule = owner.schedule_document(rows)
             out.floor = A.dsd_floor(model, rows, concurrencies or [load])
-        mark_per_request(out.buckets, emit_format == VL.DSD_SCHEDULE)
-        mark_unsure(out.buckets, emit_format == VL.DSD_SCHEDULE)
+        mark_per_request(out.buckets, emit_format == DSD)
+        mark_unsure(out.buckets, emit_format == DSD)
         try:
-            if emit_format == VL.DSD_SCHEDULE:
-                VL.write_dsd(emit, out.schedule[VL.DSD_KEY])
-            else:
-                A.write_adaptive(emit, out.schedule)
+            owner.write_schedule(emit, out.schedule)
         except OSError as e:
             raise AdvisorError(f"{emit}: cannot write it ({e.strerror or e})", 1) from None
         out.emitted = emit

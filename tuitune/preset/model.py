@@ -23,11 +23,11 @@ from pydantic import (
 )
 
 from tuitune import engines
-from tuitune.engines import sglang, vllm
 from tuitune.engines.base import Resolved
 from tuitune.preset import nccl
 
 SIM_MODULE = "tuitune.sim"
+_DSD = engines.get("vllm")  # speculative.dynamic_schedule is vLLM's schedule (its rules and file format)
 FLAG_RE = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
 ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 ArgValue = bool | int | float | str
@@ -284,14 +284,16 @@ class Speculative(_Model):
     @classmethod
     def _schedule_checked(cls, v: str | list | None) -> str | list | None:
         if v is not None:  # vLLM's rules (the K bound is the engine's check: it needs the preset)
-            vllm.read_dsd(v) if isinstance(v, str) else vllm.check_dsd(v)
+            _DSD.read_schedule(v) if isinstance(v, str) else _DSD.check_schedule_table(v)
         return v
 
     @model_validator(mode="after")
     def _schedule_rules(self) -> Speculative:
         v = self.dynamic_schedule
         try:  # a file is read once, here: what renders is what was checked
-            self._schedule = None if v is None else vllm.read_dsd(v) if isinstance(v, str) else vllm.check_dsd(v)
+            self._schedule = (
+                None if v is None else _DSD.read_schedule(v) if isinstance(v, str) else _DSD.check_schedule_table(v)
+            )
         except ValueError as e:
             raise ValueError(f"dynamic_schedule: {e}") from None
         if v is not None and self.algorithm is None:
@@ -307,7 +309,7 @@ class Speculative(_Model):
     def _rules(self) -> Speculative:
         if self.draft_model_path is not None:
             _no_control(self.draft_model_path)
-        if self.algorithm in sglang.MODEL_FREE and self.draft_model_path is not None:
+        if self.algorithm in engines.MODEL_FREE and self.draft_model_path is not None:
             raise ValueError(
                 f"draft_model_path: {self.algorithm} drafts from the request's own tokens, with no draft model; remove it"
             )
@@ -330,19 +332,8 @@ class Speculative(_Model):
         return self
 
     def resolved(self) -> Resolved:
-        if self.num_speculative_tokens is not None:  # vLLM's chain: K drafted, K + 1 verified
-            return Resolved(self.algorithm, self.num_speculative_tokens, 1, self.num_speculative_tokens + 1)
-        if self.algorithm == "SUFFIX":  # vLLM's suffix decoding picks its length per request
-            return Resolved(self.algorithm, None, None, None)
-        return sglang.resolve(
-            self.algorithm,
-            self.num_steps,
-            self.eagle_topk,
-            self.num_draft_tokens,
-            self.draft_model_path,
-            self.ngram_max_bfs_breadth,
-            self.ngram_min_bfs_breadth,
-        )
+        # the engine whose keys the section uses (vLLM's chain, suffix decoding), else SGLang's rules
+        return engines.resolve(self)
 
 
 NGRAM_TREE_KEYS = ("ngram_min_bfs_breadth", "ngram_max_bfs_breadth", "ngram_max_trie_depth")

@@ -1,12 +1,14 @@
 """Config panel: speculative settings, key server flags, every NCCL variable of the catalogue.
 
 The panel only collects values and shows inline errors; the rules live in the core
-(``nccl.check``, ``engines.sglang.resolve``, ``preset.with_changes``). The algorithms and server
+(``nccl.check``, ``Engine.resolve``, ``preset.with_changes``). The algorithms and server
 flags offered are the loaded preset's engine's (``Engine.algorithms``, ``Engine.editable_flags``).
 It posts ``Edited`` with the dotted-path changes against the preset it was loaded with.
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -14,7 +16,6 @@ from textual.message import Message
 from textual.widgets import Checkbox, Input, Label, Select, Static
 
 from tuitune import engines
-from tuitune.engines import sglang
 from tuitune.engines.base import Engine, Flag
 from tuitune.preset import Preset, PresetError, nccl, with_changes
 
@@ -201,7 +202,14 @@ class ConfigPanel(VerticalScroll):
         else:
             draft_path = sp.draft_model_path if sp else None
             try:
-                sglang.resolve(algo, steps, topk, draft, draft_path)
+                section = SimpleNamespace(
+                    algorithm=algo,
+                    num_steps=steps,
+                    eagle_topk=topk,
+                    num_draft_tokens=draft,
+                    draft_model_path=draft_path,
+                )
+                self.engine.resolve(section)
                 want = {"algorithm": algo, "num_steps": steps, "eagle_topk": topk, "num_draft_tokens": draft}
                 have = {k: getattr(sp, k) if sp else None for k in want}
                 for k, v in want.items():
