@@ -746,3 +746,25 @@ def test_a_schedule_for_sglang_on_a_cpu_never_offers_zero_steps():
         sync="event",
     )
     assert eng.schedule_allows_off([gpu]) and not eng.schedule_allows_off([gpu, cpu])
+
+
+def test_tune_says_where_the_simulator_fell_behind_its_clock(tmp_path):
+    """A simulator asked to run 2000x faster than its model at 16 streams cannot keep up on any
+    machine: its busy wall time is mostly lag, so the goodput tune decides by is far below its model's.
+    tune keeps the figure (dropping it once left tune blind to the start at its own concurrency) but
+    says, per launch and level, how slow it came out, in the result, the log row and the text."""
+    p = P.with_changes(P.resolve(str(sim_preset(tmp_path))), {"server.args.sim-speedup": 2000})
+    path = P.save(p, tmp_path / "fast.yaml")
+    out = tmp_path / "out"
+    args = ["tune", str(path), "--budget", "0", "--concurrency", "16", "--levels", "16", "--requests", "32"]
+    r = tuitune(tmp_path, *args, "--out", str(out), "--json", str(tmp_path / "r.json"))
+    assert r.returncode == 0, r.stderr + r.stdout
+    res = json.loads((tmp_path / "r.json").read_text())
+    (label,) = res["sim_behind"]
+    said = res["sim_behind"][label]["16"]
+    assert said.startswith("its figures ") and said.endswith("% below its model's: that share of its busy time was lag")
+    assert int(said.split()[2].rstrip("%")) > 10, said
+    row = next(x for x in map(json.loads, (out / "tune.jsonl").read_text().splitlines()) if x["kind"] == "launch")
+    assert row["sim_behind"] == {"16": said}  # kept for --resume
+    assert f"measured while the simulator fell behind its clock (c=16: {said})" in r.stdout, r.stdout
+    assert "lower --sim-speedup" in r.stdout

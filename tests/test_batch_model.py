@@ -218,8 +218,18 @@ def test_crossover_order_and_verdicts():
     behind = run_of(4, 100, 1.0)
     behind.sim_late_share = 0.4
     late = level_verdict([behind], [run_of(4, 100, 1.5)], 4, 0.02)
-    assert late["verdict"] == "not comparable" and "fell behind its clock (40% of cycles late)" in late["reason"]
+    assert (
+        late["verdict"] == "not comparable"
+        and "fell behind its clock (40% of its cycles started late)" in late["reason"]
+    )
     assert any("fell behind" in w for w in behind.cross_check())
+    # where the simulator reports its busy time, that decides: late cycles it caught up on do not count
+    behind.sim_lag_share = 0.03
+    assert behind.sim_behind() is None and not any("fell behind" in w for w in behind.cross_check())
+    assert level_verdict([behind], [run_of(4, 100, 1.5)], 4, 0.02)["verdict"] != "not comparable"
+    behind.sim_lag_share = 0.12
+    slow = level_verdict([behind], [run_of(4, 100, 1.5)], 4, 0.02)
+    assert slow["verdict"] == "not comparable" and "its figures 12% below its model's" in slow["reason"], slow
     capped = run_of(4, 100, 1.0)
     capped.gpu_note = "GPU 3 power cap"
     held = level_verdict([capped], [run_of(4, 100, 1.5)], 4, 0.02)

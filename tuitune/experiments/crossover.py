@@ -18,7 +18,7 @@ from pathlib import Path
 from tuitune import preset as P
 from tuitune.machine.session import Session
 from tuitune.measure import stats
-from tuitune.measure.bench import SIM_LATE_LIMIT, BenchRun, limit_confound, stream_goodput
+from tuitune.measure.bench import BenchRun, limit_confound, stream_goodput
 from tuitune.measure.levels import bench_levels
 
 ARMS = ("on", "off")
@@ -73,7 +73,7 @@ def level_verdict(on: list[BenchRun], off: list[BenchRun], level: int, min_effec
             "batch_size": _mean([b for r in runs for b in r.batch_sizes]),
             "accept_len": _mean([q.accept_len for r in runs for q in r.ok if q.accept_len]),
         }
-    late = [r for r in on + off if r.sim_late_share is not None and r.sim_late_share > SIM_LATE_LIMIT]
+    late = [r for r in on + off if r.sim_behind()]
     held = [r for r in on + off if r.gpu_note]
     mixed = held and len(held) < len(on + off)  # GPUs held back in one arm's runs only, as in `ab`
     confound = limit_confound(
@@ -91,7 +91,7 @@ def level_verdict(on: list[BenchRun], off: list[BenchRun], level: int, min_effec
             if confound and confound[0]
             else f"{failed} request(s) failed"
             if failed
-            else f"the simulator fell behind its clock ({late[0].sim_late_share:.0%} of cycles late): lower --sim-speedup"
+            else f"the simulator fell behind its clock ({late[0].sim_behind()}): lower --sim-speedup"
             if late
             else f"GPUs were held back during part of it ({held[0].gpu_note})"
             if mixed

@@ -303,6 +303,8 @@ class SessionSource:
         self.overrides = overrides or {}
         self.settle_s = settle_s
         self.count = 0
+        # levels where a simulator fell behind its clock: configuration -> concurrency -> how far
+        self.behind: dict[Config, dict[int, str]] = {}
 
     def preset(self, c: Config) -> P.Preset:
         return preset_for(self.base, c, self.spec)
@@ -349,6 +351,8 @@ class SessionSource:
                 gp = run.goodput() if not run.failed else None
                 if gp:
                     launch.goodput[cfg.concurrency] = gp["tok_s"]
+                    if run.sim_behind():  # kept (tune decides by it) but said: the choice may rest on it
+                        self.behind.setdefault(config, {})[cfg.concurrency] = run.sim_behind() or ""
 
             # two requests at least, also at concurrency 1 (above it, two per stream: BenchConfig.at_level)
             b = {**self.overrides, "requests": max(int(self.overrides.get("requests") or p.bench.requests), 2)}
@@ -396,6 +400,12 @@ def row_problem(r: dict) -> str | None:
             return "its failure is not text"
         if r.get("predicted") is not None and not isinstance(r["predicted"], dict):
             return "its prediction is not an object"
+        lag = r.get("sim_behind")
+        if lag is not None and not (
+            isinstance(lag, dict)
+            and all(isinstance(k, str) and k.isdigit() and isinstance(v, str) for k, v in lag.items())
+        ):
+            return "its simulator lag is not text per concurrency"
     elif kind == "nccl":
         ch = r.get("changes")
         if not isinstance(ch, dict) or not all(
@@ -677,10 +687,16 @@ async def tune(
         prior = _replay_prior([r for r in rows if r.get("kind") == "launch" and r.get("env", "") == env_label])
         source = SessionSource(session, base, out, overrides)
         source.count = sum(1 for r in rows if r.get("kind") == "launch")
+        for r in rows:  # (--resume) the earlier launches' levels where the simulator fell behind
+            if r.get("kind") == "launch" and r.get("env", "") == env_label and r.get("sim_behind"):
+                source.behind[Config(**r["config"])] = {int(k): v for k, v in r["sim_behind"].items()}
 
         def on_step(st: Step, ln: Launch) -> None:
             ready = session.last_ready.elapsed_s if session.last_ready is not None and not ln.failure else None
-            _append(out, {**st.to_dict(), "capture": ln.label, "env": env_label, "ready_s": ready})
+            row = {**st.to_dict(), "capture": ln.label, "env": env_label, "ready_s": ready}
+            if source.behind.get(st.config):
+                row["sim_behind"] = {str(k): v for k, v in source.behind[st.config].items()}
+            _append(out, row)
 
         describe = base.engine.config_label
         result = await tune_loop(
@@ -709,6 +725,8 @@ async def tune(
             "measured": {describe(c): g for c, g in measured.items()},
             "failed": {describe(st.config): st.failure for st in result.steps if st.failure},
         }
+        if source.behind:
+            summary["sim_behind"] = {describe(c): {str(k): v for k, v in lv.items()} for c, lv in source.behind.items()}
         if result.advice is not None:
             summary["advice"] = result.advice.to_dict(full=False)
         summary["chosen_why"] = choice_reason(result, describe)
@@ -904,6 +922,12 @@ def format_result(r: dict) -> str:
         lines.append(f"  {label:<32} {g:>10.1f} tok/s measured")
     for label, why in (r.get("failed") or {}).items():
         lines.append(f"  {label:<32} did not start: {why}")
+    for label, levels in (r.get("sim_behind") or {}).items():
+        said = "; ".join(f"c={c}: {how}" for c, how in levels.items())
+        lines.append(
+            f"  {label:<32} measured while the simulator fell behind its clock ({said}): slower than its model "
+            "there, so a choice resting on it may be wrong; lower --sim-speedup"
+        )
     if r.get("chosen_why") and r["verdict"].get("verdict") != "start is already best":
         lines.append(f"chosen: {r['chosen_label']}: {r['chosen_why']}")
     v = r["verdict"]

@@ -38,6 +38,9 @@ from tuitune.measure.workload import describe as describe_workload
 from tuitune.measure.workload import for_preset as workload_for
 
 SIM_LATE_LIMIT = 0.10  # above this share of late cycles a simulator's figures are not its model's
+# above this share of its busy wall time spent behind its own clock, a simulator's figures are that much
+# slower than its model's (1 - model_busy/wall_busy over the run): a slip that a tuned choice can rest on
+SIM_LAG_LIMIT = 0.10
 _COMPLETION = re.compile(rb'"completion_tokens":\s*(\d{1,15})(?![\d.eE])')
 MAX_EVENT = 4 << 20  # bytes of one stream event (a native chunk's cumulative text at 32k tokens is ~200 KB)
 _MAX_COUNT = 1 << 40  # a token count above this is no server's
@@ -233,6 +236,7 @@ class BenchRun:
     cycle_ms: float | None = None  # mean cycle of the profile windows the server logged meanwhile
     batch_sizes: list[int] = field(default_factory=list)  # #running-req of the server's decode lines meanwhile
     sim_late_share: float | None = None  # simulator only: share of its cycles that started late meanwhile
+    sim_lag_share: float | None = None  # simulator only: share of its busy wall time it spent behind its clock
     env_drift: list[str] | None = None  # variables the server's real environment lacked vs its preset (None: unknown)
     gpu_note: str | None = None  # GPUs capped or a straggler meanwhile (telemetry.RunWatch)
 
@@ -301,6 +305,19 @@ class BenchRun:
             out["warnings"].append(f"measured while GPUs were held back: {self.gpu_note}")
         return out
 
+    def sim_behind(self) -> str | None:
+        """How far a simulator fell behind its clock during the run, when too far to read its figures as
+        its model's (None: it kept up, or no simulator). The share of its busy wall time that was lag
+        says how much slower the figures came out; where the simulator does not report its busy time,
+        the share of cycles that started late says only that it slipped."""
+        if self.sim_lag_share is not None:
+            if self.sim_lag_share > SIM_LAG_LIMIT:
+                return f"its figures {self.sim_lag_share:.0%} below its model's: that share of its busy time was lag"
+            return None
+        if self.sim_late_share is not None and self.sim_late_share > SIM_LATE_LIMIT:
+            return f"{self.sim_late_share:.0%} of its cycles started late"
+        return None
+
     def median_tok_s(self) -> float:
         vals = self.tok_s()
         return quantile(sorted(vals), 0.5) if vals else math.nan
@@ -311,11 +328,11 @@ class BenchRun:
         interval, which on a short run also counts idle time and other clients' requests, so the
         two disagree without anything being wrong (the "server says" line still shows it)."""
         out = []
-        if self.sim_late_share is not None and self.sim_late_share > SIM_LATE_LIMIT:
+        if self.sim_behind():
             out.append(
-                f"the simulator fell behind its clock ({self.sim_late_share:.0%} of its cycles started late): "
-                f"this machine cannot serve {self.config.concurrency} streams at this --sim-speedup, so the "
-                f"figures are too slow; lower --sim-speedup"
+                f"the simulator fell behind its clock ({self.sim_behind()}): this machine cannot serve "
+                f"{self.config.concurrency} streams at this --sim-speedup, so the figures are too slow; "
+                "lower --sim-speedup"
             )
         acc = [r.accept_len for r in self.ok if r.accept_len]
         srv_acc = self.server.get("avg_spec_accept_length")
@@ -803,8 +820,15 @@ async def _run_bench(
             and after["cycles"] > before["cycles"]
         ):
             run.sim_late_share = (after["cycles_late"] - before["cycles_late"]) / (after["cycles"] - before["cycles"])
+        if all(_figure(d.get(k)) or d.get(k) == 0 for d in (before, after) for k in BUSY):
+            model_s, wall_s = (after[k] - before[k] for k in BUSY)
+            if wall_s > 0 and model_s >= 0:
+                run.sim_lag_share = max(0.0, 1.0 - model_s / wall_s)
     run.wall_s = time.perf_counter() - t0
     return run
+
+
+BUSY = ("model_busy_s", "wall_busy_s")  # the simulator's modelled and wall-clock busy time (/server_info)
 
 
 def level_row(s: dict) -> dict:
