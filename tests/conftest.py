@@ -33,8 +33,25 @@ SHARED_FIXTURES = {
 }
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--quiet-tests",
+        choices=("gated", "apart", "only"),
+        default="gated",
+        help="quiet tests (below) that share no engine: run at the CPU gate among the others (gated, the "
+        "default), leave them out (apart), or run only them (only); `make test` runs the suite apart on two "
+        "workers, then only them in one process",
+    )
+
+
+def _alone(item) -> bool:
+    """A quiet test that needs no shared fixture's worker (a real engine's launch): it can run after the
+    others, in a process of its own, instead of waiting at the gate for the test beside it."""
+    return item.get_closest_marker("quiet") is not None and item.get_closest_marker("xdist_group") is None
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("sim_clock") is not None and item.get_closest_marker("quiet") is None:
             item.add_marker(pytest.mark.quiet)  # alone: never beside a serving engine (nor any other test)
@@ -43,8 +60,18 @@ def pytest_collection_modifyitems(items):
         for fixture, group in SHARED_FIXTURES.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(group))
+    phase = config.getoption("--quiet-tests")
+    if phase != "gated":
+        keep = [item for item in items if _alone(item) == (phase == "only")]
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
 
 
+# Waiting at the gate is what a quiet test costs: beside a real engine's test (one to three minutes) the
+# worker that drew it idles until that test ends. `make test` therefore runs the suite in two passes:
+# `--quiet-tests apart` on two workers (the quiet tests of a real engine's group stay there, at the gate),
+# then `--quiet-tests only` in one process, where nothing runs beside them and the gate is off.
+#
 # `sim_clock` tests (a verdict or a ratio read off the simulator's clock) are `quiet`: each runs alone,
 # never beside a serving engine (which keeps both cores busy: in CI, beside one, such tests read 1.47x
 # where 1.5x was asked, and "no significant difference" in 6 rounds for a gain a quiet machine measures
