@@ -12,7 +12,8 @@ from conftest import HandServer, collect_says, make_preset, tuitune_cli, until
 
 from tuitune import preset as P
 from tuitune.base.events import DecodeStats, ProfileWindow
-from tuitune.machine.control import ControlError, ServerControl
+from tuitune.machine.control import ServerControl
+from tuitune.machine.errors import ControlError
 from tuitune.machine.session import Session
 from tuitune.machine.transport import LocalTransport
 from tuitune.measure.capture import read_capture

@@ -15,7 +15,10 @@ import pytest
 from conftest import group_alive, make_preset, wait_for
 
 from tuitune import preset as P
-from tuitune.machine.control import ControlError, ServerControl, compute_drift, nccl_confirmation
+from tuitune.machine.control import ServerControl
+from tuitune.machine.errors import ControlError
+from tuitune.machine.readiness import nccl_confirmation
+from tuitune.machine.record import compute_drift
 from tuitune.machine.ssh import SshTarget
 from tuitune.machine.tail import LogTail
 from tuitune.machine.transport import LocalTransport, SshTransport, TransportError

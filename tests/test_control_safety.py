@@ -18,7 +18,8 @@ from conftest import group_alive, make_preset, tuitune_cli, wait_for
 
 from tuitune import preset as P
 from tuitune.experiments import ncclbench as NB
-from tuitune.machine.control import ControlError, ServerControl
+from tuitune.machine.control import ServerControl
+from tuitune.machine.errors import ControlError
 from tuitune.machine.ssh import SshTarget
 from tuitune.machine.tail import LogTail, file_size
 from tuitune.machine.transport import LocalTransport, SshTransport
@@ -350,7 +351,7 @@ async def test_health_of_another_process_on_the_port_is_not_ready(tmp_path, sim_
     c = ServerControl(LocalTransport(), p, state_dir=str(tmp_path / "state"))
     sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
-        from tuitune.machine.control import ServerRecord
+        from tuitune.machine.record import ServerRecord
 
         rec = ServerRecord(sleeper.pid, other.port, p.name, p.hash(), time.time(), str(other.log))
         res = await c.wait_ready(rec, timeout_s=3)
@@ -566,7 +567,7 @@ async def test_follow_again_restarts_a_stopped_tail(tmp_path):
 
 async def test_a_reused_pid_is_never_stopped(tmp_path):
     """Same class as item 6: the recorded pid died unseen and now belongs to an unrelated program."""
-    from tuitune.machine.control import ServerRecord
+    from tuitune.machine.record import ServerRecord
 
     p = make_preset(tmp_path, "reuse")
     c = ServerControl(LocalTransport(), p, state_dir=str(tmp_path / "state"))

@@ -16,8 +16,8 @@ from conftest import ROOT, HandServer, collect_says, free_port, sim_argv, tuitun
 
 from tuitune import preset as P
 from tuitune.base.events import DecodeStats, ProfileWindow
-from tuitune.machine.control import compute_drift
 from tuitune.machine.discover import DiscoverError, parse_host
+from tuitune.machine.record import compute_drift
 from tuitune.machine.session import Session
 from tuitune.measure.capture import read_capture
 from tuitune.preset.discovered import from_process

@@ -19,7 +19,8 @@ from conftest import group_alive, make_preset, tuitune_cli, tuitune_cmd, wait_fo
 from tuitune import preset as P
 from tuitune.base import redact
 from tuitune.base.events import LogLine
-from tuitune.machine.control import ControlError, ServerControl
+from tuitune.machine.control import ServerControl
+from tuitune.machine.errors import ControlError
 from tuitune.machine.ssh import SshTarget
 from tuitune.machine.tail import LogTail
 from tuitune.machine.transport import LinkLost, LocalTransport, SshTransport

@@ -247,7 +247,8 @@ async def test_a_missing_model_directory_is_refused_at_once_and_the_real_help_ru
 ):
     import time
 
-    from tuitune.machine.control import ControlError, ServerControl
+    from tuitune.machine.control import ServerControl
+    from tuitune.machine.errors import ControlError
     from tuitune.machine.transport import LocalTransport
 
     for k in ("VLLM_TARGET_DEVICE", "VLLM_LOGGING_LEVEL"):
@@ -286,7 +287,7 @@ async def test_a_missing_model_directory_is_refused_at_once_and_the_real_help_ru
 def test_the_classifier_knows_huggingfaces_wording_for_a_missing_model(vllm_python, tmp_path):
     """The wording comes from the real transformers / huggingface_hub that vLLM loads through."""
     from tuitune.engines import CAUSE_TEXT
-    from tuitune.machine.control import classify
+    from tuitune.machine.readiness import classify
     from tuitune.measure.parse import parse_line
 
     r = subprocess.run(

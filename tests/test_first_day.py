@@ -153,7 +153,8 @@ def _engine_preset(tmp_path, model: str, engine: str = "vllm", draft: str | None
 
 
 async def _refusal(p) -> str:
-    from tuitune.machine.control import ControlError, ServerControl
+    from tuitune.machine.control import ServerControl
+    from tuitune.machine.errors import ControlError
     from tuitune.machine.transport import LocalTransport
 
     c = ServerControl(LocalTransport(), p, state_dir=str(p.server.log) + ".state")
@@ -170,7 +171,7 @@ async def _passes_the_model_check(p) -> None:
     from tuitune.machine.transport import LocalTransport
 
     c = ServerControl(LocalTransport(), p, state_dir=str(p.server.log) + ".state")
-    await c._check_paths()
+    await c.checks.check_paths()
     assert not c.warnings, c.warnings
 
 
@@ -243,7 +244,7 @@ def test_the_shipped_demo_presets_model_is_refused_in_one_sentence_where_it_was_
 
 def test_the_engines_words_for_an_unreachable_hub_name_the_cause():
     from tuitune.engines import CAUSE_TEXT
-    from tuitune.machine.control import classify
+    from tuitune.machine.readiness import classify
     from tuitune.measure.parse import parse_line
 
     tb = parse_line("Traceback (most recent call last):")

@@ -17,7 +17,7 @@ from conftest import SshServer, free_port, group_alive, sim_pids
 
 from tuitune import preset as P
 from tuitune.machine.cluster import ClusterControl, control_for
-from tuitune.machine.control import ControlError
+from tuitune.machine.errors import ControlError
 from tuitune.machine.transport import for_preset
 
 ROOT = Path(__file__).resolve().parent.parent

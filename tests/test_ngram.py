@@ -533,7 +533,8 @@ def cli(*args, env=None, timeout=300):
 
 
 async def test_ngram_launches_on_both_dialects_and_profiles_as_lookups(tmp_path):
-    from tuitune.machine.control import ControlError, ServerControl
+    from tuitune.machine.control import ServerControl
+    from tuitune.machine.errors import ControlError
     from tuitune.machine.transport import LocalTransport
     from tuitune.measure.bench import BenchConfig, run_bench
 
@@ -699,7 +700,8 @@ async def test_preflight_refuses_suffix_decoding_without_arctic_inference(tmp_pa
     """The real vLLM 0.33 environment has no arctic-inference: refused before anything starts."""
     import vllm_cli
 
-    from tuitune.machine.control import ControlError, ServerControl
+    from tuitune.machine.control import ServerControl
+    from tuitune.machine.errors import ControlError
     from tuitune.machine.transport import LocalTransport
 
     model = tmp_path / "model"

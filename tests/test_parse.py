@@ -644,7 +644,7 @@ def test_a_long_per_position_list_is_read_in_one_pass():
 def test_sglangs_words_for_a_dead_scheduler():
     """SGLang 0.5.18's HTTP server when its scheduler is killed (seen on its CPU build): a classified
     cause quoting SGLang's words without its logger prefix, with the prefix's time."""
-    from tuitune.machine.control import classify
+    from tuitune.machine.readiness import classify
 
     e = parse_line(
         "[2026-12-04 18:35:38] Subprocess scheduler_0 (pid=26022) crashed with exit code -9. "

@@ -539,7 +539,7 @@ def test_stop_leaves_none_of_the_engines_processes(served):
 def test_the_engines_words_for_a_dead_process_are_classified():
     """The lines vLLM 0.32 logged above (engine core killed; worker crashed under a misfit draft)
     name the cause, ahead of the tracebacks around them."""
-    from tuitune.machine.control import classify
+    from tuitune.machine.readiness import classify
 
     lines = [
         "(APIServer pid=11397) ERROR 12-01 11:54:37 [async_llm.py:906] Traceback (most recent call last):",

@@ -18,7 +18,9 @@ from conftest import make_preset, tuitune_cli, wait_for
 from tuitune import preset as P
 from tuitune.base import redact
 from tuitune.experiments import grid as G
-from tuitune.machine.control import ControlError, ServerControl, ServerRecord, Status, compute_drift
+from tuitune.machine.control import ServerControl, Status
+from tuitune.machine.errors import ControlError
+from tuitune.machine.record import ServerRecord, compute_drift
 from tuitune.machine.ssh import SshTarget
 from tuitune.machine.transport import LocalTransport, SshTransport, TransportError
 

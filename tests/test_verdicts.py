@@ -14,7 +14,7 @@ from tuitune import preset as P
 from tuitune.cli import build_command_parser
 from tuitune.experiments.ab import ab_notes, format_ab, verdict
 from tuitune.experiments.sweep import format_table, summarize
-from tuitune.machine.control import nccl_confirmation, nccl_note
+from tuitune.machine.readiness import nccl_confirmation, nccl_note
 from tuitune.measure.runs import RunBook
 
 ROOT = Path(__file__).resolve().parent.parent

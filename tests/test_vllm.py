@@ -22,7 +22,8 @@ from conftest import free_port, group_alive, tuitune_cli
 
 from tuitune import preset as P
 from tuitune.engines import vllm as V
-from tuitune.machine.control import ControlError, ServerControl
+from tuitune.machine.control import ServerControl
+from tuitune.machine.errors import ControlError
 from tuitune.machine.transport import LocalTransport
 from tuitune.measure import promscrape
 from tuitune.measure.parse import parse_line

@@ -69,7 +69,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # cannot have been raised, so none is imported here.
 CORE_ERRORS: tuple[tuple[str, str, int | None], ...] = (
     ("tuitune.preset.model", "PresetError", 2),
-    ("tuitune.machine.control", "ControlError", None),  # with the server log's last lines
+    ("tuitune.machine.errors", "ControlError", None),  # with the server log's last lines
     ("tuitune.machine.errors", "TransportError", 1),  # LinkLost too; `trust` never loads the transport
     ("tuitune.machine.gpus", "GpusError", 1),
     ("tuitune.measure.smi", "SmiParseError", 2),

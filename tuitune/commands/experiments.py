@@ -449,8 +449,7 @@ def _tune(ns, base, conc: int, levels: list[int] | None, ov: dict) -> dict:
 def _resumable(ns, out):
     """tune stopped early (interrupted, a launch of the final A/B that failed, the link lost) with its
     log written: the error's sentence names the exact command that goes on from it."""
-    from tuitune.machine.control import ControlError
-    from tuitune.machine.errors import TransportError
+    from tuitune.machine.errors import ControlError, TransportError
 
     try:
         yield

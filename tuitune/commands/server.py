@@ -90,7 +90,7 @@ def _print_nccl(p, seen: dict, where: str = "", said: set[str] | None = None) ->
     """NCCL's own confirmation of the preset's NCCL variables, or why there is none: said for a real
     server only (the simulator applies what it is given) and once (``said``: the nodes of one launch)."""
     from tuitune import preset as P
-    from tuitune.machine.control import nccl_confirmation, nccl_note
+    from tuitune.machine.readiness import nccl_confirmation, nccl_note
 
     for name, state, got in nccl_confirmation(p, seen):
         if state == "unconfirmed":
@@ -140,7 +140,7 @@ def _print_drift(drift) -> None:
 
 
 def _print_probe_hint(p, rec) -> None:
-    from tuitune.machine.control import probe_hint
+    from tuitune.machine.record import probe_hint
 
     if rec is not None and (hint := probe_hint(p, rec.env)):
         print(f"probe: {hint}")

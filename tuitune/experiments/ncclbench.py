@@ -20,7 +20,8 @@ from typing import Any
 from tuitune import preset as P
 from tuitune.base.events import NcclAlgo, NcclEnv, ServerError
 from tuitune.experiments import grid as G
-from tuitune.machine.control import STATE_DIR, classify
+from tuitune.machine.readiness import classify
+from tuitune.machine.record import STATE_DIR
 from tuitune.machine.transport import Transport, TransportError
 from tuitune.measure.parse import parse_line
 from tuitune.preset import nccl

@@ -19,7 +19,7 @@ from pathlib import Path
 from tuitune import preset as P
 from tuitune.base.jsonl import append_row, end_partial_line, is_count, is_figure, read_rows
 from tuitune.experiments import grid as G
-from tuitune.machine.control import ControlError
+from tuitune.machine.errors import ControlError
 from tuitune.machine.session import Session
 from tuitune.machine.telemetry import CaptureThrottle
 from tuitune.machine.transport import TransportError

@@ -36,7 +36,7 @@ from tuitune.decide import ncclstep as NS
 from tuitune.decide.advise import Advice, advise, space
 from tuitune.decide.costmodel import OFF, Config, FitError, Launch, fit
 from tuitune.experiments.observe import preset_config
-from tuitune.machine.control import ControlError
+from tuitune.machine.errors import ControlError
 from tuitune.measure import workload
 from tuitune.measure.levels import bench_levels
 

@@ -28,19 +28,11 @@ from tuitune import preset as P
 from tuitune.base import redact
 from tuitune.base.aio import cancel_and_wait
 from tuitune.base.events import NcclEnv, ServerError
-from tuitune.machine.control import (
-    CAUSE_TEXT,
-    HEALTH_TIMEOUT_S,
-    STATE_DIR,
-    ControlError,
-    Controller,
-    NodeView,
-    ReadyResult,
-    ServerControl,
-    ServerRecord,
-    Status,
-    classify,
-)
+from tuitune.engines import CAUSE_TEXT
+from tuitune.machine.control import Controller, NodeView, ServerControl, Status
+from tuitune.machine.errors import ControlError
+from tuitune.machine.readiness import HEALTH_TIMEOUT_S, ReadyResult, classify
+from tuitune.machine.record import STATE_DIR, ServerRecord
 from tuitune.machine.transport import Transport, TransportError, for_preset
 from tuitune.measure.parse import parse_line
 

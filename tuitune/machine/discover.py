@@ -16,7 +16,8 @@ import sys
 from dataclasses import dataclass, field
 
 from tuitune import preset as P
-from tuitune.machine.control import ControlError, ServerControl
+from tuitune.machine.control import ServerControl
+from tuitune.machine.errors import ControlError
 from tuitune.machine.transport import SshTransport, for_preset
 from tuitune.preset.discovered import from_process
 

@@ -30,21 +30,13 @@ from tuitune.base.events import (
     ServerError,
     ServerState,
 )
+from tuitune.engines import CAUSE_TEXT
 from tuitune.machine import telemetry
 from tuitune.machine.cluster import control_for, stop_started
-from tuitune.machine.control import (
-    CAUSE_TEXT,
-    ControlError,
-    Controller,
-    ReadyResult,
-    ServerControl,
-    ServerRecord,
-    Status,
-    classify,
-    nccl_confirmation,
-    nccl_note,
-    refuse_not_ours,
-)
+from tuitune.machine.control import Controller, ServerControl, Status
+from tuitune.machine.errors import ControlError, refuse_not_ours
+from tuitune.machine.readiness import ReadyResult, classify, nccl_confirmation, nccl_note
+from tuitune.machine.record import ServerRecord
 from tuitune.machine.tail import LogTail, file_size
 from tuitune.machine.transport import Transport, TransportError, for_preset
 from tuitune.measure import promscrape, workload

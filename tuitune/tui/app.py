@@ -29,7 +29,7 @@ from textual.worker import Worker, WorkerState
 from tuitune import preset as P
 from tuitune.base import redact
 from tuitune.base.events import Event, GpuSample, LogLine, Marker, ProfileWindow, ServerState, TelemetryState
-from tuitune.machine.control import ControlError
+from tuitune.machine.errors import ControlError
 from tuitune.machine.transport import TransportError
 from tuitune.measure.bench import level_row
 from tuitune.measure.guard import PREFIX as GUARD_PREFIX
