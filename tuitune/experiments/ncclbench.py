@@ -18,6 +18,7 @@ from importlib import resources
 from typing import Any
 
 from tuitune import preset as P
+from tuitune.base.errors import TuituneError
 from tuitune.base.events import NcclAlgo, NcclEnv, ServerError
 from tuitune.experiments import grid as G
 from tuitune.machine.readiness import classify
@@ -29,10 +30,8 @@ from tuitune.preset import nccl
 DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING"}
 
 
-class NcclBenchError(Exception):
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.code = code
+class NcclBenchError(TuituneError):
+    """One sentence; ``code`` 1 for failed work (the default), 2 for bad input."""
 
 
 async def model_config(t: Transport, preset: P.Preset) -> dict:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tuitune import preset as P
+from tuitune.base.errors import TuituneError
 from tuitune.base.jsonl import append_row, end_partial_line, is_count, is_figure, read_rows
 from tuitune.experiments import grid as G
 from tuitune.machine.errors import ControlError
@@ -49,8 +50,8 @@ CSV_FIELDS = (
 )
 
 
-class SweepError(Exception):
-    pass
+class SweepError(TuituneError):
+    code = 2
 
 
 def trial_id(kind: str, label: str, index: int) -> str:

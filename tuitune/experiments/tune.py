@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Protocol
 
 from tuitune import preset as P
+from tuitune.base.errors import TuituneError
 from tuitune.base.jsonl import append_row, is_count, is_figure, read_rows
 from tuitune.decide import ncclstep as NS
 from tuitune.decide.advise import Advice, advise, space
@@ -44,12 +45,8 @@ NOISE = 0.02  # gains below this are inside launch-to-launch noise (FACTS §7: p
 CHANCE = 0.025  # a configuration with less chance than this of beating the best measured is not worth a relaunch
 
 
-class TuneError(Exception):
+class TuneError(TuituneError):
     """Tuning cannot start or continue (one sentence); code 2 for bad input, 1 for failed work."""
-
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.code = code
 
 
 class Source(Protocol):
