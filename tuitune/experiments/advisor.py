@@ -63,7 +63,7 @@ class Advised:
             out[key] = emitted
         return out
 
-    def format(self, top: int = 5) -> str:
+    def format(self, top: int = 5) -> str:  # noqa: C901
         lines = [A.format_advice(self.model, self.advices, top=top, describe=self.describe)]
         lines += [f"warning: {w}" for w in self.warnings]
         if self.schedule is None:

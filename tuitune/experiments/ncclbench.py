@@ -111,7 +111,7 @@ def parse_output(text: str) -> dict:
     return {"result": result, "failed": failed, "nccl_env": seen_env, "algos": algos, "errors": errors}
 
 
-def worker_command(
+def worker_command(  # noqa: PLR0913
     preset: P.Preset,
     env: dict[str, str],
     worker: str,
@@ -132,7 +132,7 @@ def worker_command(
     )
 
 
-async def run(
+async def run(  # noqa: PLR0913
     t: Transport,
     preset: P.Preset,
     grid: dict,

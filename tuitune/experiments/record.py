@@ -34,7 +34,7 @@ class RecordError(TuituneError):
     pass
 
 
-async def record(
+async def record(  # noqa: C901, PLR0913
     preset: P.Preset,
     out: str,
     *,

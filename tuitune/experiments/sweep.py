@@ -205,7 +205,7 @@ async def run_trial(session: Session, trial: dict, out: Path, overrides: dict, w
     }
 
 
-async def sweep(
+async def sweep(  # noqa: PLR0913
     base: P.Preset,
     grid: dict,
     out: Path,
@@ -279,7 +279,7 @@ async def sweep(
     )
 
 
-def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict:
+def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict:  # noqa: C901
     """Per configuration: launch medians, pooled requests, Δ vs baseline; sorted by tok/s."""
     groups: dict[str, dict] = {}
     for r in rows:

@@ -222,7 +222,7 @@ def beat_chance(mean: float, sd: float, best: float, noise: float = NOISE) -> fl
     return 0.5 * math.erfc((best - mean) / (spread * math.sqrt(2)))
 
 
-async def tune_loop(
+async def tune_loop(  # noqa: PLR0913
     source: Source,
     start: Config,
     budget: int,
@@ -369,7 +369,7 @@ def load_log(out: Path) -> list[dict]:
     return read_rows(out / "tune.jsonl", check=row_problem)
 
 
-def row_problem(r: dict) -> str | None:
+def row_problem(r: dict) -> str | None:  # noqa: C901
     """Why a tune log row cannot be used (None when it can): what --resume reads of it checked."""
     kind = r.get("kind")
     if kind == "launch":
@@ -543,7 +543,7 @@ def _cycle_ms(windows: list, concurrency: int) -> float | None:
     return sorted(at)[len(at) // 2] if at else None
 
 
-async def tune(
+async def tune(  # noqa: C901, PLR0913, PLR0915
     base: P.Preset,
     budget: int,
     concurrency: int,

@@ -29,7 +29,7 @@ class WatchError(TuituneError):
     code = 3
 
 
-async def watch(
+async def watch(  # noqa: PLR0913
     preset: P.Preset,
     *,
     baseline: Baseline | None = None,

@@ -435,7 +435,7 @@ def _payload(api: str, prompt: str, max_tokens: int, model: str | None = None) -
     }
 
 
-async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
+async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:  # noqa: C901, PLR0915
     import aiohttp
 
     path, body = _payload(cfg.api, prompt, cfg.max_tokens, cfg.model)
