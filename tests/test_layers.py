@@ -101,3 +101,40 @@ def test_mypy_core():
     """mypy on the files [tool.mypy] names (the core), cache in .cache/mypy."""
     r = run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml")])
     assert r.returncode == 0, report(r)
+
+
+# The ceilings ([tool.ruff.lint]: mccabe max-complexity, pylint max-args and max-statements): today's
+# offenders in tuitune/ carry a noqa comment naming the code on their def line. The count of those
+# markers may only fall: lower a number here when a function is split, never raise it.
+CEILING_MARKERS = {"C901": 19, "PLR0913": 15, "PLR0915": 3}
+NOQA = re.compile(r"#\s*noqa:\s*([A-Z0-9, ]+)")
+
+
+def ceiling_markers() -> dict[str, int]:
+    found = dict.fromkeys(CEILING_MARKERS, 0)
+    for path in (ROOT / "tuitune").rglob("*.py"):
+        for m in NOQA.finditer(path.read_text()):
+            for code in (c.strip() for c in m.group(1).split(",")):
+                if code in found:
+                    found[code] += 1
+    return found
+
+
+def test_ceiling_offenders_only_shrink():
+    selected = PYPROJECT["tool"]["ruff"]["lint"]["select"]
+    assert set(CEILING_MARKERS) <= set(selected), "the ceilings are no longer checked"
+    found = ceiling_markers()
+    grown = {c: (n, CEILING_MARKERS[c]) for c, n in found.items() if n > CEILING_MARKERS[c]}
+    assert not grown, f"more functions exempt from a ceiling than before (found, allowed): {grown}; split them"
+
+
+@pytest.mark.timeout(300)
+def test_ceiling_markers_are_needed():
+    """A marker whose function now keeps under the ceiling is removed (ruff's RUF100 says which), so
+    that the count above falls with it."""
+    codes = ",".join(CEILING_MARKERS)
+    r = run(
+        [sys.executable, "-m", "ruff", "check", "tuitune", "--select", f"RUF100,{codes}", "--output-format", "concise"]
+    )
+    stale = [ln for ln in r.stdout.splitlines() if "RUF100" in ln and any(f"`{c}`" in ln for c in CEILING_MARKERS)]
+    assert not stale, "\n".join(stale)

@@ -18,7 +18,7 @@ import signal
 import sys
 
 from tuitune import __version__
-from tuitune.commands.common import CliError
+from tuitune.base.errors import TuituneError
 
 # name: (what it does, the module of tuitune.commands that holds its parser and body)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -64,48 +64,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "completion": ("print the shell code that completes tuitune's commands, presets and grid keys", "completion"),
 }
 
-# The core's errors, each already one sentence: (module, class, exit status). None: the error's
-# own ``code`` (2 for bad input, 1 for failed work). A class whose module was never imported
-# cannot have been raised, so none is imported here.
-CORE_ERRORS: tuple[tuple[str, str, int | None], ...] = (
-    ("tuitune.preset.model", "PresetError", 2),
-    ("tuitune.machine.errors", "ControlError", None),  # with the server log's last lines
-    ("tuitune.machine.errors", "TransportError", 1),  # LinkLost too; `trust` never loads the transport
-    ("tuitune.machine.gpus", "GpusError", 1),
-    ("tuitune.measure.smi", "SmiParseError", 2),
-    ("tuitune.measure.capture", "CaptureError", None),
-    ("tuitune.experiments.grid", "GridError", 2),
-    ("tuitune.experiments.sweep", "SweepError", 2),
-    ("tuitune.experiments.crossover", "CrossoverError", None),
-    ("tuitune.experiments.ncclbench", "NcclBenchError", None),
-    ("tuitune.experiments.tune", "TuneError", None),
-    ("tuitune.experiments.observe", "ObserveError", None),
-    ("tuitune.experiments.advisor", "AdvisorError", None),
-    ("tuitune.experiments.record", "RecordError", 1),
-    ("tuitune.experiments.watch", "WatchError", None),
-    ("tuitune.measure.workload", "WorkloadError", 2),
-)
-
 
 def exit_status(e: BaseException) -> int | None:
     """The one mapping of errors to exit statuses, for every command: the sentence on stderr
-    (after a failed server's last log lines) and the status; None for an error that is no
-    sentence (a bug: its traceback is wanted)."""
-    if isinstance(e, CliError):
-        code: int | None = e.code
-    else:
-        code = None
-        for module, name, status in CORE_ERRORS:
-            cls = getattr(sys.modules.get(module), name, None)
-            if cls is not None and isinstance(e, cls):
-                code = getattr(e, "code", 1) if status is None else status
-                break
-        if code is None:
-            return None
+    (after a failed server's last log lines) and the status, the error's ``code`` (a TuituneError:
+    tuitune/base/errors.py); None for an error that is no sentence (a bug: its traceback is wanted)."""
+    if not isinstance(e, TuituneError):
+        return None
     for line in getattr(e, "log_tail", None) or []:  # a server that failed: what it said last
         print(f"  | {line}", file=sys.stderr)
     print(f"tuitune: {e}", file=sys.stderr)
-    return code
+    return e.code
 
 
 # ---- parsers ------------------------------------------------------------------------------------

@@ -14,14 +14,11 @@ from collections.abc import Callable, Coroutine, Iterator
 from itertools import chain
 
 from tuitune.base import jsonl
+from tuitune.base.errors import TuituneError
 
 
-class CliError(Exception):
+class CliError(TuituneError):
     """Bad usage or failed work, in one sentence; ``code`` is the exit status."""
-
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.code = code
 
 
 def load_preset(name: str):

@@ -78,7 +78,7 @@ def ab_args(p: argparse.ArgumentParser) -> None:
     p.set_defaults(run=cmd_ab)
 
 
-def cmd_ab(ns) -> int:
+def cmd_ab(ns) -> int:  # noqa: C901
     from tuitune.experiments.ab import MAX_ROUNDS, ab_notes, format_ab, rounds_refusal, run_ab, spread_from
 
     a, b = load_preset(ns.a), load_preset(ns.b)

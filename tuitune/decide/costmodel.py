@@ -43,6 +43,7 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
+from tuitune.base.errors import TuituneError
 from tuitune.base.events import DecodeStats, ProfileWindow
 from tuitune.decide.fitting import Cell, Estimate, MonotoneCurve, bootstrap_sd, fit_monotone, weighted_line
 
@@ -65,7 +66,7 @@ SPREAD_PRIOR = (0.015, 3.0)  # launch-to-launch spread (relative sd) and its wei
 BOOTSTRAP = 48  # resamples of the windows
 
 
-class FitError(ValueError):
+class FitError(TuituneError, ValueError):
     """Nothing usable to fit (one sentence)."""
 
 

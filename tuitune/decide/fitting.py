@@ -56,7 +56,7 @@ class Fit:
     dof: int
 
 
-def least_squares(
+def least_squares(  # noqa: PLR0913
     model: Callable[[list[float], Sequence[float]], float],
     xs: Sequence[Sequence[float]],
     ys: Sequence[float],

@@ -34,7 +34,7 @@ NGRAM_MAX_BFS_BREADTH = 10
 NGRAM_MIN_BFS_BREADTH = 1
 
 
-def resolve(
+def resolve(  # noqa: C901
     algorithm: str | None,
     num_steps: int | None,
     eagle_topk: int | None,

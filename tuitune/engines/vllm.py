@@ -257,7 +257,7 @@ class VLLM(Engine):
             return NGRAM_DEFAULT_LOOKUP, NGRAM_DEFAULT_LOOKUP
         return (hi if lo is None else lo), (lo if hi is None else hi)
 
-    def validate(self, preset) -> None:
+    def validate(self, preset) -> None:  # noqa: C901
         if not isinstance(preset.server.args.get("model"), str):
             raise ValueError(
                 "server.args.model: vLLM needs the model to serve (a path or a Hugging Face "

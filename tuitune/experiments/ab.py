@@ -214,7 +214,7 @@ def ab_notes(a: Preset, b: Preset, rounds: int, max_rounds: int | None = None) -
     return notes
 
 
-async def bench_launch(
+async def bench_launch(  # noqa: PLR0913
     t: Transport,
     p: Preset,
     overrides: dict,
@@ -405,7 +405,7 @@ def stop_reason(v: dict, rounds: int, last: int) -> str:
     return f"undecided after {last} rounds: the budget ({last} rounds) is spent"
 
 
-async def run_ab(
+async def run_ab(  # noqa: C901, PLR0913
     t: Transport,
     a: Preset,
     b: Preset,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from tuitune import engines
 from tuitune import preset as P
+from tuitune.base.errors import TuituneError
 from tuitune.decide import advise as A
 from tuitune.decide.costmodel import Config, CostModel, FitError, bootstrap, fit
 from tuitune.experiments.observe import _is_preset, launches_from
@@ -30,12 +31,8 @@ REFITS = 64  # the model refitted to resampled windows this many times to say ho
 SURE = 0.5  # a bucket's choice within the tolerance of the best in fewer of the refits than this: unsure
 
 
-class AdvisorError(Exception):
+class AdvisorError(TuituneError):
     """One sentence; ``code`` 2 for bad input, 1 for failed work."""
-
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass
@@ -66,7 +63,7 @@ class Advised:
             out[key] = emitted
         return out
 
-    def format(self, top: int = 5) -> str:
+    def format(self, top: int = 5) -> str:  # noqa: C901
         lines = [A.format_advice(self.model, self.advices, top=top, describe=self.describe)]
         lines += [f"warning: {w}" for w in self.warnings]
         if self.schedule is None:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tuitune import preset as P
+from tuitune.base.errors import TuituneError
 from tuitune.machine.session import Session
 from tuitune.measure import stats
 from tuitune.measure.bench import BenchRun, limit_confound, stream_goodput
@@ -24,12 +25,10 @@ from tuitune.measure.levels import bench_levels
 ARMS = ("on", "off")
 
 
-class CrossoverError(Exception):
+class CrossoverError(TuituneError):
     """One sentence; ``code`` 2 for bad input (nothing to compare), 1 for failed work (the plot file)."""
 
-    def __init__(self, message: str, code: int = 2):
-        super().__init__(message)
-        self.code = code
+    code = 2
 
 
 def twin(preset: P.Preset) -> P.Preset:

@@ -16,6 +16,7 @@ import yaml
 
 from tuitune import preset as P
 from tuitune.base import redact
+from tuitune.base.errors import TuituneError
 
 UNSET = "unset"
 
@@ -28,8 +29,8 @@ class EnvOf(dict):
         self.name = name
 
 
-class GridError(ValueError):
-    pass
+class GridError(TuituneError, ValueError):
+    code = 2
 
 
 def parse_axis(spec: str) -> tuple[str, list[Any]]:

@@ -18,6 +18,7 @@ from importlib import resources
 from typing import Any
 
 from tuitune import preset as P
+from tuitune.base.errors import TuituneError
 from tuitune.base.events import NcclAlgo, NcclEnv, ServerError
 from tuitune.experiments import grid as G
 from tuitune.machine.readiness import classify
@@ -29,10 +30,8 @@ from tuitune.preset import nccl
 DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING"}
 
 
-class NcclBenchError(Exception):
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.code = code
+class NcclBenchError(TuituneError):
+    """One sentence; ``code`` 1 for failed work (the default), 2 for bad input."""
 
 
 async def model_config(t: Transport, preset: P.Preset) -> dict:
@@ -112,7 +111,7 @@ def parse_output(text: str) -> dict:
     return {"result": result, "failed": failed, "nccl_env": seen_env, "algos": algos, "errors": errors}
 
 
-def worker_command(
+def worker_command(  # noqa: PLR0913
     preset: P.Preset,
     env: dict[str, str],
     worker: str,
@@ -133,7 +132,7 @@ def worker_command(
     )
 
 
-async def run(
+async def run(  # noqa: PLR0913
     t: Transport,
     preset: P.Preset,
     grid: dict,

@@ -13,6 +13,7 @@ from pathlib import Path
 from statistics import median
 
 from tuitune import preset as P
+from tuitune.base.errors import TuituneError
 from tuitune.base.events import DecodeStats, ProfileWindow
 from tuitune.base.jsonl import read_rows
 from tuitune.decide.costmodel import OFF, Config, Launch, config_of_window
@@ -21,10 +22,8 @@ from tuitune.measure.parse import parse_line
 LOG_BYTES = 4_000_000  # of the server's log read for advice (tens of thousands of windows)
 
 
-class ObserveError(Exception):
-    def __init__(self, message: str, code: int = 2):
-        super().__init__(message)
-        self.code = code
+class ObserveError(TuituneError):
+    code = 2
 
 
 def preset_config(p: P.Preset) -> Config | None:

@@ -17,6 +17,7 @@ import time
 
 from tuitune import preset as P
 from tuitune.base.aio import cancel_and_wait, stop_on_signals, until_stopped
+from tuitune.base.errors import TuituneError
 from tuitune.base.events import Event, LogLine, Marker, ProfileWindow
 from tuitune.machine.session import Session
 from tuitune.machine.telemetry import CaptureThrottle
@@ -29,11 +30,11 @@ CLOSE_S = 1.0  # the longest the clean-up after the capture is closed may take b
 HISTORY_WAIT_S = 60.0  # the longest --from-start waits for the log's history before its --duration starts
 
 
-class RecordError(Exception):
+class RecordError(TuituneError):
     pass
 
 
-async def record(
+async def record(  # noqa: C901, PLR0913
     preset: P.Preset,
     out: str,
     *,

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tuitune import preset as P
+from tuitune.base.errors import TuituneError
 from tuitune.base.jsonl import append_row, end_partial_line, is_count, is_figure, read_rows
 from tuitune.experiments import grid as G
 from tuitune.machine.errors import ControlError
@@ -49,8 +50,8 @@ CSV_FIELDS = (
 )
 
 
-class SweepError(Exception):
-    pass
+class SweepError(TuituneError):
+    code = 2
 
 
 def trial_id(kind: str, label: str, index: int) -> str:
@@ -204,7 +205,7 @@ async def run_trial(session: Session, trial: dict, out: Path, overrides: dict, w
     }
 
 
-async def sweep(
+async def sweep(  # noqa: PLR0913
     base: P.Preset,
     grid: dict,
     out: Path,
@@ -278,7 +279,7 @@ async def sweep(
     )
 
 
-def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict:
+def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict:  # noqa: C901
     """Per configuration: launch medians, pooled requests, Δ vs baseline; sorted by tok/s."""
     groups: dict[str, dict] = {}
     for r in rows:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Protocol
 
 from tuitune import preset as P
+from tuitune.base.errors import TuituneError
 from tuitune.base.jsonl import append_row, is_count, is_figure, read_rows
 from tuitune.decide import ncclstep as NS
 from tuitune.decide.advise import Advice, advise, space
@@ -44,12 +45,8 @@ NOISE = 0.02  # gains below this are inside launch-to-launch noise (FACTS §7: p
 CHANCE = 0.025  # a configuration with less chance than this of beating the best measured is not worth a relaunch
 
 
-class TuneError(Exception):
+class TuneError(TuituneError):
     """Tuning cannot start or continue (one sentence); code 2 for bad input, 1 for failed work."""
-
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.code = code
 
 
 class Source(Protocol):
@@ -225,7 +222,7 @@ def beat_chance(mean: float, sd: float, best: float, noise: float = NOISE) -> fl
     return 0.5 * math.erfc((best - mean) / (spread * math.sqrt(2)))
 
 
-async def tune_loop(
+async def tune_loop(  # noqa: PLR0913
     source: Source,
     start: Config,
     budget: int,
@@ -372,7 +369,7 @@ def load_log(out: Path) -> list[dict]:
     return read_rows(out / "tune.jsonl", check=row_problem)
 
 
-def row_problem(r: dict) -> str | None:
+def row_problem(r: dict) -> str | None:  # noqa: C901
     """Why a tune log row cannot be used (None when it can): what --resume reads of it checked."""
     kind = r.get("kind")
     if kind == "launch":
@@ -546,7 +543,7 @@ def _cycle_ms(windows: list, concurrency: int) -> float | None:
     return sorted(at)[len(at) // 2] if at else None
 
 
-async def tune(
+async def tune(  # noqa: C901, PLR0913, PLR0915
     base: P.Preset,
     budget: int,
     concurrency: int,

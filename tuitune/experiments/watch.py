@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from tuitune import preset as P
 from tuitune.base.aio import stop_on_signals, until_stopped
+from tuitune.base.errors import TuituneError
 from tuitune.base.events import Event, Marker, ServerState
 from tuitune.machine.session import Session
 from tuitune.measure.guard import DROP, PREFIX, AcceptanceGuard, Baseline
@@ -24,13 +25,11 @@ HISTORY_BYTES = 4_000_000  # of the log read first: the launch's first cycles, w
 HISTORY_WAIT_S = 60.0
 
 
-class WatchError(Exception):
-    def __init__(self, message: str, code: int = 3):
-        super().__init__(message)
-        self.code = code
+class WatchError(TuituneError):
+    code = 3
 
 
-async def watch(
+async def watch(  # noqa: PLR0913
     preset: P.Preset,
     *,
     baseline: Baseline | None = None,

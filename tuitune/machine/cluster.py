@@ -167,7 +167,7 @@ class ClusterControl:
         # a node may replace what the same preset's node started, or a one-machine preset named here
         return {*allowed, *(f"{name}.node{i}" for name in allowed)} if allowed else None
 
-    async def relaunch(
+    async def relaunch(  # noqa: PLR0913
         self,
         timeout_s: float = 900.0,
         wait: bool = True,

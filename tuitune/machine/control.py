@@ -101,7 +101,7 @@ class Controller(Protocol):
 
     def locked(self, action: str) -> contextlib.AbstractAsyncContextManager[None]: ...
 
-    async def relaunch(
+    async def relaunch(  # noqa: PLR0913
         self,
         timeout_s: float = 900.0,
         wait: bool = True,
@@ -302,7 +302,7 @@ class ServerControl(Host):
         how = "killed after the grace period" if r.exit_status == 10 else "stopped"
         return f"server {target} {how}; port {self.preset.server.port} free"
 
-    async def relaunch(
+    async def relaunch(  # noqa: PLR0913
         self,
         timeout_s: float = 900.0,
         wait: bool = True,

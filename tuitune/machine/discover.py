@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field
 
 from tuitune import preset as P
+from tuitune.base.errors import TuituneError
 from tuitune.machine.control import ServerControl
 from tuitune.machine.errors import ControlError
 from tuitune.machine.transport import SshTransport, for_preset
@@ -24,7 +25,7 @@ from tuitune.preset.discovered import from_process
 _HOST = re.compile(r"(?:(?P<user>[^@\s]+)@)?(?P<host>[^@:\s]+)(?::(?P<port>\d{1,5}))?")
 
 
-class DiscoverError(Exception):
+class DiscoverError(TuituneError):
     """One sentence: the server cannot be found, or its process cannot be read."""
 
     code = 1

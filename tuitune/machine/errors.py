@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tuitune.base.errors import TuituneError
+
 if TYPE_CHECKING:
     from tuitune import preset as P
 
 
-class TransportError(Exception):
+class TransportError(TuituneError):
     """A one-sentence failure of the link or of a command's plumbing (not its exit status)."""
 
 
@@ -22,12 +24,11 @@ class LinkLost(TransportError):
     which a liveness check would take for "not running")."""
 
 
-class ControlError(Exception):
+class ControlError(TuituneError):
     """One sentence; ``code`` 2 for bad input (preflight refusals), 1 for failed work."""
 
     def __init__(self, message: str, code: int = 1, log_tail: list[str] | None = None):
-        super().__init__(message)
-        self.code = code
+        super().__init__(message, code)
         self.log_tail = log_tail or []
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from tuitune.base.aio import cancel_and_wait
+from tuitune.base.errors import TuituneError
 from tuitune.base.events import GpuSample, TelemetryState
 from tuitune.machine.telemetry import SAMPLE_KEYS, Collector, gpu_flags
 from tuitune.machine.transport import LinkLost, Transport
@@ -23,7 +24,7 @@ from tuitune.measure.metrics import GpuStore
 SNAPSHOT_FIELDS = (*smi.GPU_FIELDS, "uuid")
 
 
-class GpusError(Exception):
+class GpusError(TuituneError):
     """nvidia-smi missing or failing on the target (one sentence)."""
 
 

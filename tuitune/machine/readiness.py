@@ -48,7 +48,7 @@ def classify(errors: list[ServerError]) -> tuple[str, str] | None:
     return None
 
 
-async def wait_ready(
+async def wait_ready(  # noqa: C901, PLR0915
     host: Host,
     rec: ServerRecord,
     timeout_s: float = 900.0,
@@ -127,7 +127,7 @@ async def wait_ready(
         except (TimeoutError, aiohttp.ClientError, OSError):
             return None
 
-    async def watch() -> None:
+    async def watch() -> None:  # noqa: C901
         http_since: float | None = None
         last: int | None = None
         owned = False  # a listening socket on the port belongs to rec.pid or its children

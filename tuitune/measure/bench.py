@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 
 from tuitune.base.aio import cancelled_since, cancelling
+from tuitune.base.errors import TuituneError
 from tuitune.measure import stats
 from tuitune.measure.metrics import quantile, summarize
 from tuitune.measure.workload import Workload
@@ -384,8 +385,10 @@ _JSON_HEADERS = {"Content-Type": "application/json"}
 API_PATHS = {"native": "/generate", "openai": "/v1/completions"}
 
 
-class BenchError(ValueError):
+class BenchError(TuituneError, ValueError):
     """A benchmark that cannot start as asked; the message is one sentence."""
+
+    code = 2
 
 
 async def detect_api(session, url: str, timeout: float = 5.0) -> str | None:
@@ -432,7 +435,7 @@ def _payload(api: str, prompt: str, max_tokens: int, model: str | None = None) -
     }
 
 
-async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:
+async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult:  # noqa: C901, PLR0915
     import aiohttp
 
     path, body = _payload(cfg.api, prompt, cfg.max_tokens, cfg.model)

@@ -28,6 +28,7 @@ from typing import IO, TypeGuard
 import msgspec
 
 from tuitune import __version__
+from tuitune.base.errors import TuituneError
 from tuitune.base.events import Event, LinkState, ServerState, from_dict
 from tuitune.base.redact import preset_dict as redacted_preset  # noqa: F401 - record and sweep write it
 from tuitune.measure.stream import EventStream
@@ -35,13 +36,11 @@ from tuitune.measure.stream import EventStream
 SCHEMA = 1
 
 
-class CaptureError(Exception):
+class CaptureError(TuituneError):
     """A capture that cannot be read at all, or written (one sentence); ``code`` is the exit
     status it means on the command line: 2 for an input that is not a capture, 1 for a failed write."""
 
-    def __init__(self, message: str, code: int = 2):
-        super().__init__(message)
-        self.code = code
+    code = 2
 
 
 def _open_write(path: Path) -> IO[bytes]:

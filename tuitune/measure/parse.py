@@ -371,7 +371,7 @@ def _parse_line(line: str) -> Event | None:
         return Malformed("?", f"parser error: {type(e).__name__}", line[:500])
 
 
-def parse_many(lines: Sequence[str]) -> list[Event | None]:
+def parse_many(lines: Sequence[str]) -> list[Event | None]:  # noqa: C901
     """``[parse_line(line) for line in lines]``, faster: the lines of each kind the fast paths
     read are decoded together."""
     single = parse_line

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tuitune import engines
+from tuitune.base.errors import TuituneError
 from tuitune.base.events import MetricsWindow
 
 # the metric names and what a window makes of them are the engines' (Engine.metric_families,
@@ -28,7 +29,7 @@ _WANTED = tuple(p + n for n in _NAMES for p in ("", "# HELP ", "# TYPE "))
 _READERS = tuple(reversed(engines.ENGINES.values()))
 
 
-class MetricsError(ValueError):
+class MetricsError(TuituneError, ValueError):
     """A page that is not Prometheus text; the message is one sentence."""
 
 

@@ -69,7 +69,7 @@ class RunBook:
         self.max_age_s = max_age_s
         self.min_effect = min_effect
 
-    def add(
+    def add(  # noqa: PLR0913
         self,
         label: str,
         preset: P.Preset,

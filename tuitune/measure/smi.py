@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from tuitune.base.errors import TuituneError
+
 # What the collector asks for (FACTS §8), ``timestamp`` first: it tells samples apart across reconnects.
 GPU_FIELDS = (
     "index",
@@ -84,8 +86,10 @@ SLOWDOWN_BITS = 0x8
 NUM = re.compile(r"(-?\d+(?:\.\d+)?)\s*(?:%|MiB|GiB|W|MHz|C|GB/s|MB/s|KB/s)?\Z")
 
 
-class SmiParseError(ValueError):
+class SmiParseError(TuituneError, ValueError):
     """Text that is not the nvidia-smi output it was read as (one sentence)."""
+
+    code = 2
 
 
 def decode_reasons(mask: int | None) -> list[str]:

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from tuitune.base.errors import TuituneError
+
 MAX_FILE = 256 << 20  # bytes of a prompt file
 MAX_PROMPTS = 1_000_000
 MAX_OUTPUT = 1_000_000  # an output length from the data (the preset's bench.max_tokens bound)
@@ -36,7 +38,7 @@ LENGTH_KEYS = ("max_tokens", "output_len", "output_tokens")
 HUMAN = ("human", "user")
 
 
-class WorkloadError(Exception):
+class WorkloadError(TuituneError):
     """One sentence: the prompt file cannot be used as a workload."""
 
     code = 2

@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from tuitune import engines
+from tuitune.base.errors import TuituneError
 from tuitune.engines.base import Resolved
 from tuitune.preset import nccl
 
@@ -35,8 +36,10 @@ LOCAL_HOSTS = ("local", "localhost-local")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a preset's name
 
 
-class PresetError(ValueError):
+class PresetError(TuituneError, ValueError):
     """A preset that cannot be used; the message is one sentence naming file, key and value."""
+
+    code = 2
 
 
 def _no_control(v: str, what: str = "value") -> str:

@@ -285,7 +285,7 @@ def _list_check(value: str, allowed: tuple[str, ...], case_sensitive: bool = Fal
     return None
 
 
-def check(name: str, value: str) -> tuple[list[str], list[str]]:
+def check(name: str, value: str) -> tuple[list[str], list[str]]:  # noqa: C901
     """Errors and warnings for one variable. Unknown NCCL_* names are a warning, not an error."""
     errors: list[str] = []
     warnings: list[str] = []

@@ -342,7 +342,7 @@ class Recorder:
             return start.elapsed_time(end)
         return item
 
-    def _log(self, window: list[dict]) -> None:
+    def _log(self, window: list[dict]) -> None:  # noqa: C901
         sums = {p: 0.0 for p in PHASES}
         verifies: list[float] = []
         acc_total, acc_n, bs_total, verify_tokens = 0.0, 0, 0, 0

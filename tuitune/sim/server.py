@@ -425,7 +425,7 @@ class Simulator:
         return True
 
     # ---- scheduler -----------------------------------------------------------------------
-    async def scheduler(self) -> None:
+    async def scheduler(self) -> None:  # noqa: C901
         """The batch loop: new requests are prefilled together, then every running request decodes
         in the same cycle, whose cost follows the live batch size and context."""
         loop = asyncio.get_running_loop()

@@ -454,7 +454,7 @@ class TuituneApp(App):
             await self.session.set_load(True)
 
     # ---- periodic refresh -----------------------------------------------------------------
-    def refresh_views(self) -> None:
+    def refresh_views(self) -> None:  # noqa: C901
         events, self.pending[:] = list(self.pending), []
         lines = [ev.text for ev in events if isinstance(ev, LogLine) and not ev.node]
         for node in sorted({ev.node for ev in events if isinstance(ev, LogLine) and ev.node}):

@@ -179,7 +179,7 @@ class ConfigPanel(VerticalScroll):
         text = self.query_one(wid, Input).value.strip()
         return int(text) if text.lstrip("-").isdigit() else None
 
-    def collect(self) -> tuple[dict, dict[str, str]]:
+    def collect(self) -> tuple[dict, dict[str, str]]:  # noqa: C901
         """(changes against the base preset, errors by field) from the widgets."""
         assert self.base is not None
         base = self.base

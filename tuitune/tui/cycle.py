@@ -108,7 +108,7 @@ class CyclePanel(Vertical):
             t.append(f"  {self.hint}", style="bold")
         return t
 
-    def refresh_from(
+    def refresh_from(  # noqa: C901
         self, store: MetricsStore, speculative: bool, engine: str = "SGLang", guard: AcceptanceGuard | None = None
     ) -> None:
         found = self.query("#bars")

@@ -30,7 +30,7 @@ def _dur(s: float) -> str:
 class StatusHeader(Static):
     DEFAULT_CSS = "StatusHeader { height: 1; background: $boost; padding: 0 1; }"
 
-    def show(
+    def show(  # noqa: PLR0913
         self,
         target: str,
         preset: str,
