@@ -86,7 +86,7 @@ def _gpus(app: TuituneApp) -> None:
 
 
 async def _relaunch_view(app: TuituneApp) -> RelaunchScreen:
-    screen = RelaunchScreen(app.draft.name, P.launch_command(app.draft))
+    screen = RelaunchScreen(app.draft.name, P.launch_command(app.draft), app.cancel_relaunch)
     app.relaunch_screen = screen
     await app.push_screen(screen)
     return screen

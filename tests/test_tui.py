@@ -280,7 +280,7 @@ async def test_relaunch_view_takes_updates_before_it_is_composed():
 
     app = scene_app()
     async with app.run_test(size=SIZE) as pilot:
-        screen = RelaunchScreen("x", "cmd")
+        screen = RelaunchScreen("x", "cmd", app.cancel_relaunch)
         app.push_screen(screen)  # not awaited: not composed yet
         screen.set_phase(ServerState("starting", "loading weights", elapsed_s=1.5))
         screen.add_lines(["Load weight begin"])

@@ -14,6 +14,7 @@ import difflib
 import os
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import Horizontal, Vertical
+from textual.notifications import SeverityLevel
 from textual.widgets import Footer, Input, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState
 
@@ -172,8 +174,10 @@ class TuituneCommands(Provider):
         ),
     )
 
-    def _available(self):
+    def _available(self) -> Iterator[tuple[str, str, str]]:
         app = self.app
+        if not isinstance(app, TuituneApp):  # the provider is TuituneApp's own (its COMMANDS)
+            return
         for title, action, bid, help_ in self.COMMANDS:
             if app.check_action(action.split("(")[0], ()) is not False:
                 key = app.key_of(bid) if bid else ""
@@ -197,7 +201,7 @@ SHORT_ROWS = 30  # below this the cycle panel drops its sparklines (bars, runs a
 TALL_TABS = ("tab-chart", "tab-advisor")  # on a short terminal these hide the panels above them
 
 
-class TuituneApp(App):
+class TuituneApp(App[None]):
     CSS = """
     Screen { layout: vertical; }
     #main { height: 1fr; }
@@ -289,7 +293,7 @@ class TuituneApp(App):
         self.book = RunBook(max_age_s=self.user_config.baseline_max_age_min * 60)
         self.pending: list[Event] = []
         self.relaunch_screen: RelaunchScreen | None = None
-        self.relaunch_worker: Worker | None = None
+        self.relaunch_worker: Worker[None] | None = None
         self.bench_running = False
         self.bench_progress: tuple[int, int, float | None] | None = None  # done, total, median tok/s so far
         self._diff_for: tuple | None = None  # (running preset, draft) the diff was drawn for
@@ -306,7 +310,7 @@ class TuituneApp(App):
         yield StatusHeader(id="header")
         with Horizontal(id="main"):
             with Vertical(id="left"):
-                yield CyclePanel(id="cycle")
+                yield CyclePanel(self.redraw_cycle, id="cycle")
                 yield GpuPanel(id="gpus")
                 yield RunsTable(id="runs")
                 with TabbedContent(id="tabs"):
@@ -407,7 +411,7 @@ class TuituneApp(App):
             self.footer.show_command_palette = wide
             self.footer.refresh(recompose=True)
 
-    def say(self, message: str, severity: str = "information") -> None:
+    def say(self, message: str, severity: SeverityLevel = "information") -> None:
         self.messages.append(message)
         self.notify(message, severity=severity, timeout=6 if severity != "error" else 12)
 
@@ -566,6 +570,7 @@ class TuituneApp(App):
         panel = self.config
         self.draft_errors = dict(message.errors)
         if not message.errors:
+            assert panel.base is not None  # the panel reports edits only once it holds a preset
             try:
                 self.draft = P.with_changes(panel.base, message.changes)
             except P.PresetError as e:
@@ -598,15 +603,18 @@ class TuituneApp(App):
         # what arrived before this relaunch (the running server's lines, the launch it came from, not
         # yet drawn on a busy machine) goes to the log pane now, not to the new launch's view
         self.refresh_views()
+        draft = self.draft
+        assert draft is not None  # relaunch is live only, and a live session has a preset
         self.relaunch_screen = RelaunchScreen(
-            self.draft.name, redact.Redactor(self.draft)(P.launch_command(self.draft))
+            draft.name, redact.Redactor(draft)(P.launch_command(draft)), self.cancel_relaunch
         )
         self.push_screen(self.relaunch_screen)
-        self.relaunch_worker = self.run_relaunch(self.draft)
+        self.relaunch_worker = self.run_relaunch(draft)
 
     @work(group="relaunch", exit_on_error=False)
     async def run_relaunch(self, preset: P.Preset) -> None:
         screen = self.relaunch_screen
+        assert screen is not None  # action_relaunch pushes it before it starts this worker
         try:
             await self.session.relaunch(preset)
         except ControlError as e:
@@ -619,7 +627,7 @@ class TuituneApp(App):
             return
         except asyncio.CancelledError:
             self.say("relaunch cancelled; the half-started server was stopped", "warning")
-            if screen and not screen.finished:
+            if not screen.finished:
                 screen.done(False, "cancelled")
             raise
         self.refresh_views()  # the new server's lines not drawn yet (a busy machine) go to its view first
@@ -630,6 +638,10 @@ class TuituneApp(App):
             self.draft = preset
         self._dirty_runs = True
         self.say(f"{preset.name} ready")
+
+    def redraw_cycle(self) -> None:
+        """The cycle panel is drawn again at the next refresh (a resize, data before its compose)."""
+        self._dirty_cycle = True
 
     def cancel_relaunch(self) -> None:
         if self.relaunch_worker is not None:
@@ -699,7 +711,8 @@ class TuituneApp(App):
         self.bench_running = True
         n = sum(c.requests for c in plan)  # 2+ per stream
         done: list[float] = []
-        self.bench_progress = (0, n, None)
+        finished = 0  # runs that ended, ok or not
+        self.bench_progress = (finished, n, None)
         self.say(
             f"benchmark: {preset.bench.warmup} warm-up + {n} requests of {preset.bench.max_tokens} tokens at "
             f"concurrency {', '.join(map(str, levels))}, workload {plan[0].prompts.label}…"
@@ -712,7 +725,9 @@ class TuituneApp(App):
             if r.ok and r.decode_tok_s is not None:
                 done.append(r.decode_tok_s)
             med = sorted(done)[len(done) // 2] if done else None
-            self.bench_progress = (self.bench_progress[0] + 1, n, med)
+            nonlocal finished
+            finished += 1
+            self.bench_progress = (finished, n, med)
 
         try:
             runs = await bench_levels(self.session, levels, label=preset.name, on_level=lambda _cfg: progress)
@@ -792,16 +807,18 @@ class TuituneApp(App):
         if self.draft_errors:
             self.say("fix the configuration first: " + next(iter(self.draft_errors.values())), "error")
             return
+        draft = self.draft
+        assert draft is not None  # saving, opening and reverting need a preset (a replay may have none)
         default = (
-            str(self.preset_path)
-            if self.preset_path and self.preset_path.parent != P.shipped_dir()
-            else self.draft.name
+            str(self.preset_path) if self.preset_path and self.preset_path.parent != P.shipped_dir() else draft.name
         )
-        self._ask_save(default, self.draft.description or "")
+        self._ask_save(default, draft.description or "")
 
     def _ask_save(self, target: str, description: str) -> None:
         """The save dialog; a name that would hide a shipped preset is asked about first (No goes
         back to the dialog as typed)."""
+        draft = self.draft  # the dialog is modal: the draft stays this one while it is open
+        assert draft is not None
 
         def done(answer: tuple[str, str] | None) -> None:
             if not answer:
@@ -843,9 +860,9 @@ class TuituneApp(App):
             SaveScreen(
                 target,
                 description,
-                lambda d: stale_description(self.loaded, self.draft, d),
+                lambda d: stale_description(self.loaded, draft, d),
                 hides,
-                fix=lambda d: rewrite_description(self.loaded, self.draft, d),
+                fix=lambda d: rewrite_description(self.loaded, draft, d),
                 slot=self._slot_note,
             ),
             done,
@@ -854,18 +871,22 @@ class TuituneApp(App):
     def _renamed(self, name: str) -> P.Preset:
         """The draft saved under ``name``: a log path that names the old preset names the new one (two
         presets writing one log would read each other's lines); the port stays (one server slot)."""
-        old = self.draft.name
+        draft = self.draft
+        assert draft is not None
+        old = draft.name
         changes: dict = {"name": name}
-        log = str(self.draft.server.log)
+        log = str(draft.server.log)
         if name != old and old and old in Path(log).name:
             changes["server.log"] = str(Path(log).with_name(Path(log).name.replace(old, name, 1)))
-        return P.with_changes(self.draft, changes)
+        return P.with_changes(draft, changes)
 
     def _slot_note(self, target: str) -> str:
         """What the save dialog says of the server a preset saved under ``target`` would use."""
-        name = Path(target).expanduser().stem if target.strip() else self.draft.name
+        draft = self.draft
+        assert draft is not None
+        name = Path(target).expanduser().stem if target.strip() else draft.name
         p = self._renamed(name)
-        same = "" if name == self.draft.name else f" (the port is {self.draft.name}'s: one of them runs at a time)"
+        same = "" if name == draft.name else f" (the port is {draft.name}'s: one of them runs at a time)"
         return f"port {p.server.port}, log {p.server.log}{same}"
 
     def _save(self, path: Path, description: str) -> None:
@@ -882,6 +903,10 @@ class TuituneApp(App):
         self.say(f"saved {saved}" + (f" (it hides the shipped {saved.stem})" if hidden else ""))
 
     def action_open(self) -> None:
+        loaded, draft = self.loaded, self.draft
+        assert loaded is not None and draft is not None
+        here = (loaded.target.label(), loaded.server.port)  # the dialog is modal: loaded stays this one
+
         def done(path: Path | None) -> None:
             if path is None:
                 return
@@ -890,7 +915,6 @@ class TuituneApp(App):
             except P.PresetError as e:
                 self.say(str(e), "error")
                 return
-            here = (self.loaded.target.label(), self.loaded.server.port)
             if (p.target.label(), p.server.port) != here:
                 # a session follows one server (its port's state file, log and forward): loading a
                 # preset for another one here would leave that server untracked
@@ -908,9 +932,10 @@ class TuituneApp(App):
             self.update_diff()
             self.say(f"loaded {p.name}: press r to launch it")
 
-        self.push_screen(OpenScreen(self.draft, (self.loaded.target.label(), self.loaded.server.port)), done)
+        self.push_screen(OpenScreen(draft, here), done)
 
     def action_revert(self) -> None:
+        assert self.loaded is not None
         self.draft = self.loaded
         self.draft_errors = {}
         self.config.load(self.loaded)
