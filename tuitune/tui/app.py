@@ -10,15 +10,11 @@ App class; the panels are their own modules, and the actions here only call the 
 from __future__ import annotations
 
 import asyncio
-import difflib
-import os
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
@@ -35,7 +31,7 @@ from tuitune.machine.control import ControlError
 from tuitune.machine.transport import TransportError
 from tuitune.measure.bench import level_row
 from tuitune.measure.guard import PREFIX as GUARD_PREFIX
-from tuitune.measure.levels import bench_levels, is_level, plan_levels
+from tuitune.measure.levels import bench_levels, plan_levels
 from tuitune.measure.runs import RunBook, delta_mark
 from tuitune.measure.workload import WorkloadError
 from tuitune.tui.advisor import AdvisorPanel, apply_to_config
@@ -48,85 +44,9 @@ from tuitune.tui.help import HelpScreen
 from tuitune.tui.logpane import LogPane
 from tuitune.tui.runs import RunsTable
 from tuitune.tui.screens import ConfirmScreen, OpenScreen, QuitScreen, RelaunchScreen, SaveScreen
+from tuitune.tui.settings import UserConfig, did_you_mean, load_user_config, remember_theme
 
 REFRESH_S = 0.1
-
-
-@dataclass
-class UserConfig:
-    keymap: dict[str, str] = field(default_factory=dict)
-    baseline_max_age_min: float = 30.0
-    bench_levels: list[int] = field(default_factory=lambda: [1, 4, 16, 64])  # what B measures
-    theme: str | None = None
-    errors: list[str] = field(default_factory=list)
-    path: Path | None = None  # where a theme chosen in the UI is remembered (None: not remembered)
-
-
-CONFIG_KEYS = ("keymap", "baseline_max_age_min", "bench_levels", "theme")
-
-
-def config_path() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "tuitune" / "config.yaml"
-
-
-def load_user_config(path: Path | None = None) -> UserConfig:
-    """``keymap: {binding id: keys}``, ``baseline_max_age_min`` and ``bench_levels``; problems
-    become one notice each."""
-    path = path or config_path()
-    cfg = UserConfig(path=path)
-    if not path.exists():
-        return cfg
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, ValueError, yaml.YAMLError, RecursionError) as e:  # ValueError: not UTF-8
-        cfg.errors.append(f"{path}: cannot read it ({str(e).splitlines()[0]}); using defaults")
-        return cfg
-    if not isinstance(data, dict):
-        cfg.errors.append(f"{path}: expected a mapping; using defaults")
-        return cfg
-    km = data.get("keymap", {})
-    if isinstance(km, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in km.items()):
-        cfg.keymap = km
-    elif km:
-        cfg.errors.append(f"{path}: keymap must map binding ids to keys, e.g. tuitune.relaunch: ctrl+r")
-    age = data.get("baseline_max_age_min", cfg.baseline_max_age_min)
-    if isinstance(age, (int, float)) and age > 0:
-        cfg.baseline_max_age_min = float(age)
-    else:
-        cfg.errors.append(f"{path}: baseline_max_age_min must be a positive number of minutes")
-    levels = data.get("bench_levels", cfg.bench_levels)
-    if isinstance(levels, list) and levels and all(map(is_level, levels)):
-        cfg.bench_levels = sorted(set(levels))
-    else:
-        cfg.errors.append(f"{path}: bench_levels must be a list of concurrency levels, e.g. [1, 4, 16, 64]")
-    theme = data.get("theme")
-    if theme is not None:
-        if isinstance(theme, str) and theme:
-            cfg.theme = theme  # checked against the app's themes once it runs
-        else:
-            cfg.errors.append(f"{path}: theme must be a theme name, e.g. theme: nord")
-    for key in sorted(set(map(str, data)) - set(CONFIG_KEYS)):
-        cfg.errors.append(f"{path}: unknown key {key!r}{_did_you_mean(key, CONFIG_KEYS)}; it is ignored")
-    return cfg
-
-
-def _did_you_mean(word: str, choices) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f" (did you mean {close[0]}?)" if close else ""
-
-
-def remember_theme(path: Path, theme: str) -> None:
-    """Set ``theme:`` in the config file, keeping the user's other lines and comments as they are."""
-    text = path.read_text() if path.exists() else ""
-    line = f"theme: {theme}"
-    new, n = re.subn(r"(?m)^theme:.*$", line, text)
-    if not n:
-        new = text + ("" if not text or text.endswith("\n") else "\n") + line + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(new)
-    os.replace(tmp, path)
 
 
 class TuituneCommands(Provider):
@@ -354,7 +274,7 @@ class TuituneApp(App[None]):
                 if bid not in known:
                     errors.append(
                         f"{cfg.path or 'config'}: keymap: no binding with id {bid!r}"
-                        f"{_did_you_mean(bid, known)}; it is ignored"
+                        f"{did_you_mean(bid, known)}; it is ignored"
                     )
             self.set_keymap({k: v for k, v in cfg.keymap.items() if k in known})
         if cfg.theme:
@@ -363,7 +283,7 @@ class TuituneApp(App[None]):
             else:
                 errors.append(
                     f"{cfg.path or 'config'}: theme {cfg.theme!r} is not a theme"
-                    f"{_did_you_mean(cfg.theme, self.available_themes)}; using {self.theme}"
+                    f"{did_you_mean(cfg.theme, self.available_themes)}; using {self.theme}"
                 )
         for err in errors:
             self.say(err, "warning")
