@@ -27,7 +27,8 @@ from textual import events  # noqa: E402
 
 from tuitune.machine.session import Session  # noqa: E402
 from tuitune.measure.metrics import quantile  # noqa: E402
-from tuitune.tui.app import TuituneApp, UserConfig  # noqa: E402
+from tuitune.tui.app import TuituneApp  # noqa: E402
+from tuitune.tui.settings import UserConfig  # noqa: E402
 
 
 async def main(seconds: float) -> None:

@@ -26,8 +26,9 @@ sys.path.insert(0, str(ROOT))  # the checkout's tuitune, as `make` runs it
 
 from tuitune import preset as P  # noqa: E402
 from tuitune.machine.session import Session  # noqa: E402
-from tuitune.tui.app import TuituneApp, UserConfig  # noqa: E402
+from tuitune.tui.app import TuituneApp  # noqa: E402
 from tuitune.tui.screens import ConfirmScreen, RelaunchScreen  # noqa: E402
+from tuitune.tui.settings import UserConfig  # noqa: E402
 
 SIZES = ((140, 44), (120, 40), (80, 24))  # 120×40 is what most users have; 80×24 must still work
 SCENES = ("main", "relaunch", "advisor", "runs", "help", "config", "gpus", "failure")

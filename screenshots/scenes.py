@@ -12,8 +12,9 @@ from tuitune.base.events import GpuSample, ServerState, TelemetryState
 from tuitune.measure.capture import Replay, read_capture
 from tuitune.measure.metrics import summarize
 from tuitune.measure.stats import bootstrap_median_ci
-from tuitune.tui.app import TuituneApp, UserConfig
+from tuitune.tui.app import TuituneApp
 from tuitune.tui.screens import RelaunchScreen
+from tuitune.tui.settings import UserConfig
 
 CAPTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "demo-capture.jsonl"
 SIZE = (140, 44)  # wide: the config panel stays open beside the panels
@@ -86,7 +87,7 @@ def _gpus(app: TuituneApp) -> None:
 
 
 async def _relaunch_view(app: TuituneApp) -> RelaunchScreen:
-    screen = RelaunchScreen(app.draft.name, P.launch_command(app.draft))
+    screen = RelaunchScreen(app.draft.name, P.launch_command(app.draft), app.cancel_relaunch)
     app.relaunch_screen = screen
     await app.push_screen(screen)
     return screen

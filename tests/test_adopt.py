@@ -17,7 +17,8 @@ from tuitune.machine.errors import ControlError
 from tuitune.machine.session import Session
 from tuitune.machine.transport import LocalTransport
 from tuitune.measure.capture import read_capture
-from tuitune.tui.app import TuituneApp, UserConfig
+from tuitune.tui.app import TuituneApp
+from tuitune.tui.settings import UserConfig
 
 NOT_OURS = "running, not started by tuitune: attach read-only, or `tuitune adopt"
 REFUSED = "in use by a server tuitune did not start"

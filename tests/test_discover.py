@@ -21,7 +21,8 @@ from tuitune.machine.record import compute_drift
 from tuitune.machine.session import Session
 from tuitune.measure.capture import read_capture
 from tuitune.preset.discovered import from_process
-from tuitune.tui.app import TuituneApp, UserConfig
+from tuitune.tui.app import TuituneApp
+from tuitune.tui.settings import UserConfig
 
 PRESETS = sorted((ROOT / "tuitune" / "presets").glob("*.yaml"))
 

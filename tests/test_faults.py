@@ -347,8 +347,9 @@ def test_no_credential_in_any_output_nor_in_clear_in_the_state_file(tmp_path):
 async def test_the_tui_shows_no_credential(tmp_path):
     """The launch command in the relaunch view, the log pane and the configuration diff."""
     from tuitune.machine.session import Session
-    from tuitune.tui.app import TuituneApp, UserConfig
+    from tuitune.tui.app import TuituneApp
     from tuitune.tui.screens import RelaunchScreen
+    from tuitune.tui.settings import UserConfig
 
     p = _secret_preset(tmp_path, "tuicred")
     s = Session(p, state_dir=str(tmp_path / "state"))

@@ -374,8 +374,9 @@ async def test_log_pane_hides_tuitunes_own_requests_and_v_shows_them(tmp_path):
 
     from tuitune import preset as P
     from tuitune.machine.session import Session
-    from tuitune.tui.app import TuituneApp, UserConfig
+    from tuitune.tui.app import TuituneApp
     from tuitune.tui.logpane import own_request
+    from tuitune.tui.settings import UserConfig
 
     p = P.from_dict(
         {

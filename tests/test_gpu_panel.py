@@ -6,7 +6,8 @@ from pathlib import Path
 
 from tuitune.base.events import GpuSample, TelemetryState
 from tuitune.measure.capture import Capture, Replay
-from tuitune.tui.app import TuituneApp, UserConfig
+from tuitune.tui.app import TuituneApp
+from tuitune.tui.settings import UserConfig
 
 
 def tick(seq: int, n: int = 8, capped: int | None = None, straggler: int | None = None, util: float = 97.0):

@@ -1,6 +1,6 @@
 """The tree's layers and style are checked by the suite, with the suite's python: import-linter's
 contracts ([tool.importlinter] in pyproject.toml), `ruff check`, `ruff format --check` and mypy on the
-core ([tool.mypy]). Each test fails with the tool's own report. The tools keep their caches under
+core and the TUI ([tool.mypy]). Each test fails with the tool's own report. The tools keep their caches under
 .cache/ (ignored by git), so a second run takes a second or two."""
 
 from __future__ import annotations
@@ -97,8 +97,8 @@ def test_ruff_format():
 
 
 @pytest.mark.timeout(600)
-def test_mypy_core():
-    """mypy on the files [tool.mypy] names (the core), cache in .cache/mypy."""
+def test_mypy():
+    """mypy on the files [tool.mypy] names (the core and tuitune/tui), cache in .cache/mypy."""
     r = run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml")])
     assert r.returncode == 0, report(r)
 

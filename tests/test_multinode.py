@@ -181,8 +181,9 @@ def test_preset_show_command_lists_every_node(machines, tmp_path):
 
 async def test_tui_shows_both_nodes(machines):
     from tuitune.machine.session import Session
-    from tuitune.tui.app import TuituneApp, UserConfig
+    from tuitune.tui.app import TuituneApp
     from tuitune.tui.screens import RelaunchScreen
+    from tuitune.tui.settings import UserConfig
 
     p = two_node_preset(machines, name="mn-tui")
     s = Session(p)

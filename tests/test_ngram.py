@@ -672,7 +672,8 @@ async def test_tui_shows_the_lookup_drafter_and_its_advisor_walks_k(tmp_path):
     from test_tui import SIZE_LIVE, until, wait_ready
 
     from tuitune.machine.session import Session
-    from tuitune.tui.app import TuituneApp, UserConfig
+    from tuitune.tui.app import TuituneApp
+    from tuitune.tui.settings import UserConfig
 
     p = vllm_ngram(tmp_path, "tui-ng", tokens=2, sim=True, prompt_lookup_min=1, prompt_lookup_max=3)
     s = Session(p, state_dir=str(tmp_path / "state"))

@@ -326,7 +326,8 @@ async def test_tui_turns_worker_errors_into_notifications(sshd, tmp_path):
     """A .pub identity_file (an error the transport names) and an error nobody expected: the TUI
     stays up and shows each as a notification instead of exiting with WorkerFailed."""
     from tuitune.machine.session import Session
-    from tuitune.tui.app import TuituneApp, UserConfig
+    from tuitune.tui.app import TuituneApp
+    from tuitune.tui.settings import UserConfig
 
     pub = tmp_path / "id.pub"
     pub.write_bytes((sshd.root / "authorized_keys").read_bytes())

@@ -11,8 +11,9 @@ from conftest import group_alive, make_preset, until
 from tuitune import preset as P
 from tuitune.machine.session import Session
 from tuitune.measure.capture import Replay, read_capture
-from tuitune.tui.app import TuituneApp, UserConfig, load_user_config
+from tuitune.tui.app import TuituneApp
 from tuitune.tui.screens import RelaunchScreen
+from tuitune.tui.settings import UserConfig, load_user_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "screenshots"))  # the scenes: a dev module
 from scenes import CAPTURE, SCENES, SIZE, prepare, scene_app  # noqa: E402
@@ -280,7 +281,7 @@ async def test_relaunch_view_takes_updates_before_it_is_composed():
 
     app = scene_app()
     async with app.run_test(size=SIZE) as pilot:
-        screen = RelaunchScreen("x", "cmd")
+        screen = RelaunchScreen("x", "cmd", app.cancel_relaunch)
         app.push_screen(screen)  # not awaited: not composed yet
         screen.set_phase(ServerState("starting", "loading weights", elapsed_s=1.5))
         screen.add_lines(["Load weight begin"])

@@ -7,8 +7,9 @@ from conftest import make_preset, until
 from test_tui import SIZE_LIVE, wait_ready
 
 from tuitune.machine.session import Session
-from tuitune.tui.app import TuituneApp, UserConfig
+from tuitune.tui.app import TuituneApp
 from tuitune.tui.chart import render
+from tuitune.tui.settings import UserConfig
 
 pytestmark = pytest.mark.sim_clock  # goodput levels off the simulator's clock (CI, beside an engine: 1.47x for 1.5x)
 

@@ -15,10 +15,11 @@ from textual.widgets import Footer, Input
 
 from tuitune import preset as P
 from tuitune.machine.session import Session
-from tuitune.tui.app import TuituneApp, TuituneCommands, UserConfig, mentions, stale_description
+from tuitune.tui.app import TuituneApp, TuituneCommands, mentions, stale_description
 from tuitune.tui.help import GROUPS, TOUR, HelpScreen
 from tuitune.tui.runs import legend
 from tuitune.tui.screens import ConfirmScreen, RelaunchScreen, SaveScreen
+from tuitune.tui.settings import UserConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "screenshots"))  # the scenes: a dev module
 from scenes import _runs, scene_app  # noqa: E402

@@ -9,10 +9,11 @@ import pytest
 from conftest import until
 from textual.widgets import Button, Footer, Input
 
-from tuitune.tui.app import NARROW_COLS, TuituneApp, UserConfig, load_user_config, remember_theme
+from tuitune.tui.app import NARROW_COLS, TuituneApp
 from tuitune.tui.config import GlyphCheckbox
 from tuitune.tui.logpane import FollowLog
 from tuitune.tui.screens import ConfirmScreen, QuitScreen, SaveScreen
+from tuitune.tui.settings import UserConfig, load_user_config, remember_theme
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "screenshots"))  # the scenes: a dev module
 from scenes import _runs, prepare, scene_app  # noqa: E402

@@ -15,9 +15,10 @@ from test_gpu_panel import tick
 from tuitune import preset as P
 from tuitune.base.events import LogLine, TelemetryState
 from tuitune.machine.session import Session
-from tuitune.tui.app import TuituneApp, UserConfig
+from tuitune.tui.app import TuituneApp
 from tuitune.tui.logpane import FilterInput
 from tuitune.tui.screens import RelaunchScreen
+from tuitune.tui.settings import UserConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "screenshots"))
 from scenes import scene_app  # noqa: E402

@@ -12,8 +12,9 @@ from conftest import group_alive, make_preset, until
 
 from tuitune import preset as P
 from tuitune.machine.session import Session
-from tuitune.tui.app import TuituneApp, UserConfig
+from tuitune.tui.app import TuituneApp
 from tuitune.tui.screens import QuitScreen, RelaunchScreen
+from tuitune.tui.settings import UserConfig
 
 SIZE = (120, 40)
 

@@ -400,7 +400,8 @@ async def test_cli_commands_on_a_vllm_preset(tmp_path):
     from test_tui import SIZE, until
 
     from tuitune.measure.capture import Replay
-    from tuitune.tui.app import TuituneApp, UserConfig
+    from tuitune.tui.app import TuituneApp
+    from tuitune.tui.settings import UserConfig
 
     replay = Replay(read_capture(cap), speed=50.0)
     app = TuituneApp(replay, user_config=UserConfig())
@@ -542,8 +543,9 @@ async def test_tui_engine_header_spec_tokens_edit_and_position_row(tmp_path):
     from test_tui import SIZE_LIVE, until, wait_ready
 
     from tuitune.machine.session import Session
-    from tuitune.tui.app import TuituneApp, UserConfig
+    from tuitune.tui.app import TuituneApp
     from tuitune.tui.screens import ConfirmScreen, RelaunchScreen
+    from tuitune.tui.settings import UserConfig
 
     s = Session(sim_vllm(tmp_path, "tui-v"), state_dir=str(tmp_path / "state"))
     app = TuituneApp(s, autostart="launch", user_config=UserConfig())

@@ -103,7 +103,8 @@ async def test_the_tui_says_the_alarm_and_shows_it_in_the_cycle_panel(tmp_path):
     from test_tui import SIZE_LIVE, wait_ready
 
     from tuitune.machine.session import Session
-    from tuitune.tui.app import TuituneApp, UserConfig
+    from tuitune.tui.app import TuituneApp
+    from tuitune.tui.settings import UserConfig
 
     p, _ = _preset(tmp_path, "tuiguard", **{"sim-acceptance-shift": "3=0.3,0.1,0.05"})
     s = Session(p, state_dir=str(tmp_path / "state"))

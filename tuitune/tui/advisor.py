@@ -71,16 +71,18 @@ class AdvisorPanel(Static):
             self.update("waiting for profile windows (format v2, with accept_hist) …")
             return
         last = wins[-1]
-        self.running = config_of_window(last)
+        running = config_of_window(last)
+        assert running is not None  # a window with steps has a configuration
+        self.running = running
         bss = sorted(w.bs or 1 for w in wins[-20:])
         self.concurrency = load or bss[len(bss) // 2]
         try:
-            model = fit([Launch(self.running, wins)])
+            model = fit([Launch(running, wins)])
         except FitError as e:
             self.rows = []
             self.update(f"no model yet: {e}")
             return
-        preds = [model.predict(c, self.concurrency) for c in neighbours(self.running, self.topks or self.engine.topks)]
+        preds = [model.predict(c, self.concurrency) for c in neighbours(running, self.topks or self.engine.topks)]
         self.rows = sorted(preds, key=lambda p: -p.goodput.mean)
         self.note = f"baseline from the {model.baseline_source}"
         self.update(self.render_rows())

@@ -10,19 +10,17 @@ App class; the panels are their own modules, and the actions here only call the 
 from __future__ import annotations
 
 import asyncio
-import difflib
-import os
 import re
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 
-import yaml
 from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import Horizontal, Vertical
+from textual.notifications import SeverityLevel
 from textual.widgets import Footer, Input, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState
 
@@ -33,7 +31,7 @@ from tuitune.machine.errors import ControlError
 from tuitune.machine.transport import TransportError
 from tuitune.measure.bench import level_row
 from tuitune.measure.guard import PREFIX as GUARD_PREFIX
-from tuitune.measure.levels import bench_levels, is_level, plan_levels
+from tuitune.measure.levels import bench_levels, plan_levels
 from tuitune.measure.runs import RunBook, delta_mark
 from tuitune.measure.workload import WorkloadError
 from tuitune.tui.advisor import AdvisorPanel, apply_to_config
@@ -46,85 +44,9 @@ from tuitune.tui.help import HelpScreen
 from tuitune.tui.logpane import LogPane
 from tuitune.tui.runs import RunsTable
 from tuitune.tui.screens import ConfirmScreen, OpenScreen, QuitScreen, RelaunchScreen, SaveScreen
+from tuitune.tui.settings import UserConfig, did_you_mean, load_user_config, remember_theme
 
 REFRESH_S = 0.1
-
-
-@dataclass
-class UserConfig:
-    keymap: dict[str, str] = field(default_factory=dict)
-    baseline_max_age_min: float = 30.0
-    bench_levels: list[int] = field(default_factory=lambda: [1, 4, 16, 64])  # what B measures
-    theme: str | None = None
-    errors: list[str] = field(default_factory=list)
-    path: Path | None = None  # where a theme chosen in the UI is remembered (None: not remembered)
-
-
-CONFIG_KEYS = ("keymap", "baseline_max_age_min", "bench_levels", "theme")
-
-
-def config_path() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "tuitune" / "config.yaml"
-
-
-def load_user_config(path: Path | None = None) -> UserConfig:
-    """``keymap: {binding id: keys}``, ``baseline_max_age_min`` and ``bench_levels``; problems
-    become one notice each."""
-    path = path or config_path()
-    cfg = UserConfig(path=path)
-    if not path.exists():
-        return cfg
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, ValueError, yaml.YAMLError, RecursionError) as e:  # ValueError: not UTF-8
-        cfg.errors.append(f"{path}: cannot read it ({str(e).splitlines()[0]}); using defaults")
-        return cfg
-    if not isinstance(data, dict):
-        cfg.errors.append(f"{path}: expected a mapping; using defaults")
-        return cfg
-    km = data.get("keymap", {})
-    if isinstance(km, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in km.items()):
-        cfg.keymap = km
-    elif km:
-        cfg.errors.append(f"{path}: keymap must map binding ids to keys, e.g. tuitune.relaunch: ctrl+r")
-    age = data.get("baseline_max_age_min", cfg.baseline_max_age_min)
-    if isinstance(age, (int, float)) and age > 0:
-        cfg.baseline_max_age_min = float(age)
-    else:
-        cfg.errors.append(f"{path}: baseline_max_age_min must be a positive number of minutes")
-    levels = data.get("bench_levels", cfg.bench_levels)
-    if isinstance(levels, list) and levels and all(map(is_level, levels)):
-        cfg.bench_levels = sorted(set(levels))
-    else:
-        cfg.errors.append(f"{path}: bench_levels must be a list of concurrency levels, e.g. [1, 4, 16, 64]")
-    theme = data.get("theme")
-    if theme is not None:
-        if isinstance(theme, str) and theme:
-            cfg.theme = theme  # checked against the app's themes once it runs
-        else:
-            cfg.errors.append(f"{path}: theme must be a theme name, e.g. theme: nord")
-    for key in sorted(set(map(str, data)) - set(CONFIG_KEYS)):
-        cfg.errors.append(f"{path}: unknown key {key!r}{_did_you_mean(key, CONFIG_KEYS)}; it is ignored")
-    return cfg
-
-
-def _did_you_mean(word: str, choices) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f" (did you mean {close[0]}?)" if close else ""
-
-
-def remember_theme(path: Path, theme: str) -> None:
-    """Set ``theme:`` in the config file, keeping the user's other lines and comments as they are."""
-    text = path.read_text() if path.exists() else ""
-    line = f"theme: {theme}"
-    new, n = re.subn(r"(?m)^theme:.*$", line, text)
-    if not n:
-        new = text + ("" if not text or text.endswith("\n") else "\n") + line + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(new)
-    os.replace(tmp, path)
 
 
 class TuituneCommands(Provider):
@@ -172,8 +94,10 @@ class TuituneCommands(Provider):
         ),
     )
 
-    def _available(self):
+    def _available(self) -> Iterator[tuple[str, str, str]]:
         app = self.app
+        if not isinstance(app, TuituneApp):  # the provider is TuituneApp's own (its COMMANDS)
+            return
         for title, action, bid, help_ in self.COMMANDS:
             if app.check_action(action.split("(")[0], ()) is not False:
                 key = app.key_of(bid) if bid else ""
@@ -197,7 +121,7 @@ SHORT_ROWS = 30  # below this the cycle panel drops its sparklines (bars, runs a
 TALL_TABS = ("tab-chart", "tab-advisor")  # on a short terminal these hide the panels above them
 
 
-class TuituneApp(App):
+class TuituneApp(App[None]):
     CSS = """
     Screen { layout: vertical; }
     #main { height: 1fr; }
@@ -289,7 +213,7 @@ class TuituneApp(App):
         self.book = RunBook(max_age_s=self.user_config.baseline_max_age_min * 60)
         self.pending: list[Event] = []
         self.relaunch_screen: RelaunchScreen | None = None
-        self.relaunch_worker: Worker | None = None
+        self.relaunch_worker: Worker[None] | None = None
         self.bench_running = False
         self.bench_progress: tuple[int, int, float | None] | None = None  # done, total, median tok/s so far
         self._diff_for: tuple | None = None  # (running preset, draft) the diff was drawn for
@@ -306,7 +230,7 @@ class TuituneApp(App):
         yield StatusHeader(id="header")
         with Horizontal(id="main"):
             with Vertical(id="left"):
-                yield CyclePanel(id="cycle")
+                yield CyclePanel(self.redraw_cycle, id="cycle")
                 yield GpuPanel(id="gpus")
                 yield RunsTable(id="runs")
                 with TabbedContent(id="tabs"):
@@ -350,7 +274,7 @@ class TuituneApp(App):
                 if bid not in known:
                     errors.append(
                         f"{cfg.path or 'config'}: keymap: no binding with id {bid!r}"
-                        f"{_did_you_mean(bid, known)}; it is ignored"
+                        f"{did_you_mean(bid, known)}; it is ignored"
                     )
             self.set_keymap({k: v for k, v in cfg.keymap.items() if k in known})
         if cfg.theme:
@@ -359,7 +283,7 @@ class TuituneApp(App):
             else:
                 errors.append(
                     f"{cfg.path or 'config'}: theme {cfg.theme!r} is not a theme"
-                    f"{_did_you_mean(cfg.theme, self.available_themes)}; using {self.theme}"
+                    f"{did_you_mean(cfg.theme, self.available_themes)}; using {self.theme}"
                 )
         for err in errors:
             self.say(err, "warning")
@@ -407,7 +331,7 @@ class TuituneApp(App):
             self.footer.show_command_palette = wide
             self.footer.refresh(recompose=True)
 
-    def say(self, message: str, severity: str = "information") -> None:
+    def say(self, message: str, severity: SeverityLevel = "information") -> None:
         self.messages.append(message)
         self.notify(message, severity=severity, timeout=6 if severity != "error" else 12)
 
@@ -566,6 +490,7 @@ class TuituneApp(App):
         panel = self.config
         self.draft_errors = dict(message.errors)
         if not message.errors:
+            assert panel.base is not None  # the panel reports edits only once it holds a preset
             try:
                 self.draft = P.with_changes(panel.base, message.changes)
             except P.PresetError as e:
@@ -598,15 +523,18 @@ class TuituneApp(App):
         # what arrived before this relaunch (the running server's lines, the launch it came from, not
         # yet drawn on a busy machine) goes to the log pane now, not to the new launch's view
         self.refresh_views()
+        draft = self.draft
+        assert draft is not None  # relaunch is live only, and a live session has a preset
         self.relaunch_screen = RelaunchScreen(
-            self.draft.name, redact.Redactor(self.draft)(P.launch_command(self.draft))
+            draft.name, redact.Redactor(draft)(P.launch_command(draft)), self.cancel_relaunch
         )
         self.push_screen(self.relaunch_screen)
-        self.relaunch_worker = self.run_relaunch(self.draft)
+        self.relaunch_worker = self.run_relaunch(draft)
 
     @work(group="relaunch", exit_on_error=False)
     async def run_relaunch(self, preset: P.Preset) -> None:
         screen = self.relaunch_screen
+        assert screen is not None  # action_relaunch pushes it before it starts this worker
         try:
             await self.session.relaunch(preset)
         except ControlError as e:
@@ -619,7 +547,7 @@ class TuituneApp(App):
             return
         except asyncio.CancelledError:
             self.say("relaunch cancelled; the half-started server was stopped", "warning")
-            if screen and not screen.finished:
+            if not screen.finished:
                 screen.done(False, "cancelled")
             raise
         self.refresh_views()  # the new server's lines not drawn yet (a busy machine) go to its view first
@@ -630,6 +558,10 @@ class TuituneApp(App):
             self.draft = preset
         self._dirty_runs = True
         self.say(f"{preset.name} ready")
+
+    def redraw_cycle(self) -> None:
+        """The cycle panel is drawn again at the next refresh (a resize, data before its compose)."""
+        self._dirty_cycle = True
 
     def cancel_relaunch(self) -> None:
         if self.relaunch_worker is not None:
@@ -699,7 +631,8 @@ class TuituneApp(App):
         self.bench_running = True
         n = sum(c.requests for c in plan)  # 2+ per stream
         done: list[float] = []
-        self.bench_progress = (0, n, None)
+        finished = 0  # runs that ended, ok or not
+        self.bench_progress = (finished, n, None)
         self.say(
             f"benchmark: {preset.bench.warmup} warm-up + {n} requests of {preset.bench.max_tokens} tokens at "
             f"concurrency {', '.join(map(str, levels))}, workload {plan[0].prompts.label}…"
@@ -712,7 +645,9 @@ class TuituneApp(App):
             if r.ok and r.decode_tok_s is not None:
                 done.append(r.decode_tok_s)
             med = sorted(done)[len(done) // 2] if done else None
-            self.bench_progress = (self.bench_progress[0] + 1, n, med)
+            nonlocal finished
+            finished += 1
+            self.bench_progress = (finished, n, med)
 
         try:
             runs = await bench_levels(self.session, levels, label=preset.name, on_level=lambda _cfg: progress)
@@ -792,16 +727,18 @@ class TuituneApp(App):
         if self.draft_errors:
             self.say("fix the configuration first: " + next(iter(self.draft_errors.values())), "error")
             return
+        draft = self.draft
+        assert draft is not None  # saving, opening and reverting need a preset (a replay may have none)
         default = (
-            str(self.preset_path)
-            if self.preset_path and self.preset_path.parent != P.shipped_dir()
-            else self.draft.name
+            str(self.preset_path) if self.preset_path and self.preset_path.parent != P.shipped_dir() else draft.name
         )
-        self._ask_save(default, self.draft.description or "")
+        self._ask_save(default, draft.description or "")
 
     def _ask_save(self, target: str, description: str) -> None:
         """The save dialog; a name that would hide a shipped preset is asked about first (No goes
         back to the dialog as typed)."""
+        draft = self.draft  # the dialog is modal: the draft stays this one while it is open
+        assert draft is not None
 
         def done(answer: tuple[str, str] | None) -> None:
             if not answer:
@@ -843,9 +780,9 @@ class TuituneApp(App):
             SaveScreen(
                 target,
                 description,
-                lambda d: stale_description(self.loaded, self.draft, d),
+                lambda d: stale_description(self.loaded, draft, d),
                 hides,
-                fix=lambda d: rewrite_description(self.loaded, self.draft, d),
+                fix=lambda d: rewrite_description(self.loaded, draft, d),
                 slot=self._slot_note,
             ),
             done,
@@ -854,18 +791,22 @@ class TuituneApp(App):
     def _renamed(self, name: str) -> P.Preset:
         """The draft saved under ``name``: a log path that names the old preset names the new one (two
         presets writing one log would read each other's lines); the port stays (one server slot)."""
-        old = self.draft.name
+        draft = self.draft
+        assert draft is not None
+        old = draft.name
         changes: dict = {"name": name}
-        log = str(self.draft.server.log)
+        log = str(draft.server.log)
         if name != old and old and old in Path(log).name:
             changes["server.log"] = str(Path(log).with_name(Path(log).name.replace(old, name, 1)))
-        return P.with_changes(self.draft, changes)
+        return P.with_changes(draft, changes)
 
     def _slot_note(self, target: str) -> str:
         """What the save dialog says of the server a preset saved under ``target`` would use."""
-        name = Path(target).expanduser().stem if target.strip() else self.draft.name
+        draft = self.draft
+        assert draft is not None
+        name = Path(target).expanduser().stem if target.strip() else draft.name
         p = self._renamed(name)
-        same = "" if name == self.draft.name else f" (the port is {self.draft.name}'s: one of them runs at a time)"
+        same = "" if name == draft.name else f" (the port is {draft.name}'s: one of them runs at a time)"
         return f"port {p.server.port}, log {p.server.log}{same}"
 
     def _save(self, path: Path, description: str) -> None:
@@ -882,6 +823,10 @@ class TuituneApp(App):
         self.say(f"saved {saved}" + (f" (it hides the shipped {saved.stem})" if hidden else ""))
 
     def action_open(self) -> None:
+        loaded, draft = self.loaded, self.draft
+        assert loaded is not None and draft is not None
+        here = (loaded.target.label(), loaded.server.port)  # the dialog is modal: loaded stays this one
+
         def done(path: Path | None) -> None:
             if path is None:
                 return
@@ -890,7 +835,6 @@ class TuituneApp(App):
             except P.PresetError as e:
                 self.say(str(e), "error")
                 return
-            here = (self.loaded.target.label(), self.loaded.server.port)
             if (p.target.label(), p.server.port) != here:
                 # a session follows one server (its port's state file, log and forward): loading a
                 # preset for another one here would leave that server untracked
@@ -908,9 +852,10 @@ class TuituneApp(App):
             self.update_diff()
             self.say(f"loaded {p.name}: press r to launch it")
 
-        self.push_screen(OpenScreen(self.draft, (self.loaded.target.label(), self.loaded.server.port)), done)
+        self.push_screen(OpenScreen(draft, here), done)
 
     def action_revert(self) -> None:
+        assert self.loaded is not None
         self.draft = self.loaded
         self.draft_errors = {}
         self.config.load(self.loaded)

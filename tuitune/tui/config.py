@@ -38,8 +38,9 @@ def _wid(name: str) -> str:
 class GlyphCheckbox(Checkbox):
     """A checkbox whose state reads without colour too (NO_COLOR, monochrome terminals)."""
 
+    # Textual declares BUTTON_INNER a plain class attribute but only ever reads it, at each render
     @property
-    def BUTTON_INNER(self) -> str:  # noqa: N802 - Textual's name
+    def BUTTON_INNER(self) -> str:  # type: ignore[override]  # noqa: N802 - Textual's name
         return "X" if self.value else " "
 
 
@@ -160,7 +161,7 @@ class ConfigPanel(VerticalScroll):
                 w = _wid(var.name)
                 value = preset.env.get(var.name)
                 self.query_one(f"#set-{w}", Checkbox).value = value is not None
-                widget = self.query_one(f"#val-{w}")
+                widget = self._value_widget(w)
                 if isinstance(widget, Select):
                     if value in var.choices:
                         widget.value = value
@@ -173,6 +174,12 @@ class ConfigPanel(VerticalScroll):
         self._error("#spec-error", "")
         self._error("#flag-error", "")
         self._show_derived()
+
+    def _value_widget(self, w: str) -> Select[str] | Input:
+        """An NCCL variable's value: a Select of the catalogue's choices, or an Input where it has none."""
+        widget = self.query_one(f"#val-{w}")
+        assert isinstance(widget, (Select, Input))
+        return widget
 
     # ---- collect ------------------------------------------------------------------------
     def _int(self, wid: str) -> int | None:
@@ -236,21 +243,21 @@ class ConfigPanel(VerticalScroll):
         for var in nccl.CATALOGUE.values():
             w = _wid(var.name)
             on = self.query_one(f"#set-{w}", Checkbox).value
-            widget = self.query_one(f"#val-{w}")
+            widget = self._value_widget(w)
             if isinstance(widget, Select):
-                value = "" if widget.is_blank() else str(widget.value)
+                setting = "" if widget.is_blank() else str(widget.value)
             else:
-                value = widget.value.strip()
+                setting = widget.value.strip()
             if on:
-                if not value:
+                if not setting:
                     errors[var.name] = "choose a value, or uncheck to leave it unset"
                     continue
-                errs, _ = nccl.check(var.name, str(value))
+                errs, _ = nccl.check(var.name, setting)
                 if errs:
                     errors[var.name] = errs[0]
                     continue
-                if base.env.get(var.name) != str(value):
-                    changes[f"env.{var.name}"] = str(value)
+                if base.env.get(var.name) != setting:
+                    changes[f"env.{var.name}"] = setting
             elif var.name in base.env:
                 changes[f"env.{var.name}"] = None
         return changes, errors
@@ -269,7 +276,7 @@ class ConfigPanel(VerticalScroll):
             note = f"verified a step: spec tokens + 1 = {steps + 1} (vLLM drafts a chain: no topk)"
         elif algo != "none" and topk == 1 and steps:
             note = f"draft tokens = steps + 1 = {steps + 1} (derived: topk is 1)"
-        draft.placeholder = f"derived: {steps + 1}" if note else ""
+        draft.placeholder = f"derived: {steps + 1}" if note and steps else ""  # a note is only made with steps
         self.query_one("#spec-derived", Static).update(note)
 
     def _error(self, wid: str, text: str) -> None:
@@ -306,7 +313,7 @@ class ConfigPanel(VerticalScroll):
         event.stop()
         w = (event.checkbox.id or "").removeprefix("set-")
         if event.checkbox.value and event.checkbox.id and event.checkbox.id.startswith("set-"):
-            widget = self.query_one(f"#val-{w}")
+            widget = self._value_widget(w)
             var = next(v for v in nccl.CATALOGUE.values() if _wid(v.name) == w)
             if isinstance(widget, Select) and widget.is_blank() and var.choices:
                 with self.prevent(Select.Changed):

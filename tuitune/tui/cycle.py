@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -88,6 +90,11 @@ class CyclePanel(Vertical):
 
     hint = ""  # the first-run hint, shown until the first profile window arrives
 
+    def __init__(self, redraw: Callable[[], None], *, id: str | None = None) -> None:
+        """``redraw()``: has the app draw the panel again at its next refresh (the data is the app's)."""
+        super().__init__(id=id)
+        self.redraw = redraw
+
     def compose(self) -> ComposeResult:
         yield Static(self._waiting(), id="bars")
         for key, label, _ in SPARKS:
@@ -100,7 +107,7 @@ class CyclePanel(Vertical):
         self.border_title = "cycle"
 
     def on_resize(self) -> None:
-        self.app._dirty_cycle = True  # bar widths follow the panel's width
+        self.redraw()  # bar widths follow the panel's width
 
     def _waiting(self) -> Text:
         t = Text(WAITING)
@@ -113,7 +120,7 @@ class CyclePanel(Vertical):
     ) -> None:
         found = self.query("#bars")
         if not found:  # not composed yet (a launch that is ready before the panel is): the next tick draws it
-            self.app._dirty_cycle = True
+            self.redraw()
             return
         bars = found.first(Static)
         p = store.last_profile

@@ -9,7 +9,10 @@ out and marked stale (``set_stale``), not as if live.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.text import Text
+from textual.widget import Widget
 from textual.widgets import Static
 
 from tuitune.base.events import Event, GpuSample, TelemetryState
@@ -133,7 +136,7 @@ class GpuPanel(Static):
             return "summary"
         return self.mode
 
-    def update_from(self, store: GpuStore, load_on: bool, events: list[Event]) -> None:
+    def update_from(self, store: GpuStore, load_on: bool, events: Sequence[Event]) -> None:
         for ev in events:
             if isinstance(ev, TelemetryState):
                 self.state = ev
@@ -150,7 +153,8 @@ class GpuPanel(Static):
         self.border_subtitle = "" if st.state == "on" else f"{st.state}: {st.detail or ''}"[:60]
         if self.stale:
             self.border_subtitle = f"stale: {self.stale}"[:60]
-        name = gpus[0].last.name if gpus and gpus[0].last.name else "GPU"
+        first = gpus[0].last if gpus else None  # the GPUs that answered the last tick: each has a sample
+        name = first.name if first is not None and first.name else "GPU"
         self.border_title = f"gpus · {len(gpus)} × {name}" if gpus else "gpus"
         if not self.display:
             return
@@ -163,7 +167,9 @@ class GpuPanel(Static):
             self.update(summary_line(gpus, self.flags))
             return
         # hidden until now, the panel has no size yet: its column's width, less border and padding
-        width = max(40, self.content_region.width or (self.parent.size.width - 4 if self.parent else 0))
+        width = max(
+            40, self.content_region.width or (self.parent.size.width - 4 if isinstance(self.parent, Widget) else 0)
+        )
         out = Text()
         for i, g in enumerate(gpus):
             if i:

@@ -6,6 +6,7 @@ Every dialog fits its content (height auto, capped by the terminal), so nothing 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.text import Text
@@ -37,10 +38,12 @@ class RelaunchScreen(ModalScreen[None]):
     RelaunchScreen #lines { height: 1fr; color: $text-muted; }
     """
 
-    def __init__(self, preset_name: str, command: str):
+    def __init__(self, preset_name: str, command: str, cancel: Callable[[], None]):
+        """``cancel()``: stops the start in progress (the app's relaunch worker)."""
         super().__init__()
         self.preset_name = preset_name
         self.command = command
+        self.cancel = cancel
         self.lines: list[str] = []
         self.launched = False  # the new server's process is up: log lines from here on are its own
         self.finished = False
@@ -98,7 +101,7 @@ class RelaunchScreen(ModalScreen[None]):
         if self.finished:
             self.dismiss(None)
         else:
-            self.app.cancel_relaunch()
+            self.cancel()
             self.phase_text = "cancelling: stopping the half-started server…"
             self._draw()
 
@@ -229,8 +232,12 @@ class OpenScreen(ModalScreen[Path | None]):
             return "!"
         return " " if (p.target.label(), p.server.port) == self.here else "≠"
 
+    def _entry(self, option: Option) -> tuple[str, Path, str, str]:
+        assert option.id is not None  # every option is made with its entry's index as its id
+        return self.entries[int(option.id)]
+
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
-        origin, path, name, desc = self.entries[int(event.option.id)]
+        origin, path, name, desc = self._entry(event.option)
         try:
             other = P.load(path)
         except P.PresetError as e:
@@ -250,7 +257,7 @@ class OpenScreen(ModalScreen[Path | None]):
         self.query_one("#preview", Static).update(text)
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
-        self.dismiss(self.entries[int(event.option.id)][1])
+        self.dismiss(self._entry(event.option)[1])
 
     def action_cancel(self) -> None:
         self.dismiss(None)
