@@ -23,10 +23,6 @@ LEFT_ALONE = {
     # internal: never shown as they are
     "tuitune.preset.io._DuplicateKey": "a YAMLError inside the preset loader, restated as a PresetError",
     "tuitune.measure.bench.BadStream": "a request's failure, kept in the run's errors, never raised to the CLI",
-    # a sentence, but one the mapping never took: `tuitune ab` with arms of different prompts lets it
-    # reach main(), which prints its traceback today; as a TuituneError it would exit 2 with its
-    # sentence instead, a change of behaviour left to its own commit
-    "tuitune.experiments.ab.RoundsError": "unmapped before the base (a traceback from `tuitune ab`)",
 }
 
 
@@ -128,10 +124,12 @@ def test_exit_status_of_the_rest(capsys):
     capsys.readouterr()
     assert exit_status(ControlError("it died", 1, ["last", "lines"])) == 1
     assert capsys.readouterr().err == "  | last\n  | lines\ntuitune: it died\n"
-    # no sentence: a bug, whose traceback is wanted; RoundsError was never mapped (LEFT_ALONE)
+    # no sentence: a bug, whose traceback is wanted
     assert exit_status(ValueError("x")) is None
     assert exit_status(KeyError("x")) is None
-    assert exit_status(_cls("tuitune.experiments.ab", "RoundsError")("too few rounds")) is None
+    # RoundsError was never mapped: `tuitune ab` on arms of different prompts printed its traceback
+    assert exit_status(_cls("tuitune.experiments.ab", "RoundsError")("different prompts")) == 2
+    assert capsys.readouterr().err == "tuitune: different prompts\n"
     assert capsys.readouterr().err == ""
 
 

@@ -132,6 +132,12 @@ def test_ab_refuses_arms_with_different_prompts_and_judges_none_across_workloads
     b = P.with_changes(make_preset(tmp_path, "b"), {"bench.prompts": str(prompts)})
     with pytest.raises(RoundsError, match="the arms benchmark different prompts.*pass --prompts FILE"):
         asyncio.run(run_ab(None, a, b, 3, {}))  # refused before the transport is touched
+    # the command says it in one sentence, exit 2 (it used to end in RoundsError's traceback)
+    pa, pb = P.save(a, tmp_path / "a.yaml"), P.save(b, tmp_path / "b.yaml")
+    r = tuitune_cli("ab", str(pa), str(pb), "--rounds", "4", env={"HOME": str(tmp_path)})
+    said = r.stderr.strip()
+    assert r.returncode == 2 and said.startswith("tuitune: the arms benchmark different prompts"), r.stderr
+    assert "Traceback" not in r.stderr and "\n" not in said, r.stderr
     w1, w2 = W.builtin().as_dict(), W.load(prompts).as_dict()
     launches = [
         {"arm": arm, "preset": arm, "median_tok_s": v, "goodput": math.nan, "failed": 0, "errors": [], "workload": w}

@@ -28,6 +28,7 @@ import math
 import time
 from collections.abc import Callable
 
+from tuitune.base.errors import TuituneError
 from tuitune.base.events import Event
 from tuitune.machine import telemetry
 from tuitune.machine.cluster import controlling, stop_started
@@ -57,8 +58,11 @@ MIN_ROUNDS = min_rounds()  # with fewer launches per arm the exact two-sided U t
 NO_VERDICT = "measurement only"
 
 
-class RoundsError(ValueError):
-    """Too few rounds for a verdict, refused before any relaunch; the message is one sentence."""
+class RoundsError(TuituneError, ValueError):
+    """An A/B refused before any relaunch (too few rounds for a verdict, arms on different prompts);
+    the message is one sentence, bad input (exit 2)."""
+
+    code = 2
 
 
 def rounds_refusal(rounds: int, flag: str = "--rounds", override: str = "--no-verdict") -> str | None:
