@@ -268,6 +268,27 @@ async def test_replay_drives_the_tui_to_the_same_numbers_as_live():
         assert not isinstance(app.screen, RelaunchScreen)
 
 
+async def test_a_replay_without_a_preset_says_there_is_nothing_to_save_open_or_revert():
+    """A capture recorded without a preset (a server found by its port) replays with none: save,
+    open and revert say so in one sentence (they used to end the app on an assertion)."""
+    cap = read_capture(CAPTURE)
+    cap.meta = {k: v for k, v in cap.meta.items() if k != "preset"}
+    replay = Replay(cap, speed=50.0)
+    assert replay.preset is None
+    app = TuituneApp(replay, user_config=UserConfig())
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("s")
+        await pilot.press("o")
+        await app.run_action("revert")
+        await pilot.pause(0.1)
+        assert app.is_running and app.screen is app.screen_stack[0]  # no dialog opened, nothing ended
+        said = [m for m in app.messages if m.startswith("nothing to ")]
+        assert said == [
+            f"nothing to {what}: the capture this replay plays holds no preset"
+            for what in ("save", "open a preset against", "revert to")
+        ], app.messages
+
+
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
 @pytest.mark.parametrize("scene", SCENES)
 def test_snapshots(scene, size, snap_compare):

@@ -728,7 +728,9 @@ class TuituneApp(App[None]):
             self.say("fix the configuration first: " + next(iter(self.draft_errors.values())), "error")
             return
         draft = self.draft
-        assert draft is not None  # saving, opening and reverting need a preset (a replay may have none)
+        if draft is None:
+            self._no_preset("save")
+            return
         default = (
             str(self.preset_path) if self.preset_path and self.preset_path.parent != P.shipped_dir() else draft.name
         )
@@ -822,9 +824,15 @@ class TuituneApp(App[None]):
         hidden = P.shadowed(saved.stem) if saved.parent == P.user_dir() else None
         self.say(f"saved {saved}" + (f" (it hides the shipped {saved.stem})" if hidden else ""))
 
+    def _no_preset(self, what: str) -> None:
+        """Saving, opening and reverting need a preset; a replay of a capture may have none."""
+        self.say(f"nothing to {what}: the capture this replay plays holds no preset", "warning")
+
     def action_open(self) -> None:
         loaded, draft = self.loaded, self.draft
-        assert loaded is not None and draft is not None
+        if loaded is None or draft is None:
+            self._no_preset("open a preset against")
+            return
         here = (loaded.target.label(), loaded.server.port)  # the dialog is modal: loaded stays this one
 
         def done(path: Path | None) -> None:
@@ -855,7 +863,9 @@ class TuituneApp(App[None]):
         self.push_screen(OpenScreen(draft, here), done)
 
     def action_revert(self) -> None:
-        assert self.loaded is not None
+        if self.loaded is None:
+            self._no_preset("revert to")
+            return
         self.draft = self.loaded
         self.draft_errors = {}
         self.config.load(self.loaded)
