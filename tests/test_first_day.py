@@ -379,9 +379,9 @@ def test_the_help_names_both_engines():
 def test_the_front_pages_quote_the_advisors_current_accuracy():
     import re
 
-    advisor = (ROOT / "docs" / "advisor.md").read_text()
+    advisor = (ROOT / "docs" / "evidence.md").read_text()  # the accuracy table, dated, beside the advisor
     m = re.search(r"\*\*all ten \((\d+) cases\)\*\* \| \*\*\d+/\d+ = ([\d.]+) %\*\*", advisor)
-    assert m, "the pooled row of docs/advisor.md's accuracy table"
+    assert m, "the pooled row of docs/evidence.md's accuracy table"
     cases, share = m.group(1), round(float(m.group(2)))
     for page in ("README.md", "docs/index.md"):
         text = " ".join((ROOT / page).read_text().split())

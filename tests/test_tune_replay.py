@@ -9,7 +9,7 @@ made apart and by different code:
   its capture and its log row kept (``benchmarks/real_engine_launches.py``, under tests/data/);
 - the truth: the grid of ``benchmarks/real_engine_grid.py``, each configuration measured by its own
   plain HTTP client in waves paired with a reference server's, on a quiet machine
-  (benchmarks/data/; docs/advisor.md says how sure each is).
+  (benchmarks/data/; docs/evidence.md says how sure each is).
 The worlds: the tiny random Llama with ngram (prompt lookup 1-3; acceptance from a random model
 repeating itself) at one stream and at eight; SmolLM2-135M-Instruct with the EAGLE-3 head
 tests/real_draft.py trains (real acceptance) on the code workload, at one stream.
