@@ -543,70 +543,156 @@ def _cycle_ms(windows: list, concurrency: int) -> float | None:
     return sorted(at)[len(at) // 2] if at else None
 
 
-async def tune(  # noqa: C901, PLR0913, PLR0915
+@dataclass(frozen=True)
+class TuneOptions:
+    """What `tune` is asked to do, checked in one place (``check``) before anything starts."""
+
+    budget: int
+    concurrency: int
+    out: Path
+    resume: bool = False
+    levels: list[int] | None = None
+    overrides: dict | None = None
+    ab_rounds: int = 4
+    ab_judge: bool = True
+    ab_max_rounds: int | None = None
+    configs: list[Config] | None = None
+    nccl: bool = False
+    nccl_backend: str = "nccl"
+    nccl_grid: list[str] | None = None
+    hidden_size: int | None = None
+
+    @property
+    def ab_last(self) -> int:
+        """The final A/B's most rounds a side (0: none)."""
+        if not self.ab_rounds:
+            return 0
+        return max(self.ab_rounds, self.ab_max_rounds or self.ab_rounds) if self.ab_judge else self.ab_rounds
+
+    def check(self, base: P.Preset) -> Config:
+        """Refusals that need no launch (a final A/B that cannot decide, a preset with nothing to tune
+        or no step count to start from), in that order; the configuration the search starts from."""
+        from tuitune.experiments.ab import rounds_refusal
+
+        if self.ab_rounds and (why := rounds_refusal(self.ab_rounds, "--ab-rounds")) and self.ab_judge:
+            raise TuneError(why, 2)  # before the first relaunch: the search would end in an A/B that cannot decide
+        start = config_of(base)
+        if not base.is_speculative:
+            raise TuneError(
+                f"{base.name} has no speculative section: tune needs the algorithm and draft model "
+                f"(speculative.draft_model_path) to try configurations; start from a speculative preset",
+                2,
+            )
+        if not base.profile:
+            raise TuneError(
+                f"{base.name} has profile: false; tune fits its model to EAGLE3_PROFILE windows, so set profile: true",
+                2,
+            )
+        return start
+
+
+async def tune(
     base: P.Preset,
     budget: int,
     concurrency: int,
     out: Path,
     *,
-    resume: bool = False,
-    levels: list[int] | None = None,
-    overrides: dict | None = None,
-    ab_rounds: int = 4,
-    ab_judge: bool = True,
-    ab_max_rounds: int | None = None,
-    configs: list[Config] | None = None,
-    nccl: bool = False,
-    nccl_backend: str = "nccl",
-    nccl_grid: list[str] | None = None,
-    hidden_size: int | None = None,
     progress: Callable[[str], None] | None = None,
     session=None,
     on_cleanup: Callable[[str], None] | None = None,
+    **options,
 ) -> dict:
-    """The search, then the final A/B. Interrupted (Ctrl-C, SIGTERM), it stops the server it started
-    (the search's or the A/B's) and says so to ``on_cleanup``; ``--resume`` goes on from its log."""
-    from tuitune.experiments.ab import rounds_refusal, run_ab
-    from tuitune.machine.session import Session
+    """The search, then the final A/B (``TuneRun``; ``options``: the rest of ``TuneOptions``)."""
+    opts = TuneOptions(budget, concurrency, out, **options)
+    return await TuneRun(base, opts, progress=progress, session=session, on_cleanup=on_cleanup).run()
 
-    if ab_rounds and (why := rounds_refusal(ab_rounds, "--ab-rounds")) and ab_judge:
-        raise TuneError(why, 2)  # before the first relaunch: the search would end in an A/B that cannot decide
-    start = config_of(base)
-    if not base.is_speculative:
-        raise TuneError(
-            f"{base.name} has no speculative section: tune needs the algorithm and draft model "
-            f"(speculative.draft_model_path) to try configurations; start from a speculative preset",
-            2,
-        )
-    if not base.profile:
-        raise TuneError(
-            f"{base.name} has profile: false; tune fits its model to EAGLE3_PROFILE windows, so set profile: true", 2
-        )
-    out.mkdir(parents=True, exist_ok=True)
-    rows = load_log(out)
-    if rows and not resume:
-        raise TuneError(f"{out} already holds a tune log; pass --resume to continue, or choose another --out", 2)
-    work = workload.for_preset(base, overrides).as_dict()  # a bad prompt file: said before any launch
-    logged = next((r for r in rows if r.get("kind") == "workload"), None)
-    if rows and (other := workload.differ(work, logged)):
-        raise TuneError(
-            f"{out}'s launches were measured on another workload ({other}, the log's): resuming would compare "
-            "the two; pass the log's prompts again (--prompts or bench.prompts), or choose another --out",
-            2,
-        )
-    if logged is None:
-        _append(out, {"kind": "workload", **work})
-    session = session or Session(base)
-    await session.connect()
-    original = base
-    if progress:
-        last_ab = (max(ab_rounds, ab_max_rounds or ab_rounds) if ab_judge else ab_rounds) if ab_rounds else 0
-        progress(plan_line(base, budget, last_ab, rows, session.record))
-    try:
+
+class TuneRun:
+    """One `tune`: its phases in order, each writing its rows to OUT/tune.jsonl: the NCCL screen
+    (``nccl_phase``), the search (``search``), the result (``summarize``) and the proof, the final
+    A/B (``prove``). Interrupted (Ctrl-C, SIGTERM), it stops the server it started (the search's or
+    the A/B's) and says so to ``on_cleanup``; ``--resume`` goes on from its log."""
+
+    def __init__(
+        self,
+        base: P.Preset,
+        opts: TuneOptions,
+        *,
+        progress: Callable[[str], None] | None = None,
+        session=None,
+        on_cleanup: Callable[[str], None] | None = None,
+    ):
+        self.original = self.base = base
+        self.opts = opts
+        self.progress = progress
+        self.session = session
+        self.on_cleanup = on_cleanup
+        self.start = OFF  # the starting configuration (``run`` reads it off the preset, after the checks)
+        self.budget = opts.budget
+        self.env_label = ""  # the NCCL variables kept, as "K=V …" ("" none)
+        self.screen: dict | None = None  # the NCCL screen's row
+        self.decided: dict | None = None  # the NCCL decision's row
+        self.describe: Callable[[Config], str] = base.engine.config_label
+
+    def say(self, msg: str) -> None:
+        if self.progress:
+            self.progress(msg)
+
+    def append(self, row: dict) -> None:
+        _append(self.opts.out, row)
+
+    async def run(self) -> dict:
+        from tuitune.machine.session import Session
+
+        opts, base = self.opts, self.base
+        self.start = opts.check(base)
+        opts.out.mkdir(parents=True, exist_ok=True)
+        rows = load_log(opts.out)
+        if rows and not opts.resume:
+            raise TuneError(
+                f"{opts.out} already holds a tune log; pass --resume to continue, or choose another --out", 2
+            )
+        work = workload.for_preset(base, opts.overrides).as_dict()  # a bad prompt file: said before any launch
+        logged = next((r for r in rows if r.get("kind") == "workload"), None)
+        if rows and (other := workload.differ(work, logged)):
+            raise TuneError(
+                f"{opts.out}'s launches were measured on another workload ({other}, the log's): resuming would "
+                "compare the two; pass the log's prompts again (--prompts or bench.prompts), or choose another --out",
+                2,
+            )
+        if logged is None:
+            self.append({"kind": "workload", **work})
+        self.session = self.session or Session(base)
+        await self.session.connect()
+        self.say(plan_line(base, opts.budget, opts.ab_last, rows, self.session.record))
+        try:
+            await self.nccl_phase()
+            source, result = await self.search()
+            summary = self.summarize(source, result)
+            await self.prove(source, result, summary)
+            self.append(summary)
+            return summary
+        except asyncio.CancelledError:
+            await self.session.stop_started(self.on_cleanup)  # (the A/B stopped its own arm: nothing left then)
+            raise
+        finally:
+            await self.session.close()
+
+    async def nccl_phase(self) -> None:
+        """With --nccl (or a screen in the log): rank NCCL settings with nccl-bench, then one launch of
+        the start with the winner's variables decides whether they stay for the rest of the search."""
+        opts, session = self.opts, self.session
+        rows = load_log(opts.out)
         screen = next((r for r in rows if r.get("kind") == "nccl"), None)
-        if nccl and screen is None:
+        if opts.nccl and screen is None:
             changes, report, prediction = await _nccl_screen(
-                session, base, nccl_grid or [], nccl_backend, hidden_size, progress, concurrency
+                session,
+                self.base,
+                opts.nccl_grid or [],
+                opts.nccl_backend,
+                opts.hidden_size,
+                self.progress,
+                opts.concurrency,
             )
             screen = {
                 "kind": "nccl",
@@ -615,74 +701,69 @@ async def tune(  # noqa: C901, PLR0913, PLR0915
                 "resolved": False,
                 "prediction": prediction,
             }
-            _append(out, screen)
-        env_label = ""
-        decided = None
-        if screen is not None and screen["changes"]:
-            # one launch of the start with the winner's variables decides whether they stay
-            env_label = " ".join(
-                f"{k.split('.', 1)[1]}={v if v is not None else 'unset'}" for k, v in screen["changes"].items()
+            self.append(screen)
+        self.screen = screen
+        if screen is None or not screen["changes"]:
+            return
+        env_label = " ".join(
+            f"{k.split('.', 1)[1]}={v if v is not None else 'unset'}" for k, v in screen["changes"].items()
+        )
+        rows = load_log(opts.out)
+        decided = next((r for r in rows if r.get("kind") == "nccl_decision"), None)
+        if decided is None:
+            decided = await self._nccl_decide(screen, env_label, rows)
+        self.decided = decided
+        self.budget -= 1  # the launch with the screened variables
+        if decided["env"]:
+            self.base = P.with_changes(self.base, screen["changes"])
+            self.env_label = env_label
+
+    async def _nccl_decide(self, screen: dict, env_label: str, rows: list[dict]) -> dict:
+        """The start measured without, then with the screened variables; kept above the noise."""
+        opts, start, concurrency = self.opts, self.start, self.opts.concurrency
+        cand = P.with_changes(self.base, screen["changes"])
+        cur_src = SessionSource(self.session, self.base, opts.out, opts.overrides)
+        cur_src.count = sum(1 for r in rows if r.get("kind") == "launch")
+        lv = sorted({*(opts.levels or levels_for(concurrency)), concurrency})
+        pred = screen.get("prediction") or {}
+        self.say(f"NCCL: nccl-bench ranks {env_label} first; measuring the start with and without it")
+        if pred.get("step_saving_us") is not None:
+            self.say(
+                f"NCCL: predicted to save {pred['step_saving_us']:.1f} µs a decode step at concurrency "
+                f"{concurrency} against the current setting; rests on: {pred['basis']}"
             )
-            rows = load_log(out)
-            decided = next((r for r in rows if r.get("kind") == "nccl_decision"), None)
-            if decided is None:
-                cand = P.with_changes(base, screen["changes"])
-                cur_src = SessionSource(session, base, out, overrides)
-                cur_src.count = sum(1 for r in rows if r.get("kind") == "launch")
-                lv = sorted({*(levels or levels_for(concurrency)), concurrency})
-                pred = screen.get("prediction") or {}
-                if progress:
-                    progress(f"NCCL: nccl-bench ranks {env_label} first; measuring the start with and without it")
-                    if pred.get("step_saving_us") is not None:
-                        progress(
-                            f"NCCL: predicted to save {pred['step_saving_us']:.1f} µs a decode step at concurrency "
-                            f"{concurrency} against the current setting; rests on: {pred['basis']}"
-                        )
-                now = await cur_src.measure(start, lv)
-                _append(
-                    out,
-                    {
-                        **Step(0, start, "the starting configuration", None, dict(now.goodput)).to_dict(),
-                        "capture": now.label,
-                        "env": "",
-                    },
-                )
-                cand_src = SessionSource(session, cand, out, overrides)
-                cand_src.count = cur_src.count
-                new = await cand_src.measure(start, lv)
-                _append(
-                    out,
-                    {
-                        **Step(0, start, f"NCCL {env_label}", None, dict(new.goodput)).to_dict(),
-                        "capture": new.label,
-                        "env": env_label,
-                    },
-                )
-                keep = new.goodput.get(concurrency, 0.0) > now.goodput.get(concurrency, 0.0) * (1 + NOISE)
-                decided = {
-                    "kind": "nccl_decision",
-                    "env": env_label if keep else "",
-                    "goodput": {"current": now.goodput.get(concurrency), "candidate": new.goodput.get(concurrency)},
-                }
-                # the prediction beside the measurement: the step saving over the start's own cycle
-                cycle = _cycle_ms(now.windows, concurrency)
-                if pred.get("step_saving_us") is not None and cycle:
-                    decided["predicted_gain"] = NS.predicted_gain(pred["step_saving_us"], cycle)
-                    decided["cycle_ms"] = cycle
-                if now.goodput.get(concurrency) and new.goodput.get(concurrency) is not None:
-                    decided["measured_gain"] = new.goodput[concurrency] / now.goodput[concurrency] - 1.0
-                _append(out, decided)
-                if progress:
-                    said = _nccl_gains(decided)
-                    progress(f"NCCL: {'keeping' if keep else 'dropping'} {env_label}" + (f" ({said})" if said else ""))
-            budget -= 1  # the launch with the screened variables
-            if decided["env"]:
-                base = P.with_changes(base, screen["changes"])
-            else:
-                env_label = ""
-        rows = load_log(out)
+        now = await cur_src.measure(start, lv)
+        step = Step(0, start, "the starting configuration", None, dict(now.goodput))
+        self.append({**step.to_dict(), "capture": now.label, "env": ""})
+        cand_src = SessionSource(self.session, cand, opts.out, opts.overrides)
+        cand_src.count = cur_src.count
+        new = await cand_src.measure(start, lv)
+        step = Step(0, start, f"NCCL {env_label}", None, dict(new.goodput))
+        self.append({**step.to_dict(), "capture": new.label, "env": env_label})
+        keep = new.goodput.get(concurrency, 0.0) > now.goodput.get(concurrency, 0.0) * (1 + NOISE)
+        decided: dict = {
+            "kind": "nccl_decision",
+            "env": env_label if keep else "",
+            "goodput": {"current": now.goodput.get(concurrency), "candidate": new.goodput.get(concurrency)},
+        }
+        # the prediction beside the measurement: the step saving over the start's own cycle
+        cycle = _cycle_ms(now.windows, concurrency)
+        if pred.get("step_saving_us") is not None and cycle:
+            decided["predicted_gain"] = NS.predicted_gain(pred["step_saving_us"], cycle)
+            decided["cycle_ms"] = cycle
+        if now.goodput.get(concurrency) and new.goodput.get(concurrency) is not None:
+            decided["measured_gain"] = new.goodput[concurrency] / now.goodput[concurrency] - 1.0
+        self.append(decided)
+        said = _nccl_gains(decided)
+        self.say(f"NCCL: {'keeping' if keep else 'dropping'} {env_label}" + (f" ({said})" if said else ""))
+        return decided
+
+    async def search(self) -> tuple[SessionSource, TuneResult]:
+        """The fitted model's search from the start, within the budget left (``tune_loop``)."""
+        opts, session, env_label, base = self.opts, self.session, self.env_label, self.base
+        rows = load_log(opts.out)
         prior = _replay_prior([r for r in rows if r.get("kind") == "launch" and r.get("env", "") == env_label])
-        source = SessionSource(session, base, out, overrides)
+        source = SessionSource(session, base, opts.out, opts.overrides)
         source.count = sum(1 for r in rows if r.get("kind") == "launch")
         for r in rows:  # (--resume) the earlier launches' levels where the simulator fell behind
             if r.get("kind") == "launch" and r.get("env", "") == env_label and r.get("sim_behind"):
@@ -693,33 +774,38 @@ async def tune(  # noqa: C901, PLR0913, PLR0915
             row = {**st.to_dict(), "capture": ln.label, "env": env_label, "ready_s": ready}
             if source.behind.get(st.config):
                 row["sim_behind"] = {str(k): v for k, v in source.behind[st.config].items()}
-            _append(out, row)
+            self.append(row)
 
-        describe = base.engine.config_label
         result = await tune_loop(
             source,
-            start,
-            max(0, budget),
-            concurrency,
-            levels,
-            configs or space(topks=base.engine.search_topks(base)),
+            self.start,
+            max(0, self.budget),
+            opts.concurrency,
+            opts.levels,
+            opts.configs or space(topks=base.engine.search_topks(base)),
             prior,
             on_step,
-            progress,
-            describe,
+            self.progress,
+            self.describe,
         )
-        measured = result.measured()
+        return source, result
+
+    def summarize(self, source: SessionSource, result: TuneResult) -> dict:
+        """The result row: what was measured, what was chosen and why (the verdict comes from ``prove``)."""
+        describe, env_label, screen = self.describe, self.env_label, self.screen
         summary = {
             "kind": "result",
-            "start": start.to_dict(),
+            "start": self.start.to_dict(),
             "chosen": result.chosen.to_dict(),
             "chosen_label": describe(result.chosen) + (f" with {env_label}" if env_label else ""),
-            "concurrency": concurrency,
-            "relaunches": sum(1 for r in load_log(out) if r.get("kind") == "launch") - 1,
+            "concurrency": self.opts.concurrency,
+            "relaunches": sum(1 for r in load_log(self.opts.out) if r.get("kind") == "launch") - 1,
             "stop_reason": result.stop_reason,
             "nccl": env_label or None,
-            "nccl_prediction": _nccl_summary(screen, decided) if screen is not None and screen["changes"] else None,
-            "measured": {describe(c): g for c, g in measured.items()},
+            "nccl_prediction": _nccl_summary(screen, self.decided)
+            if screen is not None and screen["changes"]
+            else None,
+            "measured": {describe(c): g for c, g in result.measured().items()},
             "failed": {describe(st.config): st.failure for st in result.steps if st.failure},
         }
         if source.behind:
@@ -727,76 +813,74 @@ async def tune(  # noqa: C901, PLR0913, PLR0915
         if result.advice is not None:
             summary["advice"] = result.advice.to_dict(full=False)
         summary["chosen_why"] = choice_reason(result, describe)
-        start_preset = preset_for(original, start, source.spec)
+        return summary
+
+    async def prove(self, source: SessionSource, result: TuneResult, summary: dict) -> None:
+        """The verdict: none needed (the start is best), none asked (--ab-rounds 0), or the final A/B
+        of the start against the choice, whose "faster" writes OUT/best.yaml."""
+        from tuitune.experiments.ab import run_ab
+
+        opts, session, concurrency = self.opts, self.session, self.opts.concurrency
+        start_preset = preset_for(self.original, self.start, source.spec)
         chosen_preset = source.preset(result.chosen)
         if chosen_preset.hash() == start_preset.hash():
-            summary["verdict"] = {
-                "verdict": "start is already best",
-                "reason": summary["chosen_why"],
-            }
+            summary["verdict"] = {"verdict": "start is already best", "reason": summary["chosen_why"]}
             await session.stop_server()  # as the A/B (and sweep) do: the search's last server goes
-        elif not ab_rounds:
+            return
+        if not opts.ab_rounds:
             summary["verdict"] = {
                 "verdict": "not confirmed",
                 "reason": "--ab-rounds 0: no final A/B, and the search launched each configuration once",
             }
             await session.stop_server()
-        else:
-            b = P.with_changes(
-                chosen_preset,
-                {
-                    "name": f"{original.name}-tuned",
-                    "description": f"tuitune tune at concurrency {concurrency}: {summary['chosen_label']}",
-                },
+            return
+        b = P.with_changes(
+            chosen_preset,
+            {
+                "name": f"{self.original.name}-tuned",
+                "description": f"tuitune tune at concurrency {concurrency}: {summary['chosen_label']}",
+            },
+        )
+        # the final A/B: sequential (a look after every round from --ab-rounds, adding rounds until
+        # the interval decides or --ab-max-rounds are spent), its power stated from the launch-to-launch
+        # spread measured before when there is one (repeated launches of one configuration in the
+        # search, launches of these presets in an earlier A/B of this log), else the prior
+        last = opts.ab_last
+        spread, spread_source = ab_spread(result.launches, concurrency, load_log(opts.out), [start_preset, b])
+        self.say(f"chosen: {summary['chosen_label']}: {summary['chosen_why']}")
+        self.say(
+            f"A/B: {start_preset.name} ({self.describe(self.start)}) vs {summary['chosen_label']}, "
+            + (
+                f"{opts.ab_rounds} to {last} rounds each (until the interval decides)"
+                if last > opts.ab_rounds
+                else f"{opts.ab_rounds} rounds each"
             )
-            # the final A/B: sequential (a look after every round from --ab-rounds, adding rounds until
-            # the interval decides or --ab-max-rounds are spent), its power stated from the launch-to-launch
-            # spread measured before when there is one (repeated launches of one configuration in the
-            # search, launches of these presets in an earlier A/B of this log), else the prior
-            last = max(ab_rounds, ab_max_rounds or ab_rounds) if ab_judge else ab_rounds
-            spread, spread_source = ab_spread(result.launches, concurrency, load_log(out), [start_preset, b])
-            if progress:
-                progress(f"chosen: {summary['chosen_label']}: {summary['chosen_why']}")
-                progress(
-                    f"A/B: {start_preset.name} ({describe(start)}) vs {summary['chosen_label']}, "
-                    + (
-                        f"{ab_rounds} to {last} rounds each (until the interval decides)"
-                        if last > ab_rounds
-                        else f"{ab_rounds} rounds each"
-                    )
-                )
-            ab_over = {
-                **(overrides or {}),
-                "concurrency": concurrency,
-                "requests": max(int((overrides or {}).get("requests") or base.bench.requests), 2 * concurrency),
-            }
-            await session.stop_follow()
-            ab = await run_ab(
-                session.transport,
-                start_preset,
-                b,
-                ab_rounds,
-                ab_over,
-                min_effect=0.0,  # no minimum practical effect: a decided gain is taken (issue 25: p = 0.029 kept the start)
-                progress=progress,
-                judge=ab_judge,
-                spread=spread,
-                spread_source=spread_source,
-                max_rounds=last,
-                on_cleanup=on_cleanup,
-            )
-            summary["ab"] = ab
-            v = ab["verdict"]
-            summary["verdict"] = v
-            if v.get("verdict") == "faster":
-                summary["best_preset"] = str(P.save(b, out / "best.yaml"))
-        _append(out, summary)
-        return summary
-    except asyncio.CancelledError:
-        await session.stop_started(on_cleanup)  # (the A/B stopped its own arm: nothing left then)
-        raise
-    finally:
-        await session.close()
+        )
+        ab_over = {
+            **(opts.overrides or {}),
+            "concurrency": concurrency,
+            "requests": max(int((opts.overrides or {}).get("requests") or self.base.bench.requests), 2 * concurrency),
+        }
+        await session.stop_follow()
+        ab = await run_ab(
+            session.transport,
+            start_preset,
+            b,
+            opts.ab_rounds,
+            ab_over,
+            min_effect=0.0,  # no minimum practical effect: a decided gain is taken (issue 25: p = 0.029 kept the start)
+            progress=self.progress,
+            judge=opts.ab_judge,
+            spread=spread,
+            spread_source=spread_source,
+            max_rounds=last,
+            on_cleanup=self.on_cleanup,
+        )
+        summary["ab"] = ab
+        v = ab["verdict"]
+        summary["verdict"] = v
+        if v.get("verdict") == "faster":
+            summary["best_preset"] = str(P.save(b, opts.out / "best.yaml"))
 
 
 def plan_line(base: P.Preset, budget: int, ab_last: int, rows: list[dict], running=None) -> str:
