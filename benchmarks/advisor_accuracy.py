@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tuitune.decide.advise import space  # noqa: E402
 from tuitune.decide.costmodel import Config, Launch, fit  # noqa: E402
-from tuitune.experiments.tune import tune_loop  # noqa: E402
+from tuitune.experiments.tuneloop import tune_loop  # noqa: E402
 from tuitune.measure.parse import parse_line  # noqa: E402
 from tuitune.sim import model as S  # noqa: E402
 

@@ -34,7 +34,9 @@ from real_engine_grid import free_port, ks, write  # noqa: E402
 
 from tuitune import preset as P  # noqa: E402
 from tuitune.decide.costmodel import OFF, Config  # noqa: E402
-from tuitune.experiments.tune import SessionSource, Step, _append, levels_for  # noqa: E402
+from tuitune.experiments.tune import SessionSource  # noqa: E402
+from tuitune.experiments.tunelog import log_row  # noqa: E402
+from tuitune.experiments.tuneloop import Step, levels_for  # noqa: E402
 from tuitune.machine.session import Session  # noqa: E402
 
 
@@ -56,7 +58,7 @@ async def record(
             t0 = time.monotonic()
             ln = await source.measure(c, levels_for(concurrency))
             step = Step(i, c, "recorded for replay", None, dict(ln.goodput), ln.failure)  # tune's own log row
-            _append(out, {**step.to_dict(), "capture": str(Path(ln.label).relative_to(out)), "env": ""})
+            log_row(out, {**step.to_dict(), "capture": str(Path(ln.label).relative_to(out)), "env": ""})
             g = ", ".join(f"c={k} {v:.1f}" for k, v in sorted(ln.goodput.items()))
             print(f"  {c.label:<24} {g or ln.failure}  ({len(ln.windows)} windows, {time.monotonic() - t0:.0f} s)")
     finally:

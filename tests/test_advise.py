@@ -467,7 +467,7 @@ def test_tune_nccl_screens_then_keeps_the_variable_that_wins(tmp_path):
     stream), so the start measured with and without the winner keeps it, with the model's gain."""
     import yaml
 
-    from tuitune.experiments import tune as T
+    from tuitune.experiments import tuneloop as T
 
     machine = yaml.safe_load((S.machine_path("seed-pcie8")).read_text())
     machine.update(name="pcie2", tp_size=2)  # the seeds' box on two GPUs: its all-reduces, two ranks
@@ -640,7 +640,7 @@ def test_tune_measures_the_baseline_when_it_could_win_or_a_relaunch_is_left():
     spare one whenever the loop would otherwise stop with a relaunch left; where it has no chance
     (a strong drafter at one stream) the relaunch goes where a gain can be (on the out-of-family
     worlds, off first every time left 88.1 % of cases within 2 % of the best, this rule 92.5 %)."""
-    from tuitune.experiments import tune as T
+    from tuitune.experiments import tuneloop as T
 
     weak = world(accept=[0.3] * 12, rank_q=0.5, rank_miss=0.5)
     lns = launches(weak, [Config.chain(3)], [8, 32, 64])
@@ -675,7 +675,7 @@ async def test_inside_the_noise_counts_the_models_interval(tmp_path):
     by more than the noise once the model's interval and the launch noise are counted together: a
     relaunch left in the budget goes to it. One whose chance is nil still stops the loop, and so
     does a near twin of the best (a fair chance of being a hair faster, none of a real gain)."""
-    from tuitune.experiments import tune as T
+    from tuitune.experiments import tuneloop as T
     from tuitune.experiments.observe import launches_from
 
     launches_, _, _ = await launches_from([str(single_stream_capture(tmp_path))])

@@ -70,7 +70,7 @@ def test_a_tune_log_cut_at_any_byte_keeps_every_completed_launch(tmp_path):
     it, all read back, and --resume rebuilds every completed launch."""
     from test_cli import spent_search
 
-    from tuitune.experiments.tune import _append, _replay_prior, load_log
+    from tuitune.experiments.tunelog import load_log, log_row, replay_prior
 
     _, _, out = spent_search(tmp_path)
     log = out / "tune.jsonl"
@@ -85,11 +85,11 @@ def test_a_tune_log_cut_at_any_byte_keeps_every_completed_launch(tmp_path):
     }
     for cut in range(len(whole) + 1):
         log.write_bytes(whole[:cut])
-        _append(out, extra)
+        log_row(out, extra)
         rows = load_log(out)
         completed = sum(1 for e in ends if e <= cut) + (1 if cut + 1 in ends else 0)  # whole but for its newline
         assert [r["round"] for r in rows] == [*range(completed), 9], cut
-        prior = _replay_prior(rows)
+        prior = replay_prior(rows)
         assert len(prior) == completed + 1, cut  # every completed launch, and the new one, rebuilt
 
 
@@ -757,7 +757,7 @@ _ROW = st.fixed_dictionaries(
 def test_fuzz_a_damaged_tune_log_is_read_row_by_row_and_resumes(tmp_path):
     from tuitune.base import jsonl
     from tuitune.decide.costmodel import Config
-    from tuitune.experiments.tune import _replay_prior, load_log, row_problem
+    from tuitune.experiments.tunelog import load_log, replay_prior, row_problem
 
     @FUZZ
     @given(
@@ -776,7 +776,7 @@ def test_fuzz_a_damaged_tune_log_is_read_row_by_row_and_resumes(tmp_path):
         for r in rows:
             if r.get("kind") == "launch":
                 Config(**r["config"])  # what --resume builds of it
-        _replay_prior(load_log(out))
+        replay_prior(load_log(out))
 
     one()
 

@@ -185,14 +185,14 @@ def test_tune_nccl_screen_ranks_at_the_step_size_and_predicts_the_step_saving(tm
     collectives around every all-reduce) ranks both of its rows last; gloo ignores NCCL_PROTO."""
     from types import SimpleNamespace
 
-    from tuitune.experiments import tune as T
+    from tuitune.experiments import tunenccl as T
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 3}))
     p = preset(tmp_path)  # NCCL_PROTO=LL now; EAGLE-3 2 steps: 3 tokens verified a request
     grid = ["env.NCCL_PROTO=LL,Simple", "env.TORCH_DISTRIBUTED_DEBUG=unset,DETAIL"]
     changes, report, pred = asyncio.run(
-        T._nccl_screen(SimpleNamespace(transport=LocalTransport()), p, grid, "gloo", None, None, 4)
+        T.nccl_screen(SimpleNamespace(transport=LocalTransport()), p, grid, "gloo", None, None, 4)
     )
     step = 4 * 3 * 64 * 2  # four requests × three tokens × hidden 64 × bf16
     assert report["sizes"] == [128, 384, step] and report["decode_bytes"] == step
@@ -310,6 +310,7 @@ def test_decode_step_benchmark_refuses_nvlink_multicast():
 
 def test_tune_result_shows_the_nccl_prediction_beside_the_measured_gain():
     from tuitune.experiments import tune as T
+    from tuitune.experiments.tunenccl import nccl_summary
 
     decided = {"predicted_gain": 0.136, "measured_gain": 0.121, "cycle_ms": 5.4}
     pred = {"winner": "NCCL_PROTO=LL", "reference": "NCCL_PROTO=Simple", "step_saving_us": 739.6, "basis": "65 x"}
@@ -319,7 +320,7 @@ def test_tune_result_shows_the_nccl_prediction_beside_the_measured_gain():
         "stop_reason": "budget",
         "measured": {},
         "verdict": {"verdict": "start is already best", "reason": "r"},
-        "nccl_prediction": T._nccl_summary({"prediction": pred}, decided),
+        "nccl_prediction": nccl_summary({"prediction": pred}, decided),
     }
     text = T.format_result(result)
     assert "NCCL: nccl-bench's winner NCCL_PROTO=LL predicted to save 739.6 µs a decode step" in text

@@ -36,7 +36,7 @@ from tuitune import preset as P
 from tuitune.decide.advise import space
 from tuitune.decide.costmodel import Config
 from tuitune.experiments.recorded import RecordedLaunches
-from tuitune.experiments.tune import TuneError, levels_for, tune_loop
+from tuitune.experiments.tuneloop import TuneError, levels_for, tune_loop
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"

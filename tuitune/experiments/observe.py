@@ -44,7 +44,7 @@ def _config(p: P.Preset | None, windows: list[ProfileWindow]) -> Config:
 
 def _tune_goodput(path: Path) -> dict[int, float]:
     """Goodput `tuitune tune` measured for this capture (its tune.jsonl), if any."""
-    from tuitune.experiments.tune import row_problem  # (tune builds on this module)
+    from tuitune.experiments.tunelog import row_problem  # (tune builds on this module)
 
     log = path.parent.parent / "tune.jsonl"
     if not log.is_file():

@@ -14,7 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuitune.decide.costmodel import Config, Launch
-from tuitune.experiments.tune import TuneError, _replay_prior, load_log
+from tuitune.experiments.tunelog import load_log, replay_prior
+from tuitune.experiments.tuneloop import TuneError
 
 
 class RecordedLaunches:
@@ -45,7 +46,7 @@ class RecordedLaunches:
         row = self.rows.get(config)
         if row is None:
             raise TuneError(f"{self.folder}: {config.label} was not recorded", 2)
-        prior = _replay_prior([row])
+        prior = replay_prior([row])
         if not prior:
             raise TuneError(f"{self.folder}: the capture of {config.label} ({row['capture']}) cannot be read", 2)
         ((_, launch),) = prior
