@@ -44,18 +44,12 @@ demo-sglang: $(VENV)/.installed
 	$(BIN)/python tests/real_sglang.py --demo
 	$(BIN)/tuitune demo --engine sglang
 
-# The suite in two passes (docs/testing.md): on two workers without the quiet tests that share no
-# engine, then those alone in one process. A failure is run once more; the slowest are listed.
 test: $(VENV)/.installed-test
 	-$(BIN)/python tests/vllm_cli.py  # vLLM's real command line for tests/test_vllm_parser.py (once)
 	$(BIN)/python tests/real_vllm.py  # the real vLLM CPU engine and tiny models for tests/test_real_vllm.py (once)
 	$(BIN)/python tests/real_draft.py  # an EAGLE-3 head for SmolLM2, trained on the CPU once (about 13 minutes on 2 cores)
 	$(BIN)/python tests/real_sglang.py  # the real SGLang CPU engine (kernels built once) for tests/test_real_sglang.py
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --reruns 1 -rR --durations=25 --quiet-tests apart; \
-	  first=$$?; \
-	  $(BIN)/python -m pytest -q -p no:cacheprovider --reruns 1 -rR --durations=10 --quiet-tests only; \
-	  second=$$?; \
-	  [ $$first -eq 0 ] && [ $$second -eq 0 ]
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --reruns 1 -rR --durations=25  # a failure is run once more (docs/testing.md); the slowest, for the suite's time
 
 screenshots: $(VENV)/.installed-test
 	$(BIN)/python screenshots/make.py screenshots  # from the live demo (the simulator), about two minutes

@@ -6,11 +6,17 @@ sglang) is not installed; 5: its package fails to import, the reason on stderr."
 import importlib.util
 import sys
 
-try:
-    found = importlib.util.find_spec(sys.argv[1]) is not None
-except ImportError:
-    found = False
-except Exception as e:
-    print(f"{type(e).__name__}: {e}", file=sys.stderr)
-    sys.exit(5)
-sys.exit(0 if found else 3)
+
+def main() -> int:
+    try:
+        found = importlib.util.find_spec(sys.argv[1]) is not None
+    except ImportError:
+        found = False
+    except Exception as e:
+        print(f"{type(e).__name__}: {e}", file=sys.stderr)
+        return 5
+    return 0 if found else 3
+
+
+if __name__ == "__main__":  # (as ``python -c`` too; importing it runs nothing)
+    sys.exit(main())

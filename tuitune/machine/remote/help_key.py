@@ -12,47 +12,53 @@ import importlib.util
 import os
 import sys
 
-top = sys.argv[1].split(".")[0]
-parts = [os.path.realpath(sys.executable), sys.version, os.getcwd()] + sys.argv[1:]
-try:
-    from importlib import metadata
 
+def main() -> None:
+    top = sys.argv[1].split(".")[0]
+    parts = [os.path.realpath(sys.executable), sys.version, os.getcwd()] + sys.argv[1:]
     try:
-        names = sorted(set(metadata.packages_distributions().get(top, [])) | {top})
-    except AttributeError:
-        names = [top]
-    for n in names:
+        from importlib import metadata
+
         try:
-            parts.append(n + "==" + metadata.version(n))
-        except Exception:
-            pass
-except ImportError:
-    pass
-try:
-    spec = importlib.util.find_spec(top)
-except Exception:
-    spec = None
-roots = []
-if spec is not None:
-    roots = list(spec.submodule_search_locations or []) or ([spec.origin] if spec.origin else [])
-count, newest, stack = 0, 0, list(roots)
-while stack:
-    d = stack.pop()
-    if os.path.isfile(d):
-        count, newest = count + 1, max(newest, os.stat(d).st_mtime_ns)
-        continue
+            names = sorted(set(metadata.packages_distributions().get(top, [])) | {top})
+        except AttributeError:
+            names = [top]
+        for n in names:
+            try:
+                parts.append(n + "==" + metadata.version(n))
+            except Exception:
+                pass
+    except ImportError:
+        pass
     try:
-        entries = list(os.scandir(d))
-    except OSError:
-        continue
-    for e in entries:
+        spec = importlib.util.find_spec(top)
+    except Exception:
+        spec = None
+    roots = []
+    if spec is not None:
+        roots = list(spec.submodule_search_locations or []) or ([spec.origin] if spec.origin else [])
+    count, newest, stack = 0, 0, list(roots)
+    while stack:
+        d = stack.pop()
+        if os.path.isfile(d):
+            count, newest = count + 1, max(newest, os.stat(d).st_mtime_ns)
+            continue
         try:
-            if e.is_dir(follow_symlinks=False):
-                if e.name != "__pycache__":
-                    stack.append(e.path)
-            elif e.name.endswith(".py"):
-                count, newest = count + 1, max(newest, e.stat().st_mtime_ns)
+            entries = list(os.scandir(d))
         except OSError:
-            pass
-parts += [repr(roots), str(count), str(newest)]
-print(hashlib.sha256("\0".join(parts).encode("utf-8", "replace")).hexdigest()[:40])
+            continue
+        for e in entries:
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    if e.name != "__pycache__":
+                        stack.append(e.path)
+                elif e.name.endswith(".py"):
+                    count, newest = count + 1, max(newest, e.stat().st_mtime_ns)
+            except OSError:
+                pass
+    parts += [repr(roots), str(count), str(newest)]
+    print(hashlib.sha256("\0".join(parts).encode("utf-8", "replace")).hexdigest()[:40])
+
+
+if __name__ == "__main__":  # (as ``python -c`` too; importing it runs nothing)
+    main()
