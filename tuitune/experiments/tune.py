@@ -101,8 +101,8 @@ class SessionSource:
                 gp = run.goodput() if not run.failed else None
                 if gp:
                     launch.goodput[cfg.concurrency] = gp["tok_s"]
-                    if run.sim_behind():  # kept (tune decides by it) but said: the choice may rest on it
-                        self.behind.setdefault(config, {})[cfg.concurrency] = run.sim_behind() or ""
+                    if behind := run.sim_behind():  # kept (tune decides by it) but said: the choice may rest on it
+                        self.behind.setdefault(config, {})[cfg.concurrency] = behind
 
             # two requests at least, also at concurrency 1 (above it, two per stream: BenchConfig.at_level)
             b = {**self.overrides, "requests": max(int(self.overrides.get("requests") or p.bench.requests), 2)}

@@ -329,9 +329,9 @@ class BenchRun:
         interval, which on a short run also counts idle time and other clients' requests, so the
         two disagree without anything being wrong (the "server says" line still shows it)."""
         out = []
-        if self.sim_behind():
+        if behind := self.sim_behind():
             out.append(
-                f"the simulator fell behind its clock ({self.sim_behind()}): this machine cannot serve "
+                f"the simulator fell behind its clock ({behind}): this machine cannot serve "
                 f"{self.config.concurrency} streams at this --sim-speedup, so the figures are too slow; "
                 "lower --sim-speedup"
             )
