@@ -26,7 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tuitune.decide.costmodel import Config, _position_counts, fit_acceptance  # noqa: E402
+from tuitune.decide.acceptance import _position_counts, fit_acceptance  # noqa: E402
+from tuitune.decide.launch import Config  # noqa: E402
 from tuitune.experiments.recorded import RecordedLaunches  # noqa: E402
 
 

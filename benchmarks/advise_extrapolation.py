@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import advisor_accuracy as AA  # noqa: E402  (the simulator's truth for a configuration)
 from test_advise import single_stream_capture, tuitune  # noqa: E402  (the test's capture, made the same way)
 
-from tuitune.decide.costmodel import Config  # noqa: E402
+from tuitune.decide.launch import Config  # noqa: E402
 from tuitune.sim import model as S  # noqa: E402
 
 SPEEDUP = 20  # the capture's simulator clock (single_stream_capture): predictions are of it

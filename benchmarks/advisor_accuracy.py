@@ -39,7 +39,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tuitune.decide.advise import space  # noqa: E402
-from tuitune.decide.costmodel import Config, Launch, fit  # noqa: E402
+from tuitune.decide.costmodel import fit  # noqa: E402
+from tuitune.decide.launch import Config, Launch  # noqa: E402
 from tuitune.experiments.tuneloop import tune_loop  # noqa: E402
 from tuitune.measure.parse import parse_line  # noqa: E402
 from tuitune.sim import model as S  # noqa: E402

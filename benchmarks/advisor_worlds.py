@@ -73,7 +73,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tuitune.decide.advise import extrapolation, rank, space  # noqa: E402
-from tuitune.decide.costmodel import OFF, Config, Launch, fit  # noqa: E402
+from tuitune.decide.costmodel import fit  # noqa: E402
+from tuitune.decide.launch import OFF, Config, Launch  # noqa: E402
 from tuitune.experiments.recorded import RecordedLaunches  # noqa: E402
 from tuitune.experiments.tuneloop import levels_for, tune_loop  # noqa: E402
 from tuitune.measure.parse import parse_line  # noqa: E402

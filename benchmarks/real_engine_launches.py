@@ -33,7 +33,7 @@ import real_engine_grid as grid  # noqa: E402
 from real_engine_grid import free_port, ks, write  # noqa: E402
 
 from tuitune import preset as P  # noqa: E402
-from tuitune.decide.costmodel import OFF, Config  # noqa: E402
+from tuitune.decide.launch import OFF, Config  # noqa: E402
 from tuitune.experiments.tune import SessionSource  # noqa: E402
 from tuitune.experiments.tunelog import log_row  # noqa: E402
 from tuitune.experiments.tuneloop import Step, levels_for  # noqa: E402

@@ -209,7 +209,7 @@ def test_spread_from_earlier_results(tmp_path):
 
 
 def test_tune_passes_the_spread_it_measured_to_its_final_ab():
-    from tuitune.decide.costmodel import Config, Launch
+    from tuitune.decide.launch import Config, Launch
     from tuitune.experiments.tune import ab_spread
 
     c2, c3 = Config.chain(2), Config.chain(3)

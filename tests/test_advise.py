@@ -16,7 +16,9 @@ from conftest import free_port
 
 from tuitune import preset as P
 from tuitune.decide import advise as A
-from tuitune.decide.costmodel import OFF, Config, Launch, fit, tree_tau
+from tuitune.decide.acceptance import tree_tau
+from tuitune.decide.costmodel import fit
+from tuitune.decide.launch import OFF, Config, Launch
 from tuitune.engines import sglang
 from tuitune.sim import model as S
 

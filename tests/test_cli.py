@@ -168,7 +168,7 @@ def spent_search(tmp_path: Path, **preset_kw) -> tuple[object, Path, Path]:
     from conftest import make_preset
 
     from tuitune import preset as P
-    from tuitune.decide.costmodel import OFF
+    from tuitune.decide.launch import OFF
     from tuitune.experiments.tune import config_of
     from tuitune.measure.capture import CaptureWriter
 

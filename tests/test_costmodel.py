@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from tuitune.decide import advise as A
-from tuitune.decide.costmodel import OFF, Config, fit
+from tuitune.decide.costmodel import fit
 from tuitune.decide.fitting import Cell, fit_monotone, pav
+from tuitune.decide.launch import OFF, Config
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -16,7 +16,7 @@ import pytest
 from conftest import free_port
 
 from tuitune import preset as P
-from tuitune.decide.costmodel import OFF, Config
+from tuitune.decide.launch import OFF, Config
 from tuitune.engines import vllm as V
 from tuitune.experiments.advisor import dsd_schedule
 
@@ -271,7 +271,7 @@ def test_a_measured_loss_to_off_overrules_the_model():
     """The no-regret floor against measurement: where a benchmark measured speculation off more
     than 2 % ahead of the chosen K (or of every speculative launch, the K itself unmeasured), the
     range gets 0 whatever the model predicted; a K measured ahead, or no measurement, keeps it."""
-    from tuitune.decide.costmodel import Launch
+    from tuitune.decide.launch import Launch
 
     launches = [
         Launch(OFF, goodput={1: 150.0, 16: 1000.0}),

@@ -53,7 +53,7 @@ def test_left_alone_are_still_value_errors():
     found = exception_classes()
     for name in (
         "tuitune.preset.model.PresetError",
-        "tuitune.decide.costmodel.FitError",
+        "tuitune.decide.launch.FitError",
         "tuitune.experiments.grid.GridError",
         "tuitune.experiments.ab.RoundsError",
         "tuitune.measure.smi.SmiParseError",
@@ -139,7 +139,7 @@ def test_caught_errors_carry_the_code_their_callers_gave():
     # metrics watcher), so main() never saw one; their codes are the ones those callers gave
     for module, name, code in (
         ("tuitune.machine.discover", "DiscoverError", 1),
-        ("tuitune.decide.costmodel", "FitError", 1),
+        ("tuitune.decide.launch", "FitError", 1),
         ("tuitune.measure.bench", "BenchError", 2),
         ("tuitune.measure.promscrape", "MetricsError", 1),
     ):

@@ -756,7 +756,7 @@ _ROW = st.fixed_dictionaries(
 
 def test_fuzz_a_damaged_tune_log_is_read_row_by_row_and_resumes(tmp_path):
     from tuitune.base import jsonl
-    from tuitune.decide.costmodel import Config
+    from tuitune.decide.launch import Config
     from tuitune.experiments.tunelog import load_log, replay_prior, row_problem
 
     @FUZZ

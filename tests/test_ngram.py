@@ -92,7 +92,7 @@ def test_vllm_ngram_renders_method_ngram_and_is_a_chain_of_k():
     assert any("matches 5-grams only" in w for w in P.lint(vllm_ngram()))
     assert not any("5-grams" in w for w in P.lint(one))
     # tune's move to another K keeps the n-gram sizes
-    from tuitune.decide.costmodel import Config
+    from tuitune.decide.launch import Config
     from tuitune.experiments.tune import preset_for
 
     moved = preset_for(one, Config.chain(5), one.speculative.model_dump(exclude_none=True))
@@ -181,7 +181,7 @@ def test_sglang_ngram_renders_its_own_flags_and_is_searched_as_chains(tmp_path):
     d = sglang_ngram(tmp_path, sim=False)
     assert d.flags()[-2:] == ["--speculative-algorithm", "NGRAM"] and d.engine.static_config(d) == (11, 10, 12)
     assert any("num_draft_tokens unset" in w for w in P.lint(d))
-    from tuitune.decide.costmodel import Config
+    from tuitune.decide.launch import Config
 
     assert p.engine.config_changes(Config.chain(3), p) == {
         "num_draft_tokens": 4,

@@ -19,7 +19,7 @@ import yaml
 from conftest import free_port
 
 from tuitune import preset as P
-from tuitune.decide.costmodel import OFF, Config
+from tuitune.decide.launch import OFF, Config
 from tuitune.sim import model as S
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -321,7 +321,7 @@ async def test_advisor_panel_updates_from_windows_and_applies_the_top_suggestion
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import advisor_accuracy as AA
 
-    from tuitune.decide.costmodel import Config
+    from tuitune.decide.launch import Config
     from tuitune.sim import model as S
 
     src = AA.ModelSource(S.load_machine("h100-llama8b"), random.Random(5))

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 from tuitune.decide.advise import suggestion
-from tuitune.decide.costmodel import OFF, Config, Prediction
+from tuitune.decide.costmodel import Prediction
 from tuitune.decide.fitting import Estimate
+from tuitune.decide.launch import OFF, Config
 from tuitune.tui.screens import ConfirmScreen
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "screenshots"))

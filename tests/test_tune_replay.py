@@ -34,7 +34,7 @@ import yaml
 
 from tuitune import preset as P
 from tuitune.decide.advise import space
-from tuitune.decide.costmodel import Config
+from tuitune.decide.launch import Config
 from tuitune.experiments.recorded import RecordedLaunches
 from tuitune.experiments.tuneloop import TuneError, levels_for, tune_loop
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuitune import engines
-from tuitune.decide.costmodel import OFF, Config, CostModel, Prediction
+from tuitune.decide.costmodel import CostModel, Prediction
+from tuitune.decide.launch import OFF, Config
 from tuitune.engines.base import MAX_STEPS, Engine
 
 _ADAPTIVE = engines.get("sglang")  # the engine whose adaptive schedule is decided here

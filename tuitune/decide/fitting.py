@@ -488,3 +488,9 @@ def fit_monotone(
             knot_var[i] += w / norm / wsum[i]
     sds = [math.sqrt(v) for v in knot_var]
     return MonotoneCurve(knots, [(c, f, w / norm, v) for c, f, w, v, _ in keep], sds, len(cells), factored, tokens)
+
+
+def log_sides(e: Estimate) -> tuple[float, float]:
+    """The 95 % interval of a positive estimate as log-distances below and above its mean."""
+    lo = max(e.lo, e.mean * 1e-3)
+    return math.log(e.mean / lo), math.log(e.hi / e.mean) if e.hi > e.mean else 0.0

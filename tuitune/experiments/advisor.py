@@ -18,7 +18,8 @@ from tuitune import engines
 from tuitune import preset as P
 from tuitune.base.errors import TuituneError
 from tuitune.decide import advise as A
-from tuitune.decide.costmodel import Config, CostModel, FitError, bootstrap, fit
+from tuitune.decide.costmodel import CostModel, bootstrap, fit
+from tuitune.decide.launch import Config, FitError
 from tuitune.experiments.observe import _is_preset, launches_from
 from tuitune.measure.workload import differ as workload_differ
 

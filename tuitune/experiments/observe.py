@@ -16,7 +16,7 @@ from tuitune import preset as P
 from tuitune.base.errors import TuituneError
 from tuitune.base.events import DecodeStats, ProfileWindow
 from tuitune.base.jsonl import read_rows
-from tuitune.decide.costmodel import OFF, Config, Launch, config_of_window
+from tuitune.decide.launch import OFF, Config, Launch, config_of_window
 from tuitune.measure.parse import parse_line
 
 LOG_BYTES = 4_000_000  # of the server's log read for advice (tens of thousands of windows)

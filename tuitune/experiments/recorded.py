@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuitune.decide.costmodel import Config, Launch
+from tuitune.decide.launch import Config, Launch
 from tuitune.experiments.tunelog import load_log, replay_prior
 from tuitune.experiments.tuneloop import TuneError
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from tuitune import preset as P
 from tuitune.decide import ncclstep as NS
 from tuitune.decide.advise import space
-from tuitune.decide.costmodel import OFF, Config, Launch
+from tuitune.decide.launch import OFF, Config, Launch
 from tuitune.experiments.tunelog import load_log, log_row, replay_prior
 from tuitune.experiments.tuneloop import (
     NOISE,

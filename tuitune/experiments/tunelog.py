@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuitune.base.jsonl import append_row, is_count, is_figure, read_rows
-from tuitune.decide.costmodel import Config, Launch
+from tuitune.decide.launch import Config, Launch
 from tuitune.experiments.tuneloop import Step
 
 

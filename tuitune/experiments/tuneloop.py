@@ -26,7 +26,8 @@ from typing import Protocol
 from tuitune import preset as P
 from tuitune.base.errors import TuituneError
 from tuitune.decide.advise import Advice, advise
-from tuitune.decide.costmodel import OFF, Config, FitError, Launch, fit
+from tuitune.decide.costmodel import fit
+from tuitune.decide.launch import OFF, Config, FitError, Launch
 from tuitune.experiments.observe import preset_config
 
 NOISE = 0.02  # gains below this are inside launch-to-launch noise (FACTS §7: published gains are ~1-4 %)

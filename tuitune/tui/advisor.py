@@ -21,7 +21,8 @@ from textual.widgets import Input, Select, Static
 from tuitune import engines
 from tuitune.base.events import Event, Marker, ProfileWindow, ServerState
 from tuitune.decide.advise import Suggestion, neighbours, suggestion
-from tuitune.decide.costmodel import Config, FitError, Launch, config_of_window, fit
+from tuitune.decide.costmodel import fit
+from tuitune.decide.launch import Config, FitError, Launch, config_of_window
 
 REFIT_S = 2.0
 KEEP = 400  # windows of the current launch used for the fit (the newest)
