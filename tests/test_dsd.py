@@ -17,7 +17,7 @@ from conftest import free_port
 
 from tuitune import preset as P
 from tuitune.decide.launch import OFF, Config
-from tuitune.engines import vllm as V
+from tuitune.engines import vllm_schedule as V
 from tuitune.experiments.advisor import dsd_schedule
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -27,7 +27,7 @@ from test_dsd import sim_captures
 from test_real_vllm import PROMPTS, independent_request
 
 from tuitune import preset as P
-from tuitune.engines import vllm as V
+from tuitune.engines import vllm_schedule as V
 
 pytestmark = [pytest.mark.xdist_group("real-vllm"), pytest.mark.timeout(1800)]
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tuitune import engines
 from tuitune.base import logline
-from tuitune.engines import base, sglang, vllm
+from tuitune.engines import base, sglang, sglang_schedule, vllm
 from tuitune.measure import parse, promscrape
 
 ALL = list(engines.ENGINES.values())
@@ -75,8 +75,8 @@ def test_every_rule_reads_any_line_holding_its_marker_without_raising(s, rule):
 
 def test_sglangs_adaptive_schedule_format():
     cfg = {"1": {"candidate_steps": [1, 3]}, "8": {"candidate_steps": [0, 1]}}
-    assert sglang.check_adaptive(cfg) == {1: [1, 3], 8: [0, 1]}
-    text = sglang.adaptive_text(cfg)
+    assert sglang_schedule.check_adaptive(cfg) == {1: [1, 3], 8: [0, 1]}
+    text = sglang_schedule.adaptive_text(cfg)
     assert text.count("\n") == 4 and '"8": {"candidate_steps": [0, 1]}' in text
     assert sglang.SGLang.schedule == "sglang-adaptive" and vllm.VLLM.schedule == "vllm-dsd"
 

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tuitune.base.events import ServerError, from_dict
-from tuitune.engines import sglang
+from tuitune.engines import sglang_log
 from tuitune.measure import parse
 from tuitune.measure.parse import parse_line, parse_lines, summarize
 
@@ -250,8 +250,8 @@ VALUE = st.one_of(
     st.text(alphabet="0123456789.-+eE naifTrueFls,:=[]{}_²٣", max_size=8),
 )
 PROFILE_KEYS = list(parse._PROFILE_CONV) + ["gpu", "ts", "rank", "kind", "extra", "X", "a-b"]
-DECODE_NAMES = list(sglang._DECODE_SPEC) + ["#cached-token", "cap len", "ts", "iteration", "extra"]
-PREFILL_NAMES = list(sglang._PREFILL_SPEC) + ["est. x", "ts", "rank"]
+DECODE_NAMES = list(sglang_log._DECODE_SPEC) + ["#cached-token", "cap len", "ts", "iteration", "extra"]
+PREFILL_NAMES = list(sglang_log._PREFILL_SPEC) + ["est. x", "ts", "rank"]
 PREFIXES = ["", "[2026-11-29 16:02:11 TP0] ", "[2026-11-29 16:02:11.513 DP0 TP0] ", "[2026-11-29 16:02:11] ", "x "]
 
 
@@ -289,7 +289,7 @@ def _canonical_profile(pairs):
 )
 def test_stats_fast_path_agrees_with_exact(prefix, marker, sep, pairs, tail):
     line = prefix + marker + sep + ", ".join(f"{k}: {v}" for k, v in pairs) + tail
-    fn = sglang._prefill if marker.startswith("Prefill") else sglang._decode
+    fn = sglang_log._prefill if marker.startswith("Prefill") else sglang_log._decode
     at = line.find(marker[:12])
     _same(fn(line, at), fn(line, at, fast=False))
 
@@ -302,7 +302,7 @@ def test_fast_paths_take_the_lines_servers_print(monkeypatch):
         raise AssertionError("the exact path ran")
 
     monkeypatch.setattr(parse, "_profile_exact", exact)
-    monkeypatch.setattr(sglang, "_fields", exact)
+    monkeypatch.setattr(sglang_log, "_fields", exact)
     prefill = (
         "[2026-03-16 11:32:09 TP0] Prefill batch, #new-seq: 2, #new-token: 512, #cached-token: 0, "
         "token usage: 0.01, #running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, "
@@ -458,7 +458,12 @@ def test_batches_take_the_lines_servers_print_and_keep_the_odd_one(monkeypatch):
         raise AssertionError("a line-by-line reader ran")
 
     with monkeypatch.context() as m:
-        for mod, name in [(parse, "_profile"), (parse, "parse_line"), (sglang, "_decode"), (sglang, "_prefill")]:
+        for mod, name in [
+            (parse, "_profile"),
+            (parse, "parse_line"),
+            (sglang_log, "_decode"),
+            (sglang_log, "_prefill"),
+        ]:
             m.setattr(mod, name, one_at_a_time)
         _same_list(parse.parse_many(busy), want)
     profile = PROFILE_EXAMPLES[0]
@@ -630,12 +635,12 @@ def test_cli_lines_of_a_file_and_a_long_line(tmp_path):
 def test_a_long_per_position_list_is_read_in_one_pass():
     """vLLM's per-position list was read by appending each value to a growing text (quadratic:
     64 KiB of it, the most of a line the parser reads, cost 8 times what 16 KiB did); now once."""
-    from tuitune.engines import vllm
+    from tuitune.engines import vllm_log
 
     n = 400_000
     line = "SpecDecoding metrics: Per-position acceptance rate: " + "0.5, " * n + "Accepted: 7 tokens"
     t0 = time.process_time()
-    ev = vllm.spec_line(line, 0)
+    ev = vllm_log.spec_line(line, 0)
     took = time.process_time() - t0
     assert ev.per_position == (0.5,) * n and ev.accepted == 7
     assert took < 2.0, f"{took:.1f} s for a list of {n} (about 0.2 s read in one pass, 10 s before)"

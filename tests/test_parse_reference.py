@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tuitune.base.events import Malformed
-from tuitune.engines import sglang
+from tuitune.engines import sglang_log
 from tuitune.measure import parse
 from tuitune.measure.parse import parse_line, parse_lines, parse_many
 
@@ -33,8 +33,8 @@ from test_parse import DECODE_NEW, DECODE_OLD, KNOWN, PROFILE_EXAMPLES, PROFILE_
 
 # the exact (field by field) reader of each rule that has a fast one
 _EXACT = {
-    sglang.DECODE: lambda line, at: sglang._decode(line, at, fast=False),
-    sglang.PREFILL: lambda line, at: sglang._prefill(line, at, fast=False),
+    sglang_log.DECODE: lambda line, at: sglang_log._decode(line, at, fast=False),
+    sglang_log.PREFILL: lambda line, at: sglang_log._prefill(line, at, fast=False),
 }
 
 
@@ -223,8 +223,8 @@ def test_the_corpus_reaches_every_path():
     assert kinds["profile"] > 800 and kinds["decode"] > 800 and kinds["prefill"] > 800 and kinds["malformed"] > 50
     assert kinds["error"] >= 5 and {"http_up", "ready", "nccl_env", "vllm_spec"} <= set(kinds)
     rng = random.Random(5)
-    for marker, fast in ((sglang.DECODE, sglang._fast_decode), (sglang.PREFILL, sglang._fast_prefill)):
-        kind = "decode" if marker == sglang.DECODE else "prefill"
+    for marker, fast in ((sglang_log.DECODE, sglang_log._fast_decode), (sglang_log.PREFILL, sglang_log._fast_prefill)):
+        kind = "decode" if marker == sglang_log.DECODE else "prefill"
         rests = [bench_parse.MAKERS[kind](rng, "2026-11-29 16:02:00").partition(marker)[2] for _ in range(100)]
         heads = [("2026-11-29 16:02:00", "TP0")] * 100
         events = fast.events(rests, heads)

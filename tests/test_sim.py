@@ -409,11 +409,11 @@ def test_the_simulators_own_reading_of_the_adaptive_file_agrees_with_tuitunes_ch
     """Two readings of SGLang's schedule file, written apart (the simulator's, as the server
     loads it; tuitune's, before it emits one): the same files taken, the same refused, with the
     same buckets."""
-    from tuitune.engines import sglang
+    from tuitune.engines import sglang_schedule
     from tuitune.sim import adaptive
 
     try:
-        want = sglang.check_adaptive(cfg)
+        want = sglang_schedule.check_adaptive(cfg)
     except ValueError as e:
         with pytest.raises(ValueError) as got:
             adaptive.load_config(cfg)

@@ -2,9 +2,9 @@
 
 This package is the only door to engine knowledge: outside it, code asks an engine object (``get``,
 ``Preset.engine``) or the registry below, and never imports ``engines.sglang`` or ``engines.vllm``
-(an import-linter contract in pyproject.toml).
+(nor their ``_log`` and ``_schedule`` siblings: an import-linter contract in pyproject.toml).
 
-Adding an engine: its module, and one entry in ``ENGINES`` below; everything else (the parser's
+Adding an engine: its module (its log lines and schedule file in siblings if it grows), and one entry in ``ENGINES`` below; everything else (the parser's
 dispatch and prefixes, failure causes, info endpoints, the names the preset and the command line
 accept) is read from here.
 """
@@ -15,9 +15,9 @@ from tuitune.base import logline
 from tuitune.base.logline import Rule
 from tuitune.engines.base import CAUSE_ORDER, CAUSE_TEXT, HF_ERRORS, Engine, Resolved
 from tuitune.engines.sglang import SGLang
-from tuitune.engines.sglang import log_prefix as _sglang_prefix
+from tuitune.engines.sglang_log import log_prefix as _sglang_prefix
 from tuitune.engines.vllm import VLLM
-from tuitune.engines.vllm import message as _vllm_message
+from tuitune.engines.vllm_log import message as _vllm_message
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (SGLang(), VLLM())}
 NAMES = tuple(ENGINES)

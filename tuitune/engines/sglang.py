@@ -1,5 +1,6 @@
 """SGLang (sgl-project/sglang): flags, speculative rules and configurations, start-up phases,
-readiness, log lines, metric names, info endpoints, the adaptive-steps schedule (FACTS.md §2, §7).
+readiness, metric names, info endpoints (FACTS.md §2, §7); its log lines and request log are
+``engines/sglang_log.py``'s, its adaptive-steps schedule ``engines/sglang_schedule.py``'s.
 
 SGLang silently rewrites some speculative combinations at start-up (topk 1 forces draft tokens
 = steps + 1) and refuses others (``server_args.py``); ``resolve`` applies the same rules up front
@@ -10,15 +11,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
-import typing
-from collections.abc import Sequence
-from itertools import repeat
 
-from tuitune.base.events import DecodeStats, Event, Malformed, MetricsWindow, PrefillStats, Ready
-from tuitune.base.logline import FastFields, Rule, as_bool, as_float, as_int, number, prefix, prefixes
-from tuitune.base.logline import fields as _fields
-from tuitune.engines.base import MAX_STEPS, Engine, Flag, LoggedRequest, Resolved, mean_gauge, read_schedule_text
+from tuitune.base.events import MetricsWindow
+from tuitune.engines.base import MAX_STEPS, Engine, Flag, Resolved, mean_gauge
+from tuitune.engines.sglang_log import RULES, log_prefix, request_log
+from tuitune.engines.sglang_schedule import ADAPTIVE_BUCKETS, SCHEDULE, check_adaptive, read_adaptive, write_adaptive
 
 # ---- speculative rules (server_args.py) ------------------------------------------------------------
 
@@ -148,55 +145,6 @@ def configurations(max_steps: int = MAX_STEPS, topks: tuple[int, ...] = TOPKS) -
     return out
 
 
-# ---- the adaptive-steps schedule (--speculative-adaptive-config) -------------------------------------
-
-SCHEDULE = "sglang-adaptive"
-ADAPTIVE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # SGLang's keys are lower bounds of batch-size ranges
-
-
-def check_adaptive(cfg) -> dict[int, list[int]]:
-    """SGLang 0.5.23's loader rules (``adaptive_spec_params._load_adaptive_config``): a JSON object
-    whose keys made of digits are batch sizes (others are ignored), each an object with a non-empty
-    ``candidate_steps`` list of ints >= 0; at least one such key. Raises ValueError (one sentence)."""
-    if not isinstance(cfg, dict):
-        raise ValueError(f"an adaptive config must be a JSON object, got {type(cfg).__name__}")
-    out: dict[int, list[int]] = {}
-    for key, entry in cfg.items():
-        if not isinstance(key, str) or not key.isdigit():
-            continue
-        steps = entry.get("candidate_steps") if isinstance(entry, dict) else None
-        if (
-            not isinstance(steps, list)
-            or not steps
-            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps)
-        ):
-            raise ValueError(
-                f"batch size {key}: candidate_steps must be a non-empty list of integers >= 0 (got {steps!r})"
-            )
-        out[int(key)] = steps
-    if not out:
-        raise ValueError(
-            "an adaptive config needs at least one batch-size key made of digits, "
-            'e.g. {"1": {"candidate_steps": [1, 3]}}'
-        )
-    return out
-
-
-def adaptive_text(cfg: dict) -> str:
-    """The schedule as the file's text: JSON, one batch-size key a line (reads and diffs well)."""
-    return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in cfg.items()) + "\n}\n"
-
-
-def write_adaptive(path: str, cfg: dict) -> None:
-    """Write the schedule file atomically (a temporary file renamed over ``path``)."""
-    import os
-
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(adaptive_text(cfg))
-    os.replace(tmp, path)
-
-
 # ---- /metrics (--enable-metrics: gauges) and info endpoints -------------------------------------------
 
 GAUGES = {
@@ -218,137 +166,6 @@ FORWARD_CATEGORIES = {"eagle_draft": "draft_s", "target_verify": "verify_s", "ea
 STEP_GAUGES = {"sglang:spec_num_steps": "num_steps", "sglang:spec_num_draft_tokens": "num_draft_tokens"}
 DEVICE_TIMER = "SGLANG_ENABLE_METRICS_DEVICE_TIMER"
 INFO_PATHS = ("/server_info", "/get_server_info")  # the newer name first
-
-# ---- log lines -----------------------------------------------------------------------------------------
-
-DECODE, PREFILL = "Decode batch", "Prefill batch"
-READY = "fired up and ready to roll"  # "The server is fired up and ready to roll!"
-_PREFIX = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?)((?: [A-Z]+\d+)*)\]")
-
-
-def log_prefix(line: str, end: int) -> tuple[str | None, str | None] | None:
-    """``[2026-11-29 16:02:11 TP0] …`` (milliseconds with SGLANG_LOG_MS, ``DP0 TP0`` …): the
-    timestamp and rank of SGLang's logger prefix before ``end``, or None."""
-    if line[14:15] == ":" and line[:1] == "[" and line[5:6] == "-":
-        close = line.find("]", 1, end)
-        if close > 0:
-            cut = line.find(" ", 12, close)
-            return (line[1:close], None) if cut < 0 else (line[1:cut], line[cut + 1 : close] or None)
-    m = _PREFIX.search(line, 0, end)
-    return None if m is None else (m.group(1), m.group(2).strip() or None)
-
-
-_DECODE_SPEC = {
-    "#running-req": ("running_req", as_int),
-    "#token": ("token", as_int),
-    "token usage": ("token_usage", as_float),
-    "accept len": ("accept_len", as_float),
-    "accept rate": ("accept_rate", as_float),
-    "cuda graph": ("cuda_graph", as_bool),
-    "cpu graph": ("cuda_graph", as_bool),
-    "npu graph": ("cuda_graph", as_bool),
-    "gen throughput (token/s)": ("gen_throughput", as_float),
-    "#queue-req": ("queue_req", as_int),
-}
-_PREFILL_SPEC = {
-    "#new-seq": ("new_seq", as_int),
-    "#new-token": ("new_token", as_int),
-    "#cached-token": ("cached_token", as_int),
-    "token usage": ("token_usage", as_float),
-    "#running-req": ("running_req", as_int),
-    "#queue-req": ("queue_req", as_int),
-    "#pending-token": ("pending_token", as_int),
-    "cuda graph": ("cuda_graph", as_bool),
-    "cpu graph": ("cuda_graph", as_bool),
-    "npu graph": ("cuda_graph", as_bool),
-    "input throughput (token/s)": ("input_throughput", as_float),
-}
-_fast_decode = FastFields(DecodeStats, _DECODE_SPEC, ("iteration", "extra", "ts", "rank"))
-_fast_prefill = FastFields(PrefillStats, _PREFILL_SPEC, ("extra", "ts", "rank"))
-# the events built from a wire tuple and the fields after it (FastFields checked that they fit:
-# a type checker cannot count a tuple's items)
-_Decoded: typing.Any = DecodeStats
-_Prefilled: typing.Any = PrefillStats
-
-
-def _stats_body(text: str) -> str:
-    """The fields of a Decode/Prefill batch line: without the ", " or ". " after the marker and
-    the trailing ", " of older releases. Both the fast and the exact path read this."""
-    return text.lstrip(".,").strip().rstrip(",").rstrip().rstrip(",")
-
-
-def _decode(line: str, at: int, fast: bool = True) -> Event:
-    """``Decode batch, #running-req: 8, #token: 5120, …, gen throughput (token/s): 812.40, …``;
-    ``Decode batch [1234], …`` with the iteration; ``Decode batch. …, `` (older releases)."""
-    ts, rank = prefix(line, at)
-    rest = line[at + 12 :]
-    iteration = None
-    if rest.startswith(" ["):
-        close = rest.find("]")
-        if close > 0:
-            n = number(rest[2:close])
-            iteration = n if isinstance(n, int) else None
-            rest = rest[close + 1 :]
-    body = _stats_body(rest)
-    values = _fast_decode(body) if fast else None
-    if values is not None:
-        return _Decoded(*values, iteration, {}, ts, rank)
-    known, extra = _fields(body, _DECODE_SPEC)
-    gen = known.pop("gen_throughput", None)
-    if gen is None:
-        return Malformed("Decode batch", "missing gen throughput", line[:500], ts, rank)
-    return DecodeStats(gen, iteration=iteration, extra=extra, ts=ts, rank=rank, **known)
-
-
-def _prefill(line: str, at: int, fast: bool = True) -> Event:
-    """``Prefill batch, #new-seq: 2, #new-token: 512, …`` (``Prefill batch. …, `` older)."""
-    ts, rank = prefix(line, at)
-    body = _stats_body(line[at + 13 :])
-    values = _fast_prefill(body) if fast else None
-    if values is not None:
-        return _Prefilled(*values, {}, ts, rank)
-    known, extra = _fields(body, _PREFILL_SPEC)
-    return PrefillStats(extra=extra, ts=ts, rank=rank, **known)
-
-
-def _decode_many(lines: Sequence[str]) -> list[Event]:
-    """``_decode`` of many lines: the lines servers print decoded together (``FastFields.events``);
-    when one is unusual, their bodies (stripped as ``_decode`` strips them) together, each line
-    with an iteration, or that the batch refuses, on its own."""
-    if not lines:
-        return []
-    heads, _, rests = zip(*map(str.partition, lines, repeat(DECODE)), strict=True)  # (before, marker, after)
-    at = prefixes(lines, heads)
-    events = _fast_decode.events(rests, at)
-    if events is not None:
-        return events
-    if "\n [" in "\n" + "\n".join(rests):  # iterations ("Decode batch [1234], …"): each line on its own
-        return [_decode(line, len(head)) for line, head in zip(lines, heads, strict=True)]
-    values = _fast_decode.many([_stats_body(rest) for rest in rests])
-    return [
-        _decode(line, len(head), False) if v is None else _Decoded(*v, None, {}, *h)
-        for line, head, h, v in zip(lines, heads, at, values, strict=True)
-    ]
-
-
-def _prefill_many(lines: Sequence[str]) -> list[Event]:
-    if not lines:
-        return []
-    heads, _, rests = zip(*map(str.partition, lines, repeat(PREFILL)), strict=True)
-    at = prefixes(lines, heads)
-    events = _fast_prefill.events(rests, at)
-    if events is not None:
-        return events
-    values = _fast_prefill.many([_stats_body(rest) for rest in rests])
-    return [
-        _prefill(line, len(head), False) if v is None else _Prefilled(*v, {}, *h)
-        for line, head, h, v in zip(lines, heads, at, values, strict=True)
-    ]
-
-
-def _ready(line: str, at: int) -> Event:
-    ts, rank = prefix(line, at)
-    return Ready(ts, rank)
 
 
 class SGLang(Engine):
@@ -390,11 +207,7 @@ class SGLang(Engine):
         # exit code -9. Triggering SIGQUIT for cleanup...")
         ("crashed with exit code", "engine_died"),
     )
-    rules = (
-        Rule(DECODE, _decode, _decode_many, "Decode batch"),
-        Rule(PREFILL, _prefill, _prefill_many, "Prefill batch"),
-        Rule(READY, _ready),
-    )
+    rules = RULES  # (engines/sglang_log.py)
     gauges = GAUGES
     info_paths = INFO_PATHS
     editable_flags = (
@@ -433,14 +246,7 @@ class SGLang(Engine):
         write_adaptive(path, document)
 
     def read_schedule(self, path: str, source: str = "the file") -> dict[int, list[int]]:
-        try:
-            doc = json.loads(read_schedule_text(path, source))
-        except ValueError as e:
-            raise ValueError(f"{source} is not JSON ({e})") from None
-        try:
-            return check_adaptive(doc)
-        except ValueError as e:
-            raise ValueError(f"{source}: {e}") from None
+        return read_adaptive(path, source)
 
     # ---- /metrics: gauges (last values), counters (deltas), forward time by category
 
@@ -656,42 +462,3 @@ class SGLang(Engine):
 
     def request_reader(self):
         return request_log
-
-
-# ---- its request log (--log-requests --log-requests-format json) --------------------------------------
-# SGLang 0.5.18, ``srt/utils/request_logger.py`` (RequestLogger.log_finished_request): one JSON object
-# a request, ``{"timestamp": …, "event": "request.finished", "rid": …, "obj": {…, "text": PROMPT,
-# "sampling_params": {"max_new_tokens": N, …}}, "out": {…, "meta_info": {"completion_tokens": N, …}}}``
-# after the logger's prefix. ``text`` is the prompt as the model saw it (an OpenAI chat request's after
-# its template: at level >= 2 the tokenizer manager decodes the input ids into it); a string over
-# ``max_length`` (2,048 at level 2) is logged as its first and last halves joined by "...".
-_FINISHED = '"event": "request.finished"'
-_CUT = 2048  # level 2's max_length
-
-
-def request_log(line: str) -> LoggedRequest | None:
-    if _FINISHED not in line:
-        return None
-    at = line.find("{")
-    if at < 0:
-        return None
-    try:
-        d = json.loads(line[at:])
-    except ValueError:
-        return None
-    if not isinstance(d, dict) or d.get("event") != "request.finished":
-        return None
-    obj, out = d.get("obj"), d.get("out")
-    if not isinstance(obj, dict):
-        return None
-    text = obj.get("text")
-    if not isinstance(text, str) or not text:
-        return None  # a batch (a list of prompts) or token ids only: no one prompt to replay
-    meta = out.get("meta_info") if isinstance(out, dict) else None
-    n = meta.get("completion_tokens") if isinstance(meta, dict) else None
-    if not (isinstance(n, int) and not isinstance(n, bool) and n > 0):
-        sp = obj.get("sampling_params")
-        n = sp.get("max_new_tokens") if isinstance(sp, dict) else None
-        n = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
-    cut = len(text) == _CUT + 3 and text[_CUT // 2 : _CUT // 2 + 3] == "..."
-    return LoggedRequest(text, n, cut)

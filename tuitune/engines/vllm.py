@@ -1,5 +1,6 @@
-"""vLLM (vllm-project/vllm, V1 engine): flags, readiness, log lines, metric names, info endpoint,
-editable flags (FACTS.md §3).
+"""vLLM (vllm-project/vllm, V1 engine): flags, readiness, metric names, info endpoint, editable flags
+(FACTS.md §3); its log lines and request log are ``engines/vllm_log.py``'s, its dynamic schedule
+``engines/vllm_schedule.py``'s.
 
 Verified against the vLLM 0.33.0 release source (names below are that release's):
 - launch: ``vllm serve [model_tag] [options]`` is ``python -m vllm.entrypoints.cli.main serve …``
@@ -23,28 +24,29 @@ Verified against the vLLM 0.33.0 release source (names below are that release's)
 from __future__ import annotations
 
 import json
-import math
-import re
 
-from tuitune.base.events import DecodeStats, Event, Malformed, MetricsWindow, VllmSpec
-from tuitune.base.logline import NO_PREFIX, Rule
-from tuitune.base.numbers import to_float, to_int
-from tuitune.engines.base import BenchApi, Engine, Flag, LoggedRequest, Resolved, read_schedule_text
+from tuitune.base.events import MetricsWindow
+from tuitune.engines.base import BenchApi, Engine, Flag, Resolved
+from tuitune.engines.vllm_log import RULES, RequestLog, log_prefix
+from tuitune.engines.vllm_schedule import (
+    DSD_KEY,
+    DSD_LAST_END,
+    DSD_SCHEDULE,
+    check_dsd,
+    dsd_document,
+    dsd_gaps,
+    read_dsd,
+    write_dsd,
+)
 
-SPEC_MARKER = "SpecDecoding metrics: "
-STATS_MARKER = "Avg prompt throughput: "
 STARTUP_COMPLETE = "Application startup complete."
 METHODS = {"EAGLE": "eagle", "EAGLE3": "eagle3", "NGRAM": "ngram", "SUFFIX": "suffix"}
 DRAFT_METHODS = ("EAGLE", "EAGLE3")  # the methods that run a draft model (speculative.model)
 # SpeculativeConfig.__post_init__: ngram with neither n-gram size set matches 5-grams only
 NGRAM_DEFAULT_LOOKUP = 5
 SUFFIX_MODULE = "arctic_inference"  # suffix decoding's implementation, imported by the drafter
-# the dynamic schedule (K by batch size; its rules: check_dsd below)
-DSD_SCHEDULE = "vllm-dsd"  # advise --emit's name for it
-DSD_KEY = "num_speculative_tokens_per_batch_size"
 # the keys of --speculative-config a preset's speculative section holds under the same name
 SPEC_KEYS = ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "draft_tensor_parallel_size")
-DSD_LAST_END = 1024  # the last range's end as written (vLLM carries its K on past it anyway)
 
 # Prometheus counter names as declared (the exposition adds ``_total``)
 NUM_DRAFTS = "vllm:spec_decode_num_drafts"
@@ -55,25 +57,6 @@ GENERATION_TOKENS = "vllm:generation_tokens"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 INFO_PATHS = ("/version",)  # vLLM serves no /server_info
-
-_PREFIX = re.compile(
-    r"(?:\(([\w.-]+) pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
-    r"(\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) \[?[\w.-]+:\d+\] "
-)  # older releases: no "["
-_RANK = re.compile(r"(?:DP|TP|PP|EP)\d+")
-
-SPEC_FIELDS = {
-    "Mean acceptance length": "mean_accept_len",
-    "Accepted throughput": "accepted_tok_s",
-    "Drafted throughput": "drafted_tok_s",
-    "Accepted": "accepted",
-    "Drafted": "drafted",
-    "Per-position acceptance rate": "per_position",
-    "Avg Draft acceptance rate": "draft_acceptance_rate",
-    "Draft acceptance rate": "draft_acceptance_rate",
-}  # the older line's name
-_SPEC_INT = ("accepted", "drafted")
-STATS_FIELDS = {"Avg generation throughput": "gen_throughput", "Running": "running_req", "Waiting": "queue_req"}
 
 # (text in a log line, failure cause): vLLM's own wording of its most common start-up failures
 ERRORS = (
@@ -107,6 +90,7 @@ class VLLM(Engine):
         (STARTUP_COMPLETE, "http up"),
     )  # a hint only
     errors = ERRORS
+    rules = RULES  # (engines/vllm_log.py)
     algorithms = tuple(METHODS)
     counters = {
         NUM_DRAFTS: "drafts",
@@ -402,320 +386,3 @@ class VLLM(Engine):
 
     def request_reader(self):
         return RequestLog()
-
-
-# ---- its request log (--enable-log-requests) ---------------------------------------------------------
-# vLLM 0.32.0, ``entrypoints/serve/utils/request_logger.py`` (RequestLogger.log_inputs): at DEBUG,
-# ``Request ID details: prompt: REPR, prompt_token_ids: [...], prompt_embeds shape: …`` (the prompt
-# as Python's repr, after the chat template for a chat request; None for a request sent as token ids),
-# then at INFO ``Received request ID: params: SamplingParams(…, max_tokens=N, …), lora_request: …``.
-_DETAILS = re.compile(r"\bRequest (\S+) details: prompt: ")
-_RECEIVED = re.compile(r"\bReceived request (\S+): params: ")
-_MAX_TOKENS = re.compile(r"\bmax_tokens=(\d+)")
-
-
-class RequestLog:
-    """vLLM's request log read line by line: a request is complete at its ``Received request`` line,
-    its prompt from the ``details`` line before it (a request without one, or sent as token ids, is
-    no workload prompt and is skipped)."""
-
-    MAX_PENDING = 4096  # details lines waiting for their Received line (a log cut mid-request)
-
-    def __init__(self) -> None:
-        self.prompts: dict[str, str | None] = {}
-
-    def __call__(self, line: str) -> LoggedRequest | None:
-        if (m := _DETAILS.search(line)) is not None:
-            end = line.rfind(", prompt_token_ids: ")
-            if end < m.end():
-                return None
-            prompt = _string_literal(line[m.end() : end])
-            if len(self.prompts) >= self.MAX_PENDING:
-                self.prompts.pop(next(iter(self.prompts)))
-            self.prompts[m.group(1)] = prompt
-            return None
-        if (m := _RECEIVED.search(line)) is None:
-            return None
-        prompt = self.prompts.pop(m.group(1), None)
-        if prompt is None:
-            return None
-        n = _MAX_TOKENS.search(line, m.end())
-        return LoggedRequest(prompt, int(n.group(1)) if n else None)
-
-
-def _string_literal(text: str) -> str | None:
-    """A Python string literal (what ``%r`` of a str writes), or None for anything else."""
-    import ast
-
-    text = text.strip()
-    if len(text) < 2 or text[0] not in "'\"" or text[-1] != text[0]:
-        return None
-    try:
-        v = ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return None
-    return v if isinstance(v, str) else None
-
-
-# ---- the dynamic schedule (SpeculativeConfig.num_speculative_tokens_per_batch_size) ------------------
-# vLLM 0.32.0 (the CPU build's release; 0.33.0's is the same): ``config/speculative.py`` declares the
-# field as ``list[tuple[int, int, int]] | None`` (line 491), and ``v1/spec_decode/dynamic/utils.py``
-# checks and expands it when the scheduler starts (``validate_and_normalize_dynamic_sd_schedule``,
-# lines 7-74; ``build_dynamic_sd_schedule_lookup``, lines 77-148; called from
-# ``v1/core/sched/scheduler.py`` line 310). Its rules: a non-empty list of (start, end, K) with
-# inclusive batch-size ranges; start and end > 0, start <= end, K >= 0 (0 = no drafts that step); sorted
-# by start, the ranges must not overlap and the first must start at 1. A batch size in a gap gets the
-# K of the range before it, one past the last range the last K, and every K is cut to
-# ``num_speculative_tokens`` without a word. The batch size is the number of requests scheduled in
-# the step (``len(num_scheduled_tokens)``, scheduler.py line 1487). tuitune refuses what vLLM would
-# cut or reorder silently: ranges out of order, and a K above num_speculative_tokens.
-
-
-def _whole(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def check_dsd(table, max_k: int | None = None) -> list[tuple[int, int, int]]:
-    """vLLM's rules for a dynamic schedule, and tuitune's two stricter ones (ranges in order; no K
-    above ``max_k``, the preset's num_speculative_tokens): the table as (start, end, K) tuples, or
-    ValueError (one sentence)."""
-    if not isinstance(table, (list, tuple)) or not table:
-        raise ValueError(f"a dynamic schedule is a non-empty list of [start, end, K] ranges, got {table!r}")
-    out: list[tuple[int, int, int]] = []
-    for i, entry in enumerate(table):
-        if not isinstance(entry, (list, tuple)) or len(entry) != 3 or not all(map(_whole, entry)):
-            raise ValueError(f"range {i + 1} ({entry!r}) is not [start, end, K] with three integers")
-        start, end, k = entry
-        if start < 1 or end < start:
-            raise ValueError(f"range {i + 1} [{start}, {end}, {k}]: batch sizes run from start >= 1 to end >= start")
-        if k < 0:
-            raise ValueError(f"range {i + 1} [{start}, {end}, {k}]: K must be >= 0 (0 drafts nothing at those sizes)")
-        if max_k is not None and k > max_k:
-            raise ValueError(
-                f"range {i + 1} [{start}, {end}, {k}]: K {k} is above num_speculative_tokens {max_k} "
-                f"(vLLM would cut it to {max_k} without a word); raise num_speculative_tokens or lower K"
-            )
-        if out and start <= out[-1][1]:
-            raise ValueError(
-                f"range {i + 1} [{start}, {end}, {k}] starts at or before the end of range {i} ({out[-1][1]}): "
-                "the ranges must be in order and must not overlap"
-            )
-        out.append((start, end, k))
-    if out[0][0] != 1:
-        raise ValueError(f"the first range starts at {out[0][0]}: vLLM needs it to start at batch size 1")
-    return out
-
-
-def dsd_k(table, batch_size: int, max_k: int) -> int:
-    """The K vLLM drafts at ``batch_size`` under this schedule (its carry-forward through gaps and
-    past the last range, cut to ``max_k``)."""
-    k = 0
-    for start, _end, kk in check_dsd(table):
-        if start > batch_size:
-            break
-        k = kk
-    return min(k, max_k)
-
-
-def dsd_gaps(table) -> list[tuple[int, int, int]]:
-    """Batch sizes that no range names: (first, last, the K vLLM carries into them)."""
-    rows = check_dsd(table)
-    return [(a[1] + 1, b[0] - 1, a[2]) for a, b in zip(rows, rows[1:], strict=False) if b[0] > a[1] + 1]
-
-
-def dsd_document(table) -> dict:
-    """The file ``advise --emit vllm-dsd`` writes (and ``speculative.dynamic_schedule`` reads)."""
-    return {DSD_KEY: [list(r) for r in check_dsd(table)]}
-
-
-def dsd_text(table) -> str:
-    """The file's text: JSON, one range a line (reads and diffs well)."""
-    rows = ",\n".join(f"    {json.dumps(list(r))}" for r in check_dsd(table))
-    return f"{{\n  {json.dumps(DSD_KEY)}: [\n{rows}\n  ]\n}}\n"
-
-
-def parse_dsd(text: str, source: str = "the file") -> list[tuple[int, int, int]]:
-    """A schedule file's text (JSON: ``{"num_speculative_tokens_per_batch_size": [[start, end, K],
-    ...]}``) as its checked table; ValueError (one sentence) otherwise."""
-    try:
-        doc = json.loads(text)
-    except ValueError as e:
-        raise ValueError(f"{source} is not JSON ({e})") from None
-    if not isinstance(doc, dict) or set(doc) != {DSD_KEY}:
-        raise ValueError(f'{source} must be a JSON object with the one key "{DSD_KEY}"')
-    try:
-        return check_dsd(doc[DSD_KEY])
-    except ValueError as e:
-        raise ValueError(f"{source}: {e}") from None
-
-
-def read_dsd(path: str, source: str = "the file") -> list[tuple[int, int, int]]:
-    """A schedule file on this machine, checked; ValueError (one sentence, naming it as ``source``)
-    when it cannot be read or is not a schedule."""
-    return parse_dsd(read_schedule_text(path, source), source)
-
-
-def write_dsd(path: str, table) -> None:
-    """Write the schedule file atomically: a temporary file beside ``path``, flushed, renamed over
-    it (a reader sees the old file or the new one, never half of one); OSError when it cannot."""
-    import os
-    import tempfile
-
-    text = dsd_text(table)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-# ---- log lines ------------------------------------------------------------------------------------
-
-
-def message(line: str) -> str:
-    """The line without vLLM's logger prefix (the whole line when it has none)."""
-    m = _PREFIX.search(line)
-    return line[m.end() :] if m else line
-
-
-def log_prefix(line: str, end: int) -> tuple[str | None, str | None] | None:
-    """Timestamp and rank (TP0, DP0 … from the process name) of vLLM's logger prefix, or None."""
-    m = _PREFIX.search(line, 0, end)
-    if m is None:
-        return None
-    rank = " ".join(_RANK.findall(m.group(1) or "")) or None
-    return m.group(2), rank
-
-
-def prefix(line: str, end: int) -> tuple[str | None, str | None]:
-    """vLLM's own lines read vLLM's own prefix: (None, None) when there is none."""
-    return log_prefix(line, end) or NO_PREFIX
-
-
-def _items(body: str) -> list[tuple[str, str]]:
-    """``Name: value, Name: value`` -> pairs; a part without ``: `` continues the previous value
-    (the per-position list and ``KV fetch: 1 waiting to start, 0 in progress, …``)."""
-    out: list[tuple[str, list[str]]] = []
-    for part in body.split(", "):
-        name, sep, value = part.partition(": ")
-        if sep:
-            out.append((name.strip(), [value.strip()]))
-        elif out:
-            out[-1][1].append(part.strip())  # (joined once below: growing the text each time was quadratic)
-    return [(name, ", ".join(values)) for name, values in out]
-
-
-def _num(text: str) -> float:
-    """A rate, length or percentage: a non-negative number in ASCII, or NaN (vLLM prints ``nan%``
-    for the acceptance rate of an interval without drafts); ValueError for anything else (a
-    negative figure, ``inf``, a fullwidth digit: no engine writes one)."""
-    word = text.split()[0].rstrip("%")
-    if word.isascii() and word.lower() in ("nan", "-nan", "+nan"):
-        return math.nan
-    n = to_float(word)
-    if n < 0:
-        raise ValueError(f"{word!r} is negative")
-    return n
-
-
-def _count(text: str) -> int:
-    """A count (``412 tokens``, ``3 reqs``): exact, a finite number cut to a whole one; ValueError
-    (never OverflowError) for ``1e309``, ``inf``, more digits than Python reads, digits of
-    another script, or a negative count."""
-    n = to_int(text.split()[0].rstrip("%"), integral=False)
-    if n < 0:
-        raise ValueError(f"{n} is negative")
-    return n
-
-
-def _why(e: Exception) -> str:
-    for reason in ("out of range", "negative"):
-        if reason in str(e):
-            return "is " + reason
-    return "is not a number"
-
-
-def _leading_numbers(texts: list[str]) -> tuple[float, ...]:
-    """The run of numbers a list starts with (what follows a non-number is not the list's);
-    ValueError when it does not start with one."""
-    out = []
-    for t in texts:
-        try:
-            out.append(to_float(t))
-        except ValueError:
-            break
-    if not out:
-        raise ValueError(texts[0])
-    if not all(0.0 <= x <= 1.0 for x in out):
-        raise ValueError(f"{texts[0]!r} is out of range")  # a rate per position lies in 0-1
-    return tuple(out)
-
-
-def spec_line(line: str, at: int) -> Event:
-    """A ``SpecDecoding metrics:`` line, newest or older format."""
-    ts, rank = prefix(line, at)
-    kw: dict = {}
-    for name, value in _items(line[at + len(SPEC_MARKER) :].rstrip()):
-        key = SPEC_FIELDS.get(name)
-        if key is None:
-            continue
-        try:
-            if key == "per_position":
-                kw[key] = _leading_numbers(value.split(", "))
-            elif key in _SPEC_INT:
-                kw[key] = _count(value)
-            else:
-                n = _num(value)
-                kw[key] = n / 100.0 if value.endswith("%") else n
-        except (ValueError, IndexError) as e:
-            return Malformed("SpecDecoding metrics", f"{name}: {value!r} {_why(e)}", line[:500], ts, rank)
-    if not kw:
-        return Malformed("SpecDecoding metrics", "no known field", line[:500], ts, rank)
-    if kw.get("accepted") is not None and kw.get("drafted") is not None and kw["accepted"] > kw["drafted"]:
-        why = f"Accepted: {kw['accepted']} is more than Drafted: {kw['drafted']}"
-        return Malformed("SpecDecoding metrics", why, line[:500], ts, rank)
-    rate = kw.get("draft_acceptance_rate")
-    if rate is not None and rate > 1.0:
-        return Malformed("SpecDecoding metrics", f"acceptance rate {rate:.0%} is over 100 %", line[:500], ts, rank)
-    return VllmSpec(ts=ts, rank=rank, **kw)
-
-
-def stats_line(line: str, at: int) -> Event:
-    """The periodic ``Avg prompt throughput: …`` line, as decode stats."""
-    ts, rank = prefix(line, at)
-    kw: dict = {}
-    extra: dict = {}
-    for name, value in _items(line[at:].rstrip()):
-        key = STATS_FIELDS.get(name)
-        try:
-            if key == "gen_throughput":
-                kw[key] = _num(value)
-            elif key is not None:
-                kw[key] = _count(value)
-            elif name.endswith("KV cache usage"):
-                kw["token_usage"] = _num(value) / 100.0
-            else:
-                n = value.split()[0].rstrip("%") if value else ""
-                extra[re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")] = (
-                    float(n) if re.fullmatch(r"-?[0-9]+(\.[0-9]+)?", n) and len(value.split()) <= 2 else value
-                )
-        except (ValueError, IndexError) as e:
-            return Malformed("Avg prompt throughput", f"{name}: {value!r} {_why(e)}", line[:500], ts, rank)
-    if "gen_throughput" not in kw:
-        return Malformed("Avg prompt throughput", "missing Avg generation throughput", line[:500], ts, rank)
-    return DecodeStats(extra=extra, ts=ts, rank=rank, **kw)
-
-
-VLLM.rules = (  # (set here: the readers are defined above)
-    Rule(SPEC_MARKER, spec_line, None, "SpecDecoding metrics"),
-    Rule(STATS_MARKER, stats_line, None, "Avg prompt throughput"),
-)
