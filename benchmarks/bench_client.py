@@ -31,8 +31,10 @@ import urllib.request
 
 import aiohttp.client_proto
 
-from tuitune.measure.bench import BenchConfig, client_session, run_bench, run_request
+from tuitune.measure.bench import run_bench
+from tuitune.measure.benchconfig import BenchConfig
 from tuitune.measure.metrics import quantile
+from tuitune.measure.request import client_session, run_request
 
 ARRIVALS: list[tuple[float, bytes]] = []  # (perf_counter, bytes) of each data_received of the client
 _orig_data_received = aiohttp.client_proto.ResponseHandler.data_received

@@ -9,7 +9,7 @@ real draft and verify costs, nothing accepted) with K = 1…6. Each configuratio
 `tuitune launch` on a server of its own, beside a reference server (speculation off) that stays up
 the whole run, and measured by an independent client written here (plain http.client, no tuitune
 code): at each concurrency C, C streams send their requests back to back, goodput = C x
-sum(tokens) / sum(latency), the definition tune optimises (measure/bench.py, stream_goodput), in
+sum(tokens) / sum(latency), the definition tune optimises (measure/benchrun.py, stream_goodput), in
 waves R X R X … R (one request per stream each; a wave of the configuration, then one of the
 reference). Other work on the cores moves neighbouring waves alike, so a configuration's truth is
 the median of its waves' ratios to the reference waves around them, times the reference's median

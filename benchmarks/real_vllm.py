@@ -136,7 +136,8 @@ def bench_cause(model: str, n: int, max_tokens: int) -> None:
 
     from tuitune import preset as P
     from tuitune.machine.session import Session
-    from tuitune.measure.bench import BenchConfig, client_session, run_request
+    from tuitune.measure.benchconfig import BenchConfig
+    from tuitune.measure.request import client_session, run_request
 
     port = free_port()
     path = write("cause", port=port)

@@ -19,7 +19,8 @@ import sys
 
 from simproc import running_sim
 
-from tuitune.measure.bench import BenchConfig, run_bench
+from tuitune.measure.bench import run_bench
+from tuitune.measure.benchconfig import BenchConfig
 
 SPEEDUPS = (0.125, 0.25, 0.5, 1, 2, 4)
 

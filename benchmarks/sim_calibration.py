@@ -17,7 +17,8 @@ from statistics import mean
 
 from simproc import running_sim
 
-from tuitune.measure.bench import BenchConfig, run_bench
+from tuitune.measure.bench import run_bench
+from tuitune.measure.benchconfig import BenchConfig
 from tuitune.measure.parse import parse_line
 
 TUNED = {

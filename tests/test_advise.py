@@ -393,7 +393,8 @@ async def test_adaptive_schedule_runs_on_the_sim_and_windows_never_mix_steps(tmp
     the steps change while it runs (1 -> 3 at batch size 1, where h100-llama8b's drafter accepts
     ~0.7 drafts a cycle; 0 or 1 at batch size 8), each profile window names the steps of all its
     cycles, and the cost model fits from such a mix."""
-    from tuitune.measure.bench import BenchConfig, run_bench
+    from tuitune.measure.bench import run_bench
+    from tuitune.measure.benchconfig import BenchConfig
     from tuitune.measure.parse import parse_line
 
     cfg = {"1": {"candidate_steps": [1, 3]}, "8": {"candidate_steps": [0, 1]}}

@@ -10,7 +10,9 @@ import pytest
 import yaml
 
 from tuitune.experiments.crossover import launches, level_verdict, schedule
-from tuitune.measure.bench import BenchConfig, BenchRun, RequestResult, stream_goodput
+from tuitune.measure.benchconfig import BenchConfig
+from tuitune.measure.benchrun import BenchRun, stream_goodput
+from tuitune.measure.request import RequestResult
 from tuitune.sim import model as M
 from tuitune.sim.server import Window
 

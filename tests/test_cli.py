@@ -11,7 +11,9 @@ import sys
 from pathlib import Path
 
 from tuitune import preset as P
-from tuitune.measure.bench import BenchConfig, BenchRun, RequestResult
+from tuitune.measure.benchconfig import BenchConfig
+from tuitune.measure.benchrun import BenchRun
+from tuitune.measure.request import RequestResult
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPTURE = ROOT / "tests" / "data" / "demo-capture.jsonl"

@@ -15,7 +15,8 @@ import yaml
 from conftest import free_port
 
 from tuitune import preset as P
-from tuitune.measure.bench import BenchConfig, run_bench
+from tuitune.measure.bench import run_bench
+from tuitune.measure.benchconfig import BenchConfig
 from tuitune.measure.parse import parse_line
 from tuitune.sim import model as M
 

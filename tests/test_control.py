@@ -81,7 +81,8 @@ async def test_launch_ready_status_stop(transport, tmp_path):
     st = await c.status()
     assert st.running and st.record.pid == rec.pid and st.drift == [] and st.same_hash
     port = await transport.forward_port(p.server.port)
-    from tuitune.measure.bench import BenchConfig, run_bench
+    from tuitune.measure.bench import run_bench
+    from tuitune.measure.benchconfig import BenchConfig
 
     run = await run_bench(BenchConfig(transport.url(port), requests=2, warmup=0, max_tokens=40))
     assert run.failed == 0

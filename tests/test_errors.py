@@ -22,7 +22,7 @@ NOT_WALKED = ("tuitune.sim", "tuitune.probe", "tuitune.machine.remote", "tuitune
 LEFT_ALONE = {
     # internal: never shown as they are
     "tuitune.preset.io._DuplicateKey": "a YAMLError inside the preset loader, restated as a PresetError",
-    "tuitune.measure.bench.BadStream": "a request's failure, kept in the run's errors, never raised to the CLI",
+    "tuitune.measure.request.BadStream": "a request's failure, kept in the run's errors, never raised to the CLI",
 }
 
 
@@ -57,8 +57,8 @@ def test_left_alone_are_still_value_errors():
         "tuitune.experiments.grid.GridError",
         "tuitune.experiments.ab.RoundsError",
         "tuitune.measure.smi.SmiParseError",
-        "tuitune.measure.bench.BadStream",
-        "tuitune.measure.bench.BenchError",
+        "tuitune.measure.request.BadStream",
+        "tuitune.measure.serverinfo.BenchError",
         "tuitune.measure.promscrape.MetricsError",
     ):
         assert issubclass(found[name], ValueError), name
@@ -140,7 +140,7 @@ def test_caught_errors_carry_the_code_their_callers_gave():
     for module, name, code in (
         ("tuitune.machine.discover", "DiscoverError", 1),
         ("tuitune.decide.launch", "FitError", 1),
-        ("tuitune.measure.bench", "BenchError", 2),
+        ("tuitune.measure.serverinfo", "BenchError", 2),
         ("tuitune.measure.promscrape", "MetricsError", 1),
     ):
         assert _cls(module, name)("x").code == code, name

@@ -277,7 +277,8 @@ def test_a_stream_without_event_separators_is_bounded(hostile):
     timeout: the buffer is bounded, the request fails at the bound with its reason."""
     import resource
 
-    from tuitune.measure.bench import MAX_EVENT, BenchConfig, client_session, run_request
+    from tuitune.measure.benchconfig import BenchConfig
+    from tuitune.measure.request import MAX_EVENT, client_session, run_request
 
     hostile.reply = lambda: (b"data: " + b"x" * 65536 for _ in range(10**6))  # endless, no separator
 
@@ -293,7 +294,8 @@ def test_a_stream_without_event_separators_is_bounded(hostile):
 
 
 def test_a_stream_that_never_ends_times_out_with_its_reason(hostile):
-    from tuitune.measure.bench import BenchConfig, client_session, run_request
+    from tuitune.measure.benchconfig import BenchConfig
+    from tuitune.measure.request import client_session, run_request
 
     hostile.reply = lambda: (p for _ in range(10**6) for p in (*sse(CHOICE), 0.01))  # chunks forever
 
@@ -311,7 +313,7 @@ def test_the_default_bound_of_a_request_grows_with_the_streams_sharing_the_serve
     tokens alone). A stall is the read timeout's to catch."""
     from dataclasses import replace
 
-    from tuitune.measure.bench import BenchConfig
+    from tuitune.measure.benchconfig import BenchConfig
 
     one = BenchConfig("http://127.0.0.1:9", max_tokens=96)
     assert one.request_timeout() == 48
@@ -673,7 +675,8 @@ _CHUNK = st.one_of(
 def test_fuzz_the_bench_stream_never_raises_nor_gives_an_impossible_figure():
     import math
 
-    from tuitune.measure.bench import BenchConfig, client_session, run_request
+    from tuitune.measure.benchconfig import BenchConfig
+    from tuitune.measure.request import client_session, run_request
 
     server = HostileServer()
     try:

@@ -536,7 +536,8 @@ async def test_ngram_launches_on_both_dialects_and_profiles_as_lookups(tmp_path)
     from tuitune.machine.control import ServerControl
     from tuitune.machine.errors import ControlError
     from tuitune.machine.transport import LocalTransport
-    from tuitune.measure.bench import BenchConfig, run_bench
+    from tuitune.measure.bench import run_bench
+    from tuitune.measure.benchconfig import BenchConfig
 
     t = LocalTransport()
     v = vllm_ngram(tmp_path, "vng", tokens=3, sim=True, prompt_lookup_min=1, prompt_lookup_max=3)

@@ -16,8 +16,10 @@ import urllib.request
 import pytest
 from conftest import SEED_ARGS, SPEC2, TUNED_NCCL, group_alive, http_status, wait_for
 
-from tuitune.measure.bench import BenchConfig, client_session, run_bench, run_request
+from tuitune.measure.bench import run_bench
+from tuitune.measure.benchconfig import BenchConfig
 from tuitune.measure.parse import parse_line
+from tuitune.measure.request import client_session, run_request
 from tuitune.sim import model
 
 FAST = ["--sim-load-seconds", "0.4", "--sim-speedup", "10"]

@@ -241,7 +241,10 @@ def test_a_verdict_across_different_concurrency_limits_is_refused_where_the_limi
     64 streams is not running 64. `ab` and `crossover` read the limit each arm's server reported and
     refuse a verdict where it binds, naming both; below it the arms compare as before."""
     from tuitune.experiments.crossover import level_verdict
-    from tuitune.measure.bench import BenchConfig, BenchRun, RequestResult, _server_info, limit_confound
+    from tuitune.measure.benchconfig import BenchConfig
+    from tuitune.measure.benchrun import BenchRun
+    from tuitune.measure.request import RequestResult
+    from tuitune.measure.serverinfo import _server_info, limit_confound
 
     assert _server_info({"internal_states": [{"effective_max_running_requests_per_dp": 48}]}) == {
         "max_running_requests": 48

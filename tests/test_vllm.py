@@ -284,7 +284,8 @@ def sim_vllm(tmp: Path, name: str = "v", tokens: int | None = 2, port: int | Non
 
 
 async def test_launch_bench_relaunch_and_stop_on_vllm(tmp_path):
-    from tuitune.measure.bench import BenchConfig, run_bench
+    from tuitune.measure.bench import run_bench
+    from tuitune.measure.benchconfig import BenchConfig
 
     t = LocalTransport()
     p = sim_vllm(tmp_path)
@@ -613,7 +614,8 @@ async def test_bench_counts_every_chunk_with_a_choice_as_vllms_stream_sends_them
     with an empty text. The simulator's vLLM streams so (one request of four ends on three); bench counts
     each of those chunks, so that a request's decode span ends at its last token, not before (leaving
     them out read 3 % above vLLM's own decode time on the real engine)."""
-    from tuitune.measure.bench import BenchConfig, run_bench
+    from tuitune.measure.bench import run_bench
+    from tuitune.measure.benchconfig import BenchConfig
 
     t = LocalTransport()
     p = sim_vllm(tmp_path, "chunks", tokens=None, **{"tensor-parallel-size": 1})

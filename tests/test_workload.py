@@ -214,7 +214,7 @@ def test_bench_sends_the_operators_prompts_with_their_lengths(sim_factory, tmp_p
 
 
 def test_a_chat_streams_role_chunk_is_no_token():
-    from tuitune.measure.bench import _role_only
+    from tuitune.measure.request import _role_only
 
     opening = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
     assert _role_only(opening)

@@ -111,7 +111,7 @@ class _BenchProgress:
 
 
 def cmd_bench(ns) -> int:
-    from tuitune.measure.bench import format_levels, format_summary, level_row
+    from tuitune.measure.benchformat import format_levels, format_summary, level_row
     from tuitune.measure.levels import UrlBencher, bench_levels
 
     levels = ns.concurrency or [None]
@@ -141,7 +141,7 @@ def cmd_bench(ns) -> int:
         return on_level
 
     if ns.url:
-        from tuitune.measure.bench import BenchError
+        from tuitune.measure.serverinfo import BenchError
 
         url = _bench_url(ns.url)
         try:

@@ -34,7 +34,9 @@ from tuitune.machine import telemetry
 from tuitune.machine.cluster import controlling, stop_started
 from tuitune.machine.transport import Transport
 from tuitune.measure import stats, workload
-from tuitune.measure.bench import BenchConfig, limit_confound, run_bench
+from tuitune.measure.bench import run_bench
+from tuitune.measure.benchconfig import BenchConfig
+from tuitune.measure.serverinfo import limit_confound
 from tuitune.preset import Preset
 
 ALPHA = 0.05  # stats.compare's significance level

@@ -19,8 +19,9 @@ from tuitune import preset as P
 from tuitune.base.errors import TuituneError
 from tuitune.machine.session import Session
 from tuitune.measure import stats
-from tuitune.measure.bench import BenchRun, limit_confound, stream_goodput
+from tuitune.measure.benchrun import BenchRun, stream_goodput
 from tuitune.measure.levels import bench_levels
+from tuitune.measure.serverinfo import limit_confound
 
 ARMS = ("on", "off")
 

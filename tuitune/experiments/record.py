@@ -22,9 +22,9 @@ from tuitune.base.events import Event, LogLine, Marker, ProfileWindow
 from tuitune.machine.session import Session
 from tuitune.machine.telemetry import CaptureThrottle
 from tuitune.measure import workload
-from tuitune.measure.bench import fetch_server_info
 from tuitune.measure.capture import CaptureWriter, redacted_preset
 from tuitune.measure.guard import PREFIX as GUARD_PREFIX
+from tuitune.measure.serverinfo import fetch_server_info
 
 CLOSE_S = 1.0  # the longest the clean-up after the capture is closed may take before it is cancelled
 HISTORY_WAIT_S = 60.0  # the longest --from-start waits for the log's history before its --duration starts

@@ -25,9 +25,9 @@ from tuitune.machine.session import Session
 from tuitune.machine.telemetry import CaptureThrottle
 from tuitune.machine.transport import TransportError
 from tuitune.measure import stats, workload
-from tuitune.measure.bench import limit_confound
 from tuitune.measure.capture import CaptureWriter, redacted_preset
 from tuitune.measure.metrics import quantile
+from tuitune.measure.serverinfo import limit_confound
 
 CSV_FIELDS = (
     "trial",

@@ -40,9 +40,12 @@ from tuitune.machine.record import ServerRecord
 from tuitune.machine.tail import LogTail, file_size
 from tuitune.machine.transport import Transport, TransportError, for_preset
 from tuitune.measure import promscrape, workload
-from tuitune.measure.bench import BenchConfig, BenchRun, RequestResult, client_session, run_bench, run_request
+from tuitune.measure.bench import run_bench
+from tuitune.measure.benchconfig import BenchConfig
+from tuitune.measure.benchrun import BenchRun
 from tuitune.measure.guard import AcceptanceGuard
 from tuitune.measure.parse import parse_line
+from tuitune.measure.request import RequestResult, client_session, run_request
 from tuitune.measure.stream import EventStream, LoadState
 from tuitune.measure.workload import WorkloadError
 

@@ -13,7 +13,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
-from tuitune.measure.bench import BenchConfig, BenchRun, RequestResult, run_bench
+from tuitune.measure.bench import run_bench
+from tuitune.measure.benchconfig import BenchConfig
+from tuitune.measure.benchrun import BenchRun
+from tuitune.measure.request import RequestResult
 from tuitune.measure.workload import load as load_workload
 
 MAX_LEVEL = 1024  # the most concurrent request streams a level (and bench.concurrency) may ask for

@@ -29,7 +29,7 @@ from tuitune.base import redact
 from tuitune.base.events import Event, GpuSample, LogLine, Marker, ProfileWindow, ServerState, TelemetryState
 from tuitune.machine.errors import ControlError
 from tuitune.machine.transport import TransportError
-from tuitune.measure.bench import level_row
+from tuitune.measure.benchformat import level_row
 from tuitune.measure.guard import PREFIX as GUARD_PREFIX
 from tuitune.measure.levels import bench_levels, plan_levels
 from tuitune.measure.runs import RunBook, delta_mark
