@@ -17,7 +17,7 @@ from tuitune.base import jsonl
 from tuitune.base.errors import CliError
 from tuitune.experiments.options import any_arg, bench_flags, check_positive, int_list, levels_arg, overrides
 
-__all__ = ["CliError", "any_arg", "bench_flags", "check_positive", "int_list", "levels_arg", "overrides"]
+__all__ = ("CliError", "any_arg", "bench_flags", "check_positive", "int_list", "levels_arg", "overrides")
 
 
 def load_preset(name: str):

@@ -105,7 +105,7 @@ def cmd_crossover(ns) -> int:
     if o.plot:
         write_plot(result, Path(o.plot))
         print(f"plot written to {o.plot}")
-    return 0 if result["comparable"] else 1
+    return 0 if result.comparable else 1
 
 
 def cmd_ncclbench(ns) -> int:

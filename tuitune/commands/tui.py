@@ -206,9 +206,9 @@ def cmd_record(ns, o) -> int:
         )
     )
     print(
-        f"wrote {stats['events']} events ({stats['windows']} profile windows, {stats['cycles']} cycles) to "
-        f"{o.record}: {stats['bytes']} bytes, {stats['seconds']:.1f} s"
-        + (f"; the acceptance guard raised {stats['alarms']} alarm(s)" if stats.get("alarms") else ""),
+        f"wrote {stats.events} events ({stats.windows} profile windows, {stats.cycles} cycles) to "
+        f"{o.record}: {stats.bytes} bytes, {stats.seconds:.1f} s"
+        + (f"; the acceptance guard raised {stats.alarms} alarm(s)" if stats.alarms else ""),
         file=sys.stderr,
     )
     return 0
