@@ -210,36 +210,33 @@ def test_crossover_order_and_verdicts():
     assert launches(schedule([1, 4, 16], 1)) == [("on", [1]), ("off", [1, 4]), ("on", [4, 16]), ("off", [16])]
     assert len(launches(schedule([1, 4], 2))) == 5  # a round's last arm serves the next round's first level
     faster = level_verdict([run_of(4, 100, 1.0)], [run_of(4, 100, 1.5)], 4, 0.02)
-    assert faster["verdict"] == "faster" and faster["speedup"] == pytest.approx(1.5, rel=0.01)
+    assert faster.verdict == "faster" and faster.speedup == pytest.approx(1.5, rel=0.01)
     slower = level_verdict([run_of(64, 100, 2.0)], [run_of(64, 100, 1.0)], 64, 0.02)
-    assert slower["verdict"] == "slower" and slower["ci95"][1] < 0.98
+    assert slower.verdict == "slower" and slower.ci95[1] < 0.98
     same = level_verdict([run_of(16, 100, 1.0)], [run_of(16, 100, 1.005)], 16, 0.02)
-    assert same["verdict"] == "no significant difference"
+    assert same.verdict == "no significant difference"
     broken = level_verdict([run_of(4, 100, 1.0, failed=1)], [run_of(4, 100, 1.0)], 4, 0.02)
-    assert broken["verdict"] == "not comparable" and "1 request(s) failed" in broken["reason"]
+    assert broken.verdict == "not comparable" and "1 request(s) failed" in broken.reason
     behind = run_of(4, 100, 1.0)
     behind.sim_late_share = 0.4
     late = level_verdict([behind], [run_of(4, 100, 1.5)], 4, 0.02)
-    assert (
-        late["verdict"] == "not comparable"
-        and "fell behind its clock (40% of its cycles started late)" in late["reason"]
-    )
+    assert late.verdict == "not comparable" and "fell behind its clock (40% of its cycles started late)" in late.reason
     assert any("fell behind" in w for w in behind.cross_check())
     # where the simulator reports its busy time, that decides: late cycles it caught up on do not count
     behind.sim_lag_share = 0.03
     assert behind.sim_behind() is None and not any("fell behind" in w for w in behind.cross_check())
-    assert level_verdict([behind], [run_of(4, 100, 1.5)], 4, 0.02)["verdict"] != "not comparable"
+    assert level_verdict([behind], [run_of(4, 100, 1.5)], 4, 0.02).verdict != "not comparable"
     behind.sim_lag_share = 0.12
     slow = level_verdict([behind], [run_of(4, 100, 1.5)], 4, 0.02)
-    assert slow["verdict"] == "not comparable" and "its figures 12% below its model's" in slow["reason"], slow
+    assert slow.verdict == "not comparable" and "its figures 12% below its model's" in slow.reason, slow
     capped = run_of(4, 100, 1.0)
     capped.gpu_note = "GPU 3 power cap"
     held = level_verdict([capped], [run_of(4, 100, 1.5)], 4, 0.02)
-    assert held["verdict"] == "not comparable" and "GPU 3 power cap" in held["reason"]
+    assert held.verdict == "not comparable" and "GPU 3 power cap" in held.reason
     short = run_of(64, 100, 1.0)
     short.batch_sizes = [20, 22]
     noted = level_verdict([short], [run_of(64, 100, 1.0)], 64, 0.02)
-    assert "ran about 21 requests at once" in noted["note"]
+    assert "ran about 21 requests at once" in noted.note
 
 
 def test_the_core_never_imports_the_simulator():

@@ -171,7 +171,7 @@ def spent_search(tmp_path: Path, **preset_kw) -> tuple[object, Path, Path]:
 
     from tuitune import preset as P
     from tuitune.decide.launch import OFF
-    from tuitune.experiments.tune import config_of
+    from tuitune.experiments.tuneloop import config_of
     from tuitune.measure.capture import CaptureWriter
 
     base = make_preset(tmp_path, **preset_kw)

@@ -465,7 +465,7 @@ def _search_log(tmp_path, goodputs):
 
 def test_tune_says_why_its_answer_is_that_one(tmp_path):
     from tuitune.decide.launch import OFF, Config
-    from tuitune.experiments.tune import config_of
+    from tuitune.experiments.tuneloop import config_of
 
     # the best measured: speculation off at twice the start
     path, out = _search_log(tmp_path / "a", lambda b: [(config_of(b), 10.0), (OFF, 20.0)])
@@ -496,7 +496,7 @@ def test_tune_stopped_in_its_ab_names_the_command_that_resumes_it(tmp_path):
     import shlex
 
     from tuitune.decide.launch import OFF
-    from tuitune.experiments.tune import config_of
+    from tuitune.experiments.tuneloop import config_of
 
     path, out = _search_log(tmp_path, lambda b: [(config_of(b), 10.0), (OFF, 20.0)])
     import yaml

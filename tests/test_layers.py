@@ -106,7 +106,7 @@ def test_mypy():
 # The ceilings ([tool.ruff.lint]: mccabe max-complexity, pylint max-args and max-statements): today's
 # offenders in tuitune/ carry a noqa comment naming the code on their def line. The count of those
 # markers may only fall: lower a number here when a function is split, never raise it.
-CEILING_MARKERS = {"C901": 18, "PLR0913": 14, "PLR0915": 2}  # tune() became TuneRun: one of each fewer
+CEILING_MARKERS = {"C901": 17, "PLR0913": 14, "PLR0915": 2}  # tune() became TuneRun; ab checks through ABOptions
 NOQA = re.compile(r"#\s*noqa:\s*([A-Z0-9, ]+)")
 
 

@@ -604,7 +604,7 @@ async def test_bench_during_simulated_capping_is_marked_in_capture_report_and_ru
     stats = await record(
         p2, str(out), relaunch=True, bench=3, duration=1.0, session=Session(p2, state_dir=str(tmp_path / "state"))
     )
-    assert stats["events"] > 0
+    assert stats.events > 0
     rep = summarize_capture(out)
     assert rep["runs"] and rep["runs"][0]["gpu_note"].startswith("power cap GPU 0,1,2,3")
     assert sorted(rep["gpus"]) == [str(i) for i in range(8)]

@@ -104,11 +104,16 @@ def test_sweep_plot_has_the_baseline_in_its_series(monkeypatch):
 
 def test_crossover_arms_have_their_own_markers():
     from tuitune.experiments.crossover import plot_text
+    from tuitune.experiments.results import CrossoverArm, CrossoverLevel, CrossoverResult
 
-    r = {
-        "levels": [{"concurrency": c, "on": {"goodput": 100 * c**0.8}, "off": {"goodput": 90 * c}} for c in (1, 4, 16)],
-        "crossover": None,
-    }
+    def arm(goodput: float) -> CrossoverArm:
+        return CrossoverArm(goodput=goodput, batch_size=None, accept_len=None)
+
+    levels = [
+        CrossoverLevel(concurrency=c, on=arm(100 * c**0.8), off=arm(90 * c), speedup=1.0, ci95=[1.0, 1.0], verdict="-")
+        for c in (1, 4, 16)
+    ]
+    r = CrossoverResult(preset="p", twin="p-off", levels=levels, crossover=None, min_effect=0.02, comparable=True)
     text = plt.uncolorize(plot_text(r, 70, 14))
     on = next(ln for ln in text.splitlines() if "speculation on" in ln)
     off = next(ln for ln in text.splitlines() if "speculation off" in ln)

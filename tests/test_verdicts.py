@@ -207,6 +207,7 @@ def test_sweep_rows_show_the_ratios_interval_beside_p_and_a_legend_explains_the_
 
 def test_ab_and_crossover_say_why_the_verdict_is_what_it_is():
     from tuitune.experiments.crossover import format_result
+    from tuitune.experiments.results import CrossoverArm, CrossoverLevel, CrossoverResult
 
     rows = [x for r in range(1, 5) for x in (_row("A", "a", 100 + r, r), _row("B", "b", 110 + r, r))]
     v = verdict(rows, 0.01)
@@ -216,15 +217,17 @@ def test_ab_and_crossover_say_why_the_verdict_is_what_it_is():
         f"why: p = {v['p_value']:.3f} < 0.05: the ratio's 97.1% CI {lo:.3f}-{hi:.3f} lies above 1 "
         "(16 of 16 launch pairs favour B)" in text
     )
-    level = {
-        "concurrency": 4,
-        "on": {"goodput": 300.0},
-        "off": {"goodput": 290.0},
-        "speedup": 300 / 290,
-        "ci95": [0.99, 1.08],
-        "verdict": "no significant difference",
-    }
-    text = format_result({"levels": [level], "comparable": True, "crossover": None, "min_effect": 0.02})
+    level = CrossoverLevel(
+        concurrency=4,
+        on=CrossoverArm(goodput=300.0, batch_size=None, accept_len=None),
+        off=CrossoverArm(goodput=290.0, batch_size=None, accept_len=None),
+        speedup=300 / 290,
+        ci95=[0.99, 1.08],
+        verdict="no significant difference",
+    )
+    text = format_result(
+        CrossoverResult(preset="p", twin="p-off", levels=[level], comparable=True, crossover=None, min_effect=0.02)
+    )
     row = text.splitlines()[1].split()
     assert row[-4:] == [
         "0.990-1.080",
@@ -281,11 +284,9 @@ def test_a_verdict_across_different_concurrency_limits_is_refused_where_the_limi
         return BenchRun(BenchConfig("http://x", concurrency=level), results, server={"max_running_requests": limit})
 
     row = level_verdict([run(48, 64)], [run(256, 64)], 64, 0.02)
-    assert row["verdict"] == "not comparable" and "speculation on 48" in row["reason"] and "off 256" in row["reason"], (
-        row
-    )
+    assert row.verdict == "not comparable" and "speculation on 48" in row.reason and "off 256" in row.reason, row
     row = level_verdict([run(48, 8)], [run(256, 8)], 8, 0.02)
-    assert row["verdict"] != "not comparable" and "not reached" in row["limits"], row
+    assert row.verdict != "not comparable" and "not reached" in row.limits, row
 
 
 def test_sweep_refuses_a_delta_across_concurrency_limits_where_they_bind(tmp_path):

@@ -466,7 +466,7 @@ def test_ab_and_sweep_on_vllm_presets(tmp_path):
 def test_vllm_configurations_are_chains_in_its_own_words():
     from tuitune.decide import advise as A
     from tuitune.decide.launch import OFF, Config
-    from tuitune.experiments.tune import config_of, preset_for
+    from tuitune.experiments.tuneloop import config_of, preset_for
 
     p = vllm_preset(num_speculative_tokens=2)
     eng = p.engine

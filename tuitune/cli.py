@@ -115,34 +115,15 @@ def build_command_parser(name: str) -> argparse.ArgumentParser:
 
 def build_main_parser() -> argparse.ArgumentParser:
     from tuitune.commands.tui import cmd_main
+    from tuitune.experiments.options import RecordOptions
 
     p = build_parser()
     p.add_argument("preset", nargs="?", help=argparse.SUPPRESS)
-    g = p.add_argument_group("headless capture (--record)")
-    g.add_argument("--record", metavar="OUT", help="capture the live event stream to OUT (.jsonl or .jsonl.gz)")
-    stop = g.add_mutually_exclusive_group()
-    stop.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
-    stop.add_argument("--cycles", type=int, metavar="N", help="stop after N profiled cycles")
-    g.add_argument("--relaunch", action="store_true", help="relaunch the server first")
-    g.add_argument(
-        "--load",
-        type=int,
-        nargs="?",
-        const=1,
-        metavar="C",
-        help="keep C concurrent request streams running (default 1)",
-    )
-    g.add_argument("--bench", type=int, metavar="N", help="run a benchmark of N requests at the start")
-    g.add_argument("--raw", action="store_true", help="keep the raw log lines too")
+    RecordOptions.add_cli_args(p.add_argument_group("headless capture (--record)"))
     p.add_argument(
         "--against",
         metavar="CAPTURE",
         help="the acceptance guard compares with this capture of a good run (default: the launch's first cycles)",
-    )
-    g.add_argument(
-        "--from-start",
-        action="store_true",
-        help="on a running server, record its whole log so far too (default: from now on)",
     )
     from tuitune.commands.common import add_discover_args
 

@@ -17,3 +17,7 @@ class TuituneError(Exception):
         super().__init__(message)
         if code is not None:
             self.code = code
+
+
+class CliError(TuituneError):
+    """Bad usage or failed work, in one sentence; ``code`` is the exit status."""

@@ -18,6 +18,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
+
 MAX_ROW = 16 * 1024 * 1024  # bytes of one row; tuitune's own rows are a few kilobytes
 
 
@@ -126,10 +128,24 @@ def is_figure(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
 
 
+class Result(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The base of an experiment's typed result (experiments/results.py): written as JSON by the
+    one path every ``--json`` takes (``dumps``), its fields in order and an optional field at its
+    default (None) left out, as the key was absent from the dict it replaces."""
+
+
+def plain(obj):
+    """A ``Result`` as the dicts and lists it was before it had a type (anything else as it is)."""
+    if isinstance(obj, Result):
+        return msgspec.to_builtins(obj, enc_hook=str)
+    return obj
+
+
 def finite(obj):
-    """``obj`` with every non-finite float (NaN, ±Infinity) as None, lists and dicts walked: what a
-    strict JSON writer (``allow_nan=False``) takes. NaN is tuitune's "unknown"; JSON has no word
-    for it but null."""
+    """``obj`` with every non-finite float (NaN, ±Infinity) as None, lists and dicts walked, result
+    Structs as builtins (``plain``): what a strict JSON writer (``allow_nan=False``) takes. NaN is
+    tuitune's "unknown"; JSON has no word for it but null."""
+    obj = plain(obj)
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):

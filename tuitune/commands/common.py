@@ -1,24 +1,23 @@
-"""What the command bodies share: the error they raise for bad usage, loading a preset, printing
-JSON, the link to a target, running a command's coroutine (with its clean-up on SIGINT/SIGTERM),
-and the bench flags that bench, ab, sweep, crossover and tune have in common.
+"""What the command bodies share: loading a preset, printing JSON, the link to a target, running a
+command's coroutine (with its clean-up on SIGINT/SIGTERM); and, from where they live, the error they
+raise for bad usage (``CliError``: base/errors.py) and the bench flags that bench, ab, sweep, crossover
+and tune have in common (experiments/options.py, beside the experiments' options models).
 
 Imports stay lazy (inside the functions): building a command's parser loads no heavy module.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 from collections.abc import Callable, Coroutine, Iterator
 from itertools import chain
 
 from tuitune.base import jsonl
-from tuitune.base.errors import TuituneError
+from tuitune.base.errors import CliError
+from tuitune.experiments.options import any_arg, bench_flags, check_positive, int_list, levels_arg, overrides
 
-
-class CliError(TuituneError):
-    """Bad usage or failed work, in one sentence; ``code`` is the exit status."""
+__all__ = ("CliError", "any_arg", "bench_flags", "check_positive", "int_list", "levels_arg", "overrides")
 
 
 def load_preset(name: str):
@@ -168,14 +167,6 @@ def run_experiment(what: str, experiment: Callable[[Callable[[str], None]], Coro
     return run_async(experiment(said.append), what, lambda: "; ".join(said))
 
 
-def check_positive(ns, *flags: str) -> None:
-    """Each of ``flags`` given is above 0, or a usage error naming it."""
-    for flag in flags:
-        v = getattr(ns, flag.replace("-", "_"))
-        if v is not None and v <= 0:
-            raise CliError(f"--{flag} must be positive (got {v})", 2)
-
-
 def say(msg: str) -> None:
     """An experiment's progress, on stdout as it happens."""
     print(msg, flush=True)
@@ -232,106 +223,3 @@ def print_warnings(control) -> None:
     for w in control.warnings:
         print(f"warning: {w}", file=sys.stderr)
     control.warnings = []
-
-
-def any_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--any", action="store_true", help="act on the server on the preset's port even if another preset started it"
-    )
-
-
-# ---- bench flags --------------------------------------------------------------------------------
-
-
-def levels_arg(text: str) -> list[int]:
-    """``1,4,16,64`` -> [1, 4, 16, 64] (argparse turns the ValueError into a usage error)."""
-    from tuitune.measure.levels import parse_levels
-
-    return parse_levels(text)
-
-
-levels_arg.__name__ = "concurrency list (distinct integers 1..1024, e.g. 1,4,16,64)"
-
-
-def bench_flags(p: argparse.ArgumentParser, levels: bool = False) -> None:
-    p.add_argument("--requests", type=int, help="measured requests (at least 2 per stream at concurrency > 1)")
-    p.add_argument("--warmup", type=int)
-    p.add_argument("--max-tokens", type=int)
-    p.add_argument(
-        "--concurrency",
-        type=levels_arg,
-        metavar="C,C,..." if levels else "C",
-        help="concurrent request streams; a list measures each level in turn (goodput curve)"
-        if levels
-        else "concurrent request streams",
-    )
-    p.add_argument(
-        "--api",
-        choices=["native", "openai", "chat"],
-        help="native (SGLang's /generate), openai (/v1/completions) or chat (/v1/chat/completions, the model's chat template)",
-    )
-    p.add_argument(
-        "--prompts",
-        metavar="FILE",
-        help="your own prompts (one a line, JSONL, or ShareGPT JSON; overrides bench.prompts; default: the built-in twelve)",
-    )
-
-
-def _one_level(ns) -> int | None:
-    if ns.concurrency is None:
-        return None
-    if len(ns.concurrency) > 1:
-        raise CliError(
-            f"--concurrency takes one level here (got {len(ns.concurrency)}); "
-            "`tuitune bench` and `tuitune crossover` measure several",
-            2,
-        )
-    return ns.concurrency[0]
-
-
-def overrides(ns, level: int | None = None) -> dict:
-    """The bench flags given on the command line, checked (bench, ab and sweep share them)."""
-    level = _one_level(ns) if level is None else level
-    ov = {
-        k: v
-        for k, v in (
-            ("requests", ns.requests),
-            ("warmup", ns.warmup),
-            ("max_tokens", ns.max_tokens),
-            ("concurrency", level),
-            ("api", ns.api),
-            ("prompts", _prompt_file(getattr(ns, "prompts", None))),
-        )
-        if v is not None
-    }
-    for k, v in ov.items():
-        least = 0 if k == "warmup" else (2 if k == "max_tokens" else 1)
-        if isinstance(v, int) and v < least:
-            raise CliError(f"--{k.replace('_', '-')} must be at least {least} (got {v})", 2)
-    return ov
-
-
-def _prompt_file(path: str | None) -> str | None:
-    """``--prompts FILE`` as an absolute path, checked now (one sentence, before any launch)."""
-    if path is None:
-        return None
-    import os
-
-    from tuitune.measure.workload import WorkloadError
-    from tuitune.measure.workload import load as load_workload
-
-    try:
-        load_workload(path)
-    except WorkloadError as e:
-        raise CliError(f"--prompts: {e}", 2) from None
-    return os.path.abspath(os.path.expanduser(path))
-
-
-def int_list(text: str, flag: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        vals = []
-    if not vals or any(v < 1 for v in vals):
-        raise CliError(f"{flag} {text!r}: expected positive integers, comma-separated (e.g. 1,8,32)", 2)
-    return sorted(set(vals))

@@ -8,7 +8,6 @@ import sys
 
 from tuitune.commands.common import (
     CliError,
-    check_positive,
     discovered_preset,
     load_preset,
     run_async,
@@ -171,22 +170,21 @@ def cmd_replay(ns) -> int:
 
 
 def cmd_main(ns) -> int:
-    if ns.record:
-        return cmd_record(ns)
-    for flag in ("duration", "cycles", "load", "bench"):
-        if getattr(ns, flag) is not None:
-            raise CliError(f"--{flag} only applies with --record OUT", 2)
-    if ns.relaunch or ns.raw or ns.from_start:
-        raise CliError("--relaunch, --raw and --from-start only apply with --record OUT", 2)
+    from tuitune.experiments.options import RecordOptions
+
+    o = RecordOptions.from_cli_args(ns)
+    if o.record:
+        return cmd_record(ns, o)
+    o.check()
     return cmd_tui(ns)
 
 
-def cmd_record(ns) -> int:
+def cmd_record(ns, o) -> int:
     from tuitune.experiments.record import record
 
     if ns.preset is None and not wants_discovery(ns):
         raise CliError("--record needs a PRESET, or the server's --port / --pid", 2)
-    check_positive(ns, "duration", "cycles", "load", "bench")
+    o.check()
     p, _ = _preset_of(ns)
     from tuitune.machine.session import Session
 
@@ -195,22 +193,22 @@ def cmd_record(ns) -> int:
     stats = run_async(
         record(
             p,
-            ns.record,
+            o.record,
             session=session,
-            duration=ns.duration,
-            cycles=ns.cycles,
-            relaunch=ns.relaunch,
-            load=ns.load,
-            bench=ns.bench,
-            raw=ns.raw,
+            duration=o.duration,
+            cycles=o.cycles,
+            relaunch=o.relaunch,
+            load=o.load,
+            bench=o.bench,
+            raw=o.raw,
             progress=sys.stderr.isatty(),
-            from_start=ns.from_start,
+            from_start=o.from_start,
         )
     )
     print(
-        f"wrote {stats['events']} events ({stats['windows']} profile windows, {stats['cycles']} cycles) to "
-        f"{ns.record}: {stats['bytes']} bytes, {stats['seconds']:.1f} s"
-        + (f"; the acceptance guard raised {stats['alarms']} alarm(s)" if stats.get("alarms") else ""),
+        f"wrote {stats.events} events ({stats.windows} profile windows, {stats.cycles} cycles) to "
+        f"{o.record}: {stats.bytes} bytes, {stats.seconds:.1f} s"
+        + (f"; the acceptance guard raised {stats.alarms} alarm(s)" if stats.alarms else ""),
         file=sys.stderr,
     )
     return 0

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tuitune import preset as P
 from tuitune.base.errors import TuituneError
+from tuitune.experiments.results import CrossoverArm, CrossoverLevel, CrossoverResult
 from tuitune.machine.session import Session
 from tuitune.measure import stats
 from tuitune.measure.benchrun import BenchRun, stream_goodput
@@ -61,18 +62,18 @@ def launches(order: list[tuple[int, str]]) -> list[tuple[str, list[int]]]:
     return out
 
 
-def level_verdict(on: list[BenchRun], off: list[BenchRun], level: int, min_effect: float) -> dict:
+def level_verdict(on: list[BenchRun], off: list[BenchRun], level: int, min_effect: float) -> CrossoverLevel:
     """One level: goodput per arm, speedup with its CI, and whether speculation pays there."""
-    row: dict = {"concurrency": level}
     failed = sum(r.failed for r in on + off)
     pairs = {arm: [p for r in runs for p in r.goodput_pairs()] for arm, runs in (("on", on), ("off", off))}
-    for arm, runs in (("on", on), ("off", off)):
-        ps = pairs[arm]
-        row[arm] = {
-            "goodput": stream_goodput(ps, level) if ps else math.nan,
-            "batch_size": _mean([b for r in runs for b in r.batch_sizes]),
-            "accept_len": _mean([q.accept_len for r in runs for q in r.ok if q.accept_len]),
-        }
+    arm_of = {
+        arm: CrossoverArm(
+            goodput=stream_goodput(pairs[arm], level) if pairs[arm] else math.nan,
+            batch_size=_mean([b for r in runs for b in r.batch_sizes]),
+            accept_len=_mean([q.accept_len for r in runs for q in r.ok if q.accept_len]),
+        )
+        for arm, runs in (("on", on), ("off", off))
+    }
     late = [r for r in on + off if r.sim_behind()]
     held = [r for r in on + off if r.gpu_note]
     mixed = held and len(held) < len(on + off)  # GPUs held back in one arm's runs only, as in `ab`
@@ -83,10 +84,17 @@ def level_verdict(on: list[BenchRun], off: list[BenchRun], level: int, min_effec
         },
         level,
     )
-    if confound:
-        row["limits"] = confound[1]
+    row = CrossoverLevel(
+        concurrency=level,
+        on=arm_of["on"],
+        off=arm_of["off"],
+        limits=confound[1] if confound else None,
+        speedup=math.nan,
+        ci95=[math.nan, math.nan],
+        verdict="not comparable",
+    )
     if failed or late or mixed or not pairs["on"] or not pairs["off"] or (confound and confound[0]):
-        why = (
+        row.reason = (
             confound[1]
             if confound and confound[0]
             else f"{failed} request(s) failed"
@@ -97,20 +105,17 @@ def level_verdict(on: list[BenchRun], off: list[BenchRun], level: int, min_effec
             if mixed
             else "no successful request in one arm"
         )
-        return {**row, "speedup": math.nan, "ci95": [math.nan, math.nan], "verdict": "not comparable", "reason": why}
-    row["speedup"] = row["on"]["goodput"] / row["off"]["goodput"]
+        return row
+    row.speedup = row.on.goodput / row.off.goodput
     lo, hi = stats.bootstrap_ratio_ci(pairs["off"], pairs["on"], statistic=lambda s: stream_goodput(s, level))
-    row["ci95"] = [lo, hi]
-    row["verdict"] = (
-        "faster" if lo > 1 + min_effect else "slower" if hi < 1 - min_effect else "no significant difference"
-    )
+    row.ci95 = [lo, hi]
+    row.verdict = "faster" if lo > 1 + min_effect else "slower" if hi < 1 - min_effect else "no significant difference"
     # A level the server could not batch is not the level it claims to be: say so.
-    short = [arm for arm in ARMS if row[arm]["batch_size"] is not None and row[arm]["batch_size"] < 0.5 * level]
+    short = [
+        (arm, a.batch_size) for arm, a in arm_of.items() if a.batch_size is not None and a.batch_size < 0.5 * level
+    ]
     if short:
-        row["note"] = (
-            f"the server ran about {row[short[0]]['batch_size']:.0f} requests at once "
-            f"(speculation {short[0]}), not {level}"
-        )
+        row.note = f"the server ran about {short[0][1]:.0f} requests at once (speculation {short[0][0]}), not {level}"
     return row
 
 
@@ -118,17 +123,16 @@ def _mean(vals: list[float]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def summarize(preset: P.Preset, levels: list[int], runs: dict, min_effect: float) -> dict:
+def summarize(preset: P.Preset, levels: list[int], runs: dict, min_effect: float) -> CrossoverResult:
     rows = [level_verdict(runs[(c, "on")], runs[(c, "off")], c, min_effect) for c in levels]
-    cross = next((r["concurrency"] for r in rows if r["verdict"] == "slower"), None)
-    return {
-        "preset": preset.name,
-        "twin": twin(preset).name,
-        "levels": rows,
-        "crossover": cross,
-        "min_effect": min_effect,
-        "comparable": all(r["verdict"] != "not comparable" for r in rows),
-    }
+    return CrossoverResult(
+        preset=preset.name,
+        twin=twin(preset).name,
+        levels=rows,
+        crossover=next((r.concurrency for r in rows if r.verdict == "slower"), None),
+        min_effect=min_effect,
+        comparable=all(r.verdict != "not comparable" for r in rows),
+    )
 
 
 async def crossover(
@@ -140,7 +144,7 @@ async def crossover(
     progress: Callable[[str], None] | None = None,
     session: Session | None = None,
     on_cleanup: Callable[[str], None] | None = None,
-) -> dict:
+) -> CrossoverResult:
     """Both arms at every level, interleaved. Interrupted (Ctrl-C, SIGTERM), it stops the server it
     started and says so to ``on_cleanup``."""
     if not preset.is_speculative:
@@ -178,46 +182,48 @@ async def crossover(
     return summarize(preset, levels, runs, min_effect)
 
 
-def format_result(result: dict) -> str:
+def format_result(result: CrossoverResult) -> str:
     lines = [f"{'conc':>5} {'spec on tok/s':>14} {'spec off tok/s':>15} {'speedup':>8} {'95% CI':>15}  verdict"]
-    for r in result["levels"]:
-        lo, hi = r["ci95"]
+    for r in result.levels:
+        lo, hi = r.ci95
         lines.append(
-            f"{r['concurrency']:>5} {r['on']['goodput']:>14.1f} {r['off']['goodput']:>15.1f} "
-            f"{r['speedup']:>8.3f} {lo:>7.3f}-{hi:<7.3f}  {r['verdict']}"
-            + (f" ({r['reason']})" if r.get("reason") else "")
+            f"{r.concurrency:>5} {r.on.goodput:>14.1f} {r.off.goodput:>15.1f} "
+            f"{r.speedup:>8.3f} {lo:>7.3f}-{hi:<7.3f}  {r.verdict}" + (f" ({r.reason})" if r.reason else "")
         )
-        if r.get("note"):
-            lines.append(f"      note: {r['note']}")
-    m = result.get("min_effect", 0.02)
+        if r.note:
+            lines.append(f"      note: {r.note}")
+    m = result.min_effect
     lines.append(
         f"\nverdict: faster / slower when the speedup's 95% CI (bootstrap) lies entirely "
         f"beyond 1 ± {m:.0%}, else no significant difference; the interval alone decides (no p-value here)"
     )
-    if not result["comparable"]:
+    if not result.comparable:
         lines.append("\ncrossover: not comparable (see the levels above)")
-    elif result["crossover"] is not None:
+    elif result.crossover is not None:
         lines.append(
-            f"\ncrossover: speculation stops paying at concurrency {result['crossover']} "
+            f"\ncrossover: speculation stops paying at concurrency {result.crossover} "
             f"(the first level where it is significantly slower)"
         )
     else:
         lines.append(
             f"\ncrossover: not within the tested range (speculation is never significantly slower "
-            f"at concurrency {', '.join(str(r['concurrency']) for r in result['levels'])})"
+            f"at concurrency {', '.join(str(r.concurrency) for r in result.levels)})"
         )
     return "\n".join(lines)
 
 
-def _series(result: dict) -> tuple[list[int], dict[str, list[float]]]:
-    xs = [r["concurrency"] for r in result["levels"]]
-    return xs, {f"speculation {arm}": [r[arm]["goodput"] for r in result["levels"]] for arm in ARMS}
+def _series(result: CrossoverResult) -> tuple[list[int], dict[str, list[float]]]:
+    xs = [r.concurrency for r in result.levels]
+    return xs, {
+        "speculation on": [r.on.goodput for r in result.levels],
+        "speculation off": [r.off.goodput for r in result.levels],
+    }
 
 
 MARKERS = {"on": "o", "off": "x"}  # plot_text's marker per arm
 
 
-def plot_text(result: dict, width: int = 100, height: int = 20) -> str:
+def plot_text(result: CrossoverResult, width: int = 100, height: int = 20) -> str:
     """Goodput against concurrency for both arms, in the terminal (plotext)."""
     import plotext as plt
 
@@ -230,14 +236,14 @@ def plot_text(result: dict, width: int = 100, height: int = 20) -> str:
     for name, ys in series.items():
         # a marker of its own for each arm: told apart without colour (NO_COLOR, a print-out)
         plt.plot(xs, ys, label=name, marker=MARKERS.get(name.split()[-1], "dot"))
-    if result["crossover"] is not None:
-        plt.vertical_line(result["crossover"])
-    plt.title("goodput (tok/s) against concurrency" + (", | = crossover" if result["crossover"] is not None else ""))
+    if result.crossover is not None:
+        plt.vertical_line(result.crossover)
+    plt.title("goodput (tok/s) against concurrency" + (", | = crossover" if result.crossover is not None else ""))
     plt.xlabel("concurrent requests")
     return plt.build()
 
 
-def write_plot(result: dict, path: Path) -> None:
+def write_plot(result: CrossoverResult, path: Path) -> None:
     """The same plot as a PNG or SVG file (matplotlib: `pip install 'tuitune[plot]'`)."""
     if path.suffix.lower() not in (".png", ".svg"):
         raise CrossoverError(f"--plot {path}: the file must end in .png or .svg", 2)
@@ -256,11 +262,11 @@ def write_plot(result: dict, path: Path) -> None:
         if max(xs) >= 8 * min(xs):
             ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(x) for x in xs])
-        if result["crossover"] is not None:
-            ax.axvline(result["crossover"], color="grey", linestyle="--", label="crossover")
+        if result.crossover is not None:
+            ax.axvline(result.crossover, color="grey", linestyle="--", label="crossover")
         ax.set_xlabel("concurrent requests")
         ax.set_ylabel("goodput (output tok/s)")
-        ax.set_title(f"{result['preset']}: speculation on vs off")
+        ax.set_title(f"{result.preset}: speculation on vs off")
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()

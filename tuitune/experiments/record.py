@@ -19,6 +19,7 @@ from tuitune import preset as P
 from tuitune.base.aio import cancel_and_wait, stop_on_signals, until_stopped
 from tuitune.base.errors import TuituneError
 from tuitune.base.events import Event, LogLine, Marker, ProfileWindow
+from tuitune.experiments.results import RecordStats
 from tuitune.machine.session import Session
 from tuitune.machine.telemetry import CaptureThrottle
 from tuitune.measure import workload
@@ -47,7 +48,7 @@ async def record(  # noqa: C901, PLR0913
     progress: bool = False,
     session: Session | None = None,
     from_start: bool = False,
-) -> dict:
+) -> RecordStats:
     session = session or Session(preset)
     stop = asyncio.Event()
     restore_signals = stop_on_signals(stop)
@@ -163,15 +164,15 @@ async def _bounded(coro, seconds: float) -> None:
         raise task.exception()
 
 
-def _stats(writer: CaptureWriter | None, t0: float, counted: dict, session: Session | None = None) -> dict:
-    return {
-        "alarms": session.guard.raised if session is not None and session.guard is not None else 0,
-        "events": writer.events if writer else 0,
-        "bytes": writer.bytes if writer else 0,
-        "seconds": time.monotonic() - t0,
-        "cycles": counted["cycles"],
-        "windows": counted.get("windows", 0),
-    }
+def _stats(writer: CaptureWriter | None, t0: float, counted: dict, session: Session | None = None) -> RecordStats:
+    return RecordStats(
+        alarms=session.guard.raised if session is not None and session.guard is not None else 0,
+        events=writer.events if writer else 0,
+        bytes=writer.bytes if writer else 0,
+        seconds=time.monotonic() - t0,
+        cycles=counted["cycles"],
+        windows=counted.get("windows", 0),
+    )
 
 
 async def _server_info(session: Session) -> dict:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from tuitune import preset as P
 from tuitune.decide import ncclstep as NS
 from tuitune.decide.advise import space
 from tuitune.decide.launch import OFF, Config, Launch
+from tuitune.experiments.options import TuneOptions
 from tuitune.experiments.tunelog import load_log, log_row, replay_prior
 from tuitune.experiments.tuneloop import (
     NOISE,
@@ -26,7 +26,6 @@ from tuitune.experiments.tuneloop import (
     TuneError,
     TuneResult,
     choice_reason,
-    config_of,
     levels_for,
     preset_for,
     tune_loop,
@@ -114,54 +113,6 @@ class SessionSource:
             self.session.subscribers.remove(sink)
             writer.close()
         return launch
-
-
-@dataclass(frozen=True)
-class TuneOptions:
-    """What `tune` is asked to do, checked in one place (``check``) before anything starts."""
-
-    budget: int
-    concurrency: int
-    out: Path
-    resume: bool = False
-    levels: list[int] | None = None
-    overrides: dict | None = None
-    ab_rounds: int = 4
-    ab_judge: bool = True
-    ab_max_rounds: int | None = None
-    configs: list[Config] | None = None
-    nccl: bool = False
-    nccl_backend: str = "nccl"
-    nccl_grid: list[str] | None = None
-    hidden_size: int | None = None
-
-    @property
-    def ab_last(self) -> int:
-        """The final A/B's most rounds a side (0: none)."""
-        if not self.ab_rounds:
-            return 0
-        return max(self.ab_rounds, self.ab_max_rounds or self.ab_rounds) if self.ab_judge else self.ab_rounds
-
-    def check(self, base: P.Preset) -> Config:
-        """Refusals that need no launch (a final A/B that cannot decide, a preset with nothing to tune
-        or no step count to start from), in that order; the configuration the search starts from."""
-        from tuitune.experiments.ab import rounds_refusal
-
-        if self.ab_rounds and (why := rounds_refusal(self.ab_rounds, "--ab-rounds")) and self.ab_judge:
-            raise TuneError(why, 2)  # before the first relaunch: the search would end in an A/B that cannot decide
-        start = config_of(base)
-        if not base.is_speculative:
-            raise TuneError(
-                f"{base.name} has no speculative section: tune needs the algorithm and draft model "
-                f"(speculative.draft_model_path) to try configurations; start from a speculative preset",
-                2,
-            )
-        if not base.profile:
-            raise TuneError(
-                f"{base.name} has profile: false; tune fits its model to EAGLE3_PROFILE windows, so set profile: true",
-                2,
-            )
-        return start
 
 
 async def tune(

@@ -1,0 +1,51 @@
+"""What experiments return, typed (msgspec Structs on ``jsonl.Result``): read by attribute, not by
+string key, and written as JSON by the one path every ``--json`` takes (``base.jsonl.dumps``, which
+turns a ``Result`` into the dict it replaces: the same keys, in the same order, with the same values)."""
+
+from __future__ import annotations
+
+from tuitune.base.jsonl import Result
+
+
+class RecordStats(Result):
+    """`tuitune --record OUT`: what the capture holds when it is closed."""
+
+    alarms: int  # the acceptance guard's alarms (0: none, or no guard)
+    events: int
+    bytes: int
+    seconds: float  # counted from ready (and from the history read, --from-start)
+    cycles: int
+    windows: int
+
+
+class CrossoverArm(Result):
+    """One arm (speculation on or off) at one level."""
+
+    goodput: float  # tok/s, the streams' goodput (NaN: no successful request)
+    batch_size: float | None  # the mean batch the server ran (None: not logged)
+    accept_len: float | None
+
+
+class CrossoverLevel(Result, kw_only=True):  # mypy: the base's kw_only is not inherited
+    """One level of `tuitune crossover`: both arms, the speedup with its interval, and the verdict."""
+
+    concurrency: int
+    on: CrossoverArm
+    off: CrossoverArm
+    limits: str | None = None  # the arms ran with different concurrency limits (a sentence)
+    speedup: float  # NaN where not comparable
+    ci95: list[float]
+    verdict: str  # faster · slower · no significant difference · not comparable
+    reason: str | None = None  # why not comparable
+    note: str | None = None  # the server ran fewer requests at once than the level
+
+
+class CrossoverResult(Result):
+    """`tuitune crossover PRESET`: every level, and the first where speculation is slower."""
+
+    preset: str
+    twin: str
+    levels: list[CrossoverLevel]
+    crossover: int | None
+    min_effect: float
+    comparable: bool
