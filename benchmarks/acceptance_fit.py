@@ -23,11 +23,10 @@ import math
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from tuitune.decide.costmodel import Config, _position_counts, fit_acceptance
+from tuitune.experiments.recorded import RecordedLaunches
 
-from tuitune.decide.costmodel import Config, _position_counts, fit_acceptance  # noqa: E402
-from tuitune.experiments.recorded import RecordedLaunches  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def measured_tau(windows: list) -> float:

@@ -55,14 +55,14 @@ import threading
 import time
 from pathlib import Path
 
+import yaml
+
+from tuitune.engines import vllm as V
+from tuitune_support import real_vllm
+from tuitune_support.ports import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 
-import real_vllm  # noqa: E402
-import yaml  # noqa: E402
-from conftest import free_port  # noqa: E402
-
-from tuitune.engines import vllm as V  # noqa: E402
 
 HOME = Path(tempfile.mkdtemp(prefix="tuitune-dsd-"))
 PROMPTS = json.loads((ROOT / "tuitune" / "data" / "prompts.json").read_text())

@@ -14,14 +14,14 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 if "--run" not in sys.argv[1:]:  # two engine launches and ten minutes: asked for, never by default
     print(f"{Path(__file__).name}: not run: pass --run (two real-engine launches, about ten minutes)")
     sys.exit(0)
 
-import real_engine_grid as G  # noqa: E402
-import real_vllm  # noqa: E402
-from conftest import free_port  # noqa: E402
+import real_engine_grid as G
+
+from tuitune_support import real_vllm
+from tuitune_support.ports import free_port
 
 WAVES, PAIRS, TOKENS = 16, 12, 128
 

@@ -21,15 +21,15 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+import yaml
+from real_engine_grid import HOME, tt
 
-import real_draft  # noqa: E402
-import real_vllm  # noqa: E402
-import yaml  # noqa: E402
-from conftest import free_port  # noqa: E402
-from real_engine_grid import HOME, tt  # noqa: E402  (tuitune under a HOME of the run's own)
-from stream_client import server_counters as counters  # noqa: E402
+from tuitune_support import real_draft, real_vllm
+from tuitune_support.ports import free_port
+from tuitune_support.stream_client import server_counters as counters
+
+ROOT = Path(__file__).resolve().parent.parent
+
 
 WORKLOADS = ROOT / "tests" / "data" / "workloads"
 

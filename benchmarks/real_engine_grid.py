@@ -55,12 +55,13 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+import yaml
 
-import real_vllm  # noqa: E402
-import yaml  # noqa: E402
-from conftest import free_port  # noqa: E402
+from tuitune_support import real_vllm
+from tuitune_support.ports import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
 
 PROMPTS = json.loads((ROOT / "tuitune" / "data" / "prompts.json").read_text())
 # the world, set by main() from its flags (the defaults: the tiny random Llama, the built-in prompts)
@@ -95,7 +96,7 @@ def draft_path() -> Path | None:
     """The EAGLE-3 draft: the trained head's checkpoint for SmolLM2, else the tiny random one."""
     if DRAFT is None:
         return None
-    import real_draft
+    from tuitune_support import real_draft
 
     return real_draft.build_draft() / DRAFT
 
@@ -111,7 +112,7 @@ def world_name() -> str:
         else "tiny random Llama (hidden 512, 8 layers)"
     )
     if DRAFT:
-        import real_draft
+        from tuitune_support import real_draft
 
         model += f", EAGLE-3 head {real_draft.DRAFT.name}/{DRAFT}"
     load = f"workload {WORKLOAD.name}" if WORKLOAD else "the built-in twelve prompts"

@@ -26,18 +26,17 @@ import sys
 import time
 from pathlib import Path
 
+import real_engine_grid as grid
+from real_engine_grid import free_port, ks, write
+
+from tuitune import preset as P
+from tuitune.decide.costmodel import OFF, Config
+from tuitune.experiments.tune import SessionSource
+from tuitune.experiments.tunelog import log_row
+from tuitune.experiments.tuneloop import Step, levels_for
+from tuitune.machine.session import Session
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import real_engine_grid as grid  # noqa: E402
-from real_engine_grid import free_port, ks, write  # noqa: E402
-
-from tuitune import preset as P  # noqa: E402
-from tuitune.decide.costmodel import OFF, Config  # noqa: E402
-from tuitune.experiments.tune import SessionSource  # noqa: E402
-from tuitune.experiments.tunelog import log_row  # noqa: E402
-from tuitune.experiments.tuneloop import Step, levels_for  # noqa: E402
-from tuitune.machine.session import Session  # noqa: E402
 
 
 async def record(

@@ -23,13 +23,14 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+import yaml
 
-import real_sglang  # noqa: E402
-import yaml  # noqa: E402
-from conftest import free_port  # noqa: E402
-from test_real_sglang import PROMPTS, generate  # noqa: E402
+from tuitune_support import real_sglang
+from tuitune_support.clients import PROMPTS, generate
+from tuitune_support.ports import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
 
 HOME = Path(tempfile.mkdtemp(prefix="tuitune-real-sglang-"))
 

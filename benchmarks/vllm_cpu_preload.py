@@ -20,12 +20,11 @@ import statistics
 import sys
 from pathlib import Path
 
+import real_engine_grid as G
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import real_engine_grid as G  # noqa: E402
 
 IOMP = G.real_vllm.HOME / "lib" / "libiomp5.so"
 

@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import free_port
 
 from tuitune import preset as P
 from tuitune.decide.costmodel import OFF, Config
 from tuitune.engines import vllm as V
 from tuitune.experiments.advisor import dsd_schedule
+from tuitune_support.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

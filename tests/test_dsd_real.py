@@ -20,14 +20,16 @@ import threading
 from pathlib import Path
 
 import pytest
-import real_vllm
 import yaml
-from conftest import ROOT, free_port
 from test_dsd import sim_captures
-from test_real_vllm import PROMPTS, independent_request
 
 from tuitune import preset as P
 from tuitune.engines import vllm as V
+from tuitune_support import real_vllm
+from tuitune_support.clients import PROMPTS
+from tuitune_support.paths import ROOT
+from tuitune_support.ports import free_port
+from tuitune_support.stream_client import independent_request
 
 pytestmark = [pytest.mark.xdist_group("real-vllm"), pytest.mark.timeout(1800)]
 

@@ -12,9 +12,10 @@ import threading
 from pathlib import Path
 
 import pytest
-import registry
-import vllm_cli
-from conftest import free_port, pip_download
+
+from tuitune_support import registry, vllm_cli
+from tuitune_support.ports import free_port
+from tuitune_support.registry import pip_download
 
 real_vllm = registry.real_vllm  # tests/real_vllm.py (not benchmarks/real_vllm.py)
 

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import real_vllm
 import yaml
 
 from tuitune import preset as P
@@ -37,6 +36,7 @@ from tuitune.decide.advise import space
 from tuitune.decide.costmodel import Config
 from tuitune.experiments.recorded import RecordedLaunches
 from tuitune.experiments.tuneloop import TuneError, levels_for, tune_loop
+from tuitune_support import real_vllm
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
