@@ -3,7 +3,7 @@ advisor's acceptance model does not fit the measured per-position acceptance, fi
 how much it moved").
 
 Input: a folder of tune's own recorded launches of every chain length (``benchmarks/real_engine_launches.py``,
-e.g. tests/data/real-smollm2-eagle3-code-c1: SmolLM2-135M with the EAGLE-3 head tests/real_draft.py
+e.g. tests/data/real-smollm2-eagle3-code-c1: SmolLM2-135M with the EAGLE-3 head tuitune_support.real_draft
 trains, K = 1-8, on the real vLLM CPU build). The probe's accept-length histograms of each launch
 are real per-position acceptance.
 

@@ -3,7 +3,7 @@
     python benchmarks/bench_pairs.py PRESET [--pairs 12] [--max-tokens 128] [--url]
 
 PRESET names a server that is up (an OpenAI-API server, such as the real vLLM CPU engine of
-tests/real_vllm.py, launched with `tuitune launch PRESET`). Each pair is one `tuitune bench`
+tuitune_support.real_vllm, launched with `tuitune launch PRESET`). Each pair is one `tuitune bench`
 command measuring one request (after one warm-up, as bench's own) and tuitune_support.stream_client
 (plain http.client, a process of its own) measuring the same prompt after the same warm-up, the
 order flipping every pair, so that the machine's drift between the two is a few seconds at most.

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_vs_server.py PRESET [--rounds 2] [--requests 6] [--max-tokens 128]
 
-PRESET names a vLLM server that is up (such as the real vLLM CPU engine of tests/real_vllm.py,
+PRESET names a vLLM server that is up (such as the real vLLM CPU engine of tuitune_support.real_vllm,
 launched with `tuitune launch PRESET`). Each round runs a batch of `tuitune bench PRESET` (no
 warm-up) and a batch of tuitune_support.stream_client (plain http.client, a process of its own) on the same
 prompts, in turn A B B A. Around each batch it reads vLLM's `/metrics` (prometheus_client's parser,

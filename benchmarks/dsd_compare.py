@@ -2,7 +2,7 @@
 --emit vllm-dsd``, against the alternatives, on the real vLLM CPU engine at a load that alternates
 between 1 and 16 concurrent streams.
 
-World: the real vLLM 0.32.0 CPU build (tests/real_vllm.py), a tiny random-weight Llama (hidden
+World: the real vLLM 0.32.0 CPU build (tuitune_support.real_vllm), a tiny random-weight Llama (hidden
 512, 8 layers), ngram speculation (prompt lookup 1-3: a random model soon repeats itself, so ngram's
 acceptance is real; EAGLE-3 with a random draft accepts nothing, so it cannot show a schedule's
 worth), ``--enforce-eager``, ``LD_PRELOAD`` of the venv's Intel OpenMP for every arm (without it

@@ -1,5 +1,5 @@
 """The one-stream control of benchmarks/real_engine_grid.py, alone: two speculation-off servers of the
-real vLLM CPU engine (tests/real_vllm.py), one stream, 128-token waves from the grid's independent
+real vLLM CPU engine (tuitune_support.real_vllm), one stream, 128-token waves from the grid's independent
 client; each server's waves alone (the other idle, then SIGSTOPped), then off against off paired
 R X R X … as the grid pairs them, plain and with the idle server SIGSTOPped. World: the real engine
 on the machine it runs on (read the load: other work on the cores widens every spread).

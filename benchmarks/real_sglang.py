@@ -1,4 +1,4 @@
-"""Figures of the real SGLang CPU engine under tuitune (tests/real_sglang.py: sglang 0.5.18, the CPU kernels
+"""Figures of the real SGLang CPU engine under tuitune (tuitune_support.real_sglang: sglang 0.5.18, the CPU kernels
 built from ../shared/sglang-cpu/'s source, a tiny random Llama, hidden 384, 10 layers): the sizes on disk,
 start-up per mode (tuitune's own `ready in`), and the probe's overhead (the same launch settings with
 ``profile: true`` and ``false``, alternated launch by launch, each launch's median decode rate of an

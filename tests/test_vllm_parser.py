@@ -1,4 +1,4 @@
-"""tuitune against the real vLLM release, installed in its own environment by tests/vllm_cli.py
+"""tuitune against the real vLLM release, installed in its own environment by tuitune_support.vllm_cli
 (vLLM 0.33.0, CPU platform, no GPU needed): its command line parses what tuitune renders, and its
 own statistics code writes the log lines and /metrics pages tuitune reads.
 

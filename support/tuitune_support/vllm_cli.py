@@ -20,11 +20,11 @@ import zipfile
 from pathlib import Path
 
 from tuitune_support import registry
-from tuitune_support.paths import CACHE
+from tuitune_support.paths import ROOT
 
 RELEASE = "0.33.0"
 TORCH = "torch==2.13.0"  # the CPU build (a file this machine kind keeps on disk; PyPI's otherwise)
-HOME = CACHE / f"vllm-cli-{RELEASE}"
+HOME = ROOT / ".cache" / f"vllm-cli-{RELEASE}"
 PYTHON = HOME / "bin" / "python"
 ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR", "VLLM_NO_USAGE_STATS": "1"}
 
