@@ -171,10 +171,7 @@ def stop_for_good(home: Path, preset: Path) -> None:
             pass
 
 
-# ---- an independent client (no tuitune code) ---------------------------------------------------------
-
-
-# ---- tmux ------------------------------------------------------------------------------------------
+# ---- tmux (the independent client, its Load and log_events: tuitune_support.clients) --------------
 
 
 class Term:
