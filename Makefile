@@ -18,8 +18,14 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e .
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
+$(VENV)/.installed-test: pyproject.toml $(VENV)/.installed $(VENV)/.installed-support
 	$(BIN)/pip install -q -e '.[test,nccl]' '$(TORCH)'
+	touch $@
+
+# the tests' and benchmarks' support package (support/: the real engines' builders, the simulator and
+# sshd helpers, preset factories, the stream client), editable; the demos of the real engines use its builders
+$(VENV)/.installed-support: support/pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install -q -e ./support
 	touch $@
 
 $(VENV)/.installed-docs: pyproject.toml $(VENV)/.installed
@@ -33,22 +39,22 @@ demo: $(VENV)/.installed
 
 # A real engine without a GPU: vLLM's CPU build and tiny generated models (built once into .cache/,
 # ~3.4 GB, a few minutes, progress shown), then the TUI on it (presets/vllm-cpu-demo.yaml)
-demo-vllm: $(VENV)/.installed
-	$(BIN)/python tests/real_vllm.py --demo
+demo-vllm: $(VENV)/.installed-support
+	$(BIN)/python -m tuitune_support.real_vllm --demo
 	$(BIN)/tuitune demo --engine vllm
 
 # The real SGLang without a GPU: PyPI sglang 0.5.18 with its CPU kernels built from the source in
 # ../shared/sglang-cpu/ (once into .cache/, ~4 GB, 5-8 minutes, progress shown), then the TUI on it
 # (presets/sglang-cpu-demo.yaml). Needs g++, cmake, patch and libnuma-dev (.ci/run installs them).
-demo-sglang: $(VENV)/.installed
-	$(BIN)/python tests/real_sglang.py --demo
+demo-sglang: $(VENV)/.installed-support
+	$(BIN)/python -m tuitune_support.real_sglang --demo
 	$(BIN)/tuitune demo --engine sglang
 
 test: $(VENV)/.installed-test
-	-$(BIN)/python tests/vllm_cli.py  # vLLM's real command line for tests/test_vllm_parser.py (once)
-	$(BIN)/python tests/real_vllm.py  # the real vLLM CPU engine and tiny models for tests/test_real_vllm.py (once)
-	$(BIN)/python tests/real_draft.py  # an EAGLE-3 head for SmolLM2, trained on the CPU once (about 13 minutes on 2 cores)
-	$(BIN)/python tests/real_sglang.py  # the real SGLang CPU engine (kernels built once) for tests/test_real_sglang.py
+	-$(BIN)/python -m tuitune_support.vllm_cli  # vLLM's real command line for tests/test_vllm_parser.py (once)
+	$(BIN)/python -m tuitune_support.real_vllm  # the real vLLM CPU engine and tiny models for tests/test_real_vllm.py (once)
+	$(BIN)/python -m tuitune_support.real_draft  # an EAGLE-3 head for SmolLM2, trained on the CPU once (about 13 minutes on 2 cores)
+	$(BIN)/python -m tuitune_support.real_sglang  # the real SGLang CPU engine (kernels built once) for tests/test_real_sglang.py
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --reruns 1 -rR --durations=25  # a failure is run once more (docs/testing.md); the slowest, for the suite's time
 
 screenshots: $(VENV)/.installed-test
@@ -62,4 +68,4 @@ bench: $(VENV)/.installed-test
 	for f in benchmarks/*.py; do $(BIN)/python $$f || exit 1; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .cache site
+	rm -rf $(VENV) build *.egg-info support/*.egg-info .pytest_cache .cache site

@@ -30,16 +30,15 @@ import argparse
 import asyncio
 import math
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from tuitune.experiments.ab import MIN_EFFECT, ab_design, stop_reason, verdict
+from tuitune.measure import stats
 
-from tuitune.experiments.ab import MIN_EFFECT, ab_design, stop_reason, verdict  # noqa: E402
-from tuitune.measure import stats  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+
 
 GAINS = (0.0, 0.02, 0.058)
 RULES = (("old rule, 4 rounds", 4, 4), ("fixed 4 rounds", 4, 4), ("fixed 8 rounds", 8, 8))
@@ -100,11 +99,10 @@ def noise_world(trials: int, spread: float, tails: str, min_effect: float) -> di
 
 
 async def sim_world(n: int, spread: float, max_tokens: int, requests: int, min_effect: float) -> tuple[dict, list]:
-    from conftest import make_preset
-
     from tuitune import preset as P
     from tuitune.experiments.ab import measured_spread, run_ab
     from tuitune.machine.transport import LocalTransport
+    from tuitune_support.presets import make_preset
 
     out: dict = {}
     spreads = []

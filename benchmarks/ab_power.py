@@ -17,13 +17,9 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from tuitune.experiments.ab import ab_design, detectable_effect  # noqa: E402
-from tuitune.measure import stats  # noqa: E402
+from tuitune.experiments.ab import ab_design, detectable_effect
+from tuitune.measure import stats
 
 DESIGNS = (
     ("fixed 4 rounds", 4, None),

@@ -3,7 +3,7 @@ advisor's acceptance model does not fit the measured per-position acceptance, fi
 how much it moved").
 
 Input: a folder of tune's own recorded launches of every chain length (``benchmarks/real_engine_launches.py``,
-e.g. tests/data/real-smollm2-eagle3-code-c1: SmolLM2-135M with the EAGLE-3 head tests/real_draft.py
+e.g. tests/data/real-smollm2-eagle3-code-c1: SmolLM2-135M with the EAGLE-3 head tuitune_support.real_draft
 trains, K = 1-8, on the real vLLM CPU build). The probe's accept-length histograms of each launch
 are real per-position acceptance.
 
@@ -23,12 +23,11 @@ import math
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from tuitune.decide.acceptance import _position_counts, fit_acceptance
+from tuitune.decide.launch import Config
+from tuitune.experiments.recorded import RecordedLaunches
 
-from tuitune.decide.acceptance import _position_counts, fit_acceptance  # noqa: E402
-from tuitune.decide.launch import Config  # noqa: E402
-from tuitune.experiments.recorded import RecordedLaunches  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def measured_tau(windows: list) -> float:

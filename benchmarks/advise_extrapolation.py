@@ -15,19 +15,16 @@ the model cannot see), and whether advise marked the ranking as extrapolated.
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 from pathlib import Path
 
+from tuitune.decide.launch import Config
+from tuitune.sim import model as S
+from tuitune_support import simtruth as AA  # the simulator's truth for a configuration
+from tuitune_support.captures import single_stream_capture, tuitune  # the test's capture, made the same way
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import advisor_accuracy as AA  # noqa: E402  (the simulator's truth for a configuration)
-from test_advise import single_stream_capture, tuitune  # noqa: E402  (the test's capture, made the same way)
-
-from tuitune.decide.launch import Config  # noqa: E402
-from tuitune.sim import model as S  # noqa: E402
 
 SPEEDUP = 20  # the capture's simulator clock (single_stream_capture): predictions are of it
 RUNNING = Config.chain(3)

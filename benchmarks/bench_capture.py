@@ -19,14 +19,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from tuitune import preset as P
+from tuitune.measure.capture import CaptureWriter
+from tuitune.measure.parse import parse_line
+from tuitune_support.presets import make_preset
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 
-from conftest import make_preset  # noqa: E402
-
-from tuitune import preset as P  # noqa: E402
-from tuitune.measure.capture import CaptureWriter  # noqa: E402
-from tuitune.measure.parse import parse_line  # noqa: E402
 
 LINES = [
     "[2026-11-29 16:02:11 TP0] EAGLE3_PROFILE v=1 cycles=40 bs=1 steps=2 topk=1 draft_tokens=3 draft_ms=0.401 "

@@ -17,19 +17,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 
+from tuitune.base.redact import Redactor
+from tuitune.engines import sglang
+from tuitune.measure import parse
+from tuitune.measure.parse import CHUNK, parse_line, parse_lines
+from tuitune_support.loglines import MAKERS, WEIGHTS, build
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
 
-from bench_parse import MAKERS, WEIGHTS, build  # noqa: E402
-
-from tuitune.base.redact import Redactor  # noqa: E402
-from tuitune.engines import sglang  # noqa: E402
-from tuitune.measure import parse  # noqa: E402
-from tuitune.measure.parse import CHUNK, parse_line, parse_lines  # noqa: E402
 
 EXACT = {  # the exact readers, as the parser calls them when a fast path refuses a line
     "profile": ("EAGLE3_PROFILE", lambda line, at: parse._profile(line, at, fast=False)),

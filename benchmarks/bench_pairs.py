@@ -3,8 +3,8 @@
     python benchmarks/bench_pairs.py PRESET [--pairs 12] [--max-tokens 128] [--url]
 
 PRESET names a server that is up (an OpenAI-API server, such as the real vLLM CPU engine of
-tests/real_vllm.py, launched with `tuitune launch PRESET`). Each pair is one `tuitune bench`
-command measuring one request (after one warm-up, as bench's own) and tests/stream_client.py
+tuitune_support.real_vllm, launched with `tuitune launch PRESET`). Each pair is one `tuitune bench`
+command measuring one request (after one warm-up, as bench's own) and tuitune_support.stream_client
 (plain http.client, a process of its own) measuring the same prompt after the same warm-up, the
 order flipping every pair, so that the machine's drift between the two is a few seconds at most.
 Prints the median of the paired decode-rate ratios (tuitune / independent) and every ratio. With
@@ -36,7 +36,6 @@ def main() -> None:
     if ns.preset is None:  # `make bench` runs every script bare: this one needs a server that is up
         print(f"{Path(__file__).name}: not run: it needs PRESET, a preset whose server is up (see its --help)")
         return
-    sys.path.insert(0, str(ROOT))
     from tuitune import preset as P
 
     p = P.load(ns.preset)
@@ -55,7 +54,7 @@ def main() -> None:
                 subprocess.run(cmd, cwd=ROOT, env=os.environ, capture_output=True, check=True)
                 got[who] = json.loads(out.read_text())["results"][0]["decode_tok_s"]
             else:
-                cmd = [sys.executable, str(ROOT / "tests" / "stream_client.py"), str(port), model]
+                cmd = [sys.executable, "-m", "tuitune_support.stream_client", str(port), model]
                 r = subprocess.run([*cmd, str(ns.max_tokens), prompts[0], prompts[1]], capture_output=True, text=True)
                 got[who] = json.loads(r.stdout)[0][0] if r.returncode == 0 else None
         if got["tuitune"] and got["independent"]:

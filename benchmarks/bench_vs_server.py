@@ -2,9 +2,9 @@
 
     python benchmarks/bench_vs_server.py PRESET [--rounds 2] [--requests 6] [--max-tokens 128]
 
-PRESET names a vLLM server that is up (such as the real vLLM CPU engine of tests/real_vllm.py,
+PRESET names a vLLM server that is up (such as the real vLLM CPU engine of tuitune_support.real_vllm,
 launched with `tuitune launch PRESET`). Each round runs a batch of `tuitune bench PRESET` (no
-warm-up) and a batch of tests/stream_client.py (plain http.client, a process of its own) on the same
+warm-up) and a batch of tuitune_support.stream_client (plain http.client, a process of its own) on the same
 prompts, in turn A B B A. Around each batch it reads vLLM's `/metrics` (prometheus_client's parser,
 not tuitune's scraper): the decode time of the batch's requests (request_decode_time_seconds, first
 token to last) and their generated tokens less one a request. A client's decode rate over its batch
@@ -37,10 +37,8 @@ def main() -> None:
     if ns.preset is None:  # `make bench` runs every script bare: this one needs a server that is up
         print(f"{Path(__file__).name}: not run: it needs PRESET, a preset whose server is up (see its --help)")
         return
-    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-    from stream_client import server_decode_clock as server_clock
-
     from tuitune import preset as P
+    from tuitune_support.stream_client import server_decode_clock as server_clock
 
     p = P.load(ns.preset)
     port, model = p.server.port, p.engine.served_model(p)
@@ -52,7 +50,7 @@ def main() -> None:
         for who in list(ratios) if rnd % 2 == 0 else list(ratios)[::-1]:
             before = server_clock(port)
             if who == "independent":
-                cmd = [sys.executable, str(ROOT / "tests" / "stream_client.py"), "--no-warmup", str(port), model]
+                cmd = [sys.executable, "-m", "tuitune_support.stream_client", "--no-warmup", str(port), model]
                 r = subprocess.run([*cmd, str(ns.max_tokens), *prompts], capture_output=True, text=True, check=True)
                 got = json.loads(r.stdout)
                 tokens, spans = sum(n - 1 for _, n, _ in got), sum(s for _, _, s in got)

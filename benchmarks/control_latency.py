@@ -18,16 +18,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from tuitune.machine.control import ServerControl
+from tuitune.machine.ssh import SshTarget
+from tuitune.machine.tail import LogTail
+from tuitune.machine.transport import LocalTransport, SshTransport
+from tuitune.measure.metrics import quantile
+from tuitune_support.presets import make_preset
+from tuitune_support.sshd import SshServer
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from conftest import SshServer, make_preset  # noqa: E402
-
-from tuitune.machine.control import ServerControl  # noqa: E402
-from tuitune.machine.ssh import SshTarget  # noqa: E402
-from tuitune.machine.tail import LogTail  # noqa: E402
-from tuitune.machine.transport import LocalTransport, SshTransport  # noqa: E402
-from tuitune.measure.metrics import quantile  # noqa: E402
 
 
 async def tail_latency(t, log: Path, n: int = 1000) -> list[float]:

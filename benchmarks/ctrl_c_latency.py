@@ -24,13 +24,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from tuitune import preset as P
+from tuitune.measure.capture import read_capture
+from tuitune_support.presets import make_preset
+from tuitune_support.procs import group_alive, wait_for
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 
-from conftest import group_alive, make_preset, wait_for  # noqa: E402
-
-from tuitune import preset as P  # noqa: E402
-from tuitune.measure.capture import read_capture  # noqa: E402
 
 SCENARIOS = {
     "record-relaunch": ({"sim-load-seconds": 60, "sim-speedup": 1}, ["--relaunch"]),

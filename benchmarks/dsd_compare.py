@@ -2,7 +2,7 @@
 --emit vllm-dsd``, against the alternatives, on the real vLLM CPU engine at a load that alternates
 between 1 and 16 concurrent streams.
 
-World: the real vLLM 0.32.0 CPU build (tests/real_vllm.py), a tiny random-weight Llama (hidden
+World: the real vLLM 0.32.0 CPU build (tuitune_support.real_vllm), a tiny random-weight Llama (hidden
 512, 8 layers), ngram speculation (prompt lookup 1-3: a random model soon repeats itself, so ngram's
 acceptance is real; EAGLE-3 with a random draft accepts nothing, so it cannot show a schedule's
 worth), ``--enforce-eager``, ``LD_PRELOAD`` of the venv's Intel OpenMP for every arm (without it
@@ -55,14 +55,14 @@ import threading
 import time
 from pathlib import Path
 
+import yaml
+
+from tuitune.engines import vllm as V
+from tuitune_support import real_vllm
+from tuitune_support.ports import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 
-import real_vllm  # noqa: E402
-import yaml  # noqa: E402
-from conftest import free_port  # noqa: E402
-
-from tuitune.engines import vllm as V  # noqa: E402
 
 HOME = Path(tempfile.mkdtemp(prefix="tuitune-dsd-"))
 PROMPTS = json.loads((ROOT / "tuitune" / "data" / "prompts.json").read_text())

@@ -12,18 +12,16 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from tuitune.machine.session import Session
+from tuitune.measure.metrics import quantile
+from tuitune_support.presets import make_preset
+from tuitune_support.sshd import SshServer
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from conftest import SshServer, make_preset  # noqa: E402
-
-from tuitune.machine.session import Session  # noqa: E402
-from tuitune.measure.metrics import quantile  # noqa: E402
 
 
 async def detection_times(tmp: Path, target, n: int = 10) -> list[float]:

@@ -1,5 +1,5 @@
 """The one-stream control of benchmarks/real_engine_grid.py, alone: two speculation-off servers of the
-real vLLM CPU engine (tests/real_vllm.py), one stream, 128-token waves from the grid's independent
+real vLLM CPU engine (tuitune_support.real_vllm), one stream, 128-token waves from the grid's independent
 client; each server's waves alone (the other idle, then SIGSTOPped), then off against off paired
 R X R X … as the grid pairs them, plain and with the idle server SIGSTOPped. World: the real engine
 on the machine it runs on (read the load: other work on the cores widens every spread).
@@ -14,14 +14,14 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 if "--run" not in sys.argv[1:]:  # two engine launches and ten minutes: asked for, never by default
     print(f"{Path(__file__).name}: not run: pass --run (two real-engine launches, about ten minutes)")
     sys.exit(0)
 
-import real_engine_grid as G  # noqa: E402
-import real_vllm  # noqa: E402
-from conftest import free_port  # noqa: E402
+import real_engine_grid as G
+
+from tuitune_support import real_vllm
+from tuitune_support.ports import free_port
 
 WAVES, PAIRS, TOKENS = 16, 12, 128
 

@@ -21,20 +21,17 @@ import argparse
 import asyncio
 import random
 import re
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from tuitune.base import redact
+from tuitune.machine.session import Session
+from tuitune.machine.tail import LogTail
+from tuitune.measure.parse import parse_line, parse_lines, parse_many
+from tuitune_support.presets import make_preset
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from conftest import make_preset  # noqa: E402
-
-from tuitune.base import redact  # noqa: E402
-from tuitune.machine.session import Session  # noqa: E402
-from tuitune.machine.tail import LogTail  # noqa: E402
-from tuitune.measure.parse import parse_line, parse_lines, parse_many  # noqa: E402
 
 
 def lines(n: int) -> dict[str, str]:

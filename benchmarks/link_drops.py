@@ -27,21 +27,19 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from tuitune.experiments.record import record
+from tuitune.machine.control import ServerControl
+from tuitune.machine.session import Session
+from tuitune.machine.ssh import SshTarget
+from tuitune.machine.transport import SshTransport
+from tuitune_support.presets import make_preset
+from tuitune_support.sshd import SshServer
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from conftest import SshServer, make_preset  # noqa: E402
-
-from tuitune.experiments.record import record  # noqa: E402
-from tuitune.machine.control import ServerControl  # noqa: E402
-from tuitune.machine.session import Session  # noqa: E402
-from tuitune.machine.ssh import SshTarget  # noqa: E402
-from tuitune.machine.transport import SshTransport  # noqa: E402
 
 
 def drop(sshd: SshServer, stop_listener: bool) -> None:

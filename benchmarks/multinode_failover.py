@@ -11,19 +11,17 @@ import argparse
 import asyncio
 import os
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from tuitune import preset as P
+from tuitune.machine.session import Session
+from tuitune.measure.metrics import quantile
+from tuitune_support.ports import free_port
+from tuitune_support.procs import sim_pids
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from conftest import free_port, sim_pids  # noqa: E402
-
-from tuitune import preset as P  # noqa: E402
-from tuitune.machine.session import Session  # noqa: E402
-from tuitune.measure.metrics import quantile  # noqa: E402
 
 
 def two_nodes(tmp: Path) -> P.Preset:

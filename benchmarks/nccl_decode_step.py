@@ -49,10 +49,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from tuitune.decide import ncclstep as NS
 
-from tuitune.decide import ncclstep as NS  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+
 
 WORKER = ROOT / "tuitune" / "machine" / "remote" / "nccl_worker.py"
 # NVLink multicast can put a shared host's GPUs out of service: always off, in every process

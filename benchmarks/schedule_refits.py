@@ -25,14 +25,12 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import dsd_compare as D
 
-import dsd_compare as D  # noqa: E402  (its tune + emit step, its presets and engine settings)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def grid_truth(paths: list[str]) -> dict[int, dict[int, float]]:

@@ -18,11 +18,10 @@ import argparse
 import asyncio
 import sys
 
-from simproc import running_sim
-
 from tuitune.measure.bench import run_bench
 from tuitune.measure.benchconfig import BenchConfig
 from tuitune.sim import model as M
+from tuitune_support.simproc import running_sim
 
 PAPER = {2: 1.81, 4: 1.82, 8: 1.62, 16: 1.48, 24: 1.39, 32: 1.32, 48: 1.38, 56: 1.34, 64: 1.38}
 H200_TARGET = {

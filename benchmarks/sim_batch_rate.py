@@ -17,10 +17,9 @@ import argparse
 import asyncio
 import sys
 
-from simproc import running_sim
-
 from tuitune.measure.bench import run_bench
 from tuitune.measure.benchconfig import BenchConfig
+from tuitune_support.simproc import running_sim
 
 SPEEDUPS = (0.125, 0.25, 0.5, 1, 2, 4)
 

@@ -15,11 +15,10 @@ import sys
 import tempfile
 from statistics import mean
 
-from simproc import running_sim
-
 from tuitune.measure.bench import run_bench
 from tuitune.measure.benchconfig import BenchConfig
 from tuitune.measure.parse import parse_line
+from tuitune_support.simproc import running_sim
 
 TUNED = {
     "NCCL_PROTO": "LL",

@@ -30,9 +30,9 @@ import sys
 import time
 
 import aiohttp
-from simproc import running_sim
 
 from tuitune.sim import model as M
+from tuitune_support.simproc import running_sim
 
 CHAIN3 = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d"]
 CHAIN3 += ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]

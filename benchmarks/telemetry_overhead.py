@@ -18,15 +18,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from tuitune.base.events import GpuSample
+from tuitune.machine.ssh import SshTarget
+from tuitune.machine.telemetry import Collector, command_prefix
+from tuitune.machine.transport import SshTransport
+from tuitune_support.sshd import SshServer
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 
-from conftest import SshServer  # noqa: E402
-
-from tuitune.base.events import GpuSample  # noqa: E402
-from tuitune.machine.ssh import SshTarget  # noqa: E402
-from tuitune.machine.telemetry import Collector, command_prefix  # noqa: E402
-from tuitune.machine.transport import SshTransport  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 

@@ -21,12 +21,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tuitune import preset as P
+from tuitune_support.presets import make_preset
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from conftest import make_preset  # noqa: E402
-
-from tuitune import preset as P  # noqa: E402
 
 
 def tuitune(*args: str) -> None:

@@ -14,21 +14,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from textual import events
+
+from tuitune.machine.session import Session
+from tuitune.measure.metrics import quantile
+from tuitune.tui.app import TuituneApp
+from tuitune.tui.settings import UserConfig
+from tuitune_support.presets import make_preset
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from conftest import make_preset  # noqa: E402
-from textual import events  # noqa: E402
-
-from tuitune.machine.session import Session  # noqa: E402
-from tuitune.measure.metrics import quantile  # noqa: E402
-from tuitune.tui.app import TuituneApp  # noqa: E402
-from tuitune.tui.settings import UserConfig  # noqa: E402
 
 
 async def main(seconds: float) -> None:

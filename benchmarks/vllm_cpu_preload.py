@@ -1,10 +1,10 @@
 """Does vLLM's CPU build speculate faster with Intel OpenMP preloaded? Its worker warns at start-up,
 when speculation is on and ``libiomp`` is not in ``LD_PRELOAD``: "Speculative decoding on CPU without
 Intel OpenMP in LD_PRELOAD will cause significant performance loss" (vLLM 0.32,
-``vllm/v1/worker/cpu_worker.py``). The venv tests/real_vllm.py builds ships ``lib/libiomp5.so``.
+``vllm/v1/worker/cpu_worker.py``). The venv tuitune_support.real_vllm builds ships ``lib/libiomp5.so``.
 
-World: the real vLLM 0.32.0 CPU build serving SmolLM2-135M-Instruct (tests/real_vllm.py) with the
-suite's environment (``OMP_NUM_THREADS=1``), the EAGLE-3 head tests/real_draft.py trains (checkpoint
+World: the real vLLM 0.32.0 CPU build serving SmolLM2-135M-Instruct (tuitune_support.real_vllm) with the
+suite's environment (``OMP_NUM_THREADS=1``), the EAGLE-3 head tuitune_support.real_draft trains (checkpoint
 ``final``), the code workload through the chat API, 96 tokens a request. Each configuration (off,
 EAGLE-3 K=1, K=3) is launched by `tuitune launch` without and then with ``LD_PRELOAD`` set to that
 library, and measured by benchmarks/real_engine_grid.py's own client: one warm-up request, four
@@ -20,12 +20,11 @@ import statistics
 import sys
 from pathlib import Path
 
+import real_engine_grid as G
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import real_engine_grid as G  # noqa: E402
 
 IOMP = G.real_vllm.HOME / "lib" / "libiomp5.so"
 
@@ -37,7 +36,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=96)
     a = ap.parse_args()
     if not IOMP.is_file():
-        sys.exit(f"{IOMP} is missing: build the engine first (python tests/real_vllm.py)")
+        sys.exit(f"{IOMP} is missing: build the engine first (python -m tuitune_support.real_vllm)")
     G.set_world("smollm2", "chat", a.draft, "1,3", ROOT / "tests" / "data" / "workloads" / "code.txt", eagle=True)
     print(f"world: {G.world_name()}")
     model = str(G.model_path())

@@ -10,7 +10,7 @@ warmup model) took", and the API server's first line to "Starting vLLM server" (
 vLLM stamps its lines to the second, so each phase is +/- 1 s; the imports before the first line
 are not in the log (``tuitune launch``'s "ready in", printed by benchmarks/real_vllm.py, holds
 them). Then the size on disk (blocks allocated) of the engine's venv and of the tiny models under
-``.cache/`` (``tests/real_vllm.py`` builds them).
+``.cache/`` (``tuitune_support.real_vllm`` builds them).
 
 ``--help-all``: also times ``vllm serve --help=all`` once (wall-clock and CPU time), what
 ``tuitune launch``'s preflight asks the engine before launching it (it imports vLLM).
@@ -125,7 +125,7 @@ def main() -> None:
             n = size(p.resolve())
             print(f".cache/{name}: {n / 1e9:.2f} GB ({n / 2**30:.2f} GiB, as du -h counts) on disk")
         else:
-            print(f".cache/{name}: not built (python tests/real_vllm.py builds it)")
+            print(f".cache/{name}: not built (python -m tuitune_support.real_vllm builds it)")
 
 
 if __name__ == "__main__":

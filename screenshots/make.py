@@ -15,33 +15,18 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # the checkout's tuitune, as `make` runs it
-
-from tuitune import preset as P  # noqa: E402
-from tuitune.machine.session import Session  # noqa: E402
-from tuitune.tui.app import TuituneApp  # noqa: E402
-from tuitune.tui.screens import ConfirmScreen, RelaunchScreen  # noqa: E402
-from tuitune.tui.settings import UserConfig  # noqa: E402
-
-SIZES = ((140, 44), (120, 40), (80, 24))  # 120×40 is what most users have; 80×24 must still work
-SCENES = ("main", "relaunch", "advisor", "runs", "help", "config", "gpus", "failure")
-
-
-def file_name(scene: str, size: tuple[int, int]) -> str:
-    return f"{scene}.svg" if size == SIZES[0] else f"{scene}-{size[0]}x{size[1]}.svg"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tuitune import preset as P
+from tuitune.machine.session import Session
+from tuitune.tui.app import TuituneApp
+from tuitune.tui.screens import ConfirmScreen, RelaunchScreen
+from tuitune.tui.settings import UserConfig
+from tuitune_support.ports import free_port
+from tuitune_support.scenes import SIZES, file_name
 
 
 async def until(pilot, cond, timeout: float, what: str) -> None:

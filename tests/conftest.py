@@ -1,4 +1,7 @@
-"""Shared fixtures: free ports, the simulator as a real subprocess, a real OpenSSH sshd."""
+"""The suite's hooks (the CPU gate, xdist groups, reruns' first failures) and its fixtures: the
+simulator as a real subprocess, a real OpenSSH sshd, a release's wheel. The fixtures are thin: what
+they start and the helpers the test modules import live in the support package (support/,
+``tuitune_support``)."""
 
 from __future__ import annotations
 
@@ -7,24 +10,20 @@ import fcntl
 import os
 import shutil
 import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 import warnings
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
+from tuitune_support.procs import sim_pids
+from tuitune_support.registry import pip_download
+from tuitune_support.simproc import Sim
+from tuitune_support.sshd import SshServer
 
 # `make test` runs the suite on two pytest-xdist workers with `--dist loadgroup`. Tests that share one
 # downloaded or built wheel or environment (a module- or session-scoped fixture) are sent to the same
 # worker: it is then fetched once, and never built twice at once in the tree (`pip wheel` in ./build,
-# tests/vllm_cli.py in .cache/).
+# tuitune_support/vllm_cli.py in .cache/).
 SHARED_FIXTURES = {
     "installed": "built-wheel",
     "src": "vllm-wheel",
@@ -185,128 +184,6 @@ def pytest_fixture_setup(fixturedef, request):
         yield
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_status(url: str, timeout: float = 2.0) -> int | None:
-    """HTTP status of a GET, or None when nothing listens."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return None
-
-
-def wait_for(cond, timeout: float = 15.0, interval: float = 0.05, what: str = "condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-async def until(pilot, cond, timeout: float = 20.0, what: str = "condition"):
-    """A Pilot test's wait: the app runs (pauses of 50 ms) until cond() holds, on the clock."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def wait_or_dump(proc: subprocess.Popen, timeout: float, what: str = "tuitune") -> int:
-    """``proc.wait(timeout)``; past it, the process is asked where it waits (SIGUSR1: tuitune prints
-    its threads and asyncio tasks on stderr), then killed, and the failure shows that answer."""
-    try:
-        return proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        pass
-    _dump_and_kill(proc, what, timeout)
-
-
-def run_dumped(args: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
-    """``subprocess.run(args, capture_output=True, text=True, timeout=...)``, but a process that
-    outlives the timeout says where it waits before it is killed (``wait_or_dump``)."""
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        out = None
-    if out is None:
-        _dump_and_kill(proc, " ".join(str(a) for a in args[2:5]), timeout)
-    return subprocess.CompletedProcess(args, proc.returncode, out, err)
-
-
-def tuitune_cmd(*args: str, env: dict | None = None) -> tuple[list[str], dict[str, str]]:
-    """The command line and environment of `python -m tuitune ARGS` from the checkout, with ``env``
-    over this environment (for a test that drives the process itself; run it with ``cwd=ROOT``)."""
-    return [sys.executable, "-m", "tuitune", *args], {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-
-
-def tuitune_cli(*args: str, env: dict | None = None, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
-    """`python -m tuitune ARGS` (``tuitune_cmd``); one that outlives ``timeout`` says where it
-    waited (``run_dumped``)."""
-    argv, full = tuitune_cmd(*args, env=env)
-    return run_dumped(argv, timeout, env=full, cwd=ROOT, **kw)
-
-
-def _dump_and_kill(proc: subprocess.Popen, what: str, timeout: float):
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGUSR1)
-    time.sleep(2)
-    proc.kill()
-    _, err = proc.communicate(timeout=10)
-    err = err.decode("utf-8", "replace") if isinstance(err, bytes) else (err or "")
-    raise AssertionError(f"{what} still running after {timeout:.0f} s; where it waited:\n{err[-12000:]}")
-
-
-class Sim:
-    """``python -m tuitune.sim`` as a subprocess, its log in a file."""
-
-    def __init__(self, tmp: Path, args: list[str], env: dict[str, str] | None = None):
-        self.port = free_port()
-        self.log = tmp / f"sim-{self.port}.log"
-        self.url = f"http://127.0.0.1:{self.port}"
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
-        full_env.update(env or {})
-        self.args = ["--port", str(self.port), *args]
-        with open(self.log, "wb") as f:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tuitune.sim", *self.args],
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                env=full_env,
-                start_new_session=True,
-            )
-
-    def text(self) -> str:
-        return self.log.read_bytes().decode("utf-8", "replace")
-
-    def wait_ready(self, timeout: float = 20.0) -> None:
-        wait_for(
-            lambda: http_status(self.url + "/health") == 200 or self.proc.poll() is not None,
-            timeout,
-            what="sim /health 200",
-        )
-        assert self.proc.poll() is None, f"sim exited: {self.text()[-2000:]}"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.proc.wait(5)
-
-
 @pytest.fixture
 def sim_factory(tmp_path):
     sims: list[Sim] = []
@@ -319,35 +196,6 @@ def sim_factory(tmp_path):
     yield make
     for s in sims:
         s.stop()
-
-
-def pip_download(dest: Path, requirement: str) -> Path:
-    """One release's wheel from the package registry into ``dest`` (no dependencies, for Python
-    3.11). The test skips only when the registry's index does not answer (tests/registry.py); any
-    other pip failure (no such release, a bad wheel, a full disk) raises and fails the test."""
-    import registry
-
-    try:
-        registry.pip(
-            Path(sys.executable),
-            "download",
-            "-q",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--python-version",
-            "3.11",
-            "-d",
-            str(dest),
-            requirement,
-            timeout=600,
-        )
-    except registry.Unreachable as e:
-        pytest.skip(f"the package registry is not reachable here: {e}")
-    name = requirement.split("=")[0].replace("-", "_")
-    wheels = sorted(dest.glob(f"{name}-*.whl"))
-    if not wheels:
-        raise RuntimeError(f"pip download {requirement} succeeded but left no wheel in {dest}")
-    return wheels[0]
 
 
 @pytest.fixture(scope="session")
@@ -367,120 +215,6 @@ def sglang_release(tmp_path_factory) -> Path:
     return tmp / "site" / "sglang"
 
 
-SPEC2 = [
-    "--speculative-algorithm",
-    "EAGLE3",
-    "--speculative-draft-model-path",
-    "/d",
-    "--speculative-num-steps",
-    "2",
-    "--speculative-eagle-topk",
-    "1",
-]
-SEED_ARGS = [
-    "--tp-size",
-    "8",
-    "--mem-fraction-static",
-    "0.88",
-    "--num-continuous-decode-steps",
-    "4",
-    "--disable-custom-all-reduce",
-]
-TUNED_NCCL = {
-    "NCCL_PROTO": "LL",
-    "NCCL_ALGO": "Ring",
-    "NCCL_P2P_LEVEL": "SYS",
-    "NCCL_MAX_NCHANNELS": "16",
-    "NCCL_BUFFSIZE": "16777216",
-    "NCCL_NTHREADS": "512",
-}
-
-
-# ---- a real OpenSSH sshd on loopback (TESTING.md recipe) ------------------------------------------
-
-
-class SshServer:
-    def __init__(self, root: Path):
-        import asyncssh
-
-        self.root = root
-        self.port = free_port()
-        host_key = asyncssh.generate_private_key("ssh-ed25519")
-        self.host_key_path = root / "host_key"
-        self.host_key_path.write_bytes(host_key.export_private_key())
-        os.chmod(self.host_key_path, 0o600)
-        self.host_public = host_key.export_public_key().decode().strip()
-        client_key = asyncssh.generate_private_key("ssh-ed25519")
-        self.client_key_path = root / "id_ed25519"
-        self.client_key_path.write_bytes(client_key.export_private_key())
-        os.chmod(self.client_key_path, 0o600)
-        (root / "authorized_keys").write_bytes(client_key.export_public_key())
-        self.known_hosts = root / "known_hosts"
-        self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {self.host_public}\n")
-        self.config = root / "sshd_config"
-        self.config.write_text(
-            "\n".join(
-                [
-                    f"Port {self.port}",
-                    "ListenAddress 127.0.0.1",
-                    f"HostKey {self.host_key_path}",
-                    f"PidFile {root / 'sshd.pid'}",
-                    f"AuthorizedKeysFile {root / 'authorized_keys'}",
-                    "PermitRootLogin prohibit-password",
-                    "PasswordAuthentication no",
-                    "KbdInteractiveAuthentication no",
-                    "UsePAM no",
-                    "StrictModes no",
-                    "AllowTcpForwarding yes",
-                    "Subsystem sftp internal-sftp",
-                    "MaxStartups 100:30:200",
-                    "LogLevel ERROR",
-                    "",
-                ]
-            )
-        )
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        Path("/run/sshd").mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            ["/usr/sbin/sshd", "-D", "-e", "-f", str(self.config)],
-            stdout=subprocess.DEVNULL,
-            stderr=open(self.root / "sshd.err", "ab"),
-        )
-        wait_for(self._accepts, 10, what="sshd to accept TCP")
-
-    def _accepts(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                return True
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(5)
-
-    def kill_connections(self) -> None:
-        """Kill the per-connection sshd children (the link drops; the listener stays)."""
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
-        for pid in out.split():
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def target(self) -> dict:
-        return {
-            "host": "127.0.0.1",
-            "port": self.port,
-            "user": "root",
-            "identity_file": str(self.client_key_path),
-            "known_hosts": str(self.known_hosts),
-        }
-
-
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory):
     if not Path("/usr/sbin/sshd").exists() or shutil.which("ssh") is None:
@@ -489,134 +223,6 @@ def sshd(tmp_path_factory):
     server.start()
     yield server
     server.stop()
-
-
-def collect_says(app) -> list[str]:
-    """Every message the app says from now on (``app.say`` still shows them), in order."""
-    said: list[str] = []
-    real_say = app.say
-
-    def say(msg, *a, **kw):
-        said.append(msg)
-        return real_say(msg, *a, **kw)
-
-    app.say = say
-    return said
-
-
-def sim_argv(port: int, steps: int = 2) -> list[str]:
-    """The simulator's command line as a person types it: EAGLE-3 with ``steps`` steps (no draft
-    token count: SGLang derives it), fast (a 0.3 s load, ten times the modelled speed)."""
-    return [
-        *(sys.executable, "-m", "tuitune.sim", "--model-path", "/m/llama", "--port", str(port), "--tp-size", "2"),
-        *("--sim-speedup", "10", "--sim-load-seconds", "0.3", "--decode-log-interval", "10"),
-        *("--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/d"),
-        *("--speculative-num-steps", str(steps), "--speculative-eagle-topk", "1"),
-    ]
-
-
-class HandServer:
-    """A server started as a person starts one (`cd DIR; VAR=… nohup python -m … > LOG 2>&1 &`): a
-    plain child of the test, no tuitune state; ``log`` None: its output into a pipe (a supervisor's).
-    Ready when ``port`` answers /health. ``group``: it leads a process group of its own (a shell's
-    background job; an engine's workers go with it when it stops)."""
-
-    def __init__(
-        self, argv: list[str], port: int, env: dict, log: Path | None, cwd=None, timeout: float = 30, group=False
-    ):
-        self.port, self.log, self.group = port, log, group
-        out = log.open("ab") if log else subprocess.PIPE
-        try:
-            self.proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=group
-            )
-        finally:
-            if log:
-                out.close()
-        url = f"http://127.0.0.1:{port}/health"
-        wait_for(lambda: http_status(url) == 200 or self.proc.poll() is not None, timeout, what=f"`{argv[2]}` by hand")
-        assert self.proc.poll() is None, log.read_text()[-2000:] if log else "exited"
-
-    def stop(self) -> None:
-        if self.group:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        elif self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
-
-
-def make_preset(
-    tmp: Path,
-    name: str = "t",
-    target=None,
-    args: dict | None = None,
-    env: dict | None = None,
-    spec_steps: int | None = 2,
-    port: int | None = None,
-    profile: bool = True,
-    **bench,
-):
-    """A simulator preset that starts in a fraction of a second, its log under ``tmp``."""
-    from tuitune import preset as P
-
-    data = {
-        "name": name,
-        "target": target or "local",
-        "server": {
-            "python": sys.executable,
-            "module": "tuitune.sim",
-            "log": str(tmp / f"{name}.log"),
-            "port": port or free_port(),
-            "args": {
-                "sim-load-seconds": 0.3,
-                "sim-speedup": 10,
-                "decode-log-interval": 10,
-                "tp-size": 2,
-                **(args or {}),
-            },
-        },
-        "env": env or {},
-        "profile": profile,
-        "bench": {"requests": 3, "warmup": 0, "max_tokens": 60, **bench},
-    }
-    if spec_steps:
-        data["speculative"] = {
-            "algorithm": "EAGLE3",
-            "draft_model_path": "/d",
-            "num_steps": spec_steps,
-            "eagle_topk": 1,
-        }
-    return P.from_dict(data)
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether any non-zombie process of this process group is left."""
-    out = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split()
-    for pid in out:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != "Z":
-            return True
-    return False
-
-
-def sim_pids(base: str) -> list[int]:
-    """Simulator processes whose output goes to a file under ``base``."""
-    out = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes()
-            fd1 = os.readlink(proc / "fd" / "1")
-        except OSError:
-            continue
-        if b"tuitune.sim" in cmd and fd1.startswith(base):
-            out.append(int(proc.name))
-    return out
 
 
 @pytest.fixture(scope="session", autouse=True)

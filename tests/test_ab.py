@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import free_port
 
 from tuitune import preset as P
 from tuitune.experiments.ab import detectable_effect, power_note, run_ab, verdict
 from tuitune.machine.transport import LocalTransport
+from tuitune_support.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import free_port, make_preset
 
 from tuitune import preset as P
 from tuitune.experiments.ab import (
@@ -28,6 +27,8 @@ from tuitune.experiments.ab import (
     verdict,
 )
 from tuitune.measure import stats
+from tuitune_support.ports import free_port
+from tuitune_support.presets import make_preset
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import HandServer, collect_says, make_preset, tuitune_cli, until
 
 from tuitune import preset as P
 from tuitune.base.events import DecodeStats, ProfileWindow
@@ -19,6 +18,9 @@ from tuitune.machine.transport import LocalTransport
 from tuitune.measure.capture import read_capture
 from tuitune.tui.app import TuituneApp
 from tuitune.tui.settings import UserConfig
+from tuitune_support.pilot import collect_says, until
+from tuitune_support.presets import make_preset
+from tuitune_support.procs import HandServer, tuitune_cli
 
 NOT_OURS = "running, not started by tuitune: attach read-only, or `tuitune adopt"
 REFUSED = "in use by a server tuitune did not start"

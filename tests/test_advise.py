@@ -5,14 +5,10 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import free_port
 
 from tuitune import preset as P
 from tuitune.decide import advise as A
@@ -21,11 +17,12 @@ from tuitune.decide.costmodel import fit
 from tuitune.decide.launch import OFF, Config, Launch
 from tuitune.engines import sglang
 from tuitune.sim import model as S
+from tuitune_support import simtruth as AA  # the simulator's truth (sim_dict, truth) for the sim-process tests
+from tuitune_support import worlds as W  # worlds whose physics the model does not share
+from tuitune_support.captures import single_stream_capture, tuitune
+from tuitune_support.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import advisor_accuracy as AA  # noqa: E402  the simulator's truth (sim_dict, truth) for the sim-process tests
-import advisor_worlds as W  # noqa: E402  worlds whose physics the model does not share
 
 
 def world(**kw) -> W.World:
@@ -272,17 +269,6 @@ def sim_preset(tmp: Path, name: str = "sim-c4-eagle3-2step-nccl") -> Path:
         },
     )
     return P.save(p, tmp / "p.yaml")
-
-
-def tuitune(tmp: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tuitune", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=timeout,
-        env={**os.environ, "HOME": str(tmp)},
-    )
 
 
 @pytest.mark.sim_clock  # its final A/B's verdict off the simulator's clock
@@ -552,31 +538,6 @@ def test_tune_nccl_screens_then_keeps_the_variable_that_wins(tmp_path):
 
 
 # ---- a ranking that rests on extrapolation says so ---------------------------------------------
-
-
-def single_stream_capture(tmp: Path) -> Path:
-    """One launch of the simulator's h100-llama8b (EAGLE-3, chain of 3) benchmarked at one stream
-    only, recorded by `tune --budget 0` as a capture: the issue's single-stream case."""
-    p = P.with_changes(
-        P.resolve("sim-h100-llama8b-eagle3"),
-        {
-            "server.log": str(tmp / "sim.log"),
-            "server.port": free_port(),
-            "server.args.sim-speedup": 20,
-            "server.args.sim-load-seconds": 0.2,
-            "server.args.decode-log-interval": 10,
-            "bench.requests": 4,
-            "bench.warmup": 0,
-            "bench.max_tokens": 120,
-        },
-    )
-    preset = P.save(p, tmp / "h100.yaml")
-    r = tuitune(
-        tmp, "tune", str(preset), "--budget", "0", "--concurrency", "1", "--levels", "1", "--out", str(tmp / "o")
-    )
-    assert r.returncode == 0, r.stderr + r.stdout
-    (capture,) = (tmp / "o" / "captures").glob("*.jsonl*")
-    return capture
 
 
 def test_advise_from_a_single_stream_capture_says_the_ranking_is_extrapolated(tmp_path):

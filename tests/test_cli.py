@@ -167,12 +167,11 @@ def test_demo_port_option_is_checked():
 def spent_search(tmp_path: Path, **preset_kw) -> tuple[object, Path, Path]:
     """A simulator preset and a tune log of an earlier search whose budget is spent (for `--resume`):
     speculation off measured twice as fast as the start. (preset, its file, the --out folder)"""
-    from conftest import make_preset
-
     from tuitune import preset as P
     from tuitune.decide.launch import OFF
     from tuitune.experiments.tuneloop import config_of
     from tuitune.measure.capture import CaptureWriter
+    from tuitune_support.presets import make_preset
 
     base = make_preset(tmp_path, **preset_kw)
     path = P.save(base, tmp_path / "p.yaml")
@@ -255,7 +254,7 @@ def test_preset_validate_without_arguments_checks_every_preset_and_the_shipped_o
 
 
 def test_preset_list_says_where_each_preset_runs_and_whether_it_can_run_here(tmp_path, sshd):
-    from conftest import free_port
+    from tuitune_support.ports import free_port
 
     env = {"XDG_CONFIG_HOME": str(tmp_path)}
     mine = tmp_path / "tuitune" / "presets"
@@ -287,9 +286,8 @@ def test_preset_list_says_where_each_preset_runs_and_whether_it_can_run_here(tmp
 
 
 def test_the_nccl_debug_note_is_for_a_real_server_and_said_once(tmp_path, capsys):
-    from conftest import make_preset
-
     from tuitune.commands.server import _print_nccl
+    from tuitune_support.presets import make_preset
 
     sim = make_preset(tmp_path, "s", env={"NCCL_PROTO": "LL"})
     _print_nccl(sim, {})

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import free_port
 
 from tuitune import preset as P
 from tuitune.measure.bench import run_bench
 from tuitune.measure.benchconfig import BenchConfig
 from tuitune.measure.parse import parse_line
 from tuitune.sim import model as M
+from tuitune_support.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.sim_clock  # goodput curves and crossovers off the simulator's clock

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import group_alive, make_preset, wait_for
 
 from tuitune import preset as P
 from tuitune.machine.control import ServerControl
@@ -22,6 +21,8 @@ from tuitune.machine.record import compute_drift
 from tuitune.machine.ssh import SshTarget
 from tuitune.machine.tail import LogTail
 from tuitune.machine.transport import LocalTransport, SshTransport, TransportError
+from tuitune_support.presets import make_preset
+from tuitune_support.procs import group_alive, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -529,7 +530,7 @@ async def test_changed_host_key_refused_loudly(sshd, tmp_path):
 
 
 async def test_dead_target_is_one_sentence(tmp_path):
-    from conftest import free_port
+    from tuitune_support.ports import free_port
 
     t = SshTransport(SshTarget("127.0.0.1", free_port(), "root", None, None), connect_timeout=3)
     with pytest.raises(TransportError, match="cannot connect"):

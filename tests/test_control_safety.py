@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import group_alive, make_preset, tuitune_cli, wait_for
 
 from tuitune import preset as P
 from tuitune.experiments import ncclbench as NB
@@ -23,6 +22,8 @@ from tuitune.machine.errors import ControlError
 from tuitune.machine.ssh import SshTarget
 from tuitune.machine.tail import LogTail, file_size
 from tuitune.machine.transport import LocalTransport, SshTransport
+from tuitune_support.presets import make_preset
+from tuitune_support.procs import group_alive, tuitune_cli, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 

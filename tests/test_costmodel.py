@@ -8,7 +8,6 @@ import asyncio
 import dataclasses
 import itertools
 import random
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,11 +15,9 @@ import pytest
 from tuitune.decide import advise as A
 from tuitune.decide.costmodel import fit
 from tuitune.decide.fitting import Cell, fit_monotone, pav
-from tuitune.decide.launch import OFF, Config
+from tuitune_support import worlds as W  # the out-of-family worlds
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import advisor_worlds as W  # noqa: E402  the out-of-family worlds
 
 H200 = W.Table(W.FACTS_H200_TARGET)  # the real H200 forward (FACTS §6): flat, then tile steps
 

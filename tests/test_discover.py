@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, HandServer, collect_says, free_port, sim_argv, tuitune_cli, until
 
 from tuitune import preset as P
 from tuitune.base.events import DecodeStats, ProfileWindow
@@ -23,6 +22,11 @@ from tuitune.measure.capture import read_capture
 from tuitune.preset.discovered import from_process
 from tuitune.tui.app import TuituneApp
 from tuitune.tui.settings import UserConfig
+from tuitune_support.paths import ROOT
+from tuitune_support.pilot import collect_says, until
+from tuitune_support.ports import free_port
+from tuitune_support.procs import HandServer, tuitune_cli
+from tuitune_support.simproc import sim_argv
 
 PRESETS = sorted((ROOT / "tuitune" / "presets").glob("*.yaml"))
 

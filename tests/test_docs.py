@@ -237,7 +237,7 @@ def _page_commands(page: Path, heading: str) -> list[str]:
 
 
 def test_preset_show_yaml_round_trips_through_validate(tmp_path):
-    from conftest import tuitune_cli
+    from tuitune_support.procs import tuitune_cli
 
     r = tuitune_cli("preset", "show", "c4-eagle3-2step-nccl", "--yaml")
     assert r.returncode == 0, r.stderr
@@ -255,7 +255,9 @@ def test_your_server_pages_first_five_commands_run_against_sshd(sshd, tmp_path):
     view as a headless recording of the same stream."""
     import shlex
 
-    from conftest import free_port, http_status, make_preset, tuitune_cli, wait_for
+    from tuitune_support.ports import free_port, http_status
+    from tuitune_support.presets import make_preset
+    from tuitune_support.procs import tuitune_cli, wait_for
 
     commands = _page_commands(DOCS / "your-server.md", "The first five commands")
     assert len(commands) == 5 and all(c.startswith("tuitune ") for c in commands), commands
@@ -301,7 +303,10 @@ def test_your_server_pages_commands_without_a_preset_run_against_sshd(sshd, tmp_
     import shlex
 
     import yaml
-    from conftest import HandServer, free_port, sim_argv, tuitune_cli
+
+    from tuitune_support.ports import free_port
+    from tuitune_support.procs import HandServer, tuitune_cli
+    from tuitune_support.simproc import sim_argv
 
     commands = _page_commands(DOCS / "your-server.md", "Without writing a preset first")
     assert len(commands) == 4 and all(c.startswith("tuitune ") and "--port 30000" in c for c in commands), commands

@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import free_port
 
 from tuitune import preset as P
 from tuitune.decide.launch import OFF, Config
 from tuitune.engines import vllm_schedule as V
 from tuitune.experiments.advisor import dsd_schedule
+from tuitune_support.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -226,7 +226,7 @@ def test_the_key_belongs_to_vllm_and_to_a_speculative_section(tmp_path):
 
 
 def test_a_static_move_drops_the_schedule_and_a_scheduled_launch_has_no_one_config(tmp_path):
-    from tuitune.experiments.tune import preset_for
+    from tuitune.experiments.tuneloop import preset_for
 
     p = P.from_dict(ngram(tmp_path, k=4, schedule=[[1, 2, 4], [3, 1024, 0]]))
     assert p.engine.static_config(p) is None  # K follows the batch size: no configuration to attribute

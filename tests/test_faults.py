@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import group_alive, make_preset, tuitune_cli, tuitune_cmd, wait_for, wait_or_dump
 
 from tuitune import preset as P
 from tuitune.base import redact
@@ -25,6 +24,8 @@ from tuitune.machine.ssh import SshTarget
 from tuitune.machine.tail import LogTail
 from tuitune.machine.transport import LinkLost, LocalTransport, SshTransport
 from tuitune.measure.parse import parse_line
+from tuitune_support.presets import make_preset
+from tuitune_support.procs import group_alive, tuitune_cli, tuitune_cmd, wait_for, wait_or_dump
 
 ROOT = Path(__file__).resolve().parent.parent
 

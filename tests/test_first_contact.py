@@ -13,7 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import Sim, free_port
+
+from tuitune_support.ports import free_port
+from tuitune_support.simproc import Sim
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -120,9 +122,8 @@ def test_bench_url_says_which_api_to_pass_when_it_cannot_tell(tmp_path):
 
 
 def _sim_pair(tmp_path: Path):
-    from conftest import make_preset
-
     from tuitune import preset as P
+    from tuitune_support.presets import make_preset
 
     port = free_port()
     a = make_preset(tmp_path, "a", port=port, profile=False)
@@ -153,9 +154,8 @@ def test_ab_refuses_rounds_that_cannot_reach_significance_before_relaunching(tmp
 
 
 def test_tune_refuses_ab_rounds_that_cannot_decide_before_relaunching(tmp_path):
-    from conftest import make_preset
-
     from tuitune import preset as P
+    from tuitune_support.presets import make_preset
 
     p = P.save(make_preset(tmp_path, "t"), tmp_path / "t.yaml")
     out = tmp_path / "out"
@@ -173,11 +173,10 @@ async def test_the_presets_pythonpath_reaches_preflight_the_server_and_status(tm
     """An engine whose own code is on the preset's PYTHONPATH, profiled: before, the preflight said
     the module was not installed, the launch dropped the preset's path for the caller's, and
     status reported drift on the probe directory tuitune had prepended itself."""
-    from conftest import make_preset
-
     from tuitune import preset as P
     from tuitune.machine.control import ServerControl
     from tuitune.machine.transport import LocalTransport
+    from tuitune_support.presets import make_preset
 
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "the callers"))  # never the server's
@@ -214,7 +213,7 @@ async def test_the_presets_pythonpath_reaches_preflight_the_server_and_status(tm
 
 @pytest.fixture(scope="module")
 def vllm_python() -> Path:
-    import vllm_cli
+    from tuitune_support import vllm_cli
 
     try:
         return vllm_cli.build()
@@ -225,9 +224,8 @@ def vllm_python() -> Path:
 def _vllm_on_this_machine(tmp_path: Path, python: Path, **changes):
     """The shipped vLLM preset on this machine, through the real vLLM 0.33 command line; the
     environment vLLM's parser needs (its CPU platform) is the preset's own, not the caller's."""
-    import vllm_cli
-
     from tuitune import preset as P
+    from tuitune_support import vllm_cli
 
     return P.with_changes(
         P.resolve("vllm-c4-eagle3-2tok-nccl"),
@@ -417,9 +415,8 @@ async def test_log_pane_hides_tuitunes_own_requests_and_v_shows_them(tmp_path):
 
 def test_over_ssh_the_presets_pythonpath_is_kept_and_a_missing_draft_is_refused(sshd, tmp_path):
     """The same two fixes through the real sshd on loopback: the target is another login."""
-    from conftest import make_preset
-
     from tuitune import preset as P
+    from tuitune_support.presets import make_preset
 
     code = tmp_path / "code"
     (code / "simwrap").mkdir(parents=True)

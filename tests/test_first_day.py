@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import free_port, tuitune_cli
+
+from tuitune_support.ports import free_port
+from tuitune_support.procs import tuitune_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -280,9 +282,8 @@ def _state_pid(home: Path, port: int) -> int | None:
 def _experiment(tmp_path, which: str):
     """(argv, the port its first server listens on) for an experiment on the simulator whose
     benchmark lasts long enough to be interrupted in the middle."""
-    from conftest import make_preset
-
     from tuitune import preset as P
+    from tuitune_support.presets import make_preset
 
     a = make_preset(tmp_path, "arm-a", args={"sim-speedup": 2})
     path_a = str(P.save(a, tmp_path / "arm-a.yaml"))
@@ -307,8 +308,9 @@ def test_ctrl_c_in_an_experiment_stops_the_server_it_started(tmp_path, which):
     import signal
     import subprocess
 
-    from conftest import ROOT as REPO
-    from conftest import group_alive, http_status, sim_pids, tuitune_cmd, wait_for, wait_or_dump
+    from tuitune_support.paths import ROOT as REPO
+    from tuitune_support.ports import http_status
+    from tuitune_support.procs import group_alive, sim_pids, tuitune_cmd, wait_for, wait_or_dump
 
     argv, port = _experiment(tmp_path, which)
     cmd, env = tuitune_cmd(*argv, env={"HOME": str(tmp_path)})
@@ -404,9 +406,8 @@ def test_the_demo_on_a_busy_port_says_which_flag_moves_it(tmp_path):
 
 
 def test_tune_says_before_its_first_launch_how_many_launches_and_how_long(tmp_path):
-    from conftest import make_preset
-
     from tuitune import preset as P
+    from tuitune_support.presets import make_preset
 
     p = make_preset(tmp_path, "plan")
     path = str(P.save(p, tmp_path / "plan.yaml"))
@@ -443,10 +444,9 @@ def _search_log(tmp_path, goodputs):
     """A tune log of an earlier search whose budget is spent: (config, goodput at concurrency 1) each."""
     import json
 
-    from conftest import make_preset
-
     from tuitune import preset as P
     from tuitune.measure.capture import CaptureWriter
+    from tuitune_support.presets import make_preset
 
     base = make_preset(tmp_path, "why", args={"sim-load-seconds": 0.3})
     path = P.save(base, tmp_path / "why.yaml")

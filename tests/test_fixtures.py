@@ -12,11 +12,12 @@ import threading
 from pathlib import Path
 
 import pytest
-import registry
-import vllm_cli
-from conftest import free_port, pip_download
 
-real_vllm = registry.real_vllm  # tests/real_vllm.py (not benchmarks/real_vllm.py)
+from tuitune_support import registry, vllm_cli
+from tuitune_support.ports import free_port
+from tuitune_support.registry import pip_download
+
+real_vllm = registry.real_vllm  # the builder whose pip runner the registry wraps
 
 
 @pytest.fixture
@@ -93,7 +94,7 @@ def test_a_connection_error_elsewhere_is_no_reason_to_skip(tmp_path, only_this_i
 
 
 def test_vllms_command_line_build_tells_the_two_apart(tmp_path, only_this_index, empty_index, monkeypatch):
-    """tests/vllm_cli.py's pip (the test of vLLM's parser skips on Unreachable only)."""
+    """tuitune_support.vllm_cli's pip (the test of vLLM's parser skips on Unreachable only)."""
     monkeypatch.setattr(vllm_cli, "PYTHON", Path(sys.executable))
     assert vllm_cli.Unreachable is real_vllm.Unreachable
     only_this_index(f"http://127.0.0.1:{free_port()}/simple")

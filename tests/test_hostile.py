@@ -343,10 +343,9 @@ async def test_the_load_ends_when_told_wherever_its_requests_are(tmp_path, hosti
     within 2 s each time."""
     import time
 
-    from conftest import make_preset
-
     from tuitune.base.events import ServerState
     from tuitune.machine.session import Session
+    from tuitune_support.presets import make_preset
 
     stall = STALLS[where]
     if stall == "headers":
@@ -406,9 +405,9 @@ def test_record_with_load_ends_within_2_s_of_its_duration_and_of_a_sigterm(tmp_p
     import subprocess
     import time
 
-    from conftest import make_preset, tuitune_cli, tuitune_cmd, wait_or_dump
-
     from tuitune import preset as P
+    from tuitune_support.presets import make_preset
+    from tuitune_support.procs import tuitune_cli, tuitune_cmd, wait_or_dump
 
     p = make_preset(tmp_path, "rec", max_tokens=400)
     path = P.save(p, tmp_path / "rec.yaml")
@@ -594,9 +593,9 @@ def test_no_shaped_credential_in_status_json_nor_the_state_file_and_the_log_is_p
     import os
     from pathlib import Path
 
-    from conftest import make_preset, tuitune_cli
-
     from tuitune import preset as P
+    from tuitune_support.presets import make_preset
+    from tuitune_support.procs import tuitune_cli
 
     env = {"CACHE_URL": "redis://:hunter2pass@cache:6379/0", "NCCL_PROTO": "LL"}
     args = {"model-path": "https://files.example/m?pwd=opensesame42&rev=main"}
@@ -633,9 +632,10 @@ def test_a_value_the_target_cannot_carry_is_refused_where_the_preset_is_read(tmp
     traceback ("Argument list too long: 'bash'", from check_python). validate and launch now refuse it
     in one sentence naming the key and the limit, before anything reaches a shell."""
     import yaml
-    from conftest import make_preset, tuitune_cli
 
     from tuitune import preset as P
+    from tuitune_support.presets import make_preset
+    from tuitune_support.procs import tuitune_cli
 
     p = make_preset(tmp_path, "big")
     data = P.to_dict(p)
@@ -785,10 +785,9 @@ def test_fuzz_a_damaged_tune_log_is_read_row_by_row_and_resumes(tmp_path):
 
 
 def test_fuzz_preset_values_are_refused_in_one_sentence_or_carried(tmp_path):
-    from conftest import make_preset
-
     from tuitune import preset as P
     from tuitune.preset.render import MAX_ARG_STRLEN
+    from tuitune_support.presets import make_preset
 
     value = st.one_of(st.text(max_size=30), st.integers(0, 3).map(lambda k: "v" * (k * 50_000)))
 

@@ -70,6 +70,13 @@ def test_wheel_ships_the_presets(installed):
     assert shipped == {str(p.relative_to(ROOT / "presets")) for p in want}
 
 
+def test_the_wheel_leaves_the_support_package_out(installed):
+    """support/ (tuitune_support: the tests' and benchmarks' builders and helpers) is a distribution
+    of its own, installed by `make test`: tuitune's wheel ships none of it."""
+    wheel, _ = installed
+    assert not [n for n in zipfile.ZipFile(wheel).namelist() if n.startswith(("tuitune_support", "support/"))]
+
+
 def test_installed_copy_finds_its_presets_outside_the_repo(installed, tmp_path):
     _, target = installed
     env = {**os.environ, "PYTHONPATH": str(target), "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "c")}

@@ -13,12 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SshServer, free_port, group_alive, sim_pids
 
 from tuitune import preset as P
 from tuitune.machine.cluster import ClusterControl, control_for
 from tuitune.machine.errors import ControlError
 from tuitune.machine.transport import for_preset
+from tuitune_support.ports import free_port
+from tuitune_support.procs import group_alive, sim_pids
+from tuitune_support.sshd import SshServer
 
 ROOT = Path(__file__).resolve().parent.parent
 

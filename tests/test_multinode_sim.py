@@ -10,9 +10,10 @@ import time
 import urllib.request
 
 import pytest
-from conftest import free_port, http_status, wait_for
 
 from tuitune.sim import multinode
+from tuitune_support.ports import free_port, http_status
+from tuitune_support.procs import wait_for
 
 FAST = ["--sim-load-seconds", "0.3", "--sim-speedup", "10", "--tp-size", "16", "--nnodes", "2"]
 

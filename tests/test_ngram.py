@@ -12,10 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import free_port, tuitune_cli
 
 from tuitune import preset as P
 from tuitune.measure.parse import parse_line
+from tuitune_support.ports import free_port
+from tuitune_support.procs import tuitune_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE_DIR = ROOT / "tuitune" / "probe"
@@ -93,7 +94,7 @@ def test_vllm_ngram_renders_method_ngram_and_is_a_chain_of_k():
     assert not any("5-grams" in w for w in P.lint(one))
     # tune's move to another K keeps the n-gram sizes
     from tuitune.decide.launch import Config
-    from tuitune.experiments.tune import preset_for
+    from tuitune.experiments.tuneloop import preset_for
 
     moved = preset_for(one, Config.chain(5), one.speculative.model_dump(exclude_none=True))
     assert spec_config(moved) == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 2}
@@ -229,7 +230,7 @@ for argv in json.load(sys.stdin):
 
 @pytest.fixture(scope="module")
 def vllm_python() -> Path:
-    import vllm_cli
+    from tuitune_support import vllm_cli
 
     try:
         return vllm_cli.build()
@@ -238,7 +239,7 @@ def vllm_python() -> Path:
 
 
 def test_vllms_own_command_line_and_speculative_config_take_what_tuitune_renders(vllm_python):
-    import vllm_cli
+    from tuitune_support import vllm_cli
 
     presets = [
         vllm_ngram(tokens=3, prompt_lookup_min=1, prompt_lookup_max=3),
@@ -700,11 +701,10 @@ async def test_tui_shows_the_lookup_drafter_and_its_advisor_walks_k(tmp_path):
 
 async def test_preflight_refuses_suffix_decoding_without_arctic_inference(tmp_path, vllm_python):
     """The real vLLM 0.33 environment has no arctic-inference: refused before anything starts."""
-    import vllm_cli
-
     from tuitune.machine.control import ServerControl
     from tuitune.machine.errors import ControlError
     from tuitune.machine.transport import LocalTransport
+    from tuitune_support import vllm_cli
 
     model = tmp_path / "model"
     model.mkdir()

@@ -9,7 +9,6 @@ import math
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -429,8 +428,7 @@ def test_parse_many_reads_real_logs_as_parse_line_does():
     lines of each kind in batches of one kind, and a too-long line among them."""
     import random
 
-    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
-    import bench_parse
+    from tuitune_support import loglines as bench_parse
 
     rng = random.Random(7)
     stamp = "2026-11-29 16:02:11"
@@ -446,8 +444,7 @@ def test_batches_take_the_lines_servers_print_and_keep_the_odd_one(monkeypatch):
     msgspec would read differently) gets its line-by-line reading in the middle of a batch."""
     import random
 
-    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
-    import bench_parse
+    from tuitune_support import loglines as bench_parse
 
     rng = random.Random(8)
     stamp = "2026-11-29 16:02:11"

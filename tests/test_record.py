@@ -10,12 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import free_port, make_preset, tuitune_cli, wait_for, wait_or_dump
-
 from tuitune import preset as P
 from tuitune.base.events import ProfileWindow
 from tuitune.measure.capture import CaptureWriter, read_capture
 from tuitune.measure.parse import parse_line
+from tuitune_support.ports import free_port
+from tuitune_support.presets import make_preset
+from tuitune_support.procs import tuitune_cli, wait_for, wait_or_dump
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import make_preset, tuitune_cli, wait_for
 
 from tuitune import preset as P
 from tuitune.base import redact
@@ -23,6 +22,8 @@ from tuitune.machine.errors import ControlError
 from tuitune.machine.record import ServerRecord, compute_drift
 from tuitune.machine.ssh import SshTarget
 from tuitune.machine.transport import LocalTransport, SshTransport, TransportError
+from tuitune_support.presets import make_preset
+from tuitune_support.procs import tuitune_cli, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "hf_secret_4711"

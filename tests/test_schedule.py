@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import free_port
 
 from tuitune import preset as P
 from tuitune.decide.launch import OFF, Config
 from tuitune.sim import model as S
+from tuitune_support.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "sim-c4-eagle3-2step-nccl"  # seed-pcie8 at TP 8, the seeds' tuned NCCL set, 4 continuous decode steps
@@ -159,11 +159,9 @@ def test_a_measured_goodput_outranks_the_prediction_at_its_batch_size():
     import asyncio
     import random
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import advisor_accuracy as AA
-
     from tuitune.decide import advise as A
     from tuitune.decide.costmodel import fit
+    from tuitune_support import simtruth as AA
 
     src = AA.ModelSource(S.load_machine("h100-llama8b"), random.Random(5))
     launches = [asyncio.run(src.measure(c, [1, 2, 16])) for c in (Config.chain(2), OFF)]

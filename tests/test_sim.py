@@ -14,13 +14,15 @@ import time
 import urllib.request
 
 import pytest
-from conftest import SEED_ARGS, SPEC2, TUNED_NCCL, group_alive, http_status, wait_for
 
 from tuitune.measure.bench import run_bench
 from tuitune.measure.benchconfig import BenchConfig
 from tuitune.measure.parse import parse_line
 from tuitune.measure.request import client_session, run_request
 from tuitune.sim import model
+from tuitune_support.ports import http_status
+from tuitune_support.procs import group_alive, wait_for
+from tuitune_support.simproc import SEED_ARGS, SPEC2, TUNED_NCCL
 
 FAST = ["--sim-load-seconds", "0.4", "--sim-speedup", "10"]
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 
-from conftest import make_preset, tuitune_cli
-
 from tuitune import preset as P
 from tuitune.base.events import MetricsWindow, ProfileWindow
 from tuitune.measure import promscrape
 from tuitune.measure.sources import SecondSource
+from tuitune_support.presets import make_preset
+from tuitune_support.procs import tuitune_cli
 
 SGLANG_PAGE = """# TYPE sglang:spec_verify_calls_total counter
 sglang:spec_verify_calls_total{{model_name="m"}} {v}

@@ -10,10 +10,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import free_port
 
 from tuitune import preset as P
 from tuitune.machine.ssh import SshHop, SshTarget, ssh_route
+from tuitune_support.ports import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh-agent") is None, reason="ssh-agent not installed")
 
@@ -39,7 +39,7 @@ Host gpu-box
     sock = tmp_path / "agent.sock"
     agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
     try:
-        from conftest import wait_for
+        from tuitune_support.procs import wait_for
 
         wait_for(sock.exists, 10, what="ssh-agent socket")
         env = {

@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, make_preset
 
 from tuitune.base.events import GpuSample, TelemetryState
 from tuitune.machine import gpus as G
@@ -20,6 +19,8 @@ from tuitune.machine.telemetry import CaptureThrottle, Collector, RunWatch, comm
 from tuitune.machine.transport import LocalTransport, SshTransport
 from tuitune.measure import smi
 from tuitune.measure.metrics import GpuStore
+from tuitune_support.paths import ROOT
+from tuitune_support.presets import make_preset
 
 DATA = ROOT / "tests" / "data" / "nvidia-smi"  # shared/data/nvidia-smi plus captures of our own (README there)
 COMPANION = f"{sys.executable} -m tuitune.sim.nvidia_smi"

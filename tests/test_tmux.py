@@ -16,7 +16,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+
+from tuitune_support.ports import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed (.ci/run installs it)")
 

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-from conftest import group_alive, make_preset, until
 
 from tuitune import preset as P
 from tuitune.machine.session import Session
@@ -14,9 +10,10 @@ from tuitune.measure.capture import Replay, read_capture
 from tuitune.tui.app import TuituneApp
 from tuitune.tui.screens import RelaunchScreen
 from tuitune.tui.settings import UserConfig, load_user_config
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "screenshots"))  # the scenes: a dev module
-from scenes import CAPTURE, SCENES, SIZE, prepare, scene_app  # noqa: E402
+from tuitune_support.pilot import until
+from tuitune_support.presets import make_preset
+from tuitune_support.procs import group_alive
+from tuitune_support.scenes import CAPTURE, SCENES, SIZE, prepare, scene_app
 
 SIZE_LIVE = (140, 44)
 
@@ -315,14 +312,10 @@ async def test_advisor_panel_updates_from_windows_and_applies_the_top_suggestion
     """The advisor tab refits as v2 windows arrive (h100-llama8b, chain of 3 at bs 32, where 2 steps
     win) and `a` puts the top suggestion into the config panel, as an edit `r` would relaunch."""
     import random
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    import advisor_accuracy as AA
 
     from tuitune.decide.launch import Config
     from tuitune.sim import model as S
+    from tuitune_support import simtruth as AA
 
     src = AA.ModelSource(S.load_machine("h100-llama8b"), random.Random(5))
     launch = await src.measure(Config.chain(3), [8, 32, 64])

@@ -5,17 +5,12 @@ making next."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 from tuitune.decide.advise import suggestion
 from tuitune.decide.costmodel import Prediction
 from tuitune.decide.fitting import Estimate
 from tuitune.decide.launch import OFF, Config
 from tuitune.tui.screens import ConfirmScreen
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "screenshots"))
-from scenes import SIZE, scene_app  # noqa: E402
+from tuitune_support.scenes import SIZE, scene_app
 
 RUN = Config.chain(2)
 

@@ -5,19 +5,15 @@ baseline in its series, crossover's arms have markers of their own."""
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import plotext as plt
-from conftest import until
 from test_gpu_panel import tick
 
 from tuitune.base.events import TelemetryState
 from tuitune.tui.chart import render
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "screenshots"))
-from scenes import scene_app  # noqa: E402
+from tuitune_support.pilot import until
+from tuitune_support.scenes import scene_app
 
 
 def ticks(text: str) -> list[float]:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from conftest import make_preset, until
 from test_tui import SIZE_LIVE, wait_ready
 
 from tuitune.machine.session import Session
 from tuitune.tui.app import TuituneApp
 from tuitune.tui.chart import render
 from tuitune.tui.settings import UserConfig
+from tuitune_support.pilot import until
+from tuitune_support.presets import make_preset
 
 pytestmark = pytest.mark.sim_clock  # goodput levels off the simulator's clock (CI, beside an engine: 1.47x for 1.5x)
 

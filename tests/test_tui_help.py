@@ -6,11 +6,9 @@ table explaining its marks. On the deterministic replay, plus the simulator for 
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import make_preset, until
 from textual.widgets import Footer, Input
 
 from tuitune import preset as P
@@ -20,9 +18,9 @@ from tuitune.tui.help import GROUPS, TOUR, HelpScreen
 from tuitune.tui.runs import legend
 from tuitune.tui.screens import ConfirmScreen, RelaunchScreen, SaveScreen
 from tuitune.tui.settings import UserConfig
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "screenshots"))  # the scenes: a dev module
-from scenes import _runs, scene_app  # noqa: E402
+from tuitune_support.pilot import until
+from tuitune_support.presets import make_preset
+from tuitune_support.scenes import _runs, scene_app
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-from conftest import until
 from textual.widgets import Button, Footer, Input
 
 from tuitune.tui.app import NARROW_COLS, TuituneApp
@@ -14,9 +10,8 @@ from tuitune.tui.config import GlyphCheckbox
 from tuitune.tui.logpane import FollowLog
 from tuitune.tui.screens import ConfirmScreen, QuitScreen, SaveScreen
 from tuitune.tui.settings import UserConfig, load_user_config, remember_theme
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "screenshots"))  # the scenes: a dev module
-from scenes import _runs, prepare, scene_app  # noqa: E402
+from tuitune_support.pilot import until
+from tuitune_support.scenes import _runs, prepare, scene_app
 
 SIZES = pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
 
@@ -210,9 +205,8 @@ async def test_stop_server_asks_first():
 
 
 async def test_first_run_hint_until_the_first_profile_window():
-    from scenes import CAPTURE
-
     from tuitune.measure.capture import Replay, read_capture
+    from tuitune_support.scenes import CAPTURE
 
     replay = Replay(read_capture(CAPTURE), play=False)
     app = TuituneApp(replay, user_config=UserConfig())

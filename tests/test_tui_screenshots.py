@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import html
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,11 +14,10 @@ from textual.app import App
 
 from tuitune.tui.app import WIDE_FOOTER_COLS, TuituneApp
 from tuitune.tui.help import GROUPS, TOUR_TITLE
+from tuitune_support import scenes as make  # screenshots/make.py's scenes, sizes and file names
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "screenshots"
-sys.path.insert(0, str(SHOTS))
-import make  # noqa: E402  (screenshots/make.py: the scenes and sizes it takes)
 
 FORMAT = re.search(r"format version (\d+)", (ROOT / "docs" / "profile-format.md").read_text()).group(1)
 
@@ -54,7 +52,7 @@ def footer_pairs() -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("size", make.SIZES, ids=[f"{w}x{h}" for w, h in make.SIZES])
 def test_the_screenshots_are_of_todays_live_demo(size):
-    for scene in make.SCENES:
+    for scene in make.SHOTS:
         assert (SHOTS / make.file_name(scene, size)).exists(), f"run `make screenshots`: {scene} at {size}"
     main = svg_lines(SHOTS / make.file_name("main", size))
     assert len(main) == size[1], len(main)
@@ -63,7 +61,7 @@ def test_the_screenshots_are_of_todays_live_demo(size):
     text = "\n".join(main)
     assert "gpus · 8 × NVIDIA H200" in text and "batch sizes" in text, text
     profiles = [
-        ln for s in make.SCENES for ln in svg_lines(SHOTS / make.file_name(s, size)) if "EAGLE3_PROFILE v=" in ln
+        ln for s in make.SHOTS for ln in svg_lines(SHOTS / make.file_name(s, size)) if "EAGLE3_PROFILE v=" in ln
     ]
     assert profiles and all(f"EAGLE3_PROFILE v={FORMAT} " in ln for ln in profiles), profiles[:3]
     # the footer as the app binds it today: the same keys with the same labels, in the same order

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
-from pathlib import Path
 
-from conftest import make_preset, until
 from test_gpu_panel import tick
 
 from tuitune import preset as P
@@ -19,9 +16,9 @@ from tuitune.tui.app import TuituneApp
 from tuitune.tui.logpane import FilterInput
 from tuitune.tui.screens import RelaunchScreen
 from tuitune.tui.settings import UserConfig
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "screenshots"))
-from scenes import scene_app  # noqa: E402
+from tuitune_support.pilot import until
+from tuitune_support.presets import make_preset
+from tuitune_support.scenes import scene_app
 
 SIZE = (120, 40)
 

@@ -8,13 +8,14 @@ import os
 import signal
 import time
 
-from conftest import group_alive, make_preset, until
-
 from tuitune import preset as P
 from tuitune.machine.session import Session
 from tuitune.tui.app import TuituneApp
 from tuitune.tui.screens import QuitScreen, RelaunchScreen
 from tuitune.tui.settings import UserConfig
+from tuitune_support.pilot import until
+from tuitune_support.presets import make_preset
+from tuitune_support.procs import group_alive
 
 SIZE = (120, 40)
 

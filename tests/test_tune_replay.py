@@ -12,7 +12,7 @@ made apart and by different code:
   (benchmarks/data/; docs/evidence.md says how sure each is).
 The worlds: the tiny random Llama with ngram (prompt lookup 1-3; acceptance from a random model
 repeating itself) at one stream and at eight; SmolLM2-135M-Instruct with the EAGLE-3 head
-tests/real_draft.py trains (real acceptance) on the code workload, at one stream.
+tuitune_support.real_draft trains (real acceptance) on the code workload, at one stream.
 
 The replay runs tune's whole loop (the cost model's fit, the next relaunch's choice, the stop, the
 best measured) over the recorded launches (``tuitune.experiments.recorded``); a launch tune asks for
@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import real_vllm
 import yaml
 
 from tuitune import preset as P
@@ -37,6 +36,7 @@ from tuitune.decide.advise import space
 from tuitune.decide.launch import Config
 from tuitune.experiments.recorded import RecordedLaunches
 from tuitune.experiments.tuneloop import TuneError, levels_for, tune_loop
+from tuitune_support import real_vllm
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"

@@ -8,14 +8,14 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import free_port, make_preset
-
 from tuitune import preset as P
 from tuitune.cli import build_command_parser
 from tuitune.experiments.ab import ab_notes, format_ab, verdict
 from tuitune.experiments.sweep import format_table, summarize
 from tuitune.machine.readiness import nccl_confirmation, nccl_note
 from tuitune.measure.runs import RunBook
+from tuitune_support.ports import free_port
+from tuitune_support.presets import make_preset
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,7 +18,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import free_port, group_alive, tuitune_cli
 
 from tuitune import preset as P
 from tuitune.engines import vllm as V
@@ -27,6 +26,8 @@ from tuitune.machine.errors import ControlError
 from tuitune.machine.transport import LocalTransport
 from tuitune.measure import promscrape
 from tuitune.measure.parse import parse_line
+from tuitune_support.ports import free_port
+from tuitune_support.procs import group_alive, tuitune_cli
 
 JSON = {"Content-Type": "application/json"}
 

@@ -1,4 +1,4 @@
-"""tuitune against the real vLLM release, installed in its own environment by tests/vllm_cli.py
+"""tuitune against the real vLLM release, installed in its own environment by tuitune_support.vllm_cli
 (vLLM 0.33.0, CPU platform, no GPU needed): its command line parses what tuitune renders, and its
 own statistics code writes the log lines and /metrics pages tuitune reads.
 
@@ -18,14 +18,14 @@ import time
 from pathlib import Path
 
 import pytest
-import vllm_cli
-from conftest import free_port
 
 from tuitune import preset as P
 from tuitune.machine.control import ServerControl
 from tuitune.machine.transport import LocalTransport
 from tuitune.measure import promscrape
 from tuitune.measure.parse import parse_line
+from tuitune_support import vllm_cli
+from tuitune_support.ports import free_port
 
 # Everything up to serving is vLLM's own: `vllm` main, the serve subparser, validate(). The serve
 # step prints what the parser produced instead of starting an engine.

@@ -11,7 +11,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import pip_download
 from test_vllm import SPEC_FMT, STATS_FMT, vllm_page
 
 from tuitune import preset as P
@@ -19,6 +18,7 @@ from tuitune.engines import vllm as V
 from tuitune.measure import promscrape
 from tuitune.measure.parse import parse_line
 from tuitune.probe import check
+from tuitune_support.registry import pip_download
 
 RELEASE = "0.33.0"
 FILES = (

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import re
 
-from conftest import make_preset, tuitune_cli, until
-
 from tuitune import preset as P
+from tuitune_support.pilot import until
+from tuitune_support.presets import make_preset
+from tuitune_support.procs import tuitune_cli
 
 
 def _preset(tmp_path, name: str, steps: int = 3, max_tokens: int = 120, **args):

@@ -12,7 +12,6 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import make_preset, tuitune_cli
 
 from tuitune import preset as P
 from tuitune.experiments.ab import RoundsError, run_ab, verdict
@@ -21,6 +20,8 @@ from tuitune.measure import workload as W
 from tuitune.measure.capture import CaptureWriter
 from tuitune.measure.report import format_report, summarize_capture
 from tuitune.measure.runs import RunBook
+from tuitune_support.presets import make_preset
+from tuitune_support.procs import tuitune_cli
 
 SHAREGPT = [
     {"id": "a", "conversations": [{"from": "human", "value": "Write a haiku."}, {"from": "gpt", "value": "…"}]},

@@ -19,7 +19,7 @@ from tuitune.base.errors import CliError
 
 if TYPE_CHECKING:
     from tuitune import preset as P
-    from tuitune.decide.costmodel import Config
+    from tuitune.decide.launch import Config
 
 AB_MAX_ROUNDS = 8  # --until-decided without --max-rounds; tune's --ab-max-rounds
 

@@ -1,6 +1,8 @@
 """Deterministic scenes of the TUI, replayed from a committed capture (tests/data/demo-capture.jsonl):
-the SVG snapshot and layout tests build them here. A development module, outside the package (it
-reads the tests' data): the screenshots in this folder are taken from the live demo by make.py."""
+the SVG snapshot and layout tests build them here. Support code, outside the package (it reads the
+tests' data); the screenshots in screenshots/ are taken from the live demo by screenshots/make.py,
+whose scenes, sizes and file names are ``SHOTS``, ``SIZES`` and ``file_name`` here (tests/test_tui_screenshots.py checks
+its files)."""
 
 from __future__ import annotations
 
@@ -15,12 +17,19 @@ from tuitune.measure.stats import bootstrap_median_ci
 from tuitune.tui.app import TuituneApp
 from tuitune.tui.screens import RelaunchScreen
 from tuitune.tui.settings import UserConfig
+from tuitune_support.paths import ROOT
 
-CAPTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "demo-capture.jsonl"
+CAPTURE = ROOT / "tests" / "data" / "demo-capture.jsonl"
 SIZE = (140, 44)  # wide: the config panel stays open beside the panels
 SIZES = ((140, 44), (120, 40), (80, 24))  # 120×40 is what most users have; 80×24 must still work
 SCENES = ("main", "relaunch", "runs", "config", "failure", "gpus", "advisor")
+SHOTS = ("main", "relaunch", "advisor", "runs", "help", "config", "gpus", "failure")  # screenshots/make.py's
 CLOCK = 1795971100.0  # fixed wall clock: no ticking ages in the pictures
+
+
+def file_name(scene: str, size: tuple[int, int]) -> str:
+    """A screenshot's file in screenshots/: the first size plain, the others suffixed."""
+    return f"{scene}.svg" if size == SIZES[0] else f"{scene}-{size[0]}x{size[1]}.svg"
 
 
 def scene_app(capture: Path = CAPTURE) -> TuituneApp:

@@ -2,7 +2,7 @@
 line): a failure skips a test only when the package registry's index does not answer, and any
 other pip failure raises and fails the test.
 
-pip itself runs through tests/real_vllm.py's runner (its ``Unreachable`` is the one exception a
+pip itself runs through real_vllm.py's runner (its ``Unreachable`` is the one exception a
 test may skip on). Its reading of pip's words is not enough alone: with ``PIP_RETRIES=0`` an
 unreachable index prints only "No matching distribution", and an unreachable extra index or
 find-links location prints connection errors while the real failure is elsewhere. So when pip
@@ -10,7 +10,6 @@ fails, the index URL pip asks is probed, and that decides."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -18,23 +17,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tuitune_support import real_vllm
 
-def _tests_real_vllm():
-    """tests/real_vllm.py itself: a plain ``import real_vllm`` finds benchmarks/real_vllm.py
-    instead once a test module has put benchmarks/ first on the path (test_advise.py does)."""
-    here = Path(__file__).with_name("real_vllm.py").resolve()
-    mod = sys.modules.get("real_vllm")
-    if mod is not None and Path(getattr(mod, "__file__", "") or "").resolve() == here:
-        return mod
-    spec = importlib.util.spec_from_file_location("real_vllm", here)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    sys.modules.setdefault("real_vllm", mod)
-    return mod
-
-
-real_vllm = _tests_real_vllm()
 Unreachable = real_vllm.Unreachable
 
 
@@ -78,3 +62,32 @@ def pip(python: Path, *args: str, timeout: float = 1800) -> str:
                 f"pip {args[0]} failed on a connection error, yet its index {url} answers: {e}"
             ) from None
         raise
+
+
+def pip_download(dest: Path, requirement: str) -> Path:
+    """One release's wheel from the package registry into ``dest`` (no dependencies, for Python
+    3.11). The test skips only when the registry's index does not answer (this module); any
+    other pip failure (no such release, a bad wheel, a full disk) raises and fails the test."""
+    import pytest
+
+    try:
+        pip(
+            Path(sys.executable),
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.11",
+            "-d",
+            str(dest),
+            requirement,
+            timeout=600,
+        )
+    except Unreachable as e:
+        pytest.skip(f"the package registry is not reachable here: {e}")
+    name = requirement.split("=")[0].replace("-", "_")
+    wheels = sorted(dest.glob(f"{name}-*.whl"))
+    if not wheels:
+        raise RuntimeError(f"pip download {requirement} succeeded but left no wheel in {dest}")
+    return wheels[0]

@@ -1,6 +1,6 @@
 """An independent streaming client for the real-engine tests: plain http.client, nothing of tuitune.
 
-    python tests/stream_client.py [--no-warmup] PORT MODEL MAX_TOKENS PROMPT [PROMPT ...]
+    python -m tuitune_support.stream_client [--no-warmup] PORT MODEL MAX_TOKENS PROMPT [PROMPT ...]
 
 sends the prompts one after the other (the first one a warm-up, not reported, unless --no-warmup) and
 prints a JSON list of [decode tok/s, completion tokens, decode span in s], one a measured request. The tests run it as a process of its

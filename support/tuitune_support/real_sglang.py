@@ -15,13 +15,13 @@ the same release, source and recipe):
 - ``.cache/sglang-cpu-models-v1/``: a random-weight Llama whose shapes the AMX kernels take (hidden
   384, output features multiples of 16, input features multiples of 32) with its byte-level BPE
   tokenizer, a random EAGLE-3 draft for it, and a second draft whose hidden size does not fit the
-  target (for the failure tests). The generator is tests/real_vllm.py's, with this shape.
+  target (for the failure tests). The generator is real_vllm.py's, with this shape.
 
 Where ``../shared/sglang-cpu/`` is absent (a machine outside this workplace) the kernel source cannot be
 had: :class:`NoSource` says where it comes from and the SGLang tests skip with that reason; a CPU without
 AVX-512 (the kernels' instructions) is :class:`UnfitCpu`, checked before the build (skips too); the package
 registry out of reach is :class:`real_vllm.Unreachable` (skips too). Any other failure raises.
-Run ``python tests/real_sglang.py`` to build it all ahead (``make test`` does).
+Run ``python -m tuitune_support.real_sglang`` to build it all ahead (``make test`` does).
 """
 
 from __future__ import annotations
@@ -39,12 +39,10 @@ import time
 import tomllib
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import real_vllm  # noqa: E402  (the shared build helpers: lock, pip, atomic install, the model generator)
-from real_vllm import (  # noqa: E402
+from tuitune_support import real_vllm  # the shared build helpers: lock, pip, atomic install, the model generator
+from tuitune_support.paths import ROOT
+from tuitune_support.real_vllm import (
     CACHE,
-    ROOT,
     Unreachable,
     _built,
     _fresh_tmp,
@@ -379,7 +377,7 @@ def build_env() -> Path:
 
 
 def build_models(python: Path | None = None) -> dict[str, Path]:
-    """The tiny models (target, EAGLE-3 draft, misfit draft): tests/real_vllm.py's generator, this shape."""
+    """The tiny models (target, EAGLE-3 draft, misfit draft): real_vllm.py's generator, this shape."""
     stamp = json.dumps(SHAPE, sort_keys=True)
     paths = {"target": TARGET, "eagle3": EAGLE3, "eagle3_misfit": EAGLE3_MISFIT}
     if _built(MODELS, stamp):
@@ -482,7 +480,13 @@ def link_demo(home: Path = DEMO) -> Path:
 
 
 if __name__ == "__main__":
-    demo = "--demo" in sys.argv[1:]
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m tuitune_support.real_sglang", description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--demo", action="store_true", help="also link what presets/sglang-cpu-demo.yaml runs (make demo-sglang)"
+    )
+    demo = ap.parse_args().demo
     try:
         py, models = build()
     except (NoSource, UnfitCpu, Unreachable) as e:

@@ -7,7 +7,7 @@ GB); torch is the CPU build, and of vLLM's own requirements only those its comma
 installed, at the versions vLLM asks for. ``VLLM_TARGET_DEVICE=cpu`` lets vLLM pick its CPU
 platform, so the parser's defaults (which ask the platform for a device) can be computed.
 
-Run ``python tests/vllm_cli.py`` to build it ahead (CI does, before the suite); the test builds it
+Run ``python -m tuitune_support.vllm_cli`` to build it ahead (CI does, before the suite); the test builds it
 itself otherwise. It lives in ``.cache/`` beside the repository (git-ignored) and is reused while
 its marker names the same release."""
 
@@ -19,11 +19,11 @@ import sys
 import zipfile
 from pathlib import Path
 
-import registry  # tests/ is on the path: pytest's rootdir conftest, or this script's own folder
+from tuitune_support import registry
+from tuitune_support.paths import ROOT
 
 RELEASE = "0.33.0"
 TORCH = "torch==2.13.0"  # the CPU build (a file this machine kind keeps on disk; PyPI's otherwise)
-ROOT = Path(__file__).resolve().parent.parent
 HOME = ROOT / ".cache" / f"vllm-cli-{RELEASE}"
 PYTHON = HOME / "bin" / "python"
 ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR", "VLLM_NO_USAGE_STATS": "1"}
@@ -82,7 +82,7 @@ def requirements(wheel: Path) -> list[str]:
 
 
 def _pip(command: str, *args: str) -> None:
-    """pip in the environment (tests/registry.py): Unreachable when the registry's index does not
+    """pip in the environment (registry.py): Unreachable when the registry's index does not
     answer, RuntimeError with pip's last words for any other failure."""
     registry.pip(PYTHON, command, "-q", *args, timeout=900)
 
@@ -106,6 +106,11 @@ def build() -> Path:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(
+        prog="python -m tuitune_support.vllm_cli", description=__doc__.split("\n\n")[0]
+    ).parse_args()
     try:
         print(build())
     except Unreachable as e:

@@ -1,0 +1,52 @@
+"""Preset factories: a simulator preset that starts in a fraction of a second."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tuitune_support.ports import free_port
+
+
+def make_preset(
+    tmp: Path,
+    name: str = "t",
+    target=None,
+    args: dict | None = None,
+    env: dict | None = None,
+    spec_steps: int | None = 2,
+    port: int | None = None,
+    profile: bool = True,
+    **bench,
+):
+    """A simulator preset that starts in a fraction of a second, its log under ``tmp``."""
+    from tuitune import preset as P
+
+    data = {
+        "name": name,
+        "target": target or "local",
+        "server": {
+            "python": sys.executable,
+            "module": "tuitune.sim",
+            "log": str(tmp / f"{name}.log"),
+            "port": port or free_port(),
+            "args": {
+                "sim-load-seconds": 0.3,
+                "sim-speedup": 10,
+                "decode-log-interval": 10,
+                "tp-size": 2,
+                **(args or {}),
+            },
+        },
+        "env": env or {},
+        "profile": profile,
+        "bench": {"requests": 3, "warmup": 0, "max_tokens": 60, **bench},
+    }
+    if spec_steps:
+        data["speculative"] = {
+            "algorithm": "EAGLE3",
+            "draft_model_path": "/d",
+            "num_steps": spec_steps,
+            "eagle_topk": 1,
+        }
+    return P.from_dict(data)
