@@ -15,6 +15,7 @@ import pytest
 from tuitune.decide import advise as A
 from tuitune.decide.costmodel import fit
 from tuitune.decide.fitting import Cell, fit_monotone, pav
+from tuitune.decide.launch import OFF, Config
 from tuitune_support import worlds as W  # the out-of-family worlds
 
 ROOT = Path(__file__).resolve().parent.parent
