@@ -13,8 +13,10 @@ from textual.widgets import Footer, Input
 
 from tuitune import preset as P
 from tuitune.machine.session import Session
-from tuitune.tui.app import TuituneApp, TuituneCommands, mentions, stale_description
+from tuitune.tui.app import TuituneApp
+from tuitune.tui.describe import mentions, stale_description
 from tuitune.tui.help import GROUPS, TOUR, HelpScreen
+from tuitune.tui.palette import TuituneCommands
 from tuitune.tui.runs import legend
 from tuitune.tui.screens import ConfirmScreen, RelaunchScreen, SaveScreen
 from tuitune.tui.settings import UserConfig
@@ -212,7 +214,7 @@ async def test_save_starts_on_the_name_and_warns_only_about_a_real_mismatch(tmp_
 
 
 def test_a_stale_description_is_put_right_where_the_mention_is_sure():
-    from tuitune.tui.app import rewrite_description
+    from tuitune.tui.describe import rewrite_description
 
     base = P.load(P.find("demo"))
     loaded = P.with_changes(base, {"description": "EAGLE-3, 2 steps, topk 1, TP 8"})
