@@ -21,7 +21,7 @@ import tempfile
 import time
 
 from tuitune.base.redact import Redactor
-from tuitune.engines import sglang
+from tuitune.engines import sglang_log
 from tuitune.measure import parse
 from tuitune.measure.parse import CHUNK, parse_line, parse_lines
 from tuitune_support.loglines import MAKERS, WEIGHTS, build
@@ -31,8 +31,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 EXACT = {  # the exact readers, as the parser calls them when a fast path refuses a line
     "profile": ("EAGLE3_PROFILE", lambda line, at: parse._profile(line, at, fast=False)),
-    "decode": (sglang.DECODE, lambda line, at: sglang._decode(line, at, fast=False)),
-    "prefill": (sglang.PREFILL, lambda line, at: sglang._prefill(line, at, fast=False)),
+    "decode": (sglang_log.DECODE, lambda line, at: sglang_log._decode(line, at, fast=False)),
+    "prefill": (sglang_log.PREFILL, lambda line, at: sglang_log._prefill(line, at, fast=False)),
 }
 
 

@@ -57,7 +57,7 @@ from pathlib import Path
 
 import yaml
 
-from tuitune.engines import vllm as V
+from tuitune.engines import vllm_schedule as V
 from tuitune_support import real_vllm
 from tuitune_support.ports import free_port
 
