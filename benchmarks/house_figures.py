@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 ENGINE_IMPORT = re.compile(
-    r"\s*(from tuitune\.engines\.(sglang|vllm)\b|from tuitune\.engines import .*\b(sglang|vllm)\b"
-    r"|import tuitune\.engines\.(sglang|vllm))"
+    r"\s*(from tuitune\.engines\.(sglang|vllm)(_\w+)?\b|from tuitune\.engines import .*\b(sglang|vllm)(_\w+)?\b"
+    r"|import tuitune\.engines\.(sglang|vllm)(_\w+)?)"
 )
 
 
