@@ -158,6 +158,45 @@ def step_only(sw: ep.Switch, monkeypatch, engine, apply) -> None:
     ep._switch_tick(engine, apply)
 
 
+WORKER_DRIVER = """
+import json, logging, os, sys, time
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="(Worker pid=%(process)d) INFO %(message)s")
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+class Out:
+    num_scheduled_tokens = {"req-0": 3}
+    def __init__(self, k):
+        self.num_spec_tokens_to_schedule = k
+r = GPUModelRunner()
+def steps(k, n):
+    for _ in range(n):
+        r.execute_model(Out(k))
+        r.sample_tokens(None)
+steps(2, 8)
+with open(os.environ["TUITUNE_SWITCH_FILE"] + ".ack", "w") as f:  # what the scheduler's process answered
+    json.dump({"seq": 1, "applied": True, "steps": 1, "held": 1, "why": "hold applied"}, f)
+time.sleep(0.06)
+steps(1, 8)
+time.sleep(0.06)
+steps(2, 8)  # released by the scheduler; the ack that says so not written yet
+"""
+
+
+def test_vllm_worker_lines_follow_the_scheduled_k_and_the_hold(tmp_path):
+    """vLLM's worker (a process apart from its scheduler): each line's steps is the K scheduled
+    (num_spec_tokens_to_schedule, not the configured 2), held= comes from the ack, a window closes
+    on a change, and a step at another K than the hold's is not labelled held."""
+    from test_probe_vllm import make_vllm_tree, run
+
+    make_vllm_tree(tmp_path / "fake")
+    env = {"EAGLE3_PROFILE": "1", "TUITUNE_SWITCH_FILE": str(tmp_path / "s.json"), "TUITUNE_SWITCH_KEY": KEY.hex()}
+    r = run(tmp_path, env=env, driver=WORKER_DRIVER)
+    assert r.returncode == 0, r.stderr
+    wins = [parse_line(x) for x in r.stdout.splitlines() if "EAGLE3_PROFILE" in x]
+    assert [(w.steps, w.draft_tokens, w.held) for w in wins] == [(2, 3, None)] * 2 + [(1, 2, 1)] * 2 + [
+        (2, 3, None)
+    ] * 2, r.stdout
+
+
 # ---- the hooks on stand-ins of the engines' classes ------------------------------------------------
 
 
