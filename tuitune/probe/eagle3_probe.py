@@ -228,12 +228,12 @@ class Recorder:
         if self.cycle["t0"] is None:
             self.cycle["t0"] = time.perf_counter()
             self.cycle["held"] = SWITCH.held_now() if SWITCH is not None else None
-        if phase == "step":
-            k = self.cycle["sched_k"] = _scheduled_k(args[0] if args else None)
-            if k is not None and self.cycle["held"] not in (None, k):
-                # vLLM's worker learns of a hold from the ack, a step or two after its scheduler:
-                # a step at another K than the hold's is the scheduler's own again (released)
-                self.cycle["held"] = None
+        if phase == "step" and _vllm_batch_size(args[0] if args else None):  # a step with tokens scheduled
+            k = self.cycle["sched_k"] = _scheduled_k(args[0])
+            held = SWITCH.held_now() if SWITCH is not None else None
+            # vLLM's worker learns of a hold from the ack, a step or two after its scheduler: a
+            # step at another K than the hold's is the scheduler's own again (released)
+            self.cycle["held"] = held if k is None or held in (None, k) else None
         self._read_steps(worker)
         if self.sync == "event":
             e = self.torch.cuda.Event(enable_timing=True)
