@@ -344,6 +344,23 @@ def test_check_reports_the_switch_patch_points(tmp_path):
     assert not ep.check(str(root), "sglang")["switch"]["ok"]
 
 
+@pytest.mark.timeout(900)
+def test_check_finds_the_switch_patch_points_in_sglang_0_5_18(tmp_path):
+    """The release that runs on a CPU (../shared/sglang-cpu/README.md), from its wheel: the
+    switch's patch points exist (read with ast, nothing imported: SGLang cannot run here)."""
+    import zipfile
+
+    from conftest import pip_download
+
+    wheel = pip_download(tmp_path, "sglang==0.5.18")
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(
+            tmp_path / "site", [n for n in z.namelist() if n.startswith(("sglang/srt/speculative/", "sglang-"))]
+        )
+    rep = ep.check(str(tmp_path / "site" / "sglang"), "sglang")
+    assert rep["version"] == "0.5.18" and rep["switch"]["ok"], rep["switch"]
+
+
 def test_the_key_is_a_secret_wherever_env_is_shown():
     assert redact.secret_env("TUITUNE_SWITCH_KEY")
     shown = redact.env({"TUITUNE_SWITCH_KEY": "ab" * 32, "TUITUNE_SWITCH_FILE": "/h/s.json"})
