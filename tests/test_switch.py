@@ -344,21 +344,117 @@ def test_check_reports_the_switch_patch_points(tmp_path):
     assert not ep.check(str(root), "sglang")["switch"]["ok"]
 
 
-@pytest.mark.timeout(900)
-def test_check_finds_the_switch_patch_points_in_sglang_0_5_18(tmp_path):
-    """The release that runs on a CPU (../shared/sglang-cpu/README.md), from its wheel: the
-    switch's patch points exist (read with ast, nothing imported: SGLang cannot run here)."""
+@pytest.fixture(scope="module")
+def sglang_0_5_18(tmp_path_factory) -> Path:
+    """SGLang 0.5.18's speculative sources (the release that runs on a CPU:
+    ../shared/sglang-cpu/README.md), from its wheel; skips only when the registry is unreachable."""
     import zipfile
 
     from conftest import pip_download
 
-    wheel = pip_download(tmp_path, "sglang==0.5.18")
+    tmp = tmp_path_factory.mktemp("sglang-0.5.18")
+    wheel = pip_download(tmp, "sglang==0.5.18")
     with zipfile.ZipFile(wheel) as z:
-        z.extractall(
-            tmp_path / "site", [n for n in z.namelist() if n.startswith(("sglang/srt/speculative/", "sglang-"))]
-        )
-    rep = ep.check(str(tmp_path / "site" / "sglang"), "sglang")
+        z.extractall(tmp / "site", [n for n in z.namelist() if n.startswith(("sglang/srt/speculative/", "sglang-"))])
+    return tmp / "site" / "sglang"
+
+
+@pytest.mark.timeout(900)
+def test_check_finds_the_switch_patch_points_in_sglang_0_5_18(sglang_0_5_18):
+    """The switch's patch points exist in the release (read with ast, nothing imported)."""
+    rep = ep.check(str(sglang_0_5_18), "sglang")
     assert rep["version"] == "0.5.18" and rep["switch"]["ok"], rep["switch"]
+
+
+SGLANG_DRIVER = """
+import json, logging, os, sys, time
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(message)s")
+sys.path.insert(0, os.environ["TEST_SRC"])
+from machine_switch_sign import sign
+from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
+class Worker:  # what EAGLEWorkerV2 gives the controller: its steps, a state per step, applying one
+    speculative_num_steps = 3
+    def build_adaptive_runtime_state(self, speculative_num_steps, speculative_num_draft_tokens, cuda_graph_bs=None):
+        return ("state", speculative_num_steps)
+    def apply_runtime_state(self, state):
+        self.speculative_num_steps = state[1]
+w = Worker()
+c = AdaptiveController(w, config_path=os.environ["CONFIG"])
+c.init_states()
+path = os.environ["TUITUNE_SWITCH_FILE"]
+def cycle(accepted):  # as EAGLEWorkerV2 calls it: before the draft, after the verify
+    c.activate_step_by_batch(1)
+    steps = w.speculative_num_steps
+    c.on_verify_complete([accepted], 1)
+    return steps
+def command(seq, steps):
+    with open(path + ".tmp", "w") as f:
+        json.dump(sign(bytes.fromhex(os.environ["TUITUNE_SWITCH_KEY"]), seq, steps), f)
+    os.chmod(path + ".tmp", 0o600)
+    os.replace(path + ".tmp", path)
+    time.sleep(0.06)
+own = [cycle(0) for _ in range(30)]  # nothing accepted: the policy steps down
+command(1, 5)
+held = [cycle(0) for _ in range(30)]  # held at 5 whatever the acceptance
+command(2, 2)  # no runtime state for 2
+refused = [cycle(0) for _ in range(5)]
+command(3, None)
+released = [cycle(4) for _ in range(40)]  # everything accepted: the policy steps up again
+print(json.dumps({"own": own, "held": held, "refused": refused, "released": released,
+                  "patched": getattr(AdaptiveController.on_verify_complete, "__eagle3_switch__", False)}))
+"""
+
+SIGN_SRC = """
+import hashlib, hmac, json
+def sign(key, seq, steps):
+    c = {"v": 1, "seq": seq, "hold": None if steps is None else {"steps": steps}}
+    body = json.dumps(c, sort_keys=True, separators=(",", ":")).encode()
+    c["mac"] = hmac.new(key, body, hashlib.sha256).hexdigest()
+    return c
+"""
+
+
+@pytest.mark.timeout(900)
+def test_sglang_0_5_18s_own_controller_and_policy_held_and_released(sglang_0_5_18, tmp_path):
+    """SGLang 0.5.18's own AdaptiveController and AdaptiveSpeculativeParams (the release's code, its
+    EMA policy; only the worker and ``sglang.srt.utils``' logging helper stood in for), hooked by the
+    probe through its import hook: a hold keeps 5 while nothing is accepted, a step without a
+    runtime state is refused, release gives the choice back to the policy."""
+    import runpy
+    import shutil
+
+    root = tmp_path / "tree"
+    (root / "sglang" / "srt").mkdir(parents=True)
+    shutil.copytree(sglang_0_5_18 / "srt" / "speculative", root / "sglang" / "srt" / "speculative")
+    (root / "sglang" / "srt" / "utils.py").write_text("def log_info_on_rank0(logger, msg):\n    logger.info(msg)\n")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "machine_switch_sign.py").write_text(SIGN_SRC)
+    assert runpy.run_path(str(src / "machine_switch_sign.py"))["sign"](KEY, 3, 5) == S.sign(KEY, 3, 5)
+    config = tmp_path / "adaptive.json"
+    config.write_text(json.dumps({"1": {"candidate_steps": [1, 3, 5], "warmup_batches": 2, "update_interval": 2}}))
+    (tmp_path / "driver.py").write_text(SGLANG_DRIVER)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE3_", "TUITUNE_SWITCH"))}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(ROOT / "tuitune" / "probe"), str(root)]),
+        TUITUNE_SWITCH_FILE=str(tmp_path / "s.json"),
+        TUITUNE_SWITCH_KEY=KEY.hex(),
+        TEST_SRC=str(src),
+        CONFIG=str(config),
+    )
+    r = subprocess.run(
+        [sys.executable, str(tmp_path / "driver.py")], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["patched"] and out["own"][0] == 3 and out["own"][-1] == 1, out["own"]  # its policy stepped down
+    assert set(out["held"][1:]) == {5}, out["held"]
+    assert set(out["refused"]) == {5}
+    assert out["released"][-1] == 5 and 3 in out["released"], out["released"]  # the policy's choice again
+    said = [x for x in r.stdout.splitlines() if "EAGLE3_SWITCH" in x]
+    assert said[0].endswith("EAGLE3_SWITCH seq=1 hold=5 applied=1"), said
+    assert "seq=2 hold=2 applied=0 why=steps 2 has no runtime state in this launch (prepared: [1, 3, 5])" in said[1]
+    assert said[2].endswith("seq=3 hold=release applied=1"), said
 
 
 def test_the_key_is_a_secret_wherever_env_is_shown():
