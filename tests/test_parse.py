@@ -52,6 +52,19 @@ def test_profile_v2_fields_and_their_round_trip():
     assert parse_line(PROFILE_V2.replace("1:100,2:80,4:140", "01:5,2:007")).accept_counts == (5, 7)
 
 
+def test_profile_held_is_a_typed_field_on_both_paths():
+    """``held=K`` (a tuitune hold in force, docs/switch.md) parses as an int; absent, None."""
+    assert parse_line(PROFILE_V2).held is None
+    line = PROFILE_V2.replace(" sync=", " held=3 sync=") if " sync=" in PROFILE_V2 else PROFILE_V2 + " held=3"
+    at = line.find("EAGLE3_PROFILE")
+    for fast in (True, False):
+        ev = parse._profile(line, at, fast=fast)
+        assert ev.kind == "profile" and ev.held == 3 and ev.extra == {}, fast
+    assert from_dict(json.loads(json.dumps(ev.to_dict()))).held == 3
+    bad = parse._profile(line.replace("held=3", "held=x"), at, fast=False)
+    assert bad.kind == "profile" and bad.held is None  # as any optional key that is not a number
+
+
 def test_profile_examples():
     a, b, c = map(parse_line, PROFILE_EXAMPLES)
     assert a.kind == "profile" and a.ts == "2026-11-29 16:02:11" and a.rank == "TP0"

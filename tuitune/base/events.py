@@ -105,6 +105,7 @@ class ProfileWindow(Event, frozen=True, tag="profile", forbid_unknown_fields=Tru
     accept_hist: str | None = None  # request-cycles per accepted length, bonus token included
     verify_tokens: int | None = None  # tokens in one verify forward: bs x draft tokens
     bs_hist: str | None = None  # cycles per batch size
+    held: int | None = None  # the step count a tuitune hold kept in force (docs/switch.md); None: the engine's own
     extra: dict = {}
     ts: str | None = None
     rank: str | None = None

@@ -82,7 +82,7 @@ _PROFILE_CONV: dict[str, Callable[[str], Any]] = {
             "draft_accept_len",
         )
     },
-    **{k: as_int for k in ("v", "cycles", "bs", "steps", "topk", "draft_tokens", "verify_tokens", "drafts")},
+    **{k: as_int for k in ("v", "cycles", "bs", "steps", "topk", "draft_tokens", "verify_tokens", "drafts", "held")},
     "sync": str,
     "drafter": str,
     "accept_hist": str,

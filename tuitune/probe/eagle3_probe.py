@@ -44,7 +44,13 @@ that found no match drafted nothing: length 1); ``drafts`` and ``draft_accept_le
 request-steps that verified a draft, as vLLM's own "Mean acceptance length" does.
 
 ``python eagle3_probe.py --check [--sglang-path DIR]`` reads SGLang's source with ``ast`` (no
-import, no GPU) and reports which phases it can patch.
+import, no GPU) and reports which phases it can patch, and whether the switch's patch points exist.
+
+The switch (docs/switch.md): with ``TUITUNE_SWITCH_FILE`` and ``TUITUNE_SWITCH_KEY`` set (a launch
+prepared for switching), the engine's own per-cycle switching code is hooked (vLLM's
+``Scheduler.schedule``, SGLang's ``AdaptiveController``): at most every 50 ms the file is looked
+at, a signed command to hold a step count (or to release it) is checked and applied through the
+engine's own machinery, and acknowledged in ``<file>.ack``. Without them nothing is hooked.
 
 Why one file of this size: it is copied to the target and imported inside the engine by
 ``sitecustomize``, stdlib only; one self-contained file is what can be uploaded and checked.
@@ -53,6 +59,8 @@ Why one file of this size: it is copied to the target and imported inside the en
 from __future__ import annotations
 
 import ast
+import hashlib
+import hmac
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -60,6 +68,7 @@ import json
 import logging
 import math
 import os
+import stat
 import sys
 import time
 
@@ -146,6 +155,8 @@ class Recorder:
             "draft_tokens": None,
             "spec_reqs": None,  # vLLM: the requests this step verified a draft for
             "drafts": None,  # vLLM: [request-steps with a draft, drafts accepted in them]
+            "sched_k": None,  # vLLM: the K its scheduler scheduled for this step (its lookup's)
+            "held": None,  # the step count a tuitune hold keeps in force (None: the engine's own policy)
         }
 
     def _setup(self, worker) -> None:
@@ -183,6 +194,8 @@ class Recorder:
             "num_speculative_tokens",
             getattr(worker, "num_speculative_tokens", None),
         )
+        if isinstance(self.cycle["sched_k"], int) and isinstance(k, int):
+            k = self.cycle["sched_k"]  # the K this step runs at, not only the configured maximum
         if isinstance(k, int) and not isinstance(k, bool):  # vLLM: a chain of k drafts, k + 1 tokens verified
             self.cycle.update(steps=k, draft_tokens=k + 1)
             self.meta["topk"] = 1
@@ -214,6 +227,13 @@ class Recorder:
             self.in_step = True
         if self.cycle["t0"] is None:
             self.cycle["t0"] = time.perf_counter()
+            self.cycle["held"] = SWITCH.held_now() if SWITCH is not None else None
+        if phase == "step" and _vllm_batch_size(args[0] if args else None):  # a step with tokens scheduled
+            k = self.cycle["sched_k"] = _scheduled_k(args[0])
+            held = SWITCH.held_now() if SWITCH is not None else None
+            # vLLM's worker learns of a hold from the ack, a step or two after its scheduler: a
+            # step at another K than the hold's is the scheduler's own again (released)
+            self.cycle["held"] = held if k is None or held in (None, k) else None
         self._read_steps(worker)
         if self.sync == "event":
             e = self.torch.cuda.Event(enable_timing=True)
@@ -311,12 +331,13 @@ class Recorder:
         self.cycle = self._new_cycle()
         if c["verify"] or c["step"]:
             c["wall_ms"] = (time.perf_counter() - c["t0"]) * 1000.0 if c["t0"] else math.nan
-            if self.cycles and (self.cycles[0]["steps"], self.cycles[0]["draft_tokens"]) != (
-                c["steps"],
-                c["draft_tokens"],
-            ):
-                # the steps changed (adaptive mode): one line per configuration; this cycle's
-                # accept lengths, already in the ring, open the next window
+            if self.cycles and (
+                self.cycles[0]["steps"],
+                self.cycles[0]["draft_tokens"],
+                self.cycles[0]["held"],
+            ) != (c["steps"], c["draft_tokens"], c["held"]):
+                # the steps changed (adaptive mode, a schedule, a hold): one line per configuration;
+                # this cycle's accept lengths, already in the ring, open the next window
                 self._close_window(c.get("lens_at"))
             self.cycles.append(c)
         if len(self.cycles) >= self.window:
@@ -383,6 +404,7 @@ class Recorder:
         config = [("steps", first["steps"]), ("topk", self.meta.get("topk")), ("draft_tokens", first["draft_tokens"])]
         if self.meta.get("drafter"):
             config.append(("drafter", self.meta["drafter"]))
+        config.append(("held", first["held"]))
         fields = (
             [("v", 2), ("cycles", n)]
             + ([("bs", bs)] if bs else [])
@@ -508,6 +530,15 @@ def _disable(error: BaseException) -> None:
         pass
 
 
+def _scheduled_k(scheduler_output) -> int | None:
+    """vLLM: the K the scheduler scheduled this step (its schedule's or a hold's), from its output's
+    ``num_spec_tokens_to_schedule`` (the K the drafter is told to propose; vLLM 0.32 on). Not the
+    lengths of ``scheduled_spec_decode_tokens``: a look-up drafter's partial match is shorter than K
+    without any change of setting. None where the output has no such field (the configured K)."""
+    k = getattr(scheduler_output, "num_spec_tokens_to_schedule", None)
+    return k if isinstance(k, int) and not isinstance(k, bool) else None
+
+
 def _vllm_batch_size(scheduler_output) -> int | None:
     scheduled = getattr(scheduler_output, "num_scheduled_tokens", None)
     return len(scheduled) if isinstance(scheduled, dict) and scheduled else None
@@ -589,17 +620,335 @@ class _Loader(importlib.abc.Loader):
     def exec_module(self, module):
         self.inner.exec_module(module)
         patch_module(module)
+        patch_switch(module)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
-        if fullname not in TARGETS:
+        if fullname not in TARGETS and (SWITCH is None or fullname not in SWITCH_TARGETS):
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
             return spec
         spec.loader = _Loader(spec.loader)
         return spec
+
+
+# ---- switch: hold a step count through the engine's own switching code (docs/switch.md) ----------
+
+SWITCH_TARGETS = {
+    # vLLM: the scheduler looks K up per batch size at every step when a schedule is set
+    "vllm.v1.core.sched.scheduler": {"Scheduler": ("schedule",)},
+    # SGLang --speculative-adaptive: the controller that swaps prepared runtime states
+    "sglang.srt.speculative.adaptive_runtime_state": {
+        "AdaptiveController": ("on_verify_complete", "_activate", "activate_step_by_batch")
+    },
+}
+SWITCH_OPTIONAL = {"activate_step_by_batch"}  # SGLang versions before it switch in on_verify_complete only
+SWITCH_POLL_S = 0.05
+SWITCH_FIELDS = ("v", "seq", "hold")
+
+
+def switch_canonical(command: dict) -> bytes:
+    """The signed bytes of a command: its v, seq and hold as JSON, keys sorted, no spaces."""
+    return json.dumps({k: command.get(k) for k in SWITCH_FIELDS}, sort_keys=True, separators=(",", ":")).encode()
+
+
+def switch_mac(key: bytes, command: dict) -> str:
+    return hmac.new(key, switch_canonical(command), hashlib.sha256).hexdigest()
+
+
+def _write_atomic(path: str, data: dict) -> None:
+    """``path`` replaced in one rename by a 0600 file of the same folder holding ``data`` as JSON."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, (json.dumps(data, sort_keys=True) + "\n").encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+class Switch:
+    """The reader of one launch's switch file: checks each new command, tells the engine's hook
+    what to hold, acknowledges in ``<file>.ack``. ``hold`` is the step count held (None: the
+    engine's own policy); ``seq`` the last authentic command's."""
+
+    def __init__(self, path: str, key: bytes):
+        self.path = path
+        self.key = key
+        self.seq = 0
+        self.hold: int | None = None
+        self.applies = False  # this process runs the engine's switching code (its hook was called)
+        self.next_poll = 0.0
+        self.seen: tuple | None = None  # (mtime, size, inode) of the file last read
+        self.ack_seen: tuple | None = None
+        self.logger: logging.Logger | None = None
+
+    @classmethod
+    def from_env(cls) -> Switch | None:
+        path, key = os.environ.get("TUITUNE_SWITCH_FILE", ""), os.environ.get("TUITUNE_SWITCH_KEY", "")
+        if not path or not key:
+            return None
+        try:
+            raw = bytes.fromhex(key)
+        except ValueError:
+            raw = b""
+        if len(raw) < 16:
+            sys.stderr.write("EAGLE3_SWITCH: TUITUNE_SWITCH_KEY is not a hex key of 16 bytes or more; no switch\n")
+            return None
+        return cls(path, raw)
+
+    # ---- the engine's side ---------------------------------------------------------------------
+    def due(self) -> dict | None:
+        """A new authentic command to apply, or None (nothing new, not yet time, or refused: a
+        refusal is acknowledged here). At most one look at the file every SWITCH_POLL_S."""
+        self.applies = True
+        now = time.monotonic()
+        if now < self.next_poll:
+            return None
+        self.next_poll = now + SWITCH_POLL_S
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        mark = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if mark == self.seen:
+            return None
+        self.seen = mark
+        command, why = self._read()
+        if why is not None:
+            self.answer(command.get("seq") if isinstance(command, dict) else None, None, why)
+            return None
+        return command
+
+    def _read(self) -> tuple[dict | None, str | None]:
+        """(command, None) for one to apply, else (what could be read, the refusal)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError as e:
+            return None, f"the command file cannot be opened ({e.strerror})"
+        try:
+            st = os.fstat(fd)  # the file read is the file checked
+            if st.st_uid != os.geteuid():
+                return None, f"the command file belongs to uid {st.st_uid}, not to the engine's user"
+            if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                return None, "the command file is writable by others than its owner"
+            data = os.read(fd, 65536)
+        finally:
+            os.close(fd)
+        try:
+            command = json.loads(data)
+        except ValueError:
+            return None, "the command file is not JSON"
+        if not isinstance(command, dict) or not isinstance(command.get("mac"), str):
+            return None, "the command is no JSON object with a mac"
+        if not hmac.compare_digest(command["mac"], switch_mac(self.key, command)):
+            return command, "the command's mac does not match this launch's key"
+        seq, hold = command.get("seq"), command.get("hold")
+        if command.get("v") != 1 or type(seq) is not int:
+            return command, "the command is not version 1 with an integer seq"
+        if seq <= self.seq:
+            return command, f"seq {seq} is not after the last accepted ({self.seq}): a replay"
+        self.seq = seq  # authentic and new: what follows refuses or applies it, never again
+        if hold is not None and not (isinstance(hold, dict) and type(hold.get("steps")) is int):
+            return command, 'hold must be null or {"steps": K} with an integer K'
+        return command, None
+
+    def answer(self, seq, steps: int | None, why: str | None) -> None:
+        """Acknowledge one command (``why`` None: applied) and log it, never raising."""
+        applied = why is None
+        if applied:
+            self.hold = steps
+        try:
+            text = "hold" if steps is not None else "release"
+            ack = {"seq": seq, "applied": applied, "steps": steps, "held": self.hold}
+            ack["why"] = f"{text} applied through the engine's own switching code" if applied else why
+            _write_atomic(self.path + ".ack", ack)
+        except Exception as e:  # noqa: BLE001 - the engine runs on; the line below says it
+            why = f"{why or 'applied'}; and the ack could not be written ({type(e).__name__}: {e})"
+        try:
+            (self.logger or logging.getLogger("eagle3_switch")).info(
+                "EAGLE3_SWITCH seq=%s hold=%s applied=%d%s",
+                seq,
+                "release" if steps is None and applied else steps,
+                1 if applied else 0,
+                "" if applied else f" why={why}",
+            )
+        except Exception:  # noqa: BLE001
+            pass
+
+    # ---- the profile's side -------------------------------------------------------------------
+    def held_now(self) -> int | None:
+        """The step count held for a profile line: this process's own where it applies commands,
+        else (vLLM's worker process, apart from its scheduler) what the last ack says."""
+        if self.applies:
+            return self.hold
+        now = time.monotonic()
+        if now >= self.next_poll:
+            self.next_poll = now + SWITCH_POLL_S
+            try:
+                st = os.stat(self.path + ".ack")
+                mark = (st.st_mtime_ns, st.st_size, st.st_ino)
+                if mark != self.ack_seen:
+                    self.ack_seen = mark
+                    with open(self.path + ".ack", encoding="utf-8") as f:
+                        held = json.load(f).get("held")
+                    self.hold = held if type(held) is int else None
+            except (OSError, ValueError, AttributeError):
+                pass
+        return self.hold
+
+
+SWITCH: Switch | None = None
+
+
+def _switch_tick(engine, apply) -> None:
+    """One look from the engine's per-cycle hook: a new command is applied by ``apply(engine, K)``
+    (None: applied, else the refusal), acknowledged either way. Never raises."""
+    sw = SWITCH
+    if sw is None:
+        return
+    try:
+        if sw.logger is None:
+            sw.logger = logging.getLogger(type(engine).__module__)
+        command = sw.due()
+        if command is None:
+            return
+        hold = command["hold"]
+        steps = None if hold is None else hold["steps"]
+        try:
+            why = apply(engine, steps)
+        except Exception as e:  # noqa: BLE001 - the engine's switching code refused it
+            why = f"the engine's switching code failed ({type(e).__name__}: {e})"
+        sw.answer(command["seq"], steps, why)
+    except Exception as e:  # noqa: BLE001 - nothing of the switch may take the engine down
+        try:
+            logging.getLogger("eagle3_switch").warning("EAGLE3_SWITCH failed: %s: %s", type(e).__name__, e)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _vllm_apply(sched, steps: int | None) -> str | None:
+    """vLLM: hold K by a constant lookup in place of the schedule's; release puts the schedule back."""
+    own = sched.__dict__.get("_tuitune_own_lookup", _MISSING)
+    if steps is None:
+        if own is not _MISSING:
+            sched.dynamic_sd_lookup = own
+            del sched._tuitune_own_lookup
+        return None
+    lookup = sched.dynamic_sd_lookup if own is _MISSING else own
+    if lookup is None:
+        return (
+            "this launch has no num_speculative_tokens_per_batch_size schedule: add one to "
+            "--speculative-config (e.g. [[1, MAX_NUM_SEQS, K]]) and relaunch to switch K in it"
+        )
+    kmax = getattr(sched, "num_spec_tokens", None)
+    if not isinstance(kmax, int) or not 0 <= steps <= kmax:
+        return f"K={steps} is outside 0..{kmax}, the num_speculative_tokens this launch was started with"
+    if own is _MISSING:
+        sched._tuitune_own_lookup = lookup
+    sched.dynamic_sd_lookup = [steps] * len(lookup)
+    return None
+
+
+def _sglang_apply(ctrl, steps: int | None) -> str | None:
+    """SGLang: hold steps by activating its prepared runtime state; release asks the policy again."""
+    worker = ctrl.worker
+    if steps is None:
+        bs = ctrl.__dict__.get("_tuitune_bs")
+        choose = getattr(ctrl.params, "get_steps_for_batch", None)
+        if bs is not None and callable(choose):
+            target = choose(bs)
+            if target != worker.speculative_num_steps:
+                ctrl._activate(target)
+        return None
+    states = getattr(ctrl, "_states", None) or getattr(ctrl, "states", None) or {}
+    if steps not in states:
+        return (
+            f"steps {steps} has no runtime state in this launch (prepared: {sorted(states)}): add it to "
+            "the adaptive config's candidate_steps and relaunch"
+        )
+    if steps != worker.speculative_num_steps:
+        ctrl._activate(steps)
+    return None
+
+
+_MISSING = object()
+
+
+def _switch_wrap(cls, name: str) -> None:
+    original = cls.__dict__.get(name)
+    if original is None or getattr(original, "__eagle3_switch__", False):
+        return
+    if cls.__name__ == "Scheduler":
+
+        def wrapper(self, *args, **kwargs):
+            _switch_tick(self, _vllm_apply)
+            return original(self, *args, **kwargs)
+
+    elif name == "activate_step_by_batch":
+
+        def wrapper(self, *args, **kwargs):
+            if args and isinstance(args[0], int):
+                self._tuitune_bs = args[0]
+            _switch_tick(self, _sglang_apply)
+            if SWITCH is not None and SWITCH.hold is not None:
+                return None  # held: the policy's choice is not asked for
+            return original(self, *args, **kwargs)
+
+    elif name == "on_verify_complete":
+
+        def wrapper(self, *args, **kwargs):
+            _switch_tick(self, _sglang_apply)
+            held = SWITCH.hold if SWITCH is not None else None
+            if held is None:
+                return original(self, *args, **kwargs)
+            if held != self.worker.speculative_num_steps:  # versions that switch only here
+                self._activate(held)
+            return None  # held: the policy's feedback is frozen
+
+    else:
+        return
+    wrapper.__eagle3_switch__ = True
+    wrapper.__wrapped__ = original
+    wrapper.__name__ = original.__name__
+    setattr(cls, name, wrapper)
+
+
+def patch_switch(module) -> None:
+    """Hook the engine's switching code of this module (only with a switch configured)."""
+    if SWITCH is None:
+        return
+    for cls_name, methods in SWITCH_TARGETS.get(module.__name__, {}).items():
+        cls = getattr(module, cls_name, None)
+        missing = [m for m in methods if m not in SWITCH_OPTIONAL and cls is not None and m not in cls.__dict__]
+        if cls is None or missing:
+            logging.getLogger(module.__name__).warning(
+                "EAGLE3_SWITCH: %s%s not found in %s; no switch in this launch",
+                cls_name,
+                "." + ", ".join(missing) if missing else "",
+                module.__name__,
+            )
+            continue
+        for meth in methods:
+            _switch_wrap(cls, meth)
+
+
+def install_switch() -> bool:
+    """Called from sitecustomize when TUITUNE_SWITCH_FILE is set: hook the switching code."""
+    global SWITCH
+    if SWITCH is not None:
+        return True
+    SWITCH = Switch.from_env()
+    if SWITCH is None:
+        return False
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
+    for name in SWITCH_TARGETS:
+        if name in sys.modules:
+            patch_switch(sys.modules[name])
+    return True
 
 
 def install() -> None:
@@ -609,7 +958,8 @@ def install() -> None:
         return
     sync = os.environ.get("EAGLE3_PROFILE_SYNC", "event").lower()
     RECORDER = Recorder(int(os.environ.get("EAGLE3_PROFILE_WINDOW", "40")), "host" if sync == "host" else "event")
-    sys.meta_path.insert(0, _Finder())
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
     for name in TARGETS:  # already imported (e.g. installed late): patch in place
         if name in sys.modules:
             patch_module(sys.modules[name])
@@ -659,6 +1009,7 @@ def check(sglang_path: str | None = None, engine: str = "sglang") -> dict:
                 ok = meth in defined.get(cls, set())
                 found.setdefault(module, {})[f"{cls}.{meth}"] = {"phase": phase, "found": ok}
     usable = [m for m, entries in found.items() if all(e["found"] for e in entries.values())]
+    switch = _check_switch(root, engine)
     phases = sorted({e["phase"] for m in usable for e in found[m].values()})
     missing = sorted(set(ENGINE_PHASES[engine]) - set(phases))
     return {
@@ -670,7 +1021,38 @@ def check(sglang_path: str | None = None, engine: str = "sglang") -> dict:
         "phases": phases,
         "missing": missing,
         "ok": not missing,
+        "switch": switch,
     }
+
+
+# what each engine's switch reads or calls besides the hooked methods (names in the module's source)
+SWITCH_NAMES = {
+    "vllm.v1.core.sched.scheduler": ("dynamic_sd_lookup", "num_spec_tokens"),
+    "sglang.srt.speculative.adaptive_runtime_state": ("_states", "params", "worker"),
+}
+
+
+def _check_switch(root: str, engine: str) -> dict:
+    """Whether the switch's patch points exist in this source tree (ast, nothing imported)."""
+    points: dict[str, bool] = {}
+    for module, classes in SWITCH_TARGETS.items():
+        if module.split(".")[0] != engine:
+            continue
+        path = os.path.join(root, module.split(".", 1)[1].replace(".", os.sep) + ".py")
+        tree = ast.parse(open(path, encoding="utf-8").read()) if os.path.exists(path) else None
+        defined = {
+            n.name: {m.name for m in n.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            for n in (tree.body if tree else [])
+            if isinstance(n, ast.ClassDef)
+        }
+        attrs = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} if tree else set()
+        for cls, methods in classes.items():
+            for meth in methods:
+                points[f"{module}:{cls}.{meth}"] = meth in defined.get(cls, set())
+        for name in SWITCH_NAMES.get(module, ()):
+            points[f"{module}:self.{name}"] = name in attrs
+    needed = {k: v for k, v in points.items() if k.rsplit(".", 1)[-1] not in SWITCH_OPTIONAL}
+    return {"points": points, "ok": bool(needed) and all(needed.values())}
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """tuitune's probe entry point: on PYTHONPATH, Python imports this in every process it starts
-(SGLang's TP workers included). With EAGLE3_PROFILE unset it does nothing but chain to the next
+(SGLang's TP workers included). With EAGLE3_PROFILE and TUITUNE_SWITCH_FILE unset it does nothing but chain to the next
 sitecustomize on the path, so an existing one keeps working."""
 
 import importlib.machinery
@@ -9,13 +9,18 @@ import sys
 
 _here = os.path.dirname(os.path.abspath(__file__))
 
-if os.environ.get("EAGLE3_PROFILE", "") not in ("", "0"):
+_profile = os.environ.get("EAGLE3_PROFILE", "") not in ("", "0")
+_switch = bool(os.environ.get("TUITUNE_SWITCH_FILE")) and bool(os.environ.get("TUITUNE_SWITCH_KEY"))
+if _profile or _switch:
     if _here not in sys.path:
         sys.path.insert(0, _here)
     try:
         import eagle3_probe
 
-        eagle3_probe.install()
+        if _profile:
+            eagle3_probe.install()
+        if _switch:  # a launch prepared for switching (docs/switch.md)
+            eagle3_probe.install_switch()
     except Exception as _e:  # noqa: BLE001 - the server must start, profiled or not
         sys.stderr.write(f"EAGLE3_PROFILE: probe not installed ({type(_e).__name__}: {_e})\n")
 

@@ -23,6 +23,7 @@ from aiohttp import web
 from tuitune.sim import adaptive as sim_adaptive
 from tuitune.sim import args as sim_args
 from tuitune.sim import model, multinode
+from tuitune.sim import switch as sim_switch
 
 VERSION = "0.5.3 (tuitune.sim)"
 HIDDEN_SIZE = 7168  # Kimi-K2.5 / DeepSeek-V3 shape: decode all-reduce = hidden × tokens × 2 B
@@ -123,6 +124,7 @@ class Window:
         self.accept_hist: Counter[int] = Counter()
         self.tokens = 0
         self.verifies = 0
+        self.held: int | None = None  # a tuitune hold in force through the window (docs/switch.md)
 
     def add(self, bs: int, accepted: list[int], draft: float, verify: float, extend: float, other: float) -> None:
         self.cycles += 1
@@ -153,6 +155,7 @@ class Window:
             f"verify_ms={v:.3f} extend_ms={e:.3f} other_ms={o:.3f} cycle_ms={cycle:.3f} "
             f"accept_len={accept_len:.3f} accept_hist={hist} bs_hist={bs_hist} eff_tok_s={eff:.2f} "
             f"p50_verify_ms={p50:.3f} p90_verify_ms={p90:.3f} max_verify_ms={srt[-1]:.3f} sync=sim"
+            + ("" if self.held is None else f" held={self.held}")
         )
 
 
@@ -199,7 +202,8 @@ class Simulator:
             internode_ms=multinode.internode_ms(self.env, nnodes, ns.speculative_num_draft_tokens or 1),
         )
         self.warnings = warnings
-        self.adaptive: sim_adaptive.AdaptiveSteps | None = None  # --speculative-adaptive
+        self.adaptive: sim_adaptive.AdaptiveSteps | sim_switch.DynamicSchedule | None = None  # steps by batch size
+        self.switch = sim_switch.SimSwitch.from_env(lambda msg: self.log.line(msg, force=True))
         self.profile = os.environ.get("EAGLE3_PROFILE", "") not in ("", "0")
         self.record_step_time = os.environ.get("SGLANG_RECORD_STEP_TIME", "") not in ("", "0")
         self.max_running = ns.max_running_requests or 256
@@ -471,6 +475,8 @@ class Simulator:
             if not self.running:
                 continue
             bs = len(self.running)
+            if self.switch is not None:
+                self.switch.tick(self.refuse_hold)
             if self.adaptive is not None:
                 win = self.adapt_steps(win, bs, loop.time())
             context = sum(r.prompt_tokens + r.produced for r in self.running) / bs
@@ -492,7 +498,7 @@ class Simulator:
                 accepted.append(n)
                 self.emit(r, n)
             self.total_accept += sum(accepted)
-            if self.adaptive is not None:
+            if self.adaptive is not None and win.held is None:  # held: the policy's feedback is frozen
                 self.adaptive.observe(bs, accepted)
             self.total_verify += bs
             if self.cfg.speculative:  # SGLang's device timer's categories (real seconds, as the server sees them)
@@ -514,17 +520,34 @@ class Simulator:
                 win = Window(loop.time())
 
     def adapt_steps(self, win: Window, bs: int, now: float) -> Window:
-        """Adaptive mode: the steps for this batch size; a profile window never mixes two."""
-        steps = self.adaptive.steps_for(bs)
-        if steps == self.cfg.steps:
+        """Adaptive mode (or a schedule): the steps for this batch size, or a hold's; a profile window
+        never mixes two settings."""
+        held = self.switch.hold if self.switch is not None else None
+        steps = held if held is not None else self.adaptive.steps_for(bs)
+        if steps == self.cfg.steps and held == win.held:
             return win
         if win.cycles:
             self.report_window(win, now)
             win = Window(now)
+        win.held = held
+        if steps == self.cfg.steps:
+            return win
         self.log.line(f"Adaptive speculative steps {self.cfg.steps} -> {steps} at batch size {bs}")
         cfg = replace(self.cfg, steps=steps, draft_tokens=steps + 1)
         self.cfg = replace(cfg, tree=model.build_tree(cfg))
         return win
+
+    def refuse_hold(self, steps: int | None) -> str | None:
+        """Why this launch cannot hold ``steps`` (None: it can): only the candidate steps of its
+        adaptive config have runtime states."""
+        if self.adaptive is None:
+            return "this server runs without --speculative-adaptive: relaunch with it to switch steps in one launch"
+        if steps is None:
+            return None
+        prepared = sorted({s for b in getattr(self.adaptive, "buckets", {}).values() for s in b.candidates})
+        if steps not in prepared:
+            return f"steps {steps} has no runtime state in this launch (prepared: {prepared})"
+        return None
 
     def note_lag(self, late_s: float, cycle_s: float) -> None:
         """Count cycles that started late: a CPU-bound simulator decodes slower than its model."""

@@ -32,6 +32,7 @@ from aiohttp import web
 
 from tuitune.sim import args as sim_args
 from tuitune.sim.server import Log, Simulator
+from tuitune.sim.switch import DynamicSchedule
 
 VERSION = "0.33.0"
 KV_TOKENS = 1_062_144  # the KV cache's capacity in tokens, as the SGLang dialect reports it
@@ -54,6 +55,7 @@ class VllmLog(Log):
         "Decode batch",
         "EAGLE3_PROFILE",
         "The server is fired up",
+        "Adaptive speculative steps",  # the SGLang dialect's word for a change of steps
         "INFO:     Uvicorn running on",
     )  # vLLM serves on a socket it bound itself
 
@@ -143,6 +145,7 @@ def speculative(ns, tp: int) -> tuple[str | None, int, str | None]:
             "enforce_eager",
             "prompt_lookup_max",
             "prompt_lookup_min",
+            "num_speculative_tokens_per_batch_size",
         }
     )
     if unknown:
@@ -228,11 +231,36 @@ class VllmSimulator(Simulator):
         k = self.cfg.steps if self.cfg.speculative else 0
         self.k = k
         self.acc = self._zero()
+        self.prof = self._zero()  # the probe's window: closed on a change of K or hold, else with the stats
         self.prompt_tokens = 0
         self.metrics = Metrics(ns.served_model_name, k)
 
+    def refuse_hold(self, steps: int | None) -> str | None:
+        """vLLM holds K by its schedule's lookup: a launch without a schedule cannot switch."""
+        if self.adaptive is None:
+            return (
+                "this launch has no num_speculative_tokens_per_batch_size schedule: add one to "
+                "--speculative-config and relaunch to switch K in it"
+            )
+        if steps is not None and not 0 <= steps <= self.k:
+            return f"K={steps} is outside 0..{self.k}, the num_speculative_tokens this launch was started with"
+        return None
+
+    def adapt_steps(self, win, bs: int, now: float):
+        """A schedule's (or a hold's) K for this step; the probe's line closes when it changes."""
+        win = super().adapt_steps(win, bs, now)
+        key = (self.cfg.steps, win.held)
+        if self.prof["cycles"] and self.prof["key"] != key and self.profile:
+            self.log_profile(self.prof)
+        if self.prof["key"] != key:
+            self.prof = self._zero()
+        self.prof["key"] = key
+        return win
+
     def _zero(self) -> dict:
         return {
+            "key": (self.cfg.steps, None),  # (K, held) of the probe's window
+            "drafted": 0,
             "drafts": 0,
             "accepted": 0,
             "per_pos": [0] * self.k,
@@ -331,15 +359,18 @@ class VllmSimulator(Simulator):
     # ---- statistics ----------------------------------------------------------------------
     def emit(self, r, n: int) -> int:
         seen = getattr(r, "vllm_verifies", 0)
-        if self.k and r.verify_ct > seen:  # a verify step (not the prefill's first token)
+        k = self.cfg.steps  # this step's K (a schedule's or a hold's), at most self.k
+        if k and r.verify_ct > seen:  # a verify step (not the prefill's first token)
             r.vllm_verifies = r.verify_ct
-            accepted = min(max(0, n - 1), self.k)
-            self.acc["drafts"] += 1
-            self.acc["accepted"] += accepted
+            accepted = min(max(0, n - 1), k)
+            for a in (self.acc, self.prof):
+                a["drafts"] += 1
+                a["drafted"] += k
+                a["accepted"] += accepted
+                a["hist"][accepted + 1] += 1  # tokens this verify kept, the bonus token included
             for i in range(accepted):
                 self.acc["per_pos"][i] += 1
-            self.acc["hist"][accepted + 1] += 1  # tokens this verify kept, the bonus token included
-            self.metrics.observe_draft(self.k, accepted)
+            self.metrics.observe_draft(k, accepted)
         out = super().emit(r, n)
         self.acc["gen"] += out
         self.metrics.generation.inc(out)
@@ -354,11 +385,11 @@ class VllmSimulator(Simulator):
     def report_window(self, win, now: float) -> None:
         # the shared scheduler closes a window every cycle here (decode_log_interval 1); vLLM logs
         # on a clock, so the window is only added up (the drafter's extend belongs to its propose)
-        a = self.acc
-        a["cycles"] += win.cycles
-        a["draft"] += win.sums["draft"] + win.sums["extend"]
-        a["verify"] += win.sums["verify"] + win.sums["other"]
-        a["verifies"] += win.verify_samples
+        for a in (self.acc, self.prof):
+            a["cycles"] += win.cycles
+            a["draft"] += win.sums["draft"] + win.sums["extend"]
+            a["verify"] += win.sums["verify"] + win.sums["other"]
+            a["verifies"] += win.verify_samples
         self.last_gen_throughput = win.tokens / max(now - win.start, 1e-9)
 
     async def stats_logger(self) -> None:
@@ -383,7 +414,7 @@ class VllmSimulator(Simulator):
             f"Prefix cache hit rate: 0.0%",
         )
         if a["drafts"]:
-            drafted = a["drafts"] * self.k
+            drafted = a["drafted"]
             rates = ", ".join(f"{c / a['drafts']:.3f}" for c in a["per_pos"])
             self.log.at(
                 "APIServer",
@@ -394,23 +425,26 @@ class VllmSimulator(Simulator):
                 f"Drafted: {drafted} tokens, Per-position acceptance rate: {rates}, "
                 f"Avg Draft acceptance rate: {a['accepted'] / drafted * 100:.1f}%",
             )
-        if self.profile and self.cfg.speculative and a["cycles"]:
-            self.log_profile(a)
+        if self.profile and self.cfg.speculative and self.prof["cycles"]:
+            self.log_profile(self.prof)
+            self.prof = {**self._zero(), "key": self.prof["key"]}  # the setting runs on
 
     def log_profile(self, a: dict) -> None:
         """What tuitune's probe prints from inside vLLM's engine core (a process of its own)."""
         n = a["cycles"]
+        k, held = a["key"]
         d, v = a["draft"] / n, a["verify"] / n
         s = sorted(a["verifies"])
         accept = 1 + a["accepted"] / max(1, a["drafts"])
-        bs = max(1, round(a["drafts"] / n))
+        bs = max(1, round(a["drafts"] / n)) if k else 1
         hist = ",".join(f"{k}:{c}" for k, c in sorted(a["hist"].items()))
         self.log.at(
             "EngineCore_DP0",
             "gpu_model_runner.py:3906",
-            f"EAGLE3_PROFILE v=2 cycles={n} bs={bs} steps={self.k} topk=1 draft_tokens={self.k + 1} "
+            f"EAGLE3_PROFILE v=2 cycles={n} bs={bs} steps={k} topk=1 draft_tokens={k + 1} "
             + ("drafter=ngram " if self.cfg.model_free else "")
-            + f"verify_tokens={bs * (self.k + 1)} draft_ms={d:.3f} verify_ms={v:.3f} extend_ms=0.000 "
+            + ("" if held is None else f"held={held} ")
+            + f"verify_tokens={bs * (k + 1)} draft_ms={d:.3f} verify_ms={v:.3f} extend_ms=0.000 "
             f"cycle_ms={d + v:.3f} accept_len={accept:.3f} accept_hist={hist} "
             f"eff_tok_s={accept * bs / (d + v) * 1000:.2f} "
             f"p50_verify_ms={s[len(s) // 2]:.3f} p90_verify_ms={s[min(len(s) - 1, int(len(s) * 0.9))]:.3f} "
@@ -571,6 +605,13 @@ def main(argv: list[str]) -> int:
         )
         return 1
     sim = VllmSimulator(ns, vns, faults, machine, acceptance, non_default)
+    table = (vns.speculative_config or {}).get("num_speculative_tokens_per_batch_size")
+    if table is not None:
+        try:
+            sim.adaptive = DynamicSchedule(table, sim.k)
+        except ValueError as e:
+            log.plain(f"ValueError: {e}")
+            return 1
     try:
         return asyncio.run(sim.run())
     except KeyboardInterrupt:

@@ -1,0 +1,180 @@
+"""The switch: tuitune's side of the control channel that holds a step count inside a running
+launch (docs/switch.md; the probe's side is ``eagle3_probe.Switch``).
+
+A launch prepared for switching gets ``TUITUNE_SWITCH_FILE`` and ``TUITUNE_SWITCH_KEY`` in its
+environment (``prepare``); the key is also kept on the target, ``<state dir>/switch/<port>.key``
+(0600), so that a later tuitune process of the same user can sign. ``hold(K)`` / ``release()``
+write a signed command with the next sequence number (atomically, 0600, through the transport)
+and wait for the engine's acknowledgement in ``<port>.json.ack``. Nothing listens on the network:
+the engine looks at the file from its own scheduling loop, so an idle server acknowledges at its
+next step (``nudge``: a coroutine the wait calls, e.g. one short request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from tuitune.base.errors import TuituneError
+from tuitune.machine.transport import Transport
+from tuitune.preset import shell_path
+from tuitune.probe import eagle3_probe
+
+SWITCH_DIR = "~/.cache/tuitune/switch"  # beside servers/ (record.STATE_DIR)
+FILE_ENV, KEY_ENV = "TUITUNE_SWITCH_FILE", "TUITUNE_SWITCH_KEY"
+
+
+class SwitchError(TuituneError):
+    """A switch command that could not be given or was not applied (one sentence)."""
+
+
+class SwitchRefused(SwitchError):
+    """The engine read the command and refused it; the sentence is its ``why``."""
+
+
+class SwitchTimeout(SwitchError):
+    """No acknowledgement came in time."""
+
+
+@dataclass(frozen=True)
+class Ack:
+    """The engine's answer to one command (its ``.ack`` file)."""
+
+    seq: int | None
+    applied: bool
+    steps: int | None  # what the command asked to hold (None: release)
+    held: int | None  # what the engine holds now (None: its own policy)
+    why: str
+
+    @classmethod
+    def from_json(cls, text: str) -> Ack | None:
+        try:
+            d = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(d, dict):
+            return None
+        seq, steps, held = d.get("seq"), d.get("steps"), d.get("held")
+        return cls(
+            seq if type(seq) is int else None,
+            d.get("applied") is True,
+            steps if type(steps) is int else None,
+            held if type(held) is int else None,
+            str(d.get("why", "")),
+        )
+
+
+def sign(key: bytes, seq: int, steps: int | None) -> dict:
+    """The command that holds ``steps`` (None: releases), signed with the launch's key."""
+    command: dict = {"v": 1, "seq": seq, "hold": None if steps is None else {"steps": steps}}
+    command["mac"] = eagle3_probe.switch_mac(key, command)
+    return command
+
+
+class Switch:
+    """The switch of the launch on ``port`` of the target reached by ``transport``."""
+
+    def __init__(self, transport: Transport, port: int):
+        self.t = transport
+        self.port = int(port)
+        self.path = f"{SWITCH_DIR}/{self.port}.json"
+        self.key_path = f"{SWITCH_DIR}/{self.port}.key"
+        self.ack_path = self.path + ".ack"
+
+    async def _home(self) -> str:
+        r = await self.t.run('printf %s "$HOME"', timeout=30)
+        if not r.ok or not r.stdout.startswith("/"):
+            raise SwitchError(f"{self.t.label}: cannot tell the home directory for the switch file")
+        return r.stdout
+
+    async def prepare(self) -> dict[str, str]:
+        """A new key for the next launch on this port: kept on the target (0600), old commands and
+        acknowledgements removed; the environment the engine needs (both variables)."""
+        key = secrets.token_hex(32)
+        await self.t.upload(key.encode(), self.key_path, 0o600)
+        r = await self.t.run(f"rm -f -- {shell_path(self.path)} {shell_path(self.ack_path)}", timeout=30)
+        if not r.ok:
+            raise SwitchError(f"{self.t.label}: cannot clear the old switch files of port {self.port}")
+        home = await self._home()
+        return {FILE_ENV: home + self.path.removeprefix("~"), KEY_ENV: key}
+
+    async def _read(self, path: str) -> str | None:
+        r = await self.t.run(f"cat -- {shell_path(path)} 2>/dev/null", timeout=30)
+        return r.stdout if r.ok else None
+
+    async def _key(self) -> bytes:
+        text = await self._read(self.key_path)
+        try:
+            key = bytes.fromhex((text or "").strip())
+        except ValueError:
+            key = b""
+        if len(key) < 16:
+            raise SwitchError(
+                f"no switch key for port {self.port} on {self.t.label}: the server was not launched prepared for switching"
+            )
+        return key
+
+    async def state(self) -> Ack | None:
+        """The engine's last acknowledgement (None: it answered none yet)."""
+        text = await self._read(self.ack_path)
+        return Ack.from_json(text) if text else None
+
+    async def _next_seq(self) -> int:
+        seqs = [0]
+        for path in (self.path, self.ack_path):
+            text = await self._read(path)
+            try:
+                seq = json.loads(text).get("seq") if text else None
+            except (ValueError, AttributeError):
+                seq = None
+            if type(seq) is int:
+                seqs.append(seq)
+        return max(seqs) + 1
+
+    async def send(self, steps: int | None) -> int:
+        """Write the signed command (hold ``steps``; None: release); its sequence number."""
+        if steps is not None and (type(steps) is not int or steps < 0):
+            raise SwitchError(f"a step count to hold is an integer >= 0 (got {steps!r})", 2)
+        key = await self._key()
+        seq = await self._next_seq()
+        data = json.dumps(sign(key, seq, steps), sort_keys=True).encode() + b"\n"
+        await self.t.upload(data, self.path, 0o600)
+        return seq
+
+    async def wait_ack(
+        self, seq: int, timeout: float = 30.0, nudge: Callable[[], Awaitable[object]] | None = None
+    ) -> Ack:
+        """The engine's answer to command ``seq``: its Ack when applied, SwitchRefused when refused,
+        SwitchTimeout when none came."""
+        end = time.monotonic() + timeout
+        nudged = 0.0
+        while True:
+            ack = await self.state()
+            if ack is not None and ack.seq == seq:
+                if not ack.applied:
+                    raise SwitchRefused(f"the server on port {self.port} refused switch command {seq}: {ack.why}")
+                return ack
+            if time.monotonic() >= end:
+                raise SwitchTimeout(
+                    f"no acknowledgement of switch command {seq} from the server on port {self.port} within "
+                    f"{timeout:g} s: it was not launched prepared for switching, or the probe is not loaded in it "
+                    "(an idle engine answers at its next scheduling step)"
+                )
+            if nudge is not None and time.monotonic() >= nudged:
+                nudged = time.monotonic() + 1.0
+                await nudge()
+            await asyncio.sleep(0.1)
+
+    async def hold(
+        self, steps: int, timeout: float = 30.0, nudge: Callable[[], Awaitable[object]] | None = None
+    ) -> Ack:
+        """Hold ``steps`` (SGLang steps, vLLM K) until released, through the engine's own switching code."""
+        return await self.wait_ack(await self.send(steps), timeout, nudge)
+
+    async def release(self, timeout: float = 30.0, nudge: Callable[[], Awaitable[object]] | None = None) -> Ack:
+        """Give the choice back to the engine's own policy or schedule."""
+        return await self.wait_ack(await self.send(None), timeout, nudge)
