@@ -618,6 +618,7 @@ async def test_sim_vllm_without_a_schedule_refuses_and_without_preparing_times_o
 
 # ---- the real vLLM CPU engine -----------------------------------------------------------------------------
 
+
 @pytest.mark.xdist_group("real-vllm")  # one worker: launches never overlap on 2 cores
 @pytest.mark.timeout(900)
 async def test_real_vllm_ngram_held_at_1_then_max_then_released(tmp_path, monkeypatch):
