@@ -64,8 +64,10 @@ screenshots: $(VENV)/.installed-test
 docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
+# every benchmark through one runner (benchmarks/run.py: groups, worlds, one record a run in .cache/bench/);
+# `make bench ARGS="--group performance"` for one group, ARGS="--list" for the table
 bench: $(VENV)/.installed-test
-	for f in benchmarks/*.py; do $(BIN)/python $$f || exit 1; done
+	$(BIN)/python benchmarks/run.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info support/*.egg-info .pytest_cache .cache site
