@@ -24,7 +24,7 @@ import yaml
 from test_dsd import sim_captures
 
 from tuitune import preset as P
-from tuitune.engines import vllm as V
+from tuitune.engines import vllm_schedule as V
 from tuitune_support import real_vllm
 from tuitune_support.clients import PROMPTS
 from tuitune_support.paths import ROOT

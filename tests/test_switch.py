@@ -117,6 +117,41 @@ def test_an_unchanged_file_is_read_once_and_looked_at_every_50_ms_at_most(tmp_pa
     assert calls == [1]
 
 
+def test_a_fifo_or_a_link_at_the_command_path_is_refused_without_waiting(tmp_path, monkeypatch):
+    """Whoever can put a FIFO where the command file goes must not stall the engine's scheduling
+    loop (opening a FIFO for reading waits for a writer); a link is not followed. The simulator's
+    reader refuses both the same way."""
+    from tuitune.sim.switch import SimSwitch
+
+    sw = fresh_reader(tmp_path)
+    sched = FakeScheduler([0, 3, 3, 1])
+    os.mkfifo(sw.path, 0o600)
+    started = time.monotonic()
+    ack = step(sw, monkeypatch, sched, ep._vllm_apply)
+    assert time.monotonic() - started < 5
+    assert ack["applied"] is False and "not a regular file" in ack["why"] and sched.dynamic_sd_lookup == [0, 3, 3, 1]
+    said: list[str] = []
+    sim = SimSwitch(sw.path, KEY, said.append)
+    assert sim.tick(lambda k: None) is False and "not a regular file" in said[-1]
+    os.unlink(sw.path)
+    target = tmp_path / "elsewhere.json"
+    write_command(target, S.sign(KEY, 1, 1))
+    os.symlink(target, sw.path)
+    sw.next_poll = 0.0
+    ack = step(sw, monkeypatch, sched, ep._vllm_apply)
+    assert ack["applied"] is False and "cannot be read" in ack["why"] and sw.hold is None
+
+
+def test_an_engine_error_while_holding_leaves_the_policy_running(tmp_path, monkeypatch, caplog):
+    """SGLang's own _activate failing inside the frozen feedback path is logged, never raised: the
+    policy's feedback runs as if nothing were held."""
+    c, sw, worker, policy = hooked_controller(tmp_path, monkeypatch)
+    sw.hold = 4  # a hold the controller has no state for (as a release without activate_step_by_batch)
+    with caplog.at_level(logging.WARNING):
+        c.on_verify_complete([0, 1], 2)
+    assert policy.fed == 1 and "hold 4 not applied" in caplog.text
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
 def test_a_file_of_another_owner_is_refused(tmp_path, monkeypatch):
     sw = fresh_reader(tmp_path)
@@ -271,13 +306,19 @@ def sglang_controller():
     return AdaptiveController
 
 
-def test_sglang_controller_hook_holds_freezes_the_policy_and_releases(tmp_path, monkeypatch):
+def hooked_controller(tmp_path, monkeypatch):
+    """A stand-in of SGLang's controller hooked by the probe: (controller, reader, worker, policy)."""
     AdaptiveController = sglang_controller()
     sw = fresh_reader(tmp_path)
     monkeypatch.setattr(ep, "SWITCH", sw)
     ep.patch_switch(fake_module("sglang.srt.speculative.adaptive_runtime_state", AdaptiveController=AdaptiveController))
     worker, policy = types.SimpleNamespace(speculative_num_steps=3), Policy()
     c = AdaptiveController(worker, policy)
+    return c, sw, worker, policy
+
+
+def test_sglang_controller_hook_holds_freezes_the_policy_and_releases(tmp_path, monkeypatch):
+    c, sw, worker, policy = hooked_controller(tmp_path, monkeypatch)
     write_command(Path(sw.path), S.sign(KEY, 1, 1))
     c.activate_step_by_batch(4)
     assert worker.speculative_num_steps == 1 and sw.hold == 1

@@ -619,13 +619,18 @@ class _Loader(importlib.abc.Loader):
 
     def exec_module(self, module):
         self.inner.exec_module(module)
-        patch_module(module)
-        patch_switch(module)
+        if RECORDER is not None:  # a launch with the switch alone profiles nothing
+            patch_module(module)
+        try:
+            patch_switch(module)
+        except Exception as e:  # noqa: BLE001 - never fail the engine's import: it runs without a switch
+            logging.getLogger(module.__name__).warning("EAGLE3_SWITCH: not hooked (%s: %s)", type(e).__name__, e)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
-        if fullname not in TARGETS and (SWITCH is None or fullname not in SWITCH_TARGETS):
+        profiled = RECORDER is not None and fullname in TARGETS
+        if not profiled and (SWITCH is None or fullname not in SWITCH_TARGETS):
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
@@ -718,25 +723,21 @@ class Switch:
         self.seen = mark
         command, why = self._read()
         if why is not None:
-            self.answer(command.get("seq") if isinstance(command, dict) else None, None, why)
+            seq = command.get("seq") if isinstance(command, dict) else None
+            self.answer(seq if type(seq) is int else None, None, why)  # a seq is said only as a number
             return None
         return command
 
     def _read(self) -> tuple[dict | None, str | None]:
         """(command, None) for one to apply, else (what could be read, the refusal)."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            st, data = _read_regular(self.path)
         except OSError as e:
-            return None, f"the command file cannot be opened ({e.strerror})"
-        try:
-            st = os.fstat(fd)  # the file read is the file checked
-            if st.st_uid != os.geteuid():
-                return None, f"the command file belongs to uid {st.st_uid}, not to the engine's user"
-            if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                return None, "the command file is writable by others than its owner"
-            data = os.read(fd, 65536)
-        finally:
-            os.close(fd)
+            return None, f"the command file cannot be read ({e.strerror or e})"
+        if st.st_uid != os.geteuid():
+            return None, f"the command file belongs to uid {st.st_uid}, not to the engine's user"
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return None, "the command file is writable by others than its owner"
         try:
             command = json.loads(data)
         except ValueError:
@@ -792,8 +793,7 @@ class Switch:
                 mark = (st.st_mtime_ns, st.st_size, st.st_ino)
                 if mark != self.ack_seen:
                     self.ack_seen = mark
-                    with open(self.path + ".ack", encoding="utf-8") as f:
-                        held = json.load(f).get("held")
+                    held = json.loads(_read_regular(self.path + ".ack")[1]).get("held")
                     self.hold = held if type(held) is int else None
             except (OSError, ValueError, AttributeError):
                 pass
@@ -801,6 +801,19 @@ class Switch:
 
 
 SWITCH: Switch | None = None
+
+
+def _read_regular(path: str, limit: int = 65536) -> tuple[os.stat_result, bytes]:
+    """A regular file's status and first ``limit`` bytes, never blocking: no link is followed and a
+    FIFO or device put at the path is refused (OSError) before anything waits on it."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)  # the file read is the file checked
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return st, os.read(fd, limit)
+    finally:
+        os.close(fd)
 
 
 def _switch_tick(engine, apply) -> None:
@@ -904,8 +917,14 @@ def _switch_wrap(cls, name: str) -> None:
             held = SWITCH.hold if SWITCH is not None else None
             if held is None:
                 return original(self, *args, **kwargs)
-            if held != self.worker.speculative_num_steps:  # versions that switch only here
-                self._activate(held)
+            try:
+                if held != self.worker.speculative_num_steps:  # versions that switch only here
+                    self._activate(held)
+            except Exception as e:  # noqa: BLE001 - never into the engine: the policy runs on as before
+                logging.getLogger(type(self).__module__).warning(
+                    "EAGLE3_SWITCH: hold %s not applied (%s: %s)", held, type(e).__name__, e
+                )
+                return original(self, *args, **kwargs)
             return None  # held: the policy's feedback is frozen
 
     else:

@@ -1,5 +1,6 @@
 """tuitune's probe entry point: on PYTHONPATH, Python imports this in every process it starts
-(SGLang's TP workers included). With EAGLE3_PROFILE and TUITUNE_SWITCH_FILE unset it does nothing but chain to the next
+(SGLang's TP workers included). With EAGLE3_PROFILE unset and no switch (TUITUNE_SWITCH_FILE and
+TUITUNE_SWITCH_KEY) it does nothing but chain to the next
 sitecustomize on the path, so an existing one keeps working."""
 
 import importlib.machinery
@@ -22,7 +23,8 @@ if _profile or _switch:
         if _switch:  # a launch prepared for switching (docs/switch.md)
             eagle3_probe.install_switch()
     except Exception as _e:  # noqa: BLE001 - the server must start, profiled or not
-        sys.stderr.write(f"EAGLE3_PROFILE: probe not installed ({type(_e).__name__}: {_e})\n")
+        _what = "EAGLE3_PROFILE" if _profile else "EAGLE3_SWITCH"
+        sys.stderr.write(f"{_what}: probe not installed ({type(_e).__name__}: {_e})\n")
 
 
 def _chain() -> None:

@@ -65,8 +65,11 @@ class SimSwitch:
 
     def check(self, refuse: Callable[[int | None], str | None]) -> tuple[int | None, int | None, str | None]:
         """(seq, steps, refusal or None) of the file's command."""
-        with open(self.path, "rb") as f:
+        fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO put there never blocks
+        with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                return None, None, "the command file is not a regular file"
             body = f.read(65536)
         if st.st_uid != os.geteuid():
             return None, None, f"the command file is owned by uid {st.st_uid}, not the server's"
@@ -82,7 +85,9 @@ class SimSwitch:
         want = hmac.new(self.key, signed.encode(), hashlib.sha256).hexdigest()
         if not isinstance(mac, str) or not hmac.compare_digest(mac, want):
             return seq, None, "the mac is not this launch's"
-        if cmd.get("v") != 1 or seq is None or seq <= self.last_seq:
+        if cmd.get("v") != 1 or seq is None:
+            return seq, None, "the command is not version 1 with an integer seq"
+        if seq <= self.last_seq:
             return seq, None, f"seq {seq} was taken already (last {self.last_seq}): a replay"
         self.last_seq = seq
         hold = cmd.get("hold")
@@ -96,10 +101,13 @@ class SimSwitch:
         ack = {"seq": seq, "applied": ok, "steps": steps, "held": self.hold}
         ack["why"] = ("released" if steps is None else f"holding {steps}") + " (simulated)" if ok else why
         tmp = f"{self.path}.ack.{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(ack, f)
-        os.replace(tmp, self.path + ".ack")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(ack, f)
+            os.replace(tmp, self.path + ".ack")
+        except OSError as e:  # the server runs on; its log says so
+            why = f"{why or 'applied'}; and the ack could not be written ({e.strerror or e})"
         hold = steps if steps is not None or not ok else "release"
         self.say(f"EAGLE3_SWITCH seq={seq} hold={hold} applied={int(ok)}" + ("" if ok else f" why={why}"))
 
