@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from tuitune.measure.bench import run_bench
 from tuitune.measure.benchconfig import BenchConfig
 from tuitune.measure.metrics import quantile
 from tuitune.measure.request import client_session, run_request
+from tuitune_support.ports import free_port
 
 ARRIVALS: list[tuple[float, bytes]] = []  # (perf_counter, bytes) of each data_received of the client
 _orig_data_received = aiohttp.client_proto.ResponseHandler.data_received
@@ -116,12 +116,6 @@ def start_sim(port: int, *extra: str) -> subprocess.Popen:
         except OSError:
             time.sleep(0.05)
     raise SystemExit("simulator did not start")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:

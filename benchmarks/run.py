@@ -24,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,6 +111,13 @@ def commit() -> str | None:
     return r.stdout.strip() or None
 
 
+def kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, 9)
+    except ProcessLookupError:  # it ended as the time ran out
+        pass
+
+
 def run_one(b: Bench, extra: list[str], timeout: float | None) -> dict:
     argv = [sys.executable, str(HERE / f"{b.name}.py"), *extra]
     shown = " ".join(["python", f"benchmarks/{b.name}.py", *extra])
@@ -127,16 +135,23 @@ def run_one(b: Bench, extra: list[str], timeout: float | None) -> dict:
     start = time.monotonic()
     lines: list[str] = []
     try:
-        with subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
+        with subprocess.Popen(
+            argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        ) as p:
             assert p.stdout is not None
+            stop = (
+                threading.Timer(timeout, os.killpg, (p.pid, 9)) if timeout else None
+            )  # silent or not, with its children
+            if stop:
+                stop.start()
             for line in p.stdout:  # shown as it comes: some scripts run for minutes
                 print(f"  {line}", end="", flush=True)
                 lines.append(line.rstrip("\n"))
-                if timeout and time.monotonic() - start > timeout:
-                    p.kill()
-                    lines.append(f"runner: stopped after {timeout:.0f} s")
-                    break
             code = p.wait()
+            if stop:
+                stop.cancel()
+                if time.monotonic() - start >= timeout:
+                    lines.append(f"runner: stopped after {timeout:.0f} s")
     except OSError as e:
         lines.append(f"runner: could not start it: {e}")
         code = -1

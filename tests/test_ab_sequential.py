@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +24,7 @@ from tuitune.experiments.ab import (
     verdict,
 )
 from tuitune.measure import stats
+from tuitune_support.captures import tuitune
 from tuitune_support.ports import free_port
 from tuitune_support.presets import make_preset
 
@@ -222,17 +220,6 @@ def test_tune_passes_the_spread_it_measured_to_its_final_ab():
         sd == pytest.approx(abs(math.log(510 / 500)) / math.sqrt(2))
         and source
         == "measured: 2 launches in this tune log of configurations launched more than once (the search, an earlier A/B)"
-    )
-
-
-def tuitune(tmp: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tuitune", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=timeout,
-        env={**os.environ, "HOME": str(tmp)},
     )
 
 

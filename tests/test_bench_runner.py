@@ -55,6 +55,10 @@ def test_a_failing_script_fails_the_run_and_bad_names_say_so(tmp_path):
     r = runner("acceptance_fit", "--out", str(out), "--", "/nonexistent/launches")
     assert r.returncode == 1 and "failed: acceptance_fit" in r.stderr
     assert json.loads(out.read_text())["exit"] not in (0, None)
+    r = runner("cli_startup", "--timeout", "2", "--out", str(out), "--", "--runs", "100000")  # silent until done
+    rec = json.loads(out.read_text().splitlines()[-1])
+    assert r.returncode == 1 and rec["exit"] != 0 and rec["figures"][-1] == "runner: stopped after 2 s"
+    assert rec["seconds"] < 30
     r = runner("no_such_bench")
     assert r.returncode == 2 and r.stderr.strip() == "run.py: no benchmark named no_such_bench (--list shows them)"
     r = runner("--group", "accuracy", "--", "--pairs", "3")
