@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -111,11 +112,24 @@ def commit() -> str | None:
     return r.stdout.strip() or None
 
 
+GRACE_S = 20.0  # after the Ctrl-C, before SIGKILL
+
+
 def kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, 9)
-    except ProcessLookupError:  # it ended as the time ran out
-        pass
+    """Ctrl-C the script's process group (its finally blocks stop the servers it started, which run in
+    sessions of their own), then SIGKILL what is left of the group after GRACE_S."""
+    for sig, wait in ((signal.SIGINT, GRACE_S), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:  # it ended
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
 
 
 def run_one(b: Bench, extra: list[str], timeout: float | None) -> dict:
