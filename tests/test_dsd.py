@@ -18,20 +18,10 @@ from tuitune import preset as P
 from tuitune.decide.launch import OFF, Config
 from tuitune.engines import vllm_schedule as V
 from tuitune.experiments.advisor import dsd_schedule
+from tuitune_support.captures import tuitune
 from tuitune_support.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def tuitune(home: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tuitune", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=timeout,
-        env={**os.environ, "HOME": str(home)},
-    )
 
 
 def ngram(tmp: Path, k: int = 3, schedule=None, **spec) -> dict:

@@ -9,9 +9,6 @@ through `tuitune tune`, the schedule from the CLI."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,9 +17,9 @@ import yaml
 from tuitune import preset as P
 from tuitune.decide.launch import OFF, Config
 from tuitune.sim import model as S
+from tuitune_support.captures import tuitune
 from tuitune_support.ports import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
 NAME = "sim-c4-eagle3-2step-nccl"  # seed-pcie8 at TP 8, the seeds' tuned NCCL set, 4 continuous decode steps
 # the bucket of 16 is judged at 22 streams (up to the next key, 32): benchmarked to 24, its chains' verify
 # forwards (66 tokens for a chain of 2 there, 88 for 3) lie inside what was measured. Benchmarked to 16 only
@@ -32,17 +29,6 @@ LEVELS = (1, 2, 4, 8, 16, 24)
 # the schedule is emitted from launches benchmarked on the simulator's clock (CI, beside an engine: a step
 # at 0.747 of the best where 0.88 was asked)
 pytestmark = pytest.mark.sim_clock
-
-
-def tuitune(tmp: Path, *args: str, timeout: float = 500) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tuitune", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=timeout,
-        env={**os.environ, "HOME": str(tmp)},
-    )
 
 
 def world(tmp: Path) -> Path:
@@ -102,7 +88,7 @@ def emitted(tmp_path_factory) -> tuple[Path, dict[int, list[int]], str]:
     levels = ",".join(map(str, LEVELS))
     r = tuitune(
         tmp, "tune", str(preset), "--budget", "1", "--concurrency", "8", "--levels", levels,
-        "--out", str(out), "--ab-rounds", "1", "--no-verdict",
+        "--out", str(out), "--ab-rounds", "1", "--no-verdict", timeout=500,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr + r.stdout
     launched = [x for x in map(json.loads, (out / "tune.jsonl").read_text().splitlines()) if x["kind"] == "launch"]

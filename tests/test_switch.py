@@ -13,10 +13,8 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 import time
 import types
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from tuitune.machine import switch as S
 from tuitune.machine.transport import LocalTransport
 from tuitune.measure.parse import parse_line
 from tuitune.probe import eagle3_probe as ep
+from tuitune_support.clients import Load
 from tuitune_support.paths import ROOT
 from tuitune_support.ports import free_port, http_status
 from tuitune_support.procs import wait_for
@@ -507,33 +506,6 @@ def test_the_key_is_a_secret_wherever_env_is_shown():
 # ---- tuitune's side over the local transport, against the simulator ------------------------------------
 
 
-class Load:
-    """One stream of completions after another, so that the engine keeps scheduling."""
-
-    def __init__(self, port: int, model: str, max_tokens: int = 48):
-        self.url, self.model, self.max_tokens = f"http://127.0.0.1:{port}/v1/completions", model, max_tokens
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-
-    def run(self) -> None:
-        body = json.dumps({"model": self.model, "prompt": "the cat sat on the mat " * 4, "max_tokens": self.max_tokens})
-        while not self.stop.is_set():
-            req = urllib.request.Request(self.url, body.encode(), {"Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(req, timeout=60) as r:
-                    r.read()
-            except OSError:
-                time.sleep(0.2)
-
-    def __enter__(self) -> Load:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join(90)
-
-
 def start_sim(tmp: Path, argv: list[str], env: dict, port: int) -> tuple[subprocess.Popen, Path]:
     log = tmp / f"sim-{port}.log"
     full = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "EAGLE3_", "TUITUNE_SWITCH"))}
@@ -576,13 +548,18 @@ async def held_then_released(sw: S.Switch, log: Path, k: int, own: set[int]) -> 
     assert f"EAGLE3_SWITCH seq={ack.seq} hold=release applied=1" in log.read_text()
 
 
-async def test_sim_sglang_adaptive_held_then_released(tmp_path, monkeypatch):
+async def prepared_switch(tmp_path, monkeypatch) -> tuple[int, S.Switch, dict[str, str]]:
+    """A free port, its switch prepared under tmp_path as HOME, and the env a launch on it gets."""
     monkeypatch.setenv("HOME", str(tmp_path))
     port = free_port()
+    sw = S.Switch(LocalTransport(), port)
+    return port, sw, await sw.prepare()
+
+
+async def test_sim_sglang_adaptive_held_then_released(tmp_path, monkeypatch):
+    port, sw, env = await prepared_switch(tmp_path, monkeypatch)
     config = tmp_path / "adaptive.json"
     config.write_text(json.dumps({"1": {"candidate_steps": [1, 3, 5]}}))
-    sw = S.Switch(LocalTransport(), port)
-    env = await sw.prepare()
     assert env["TUITUNE_SWITCH_FILE"] == f"{tmp_path}/.cache/tuitune/switch/{port}.json"
     key_file = tmp_path / ".cache" / "tuitune" / "switch" / f"{port}.key"
     assert key_file.read_text() == env["TUITUNE_SWITCH_KEY"] and key_file.stat().st_mode & 0o777 == 0o600
@@ -594,7 +571,7 @@ async def test_sim_sglang_adaptive_held_then_released(tmp_path, monkeypatch):
     ]
     proc, log = start_sim(tmp_path, argv, env, port)
     try:
-        with Load(port, "/m/llama"):
+        with Load(port, "/m/llama", max_tokens=48):
             await held_then_released(sw, log, 5, {1, 3, 5})
             with pytest.raises(S.SwitchRefused, match=r"no runtime state in this launch \(prepared: \[1, 3, 5\]\)"):
                 await sw.hold(2, timeout=20)
@@ -604,16 +581,13 @@ async def test_sim_sglang_adaptive_held_then_released(tmp_path, monkeypatch):
 
 
 async def test_sim_vllm_schedule_held_then_released(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path))
-    port = free_port()
-    sw = S.Switch(LocalTransport(), port)
-    env = await sw.prepare()
+    port, sw, env = await prepared_switch(tmp_path, monkeypatch)
     spec = {"method": "ngram", "num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[1, 256, 2]]}
     argv = ["--sim-engine", "vllm", "serve", "/m/tiny", "--port", str(port), "--sim-speedup", "10"]
     argv += ["--sim-load-seconds", "0.1", "--speculative-config", json.dumps(spec)]
     proc, log = start_sim(tmp_path, argv, {**env, "VLLM_LOG_STATS_INTERVAL": "2"}, port)
     try:
-        with Load(port, "/m/tiny"):
+        with Load(port, "/m/tiny", max_tokens=48):
             await held_then_released(sw, log, 1, {2})
             await held_then_released(sw, log, 3, {2})
             with pytest.raises(S.SwitchRefused, match=r"K=4 is outside 0\.\.3"):
@@ -624,16 +598,13 @@ async def test_sim_vllm_schedule_held_then_released(tmp_path, monkeypatch):
 
 
 async def test_sim_vllm_without_a_schedule_refuses_and_without_preparing_times_out(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path))
-    port = free_port()
-    sw = S.Switch(LocalTransport(), port)
-    env = await sw.prepare()
+    port, sw, env = await prepared_switch(tmp_path, monkeypatch)
     spec = {"method": "ngram", "num_speculative_tokens": 3}
     argv = ["--sim-engine", "vllm", "serve", "/m/tiny", "--port", str(port), "--sim-speedup", "10"]
     argv += ["--sim-load-seconds", "0.1", "--speculative-config", json.dumps(spec)]
     proc, log = start_sim(tmp_path, argv, env, port)
     try:
-        with Load(port, "/m/tiny"):
+        with Load(port, "/m/tiny", max_tokens=48):
             with pytest.raises(S.SwitchRefused, match="num_speculative_tokens_per_batch_size"):
                 await sw.hold(1, timeout=20)
     finally:
@@ -648,7 +619,7 @@ async def test_sim_vllm_without_a_schedule_refuses_and_without_preparing_times_o
         with pytest.raises(S.SwitchError, match="not launched prepared for switching"):
             await sw2.hold(1, timeout=1)  # no key on the target for this port
         await sw2.prepare()  # a key, but the running server never got it
-        with Load(port2, "/m/tiny"):
+        with Load(port2, "/m/tiny", max_tokens=48):
             with pytest.raises(S.SwitchTimeout, match="not launched prepared for switching, or the probe is not"):
                 await sw2.hold(1, timeout=2)
         assert "EAGLE3_SWITCH" not in log.read_text() and all(w.held is None for w in profiles(log))
@@ -666,10 +637,7 @@ async def test_real_vllm_ngram_held_at_1_then_max_then_released(tmp_path, monkey
     from tuitune_support import real_vllm
 
     python, models = real_vllm.build()
-    monkeypatch.setenv("HOME", str(tmp_path))
-    port = free_port()
-    sw = S.Switch(LocalTransport(), port)
-    env = await sw.prepare()
+    port, sw, env = await prepared_switch(tmp_path, monkeypatch)
     spec = {
         "method": "ngram",
         "num_speculative_tokens": 3,
