@@ -20,6 +20,7 @@ without one says so itself and exits 0.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -107,7 +108,9 @@ def scripts() -> list[str]:
     return sorted(p.stem for p in HERE.glob("*.py") if p.name != Path(__file__).name)
 
 
+@functools.cache
 def commit() -> str | None:
+    """The checkout's commit, asked of git once a run."""
     r = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     return r.stdout.strip() or None
 
