@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tuitune import preset as P
 from tuitune.base import redact
 from tuitune.machine import switch as S
 from tuitune.machine.transport import LocalTransport
@@ -27,7 +29,7 @@ from tuitune.probe import eagle3_probe as ep
 from tuitune_support.clients import Load
 from tuitune_support.paths import ROOT
 from tuitune_support.ports import free_port, http_status
-from tuitune_support.procs import wait_for
+from tuitune_support.procs import tuitune_cli, wait_for
 
 KEY = bytes(range(32))
 
@@ -628,65 +630,189 @@ async def test_sim_vllm_without_a_schedule_refuses_and_without_preparing_times_o
         proc.wait(10)
 
 
+# ---- prepared by the preset (speculative.switch), held by `tuitune hold` -----------------------------------
+
+
+def vllm_switch_data(tmp_path: Path, port: int, target="local", **spec) -> dict:
+    """A simulator playing vLLM, EAGLE-3 at K 2, prepared to hold K 1 to 4."""
+    return {
+        "name": "swv",
+        "target": target,
+        "server": {
+            "engine": "vllm",
+            "module": "tuitune.sim",
+            "python": sys.executable,
+            "log": str(tmp_path / "swv.log"),
+            "port": port,
+            "args": {"model": "/m/tiny", "sim-load-seconds": 0.2, "sim-speedup": 10},
+        },
+        "speculative": {"algorithm": "EAGLE3", "draft_model_path": "/d", "num_speculative_tokens": 2, **spec},
+        "env": {"VLLM_LOG_STATS_INTERVAL": "2"},
+        "profile": True,
+    }
+
+
+def test_the_preset_prepares_vllm_with_the_largest_k_and_a_schedule(tmp_path):
+    p = P.from_dict(vllm_switch_data(tmp_path, 30001, switch=[3, 1, 4, 1]))
+    assert p.switch_steps == [1, 3, 4]
+    cfg = json.loads(p.flags()[p.flags().index("--speculative-config") + 1])
+    # vLLM sizes its drafts for K 4, and runs the preset's K 2 through a schedule until a hold
+    assert cfg["num_speculative_tokens"] == 4 and cfg["num_speculative_tokens_per_batch_size"] == [[1, 1024, 2]]
+    assert p.engine.speculative_view(p)["speculative.switch"] == [1, 3, 4]
+    plain = P.from_dict(vllm_switch_data(tmp_path, 30001))
+    assert "num_speculative_tokens_per_batch_size" not in plain.flags()[-1] and plain.hash() != p.hash()
+    own = P.from_dict(vllm_switch_data(tmp_path, 30001, switch=[1, 2], dynamic_schedule=[[1, 4, 2], [5, 64, 1]]))
+    cfg = json.loads(own.flags()[own.flags().index("--speculative-config") + 1])
+    assert cfg["num_speculative_tokens_per_batch_size"] == [[1, 4, 2], [5, 64, 1]]  # its own schedule kept
+    from tuitune.decide.launch import Config
+
+    assert p.engine.config_changes(Config(3, 1, 4), p)["switch"] is None  # a configuration tune writes is static
+    for bad, why in (
+        ({"switch": []}, "list the step counts to hold"),
+        ({"switch": [65]}, "from 0 to 64"),
+        ({"algorithm": "SUFFIX", "draft_model_path": None, "switch": [1]}, "suffix decoding chooses"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            P.from_dict(vllm_switch_data(tmp_path, 30001, **bad))
+
+
+def test_sglang_switches_through_an_adaptive_config_that_holds_the_steps(tmp_path):
+    from tuitune_support.presets import make_preset
+
+    base = make_preset(tmp_path, "sg").model_dump(exclude_none=True)
+    spec = {"algorithm": "EAGLE3", "draft_model_path": "/d", "num_steps": 3}
+
+    def with_spec(**kw):
+        return P.from_dict({**base, "speculative": {**spec, **kw}})
+
+    with pytest.raises(
+        ValueError, match=r"set speculative.adaptive_config .*\{\"1\": \{\"candidate_steps\": \[1, 3\]\}\}"
+    ):
+        with_spec(switch=[1, 3])
+    with pytest.raises(ValueError, match="EAGLE and EAGLE3 chains only"):
+        P.from_dict({**base, "speculative": {"algorithm": "NGRAM", "num_draft_tokens": 4, "switch": [1]}})
+    cpu = {**base, "server": {**base["server"], "args": {**base["server"]["args"], "device": "cpu"}}}
+    with pytest.raises(ValueError, match="steps 0 crashes SGLang's adaptive runtime on a CPU"):
+        P.from_dict({**cpu, "speculative": {**spec, "adaptive_config": "/a.json", "switch": [0, 3]}})
+    p = with_spec(adaptive_config="/a.json", switch=[1, 3, 5])
+    assert p.engine.check_schedule(p, json.dumps({"1": {"candidate_steps": [1, 3, 5]}})) is None
+    why = p.engine.check_schedule(p, json.dumps({"1": {"candidate_steps": [1, 3]}, "8": {"candidate_steps": [3]}}))
+    assert why and "holds steps [5], which are not among its candidate steps [1, 3]" in why
+    assert "--speculative-adaptive" in p.flags()
+    two = {"nodes": [{"host": "127.0.0.1"}, {"host": "127.0.0.1", "server": {"port": 30999, "log": "/tmp/n1.log"}}]}
+    with pytest.raises(ValueError, match="every node of a multi-node server runs its own scheduler"):
+        P.from_dict({**base, "target": two, "speculative": {**spec, "adaptive_config": "/a.json", "switch": [1, 3]}})
+
+
+@pytest.mark.parametrize("where", ["local", "ssh"])
+def test_launch_prepared_then_hold_status_release_and_a_relaunch_without_it(where, tmp_path, request):
+    """`tuitune launch` of a preset with speculative.switch prepares the key; `tuitune hold` holds,
+    `status` says so with no drift, a K outside the list and a launch without the switch are refused at
+    once with a sentence; over SSH as locally."""
+    import yaml
+
+    target = request.getfixturevalue("sshd").target() if where == "ssh" else "local"
+    port = free_port()
+    data = vllm_switch_data(tmp_path, port, target, switch=[1, 2, 3, 4])
+    preset = tmp_path / "swv.yaml"
+    preset.write_text(yaml.safe_dump(data))
+    log = tmp_path / "swv.log"
+    env = {"HOME": str(tmp_path)} if where == "local" else None
+    key = (Path(os.environ["HOME"]) if env is None else tmp_path) / ".cache" / "tuitune" / "switch" / f"{port}.key"
+    r = tuitune_cli("launch", str(preset), env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    try:
+        assert key.stat().st_mode & 0o777 == 0o600
+        r = tuitune_cli("hold", str(preset), env=env)
+        assert r.returncode == 0 and "prepared for K [1, 2, 3, 4]; the engine's own schedule chooses" in r.stdout
+        r = tuitune_cli("hold", str(preset), "3", env=env)
+        assert r.returncode == 0 and "swv: holds K 3 (command 1" in r.stdout, r.stdout + r.stderr
+        with Load(port, "/m/tiny", max_tokens=48):
+            wait_for(lambda: any(w.held == 3 and w.steps == 3 for w in profiles(log)), 20, what="a window held at 3")
+        r = tuitune_cli("status", str(preset), "--json", env=env)
+        st = json.loads(r.stdout)
+        assert r.returncode == 0 and st["switch"] == {"held": 3, "seq": 1} and st["record"]["switch"] == [1, 2, 3, 4]
+        assert not st["drift"] and data["speculative"]["switch"] and key.read_text() not in r.stdout
+        r = tuitune_cli("hold", str(preset), "7", env=env)
+        assert r.returncode == 2 and "K 7 is not one this launch was prepared to hold ([1, 2, 3, 4])" in r.stderr
+        r = tuitune_cli("hold", str(preset), "--release", env=env)
+        assert r.returncode == 0 and "released; the engine's own schedule chooses" in r.stdout, r.stdout + r.stderr
+        # the same preset without the switch: relaunched unprepared, its old key gone, a hold refused at once
+        del data["speculative"]["switch"]
+        preset.write_text(yaml.safe_dump(data))
+        r = tuitune_cli("launch", str(preset), env=env)
+        assert r.returncode == 0 and not key.exists(), r.stdout + r.stderr
+        t0 = time.monotonic()
+        r = tuitune_cli("hold", str(preset), "1", env=env)
+        assert r.returncode == 2 and "was not launched prepared for switching: set speculative.switch" in r.stderr
+        assert time.monotonic() - t0 < 15 and "Traceback" not in r.stderr
+    finally:
+        tuitune_cli("stop", str(preset), env=env)
+
+
 # ---- the real vLLM CPU engine -----------------------------------------------------------------------------
 
 
 @pytest.mark.xdist_group("real-vllm")  # one worker: launches never overlap on 2 cores
 @pytest.mark.timeout(900)
-async def test_real_vllm_ngram_held_at_1_then_max_then_released(tmp_path, monkeypatch):
+def test_real_vllm_ngram_launched_prepared_held_at_1_then_max_then_released(tmp_path):
+    """The whole path on the real engine: a preset with ``speculative.switch``, `tuitune launch` (the
+    key and the schedule prepared), `tuitune hold` and `--release` while load runs, the probe's lines
+    following each."""
+    import yaml
+
     from tuitune_support import real_vllm
 
-    python, models = real_vllm.build()
-    port, sw, env = await prepared_switch(tmp_path, monkeypatch)
-    spec = {
-        "method": "ngram",
-        "num_speculative_tokens": 3,
-        "prompt_lookup_min": 1,
-        "prompt_lookup_max": 3,
-        "num_speculative_tokens_per_batch_size": [[1, 1024, 2]],
-    }
-    data = real_vllm.preset("sw", tmp_path / "server.log", port, python=python, method=None)
-    args = data["server"]["args"]
-    flags = []
-    for k, v in args.items():
-        if k == "model":
-            continue
-        flags += [f"--{k}"] if v is True else [f"--{k}", str(v)]
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE3_", "TUITUNE_SWITCH"))}
-    full.update({**data["env"], **env, "EAGLE3_PROFILE": "1", "EAGLE3_PROFILE_WINDOW": "8"})
-    full["PYTHONPATH"] = str(ROOT / "tuitune" / "probe")
+    python, _models = real_vllm.build()
+    port = free_port()
+    data = real_vllm.preset("sw", tmp_path / "server.log", port, python=python, method="NGRAM", k=2, lookup=(1, 3))
+    data["speculative"]["switch"] = [1, 2, 3]
+    data["env"]["EAGLE3_PROFILE_WINDOW"] = "8"
+    preset = tmp_path / "sw.yaml"
+    preset.write_text(yaml.safe_dump(data, sort_keys=False))
+    home = tmp_path / "home"
+    home.mkdir()
+    real_vllm.share_flag_listing(home)
+    env = {"HOME": str(home)}
     log = tmp_path / "server.log"
-    argv = [str(python), "-m", "vllm.entrypoints.cli.main", "serve", str(args["model"]), "--port", str(port)]
-    argv += [*flags, "--speculative-config", json.dumps(spec)]
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=full, start_new_session=True)
+    r = tuitune_cli("launch", str(preset), env=env, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
     try:
-        wait_for(lambda: http_status(f"http://127.0.0.1:{port}/health") == 200 or proc.poll() is not None, 600)
-        assert proc.poll() is None, log.read_text()[-3000:]
-        with Load(port, str(args["model"]), max_tokens=32):
+        spec = json.loads(
+            next(a for a in Path(f"/proc/{_pid(home, port)}/cmdline").read_bytes().split(b"\0") if b"per_batch" in a)
+        )
+        assert spec["num_speculative_tokens"] == 3 and spec["num_speculative_tokens_per_batch_size"] == [[1, 1024, 2]]
+        with Load(port, str(data["server"]["args"]["model"]), max_tokens=32):
             wait_for(lambda: len(profiles(log)) >= 3, 180, what="the probe's first lines")  # numba compiles first
             own = {w.steps for w in profiles(log)}
-            assert own == {2}, own  # the schedule's K, not the configured 3
-            await held_then_released_real(sw, log, 1)
-            await held_then_released_real(sw, log, 3)
+            assert own == {2}, own  # the preset's K, through the schedule the switch needs
+            for k in (1, 3):
+                cli_held_then_released(preset, env, log, k)
+        r = tuitune_cli("status", str(preset), env=env)
+        assert r.returncode == 0 and "no drift" in r.stdout and "nothing held" in r.stdout, r.stdout + r.stderr
     finally:
-        os.killpg(proc.pid, 9)
-        proc.wait(30)
+        tuitune_cli("stop", str(preset), env=env, timeout=120)
 
 
-async def held_then_released_real(sw: S.Switch, log: Path, k: int) -> None:
-    ack = await sw.hold(k, timeout=60)
-    assert ack.applied and ack.held == k
-    await asyncio.sleep(1)  # the windows that straddled the switch
+def _pid(home: Path, port: int) -> int:
+    return json.loads((home / ".cache" / "tuitune" / "servers" / f"{port}.json").read_text())["pid"]
+
+
+def cli_held_then_released(preset: Path, env: dict, log: Path, k: int) -> None:
+    """`tuitune hold PRESET k`, the windows after it all held at k, then `--release` and the
+    schedule's K again."""
+    r = tuitune_cli("hold", str(preset), str(k), env=env, timeout=120)
+    assert r.returncode == 0 and f"holds K {k}" in r.stdout, r.stdout + r.stderr
+    time.sleep(1)  # the windows that straddled the switch
     mark = lines_of(log)
-    await asyncio.sleep(8)
+    time.sleep(8)
     wins = profiles(log, mark)
     assert wins and all(w.steps == k and w.held == k for w in wins), [(w.steps, w.held) for w in wins]
-    assert f"EAGLE3_SWITCH seq={ack.seq} hold={k} applied=1" in log.read_text()
-    ack = await sw.release(timeout=60)
-    assert ack.applied and ack.held is None
-    await asyncio.sleep(1)
+    assert re.search(rf"EAGLE3_SWITCH seq=\d+ hold={k} applied=1", log.read_text())
+    r = tuitune_cli("hold", str(preset), "--release", env=env, timeout=120)
+    assert r.returncode == 0 and "released" in r.stdout, r.stdout + r.stderr
+    time.sleep(1)
     mark = lines_of(log)
-    await asyncio.sleep(8)
+    time.sleep(8)
     wins = profiles(log, mark)
     assert wins and all(w.held is None and w.steps == 2 for w in wins), [(w.steps, w.held) for w in wins]

@@ -35,6 +35,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "make a running server tuitune did not start its own (shows the drift first), so that launch and stop act on it",
         "server",
     ),
+    "hold": (
+        "hold a step count (SGLang steps, vLLM K) in a running launch prepared to switch, live; --release gives "
+        "the choice back",
+        "server",
+    ),
     "logs": ("print the server's log (-f follows it)", "server"),
     "trust": (
         "fetch the SSH host keys of a preset's target (and its jump hosts), show them, add them to known_hosts",

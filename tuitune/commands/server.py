@@ -1,4 +1,5 @@
-"""`tuitune launch|stop|status|logs|trust`: one server's life on its target, and the SSH trust to reach it.
+"""`tuitune launch|stop|status|hold|logs|trust`: one server's life on its target (`hold`: its step count,
+live, in a launch prepared to switch), and the SSH trust to reach it.
 
 Exit status as everywhere (0 done, 1 failed, 2 bad input); `status` adds 3 (not running), 4
 (running, but not what the preset says: drift, or the preset was edited since the launch) and 5
@@ -173,8 +174,16 @@ def cmd_status(ns) -> int:
         code = STATUS_NOT_RUNNING if not st.running else (STATUS_DRIFT if st.drift or st.same_hash is False else 0)
         if st.running and not st.ours:
             code = STATUS_NOT_OURS
+        ack = None
+        if st.running and st.ours and st.record is not None and st.record.switch is not None:
+            from tuitune.machine.switch import Switch
+
+            ack = await Switch(t, st.record.port).state()
         if ns.json:
-            print_json(st.to_dict())
+            d = st.to_dict()
+            if ack is not None:
+                d["switch"] = {"held": ack.held, "seq": ack.seq}
+            print_json(d)
             return code
         for n in st.nodes:
             r = n.status.record
@@ -197,9 +206,84 @@ def cmd_status(ns) -> int:
             + ("" if st.same_hash in (True, None) else f" (preset now {p.hash()}: edited since launch)")
         )
         _print_drift(st.drift)
+        if rec.switch is not None:
+            print(_switch_state(p, rec, ack))
         return code
 
     return run_async(guarded(go, t, control))
+
+
+def hold_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("preset")
+    p.add_argument(
+        "steps",
+        nargs="?",
+        type=int,
+        help="the step count to hold (SGLang steps, vLLM K), one of the preset's speculative.switch; "
+        "leave it out to print what the server holds",
+    )
+    p.add_argument("--release", action="store_true", help="give the choice back to the engine's own policy or schedule")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the engine's answer (default 30)")
+    any_arg(p)
+    p.set_defaults(run=cmd_hold)
+
+
+def _switch_state(p, rec, ack) -> str:
+    """One line: what a launch prepared to switch holds now."""
+    e = p.engine
+    held = (
+        f"holds {e.step_name} {ack.held} (command {ack.seq})"
+        if ack is not None and ack.held is not None
+        else f"the engine's own {e.own_choice} chooses (nothing held)"
+    )
+    return f"switch: prepared for {e.step_name} {rec.switch}; {held}"
+
+
+def cmd_hold(ns) -> int:
+    """Hold a step count in a running launch prepared to switch (docs/switch.md), or release it."""
+    import time
+
+    from tuitune.machine.session import Session
+    from tuitune.machine.switch import Switch
+
+    if ns.release and ns.steps is not None:
+        raise CliError("give a step count to hold, or --release, not both", 2)
+    if ns.steps is not None and ns.steps < 0:
+        raise CliError(f"a step count is 0 or more (got {ns.steps})", 2)
+    if ns.timeout <= 0:
+        raise CliError(f"--timeout must be more than 0 s (got {ns.timeout:g})", 2)
+    p = load_preset(ns.preset)
+    session = Session(p)
+    word = p.engine.step_name
+
+    async def go():
+        await session.transport.connect()
+        if ns.steps is None and not ns.release:  # what it holds now
+            st = await session.control.status()
+            print_warnings(session.control)
+            if not st.running or st.record is None or not st.ours:
+                raise CliError(f"{p.name}: {st.note or 'not running'}", 1)
+            if st.record.switch is None:
+                print(f"{p.name}: not launched prepared for switching (speculative.switch unset when it started)")
+                return 0
+            print(_switch_state(p, st.record, await Switch(session.transport, st.record.port).state()))
+            return 0
+        t0 = time.monotonic()
+        ack = await session.hold(ns.steps, ns.timeout, ns.any)
+        took = time.monotonic() - t0
+        if ack.held is None:
+            print(
+                f"{p.name}: released; the engine's own {p.engine.own_choice} chooses the step count again "
+                f"(command {ack.seq}, answered in {took:.1f} s)"
+            )
+        else:
+            print(
+                f"{p.name}: holds {word} {ack.held} (command {ack.seq}, answered in {took:.1f} s); "
+                f"`tuitune hold {p.name} --release` gives the choice back"
+            )
+        return 0
+
+    return run_async(guarded(go, session.transport, session.control))
 
 
 def adopt_args(p: argparse.ArgumentParser) -> None:
@@ -319,6 +403,7 @@ PARSERS = {
     "launch": launch_args,
     "stop": stop_args,
     "status": status_args,
+    "hold": hold_args,
     "adopt": adopt_args,
     "logs": logs_args,
     "trust": trust_args,

@@ -120,6 +120,8 @@ class LoggedRequest(NamedTuple):
 class Engine:
     name = ""
     label = ""  # as users write it: "SGLang", "vLLM"
+    step_name = "steps"  # what the engine calls the step count the switch holds (vLLM: K)
+    own_choice = "adaptive policy"  # what chooses the step count when nothing is held
     default_module = ""
     default_port = 0
     # server.args keys the preset sets elsewhere (flag -> preset key that owns it)

@@ -353,6 +353,8 @@ class SGLang(Engine):
                 "speculative.dynamic_schedule is vLLM's schedule (server.engine: vllm); SGLang's is "
                 "speculative.adaptive_config (tuitune advise --emit sglang-adaptive)"
             )
+        if s.switch is not None:
+            self._validate_switch(preset)
         ngram = s.algorithm == "NGRAM"
         for key, sglang_key in (
             ("num_speculative_tokens", "num_draft_tokens (drafts + 1)" if ngram else "num_steps"),
@@ -363,6 +365,28 @@ class SGLang(Engine):
             if getattr(s, key) is not None:
                 instead = f"; SGLang spells it speculative.{sglang_key}" if sglang_key else ""
                 raise ValueError(f"speculative: {key} is a vLLM setting (server.engine: vllm){instead}")
+
+    @staticmethod
+    def _validate_switch(preset) -> None:
+        """SGLang switches steps through its adaptive runtime (docs/switch.md): a runtime state per
+        candidate step count, built at start-up from the adaptive config, which must hold the switch's."""
+        s = preset.speculative
+        if s.algorithm not in ("EAGLE", "EAGLE3"):
+            raise ValueError(
+                f"speculative.switch: SGLang switches the steps of EAGLE and EAGLE3 chains only (its adaptive "
+                f"runtime); {s.algorithm}'s settings need a relaunch"
+            )
+        if s.adaptive_config is None:
+            raise ValueError(
+                f"speculative.switch: SGLang holds a step count through its adaptive runtime, which has a state only "
+                f"for its config's candidate steps; set speculative.adaptive_config to a file on the target such as "
+                f'{{"1": {{"candidate_steps": {list(s.switch)}}}}}'
+            )
+        if 0 in s.switch and preset.server.args.get("device") == "cpu":
+            raise ValueError(
+                "speculative.switch: steps 0 crashes SGLang's adaptive runtime on a CPU (0.5.18: "
+                "`CHECK_EQ(candidates.scalar_type(), index_dtype)`); switch among steps of 1 and more"
+            )
 
     def lint(self, preset) -> list[str]:
         if preset.is_speculative and preset.speculative.algorithm == "NGRAM":
@@ -402,6 +426,12 @@ class SGLang(Engine):
                 f"speculative.num_steps {steps} is not one of its candidate steps {union}, and SGLang refuses "
                 f"to start then; set num_steps to one of them"
             )
+        missing = [k for k in preset.speculative.switch or [] if k not in union]
+        if missing:
+            return (
+                f"speculative.switch holds steps {missing}, which are not among its candidate steps {union}: SGLang "
+                "builds a runtime state only for those; add them to candidate_steps"
+            )
         return None
 
     def schedule_allows_off(self, windows) -> bool:
@@ -428,8 +458,11 @@ class SGLang(Engine):
                     "draft tokens and breadth, not steps"
                 )
             return {"num_draft_tokens": c.draft_tokens, "ngram_max_bfs_breadth": c.topk, "ngram_min_bfs_breadth": None}
-        # a static configuration: any adaptive schedule is dropped
-        return {"num_steps": c.steps, "eagle_topk": c.topk, "num_draft_tokens": c.draft_tokens, "adaptive_config": None}
+        # a static configuration: any adaptive schedule is dropped (and with it a launch prepared to switch)
+        out = {"num_steps": c.steps, "eagle_topk": c.topk, "num_draft_tokens": c.draft_tokens, "adaptive_config": None}
+        if preset is not None and preset.is_speculative and preset.speculative.switch is not None:
+            out["switch"] = None
+        return out
 
     def speculative_view(self, preset) -> dict:
         r = preset.speculative.resolved()
@@ -453,6 +486,7 @@ class SGLang(Engine):
                 if preset.speculative.adaptive_config
                 else {}
             ),
+            **({"speculative.switch": list(preset.speculative.switch)} if preset.speculative.switch else {}),
         }
 
     request_logging = (

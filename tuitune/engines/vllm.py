@@ -76,6 +76,8 @@ ERRORS = (
 class VLLM(Engine):
     name = "vllm"
     label = "vLLM"
+    step_name = "K"
+    own_choice = "schedule"
     default_module = "vllm.entrypoints.cli.main"  # what the `vllm` console script runs
     default_port = 8000
     model_arg = "model"
@@ -223,13 +225,18 @@ class VLLM(Engine):
         if s.algorithm in DRAFT_METHODS:
             cfg["model"] = s.draft_model_path
         if s.num_speculative_tokens is not None:
-            cfg["num_speculative_tokens"] = s.num_speculative_tokens
+            # prepared to switch (docs/switch.md): vLLM sizes its drafts for the largest K to hold
+            cfg["num_speculative_tokens"] = max([s.num_speculative_tokens, *(s.switch or [])])
         for key in ("prompt_lookup_max", "prompt_lookup_min", "draft_tensor_parallel_size"):
             if getattr(s, key) is not None:
                 cfg[key] = getattr(s, key)
         table = s.schedule()
         if table is not None:  # the dynamic schedule goes inline: vLLM reads no file for it
             cfg[DSD_KEY] = [list(r) for r in table]
+        elif s.switch and s.num_speculative_tokens is not None:
+            # the switch needs a schedule (vLLM builds its per-step lookup only from one): the preset's
+            # own K at every batch size, so the launch runs its K until a hold
+            cfg[DSD_KEY] = [[1, DSD_LAST_END, s.num_speculative_tokens]]
         return cfg
 
     @staticmethod
@@ -291,6 +298,10 @@ class VLLM(Engine):
                 check_dsd(table, s.num_speculative_tokens)
             except ValueError as e:
                 raise ValueError(f"speculative.dynamic_schedule: {e}") from None
+        if s.switch is not None and s.algorithm == "SUFFIX":
+            raise ValueError(
+                "speculative.switch: suffix decoding chooses each request's draft length itself; there is no K to hold"
+            )
         dtp = s.draft_tensor_parallel_size
         if dtp is not None and s.algorithm not in DRAFT_METHODS:
             raise ValueError(f"speculative.draft_tensor_parallel_size: {s.algorithm} runs no draft model")
@@ -352,6 +363,8 @@ class VLLM(Engine):
         table = s.schedule()
         if table is not None:
             view["speculative.dynamic_schedule"] = [list(r) for r in table]
+        if s.switch is not None:
+            view["speculative.switch"] = list(s.switch)
         return view
 
     def static_config(self, preset) -> tuple[int, int, int] | None:
@@ -365,7 +378,10 @@ class VLLM(Engine):
     def config_changes(self, c, preset=None) -> dict:
         if c.topk != 1:
             raise ValueError(f"{c.label}: vLLM drafts a chain (topk 1), not a tree")
-        return {"num_speculative_tokens": c.steps, "dynamic_schedule": None}  # a static K: no schedule
+        out: dict = {"num_speculative_tokens": c.steps, "dynamic_schedule": None}  # a static K: no schedule
+        if preset is not None and preset.is_speculative and preset.speculative.switch is not None:
+            out["switch"] = None  # nor a launch prepared to switch
+        return out
 
     def config_label(self, c) -> str:
         if not c.speculative or c.topk != 1:

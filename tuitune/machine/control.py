@@ -28,6 +28,7 @@ from tuitune.machine.host import LIVE_SH, Host, script, shell_arg
 from tuitune.machine.preflight import Preflight
 from tuitune.machine.readiness import HEALTH_TIMEOUT_S, ReadyResult, classify
 from tuitune.machine.record import STATE_DIR, Drift, ServerRecord, StateFile, compute_drift, hand_started, still_ours
+from tuitune.machine.switch import Switch
 from tuitune.machine.transport import Transport, TransportError
 from tuitune.measure.parse import parse_line
 
@@ -235,11 +236,15 @@ class ServerControl(Host):
         # the log is the server's own and may hold a secret it prints (vLLM's api-key at start-up):
         # created private (0600), and made so when it is there already (a device such as /dev/null
         # refuses chmod: that is left as it is)
+        switch = Switch(self.t, p.server.port)
         await self.t.run(
-            f'mkdir -p -- "$(dirname -- {log})" && (umask 077 && : >>{log}); chmod 600 -- {log} 2>/dev/null; true',
+            f'mkdir -p -- "$(dirname -- {log})" && (umask 077 && : >>{log}); chmod 600 -- {log} 2>/dev/null; '
+            + ("true" if p.switch_steps else switch.clear_command()),  # an old launch's key signs nothing here
             timeout=30,
         )
-        r = await self.t.run(P.launch_command(p), timeout=60)
+        # prepared to switch: a new key for this launch, and the two variables that give it to the engine
+        env = await switch.prepare() if p.switch_steps else None
+        r = await self.t.run(P.launch_command(p, env), timeout=60)
         pid_text = r.stdout.strip().splitlines()[-1:] if r.stdout.strip() else []
         if not r.ok or not pid_text or not pid_text[0].isdigit():
             raise ControlError(
@@ -254,7 +259,8 @@ class ServerControl(Host):
             started=time.time(),
             log=p.server.log,
             argv=p.flags(),
-            env=p.launch_env(),
+            env=p.launch_env(),  # without the switch's key (a secret; drift is about the preset's own values)
+            switch=p.switch_steps,
         )
         await self.write_state(rec)
         return rec

@@ -37,6 +37,7 @@ class ServerRecord:
     env: dict[str, str] = field(default_factory=dict)
     cause: str | None = None  # why it exited, as the watcher that saw it die found it
     ready_s: float | None = None  # how long it took to become ready (how long a launch of it takes)
+    switch: list[int] | None = None  # launched prepared to hold these step counts (docs/switch.md)
 
     @property
     def pgid(self) -> int:

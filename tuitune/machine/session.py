@@ -31,7 +31,7 @@ from tuitune.base.events import (
     ServerState,
 )
 from tuitune.engines import CAUSE_TEXT
-from tuitune.machine import telemetry
+from tuitune.machine import switch, telemetry
 from tuitune.machine.cluster import control_for, stop_started
 from tuitune.machine.control import Controller, ServerControl, Status
 from tuitune.machine.errors import ControlError, refuse_not_ours
@@ -602,6 +602,17 @@ class Session(EventStream):
                         await asyncio.sleep(1.0)  # a down server is not hammered
 
         await asyncio.gather(*(stream(i) for i in range(self.load.concurrency)))
+
+    # ---- the switch (docs/switch.md) -------------------------------------------------------
+    async def hold(self, steps: int | None, timeout_s: float = 30.0, allow_any: bool = False) -> switch.Ack:
+        """Hold ``steps`` (None: release) in the running launch, live, through the engine's own switching
+        code; an idle server is nudged with short requests until it answers."""
+        url = self.url or await self._open_url()
+        nudge = switch.Nudge(url, self.preset.bench.api, self.preset.engine.served_model(self.preset))
+        ack = await switch.hold_running(self.control, steps, nudge, timeout_s, allow_any)
+        what = f"held {self.preset.engine.step_name} {ack.held}" if ack.held is not None else "released"
+        self.publish([Marker(f"switch: {what} (command {ack.seq})")])
+        return ack
 
     # ---- shutdown -------------------------------------------------------------------------
     async def close(self, stop_server: bool = False) -> None:

@@ -85,6 +85,12 @@ class Switch:
         self.key_path = f"{SWITCH_DIR}/{self.port}.key"
         self.ack_path = self.path + ".ack"
 
+    def clear_command(self) -> str:
+        """The shell command that removes this port's key, command and acknowledgement (a launch not
+        prepared to switch: the last launch's key must sign nothing for it)."""
+        files = (self.key_path, self.path, self.ack_path)
+        return "rm -f -- " + " ".join(shell_path(f) for f in files)
+
     async def _home(self) -> str:
         r = await self.t.run('printf %s "$HOME"', timeout=30)
         if not r.ok or not r.stdout.startswith("/"):
@@ -178,3 +184,74 @@ class Switch:
     async def release(self, timeout: float = 30.0, nudge: Callable[[], Awaitable[object]] | None = None) -> Ack:
         """Give the choice back to the engine's own policy or schedule."""
         return await self.wait_ack(await self.send(None), timeout, nudge)
+
+
+class Nudge:
+    """Keeps an idle engine stepping while a command waits: one short request at a time, in the
+    background (the engine reads the command file only from its scheduling loop)."""
+
+    def __init__(self, url: str, api: str, model: str | None):
+        from tuitune.measure.benchconfig import BenchConfig
+
+        self.cfg = BenchConfig(url, max_tokens=4, api=api, model=model, timeout_s=20.0)
+        self.task: asyncio.Task | None = None
+        self.sent = 0
+
+    async def __call__(self) -> None:
+        if self.task is None or self.task.done():
+            self.task = asyncio.ensure_future(self._one())
+
+    async def _one(self) -> None:
+        from tuitune.measure.request import client_session, run_request
+
+        self.sent += 1
+        async with client_session() as session:
+            await run_request(session, self.cfg, "Count from one to ten.")
+
+    async def close(self) -> None:
+        from tuitune.base.aio import cancel_and_wait
+
+        await cancel_and_wait(self.task)
+        self.task = None
+
+
+def not_holdable(rec, port: int, label: str, steps: int | None, word: str = "steps") -> SwitchError | None:
+    """Why the running server of this record cannot take this command (one sentence), or None."""
+    if rec.switch is None:
+        return SwitchError(
+            f"the server on port {port} of {label} (pid {rec.pid}) was not launched prepared for switching: set "
+            "speculative.switch in its preset to the step counts to hold and relaunch it (docs/switch.md)",
+            2,
+        )
+    if steps is not None and steps not in rec.switch:
+        return SwitchError(
+            f"{word} {steps} is not one this launch was prepared to hold ({rec.switch}): add it to speculative.switch "
+            "and relaunch",
+            2,
+        )
+    return None
+
+
+async def hold_running(
+    control, steps: int | None, nudge: Nudge | None = None, timeout: float = 30.0, allow_any: bool = False
+) -> Ack:
+    """Hold ``steps`` (None: release) in the server tuitune launched for the control's preset, under
+    the port's lock; refused, with a sentence, when none runs, it is another preset's (unless
+    ``allow_any``) or a person's, or it was not prepared for this step count."""
+    p = control.preset
+    async with control.locked("hold" if steps is not None else "release"):
+        st = await control.status()
+        if not st.running or st.record is None:
+            raise SwitchError(f"{p.name}: no server is running on port {p.server.port} of {control.t.label}")
+        if not st.ours:
+            raise SwitchError(f"{p.name}: {st.note}; tuitune switches only a server it launched prepared for it", 2)
+        if not allow_any and (why := control.foreign(st.record)):
+            raise SwitchError(why, 2)
+        if (why := not_holdable(st.record, p.server.port, control.t.label, steps, p.engine.step_name)) is not None:
+            raise why
+        sw = Switch(control.t, p.server.port)
+        try:
+            return await (sw.hold(steps, timeout, nudge) if steps is not None else sw.release(timeout, nudge))
+        finally:
+            if nudge is not None:
+                await nudge.close()

@@ -266,6 +266,21 @@ class Speculative(_Model):
     ngram_min_bfs_breadth: int | None = Field(default=None, ge=1, le=64)
     ngram_max_bfs_breadth: int | None = Field(default=None, ge=1, le=64)
     ngram_max_trie_depth: int | None = Field(default=None, ge=1, le=1024)
+    # the switch (docs/switch.md): the step counts (SGLang steps, vLLM K) this launch is prepared to
+    # hold while it runs (`tuitune hold`), through the engine's own switching code; the engine renders
+    # what that needs (vLLM: the largest K and a schedule; SGLang: its adaptive config must hold them)
+    switch: list[int] | None = None
+
+    @field_validator("switch")
+    @classmethod
+    def _switch(cls, v: list[int] | None) -> list[int] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("switch: list the step counts to hold (e.g. [1, 2, 3]), or leave the key out")
+        if any(k < 0 or k > 64 for k in v):
+            raise ValueError(f"switch: step counts run from 0 to 64 (got {v})")
+        return sorted(set(v))
 
     @field_validator("algorithm", mode="before")
     @classmethod
@@ -332,6 +347,8 @@ class Speculative(_Model):
                 )
             if r.eagle_topk not in (None, 1):
                 raise ValueError(f"adaptive_config needs eagle_topk 1 (SGLang adapts chains only; got {r.eagle_topk})")
+        if self.switch is not None and self.algorithm is None:
+            raise ValueError("switch needs a speculative algorithm (it holds the step count of its drafts)")
         return self
 
     def resolved(self) -> Resolved:
@@ -415,7 +432,14 @@ class Preset(_Model):
             and v.get("algorithm") is None
             and not any(
                 v.get(k) is not None
-                for k in ("num_steps", "eagle_topk", "num_draft_tokens", "adaptive_config", "dynamic_schedule")
+                for k in (
+                    "num_steps",
+                    "eagle_topk",
+                    "num_draft_tokens",
+                    "adaptive_config",
+                    "dynamic_schedule",
+                    "switch",
+                )
             )
         ):
             return None
@@ -455,6 +479,11 @@ class Preset(_Model):
                         f"target.nodes: nodes {j} and {i} both use {what} {key} on {host}; "
                         f"give node {i} its own (target.nodes[{i}].server)"
                     )
+        if self.speculative is not None and self.speculative.switch is not None:
+            raise ValueError(
+                "speculative.switch: every node of a multi-node server runs its own scheduler, and a step count "
+                "held on one of them alone would part the ranks; switch a one-machine server, or relaunch"
+            )
         head = self.node_presets()[0]
         if head.server.port == self.server.dist_init_port:
             raise ValueError(f"server.dist_init_port {self.server.dist_init_port} is node 0's HTTP port too")
@@ -519,6 +548,12 @@ class Preset(_Model):
     def is_speculative(self) -> bool:
         return self.speculative is not None and self.speculative.algorithm is not None
 
+    @property
+    def switch_steps(self) -> list[int] | None:
+        """The step counts a launch of this preset is prepared to hold (speculative.switch), or None."""
+        s = self.speculative
+        return list(s.switch) if s is not None and s.algorithm is not None and s.switch else None
+
     def python(self) -> str:
         if self.server.python:
             return self.server.python
@@ -557,12 +592,14 @@ class Preset(_Model):
         if self.is_multinode:
             hashes = [n.hash() for n in self.node_presets()]
             return hashlib.sha256(json.dumps(hashes).encode()).hexdigest()[:12]
-        key = {
+        key: dict[str, object] = {
             "python": self.python(),
             "module": self.server.module,
             "argv": self.flags(),
             "env": dict(sorted(self.launch_env().items())),
         }
+        if self.switch_steps is not None:  # prepared to switch: the engine gets the switch's variables
+            key["switch"] = self.switch_steps
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
     def tp_size(self) -> int:
