@@ -150,6 +150,8 @@ def cmd_sweep(ns) -> int:
     base = load_preset(o.preset)
     baseline = load_preset(o.baseline) if o.baseline else None
     o.check()
+    if o.live:
+        return _live_sweep(o, base, G.parse(o.grid))
     result = run_experiment(
         "sweep",
         lambda on_cleanup: sweep(
@@ -173,6 +175,22 @@ def cmd_sweep(ns) -> int:
             print()
             print(chart)
     return 0 if result.get("best") else 1
+
+
+def _live_sweep(o, base, grid) -> int:
+    from tuitune.experiments.live import LiveError, format_live, live_sweep, step_values
+
+    try:
+        values = step_values(base, grid)
+    except LiveError as e:
+        raise CliError(str(e), 2) from None
+    result = run_experiment(
+        "sweep", lambda on_cleanup: live_sweep(base, values, o, progress=say, on_cleanup=on_cleanup)
+    )
+    print()
+    print(format_live(result))
+    comparable = all(v.get("verdict") != "not comparable" for v in result["verdicts"].values())
+    return 0 if comparable else 1
 
 
 def cmd_tune(ns) -> int:

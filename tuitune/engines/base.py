@@ -121,6 +121,7 @@ class Engine:
     name = ""
     label = ""  # as users write it: "SGLang", "vLLM"
     step_name = "steps"  # what the engine calls the step count the switch holds (vLLM: K)
+    step_key = "speculative.num_steps"  # the preset key that sets it
     own_choice = "adaptive policy"  # what chooses the step count when nothing is held
     default_module = ""
     default_port = 0

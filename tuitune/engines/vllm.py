@@ -77,6 +77,7 @@ class VLLM(Engine):
     name = "vllm"
     label = "vLLM"
     step_name = "K"
+    step_key = "speculative.num_speculative_tokens"
     own_choice = "schedule"
     default_module = "vllm.entrypoints.cli.main"  # what the `vllm` console script runs
     default_port = 8000

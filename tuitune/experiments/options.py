@@ -348,6 +348,11 @@ class SweepOptions(BenchOptions):
     out: str = "sweep-out"
     resume: bool = False
     no_plot: bool = False
+    live: bool = False
+    rounds: int | None = None
+    seed: int = 0
+    no_aa: bool = False
+    no_verdict: bool = False
 
     @classmethod
     def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
@@ -367,10 +372,42 @@ class SweepOptions(BenchOptions):
         p.add_argument("--resume", action="store_true", help="skip the trials already in OUT/results.jsonl")
         bench_flags(p)
         p.add_argument("--no-plot", action="store_true")
+        live = p.add_argument_group("in one launch (--live: the step count, held through the engine's switch)")
+        live.add_argument(
+            "--live",
+            action="store_true",
+            help="measure the step counts of --grid inside one launch prepared to switch (speculative.switch): "
+            "blocks in a random order each round, an A/A check, ab's verdicts; no relaunch",
+        )
+        live.add_argument("--rounds", type=int, help="--live: blocks per step count (default 6)")
+        live.add_argument("--seed", type=int, default=0, help="--live: the seed of each round's order (default 0)")
+        live.add_argument("--no-aa", action="store_true", help="--live: leave out the A/A arm")
+        live.add_argument(
+            "--no-verdict",
+            action="store_true",
+            help="--live: allow fewer rounds than a verdict needs (a measurement without verdicts)",
+        )
 
     def check(self) -> None:
         if self.repeats < 1 or self.baseline_every < 0:
             raise CliError("--repeats must be at least 1 and --baseline-every at least 0", 2)
+        if self.live:
+            used = [
+                flag
+                for flag, on in (
+                    ("--baseline", self.baseline is not None),
+                    ("--repeats", self.repeats != 1),
+                    ("--baseline-every", self.baseline_every != 4),
+                    ("--resume", self.resume),
+                )
+                if on
+            ]
+            if used:
+                raise CliError(f"{', '.join(used)}: a relaunching sweep's; --live runs rounds of blocks (--rounds)", 2)
+            if self.rounds is not None and self.rounds < 1:
+                raise CliError(f"--rounds must be at least 1 (got {self.rounds})", 2)
+        elif self.rounds is not None or self.no_aa or self.no_verdict or self.seed:
+            raise CliError("--rounds, --seed, --no-aa and --no-verdict go with --live", 2)
 
 
 # ---- nccl-bench -----------------------------------------------------------------------------------

@@ -1,0 +1,164 @@
+"""`sweep --live` (tuitune.experiments.live, docs/switch.md): step counts measured as blocks inside one
+launch prepared to switch. Unit tests of the plan, the checks and the verdicts on rows written
+here; the command end to end on the simulator playing vLLM (a real process, real HTTP, the switch
+through the probe's protocol), where every block's profile windows must have run at its step count."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tuitune import preset as P
+from tuitune.base.events import ProfileWindow
+from tuitune.experiments import live as L
+from tuitune_support.ports import free_port
+from tuitune_support.procs import tuitune_cli
+
+
+def data(tmp_path: Path, port: int = 30001, **spec) -> dict:
+    return {
+        "name": "lv",
+        "target": "local",
+        "server": {
+            "engine": "vllm",
+            "module": "tuitune.sim",
+            "log": str(tmp_path / "lv.log"),
+            "port": port,
+            "args": {"model": "/m/tiny", "sim-load-seconds": 0.2, "sim-speedup": 10},
+        },
+        "speculative": {"algorithm": "EAGLE3", "draft_model_path": "/d", "num_speculative_tokens": 2, **spec},
+        "env": {"VLLM_LOG_STATS_INTERVAL": "1"},
+        "profile": True,
+    }
+
+
+def test_the_grid_must_be_the_step_key_with_prepared_values(tmp_path):
+    p = P.from_dict(data(tmp_path, switch=[1, 2, 4]))
+    assert L.step_values(p, {"speculative.num_speculative_tokens": [4, 1, 4]}) == [4, 1]
+    for grid, why in (
+        (
+            {"speculative.num_speculative_tokens": [1, 3]},
+            r"K 3 is not one the launch is prepared to hold \(\[1, 2, 4\]\)",
+        ),
+        ({"env.NCCL_PROTO": ["LL"]}, "env.NCCL_PROTO needs a relaunch"),
+        ({"speculative.num_speculative_tokens": ["x"]}, "'x' is not a step count"),
+    ):
+        with pytest.raises(L.LiveError, match=why):
+            L.step_values(p, grid)
+    with pytest.raises(L.LiveError, match="set speculative.switch"):
+        L.step_values(P.from_dict(data(tmp_path)), {"speculative.num_speculative_tokens": [1]})
+
+
+def test_arms_and_the_plan_every_arm_once_a_round_in_a_drawn_order(tmp_path):
+    p = P.from_dict(data(tmp_path, switch=[1, 2, 4]))
+    arms = L.arms(p, [1, 2, 4], aa=True)
+    assert arms == [("A", 2), ("B1", 1), ("B2", 4), ("A'", 2)]  # the preset's own K is the reference
+    assert L.arms(p, [4, 1], aa=False) == [("A", 4), ("B1", 1)]  # its K not swept: the first value
+    order = L.plan(arms, 6, seed=3)
+    assert len(order) == 24 and order == L.plan(arms, 6, seed=3) and order != L.plan(arms, 6, seed=4)
+    for r in range(1, 7):
+        assert sorted(a for rr, a, _k in order if rr == r) == sorted(a for a, _k in arms)
+    assert len({tuple(a for rr, a, _k in order if rr == r) for r in range(1, 7)}) > 1  # not one fixed order
+
+
+def window(steps: int, held: int | None, accept: float = 1.5, cycles: int = 10) -> ProfileWindow:
+    return ProfileWindow(1.0, 2.0, 0.5, accept, 3.5, cycles=cycles, steps=steps, held=held)
+
+
+def test_a_block_is_checked_against_the_windows_the_probe_saw():
+    assert L.block_check([window(3, 3), window(3, 3), window(2, None)], 3) == (3, 2, 0)
+    assert L.block_check([window(3, 3), window(2, 2)], 3) == (2, 1, 1)  # a window held at another K
+    assert L.block_check([window(2, 3)], 3) == (1, 0, 1)  # labelled held at 3, yet ran at 2
+    means = L.window_means([window(3, 3, 2.0, 10), window(3, 3, 1.0, 30)])
+    assert means["accept_len"] == pytest.approx(1.25) and means["draft_ms"] == 1.0
+
+
+def rows(rates: dict[str, list[float]], other: dict | None = None) -> list[dict]:
+    out = []
+    for arm, values in rates.items():
+        for r, v in enumerate(values, 1):
+            windows_other = (other or {}).get((arm, r), 0)
+            out.append(
+                {
+                    "arm": arm,
+                    "round": r,
+                    "steps": {"A": 2, "B1": 1, "A'": 2}[arm],
+                    "preset": arm,
+                    "median_tok_s": v,
+                    "failed": 0,
+                    "errors": [],
+                    "concurrency": 1,
+                    "workload": {"name": "built-in", "hash": "h", "prompts": 12, "lengths": 0},
+                    "server": {},
+                    "gpu_note": None,
+                    "windows": 5,
+                    "windows_held": 5 - windows_other,
+                    "windows_other": windows_other,
+                }
+            )
+    return out
+
+
+ARMS = [("A", 2), ("B1", 1), ("A'", 2)]
+
+
+def test_verdicts_the_aa_check_and_the_best():
+    a = [100.0, 101.0, 99.0, 100.5, 100.2, 99.5]
+    faster = [x * 1.2 for x in a]
+    twin = [100.1, 99.8, 100.9, 99.3, 100.4, 100.0]
+    j = L.judge(rows({"A": a, "B1": faster, "A'": twin}), ARMS, 6, 0.01, True)
+    assert j["verdicts"]["B1"]["verdict"] == "faster" and j["aa"]["trusted"] and j["best"] == "B1"
+    # the A/A arm decided apart from A: the launch drifted, nothing is called best
+    drifted = [x * 1.2 for x in twin]
+    j = L.judge(rows({"A": a, "B1": faster, "A'": drifted}), ARMS, 6, 0.01, True)
+    assert j["aa"]["trusted"] is False and "not to be trusted" in j["aa"]["sentence"] and j["best"] == "A"
+    # a block whose windows ran under another K: its arm is not comparable, whatever the rates say
+    j = L.judge(rows({"A": a, "B1": faster, "A'": twin}, {("B1", 4): 2}), ARMS, 6, 0.01, True)
+    v = j["verdicts"]["B1"]
+    assert (
+        v["verdict"] == "not comparable" and "round 4, B1: 2 of its 5 profile windows ran under another" in v["reason"]
+    )
+    assert j["best"] == "A"
+    # too few rounds: a measurement, no verdict, no A/A claim
+    j = L.judge(rows({"A": a[:2], "B1": faster[:2], "A'": twin[:2]}), ARMS, 2, 0.01, True)
+    assert not j["judged"] and j["aa"]["trusted"] is None and j["verdicts"]["B1"]["verdict"] == "measurement only"
+
+
+def test_live_sweep_on_the_simulator_one_launch_every_block_at_its_k(tmp_path):
+    port = free_port()
+    preset = tmp_path / "lv.yaml"
+    preset.write_text(yaml.safe_dump(data(tmp_path, port, switch=[1, 2, 4])))
+    env = {"HOME": str(tmp_path)}
+    out = tmp_path / "live"
+    try:
+        r = tuitune_cli(
+            *("sweep", str(preset), "--live", "--grid", "speculative.num_speculative_tokens=1,2,4", "--rounds", "4"),
+            *("--requests", "2", "--warmup", "1", "--max-tokens", "200", "--out", str(out), "--seed", "7"),
+            env=env,
+            timeout=180,
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert r.stdout.count("launching lv prepared to switch") == 1  # one launch for every block
+        res = json.loads((out / "live.json").read_text())
+        blocks = res["blocks"]
+        assert len(blocks) == 16 and [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()] == blocks
+        assert Counter(b["arm"] for b in blocks) == {"A": 4, "B1": 4, "B2": 4, "A'": 4}
+        for b in blocks:  # every block measured at the K it claims, as the probe's windows say
+            assert b["windows"] and b["windows_held"] and not b["windows_other"] and not b["failed"], b
+        assert [(b["round"], b["arm"]) for b in blocks] == [
+            (rr, a) for rr, a, _k in L.plan(L.arms(P.load(preset), [1, 2, 4], True), 4, 7)
+        ]
+        # the simulated engine's verify cost grows with K: its cycle follows the held K
+        cyc = res["cycle_ms"]
+        assert cyc["B1"] < cyc["A"] < cyc["B2"] and math.isclose(cyc["A"], cyc["A'"], rel_tol=0.05), cyc
+        assert "A/A check" in r.stdout and "best: K" in r.stdout and res["unchecked"] == 0
+        # released at the end; the server keeps running, nothing held
+        r = tuitune_cli("hold", str(preset), env=env)
+        assert r.returncode == 0 and "nothing held" in r.stdout, r.stdout + r.stderr
+    finally:
+        tuitune_cli("stop", str(preset), env=env)

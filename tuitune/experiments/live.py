@@ -1,0 +1,371 @@
+"""Step counts measured inside one launch (docs/switch.md, "Measuring in one launch"): `sweep --live`.
+
+A launch prepared to switch (``speculative.switch``) holds each step count in turn through the
+engine's own switching code (``Session.hold``), and each hold is a **block**: the bench's warm-up
+requests after the switch (the windows that straddle it, the engine's caches), then its measured
+requests, the same prompts in every block. Each round runs every arm once, in an order drawn at
+random for that round (seeded), so that a drift of the machine over the run falls on every arm
+alike. The reference arm is the preset's own step count; an **A/A arm** measures it a second time
+each round, as an arm of its own: the same verdict between two blocks of one setting says what the
+in-launch design can wrongly call a difference.
+
+Verdicts are ``ab``'s (each block one sample, Mann-Whitney, the exact level at the rounds run; too
+few rounds are a measurement without a verdict). What the probe saw is checked too: a block during
+which a profile window ran under another step count, or none was held, makes its arm not
+comparable (the setting the block claims is not the one it measured).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tuitune import preset as P
+from tuitune.base.errors import TuituneError
+from tuitune.base.events import Event, ProfileWindow
+from tuitune.experiments.ab import MIN_EFFECT, ab_design, rounds_refusal, verdict
+from tuitune.experiments.options import SweepOptions
+from tuitune.machine.session import Session
+
+DEFAULT_ROUNDS = 6
+REFERENCE, TWIN = "A", "A'"
+
+
+class LiveError(TuituneError):
+    """A live sweep that cannot run as asked (one sentence)."""
+
+    code = 2
+
+
+def step_values(base: P.Preset, grid: dict) -> list[int]:
+    """The step counts of a live sweep's grid: one axis, the engine's step key, each value one the
+    preset's launch is prepared to hold; LiveError (one sentence) otherwise."""
+    e = base.engine
+    prepared = base.switch_steps
+    if prepared is None:
+        raise LiveError(
+            f"{base.name}: --live measures inside one launch prepared to switch; set speculative.switch to the "
+            f"{e.step_name} values to try (docs/switch.md)"
+        )
+    if list(grid) != [e.step_key]:
+        others = ", ".join(k for k in grid if k != e.step_key) or "none"
+        raise LiveError(
+            f"--live switches {e.label}'s step count only (--grid {e.step_key}=...); {others} needs a relaunch: "
+            "run the sweep without --live"
+        )
+    values: list[int] = []
+    for v in grid[e.step_key]:
+        if type(v) is not int:
+            raise LiveError(f"--grid {e.step_key}: {v!r} is not a step count")
+        if v not in prepared:
+            raise LiveError(
+                f"{e.step_name} {v} is not one the launch is prepared to hold ({prepared}): add it to "
+                "speculative.switch, or run the sweep without --live"
+            )
+        if v not in values:
+            values.append(v)
+    return values
+
+
+def arms(base: P.Preset, values: list[int], aa: bool) -> list[tuple[str, int]]:
+    """(arm, step count): the reference A (the preset's own step count where it is one of the
+    values, else the first), each other value B1, B2 …, and the A/A twin of A."""
+    own = base.engine.static_config(base) if base.is_speculative else None
+    ref = own[0] if own is not None and own[0] in values else values[0]
+    out = [(REFERENCE, ref)] + [(f"B{i}", v) for i, v in enumerate([v for v in values if v != ref], 1)]
+    return out + ([(TWIN, ref)] if aa else [])
+
+
+def plan(arm_list: list[tuple[str, int]], rounds: int, seed: int) -> list[tuple[int, str, int]]:
+    """(round, arm, step count) in run order: every arm once a round, in an order drawn per round."""
+    rng = random.Random(seed)
+    out = []
+    for r in range(1, rounds + 1):
+        order = list(arm_list)
+        rng.shuffle(order)
+        out += [(r, arm, k) for arm, k in order]
+    return out
+
+
+def block_check(windows: list[ProfileWindow], k: int) -> tuple[int, int, int]:
+    """(windows, held at k, at another setting) among a block's profile windows. Windows without a
+    label are the probe's before it saw the hold (vLLM's worker reads it a step or two late)."""
+    held = sum(1 for w in windows if w.held == k and w.steps == k)
+    other = sum(1 for w in windows if (w.held is not None and w.held != k) or (w.held == k and w.steps != k))
+    return len(windows), held, other
+
+
+def window_means(windows: list[ProfileWindow]) -> dict[str, float | None]:
+    """A block's accept length and phases from the probe's windows (weighted by their cycles)."""
+    total = sum(w.cycles for w in windows)
+    if not total:
+        return {"accept_len": None, "draft_ms": None, "verify_ms": None, "extend_ms": None}
+    return {
+        key: sum(getattr(w, key) * w.cycles for w in windows) / total
+        for key in ("accept_len", "draft_ms", "verify_ms", "extend_ms")
+    }
+
+
+def block_row(run, r: int, arm: str, k: int, word: str, windows: list[ProfileWindow], position: int) -> dict:
+    s = run.summary()
+    tok = s.get("tok_s") or {}
+    n, held, other = block_check(windows, k)
+    probe = window_means(windows)
+    return {
+        "kind": "block",
+        "round": r,
+        "position": position,
+        "arm": arm,
+        "steps": k,
+        "preset": f"{arm} ({word} {k})",
+        "concurrency": run.config.concurrency,
+        "median_tok_s": tok.get("median", math.nan),
+        "goodput": (s.get("goodput") or {}).get("tok_s", math.nan),
+        # the requests' own (SGLang's meta_info), else the probe's windows
+        "accept_len": (s.get("accept_len") or {}).get("mean") or probe["accept_len"],
+        "cycle_ms": run.cycle_ms,
+        "draft_ms": probe["draft_ms"],
+        "verify_ms": probe["verify_ms"],
+        "extend_ms": probe["extend_ms"],
+        "requests": s["requests"],
+        "failed": s["failed"],
+        "errors": s["errors"],
+        "server": s.get("server"),
+        "workload": s.get("workload"),
+        "gpu_note": run.gpu_note,
+        "windows": n,
+        "windows_held": held,
+        "windows_other": other,
+        "time": time.time(),
+    }
+
+
+def block_problem(rows: list[dict], profiled: bool) -> str | None:
+    """Why these blocks do not measure the settings they claim (one sentence), or None."""
+    for x in rows:
+        if x["windows_other"]:
+            return (
+                f"round {x['round']}, {x['preset']}: {x['windows_other']} of its {x['windows']} profile windows ran "
+                "under another step count than the one held"
+            )
+        if profiled and x["windows"] and not x["windows_held"]:
+            return f"round {x['round']}, {x['preset']}: none of its {x['windows']} profile windows was held at {x['steps']}"
+    return None
+
+
+def judge(rows: list[dict], arm_list: list[tuple[str, int]], rounds: int, min_effect: float, profiled: bool) -> dict:
+    """Each arm against A (ab's verdict, blocks as launches), the A/A check, and the best arm."""
+    ok = rounds_refusal(rounds) is None
+    d = ab_design(rounds) if ok else None
+    ref = [dict(x, arm="A") for x in rows if x["arm"] == REFERENCE]
+    out: dict = {"verdicts": {}, "judged": ok}
+    for arm, k in arm_list:
+        if arm == REFERENCE:
+            continue
+        mine = [x for x in rows if x["arm"] == arm]
+        v = verdict(ref + [dict(x, arm="B") for x in mine], min_effect, ok, d, bootstrap=False)
+        why = block_problem([x for x in rows if x["arm"] in (REFERENCE, arm)], profiled)
+        if why and v.get("verdict") != "not comparable":
+            v = {"verdict": "not comparable", "reason": why}
+        out["verdicts"][arm] = {"steps": k, **v}
+    twin = out["verdicts"].get(TWIN)
+    if twin is None:
+        out["aa"] = None
+    elif not ok:
+        out["aa"] = {
+            "verdict": twin.get("verdict"),
+            "ratio_ci": twin.get("ratio_ci"),
+            "trusted": None,
+            "sentence": f"the A/A check cannot decide in {rounds} rounds (a measurement without verdicts)",
+        }
+    else:
+        wrong = twin.get("verdict") in ("faster", "slower")
+        out["aa"] = {
+            "verdict": twin.get("verdict"),
+            "ratio_ci": twin.get("ratio_ci"),
+            "trusted": not wrong and twin.get("verdict") != "not comparable",
+            "sentence": (
+                "the A/A check found a difference between two blocks of the same setting: the launch drifted "
+                "within rounds, so the verdicts above are not to be trusted; run more rounds or a quieter machine"
+                if wrong
+                else "the A/A check found no difference between two blocks of the same setting"
+                if twin.get("verdict") != "not comparable"
+                else f"the A/A check is not comparable ({twin.get('reason')})"
+            ),
+        }
+    faster = [
+        (v.get("shift") or 0.0, arm)
+        for arm, v in out["verdicts"].items()
+        if arm != TWIN and v.get("verdict") == "faster"
+    ]
+    trusted = out["aa"] is None or out["aa"]["trusted"]
+    out["best"] = max(faster)[1] if faster and trusted else REFERENCE
+    return out
+
+
+def medians(rows: list[dict], key: str) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for arm in dict.fromkeys(x["arm"] for x in rows):
+        vals = [
+            x[key] for x in rows if x["arm"] == arm and isinstance(x.get(key), int | float) and math.isfinite(x[key])
+        ]
+        out[arm] = statistics.median(vals) if vals else None
+    return out
+
+
+async def live_sweep(
+    base: P.Preset,
+    values: list[int],
+    o: SweepOptions,
+    progress: Callable[[str], None] | None = None,
+    on_cleanup: Callable[[str], None] | None = None,
+) -> dict:
+    """The blocks of the plan for ``values`` on the preset's server (launched first when it does not
+    run this preset, prepared), released at the end; a row a block in OUT/results.jsonl as it comes.
+    ``o``: the sweep's options (``--rounds``, ``--seed``, ``--no-aa``, ``--no-verdict``, the bench flags)."""
+    say = progress or (lambda _m: None)
+    rounds, seed, out, overrides, min_effect = (
+        o.rounds or DEFAULT_ROUNDS,
+        o.seed,
+        Path(o.out),
+        o.overrides(),
+        MIN_EFFECT,
+    )
+    why = rounds_refusal(rounds)
+    if why and not o.no_verdict:
+        raise LiveError(why.replace(" launches", " blocks"))
+    word = base.engine.step_name
+    arm_list = arms(base, values, not o.no_aa)
+    order = plan(arm_list, rounds, seed)
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "results.jsonl"
+    results.write_text("")
+    session = Session(base)
+    windows: list[ProfileWindow] = []
+
+    def collect(evs: list[Event]) -> None:
+        windows.extend(e for e in evs if isinstance(e, ProfileWindow))
+
+    rows: list[dict] = []
+    try:
+        st = await session.connect(backlog=0)
+        if not (st.running and st.ours and session.running_preset is not None and st.record and st.record.switch):
+            say(f"launching {base.name} prepared to switch {word} {base.switch_steps}")
+            await session.relaunch(base)
+        say(
+            f"{len(order)} blocks: {len(arm_list)} arms ("
+            + ", ".join(f"{a} {word} {k}" for a, k in arm_list)
+            + f") x {rounds} rounds, each round in its own random order (seed {seed}), one launch"
+        )
+        session.subscribe(collect)
+        position = 0
+        for r, arm, k in order:
+            position = position + 1 if rows and rows[-1]["round"] == r else 1
+            await session.hold(k)
+            windows.clear()
+            run = await session.bench(label=f"{arm} {word} {k}", **(overrides or {}))
+            row = block_row(run, r, arm, k, word, list(windows), position)
+            rows.append(row)
+            with results.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            say(
+                f"round {r}/{rounds} {arm} ({word} {k}): {row['median_tok_s']:.2f} tok/s median"
+                + (f", {row['failed']} failed" if row["failed"] else "")
+                + (f", {row['windows_other']} window(s) at another setting" if row["windows_other"] else "")
+            )
+    except BaseException:
+        cut = True
+        raise
+    else:
+        cut = False
+    finally:
+        with contextlib.suppress(Exception):
+            session.subscribers.remove(collect)
+        released = False
+        try:
+            if session.record is not None and session.record.switch:
+                await session.hold(None)
+                released = True
+        except Exception as e:  # the release is said, never raised over the run's own error
+            say(f"warning: the hold was not released: {e}")
+        await session.close()
+        if cut and on_cleanup is not None and session.record is not None:
+            on_cleanup(("the hold was released; " if released else "") + "the server keeps running")
+    profiled = base.profile
+    result = {
+        "preset": base.name,
+        "hash": base.hash(),
+        "engine": base.engine.name,
+        "step_name": word,
+        "rounds": rounds,
+        "seed": seed,
+        "arms": [{"arm": a, "steps": k} for a, k in arm_list],
+        "blocks": rows,
+        "median_tok_s": medians(rows, "median_tok_s"),
+        "accept_len": medians(rows, "accept_len"),
+        "cycle_ms": medians(rows, "cycle_ms"),
+        **judge(rows, arm_list, rounds, min_effect, profiled),
+        "profiled": profiled,
+        "unchecked": sum(1 for x in rows if not x["windows"]) if profiled else len(rows),
+    }
+    (out / "live.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def format_live(result: dict) -> str:
+    """The live sweep as a table: each arm's blocks, its median rate, its verdict against A."""
+    word = result["step_name"]
+    med, acc, cyc = result["median_tok_s"], result["accept_len"], result["cycle_ms"]
+    lines = [
+        f"{'arm':<5} {word:>5} {'blocks':>6} {'tok/s':>9} {'accept':>7} {'cycle ms':>9}  against A",
+    ]
+    for a in result["arms"]:
+        arm = a["arm"]
+        n = sum(1 for x in result["blocks"] if x["arm"] == arm)
+        v = result["verdicts"].get(arm)
+        against = "(reference)" if arm == REFERENCE else _against(v)
+        lines.append(
+            f"{arm:<5} {a['steps']:>5} {n:>6} {_num(med.get(arm), 9, 2)} {_num(acc.get(arm), 7, 2)} "
+            f"{_num(cyc.get(arm), 9, 1)}  {against}"
+        )
+    if result.get("aa"):
+        lines.append(result["aa"]["sentence"])
+    if not result["profiled"]:
+        lines.append("profile is off: which step count each block ran under was not checked (set profile: true)")
+    elif result.get("unchecked"):
+        lines.append(
+            f"{result['unchecked']} of {len(result['blocks'])} blocks ended before the probe wrote a profile window: "
+            "their step count is unchecked (longer blocks, --requests or --max-tokens, check it)"
+        )
+    best = result["best"]
+    k = next(a["steps"] for a in result["arms"] if a["arm"] == best)
+    if not result["judged"]:
+        lines.append(f"no verdict: {result['rounds']} rounds cannot decide (a measurement)")
+    elif best == REFERENCE:
+        lines.append(f"best: {word} {k} (the reference: no other step count is decidedly faster)")
+    else:
+        lines.append(
+            f"best: {word} {k}, decidedly faster than the reference; `tuitune hold {result['preset']} {k}` holds it"
+        )
+    return "\n".join(lines)
+
+
+def _num(v: float | None, width: int, digits: int) -> str:
+    return f"{v:>{width}.{digits}f}" if isinstance(v, int | float) and math.isfinite(v) else f"{'-':>{width}}"
+
+
+def _against(v: dict | None) -> str:
+    if not v:
+        return "-"
+    what = v.get("verdict", "-")
+    lo, hi = (v.get("ratio_ci") or [math.nan, math.nan])[:2]
+    if what == "not comparable":
+        return f"not comparable: {v.get('reason')}"
+    ci = f" (B/A {v['shift']:.3f}, interval {lo:.3f}-{hi:.3f})" if v.get("shift") and math.isfinite(lo) else ""
+    return what + ci
