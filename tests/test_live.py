@@ -17,24 +17,12 @@ from tuitune import preset as P
 from tuitune.base.events import ProfileWindow
 from tuitune.experiments import live as L
 from tuitune_support.ports import free_port
+from tuitune_support.presets import vllm_sim_data
 from tuitune_support.procs import tuitune_cli
 
 
 def data(tmp_path: Path, port: int = 30001, **spec) -> dict:
-    return {
-        "name": "lv",
-        "target": "local",
-        "server": {
-            "engine": "vllm",
-            "module": "tuitune.sim",
-            "log": str(tmp_path / "lv.log"),
-            "port": port,
-            "args": {"model": "/m/tiny", "sim-load-seconds": 0.2, "sim-speedup": 10},
-        },
-        "speculative": {"algorithm": "EAGLE3", "draft_model_path": "/d", "num_speculative_tokens": 2, **spec},
-        "env": {"VLLM_LOG_STATS_INTERVAL": "1"},
-        "profile": True,
-    }
+    return vllm_sim_data(tmp_path, "lv", port, env={"VLLM_LOG_STATS_INTERVAL": "1"}, **spec)
 
 
 def test_the_grid_must_be_the_step_key_with_prepared_values(tmp_path):

@@ -504,7 +504,9 @@ def test_emitted_adaptive_schedule_runs_and_the_probe_follows_sglangs_switches(s
     top = max(union) + 2
     two = served.home / "two.json"
     two.write_text(json.dumps({k: {"candidate_steps": sorted({*v["candidate_steps"], top})} for k, v in cfg.items()}))
-    served.launch(served.preset("adaptive-two.yaml", steps=top, adaptive=two))
+    low = min(union)
+    prepared = served.preset("adaptive-two.yaml", steps=top, adaptive=two, switch=[low, top])
+    served.launch(prepared)
     start = served.log.stat().st_size
     windows, _ = windows_under_load(served, n=4)
     lines = served.log.read_bytes()[start:].decode("utf-8", "replace").splitlines()
@@ -521,6 +523,24 @@ def test_emitted_adaptive_schedule_runs_and_the_probe_follows_sglangs_switches(s
             assert w.steps in allowed, w
             checked += w.steps == current
     assert checked >= 1 and {w.steps for w in windows} <= allowed, windows
+    # the same launch was prepared to switch (speculative.switch, inert until told): `tuitune hold` keeps the
+    # longer chain in force through SGLang's own runtime states, its policy frozen (the random draft accepts
+    # nothing, yet it stays), then `--release` hands the choice back and the policy moves down again
+    r = tt(served.home, "hold", str(prepared), str(top), timeout=120)
+    assert r.returncode == 0 and f"holds steps {top}" in r.stdout, r.stdout + r.stderr
+    time.sleep(0.5)
+    start = served.log.stat().st_size
+    held, _ = windows_under_load(served, n=3)
+    assert held and all(w.held == top and w.steps == top for w in held), [(w.steps, w.held) for w in held]
+    assert f"hold={top} applied=1" in served.log.read_text(errors="replace")
+    r = tt(served.home, "status", str(prepared), timeout=60)
+    assert r.returncode == 0 and f"holds steps {top}" in r.stdout, r.stdout + r.stderr
+    r = tt(served.home, "hold", str(prepared), "--release", timeout=120)
+    assert r.returncode == 0 and "released; the engine's own adaptive policy chooses" in r.stdout, r.stdout + r.stderr
+    after, _ = windows_under_load(served, n=4)
+    assert after and all(w.held is None for w in after) and min(w.steps for w in after) < top, [
+        (w.steps, w.held) for w in after
+    ]
 
 
 def log_events_of(lines: list[str]) -> list:

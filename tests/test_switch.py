@@ -29,6 +29,7 @@ from tuitune.probe import eagle3_probe as ep
 from tuitune_support.clients import Load
 from tuitune_support.paths import ROOT
 from tuitune_support.ports import free_port, http_status
+from tuitune_support.presets import vllm_sim_data
 from tuitune_support.procs import tuitune_cli, wait_for
 
 KEY = bytes(range(32))
@@ -634,22 +635,8 @@ async def test_sim_vllm_without_a_schedule_refuses_and_without_preparing_times_o
 
 
 def vllm_switch_data(tmp_path: Path, port: int, target="local", **spec) -> dict:
-    """A simulator playing vLLM, EAGLE-3 at K 2, prepared to hold K 1 to 4."""
-    return {
-        "name": "swv",
-        "target": target,
-        "server": {
-            "engine": "vllm",
-            "module": "tuitune.sim",
-            "python": sys.executable,
-            "log": str(tmp_path / "swv.log"),
-            "port": port,
-            "args": {"model": "/m/tiny", "sim-load-seconds": 0.2, "sim-speedup": 10},
-        },
-        "speculative": {"algorithm": "EAGLE3", "draft_model_path": "/d", "num_speculative_tokens": 2, **spec},
-        "env": {"VLLM_LOG_STATS_INTERVAL": "2"},
-        "profile": True,
-    }
+    """A simulator playing vLLM, EAGLE-3 at K 2 (prepared by ``spec``, e.g. ``switch=[1, 2, 3, 4]``)."""
+    return vllm_sim_data(tmp_path, "swv", port, target, **spec)
 
 
 def test_the_preset_prepares_vllm_with_the_largest_k_and_a_schedule(tmp_path):

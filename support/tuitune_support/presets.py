@@ -50,3 +50,23 @@ def make_preset(
             "eagle_topk": 1,
         }
     return P.from_dict(data)
+
+
+def vllm_sim_data(tmp: Path, name: str, port: int, target="local", env: dict | None = None, **spec) -> dict:
+    """A simulator playing vLLM (EAGLE-3, K 2 unless ``spec`` says otherwise), as a preset's dict, its log
+    under ``tmp``: for the switch's tests (``spec``: e.g. ``switch=[1, 2, 4]``)."""
+    return {
+        "name": name,
+        "target": target,
+        "server": {
+            "engine": "vllm",
+            "module": "tuitune.sim",
+            "python": sys.executable,
+            "log": str(tmp / f"{name}.log"),
+            "port": port,
+            "args": {"model": "/m/tiny", "sim-load-seconds": 0.2, "sim-speedup": 10},
+        },
+        "speculative": {"algorithm": "EAGLE3", "draft_model_path": "/d", "num_speculative_tokens": 2, **spec},
+        "env": env or {"VLLM_LOG_STATS_INTERVAL": "2"},
+        "profile": True,
+    }

@@ -427,13 +427,15 @@ def preset(
     env: dict | None = None,
     profile: bool = True,
     adaptive: str | None = None,
+    switch: list[int] | None = None,
     **bench,
 ) -> dict:
     """A tuitune preset (as a dict) that serves the tiny Llama on the real SGLang CPU engine.
 
     ``method``: EAGLE3 (the random draft: real costs, acceptance 1.00; ``topk`` > 1 a tree), NGRAM
     (``draft_tokens`` a cycle; real acceptance) or None. ``adaptive``: an adaptive config file (EAGLE3,
-    topk 1; SGLang needs ``--disable-cuda-graph`` for it on a CPU, added here)."""
+    topk 1; SGLang needs ``--disable-cuda-graph`` for it on a CPU, added here); ``switch``: the steps a
+    launch is prepared to hold (``speculative.switch``: with an adaptive config that lists them)."""
     spec: dict | None = None
     if method == "EAGLE3":
         spec = {
@@ -445,6 +447,8 @@ def preset(
         }
         if adaptive:
             spec["adaptive_config"] = str(adaptive)
+        if switch:
+            spec["switch"] = list(switch)
     elif method == "NGRAM":
         spec = {"algorithm": "NGRAM", "num_draft_tokens": draft_tokens or 4}
     elif method is not None:
