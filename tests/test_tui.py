@@ -418,3 +418,56 @@ async def test_the_config_panel_offers_the_loaded_engines_flags_and_algorithms()
         assert shown("row-") == {"num-continuous-decode-steps", "mem-fraction-static"}
         assert len(algo._options) == 1 + len(engines.get("sglang").algorithms)
         assert panel.collect() == ({}, {})
+
+
+async def test_a_step_change_is_held_live_in_a_prepared_launch_and_other_changes_relaunch(tmp_path):
+    """A launch prepared to switch (speculative.switch): editing K and pressing r holds it in the
+    running server in seconds, no relaunch (same pid, profile windows held at the new K, the run marked
+    live in the runs table); K back to the launch's own releases it; a change of anything else says why
+    it relaunches, and relaunches."""
+    from tuitune_support.ports import free_port
+    from tuitune_support.presets import vllm_sim_data
+
+    p = P.from_dict(
+        vllm_sim_data(tmp_path, "tuiv", free_port(), env={"VLLM_LOG_STATS_INTERVAL": "1"}, switch=[1, 2, 4])
+    )
+    s = Session(p, state_dir=str(tmp_path / "state"))
+    app = TuituneApp(s, autostart="launch", user_config=UserConfig())
+    async with app.run_test(size=SIZE_LIVE) as pilot:
+        await wait_ready(app, pilot, s)
+        await s.set_load(True)
+        await until(pilot, lambda: s.store.last_profile is not None, 15, "profile windows")
+        pid = s.state.pid
+        app.config.query_one("#spec-num-steps").value = "4"  # vLLM's K in the first row
+        await pilot.pause()
+        assert app.draft.speculative.num_speculative_tokens == 4
+        await pilot.press("r")
+        await until(pilot, lambda: s.held == 4, 30, "K 4 held")
+        await until(pilot, lambda: any("K 4 held live" in m for m in app.messages), 5, "said")
+        assert s.state.pid == pid and not isinstance(app.screen, RelaunchScreen)
+        assert s.running_preset.speculative.num_speculative_tokens == 4 and s.launched_preset is not None
+        assert s.launched_preset.speculative.num_speculative_tokens == 2
+        await until(
+            pilot,
+            lambda: (
+                s.store.last_profile is not None and s.store.last_profile.held == 4 and s.store.last_profile.steps == 4
+            ),
+            15,
+            "windows held at 4",
+        )
+        await pilot.press("b")
+        await until(pilot, lambda: len(app.book.runs) == 1 and not app.bench_running, 60, "a benchmark run")
+        assert app.book.runs[0].label.endswith("live K 4"), app.book.runs[0].label
+        app.config.query_one("#spec-num-steps").value = "2"
+        await pilot.pause()
+        await pilot.press("r")
+        await until(pilot, lambda: s.held is None, 30, "released")
+        assert s.state.pid == pid and s.running_preset.speculative.num_speculative_tokens == 2
+        app.config.query_one("#spec-num-steps").value = "3"  # not prepared: a relaunch, said so
+        await pilot.pause()
+        await pilot.press("r")
+        said = "relaunching: K 3 is not one the running launch is prepared to hold ([1, 2, 4])"
+        assert said in app.messages, app.messages
+        await wait_ready(app, pilot, s)
+        await until(pilot, lambda: s.state.pid != pid and s.state.state == "ready", 30, "the relaunch")
+        assert s.running_preset.speculative.num_speculative_tokens == 3

@@ -66,7 +66,9 @@ class Session(EventStream):
     ):
         super().__init__()
         self.preset = preset
-        self.running_preset: P.Preset | None = None  # what the live server was launched from
+        self.running_preset: P.Preset | None = None  # what the live server was launched from (or holds: hold)
+        self.held: int | None = None  # a step count held live in this launch (docs/switch.md); None: none
+        self._unheld: P.Preset | None = None  # what it was launched from, while a hold is in force
         self.transport = transport or for_preset(preset)
         self.transport.on_link = self._on_link
         self.control: Controller = control_for(self.transport, preset, state_dir)
@@ -261,6 +263,7 @@ class Session(EventStream):
             async def after_start(rec) -> None:
                 old = self.control
                 self.preset, self.control, self.record = new, control, rec
+                self.held = self._unheld = None  # a new launch holds nothing
                 self.launched = True
                 if old is not control:
                     await old.close()  # a multi-node control's links to its nodes; node 0's is the session's
@@ -604,12 +607,28 @@ class Session(EventStream):
         await asyncio.gather(*(stream(i) for i in range(self.load.concurrency)))
 
     # ---- the switch (docs/switch.md) -------------------------------------------------------
-    async def hold(self, steps: int | None, timeout_s: float = 30.0, allow_any: bool = False) -> switch.Ack:
+    @property
+    def launched_preset(self) -> P.Preset | None:
+        """What the running server was launched from (``running_preset`` less any hold)."""
+        return self._unheld or self.running_preset
+
+    async def hold(
+        self, steps: int | None, timeout_s: float = 30.0, allow_any: bool = False, preset: P.Preset | None = None
+    ) -> switch.Ack:
         """Hold ``steps`` (None: release) in the running launch, live, through the engine's own switching
-        code; an idle server is nudged with short requests until it answers."""
+        code; an idle server is nudged with short requests until it answers. ``preset``: the launch's
+        preset with that step count (the TUI's draft), what the server runs while the hold lasts."""
         url = self.url or await self._open_url()
         nudge = switch.Nudge(url, self.preset.bench.api, self.preset.engine.served_model(self.preset))
         ack = await switch.hold_running(self.control, steps, nudge, timeout_s, allow_any)
+        if ack.held is None:
+            self.held, self.running_preset = None, self._unheld or self.running_preset
+            self._unheld = None
+        else:
+            if self.held is None:
+                self._unheld = self.running_preset
+            self.held = ack.held
+            self.running_preset = preset or self.running_preset
         what = f"held {self.preset.engine.step_name} {ack.held}" if ack.held is not None else "released"
         self.publish([Marker(f"switch: {what} (command {ack.seq})")])
         return ack

@@ -43,8 +43,12 @@ class BenchActions(AppBase):
         """One run at the preset's concurrency, or one run over several levels (a goodput curve)."""
         preset = self.session.running_preset or self.session.preset
         levels = levels or [preset.bench.concurrency]
+        # a run under a live hold is marked so in the runs table (no relaunch came between it and the last)
+        label = preset.name + (
+            f" · live {preset.engine.step_name} {self.session.held}" if self.session.held is not None else ""
+        )
         try:
-            plan = plan_levels(self.session, levels, label=preset.name)
+            plan = plan_levels(self.session, levels, label=label)
         except WorkloadError as e:
             self.say(f"benchmark: bench.prompts: {e}", "error")
             return
@@ -70,7 +74,7 @@ class BenchActions(AppBase):
             self.bench_progress = (finished, n, med)
 
         try:
-            runs = await bench_levels(self.session, levels, label=preset.name, on_level=lambda _cfg: progress)
+            runs = await bench_levels(self.session, levels, label=label, on_level=lambda _cfg: progress)
         except (ControlError, TransportError, WorkloadError) as e:
             self.say(str(e), "error")
             return
@@ -90,7 +94,7 @@ class BenchActions(AppBase):
             if vals:
                 summary["accept_len"] = {"mean": sum(vals) / len(vals), "source": "server log"}
         r = self.book.add(
-            preset.name,
+            label,
             preset,
             first.tok_s(),
             summary,

@@ -1,10 +1,12 @@
 """The server's lifecycle as the app drives it: connecting at start, relaunching with the draft
-(in a worker, its progress on the relaunch screen, Esc cancels it), stopping the server, NCCL's
+(in a worker, its progress on the relaunch screen, Esc cancels it) or, where the launch is prepared
+to switch and only its step count changed, holding it live; stopping the server, NCCL's
 confirmation, and quitting (asked first while a server of this session runs)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from textual import work
 from textual.worker import WorkerState
@@ -12,6 +14,7 @@ from textual.worker import WorkerState
 from tuitune import preset as P
 from tuitune.base import redact
 from tuitune.machine.errors import ControlError
+from tuitune.machine.switch import SwitchError
 from tuitune.machine.transport import TransportError
 from tuitune.tui.appbase import AppBase
 from tuitune.tui.screens import ConfirmScreen, QuitScreen, RelaunchScreen
@@ -63,6 +66,12 @@ class ServerActions(AppBase):
         self.refresh_views()
         draft = self.draft
         assert draft is not None  # relaunch is live only, and a live session has a preset
+        live, why = self.live_change(draft)
+        if live is not None:
+            self.run_switch(draft, None if live == "release" else live)
+            return
+        if why:
+            self.say(why, "warning")
         self.relaunch_screen = RelaunchScreen(
             draft.name, redact.Redactor(draft)(P.launch_command(draft)), self.cancel_relaunch
         )
@@ -96,6 +105,52 @@ class ServerActions(AppBase):
             self.draft = preset
         self._dirty_runs = True
         self.say(f"{preset.name} ready")
+
+    def live_change(self, draft: P.Preset) -> tuple[int | str | None, str | None]:
+        """(the step count to hold, "release", or None: a relaunch; why a relaunch is needed where the
+        launch is prepared to switch). Live when the draft differs from what the launch was launched
+        with in its step count alone, and the launch is prepared for that count (docs/switch.md)."""
+        s = self.session
+        rec, base = s.record, s.launched_preset
+        if rec is None or not rec.switch or base is None or s.state.state != "ready":
+            return None, None
+        changed = [k for k, _a, _b in P.diff(base, draft, include_bench=False)]
+        e = draft.engine
+        if not changed:
+            return ("release" if s.held is not None else None), None
+        own = e.static_config(draft) if draft.is_speculative else None
+        k = own[0] if own is not None else None
+        if changed == [e.step_key] and k in rec.switch:
+            return k, None
+        if changed == [e.step_key]:
+            return (
+                None,
+                f"relaunching: {e.step_name} {k} is not one the running launch is prepared to hold ({rec.switch})",
+            )
+        what = ", ".join(changed[:3]) + ("…" if len(changed) > 3 else "")
+        return None, (
+            f"relaunching: the running launch switches only {e.step_name} among {rec.switch} live, and this "
+            f"change is {what}"
+        )
+
+    @work(group="relaunch", exit_on_error=False)
+    async def run_switch(self, preset: P.Preset, steps: int | None) -> None:
+        """A step count applied to the running launch in seconds, through the engine's switch (no relaunch)."""
+        word = preset.engine.step_name
+        t0 = time.monotonic()
+        try:
+            ack = await self.session.hold(steps, preset=preset)
+        except (SwitchError, ControlError, TransportError) as e:
+            self.say(str(e), "error")
+            return
+        took = time.monotonic() - t0
+        if ack.held is None:
+            self.say(f"released in {took:.1f} s: the launch runs its own {word} again (no relaunch)")
+        else:
+            self.say(
+                f"{word} {ack.held} held live in {took:.1f} s (no relaunch); r with the launch's own value releases it"
+            )
+        self._dirty_runs = True
 
     def cancel_relaunch(self) -> None:
         if self.relaunch_worker is not None:
