@@ -142,6 +142,7 @@ def run(engine: str, rounds: int, requests: int, max_tokens: int) -> None:
     else:
         print("  whether the cost is above 2 % is not resolved (the interval reaches below 0.98): more rounds")
 
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", default="vllm,sglang")

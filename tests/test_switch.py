@@ -737,6 +737,33 @@ def test_launch_prepared_then_hold_status_release_and_a_relaunch_without_it(wher
         tuitune_cli("stop", str(preset), env=env)
 
 
+async def test_a_command_that_times_out_is_withdrawn_and_never_taken_later(tmp_path, monkeypatch):
+    """An idle engine steps no more (nothing nudges it): the hold times out, and tuitune withdraws the
+    command, so that the engine does not take it at its next step while tuitune said it failed."""
+    import yaml
+
+    from tuitune.machine.control import ServerControl
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    port = free_port()
+    preset = tmp_path / "swv.yaml"
+    preset.write_text(yaml.safe_dump(vllm_switch_data(tmp_path, port, switch=[1, 2, 3])))
+    r = tuitune_cli("launch", str(preset), env={"HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    try:
+        control = ServerControl(LocalTransport(), P.load(preset))
+        with pytest.raises(S.SwitchTimeout, match=r"within 1 s \(the command is withdrawn\)"):
+            await S.hold_running(control, 3, None, timeout=1)
+        assert not (tmp_path / ".cache" / "tuitune" / "switch" / f"{port}.json").exists()
+        log = tmp_path / "swv.log"
+        mark = lines_of(log)
+        with Load(port, "/m/tiny", max_tokens=48):
+            wait_for(lambda: len(profiles(log, mark)) >= 2, 20, what="windows under load")
+        assert all(w.held is None for w in profiles(log, mark)) and "EAGLE3_SWITCH" not in log.read_text()
+    finally:
+        tuitune_cli("stop", str(preset), env={"HOME": str(tmp_path)})
+
+
 # ---- the real vLLM CPU engine -----------------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ Exit status as everywhere (0 done, 1 failed, 2 bad input); `status` adds 3 (not 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from tuitune.commands.common import (
@@ -250,7 +251,7 @@ def cmd_hold(ns) -> int:
         raise CliError("give a step count to hold, or --release, not both", 2)
     if ns.steps is not None and ns.steps < 0:
         raise CliError(f"a step count is 0 or more (got {ns.steps})", 2)
-    if ns.timeout <= 0:
+    if not math.isfinite(ns.timeout) or ns.timeout <= 0:
         raise CliError(f"--timeout must be more than 0 s (got {ns.timeout:g})", 2)
     p = load_preset(ns.preset)
     session = Session(p)

@@ -67,4 +67,5 @@ class Launch:
     goodput: dict[int, float] = field(default_factory=dict)
     label: str = ""
     failure: str | None = None  # why the server did not come up (nothing measured then)
+    live: bool = False  # measured under a hold in a launch prepared to switch (no relaunch: docs/switch.md)
     engine: str = "sglang"  # whose server it was (costs of two engines are not one model)

@@ -93,12 +93,21 @@ def plan(arm_list: list[tuple[str, int]], rounds: int, seed: int) -> list[tuple[
     return out
 
 
+def in_force(windows: list[ProfileWindow], k: int) -> tuple[list[ProfileWindow], int]:
+    """(the block's windows from the first one held at k on, how many came before it). Those before
+    straddle the switch: the last block's partial window, flushed only when the engine's next cycle
+    begins (and, timed by CUDA events, logged one window late), and vLLM's worker reading the hold a
+    step or two late; none of them is the block's."""
+    first = next((i for i, w in enumerate(windows) if w.held == k), len(windows))
+    return windows[first:], first
+
+
 def block_check(windows: list[ProfileWindow], k: int) -> tuple[int, int, int]:
-    """(windows, held at k, at another setting) among a block's profile windows. Windows without a
-    label are the probe's before it saw the hold (vLLM's worker reads it a step or two late)."""
-    held = sum(1 for w in windows if w.held == k and w.steps == k)
-    other = sum(1 for w in windows if (w.held is not None and w.held != k) or (w.held == k and w.steps != k))
-    return len(windows), held, other
+    """(windows, held at k, at another setting) among a block's windows from the first held at k
+    on (``in_force``): after it every window must be held at k and run k steps."""
+    mine, _before = in_force(windows, k)
+    held = sum(1 for w in mine if w.held == k and w.steps == k)
+    return len(mine), held, len(mine) - held
 
 
 def window_means(windows: list[ProfileWindow]) -> dict[str, float | None]:
@@ -116,7 +125,7 @@ def block_row(run, r: int, arm: str, k: int, word: str, windows: list[ProfileWin
     s = run.summary()
     tok = s.get("tok_s") or {}
     n, held, other = block_check(windows, k)
-    probe = window_means(windows)
+    probe = window_means(in_force(windows, k)[0])
     return {
         "kind": "block",
         "round": r,
@@ -146,20 +155,19 @@ def block_row(run, r: int, arm: str, k: int, word: str, windows: list[ProfileWin
     }
 
 
-def block_problem(rows: list[dict], profiled: bool) -> str | None:
-    """Why these blocks do not measure the settings they claim (one sentence), or None."""
+def block_problem(rows: list[dict]) -> str | None:
+    """Why these blocks do not measure the settings they claim (one sentence), or None: a window,
+    after the hold was seen in force, that ran another step count or was not held."""
     for x in rows:
         if x["windows_other"]:
             return (
-                f"round {x['round']}, {x['preset']}: {x['windows_other']} of its {x['windows']} profile windows ran "
-                "under another step count than the one held"
+                f"round {x['round']}, {x['preset']}: {x['windows_other']} of its {x['windows']} profile windows after "
+                "the hold took effect ran under another step count than the one held"
             )
-        if profiled and x["windows"] and not x["windows_held"]:
-            return f"round {x['round']}, {x['preset']}: none of its {x['windows']} profile windows was held at {x['steps']}"
     return None
 
 
-def judge(rows: list[dict], arm_list: list[tuple[str, int]], rounds: int, min_effect: float, profiled: bool) -> dict:
+def judge(rows: list[dict], arm_list: list[tuple[str, int]], rounds: int, min_effect: float) -> dict:
     """Each arm against A (ab's verdict, blocks as launches), the A/A check, and the best arm."""
     ok = rounds_refusal(rounds) is None
     d = ab_design(rounds) if ok else None
@@ -170,7 +178,7 @@ def judge(rows: list[dict], arm_list: list[tuple[str, int]], rounds: int, min_ef
             continue
         mine = [x for x in rows if x["arm"] == arm]
         v = verdict(ref + [dict(x, arm="B") for x in mine], min_effect, ok, d, bootstrap=False)
-        why = block_problem([x for x in rows if x["arm"] in (REFERENCE, arm)], profiled)
+        why = block_problem([x for x in rows if x["arm"] in (REFERENCE, arm)])
         if why and v.get("verdict") != "not comparable":
             v = {"verdict": "not comparable", "reason": why}
         out["verdicts"][arm] = {"steps": k, **v}
@@ -253,15 +261,18 @@ async def live_sweep(
         windows.extend(e for e in evs if isinstance(e, ProfileWindow))
 
     rows: list[dict] = []
+    prior: int | None = None  # a hold in force before the sweep: put back at the end
+    cut = True
     try:
         st = await session.connect(backlog=0)
         if not (st.running and st.ours and session.running_preset is not None and st.record and st.record.switch):
             say(f"launching {base.name} prepared to switch {word} {base.switch_steps}")
             await session.relaunch(base)
+        prior = session.held
         say(
             f"{len(order)} blocks: {len(arm_list)} arms ("
             + ", ".join(f"{a} {word} {k}" for a, k in arm_list)
-            + f") x {rounds} rounds, each round in its own random order (seed {seed}), one launch"
+            + f"; A is the reference) x {rounds} rounds, each round in its own random order (seed {seed}), one launch"
         )
         session.subscribe(collect)
         position = 0
@@ -279,24 +290,14 @@ async def live_sweep(
                 + (f", {row['failed']} failed" if row["failed"] else "")
                 + (f", {row['windows_other']} window(s) at another setting" if row["windows_other"] else "")
             )
-    except BaseException:
-        cut = True
-        raise
-    else:
         cut = False
     finally:
         with contextlib.suppress(Exception):
             session.subscribers.remove(collect)
-        released = False
-        try:
-            if session.record is not None and session.record.switch:
-                await session.hold(None)
-                released = True
-        except Exception as e:  # the release is said, never raised over the run's own error
-            say(f"warning: the hold was not released: {e}")
+        said = await _put_back(session, prior, word, say)
         await session.close()
-        if cut and on_cleanup is not None and session.record is not None:
-            on_cleanup(("the hold was released; " if released else "") + "the server keeps running")
+        if cut and on_cleanup is not None:
+            on_cleanup(session.cleanup or said)
     profiled = base.profile
     result = {
         "preset": base.name,
@@ -310,12 +311,27 @@ async def live_sweep(
         "median_tok_s": medians(rows, "median_tok_s"),
         "accept_len": medians(rows, "accept_len"),
         "cycle_ms": medians(rows, "cycle_ms"),
-        **judge(rows, arm_list, rounds, min_effect, profiled),
+        **judge(rows, arm_list, rounds, min_effect),
         "profiled": profiled,
-        "unchecked": sum(1 for x in rows if not x["windows"]) if profiled else len(rows),
+        "unchecked": sum(1 for x in rows if not x["windows_held"]) if profiled else len(rows),
     }
     (out / "live.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+async def _put_back(session: Session, prior: int | None, word: str, say: Callable[[str], None]) -> str:
+    """At the end of a live sweep: the hold that was in force before it put back (else released), on
+    a server that still runs; what became of it, in a clause (said, never raised over the run's own error)."""
+    if session.record is None or not session.record.switch or session.state.state != "ready":
+        return "no server of the sweep is running"
+    try:
+        await session.hold(prior)
+    except Exception as e:
+        say(f"warning: the hold was not {'put back' if prior is not None else 'released'}: {e}")
+        return "the server keeps running; its hold may still be in force (`tuitune hold PRESET` says)"
+    return (f"{word} {prior} is held again, as before the sweep" if prior is not None else "the hold was released") + (
+        "; the server keeps running"
+    )
 
 
 def format_live(result: dict) -> str:
@@ -340,8 +356,8 @@ def format_live(result: dict) -> str:
         lines.append("profile is off: which step count each block ran under was not checked (set profile: true)")
     elif result.get("unchecked"):
         lines.append(
-            f"{result['unchecked']} of {len(result['blocks'])} blocks ended before the probe wrote a profile window: "
-            "their step count is unchecked (longer blocks, --requests or --max-tokens, check it)"
+            f"{result['unchecked']} of {len(result['blocks'])} blocks ended before the probe wrote a profile window "
+            "under their hold: their step count is unchecked (longer blocks, --requests or --max-tokens, check it)"
         )
     best = result["best"]
     k = next(a["steps"] for a in result["arms"] if a["arm"] == best)

@@ -509,12 +509,16 @@ class TuneOptions(CliOptions):
     nccl_backend: str = "nccl"
     nccl_grid: list[str] | None = None
     hidden_size: int | None = None
+    live: bool = True
 
     @classmethod
     def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
         p.add_argument("preset")
         p.add_argument(
-            "--budget", type=int, required=True, help="relaunches the search may spend (the A/B comes on top)"
+            "--budget",
+            type=int,
+            required=True,
+            help="measurements the search may spend, each a relaunch unless held live (the A/B comes on top)",
         )
         p.add_argument("--concurrency", type=int, help="the load to tune for (default: the preset's bench.concurrency)")
         p.add_argument(
@@ -564,6 +568,12 @@ class TuneOptions(CliOptions):
         p.add_argument("--max-tokens", type=int)
         p.add_argument("--prompts", metavar="FILE", help="your own prompts (see `tuitune bench --help`)")
         p.add_argument("--json", metavar="OUT", help="write the result as JSON")
+        p.add_argument(
+            "--no-live",
+            action="store_true",
+            help="relaunch for every configuration even where the preset's launch is prepared to switch "
+            "(speculative.switch: its step counts are otherwise held live, without a relaunch)",
+        )
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace, base: P.Preset | None = None) -> Self:
@@ -596,6 +606,7 @@ class TuneOptions(CliOptions):
             nccl_backend=ns.nccl_backend,
             nccl_grid=ns.nccl_grid,
             hidden_size=ns.hidden_size,
+            live=not ns.no_live,
         )
 
     @property

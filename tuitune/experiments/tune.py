@@ -1,6 +1,7 @@
 """`tuitune tune`: the tuning loop (``experiments.tuneloop``) run for real, then proved.
 
-``SessionSource`` relaunches the preset's server with each configuration through the session,
+``SessionSource`` relaunches the preset's server with each configuration through the session (or,
+where the start is prepared to switch, holds a chain's step count in its one launch: docs/switch.md),
 benchmarks a few load levels (the target concurrency and two others, so that one launch puts several
 verify token counts on the curve) and records everything to a capture. ``TuneRun`` wraps the loop
 with the JSONL log (OUT/tune.jsonl, which ``--resume`` reads back), the NCCL screen
@@ -32,6 +33,7 @@ from tuitune.experiments.tuneloop import (
 )
 from tuitune.experiments.tunenccl import cycle_ms, nccl_gains, nccl_screen, nccl_summary
 from tuitune.machine.errors import ControlError
+from tuitune.machine.switch import SwitchError
 from tuitune.measure import workload
 from tuitune.measure.levels import bench_levels
 
@@ -39,7 +41,15 @@ from tuitune.measure.levels import bench_levels
 class SessionSource:
     """Relaunch a preset's server with each configuration and benchmark it at a few load levels."""
 
-    def __init__(self, session, base: P.Preset, out: Path, overrides: dict | None = None, settle_s: float = 0.5):
+    def __init__(
+        self,
+        session,
+        base: P.Preset,
+        out: Path,
+        overrides: dict | None = None,
+        settle_s: float = 0.5,
+        live: bool = True,
+    ):
         from tuitune.measure.capture import CaptureWriter, redacted_preset
 
         self._writer_cls, self._redact = CaptureWriter, redacted_preset
@@ -54,6 +64,28 @@ class SessionSource:
         self.count = 0
         # levels where a simulator fell behind its clock: configuration -> concurrency -> how far
         self.behind: dict[Config, dict[int, str]] = {}
+        # a start prepared to switch: its step counts held in that one launch (docs/switch.md)
+        self.live = live and base.switch_steps is not None
+        self.prepared_launches = 0  # launches of the prepared start made to hold in (the first is the start's)
+
+    def holdable(self, c: Config) -> bool:
+        """Whether ``c`` can be measured by holding its step count in the prepared start's launch: a
+        chain whose step count the launch is prepared for (anything else needs a relaunch)."""
+        steps = self.base.switch_steps or []
+        return self.live and c.speculative and c.topk == 1 and c.draft_tokens == c.steps + 1 and c.steps in steps
+
+    async def _apply(self, c: Config, p: P.Preset) -> bool:
+        """Put ``c`` in force: held in the prepared launch (relaunched first when another runs), or a
+        relaunch of ``p``; whether it was held."""
+        if not self.holdable(c):
+            await self.session.relaunch(p)
+            return False
+        launched = self.session.launched_preset
+        if self.session.state.state != "ready" or launched is None or launched.hash() != self.base.hash():
+            await self.session.relaunch(self.base)
+            self.prepared_launches += 1
+        await self.session.hold(c.steps, preset=p)
+        return True
 
     def preset(self, c: Config) -> P.Preset:
         return preset_for(self.base, c, self.spec)
@@ -88,10 +120,10 @@ class SessionSource:
         self.session.subscribe(sink)
         try:
             try:
-                await self.session.relaunch(p)
-            except ControlError as e:  # this configuration does not start (OOM, a refused flag …): the
-                launch.failure = str(e)  # loop records it and moves on; the link failing still stops it
-                return launch
+                launch.live = await self._apply(config, p)
+            except (ControlError, SwitchError) as e:  # this configuration does not start (OOM, a refused flag …)
+                launch.failure = str(e)  # or is refused by the engine: the loop records it and moves on; the
+                return launch  # link failing still stops it
 
             def starting(cfg) -> None:
                 level_of[0] = cfg.concurrency
@@ -287,7 +319,12 @@ class TuneRun:
         opts, session, env_label, base = self.opts, self.session, self.env_label, self.base
         rows = load_log(opts.out)
         prior = replay_prior([r for r in rows if r.get("kind") == "launch" and r.get("env", "") == env_label])
-        source = SessionSource(session, base, opts.out, opts.overrides)
+        source = SessionSource(session, base, opts.out, opts.overrides, live=opts.live)
+        if source.live:
+            self.say(
+                f"{base.name} is prepared to switch {base.engine.step_name} {base.switch_steps}: those chains are "
+                "measured held live in one launch, anything else with a relaunch (--no-live: relaunch for all)"
+            )
         source.count = sum(1 for r in rows if r.get("kind") == "launch")
         for r in rows:  # (--resume) the earlier launches' levels where the simulator fell behind
             if r.get("kind") == "launch" and r.get("env", "") == env_label and r.get("sim_behind"):
@@ -295,7 +332,9 @@ class TuneRun:
 
         def on_step(st: Step, ln: Launch) -> None:
             ready = session.last_ready.elapsed_s if session.last_ready is not None and not ln.failure else None
-            row = {**st.to_dict(), "capture": ln.label, "env": env_label, "ready_s": ready}
+            row = {**st.to_dict(), "capture": ln.label, "env": env_label, "ready_s": None if ln.live else ready}
+            if ln.live:
+                row["live"] = True
             if source.behind.get(st.config):
                 row["sim_behind"] = {str(k): v for k, v in source.behind[st.config].items()}
             self.append(row)
@@ -323,7 +362,11 @@ class TuneRun:
             "chosen": result.chosen.to_dict(),
             "chosen_label": describe(result.chosen) + (f" with {env_label}" if env_label else ""),
             "concurrency": self.opts.concurrency,
-            "relaunches": sum(1 for r in load_log(self.opts.out) if r.get("kind") == "launch") - 1,
+            # measurements held live cost none; the prepared start relaunched to hold in again does
+            "relaunches": sum(1 for r in load_log(self.opts.out) if r.get("kind") == "launch" and not r.get("live"))
+            - 1
+            + source.prepared_launches,
+            "held_live": sum(1 for r in load_log(self.opts.out) if r.get("kind") == "launch" and r.get("live")),
             "stop_reason": result.stop_reason,
             "nccl": env_label or None,
             "nccl_prediction": nccl_summary(screen, self.decided) if screen is not None and screen["changes"] else None,
@@ -465,7 +508,10 @@ def ab_spread(launches: list[Launch], concurrency: int, rows: list[dict], preset
 
 
 def format_result(r: dict) -> str:
-    lines = [f"tuned at concurrency {r['concurrency']}: {r['relaunches']} relaunch(es); stopped: {r['stop_reason']}"]
+    live = f", {r['held_live']} measurement(s) held live in one launch" if r.get("held_live") else ""
+    lines = [
+        f"tuned at concurrency {r['concurrency']}: {r['relaunches']} relaunch(es){live}; stopped: {r['stop_reason']}"
+    ]
     pred = r.get("nccl_prediction") or {}
     if pred.get("winner"):
         if pred.get("step_saving_us") is not None:

@@ -67,8 +67,7 @@ class Session(EventStream):
         super().__init__()
         self.preset = preset
         self.running_preset: P.Preset | None = None  # what the live server was launched from (or holds: hold)
-        self.held: int | None = None  # a step count held live in this launch (docs/switch.md); None: none
-        self._unheld: P.Preset | None = None  # what it was launched from, while a hold is in force
+        self.holds = switch.HoldState()  # a step count held live in this launch (docs/switch.md)
         self.transport = transport or for_preset(preset)
         self.transport.on_link = self._on_link
         self.control: Controller = control_for(self.transport, preset, state_dir)
@@ -136,6 +135,8 @@ class Session(EventStream):
         elif st.running and st.record:
             self.record = st.record
             self.running_preset = self.preset if st.same_hash else None
+            if st.record.switch and st.ours and (ack := await switch.Switch(self.transport, st.record.port).state()):
+                self.running_preset = self.holds.applied(ack, self.running_preset)  # a hold set elsewhere
             await self._open_url()
             if self.read_only:
                 self._set_state("ready", "attached read-only", detail=st.note, pid=st.record.pid)
@@ -263,7 +264,7 @@ class Session(EventStream):
             async def after_start(rec) -> None:
                 old = self.control
                 self.preset, self.control, self.record = new, control, rec
-                self.held = self._unheld = None  # a new launch holds nothing
+                self.holds.reset()  # a new launch holds nothing
                 self.launched = True
                 if old is not control:
                     await old.close()  # a multi-node control's links to its nodes; node 0's is the session's
@@ -397,6 +398,7 @@ class Session(EventStream):
         self.publish([Marker(f"server {pid} exited ({cause})", self.preset.name, self.preset.hash())])
         self._set_state("exited", "exited", detail=cause[:300], pid=pid)
         self.running_preset = None
+        self.holds.reset()
         return cause
 
     async def _adopt(self, rec: ServerRecord, old: int) -> None:
@@ -405,6 +407,7 @@ class Session(EventStream):
         same = rec.preset_hash == self.preset.hash()
         self.record = rec
         self.running_preset = self.preset if same else None
+        self.holds.reset()
         who = getattr(rec, "client", None) or "another tuitune or a `tuitune launch`"
         msg = f"server relaunched by {who}: pid {old} → {rec.pid}, preset {rec.preset}" + (
             "" if same else " (not this configuration: the differences are unknown until you relaunch)"
@@ -608,9 +611,13 @@ class Session(EventStream):
 
     # ---- the switch (docs/switch.md) -------------------------------------------------------
     @property
+    def held(self) -> int | None:
+        return self.holds.held
+
+    @property
     def launched_preset(self) -> P.Preset | None:
         """What the running server was launched from (``running_preset`` less any hold)."""
-        return self._unheld or self.running_preset
+        return self.holds.unheld or self.running_preset  # type: ignore[return-value]
 
     async def hold(
         self, steps: int | None, timeout_s: float = 30.0, allow_any: bool = False, preset: P.Preset | None = None
@@ -621,14 +628,7 @@ class Session(EventStream):
         url = self.url or await self._open_url()
         nudge = switch.Nudge(url, self.preset.bench.api, self.preset.engine.served_model(self.preset))
         ack = await switch.hold_running(self.control, steps, nudge, timeout_s, allow_any)
-        if ack.held is None:
-            self.held, self.running_preset = None, self._unheld or self.running_preset
-            self._unheld = None
-        else:
-            if self.held is None:
-                self._unheld = self.running_preset
-            self.held = ack.held
-            self.running_preset = preset or self.running_preset
+        self.running_preset = self.holds.applied(ack, self.running_preset, preset)
         what = f"held {self.preset.engine.step_name} {ack.held}" if ack.held is not None else "released"
         self.publish([Marker(f"switch: {what} (command {ack.seq})")])
         return ack

@@ -167,8 +167,8 @@ class Switch:
             if time.monotonic() >= end:
                 raise SwitchTimeout(
                     f"no acknowledgement of switch command {seq} from the server on port {self.port} within "
-                    f"{timeout:g} s: it was not launched prepared for switching, or the probe is not loaded in it "
-                    "(an idle engine answers at its next scheduling step)"
+                    f"{timeout:g} s (the command is withdrawn): it was not launched prepared for switching, or the probe "
+                    "is not loaded in it (an idle engine answers at its next scheduling step)"
                 )
             if nudge is not None and time.monotonic() >= nudged:
                 nudged = time.monotonic() + 1.0
@@ -184,6 +184,30 @@ class Switch:
     async def release(self, timeout: float = 30.0, nudge: Callable[[], Awaitable[object]] | None = None) -> Ack:
         """Give the choice back to the engine's own policy or schedule."""
         return await self.wait_ack(await self.send(None), timeout, nudge)
+
+
+@dataclass
+class HoldState:
+    """What a session knows of the hold in its launch: the step count held (None: none) and what the
+    launch was launched from while a hold is in force (the session's running preset is then the hold's)."""
+
+    held: int | None = None
+    unheld: object = None
+
+    def applied(self, ack: Ack, running, preset=None):
+        """After an acknowledged command: the session's running preset (the hold's ``preset``, or the
+        launch's own again on release)."""
+        if ack.held is None:
+            running, self.unheld, self.held = self.unheld or running, None, None
+            return running
+        if self.held is None:
+            self.unheld = running
+        self.held = ack.held
+        return preset or running
+
+    def reset(self) -> None:
+        """Another launch (here or elsewhere), or none: nothing held."""
+        self.held = self.unheld = None
 
 
 class Nudge:
@@ -251,7 +275,16 @@ async def hold_running(
             raise why
         sw = Switch(control.t, p.server.port)
         try:
-            return await (sw.hold(steps, timeout, nudge) if steps is not None else sw.release(timeout, nudge))
+            seq = await sw.send(steps)
+            try:
+                return await sw.wait_ack(seq, timeout, nudge)
+            except SwitchTimeout:
+                # withdrawn, so that the engine does not take it later while tuitune says it failed
+                await control.t.run(f"rm -f -- {shell_path(sw.path)}", timeout=30)
+                ack = await sw.state()
+                if ack is not None and ack.seq == seq and ack.applied:
+                    return ack  # it answered while the command was being withdrawn
+                raise
         finally:
             if nudge is not None:
                 await nudge.close()

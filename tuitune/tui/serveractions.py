@@ -67,8 +67,8 @@ class ServerActions(AppBase):
         draft = self.draft
         assert draft is not None  # relaunch is live only, and a live session has a preset
         live, why = self.live_change(draft)
-        if live is not None:
-            self.run_switch(draft, None if live == "release" else live)
+        if live is not None:  # kept as the relaunch worker: a second r waits for it
+            self.relaunch_worker = self.run_switch(draft, None if live == "release" else live)
             return
         if why:
             self.say(why, "warning")
@@ -122,6 +122,8 @@ class ServerActions(AppBase):
         k = own[0] if own is not None else None
         if changed == [e.step_key] and k in rec.switch:
             return k, None
+        if changed == [e.step_key] and k is None:
+            return None, f"relaunching: the draft's schedule sets no single {e.step_name} to hold"
         if changed == [e.step_key]:
             return (
                 None,
@@ -145,7 +147,9 @@ class ServerActions(AppBase):
             return
         took = time.monotonic() - t0
         if ack.held is None:
-            self.say(f"released in {took:.1f} s: the launch runs its own {word} again (no relaunch)")
+            self.say(
+                f"released in {took:.1f} s: the engine's own {preset.engine.own_choice} chooses {word} again (no relaunch)"
+            )
         else:
             self.say(
                 f"{word} {ack.held} held live in {took:.1f} s (no relaunch); r with the launch's own value releases it"
