@@ -28,8 +28,8 @@ from tuitune.experiments.options import (
     CrossoverOptions,
     NcclBenchOptions,
     SweepOptions,
-    TuneOptions,
 )
+from tuitune.experiments.tuneoptions import TuneOptions
 
 
 def parser_of(options: type[CliOptions], run: Callable[[argparse.Namespace], int]):

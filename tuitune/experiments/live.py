@@ -255,11 +255,6 @@ async def live_sweep(
     results = out / "results.jsonl"
     results.write_text("")
     session = Session(base)
-    windows: list[ProfileWindow] = []
-
-    def collect(evs: list[Event]) -> None:
-        windows.extend(e for e in evs if isinstance(e, ProfileWindow))
-
     rows: list[dict] = []
     prior: int | None = None  # a hold in force before the sweep: put back at the end
     cut = True
@@ -274,26 +269,9 @@ async def live_sweep(
             + ", ".join(f"{a} {word} {k}" for a, k in arm_list)
             + f"; A is the reference) x {rounds} rounds, each round in its own random order (seed {seed}), one launch"
         )
-        session.subscribe(collect)
-        position = 0
-        for r, arm, k in order:
-            position = position + 1 if rows and rows[-1]["round"] == r else 1
-            await session.hold(k)
-            windows.clear()
-            run = await session.bench(label=f"{arm} {word} {k}", **(overrides or {}))
-            row = block_row(run, r, arm, k, word, list(windows), position)
-            rows.append(row)
-            with results.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-            say(
-                f"round {r}/{rounds} {arm} ({word} {k}): {row['median_tok_s']:.2f} tok/s median"
-                + (f", {row['failed']} failed" if row["failed"] else "")
-                + (f", {row['windows_other']} window(s) at another setting" if row["windows_other"] else "")
-            )
+        rows = await run_blocks(session, order, overrides, results, say)
         cut = False
     finally:
-        with contextlib.suppress(Exception):
-            session.subscribers.remove(collect)
         said = await _put_back(session, prior, word, say)
         await session.close()
         if cut and on_cleanup is not None:
@@ -317,6 +295,42 @@ async def live_sweep(
     }
     (out / "live.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+async def run_blocks(
+    session: Session, order: list[tuple[int, str, int]], overrides: dict, results: Path, say: Callable[[str], None]
+) -> list[dict]:
+    """Each block of ``order`` in turn: hold, bench (its warm-up first), the probe's windows kept; a row a
+    block, appended to ``results`` as it ends."""
+    word = session.preset.engine.step_name
+    rounds = max((r for r, _a, _k in order), default=0)
+    rows: list[dict] = []
+    windows: list[ProfileWindow] = []
+
+    def collect(evs: list[Event]) -> None:
+        windows.extend(e for e in evs if isinstance(e, ProfileWindow))
+
+    session.subscribe(collect)
+    try:
+        position = 0
+        for r, arm, k in order:
+            position = position + 1 if rows and rows[-1]["round"] == r else 1
+            await session.hold(k)
+            windows.clear()
+            run = await session.bench(label=f"{arm} {word} {k}", **(overrides or {}))
+            row = block_row(run, r, arm, k, word, list(windows), position)
+            rows.append(row)
+            with results.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            say(
+                f"round {r}/{rounds} {arm} ({word} {k}): {row['median_tok_s']:.2f} tok/s median"
+                + (f", {row['failed']} failed" if row["failed"] else "")
+                + (f", {row['windows_other']} window(s) at another setting" if row["windows_other"] else "")
+            )
+    finally:
+        with contextlib.suppress(ValueError):
+            session.subscribers.remove(collect)
+    return rows
 
 
 async def _put_back(session: Session, prior: int | None, word: str, say: Callable[[str], None]) -> str:

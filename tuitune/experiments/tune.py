@@ -19,7 +19,6 @@ from tuitune import preset as P
 from tuitune.decide import ncclstep as NS
 from tuitune.decide.advise import space
 from tuitune.decide.launch import OFF, Config, Launch
-from tuitune.experiments.options import TuneOptions
 from tuitune.experiments.tunelog import load_log, log_row, replay_prior
 from tuitune.experiments.tuneloop import (
     NOISE,
@@ -32,6 +31,7 @@ from tuitune.experiments.tuneloop import (
     tune_loop,
 )
 from tuitune.experiments.tunenccl import cycle_ms, nccl_gains, nccl_screen, nccl_summary
+from tuitune.experiments.tuneoptions import TuneOptions
 from tuitune.machine.errors import ControlError
 from tuitune.machine.switch import SwitchError
 from tuitune.measure import workload
