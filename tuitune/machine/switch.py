@@ -167,8 +167,8 @@ class Switch:
             if time.monotonic() >= end:
                 raise SwitchTimeout(
                     f"no acknowledgement of switch command {seq} from the server on port {self.port} within "
-                    f"{timeout:g} s (the command is withdrawn): it was not launched prepared for switching, or the probe "
-                    "is not loaded in it (an idle engine answers at its next scheduling step)"
+                    f"{timeout:g} s: it was not launched prepared for switching, or the probe is not loaded in it "
+                    "(an idle engine answers at its next scheduling step)"
                 )
             if nudge is not None and time.monotonic() >= nudged:
                 nudged = time.monotonic() + 1.0
@@ -278,13 +278,14 @@ async def hold_running(
             seq = await sw.send(steps)
             try:
                 return await sw.wait_ack(seq, timeout, nudge)
-            except SwitchTimeout:
+            except SwitchTimeout as e:
                 # withdrawn, so that the engine does not take it later while tuitune says it failed
                 await control.t.run(f"rm -f -- {shell_path(sw.path)}", timeout=30)
                 ack = await sw.state()
                 if ack is not None and ack.seq == seq and ack.applied:
                     return ack  # it answered while the command was being withdrawn
-                raise
+                said = str(e).replace(f"within {timeout:g} s:", f"within {timeout:g} s (the command is withdrawn):", 1)
+                raise SwitchTimeout(said) from None
         finally:
             if nudge is not None:
                 await nudge.close()
