@@ -458,6 +458,7 @@ async def test_a_step_change_is_held_live_in_a_prepared_launch_and_other_changes
         await pilot.press("b")
         await until(pilot, lambda: len(app.book.runs) == 1 and not app.bench_running, 60, "a benchmark run")
         assert app.book.runs[0].label.endswith("live K 4"), app.book.runs[0].label
+        assert app.book.config_summary(app.book.runs[0]) == "baseline · live K 4"  # the runs table's config column
         app.config.query_one("#spec-num-steps").value = "2"
         await pilot.pause()
         await pilot.press("r")

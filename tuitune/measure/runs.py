@@ -128,7 +128,13 @@ class RunBook:
         return None
 
     def config_summary(self, run: Run) -> str:
-        """What differs from the baseline's configuration, compactly."""
+        """What differs from the baseline's configuration, compactly; a run measured under a live hold
+        (its label's "· live K n", docs/switch.md) says so."""
+        live = run.label.partition(" · ")[2]
+        text = self._config_summary(run)
+        return f"{text} · {live}" if live and live not in text else text
+
+    def _config_summary(self, run: Run) -> str:
         base = self.baseline
         if base is None or base.id == run.id:
             return "baseline" if base is not None and base.id == run.id else run.label
