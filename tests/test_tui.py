@@ -444,6 +444,7 @@ async def test_a_step_change_is_held_live_in_a_prepared_launch_and_other_changes
         await pilot.press("r")
         await until(pilot, lambda: s.held == 4, 30, "K 4 held")
         await until(pilot, lambda: any("K 4 held live" in m for m in app.messages), 5, "said")
+        await until(pilot, lambda: "held K 4" in str(app.header.render()), 5, "the header's mark")
         assert s.state.pid == pid and not isinstance(app.screen, RelaunchScreen)
         assert s.running_preset.speculative.num_speculative_tokens == 4 and s.launched_preset is not None
         assert s.launched_preset.speculative.num_speculative_tokens == 2

@@ -160,6 +160,7 @@ class AppBase(App[None]):
             bench=self.bench_progress,
             engine=self.draft.engine.label if self.draft else None,
             not_running=self._not_running(),
+            held=self._held_mark(),
         )
         if self._diff_for is None or self._diff_for[0] is not s.running_preset or self._diff_for[1] is not self.draft:
             self.update_diff()
@@ -180,6 +181,11 @@ class AppBase(App[None]):
         if now - self._last_chart > 1.0 and self.tabs.active == "tab-chart":
             self._last_chart = now
             self.chart.draw(s.store, self.book)
+
+    def _held_mark(self) -> str | None:
+        """ "K 4": the step count held live in the session's launch (a replay holds none)."""
+        held = getattr(self.session, "held", None)
+        return None if held is None or self.draft is None else f"{self.draft.engine.step_name} {held}"
 
     def _not_running(self) -> str | None:
         """After `o`: the header's "loaded, not running" (naming what the server runs) until the

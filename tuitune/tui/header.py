@@ -30,6 +30,28 @@ def _dur(s: float) -> str:
 class StatusHeader(Static):
     DEFAULT_CSS = "StatusHeader { height: 1; background: $boost; padding: 0 1; }"
 
+    @staticmethod
+    def _state(t: Text, state, started: float | None, now: float, held: str | None) -> None:
+        """The server's state: its phase while starting, pid, uptime and a live hold when ready, the
+        cause when it failed or exited."""
+        st = state.state
+        t.append(st, style=STATE_STYLE.get(st, ""))
+        if st == "starting" and state.phase:
+            t.append(f": {state.phase}")
+            if state.elapsed_s is not None:
+                t.append(f" {state.elapsed_s:.1f}s")
+        elif st == "ready" and state.pid:
+            t.append(f" · pid {state.pid}")
+            if started:
+                t.append(f" · up {_dur(now - started)}")
+            if held:  # a step count held live in the launch (docs/switch.md)
+                t.append(f" · held {held}", style="bold yellow")
+        elif st in ("failed", "exited") and state.detail:
+            cause = state.detail if len(state.detail) <= CAUSE_MAX else state.detail[: CAUSE_MAX - 1] + "…"
+            t.append(f": {cause}", style="red")
+        elif st == "replay" and state.phase == "end":
+            t.append(" (end)")
+
     def show(  # noqa: PLR0913
         self,
         target: str,
@@ -43,10 +65,11 @@ class StatusHeader(Static):
         bench: tuple[int, int, float | None] | None = None,
         engine: str | None = None,
         not_running: str | None = None,
+        held: str | None = None,
     ) -> None:
         """``not_running``: the preset shown was loaded (`o`) but not launched; the value names the
         preset the server runs ("" when none or unknown), so the header does not pass it for the
-        running one."""
+        running one. ``held``: the step count held live in the launch ("K 4"), None when none."""
         now = time.time() if now is None else now
         # narrow (80 columns): what is usual goes (the name, a connected link) so that the load fits
         narrow = 0 < self.size.width < NARROW
@@ -66,21 +89,7 @@ class StatusHeader(Static):
         if engine:
             t.append(f" · {engine}", style="cyan")
         t.append(" │ ")
-        st = state.state
-        t.append(st, style=STATE_STYLE.get(st, ""))
-        if st == "starting" and state.phase:
-            t.append(f": {state.phase}")
-            if state.elapsed_s is not None:
-                t.append(f" {state.elapsed_s:.1f}s")
-        elif st == "ready" and state.pid:
-            t.append(f" · pid {state.pid}")
-            if started:
-                t.append(f" · up {_dur(now - started)}")
-        elif st in ("failed", "exited") and state.detail:
-            cause = state.detail if len(state.detail) <= CAUSE_MAX else state.detail[: CAUSE_MAX - 1] + "…"
-            t.append(f": {cause}", style="red")
-        elif st == "replay" and state.phase == "end":
-            t.append(" (end)")
+        self._state(t, state, started, now, held)
         ls = link.state
         if not (narrow and ls == "connected"):
             t.append(" │ link ")
