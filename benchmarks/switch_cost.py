@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from pathlib import Path
 import yaml
 
 from tuitune.experiments.ab import verdict
-from tuitune_support.paths import ROOT
+from tuitune_support.captures import tuitune
 from tuitune_support.ports import free_port
 
 HOME = Path(tempfile.mkdtemp(prefix="tuitune-switch-cost-"))
@@ -39,14 +38,8 @@ STEPS, SWITCH = 2, [1, 2, 3]
 
 
 def tt(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tuitune", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, "HOME": str(HOME)},
-    )
+    """`tuitune ARGS` with this run's own HOME (its state never meets another run's)."""
+    return tuitune(HOME, *args, timeout=timeout)
 
 
 def presets(engine: str, port: int) -> tuple[Path, Path]:

@@ -691,28 +691,21 @@ def test_sglang_switches_through_an_adaptive_config_that_holds_the_steps(tmp_pat
         P.from_dict({**base, "target": two, "speculative": {**spec, "adaptive_config": "/a.json", "switch": [1, 3]}})
 
 
-async def held_as_attached(preset: Path, env: dict | None) -> tuple[int | None, int | None]:
+async def held_as_attached(preset: Path) -> tuple[int | None, int | None]:
     """(the hold a new session learns on attaching, the K of what it says the server was launched with)."""
     from tuitune.machine.session import Session
 
-    old = os.environ.get("HOME")
-    if env:
-        os.environ["HOME"] = env["HOME"]
+    s = Session(P.load(preset))
+    await s.connect(backlog=0)
     try:
-        s = Session(P.load(preset))
-        await s.connect(backlog=0)
-        try:
-            launched = s.launched_preset
-            return s.held, launched.speculative.num_speculative_tokens if launched and launched.speculative else None
-        finally:
-            await s.close()
+        launched = s.launched_preset
+        return s.held, launched.speculative.num_speculative_tokens if launched and launched.speculative else None
     finally:
-        if old is not None:
-            os.environ["HOME"] = old
+        await s.close()
 
 
 @pytest.mark.parametrize("where", ["local", "ssh"])
-def test_launch_prepared_then_hold_status_release_and_a_relaunch_without_it(where, tmp_path, request):
+def test_launch_prepared_then_hold_status_release_and_a_relaunch_without_it(where, tmp_path, request, monkeypatch):
     """`tuitune launch` of a preset with speculative.switch prepares the key; `tuitune hold` holds,
     `status` says so with no drift, a K outside the list and a launch without the switch are refused at
     once with a sentence; over SSH as locally."""
@@ -740,7 +733,9 @@ def test_launch_prepared_then_hold_status_release_and_a_relaunch_without_it(wher
         st = json.loads(r.stdout)
         assert r.returncode == 0 and st["switch"] == {"held": 3, "seq": 1} and st["record"]["switch"] == [1, 2, 3, 4]
         assert not st["drift"] and data["speculative"]["switch"] and key.read_text() not in r.stdout
-        assert asyncio.run(held_as_attached(preset, env)) == (3, 2)  # a session that attaches learns the hold
+        if env:  # the session below runs in this process: the same HOME as the commands' (its state dir)
+            monkeypatch.setenv("HOME", env["HOME"])
+        assert asyncio.run(held_as_attached(preset)) == (3, 2)  # a session that attaches learns the hold
         r = tuitune_cli("hold", str(preset), "7", env=env)
         assert r.returncode == 2 and "K 7 is not one this launch was prepared to hold ([1, 2, 3, 4])" in r.stderr
         r = tuitune_cli("hold", str(preset), "--release", env=env)
