@@ -617,7 +617,7 @@ class Session(EventStream):
     @property
     def launched_preset(self) -> P.Preset | None:
         """What the running server was launched from (``running_preset`` less any hold)."""
-        return self.holds.unheld or self.running_preset  # type: ignore[return-value]
+        return self.holds.unheld or self.running_preset
 
     async def hold(
         self, steps: int | None, timeout_s: float = 30.0, allow_any: bool = False, preset: P.Preset | None = None

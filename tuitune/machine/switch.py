@@ -19,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from tuitune import preset as P
 from tuitune.base.errors import TuituneError
 from tuitune.machine.transport import Transport
 from tuitune.preset import shell_path
@@ -192,7 +193,7 @@ class HoldState:
     launch was launched from while a hold is in force (the session's running preset is then the hold's)."""
 
     held: int | None = None
-    unheld: object = None
+    unheld: P.Preset | None = None
 
     def applied(self, ack: Ack, running, preset=None):
         """After an acknowledged command: the session's running preset (the hold's ``preset``, or the
@@ -219,7 +220,6 @@ class Nudge:
 
         self.cfg = BenchConfig(url, max_tokens=4, api=api, model=model, timeout_s=20.0)
         self.task: asyncio.Task | None = None
-        self.sent = 0
 
     async def __call__(self) -> None:
         if self.task is None or self.task.done():
@@ -228,7 +228,6 @@ class Nudge:
     async def _one(self) -> None:
         from tuitune.measure.request import client_session, run_request
 
-        self.sent += 1
         async with client_session() as session:
             await run_request(session, self.cfg, "Count from one to ten.")
 
