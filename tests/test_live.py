@@ -192,3 +192,45 @@ def test_tune_holds_the_prepared_chains_in_one_launch_and_relaunches_for_the_res
         assert "measurement(s) held live in one launch" in r.stdout
     finally:
         tuitune_cli("stop", str(preset), env=env)
+
+
+def test_live_crossover_holds_both_arms_in_one_launch_and_says_what_k_0_held_is_not(tmp_path):
+    """`crossover --live`: the preset's own K against K 0 at each level, in crossover's interleaved order,
+    every block held inside one launch (no relaunch), each checked against the probe's windows; the
+    result says that K 0 held is not a launch without speculation."""
+    preset, env = prepared_preset(tmp_path, [0, 2])
+    try:
+        r = ok(
+            env,
+            *("crossover", str(preset), "--live", "--concurrency", "1,2", "--requests", "2", "--warmup", "1"),
+            *("--max-tokens", "150", "--no-plot", "--json", str(tmp_path / "x.json")),
+        )
+        assert r.stdout.count("launching lv prepared to switch") == 1, r.stdout
+        res = json.loads((tmp_path / "x.json").read_text())
+        assert res["steps"] == [2, 0] and res["step_name"] == "K" and res["twin"] == "lv at K 0", res
+        assert [x["concurrency"] for x in res["levels"]] == [1, 2]
+        for x in res["levels"]:  # every block ran at its K (the probe's windows), so every level is judged
+            assert x["verdict"] != "not comparable" and x["on"]["goodput"] > 0 and x["off"]["goodput"] > 0, x
+        assert any("K 0 held is not a launch without speculation" in n for n in res["notes"]), res["notes"]
+        assert "K 2 tok/s" in r.stdout and "K 0 tok/s" in r.stdout and "note: " in r.stdout
+        assert r.stdout.count("K 2 held:") == 2 and r.stdout.count("K 0 held:") == 2, r.stdout
+        r = tuitune_cli("hold", str(preset), env=env)  # released at the end, the server still running
+        assert r.returncode == 0 and "nothing held" in r.stdout, r.stdout + r.stderr
+    finally:
+        tuitune_cli("stop", str(preset), env=env)
+
+
+def test_live_crossover_refusals_name_what_to_change(tmp_path):
+    preset, env = prepared_preset(tmp_path, [1, 2])
+    cases = [
+        (("--live",), "K 0 is not one the launch is prepared to hold ([1, 2])"),
+        (("--live", "--against", "2"), "--against 2: that is lv's own K"),
+        (("--against", "1"), "--against is the step count held against the preset's own inside one launch: add --live"),
+    ]
+    for extra, words in cases:
+        r = tuitune_cli("crossover", str(preset), "--concurrency", "1", *extra, env=env, timeout=60)
+        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, (extra, r.stderr)
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(yaml.safe_dump(data(tmp_path, free_port())))
+    r = tuitune_cli("crossover", str(plain), "--live", "--concurrency", "1", env=env, timeout=60)
+    assert r.returncode == 2 and "set speculative.switch" in r.stderr, r.stderr

@@ -81,17 +81,35 @@ def cmd_ab(ns) -> int:
 def cmd_crossover(ns) -> int:
     from pathlib import Path
 
-    from tuitune.experiments.crossover import crossover, format_result, plot_text, write_plot
+    from tuitune.experiments.crossover import (
+        crossover,
+        format_result,
+        live_crossover,
+        live_steps,
+        plot_text,
+        write_plot,
+    )
 
     o = CrossoverOptions.from_cli_args(ns)
     p = load_preset(o.preset)
     ov = o.check()
-    result = run_experiment(
-        "crossover",
-        lambda on_cleanup: crossover(
-            p, sorted(o.levels), ov, rounds=o.rounds, min_effect=o.min_effect, progress=say, on_cleanup=on_cleanup
-        ),
-    )
+    levels = sorted(o.levels)
+    if o.live:
+        against = 0 if o.against is None else o.against
+        live_steps(p, against)  # refused before anything runs
+        result = run_experiment(
+            "crossover",
+            lambda on_cleanup: live_crossover(
+                p, levels, against, ov, o.rounds, o.min_effect, progress=say, on_cleanup=on_cleanup
+            ),
+        )
+    else:
+        result = run_experiment(
+            "crossover",
+            lambda on_cleanup: crossover(
+                p, levels, ov, rounds=o.rounds, min_effect=o.min_effect, progress=say, on_cleanup=on_cleanup
+            ),
+        )
     print()
     print(format_result(result))
     if not o.no_plot:

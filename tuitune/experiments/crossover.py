@@ -6,6 +6,11 @@ drift over the run hits both arms alike and the server running at the end of one
 the start of the next (levels + 1 launches, not 2 × levels). Per level: goodput of each arm, the
 speedup (on / off) with a 95 % bootstrap CI over requests, and a verdict. The crossover is the
 first level where speculation is significantly slower.
+
+`crossover --live` measures both arms inside one launch prepared to switch (``speculative.switch``,
+docs/switch.md): the preset's own step count against another (``--against``, 0 by default), each
+block held through the engine's own switching code, in the same interleaved order, no relaunch;
+a level where a profile window after the hold ran under another step count is not comparable.
 """
 
 from __future__ import annotations
@@ -123,8 +128,16 @@ def _mean(vals: list[float]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def summarize(preset: P.Preset, levels: list[int], runs: dict, min_effect: float) -> CrossoverResult:
+def summarize(
+    preset: P.Preset, levels: list[int], runs: dict, min_effect: float, problems: dict[int, str] | None = None
+) -> CrossoverResult:
+    """Every level's verdict; ``problems``: a level's blocks that did not run the step count they
+    claim (`--live`), by level, which makes that level not comparable."""
     rows = [level_verdict(runs[(c, "on")], runs[(c, "off")], c, min_effect) for c in levels]
+    for row in rows:
+        why = (problems or {}).get(row.concurrency)
+        if why and row.verdict != "not comparable":
+            row.verdict, row.reason, row.speedup, row.ci95 = "not comparable", why, math.nan, [math.nan, math.nan]
     return CrossoverResult(
         preset=preset.name,
         twin=twin(preset).name,
@@ -182,8 +195,113 @@ async def crossover(
     return summarize(preset, levels, runs, min_effect)
 
 
+def live_steps(preset: P.Preset, against: int) -> tuple[int, int]:
+    """(the preset's own step count, the one it is crossed against) for `crossover --live`, both
+    ones its launch is prepared to hold; CrossoverError (one sentence) otherwise."""
+    e = preset.engine
+    word = e.step_name
+    prepared = preset.switch_steps
+    if prepared is None:
+        raise CrossoverError(
+            f"{preset.name}: --live measures inside one launch prepared to switch; set speculative.switch to hold "
+            f"its own {word} and {word} {against} (docs/switch.md), or run crossover without --live"
+        )
+    own = e.static_config(preset)
+    if own is None:
+        raise CrossoverError(f"{preset.name}: {e.label} picks its {word} at start, so there is no own {word} to cross")
+    if own[0] == against:
+        raise CrossoverError(f"--against {against}: that is {preset.name}'s own {word}; cross it against another")
+    missing = [k for k in (own[0], against) if k not in prepared]
+    if missing:
+        raise CrossoverError(
+            f"{word} {missing[0]} is not one the launch is prepared to hold ({prepared}): add it to "
+            "speculative.switch, or run crossover without --live"
+        )
+    return own[0], against
+
+
+def live_notes(word: str, on: int, off: int, runs: dict, levels: list[int]) -> list[str]:
+    """What a crossover inside one launch is not, said with its result."""
+    notes = [
+        f"both arms ran in one launch prepared to switch, {word} {on} and {word} {off} held in turn; "
+        "nothing else differed between them"
+    ]
+    if off == 0:
+        notes.append(
+            f"{word} 0 held is not a launch without speculation: the draft stays loaded (an engine may still run "
+            "its forward), so speculation is crossed against this launch's own off; run crossover without --live "
+            "to compare with a launch that has none"
+        )
+    caps = sorted({r.server.get("max_running_requests") for rs in runs.values() for r in rs} - {None})
+    if caps and caps[0] < max(levels):
+        notes.append(
+            f"both arms ran under this launch's limit of {caps[0]} requests at once; a launch without "
+            "speculation may allow more"
+        )
+    return notes
+
+
+async def live_crossover(
+    preset: P.Preset,
+    levels: list[int],
+    against: int = 0,
+    overrides: dict | None = None,
+    rounds: int = 1,
+    min_effect: float = 0.02,
+    progress: Callable[[str], None] | None = None,
+    on_cleanup: Callable[[str], None] | None = None,
+) -> CrossoverResult:
+    """Both arms at every level inside one launch prepared to switch, in crossover's interleaved order,
+    each block held at its arm's step count; a hold in force before it is put back at the end (as
+    `sweep --live` does). Interrupted, the server keeps running (what became of the hold is said to
+    ``on_cleanup``)."""
+    from tuitune.experiments.live import block_check, collected_windows, prepared_launch
+
+    on, off = live_steps(preset, against)
+    steps = {"on": on, "off": off}
+    word = preset.engine.step_name
+    say = progress or (lambda _m: None)
+    runs: dict[tuple[int, str], list[BenchRun]] = {(c, a): [] for c in levels for a in ARMS}
+    problems: dict[int, str] = {}
+    async with prepared_launch(preset, say, on_cleanup) as session:
+        with collected_windows(session) as windows:
+            for level, arm in schedule(levels, rounds):
+                k = steps[arm]
+                await session.hold(k)
+                windows.clear()
+                (run,) = await bench_levels(session, [level], overrides, label=f"{word} {k} c={level}")
+                runs[(level, arm)].append(run)
+                n, _held, other = block_check(list(windows), k)
+                if other and level not in problems:
+                    problems[level] = (
+                        f"{other} of the {n} profile windows of {word} {k}'s block ran under another step count "
+                        "than the one held"
+                    )
+                gp = run.goodput()
+                say(
+                    f"  concurrency {level}, {word} {k} held: "
+                    + (f"{gp['tok_s']:.1f} tok/s" if gp else "no successful request")
+                    + (f", {run.failed} failed" if run.failed else "")
+                )
+    result = summarize(preset, levels, runs, min_effect, problems)
+    result.twin = f"{preset.name} at {word} {off}"
+    result.step_name, result.steps = word, [on, off]
+    result.notes = live_notes(word, on, off, runs, levels)
+    if not preset.profile:
+        result.notes.append("profile is off: which step count each block ran under was not checked (set profile: true)")
+    return result
+
+
+def arm_labels(result: CrossoverResult) -> tuple[str, str]:
+    """The two arms' names: speculation on and off, or the two step counts held (`--live`)."""
+    if result.steps:
+        return f"{result.step_name} {result.steps[0]}", f"{result.step_name} {result.steps[1]}"
+    return "spec on", "spec off"
+
+
 def format_result(result: CrossoverResult) -> str:
-    lines = [f"{'conc':>5} {'spec on tok/s':>14} {'spec off tok/s':>15} {'speedup':>8} {'95% CI':>15}  verdict"]
+    a, b = arm_labels(result)
+    lines = [f"{'conc':>5} {a + ' tok/s':>14} {b + ' tok/s':>15} {'speedup':>8} {'95% CI':>15}  verdict"]
     for r in result.levels:
         lo, hi = r.ci95
         lines.append(
@@ -197,30 +315,27 @@ def format_result(result: CrossoverResult) -> str:
         f"\nverdict: faster / slower when the speedup's 95% CI (bootstrap) lies entirely "
         f"beyond 1 ± {m:.0%}, else no significant difference; the interval alone decides (no p-value here)"
     )
+    what = f"{a} against {b}" if result.steps else "speculation"
     if not result.comparable:
         lines.append("\ncrossover: not comparable (see the levels above)")
     elif result.crossover is not None:
         lines.append(
-            f"\ncrossover: speculation stops paying at concurrency {result.crossover} "
+            f"\ncrossover: {what} stops paying at concurrency {result.crossover} "
             f"(the first level where it is significantly slower)"
         )
     else:
         lines.append(
-            f"\ncrossover: not within the tested range (speculation is never significantly slower "
+            f"\ncrossover: not within the tested range ({what} is never significantly slower "
             f"at concurrency {', '.join(str(r.concurrency) for r in result.levels)})"
         )
+    lines += [f"note: {n}" for n in result.notes or []]
     return "\n".join(lines)
 
 
 def _series(result: CrossoverResult) -> tuple[list[int], dict[str, list[float]]]:
     xs = [r.concurrency for r in result.levels]
-    return xs, {
-        "speculation on": [r.on.goodput for r in result.levels],
-        "speculation off": [r.off.goodput for r in result.levels],
-    }
-
-
-MARKERS = {"on": "o", "off": "x"}  # plot_text's marker per arm
+    a, b = arm_labels(result) if result.steps else ("speculation on", "speculation off")
+    return xs, {a: [r.on.goodput for r in result.levels], b: [r.off.goodput for r in result.levels]}
 
 
 def plot_text(result: CrossoverResult, width: int = 100, height: int = 20) -> str:
@@ -235,7 +350,7 @@ def plot_text(result: CrossoverResult, width: int = 100, height: int = 20) -> st
         plt.xscale("log")
     for name, ys in series.items():
         # a marker of its own for each arm: told apart without colour (NO_COLOR, a print-out)
-        plt.plot(xs, ys, label=name, marker=MARKERS.get(name.split()[-1], "dot"))
+        plt.plot(xs, ys, label=name, marker="o" if name == next(iter(series)) else "x")
     if result.crossover is not None:
         plt.vertical_line(result.crossover)
     plt.title("goodput (tok/s) against concurrency" + (", | = crossover" if result.crossover is not None else ""))

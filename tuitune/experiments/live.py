@@ -23,7 +23,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from tuitune import preset as P
@@ -254,28 +254,13 @@ async def live_sweep(
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
     results.write_text("")
-    session = Session(base)
-    rows: list[dict] = []
-    prior: int | None = None  # a hold in force before the sweep: put back at the end
-    cut = True
-    try:
-        st = await session.connect(backlog=0)
-        if not (st.running and st.ours and session.running_preset is not None and st.record and st.record.switch):
-            say(f"launching {base.name} prepared to switch {word} {base.switch_steps}")
-            await session.relaunch(base)
-        prior = session.held
+    async with prepared_launch(base, say, on_cleanup) as session:
         say(
             f"{len(order)} blocks: {len(arm_list)} arms ("
             + ", ".join(f"{a} {word} {k}" for a, k in arm_list)
             + f"; A is the reference) x {rounds} rounds, each round in its own random order (seed {seed}), one launch"
         )
         rows = await run_blocks(session, order, overrides, results, say)
-        cut = False
-    finally:
-        said = await _put_back(session, prior, word, say)
-        await session.close()
-        if cut and on_cleanup is not None:
-            on_cleanup(session.cleanup or said)
     profiled = base.profile
     result = {
         "preset": base.name,
@@ -297,6 +282,48 @@ async def live_sweep(
     return result
 
 
+@contextlib.asynccontextmanager
+async def prepared_launch(
+    base: P.Preset, say: Callable[[str], None], on_cleanup: Callable[[str], None] | None
+) -> AsyncIterator[Session]:
+    """A session on the preset's server prepared to switch, launched first where it does not run (or runs
+    unprepared). At the end the hold in force before (set with `tuitune hold`) is put back, else the hold
+    is released, and the server keeps running; an experiment cut short (an error, Ctrl-C) says what
+    became of it to ``on_cleanup``."""
+    session = Session(base)
+    prior: int | None = None
+    cut = True
+    try:
+        st = await session.connect(backlog=0)
+        if not (st.running and st.ours and session.running_preset is not None and st.record and st.record.switch):
+            say(f"launching {base.name} prepared to switch {base.engine.step_name} {base.switch_steps}")
+            await session.relaunch(base)
+        prior = session.held
+        yield session
+        cut = False
+    finally:
+        said = await put_back(session, prior, base.engine.step_name, say)
+        await session.close()
+        if cut and on_cleanup is not None:
+            on_cleanup(session.cleanup or said)
+
+
+@contextlib.contextmanager
+def collected_windows(session: Session):
+    """The probe's windows as they come, in a list the caller may clear (at each block's hold)."""
+    windows: list[ProfileWindow] = []
+
+    def collect(evs: list[Event]) -> None:
+        windows.extend(e for e in evs if isinstance(e, ProfileWindow))
+
+    session.subscribe(collect)
+    try:
+        yield windows
+    finally:
+        with contextlib.suppress(ValueError):
+            session.subscribers.remove(collect)
+
+
 async def run_blocks(
     session: Session, order: list[tuple[int, str, int]], overrides: dict, results: Path, say: Callable[[str], None]
 ) -> list[dict]:
@@ -305,13 +332,7 @@ async def run_blocks(
     word = session.preset.engine.step_name
     rounds = max((r for r, _a, _k in order), default=0)
     rows: list[dict] = []
-    windows: list[ProfileWindow] = []
-
-    def collect(evs: list[Event]) -> None:
-        windows.extend(e for e in evs if isinstance(e, ProfileWindow))
-
-    session.subscribe(collect)
-    try:
+    with collected_windows(session) as windows:
         position = 0
         for r, arm, k in order:
             position = position + 1 if rows and rows[-1]["round"] == r else 1
@@ -327,15 +348,13 @@ async def run_blocks(
                 + (f", {row['failed']} failed" if row["failed"] else "")
                 + (f", {row['windows_other']} window(s) at another setting" if row["windows_other"] else "")
             )
-    finally:
-        with contextlib.suppress(ValueError):
-            session.subscribers.remove(collect)
     return rows
 
 
-async def _put_back(session: Session, prior: int | None, word: str, say: Callable[[str], None]) -> str:
+async def put_back(session: Session, prior: int | None, word: str, say: Callable[[str], None]) -> str:
     """At the end of a live sweep: the hold that was in force before it put back (else released), on
-    a server that still runs; what became of it, in a clause (said, never raised over the run's own error)."""
+    a server that still runs; what became of it, in a clause (said, never raised over the run's own error).
+    `crossover --live` ends the same way."""
     if session.record is None or not session.record.switch or session.state.state != "ready":
         return "no server of the sweep is running"
     try:

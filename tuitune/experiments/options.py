@@ -304,6 +304,8 @@ class CrossoverOptions(BenchOptions):
     plot: str | None = None
     no_plot: bool = False
     json: str | None = None
+    live: bool = False
+    against: int | None = None
 
     @classmethod
     def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
@@ -316,6 +318,18 @@ class CrossoverOptions(BenchOptions):
         p.add_argument("--plot", metavar="OUT.png|OUT.svg", help="also write the plot to a file")
         p.add_argument("--no-plot", action="store_true", help="leave out the terminal plot")
         p.add_argument("--json", metavar="OUT", help="write the levels, speedups and verdict as JSON")
+        p.add_argument(
+            "--live",
+            action="store_true",
+            help="both arms in one launch prepared to switch (speculative.switch): the preset's own step count "
+            "held against --against's, no relaunch (docs/switch.md)",
+        )
+        p.add_argument(
+            "--against",
+            type=int,
+            metavar="N",
+            help="with --live: the step count the preset's own is crossed against (default 0, the launch's own off)",
+        )
 
     @property
     def levels(self) -> list[int]:
@@ -327,6 +341,10 @@ class CrossoverOptions(BenchOptions):
             raise CliError("--rounds must be at least 1 and --min-effect in [0, 1)", 2)
         if self.plot and Path(self.plot).suffix.lower() not in (".png", ".svg"):
             raise CliError(f"--plot {self.plot}: the file must end in .png or .svg", 2)
+        if self.against is not None and not self.live:
+            raise CliError("--against is the step count held against the preset's own inside one launch: add --live", 2)
+        if self.against is not None and not 0 <= self.against <= 64:
+            raise CliError(f"--against {self.against}: step counts run from 0 to 64", 2)
         ov = self.overrides(level=self.levels[0])
         ov.pop("concurrency", None)
         return ov

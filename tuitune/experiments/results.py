@@ -49,3 +49,7 @@ class CrossoverResult(Result):
     crossover: int | None
     min_effect: float
     comparable: bool
+    # `crossover --live` (docs/switch.md): both arms held in turn in one launch prepared to switch
+    step_name: str | None = None  # the engine's word for the step count ("K", "steps")
+    steps: list[int] | None = None  # [the preset's own, the one it was crossed against]
+    notes: list[str] | None = None  # what an in-launch comparison is not (sentences)
