@@ -624,9 +624,12 @@ def test_sweep_over_ngram_draft_tokens(served, tmp_path):
 
 
 def test_tune_over_steps_on_the_real_engine(served, tmp_path):
-    """`tune` from an EAGLE-3 chain of 1 at one stream, one relaunch, no final A/B: the random draft
-    accepts nothing, so speculation off (tried first) wins; whether tune's answer is the best is judged
-    on the simulator and the real vLLM's grids."""
+    """`tune` from an EAGLE-3 chain of 1 at one stream, one relaunch, no final A/B: it measures the start
+    and speculation off, and chooses the faster of the two. Which one that is, is not asserted: the random
+    draft accepts nothing, but on this CPU build a chain of 1 costs little more than off, and in CI,
+    beside the other worker's engine, steps 1 read faster than off by noise (the test's old assertion,
+    off, failed there and passed on its rerun). Whether tune's answer is the best is judged on the
+    simulator and the real vLLM's grids."""
     steps1 = served.preset("steps1.yaml", steps=1)
     out = tmp_path / "tune"
     r = tt(
@@ -637,6 +640,8 @@ def test_tune_over_steps_on_the_real_engine(served, tmp_path):
         "1",
         "--ab-rounds",
         "0",
+        "--levels",
+        "1",  # the level tuned at only (its default adds 4: a second bench per launch)
         "--requests",
         "3",
         "--warmup",
@@ -651,7 +656,10 @@ def test_tune_over_steps_on_the_real_engine(served, tmp_path):
     )
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads((tmp_path / "tune.json").read_text())
-    assert len(res["measured"]) == 2 and res["chosen"]["steps"] == 0, res
+    measured = res["measured"]
+    assert len(measured) == 2 and res["relaunches"] >= 1, res
+    assert {res["chosen"]["steps"], res["start"]["steps"]} <= {0, 1}, res  # the start, or off
+    assert res["chosen_label"].split(" with ")[0] == max(measured, key=measured.get), res  # the faster measured
     assert tt(served.home, "status", str(steps1), timeout=60).returncode == 3
 
 

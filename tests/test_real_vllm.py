@@ -578,11 +578,11 @@ def test_sweep_over_num_speculative_tokens(served, tmp_path):
     assert k3["changes"] == {"speculative.num_speculative_tokens": 3}, k3
     for row in rows:
         assert row["status"] == "ok" and row["failed"] == 0 and row["tok_s_median"] > 0, row
-    # each launch profiled for real: 3 drafted and 4 verified tokens a cycle cost more than 1 and 2. Not
-    # more than both baselines: in CI the machine's speed changed 2.7-fold between the first baseline
-    # (158 tok/s) and the last (59), whose cycle (17.8 ms) then read above K=3's (14.9)
+    # each launch profiled for real. Its cycle is not compared with the baselines': in CI, beside the
+    # other worker's engine, the machine's speed changed 2.7-fold between the first baseline (158 tok/s)
+    # and the last (59), and K=3's cycle read below both baselines' (23.5 against 24.6 ms) in a later
+    # run; that each launch ran the K it was given is checked by status's drift (above) and the probe
     assert all(row["cycle_ms"] > 0 for row in rows), rows
-    assert k3["cycle_ms"] > min(b["cycle_ms"] for b in base), rows
 
 
 def test_tune_on_the_real_engine(served, tmp_path):
@@ -592,7 +592,7 @@ def test_tune_on_the_real_engine(served, tmp_path):
     its answer is the best is judged on the simulator and in benchmarks/real_engine_grid.py, which
     measures the real engine's whole grid: here, that it runs and finds the obvious."""
     out = tmp_path / "tune"
-    args = ["tune", str(served.k1), "--budget", "1", "--ab-rounds", "0", "--requests", "3"]
+    args = ["tune", str(served.k1), "--budget", "1", "--ab-rounds", "0", "--levels", "1", "--requests", "3"]
     args += ["--warmup", "1", "--max-tokens", "96", "--out", str(out), "--json", str(tmp_path / "tune.json")]
     r = tt(served.home, *args, "--prompts", str(operators_prompts(tmp_path)), timeout=1500)
     assert r.returncode == 0, r.stdout + r.stderr
