@@ -97,6 +97,7 @@ TABLE = [
     Bench("real_draft_acceptance", "real-engine", VLLM + " serving SmolLM2 with the trained EAGLE-3 head"),
     Bench("dsd_compare", "real-engine", VLLM),
     Bench("switch_cost", "real-engine", VLLM + "; " + SGLANG + "; about 15 minutes"),
+    Bench("tune_live", "real-engine", VLLM + " serving SmolLM2 with the trained EAGLE-3 head"),
     Bench("schedule_refits", "real-engine", VLLM),
     Bench("real_sglang", "real-engine", SGLANG),
 ]
