@@ -51,10 +51,10 @@ demo-sglang: $(VENV)/.installed-support
 	$(BIN)/tuitune demo --engine sglang
 
 test: $(VENV)/.installed-test
-	-$(BIN)/python -m tuitune_support.vllm_cli  # vLLM's real command line for tests/test_vllm_parser.py (once)
-	$(BIN)/python -m tuitune_support.real_vllm  # the real vLLM CPU engine and tiny models for tests/test_real_vllm.py (once)
+	-$(BIN)/python -m tuitune_support.vllm_cli  # vLLM's real command line for tests/engines/test_vllm_parser.py (once)
+	$(BIN)/python -m tuitune_support.real_vllm  # the real vLLM CPU engine and tiny models for tests/real/test_real_vllm.py (once)
 	$(BIN)/python -m tuitune_support.real_draft  # an EAGLE-3 head for SmolLM2, trained on the CPU once (about 13 minutes on 2 cores)
-	$(BIN)/python -m tuitune_support.real_sglang  # the real SGLang CPU engine (kernels built once) for tests/test_real_sglang.py
+	$(BIN)/python -m tuitune_support.real_sglang  # the real SGLang CPU engine (kernels built once) for tests/real/test_real_sglang.py
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --reruns 1 -rR --durations=25  # a failure is run once more (docs/testing.md); the slowest, for the suite's time
 
 screenshots: $(VENV)/.installed-test

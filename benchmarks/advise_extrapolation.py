@@ -1,6 +1,6 @@
 """What a model fitted at one stream predicts for concurrency 8: the extrapolation advise now flags.
 
-The capture of ``tests/test_advise.py``'s single-stream case: the simulator's h100-llama8b
+The capture of ``tests/decide/test_advise.py``'s single-stream case: the simulator's h100-llama8b
 (EAGLE-3, chain of 3) as a process, 20x clock, benchmarked at one stream only by
 `tuitune tune --budget 0` (batch size 1, 4 verify tokens, no launch with speculation off). Then
 `tuitune advise CAPTURE --concurrency 8 --json`: printed, each of the model's top configurations

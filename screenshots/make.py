@@ -4,7 +4,7 @@ The shipped demo preset (the simulator, load on) on a free port, in a HOME of it
 the keys of the first five minutes (b, 3, a, r, b, m …) in one session; each scene is saved at
 140×44 (``main.svg``: the config panel stays open), 120×40 (``main-120x40.svg``) and 80×24
 (``main-80x24.svg``). The numbers are the simulator's, live: they differ from one run to the next.
-tests/test_tui_screenshots.py checks that the files show what the TUI shows today (the profile
+tests/tui/test_tui_screenshots.py checks that the files show what the TUI shows today (the profile
 format, the footer's keys, the help's groups): when it fails, run `make screenshots`.
 
     python screenshots/make.py [DIR]        # default: this folder

@@ -1,7 +1,9 @@
 """The suite's hooks (the CPU gate, xdist groups, reruns' first failures) and its fixtures: the
 simulator as a real subprocess, a real OpenSSH sshd, a release's wheel. The fixtures are thin: what
 they start and the helpers the test modules import live in the support package (support/,
-``tuitune_support``)."""
+``tuitune_support``). It sits at the top of tests/, so it applies to every folder below: one per
+package folder (tests/measure/ for tuitune/measure/, ...), tests/commands/, tests/real/ and tests/house/
+(docs/testing.md, The layout); each folder's own conftest.py only says what the folder holds."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Captures made on the simulator as tests/test_advise.py makes them (benchmarks/advise_extrapolation.py
-takes the same): `python -m tuitune` from the checkout in a HOME of its own, and a single-stream
-capture recorded by `tune --budget 0`."""
+"""Captures made on the simulator as tests/decide/test_advise.py makes them (benchmarks/advise_extrapolation.py
+takes the same): `python -m tuitune` from the checkout in a HOME of its own, a single-stream
+capture recorded by `tune --budget 0`, and the simulator's vLLM dialect's launches that `advise --emit
+vllm-dsd` is fitted from (tests/engines/test_dsd.py, tests/real/test_dsd_real.py)."""
 
 from __future__ import annotations
 
@@ -48,3 +49,43 @@ def single_stream_capture(tmp: Path) -> Path:
     assert r.returncode == 0, r.stderr + r.stdout
     (capture,) = (tmp / "o" / "captures").glob("*.jsonl*")
     return capture
+
+
+def sim_ngram(tmp: Path, name: str, k: int) -> Path:
+    """The simulator's vLLM dialect serving ngram with K drafts (20x clock)."""
+    data = {
+        "name": name,
+        "target": "local",
+        "server": {
+            "engine": "vllm",
+            "python": sys.executable,
+            "module": "tuitune.sim",
+            "log": str(tmp / f"{name}.log"),
+            "port": free_port(),
+            "args": {"model": "/shared/m", "tensor-parallel-size": 2, "sim-load-seconds": 0.2, "sim-speedup": 20},
+        },
+        "env": {"VLLM_LOG_STATS_INTERVAL": "1"},
+        "profile": True,
+        "bench": {"requests": 4, "warmup": 0, "max_tokens": 120},
+        "speculative": {
+            "algorithm": "NGRAM",
+            "num_speculative_tokens": k,
+            "prompt_lookup_min": 1,
+            "prompt_lookup_max": 3,
+        },
+    }
+    return P.save(P.from_dict(data), tmp / f"{name}.yaml")
+
+
+def sim_captures(tmp: Path) -> list[str]:
+    """Two launches of the simulator's vLLM (ngram K=3, then speculation off) benchmarked at 1, 4
+    and 16 streams by `tune --budget 1`: the captures `advise` is fitted from."""
+    out = tmp / "tune"
+    r = tuitune(
+        tmp, "tune", str(sim_ngram(tmp, "sv", 3)), "--budget", "1", "--concurrency", "4", "--levels", "1,4,16",
+        "--out", str(out), "--ab-rounds", "1", "--no-verdict",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    caps = sorted(str(x) for x in (out / "captures").glob("launch-*"))
+    assert len(caps) == 2, caps
+    return caps

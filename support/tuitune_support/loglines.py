@@ -1,6 +1,6 @@
 """A busy server's log lines, made up (every kind tuitune reads, the probe's full lines, second or
 millisecond stamps): benchmarks/bench_parse.py and bench_lines.py time the parser on them,
-tests/test_parse.py and tests/test_parse_reference.py check it on them."""
+tests/measure/test_parse.py and tests/measure/test_parse_reference.py check it on them."""
 
 from __future__ import annotations
 

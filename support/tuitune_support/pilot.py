@@ -1,8 +1,13 @@
-"""Helpers for Textual Pilot tests of the TUI: a wait on the app's clock, and the messages it says."""
+"""Helpers for Textual Pilot tests of the TUI: a wait on the app's clock, the live simulator's
+terminal size and its wait for a ready server, and the messages the app says."""
 
 from __future__ import annotations
 
 import time
+
+from tuitune.tui.screens import RelaunchScreen
+
+SIZE_LIVE = (140, 44)  # the terminal of the Pilot tests against the live simulator
 
 
 async def until(pilot, cond, timeout: float = 20.0, what: str = "condition"):
@@ -13,6 +18,13 @@ async def until(pilot, cond, timeout: float = 20.0, what: str = "condition"):
             return
         await pilot.pause(0.05)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def wait_ready(app, pilot, session):
+    """Until the session's server is ready and no relaunch view is open (30 s)."""
+    await until(
+        pilot, lambda: session.state.state == "ready" and not isinstance(app.screen, RelaunchScreen), 30, "server ready"
+    )
 
 
 def collect_says(app) -> list[str]:

@@ -70,3 +70,34 @@ def vllm_sim_data(tmp: Path, name: str, port: int, target="local", env: dict | N
         "env": env or {"VLLM_LOG_STATS_INTERVAL": "2"},
         "profile": True,
     }
+
+
+def sim_vllm(tmp: Path, name: str = "v", tokens: int | None = 2, port: int | None = None, **args):
+    """The simulator playing vLLM (EAGLE-3 with ``tokens`` drafts, none when 0 or None), its log under
+    ``tmp``, ``args`` over its command line: a Preset."""
+    from tuitune import preset as P
+
+    data = {
+        "name": name,
+        "target": "local",
+        "server": {
+            "engine": "vllm",
+            "python": sys.executable,
+            "module": "tuitune.sim",
+            "log": str(tmp / f"{name}.log"),
+            "port": port or free_port(),
+            "args": {
+                "model": "/shared/m",
+                "tensor-parallel-size": 2,
+                "sim-load-seconds": 0.3,
+                "sim-speedup": 10,
+                **args,
+            },
+        },
+        "env": {"VLLM_LOG_STATS_INTERVAL": "1"},
+        "profile": True,
+        "bench": {"requests": 3, "warmup": 0, "max_tokens": 60},
+    }
+    if tokens:
+        data["speculative"] = {"algorithm": "EAGLE3", "draft_model_path": "/d", "num_speculative_tokens": tokens}
+    return P.from_dict(data)

@@ -1,4 +1,4 @@
-"""The probe's GPU benchmark workload (benchmarks/probe_overhead.py; tests/test_probe.py's GPU test): EAGLE-shaped
+"""The probe's GPU benchmark workload (benchmarks/probe_overhead.py; tests/probe/test_probe.py's GPU test): EAGLE-shaped
 torch work for the stand-in SGLang tree (fake_sglang.make_tree's work), the harness that drives
 its worker, and one run of it under the probe."""
 

@@ -1,7 +1,7 @@
 """Deterministic scenes of the TUI, replayed from a committed capture (tests/data/demo-capture.jsonl):
 the SVG snapshot and layout tests build them here. Support code, outside the package (it reads the
 tests' data); the screenshots in screenshots/ are taken from the live demo by screenshots/make.py,
-whose scenes, sizes and file names are ``SHOTS``, ``SIZES`` and ``file_name`` here (tests/test_tui_screenshots.py checks
+whose scenes, sizes and file names are ``SHOTS``, ``SIZES`` and ``file_name`` here (tests/tui/test_tui_screenshots.py checks
 its files)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The simulator's truth for the advisor's accuracy (benchmarks/advisor_accuracy.py runs it; tests/test_advise.py,
-tests/test_schedule.py and tests/test_tui.py measure with it): random simulated machines, a
+"""The simulator's truth for the advisor's accuracy (benchmarks/advisor_accuracy.py runs it; tests/decide/test_advise.py,
+tests/decide/test_schedule.py and tests/tui/test_tui.py measure with it): random simulated machines, a
 configuration's modelled goodput, a source that measures the model as tune would, and rank agreement."""
 
 from __future__ import annotations

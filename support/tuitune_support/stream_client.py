@@ -6,7 +6,7 @@ sends the prompts one after the other (the first one a warm-up, not reported, un
 prints a JSON list of [decode tok/s, completion tokens, decode span in s], one a measured request. The tests run it as a process of its
 own, as `tuitune bench` is, so that neither client shares its interpreter (threads, GIL) with the
 test's fixtures. ``server_decode_clock`` reads vLLM's own decode clock from /metrics, the reference
-both clients are held to (tests/test_real_vllm.py, benchmarks/bench_vs_server.py)."""
+both clients are held to (tests/real/test_real_vllm.py, benchmarks/bench_vs_server.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A virtual environment holding the real vLLM release, enough of it to run its command line
 (``vllm serve``: argument parser, ``--help=all``, the serve subcommand's validation) on a machine
-with no GPU. tests/test_vllm_parser.py runs tuitune's rendered commands through it.
+with no GPU. tests/engines/test_vllm_parser.py runs tuitune's rendered commands through it.
 
 vLLM's wheel is installed without its dependencies (they pin a CUDA torch and GPU kernels, several
 GB); torch is the CPU build, and of vLLM's own requirements only those its command line imports are

@@ -1,5 +1,5 @@
 """Worlds whose physics tuitune's model does not share (benchmarks/advisor_worlds.py runs them;
-tests/test_costmodel.py and tests/test_advise.py check the model and the advisor against them): random
+tests/decide/test_costmodel.py and tests/decide/test_advise.py check the model and the advisor against them): random
 tables, waves and rational curves of a forward pass's time, acceptance drawn per world, a source that
 measures them as a real engine would, and the real engines' recorded worlds."""
 

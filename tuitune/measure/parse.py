@@ -21,7 +21,7 @@ repeated field, a value msgspec would read differently) makes the fast path give
 exact field-by-field reader decides. ``parse_many`` reads many lines at once (a one-character
 test before each of those markers, a memo of quiet lines, then one rewrite and one decode for all
 the lines of a kind), with results equal to ``parse_line``'s line by line; ``parse_lines`` and
-``parse_chunks`` use it. ``tests/test_parse_reference.py`` holds every one of these ways to a
+``parse_chunks`` use it. ``tests/measure/test_parse_reference.py`` holds every one of these ways to a
 plain reading of each line by the exact readers.
 """
 

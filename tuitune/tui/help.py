@@ -2,7 +2,7 @@
 
 The keys shown are the bindings' current keys (a keymap in the config file moves them here too);
 an entry whose action is off in this session (relaunch in a replay, seek live) is left out. The
-tour is also docs/tour.md (tests/test_tui_help.py keeps the two saying the same steps).
+tour is also docs/tour.md (tests/tui/test_tui_help.py keeps the two saying the same steps).
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Tests of tuitune.preset: shipped presets, round trips, rendering, lint, multi-node presets."""
