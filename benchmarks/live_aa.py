@@ -31,10 +31,11 @@ from tuitune_support.ports import free_port
 
 HOME = Path(tempfile.mkdtemp(prefix="tuitune-live-aa-"))
 STEPS, SWITCH = 2, [1, 2, 3]
+KEY = "speculative.num_speculative_tokens"
 
 
-def preset(engine: str) -> tuple[Path, str]:
-    """The prepared preset's file and the engine's step key."""
+def preset(engine: str) -> Path:
+    """The prepared preset's file (vLLM's dialect either way: its step key is KEY)."""
     port = free_port()
     if engine == "vllm":
         from tuitune_support import real_vllm
@@ -48,7 +49,7 @@ def preset(engine: str) -> tuple[Path, str]:
         data = vllm_sim_data(HOME, "aa", port, env={"VLLM_LOG_STATS_INTERVAL": "1"}, switch=SWITCH)
     path = HOME / "aa.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path, "speculative.num_speculative_tokens"
+    return path
 
 
 def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -76,7 +77,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=64)
     ns = ap.parse_args()
-    path, key = preset(ns.engine)
+    path = preset(ns.engine)
     r = tuitune(HOME, "launch", str(path), timeout=900)
     if r.returncode != 0:
         sys.exit(f"the launch failed:\n{r.stdout}\n{r.stderr}")
@@ -84,7 +85,7 @@ def main() -> None:
     try:
         for i in range(ns.runs):
             out = HOME / f"run-{i}"
-            args = ["sweep", str(path), "--live", "--grid", f"{key}={STEPS}", "--rounds", str(ns.rounds)]
+            args = ["sweep", str(path), "--live", "--grid", f"{KEY}={STEPS}", "--rounds", str(ns.rounds)]
             args += ["--seed", str(i), "--requests", str(ns.requests), "--warmup", "1"]
             args += ["--max-tokens", str(ns.max_tokens), "--out", str(out)]
             r = tuitune(HOME, *args, timeout=1800)

@@ -124,6 +124,16 @@ def level_verdict(on: list[BenchRun], off: list[BenchRun], level: int, min_effec
     return row
 
 
+def said(level: int, arm: str, run: BenchRun) -> str:
+    """One block's line of progress: its level, its arm, its goodput (and failures)."""
+    gp = run.goodput()
+    return (
+        f"  concurrency {level}, {arm}: "
+        + (f"{gp['tok_s']:.1f} tok/s" if gp else "no successful request")
+        + (f", {run.failed} failed" if run.failed else "")
+    )
+
+
 def _mean(vals: list[float]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
@@ -175,12 +185,7 @@ async def crossover(
             def done(cfg, run, arm=arm) -> None:
                 runs[(cfg.concurrency, arm)].append(run)
                 if progress:
-                    gp = run.goodput()
-                    progress(
-                        f"  concurrency {cfg.concurrency}, speculation {arm}: "
-                        + (f"{gp['tok_s']:.1f} tok/s" if gp else "no successful request")
-                        + (f", {run.failed} failed" if run.failed else "")
-                    )
+                    progress(said(cfg.concurrency, f"speculation {arm}", run))
 
             def label(c, name=arms[arm].name) -> str:
                 return f"{name} c={c}"
@@ -277,12 +282,7 @@ async def live_crossover(
                         f"{other} of the {n} profile windows of {word} {k}'s block ran under another step count "
                         "than the one held"
                     )
-                gp = run.goodput()
-                say(
-                    f"  concurrency {level}, {word} {k} held: "
-                    + (f"{gp['tok_s']:.1f} tok/s" if gp else "no successful request")
-                    + (f", {run.failed} failed" if run.failed else "")
-                )
+                say(said(level, f"{word} {k} held", run))
     result = summarize(preset, levels, runs, min_effect, problems)
     result.twin = f"{preset.name} at {word} {off}"
     result.step_name, result.steps = word, [on, off]
