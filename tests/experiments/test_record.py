@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tuitune import preset as P
 from tuitune.base.events import ProfileWindow
 from tuitune.measure.capture import CaptureWriter, read_capture
@@ -119,6 +121,7 @@ def test_capture_errors_are_one_sentence(tmp_path):
     )
 
 
+@pytest.mark.sim_clock  # its best (2 steps, 1.7 % ahead of 3) read off the simulator's clock: 3 won at -n 4
 def test_sweep_finds_the_seeds_answer_and_resumes(tmp_path):
     port = free_port()
 

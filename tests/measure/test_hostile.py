@@ -307,6 +307,46 @@ def test_a_stream_that_never_ends_times_out_with_its_reason(hostile):
     assert not r.ok and r.error == "timed out after 2 s", r.error
 
 
+def test_an_output_sent_whole_gives_no_decode_rate_and_the_bench_says_so(hostile, tmp_path):
+    """vLLM's CPU API server, on a busy machine, held some outputs back and sent them in one piece:
+    the span from the first chunk to the last was milliseconds or nothing, and a block of `sweep
+    --live` read a rate a thousand times the engine's. An output in fewer than three chunks gives no
+    rate; the bench says how many, and its median is over the others (here a server that sends every
+    other output whole, after the time streaming it would take)."""
+    from tuitune_support.cli import tuitune
+
+    tokens = 8
+    served = []
+
+    def reply():
+        served.append(1)
+        usage = {"choices": [], "usage": {"completion_tokens": tokens}}
+        if len(served) % 2:  # whole: the time a stream of it takes, then every token in one event
+            return iter([0.08, *sse({"choices": [{"text": "x" * tokens}]}, usage)])
+        return iter([p for _ in range(tokens) for p in (0.01, *sse(CHOICE))] + sse(usage))
+
+    hostile.reply = reply
+    out = tmp_path / "b.json"
+    r = tuitune("bench", "--url", hostile.url, "--api", "openai", "--requests", "4", "--warmup", "0",
+                "--max-tokens", str(tokens), "--json", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = strict_json(out.read_text())
+    rates = {x["chunks"]: x["decode_tok_s"] for x in doc["results"]}
+    assert set(rates) == {1, tokens} and rates[1] is None, rates
+    assert 50 < rates[tokens] < 150, rates  # 7 tokens over ~70 ms
+    assert doc["summary"]["tok_s"]["n"] == 2, doc["summary"]["tok_s"]
+    said = "2 of 4 outputs arrived in fewer than 3 chunks"
+    assert any(said in w for w in doc["summary"]["warnings"]) and said in r.stdout, r.stdout
+
+    hostile.reply = lambda: iter([0.05, *sse({"choices": [{"text": "xxxx"}]}), 0.01, *sse(CHOICE)] + sse(
+        {"choices": [], "usage": {"completion_tokens": 5}}))  # fmt: skip  # two pieces: no rate either
+    r = tuitune("bench", "--url", hostile.url, "--api", "openai", "--requests", "2", "--warmup", "0",
+                "--max-tokens", "5", "--json", str(out))  # fmt: skip
+    doc = strict_json(out.read_text())
+    assert all(x["chunks"] == 2 and x["decode_tok_s"] is None for x in doc["results"]), doc["results"]
+    assert "tok_s" not in doc["summary"] and "so there is none" in r.stdout, r.stdout
+
+
 def test_the_default_bound_of_a_request_grows_with_the_streams_sharing_the_server():
     """A slow server still streaming is not a hang: at four streams the CPU engine's EAGLE-3 K=5
     gave 2.4 tokens a second a stream, and half of its 96-token requests hit the old bound (48 s,

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from tuitune.measure import stats
 from tuitune.measure.benchconfig import BenchConfig
 from tuitune.measure.metrics import quantile, summarize
-from tuitune.measure.request import RequestResult
+from tuitune.measure.request import MIN_RATE_CHUNKS, RequestResult
 
 SIM_LATE_LIMIT = 0.10  # above this share of late cycles a simulator's figures are not its model's
 # above this share of its busy wall time spent behind its own clock, a simulator's figures are that much
@@ -134,6 +134,15 @@ class BenchRun:
                 f"the simulator fell behind its clock ({behind}): this machine cannot serve "
                 f"{self.config.concurrency} streams at this --sim-speedup, so the figures are too slow; "
                 "lower --sim-speedup"
+            )
+        whole = [
+            r for r in self.ok if r.chunks is not None and r.chunks < MIN_RATE_CHUNKS and (r.completion_tokens or 0) > 1
+        ]
+        if whole:
+            out.append(
+                f"{len(whole)} of {len(self.ok)} outputs arrived in fewer than {MIN_RATE_CHUNKS} chunks (the server "
+                "held them back, then sent them in one or two pieces): they give no decode rate, "
+                + ("so there is none" if len(whole) == len(self.ok) else "the median is over the others")
             )
         acc = [r.accept_len for r in self.ok if r.accept_len]
         srv_acc = self.server.get("avg_spec_accept_length")

@@ -35,6 +35,10 @@ from tuitune.measure.metrics import quantile
 _COMPLETION = re.compile(rb'"completion_tokens":\s*(\d{1,15})(?![\d.eE])')
 MAX_EVENT = 4 << 20  # bytes of one stream event (a native chunk's cumulative text at 32k tokens is ~200 KB)
 _MAX_COUNT = 1 << 40  # a token count above this is no server's
+# fewer chunks than this and a stream's span is not its decode time: the first chunk's arrival to the
+# last's, where the server held the output back and sent it whole (or in two pieces), is milliseconds or
+# nothing; vLLM's CPU API server did so for some outputs on a busy machine (docs/benchmarks.md)
+MIN_RATE_CHUNKS = 3
 
 
 class BadStream(ValueError):
@@ -127,12 +131,17 @@ class RequestResult:
     send_ms: float | None = None  # the client's work before the request was on the wire (outside the figures)
     t0: float = field(default=0.0, repr=False)  # perf_counter() when the clock started (this process only)
     itls: list[float] = field(default_factory=list, repr=False)  # every inter-token gap (ms), for pooled ITL
-    chunks: int = 0
+    chunks: int | None = None  # stream events that carried tokens (None: not read from a stream)
     client_cpu_s: float = 0.0
 
     @property
     def decode_tok_s(self) -> float | None:
+        """Tokens after the first over the span from the first chunk to the last, or None where that span
+        says nothing: an output the server delivered in fewer than ``MIN_RATE_CHUNKS`` chunks (buffered,
+        then sent whole or nearly) has a span of milliseconds, or none, whatever the engine's speed."""
         if not self.ok or not self.completion_tokens or self.completion_tokens < 2:
+            return None
+        if self.chunks is not None and self.chunks < MIN_RATE_CHUNKS:
             return None
         span = (self.e2e_s or 0) - (self.ttft_s or 0)
         return (self.completion_tokens - 1) / span if span > 0 else None
@@ -202,7 +211,7 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult: 
 
     path, body = _payload(cfg.api, prompt, cfg.max_tokens, cfg.model)
     data = json.dumps(body).encode()
-    res = RequestResult(ok=False)
+    res = RequestResult(ok=False, chunks=0)
     sent = _Sent()
     start = time.perf_counter()
     start_wall = time.time()
