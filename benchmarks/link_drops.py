@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tuitune.experiments.options import RecordOptions
 from tuitune.experiments.record import record
 from tuitune.machine.control import ServerControl
 from tuitune.machine.session import Session
@@ -76,7 +77,7 @@ async def soak(tmp: Path, sshd: SshServer, drops: int, rng: random.Random) -> di
 
     session = Session(p, state_dir=str(tmp / "state"))
     cap = tmp / "drops.jsonl"
-    recorder = asyncio.ensure_future(record(p, str(cap), load=2, raw=False, session=session))
+    recorder = asyncio.ensure_future(record(p, RecordOptions(record=str(cap), load=2), session=session))
     for _ in range(600):
         if session.state.state == "ready" and session.load.on:
             break

@@ -426,10 +426,7 @@ def analyse(a: argparse.Namespace, rows: list[dict]) -> dict:
     for b in a.batches:
         tokens = NS.step_tokens(b, a.tokens_per_req)
         preds = {
-            p.label: p
-            for p in NS.predict(
-                {r["label"]: NS.points_of({"results": r["nccl_bench"]}) for r in ok}, shape, tokens, ref
-            )
+            p.label: p for p in NS.predict({r["label"]: NS.points_of(r["nccl_bench"]) for r in ok}, shape, tokens, ref)
         }
         meas = {r["label"]: r["step"]["batches"][str(b)] for r in ok}
         ref_step = meas[ref]["step_us"]

@@ -13,6 +13,7 @@ import pytest
 from tuitune import preset as P
 from tuitune.experiments import grid as G
 from tuitune.experiments import ncclbench as NB
+from tuitune.experiments.options import NcclBenchOptions
 from tuitune.machine.transport import LocalTransport
 from tuitune_support.paths import ROOT
 
@@ -57,23 +58,24 @@ async def test_hidden_size_from_the_models_config(tmp_path):
 
 async def test_gloo_world_size_2_ranks_and_reports_failures(tmp_path):
     p = preset(tmp_path)
-    grid = G.parse(["env.NCCL_PROTO=LL,Simple", "env.GLOO_SOCKET_IFNAME=unset,bogus0"])
-    report = await NB.run(
-        LocalTransport(), p, grid, sizes=[4096, 16384], backend="gloo", iters=20, warmup=2, world_size=2, timeout_s=120
+    specs = ["env.NCCL_PROTO=LL,Simple", "env.GLOO_SOCKET_IFNAME=unset,bogus0"]
+    o = NcclBenchOptions(
+        preset=p.name, grid=specs, sizes="4096,16384", backend="gloo", iters=20, warmup=2, world_size=2, timeout=120
     )
-    rows = {r["label"]: r for r in report["rows"]}
-    ok = [r for r in report["rows"] if "results" in r]
-    assert len(ok) == 2 and len(report["ranking"]) == 2
+    report = await NB.run(LocalTransport(), p, o)
+    rows = {r.label: r for r in report.rows}
+    ok = [r for r in report.rows if r.results is not None]
+    assert len(ok) == 2 and len(report.ranking) == 2
     for r in ok:
-        assert [x["bytes"] for x in r["results"]] == [4096, 16384]
-        assert all(x["median_us"] > 0 and x["p99_us"] >= x["median_us"] and x["iters"] == 20 for x in r["results"])
-        assert r["info"]["world_size"] == 2
-    assert rows["NCCL_PROTO=LL GLOO_SOCKET_IFNAME=unset"]["current"] is True
-    failed = [r for r in report["rows"] if "error" in r]
-    assert len(failed) == 2 and all("bogus0" in r["error"] for r in failed)
+        assert [x["bytes"] for x in r.results] == [4096, 16384]
+        assert all(x["median_us"] > 0 and x["p99_us"] >= x["median_us"] and x["iters"] == 20 for x in r.results)
+        assert r.info["world_size"] == 2
+    assert rows["NCCL_PROTO=LL GLOO_SOCKET_IFNAME=unset"].current is True
+    failed = [r for r in report.rows if r.error is not None]
+    assert len(failed) == 2 and all("bogus0" in r.error for r in failed)
     table = NB.format_table(report)
     assert "*NCCL_PROTO=LL GLOO_SOCKET_IFNAME=unset" in table and "failed:" in table
-    assert "NCCL variables are not exercised" in table and report["graph"] is False  # gloo: no graphs, no NCCL
+    assert "NCCL variables are not exercised" in table and report.graph is False  # gloo: no graphs, no NCCL
 
 
 def test_cli_refuses_a_bad_nccl_value_and_bad_grids(tmp_path):
@@ -104,26 +106,22 @@ def test_cli_refuses_a_bad_nccl_value_and_bad_grids(tmp_path):
         assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+def on_gpus(p, **kw) -> NcclBenchOptions:
+    """The GPU tests' nccl-bench: NCCL_PROTO LL against Simple at a 7168-wide model's sizes, 50 iterations."""
+    return NcclBenchOptions(
+        preset=p.name, grid=["env.NCCL_PROTO=LL,Simple"], hidden_size=7168, iters=50, warmup=5, **kw
+    )
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here (CI never has one)")
 def test_nccl_world_size_1_on_a_gpu(tmp_path):
     p = preset(tmp_path)
-    report = asyncio.run(
-        NB.run(
-            LocalTransport(),
-            p,
-            G.parse(["env.NCCL_PROTO=LL,Simple"]),
-            hidden_size=7168,
-            world_size=1,
-            iters=50,
-            warmup=5,
-            timeout_s=300,
-        )
-    )
-    ok = [r for r in report["rows"] if "results" in r]
+    report = asyncio.run(NB.run(LocalTransport(), p, on_gpus(p, world_size=1, timeout=300)))
+    ok = [r for r in report.rows if r.results is not None]
     assert len(ok) == 2, report
-    assert all(r["info"]["backend"] == "nccl" and r["info"]["device"] for r in ok)
-    assert all(0 < x["median_us"] < 10_000 for r in ok for x in r["results"])
+    assert all(r.info["backend"] == "nccl" and r.info["device"] for r in ok)
+    assert all(0 < x["median_us"] < 10_000 for r in ok for x in r.results)
     assert "world size 1: PyTorch creates no NCCL communicator" in NB.format_table(report)
 
 
@@ -132,25 +130,13 @@ def test_nccl_world_size_1_on_a_gpu(tmp_path):
 def test_nccl_world_size_2_confirms_settings_in_eager_and_graph_mode(tmp_path):
     p = preset(tmp_path)
     for graph in (False, True):
-        report = asyncio.run(
-            NB.run(
-                LocalTransport(),
-                p,
-                G.parse(["env.NCCL_PROTO=LL,Simple"]),
-                hidden_size=7168,
-                world_size=2,
-                iters=50,
-                warmup=5,
-                graph=graph,
-                timeout_s=120,
-            )
-        )
-        ok = [r for r in report["rows"] if "results" in r]
+        report = asyncio.run(NB.run(LocalTransport(), p, on_gpus(p, world_size=2, graph=graph, timeout=120)))
+        ok = [r for r in report.rows if r.results is not None]
         assert len(ok) == 2, report
         for r in ok:
-            assert r["confirmed"] == {"NCCL_PROTO": "applied"}  # NCCL echoed what it was given
-            proto = r["changes"]["env.NCCL_PROTO"].upper()
-            assert r["algos"] and all(v.endswith("/" + proto) for v in r["algos"].values())
+            assert r.confirmed == {"NCCL_PROTO": "applied"}  # NCCL echoed what it was given
+            proto = r.changes["env.NCCL_PROTO"].upper()
+            assert r.algos and all(v.endswith("/" + proto) for v in r.algos.values())
 
 
 # ---- from all-reduce latencies to the decode step (issue 27) ---------------------------------------
@@ -173,7 +159,7 @@ def test_step_prediction_arithmetic():
     assert preds[0].comm_us == pytest.approx(65 * 12.0) and preds[0].saving_us == pytest.approx(65 * 11.0)
     assert preds[1].saving_us == 0.0 and preds[2].comm_us is None and preds[2].saving_us is None
     assert NS.predicted_gain(650.0, 3.25) == pytest.approx(0.25) and NS.predicted_gain(5000.0, 3.0) is None
-    assert NS.points_of({"results": [{"bytes": 8192, "median_us": 10.5, "p99_us": 11}]}) == [(8192, 10.5)]
+    assert NS.points_of([{"bytes": 8192, "median_us": 10.5, "p99_us": 11}]) == [(8192, 10.5)]
     assert "65 all-reduces" in NS.basis(shape, 1, 2) and "8,192 B" in NS.basis(shape, 1, 2)
 
 
@@ -195,14 +181,14 @@ def test_tune_nccl_screen_ranks_at_the_step_size_and_predicts_the_step_saving(tm
         T.nccl_screen(SimpleNamespace(transport=LocalTransport()), p, grid, "gloo", None, None, 4)
     )
     step = 4 * 3 * 64 * 2  # four requests × three tokens × hidden 64 × bf16
-    assert report["sizes"] == [128, 384, step] and report["decode_bytes"] == step
+    assert report.sizes == [128, 384, step] and report.decode_bytes == step
     assert pred["tokens"] == 12 and pred["bytes"] == step and pred["allreduces"] == 7  # 2 × 3 layers + 1
     current = "NCCL_PROTO=LL TORCH_DISTRIBUTED_DEBUG=unset"
-    assert pred["reference"] == current and pred["winner"] == report["ranking"][0]
-    rows = {r["label"]: r for r in report["rows"]}
+    assert pred["reference"] == current and pred["winner"] == report.ranking[0]
+    rows = {r.label: r for r in report.rows}
     lat = {k: NB._at(r, step)["median_us"] for k, r in rows.items()}
-    assert pred["allreduce_us"] == lat and report["ranking"] == sorted(lat, key=lat.get)  # ranked at the step
-    assert {x.split()[1] for x in report["ranking"][2:]} == {"TORCH_DISTRIBUTED_DEBUG=DETAIL"}, lat
+    assert pred["allreduce_us"] == lat and report.ranking == sorted(lat, key=lat.get)  # ranked at the step
+    assert {x.split()[1] for x in report.ranking[2:]} == {"TORCH_DISTRIBUTED_DEBUG=DETAIL"}, lat
     assert pred["step_saving_us"] == pytest.approx(7 * (lat[current] - lat[pred["winner"]]))
     assert changes == (
         {} if pred["winner"] == current else {"env.NCCL_PROTO": "Simple", "env.TORCH_DISTRIBUTED_DEBUG": None}
@@ -290,7 +276,7 @@ def test_decode_step_benchmark_on_gloo_runs_each_setting_and_checks_the_count(tm
             assert m["replays"] == 12 and m["step_us"] > 0 and m["compute_us"] > 0 and len(m["run_us"]) == 2
             assert m["noise_us"] >= max(m["run_us"]) - min(m["run_us"])  # two fresh runs: their spread counts
         res = {x["label"]: x for x in an["batches"][str(b)]["rows"]}
-        lat = {k: NS.latency_us(NS.points_of({"results": rows[k]["nccl_bench"]}), tokens * 256) for k in res}
+        lat = {k: NS.latency_us(NS.points_of(rows[k]["nccl_bench"]), tokens * 256) for k in res}
         for label, x in res.items():
             assert x["allreduces_match"] and x["predicted_comm_us"] == pytest.approx(5 * lat[label])
             assert x["predicted_saving_us"] == pytest.approx(5 * (lat["defaults"] - lat[label]))

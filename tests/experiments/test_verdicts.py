@@ -318,3 +318,33 @@ def test_sweep_refuses_a_delta_across_concurrency_limits_where_they_bind(tmp_pat
     assert "n/c (other limit)" in text and "num_steps=3 48" in text, text
     result = summarize(base, rows(16), tmp_path)
     assert result["best"] == "num_steps=3", result
+
+
+def test_at_one_stream_a_launch_without_a_decode_rate_makes_the_verdict_goodputs_and_says_so():
+    """The real vLLM CPU build, its API server starved of the two cores by the engine beside it, sent
+    some blocks' outputs whole: those blocks had no decode rate, and the A/A check of an in-launch sweep
+    was "not comparable" in 2 runs of 4 on a quiet machine. At one stream the launches are then all
+    compared by goodput (the same prompts on both arms), and the verdict says why; where every launch
+    has its rate, or a launch has neither, nothing changes."""
+    from tuitune.experiments.ab import metric
+
+    def rows(missing: set[int]) -> list[dict]:
+        out = []
+        for r in range(1, 5):
+            for arm, tok in (("A", 50.0 + r / 10), ("B", 60.0 + r / 10)):
+                x = _row(arm, arm, math.nan if (r, arm) in missing else tok, r)
+                out.append({**x, "goodput": tok * 0.9, "concurrency": 1})
+        return out
+
+    whole = rows({(2, "A")})
+    assert metric(whole) == "goodput" and metric(rows(set())) == "median_tok_s"
+    v = verdict(whole, bootstrap=False)
+    assert v["verdict"] == "faster" and v["metric"] == "goodput", v
+    assert v["metric_why"].startswith("1 of 8 measured no decode rate"), v
+    text = format_ab({"launches": whole, "verdict": v, "a": "A", "b": "B"})
+    assert "goodputs at concurrency 1" in text and "compared by goodput: 1 of 8" in text, text
+    full = verdict(rows(set()), bootstrap=False)
+    assert full["metric"] == "median_tok_s" and "metric_why" not in full
+    neither = rows({(2, "A")})
+    neither[2]["goodput"] = math.nan  # nothing to compare that launch by: not comparable, as before
+    assert metric(neither) == "median_tok_s" and verdict(neither)["verdict"] == "not comparable"

@@ -554,6 +554,7 @@ async def test_collector_over_ssh_survives_a_link_drop(sshd):
 
 async def test_bench_during_simulated_capping_is_marked_in_capture_report_and_runs(tmp_path):
     from tuitune import preset as P
+    from tuitune.experiments.options import RecordOptions
     from tuitune.experiments.record import record
     from tuitune.machine.session import Session
     from tuitune.measure.report import format_report, summarize_capture
@@ -602,9 +603,8 @@ async def test_bench_during_simulated_capping_is_marked_in_capture_report_and_ru
     # headless capture of a capped run: telemetry recorded at its own rate, the run marked in report
     out = tmp_path / "cap.jsonl"
     p2 = P.with_changes(p, {"name": "capped2"})
-    stats = await record(
-        p2, str(out), relaunch=True, bench=3, duration=1.0, session=Session(p2, state_dir=str(tmp_path / "state"))
-    )
+    o = RecordOptions(record=str(out), relaunch=True, bench=3, duration=1.0)
+    stats = await record(p2, o, session=Session(p2, state_dir=str(tmp_path / "state")))
     assert stats.events > 0
     rep = summarize_capture(out)
     assert rep["runs"] and rep["runs"][0]["gpu_note"].startswith("power cap GPU 0,1,2,3")

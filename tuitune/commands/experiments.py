@@ -131,30 +131,17 @@ def cmd_ncclbench(ns) -> int:
 
     o = NcclBenchOptions.from_cli_args(ns)
     p = load_preset(o.preset)
-    grid, sizes = o.check()
+    o.check()  # a usage error before any connection
     t, _ = with_control(p)
 
     async def go():
-        return await NB.run(
-            t,
-            p,
-            grid,
-            sizes=sizes,
-            hidden_size=o.hidden_size,
-            graph=o.graph,
-            iters=o.iters,
-            warmup=o.warmup,
-            world_size=o.world_size,
-            backend=o.backend,
-            timeout_s=o.timeout,
-            progress=lambda m: print(m, file=sys.stderr, flush=True),
-        )
+        return await NB.run(t, p, o, progress=lambda m: print(m, file=sys.stderr, flush=True))
 
     report = run_async(guarded(go, t))
     print(NB.format_table(report))
     if o.json:
         write_json(o.json, report)
-    return 0 if report["ranking"] else 1
+    return 0 if report.ranking else 1
 
 
 def cmd_sweep(ns) -> int:

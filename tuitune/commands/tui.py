@@ -190,21 +190,7 @@ def cmd_record(ns, o) -> int:
 
     session = Session(p)
     _guard_against(session, ns)
-    stats = run_async(
-        record(
-            p,
-            o.record,
-            session=session,
-            duration=o.duration,
-            cycles=o.cycles,
-            relaunch=o.relaunch,
-            load=o.load,
-            bench=o.bench,
-            raw=o.raw,
-            progress=sys.stderr.isatty(),
-            from_start=o.from_start,
-        )
-    )
+    stats = run_async(record(p, o, session=session, progress=sys.stderr.isatty()))
     print(
         f"wrote {stats.events} events ({stats.windows} profile windows, {stats.cycles} cycles) to "
         f"{o.record}: {stats.bytes} bytes, {stats.seconds:.1f} s"

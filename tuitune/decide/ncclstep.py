@@ -109,9 +109,9 @@ def predicted_gain(saving_us: float, cycle_ms: float) -> float | None:
     return cycle_ms * 1000.0 / left - 1.0
 
 
-def points_of(row: Mapping) -> list[tuple[int, float]]:
-    """(bytes, median µs) of one ``nccl-bench`` report row (its ``results``)."""
-    return [(int(r["bytes"]), float(r["median_us"])) for r in row.get("results") or []]
+def points_of(results: Sequence[Mapping] | None) -> list[tuple[int, float]]:
+    """(bytes, median µs) of one ``nccl-bench`` report row's ``results``."""
+    return [(int(r["bytes"]), float(r["median_us"])) for r in results or []]
 
 
 def basis(shape: TPShape, tokens: int, tp: int) -> str:

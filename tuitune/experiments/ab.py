@@ -330,6 +330,8 @@ def verdict(
     va = [x[key] for x in launches if x["arm"] == "A"]
     vb = [x[key] for x in launches if x["arm"] == "B"]
     out = {**stats.compare(va, vb, min_effect, n_boot=2000 if bootstrap else 0), "metric": key}
+    if why := metric_why(launches, key):
+        out["metric_why"] = why
     out["median_ratio_ci"] = out.pop("ratio_ci")  # the bootstrap of the medians: a description, not the decision
     if not judge:
         out["ratio_ci"] = out["median_ratio_ci"]
@@ -377,9 +379,30 @@ def verdict(
     return out
 
 
+def _rate(v) -> bool:
+    return isinstance(v, int | float) and 0 < v < math.inf
+
+
 def metric(launches: list[dict]) -> str:
-    """One stream: its decode speed; several: the goodput of all of them (what a server sells)."""
-    return "goodput" if any(x.get("concurrency", 1) > 1 for x in launches) else "median_tok_s"
+    """One stream: its decode speed; several: the goodput of all of them (what a server sells). At one
+    stream, where a launch measured no decode rate (its server sent its outputs whole: no chunk times,
+    docs/benchmarks.md) but every launch a goodput, the goodput, for all of them alike (``metric_why``)."""
+    if any(x.get("concurrency", 1) > 1 for x in launches):
+        return "goodput"
+    if any(not _rate(x.get("median_tok_s")) for x in launches) and all(_rate(x.get("goodput")) for x in launches):
+        return "goodput"
+    return "median_tok_s"
+
+
+def metric_why(launches: list[dict], key: str) -> str | None:
+    """Why one stream's launches are compared by goodput (None: they are not, or by the usual rule)."""
+    if key != "goodput" or any(x.get("concurrency", 1) > 1 for x in launches):
+        return None
+    n = sum(1 for x in launches if not _rate(x.get("median_tok_s")))
+    return (
+        f"{n} of {len(launches)} measured no decode rate (the server sent their outputs whole): compared by "
+        "goodput, each request's tokens over its whole time, the first token's wait included"
+    )
 
 
 def look_line(v: dict, rounds: int, last: int) -> str:
@@ -623,6 +646,8 @@ def format_ab(result: dict) -> str:
         else "launch medians"
     )
     lines.append(f"\nmedians of {what}: {a} {v['baseline_median']:.2f}, {b} {v['candidate_median']:.2f} tok/s")
+    if v.get("metric_why"):
+        lines.append(f"compared by goodput: {v['metric_why']}")
     if v["verdict"] == NO_VERDICT:
         lines.append(
             f"ratio B/A = {v['ratio']:.4f} (95% CI {lo:.4f}-{hi:.4f}, bootstrap), "

@@ -385,6 +385,9 @@ def format_live(result: dict) -> str:
         )
     if result.get("aa"):
         lines.append(result["aa"]["sentence"])
+    why = next((v["metric_why"] for v in result["verdicts"].values() if v.get("metric_why")), None)
+    if why:
+        lines.append(f"verdicts by goodput, not the tok/s column: {why}")
     if not result["profiled"]:
         lines.append("profile is off: which step count each block ran under was not checked (set profile: true)")
     elif result.get("unchecked"):

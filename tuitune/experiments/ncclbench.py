@@ -21,6 +21,8 @@ from tuitune import preset as P
 from tuitune.base.errors import TuituneError
 from tuitune.base.events import NcclAlgo, NcclEnv, ServerError
 from tuitune.experiments import grid as G
+from tuitune.experiments.options import NcclBenchOptions
+from tuitune.experiments.results import NcclBenchReport, NcclBenchRow
 from tuitune.machine.readiness import classify
 from tuitune.machine.record import STATE_DIR
 from tuitune.machine.transport import Transport, TransportError
@@ -28,6 +30,7 @@ from tuitune.measure.parse import parse_line
 from tuitune.preset import nccl
 
 DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING"}
+DTYPE_BYTES = 2  # bf16 activations: the bytes of one element of an all-reduce's message
 
 
 class NcclBenchError(TuituneError):
@@ -132,28 +135,20 @@ def worker_command(  # noqa: PLR0913
     )
 
 
-async def run(  # noqa: PLR0913
-    t: Transport,
-    preset: P.Preset,
-    grid: dict,
-    *,
-    sizes: list[int] | None = None,
-    hidden_size: int | None = None,
-    graph: bool = True,
-    iters: int = 200,
-    warmup: int = 20,
-    world_size: int | None = None,
-    backend: str = "nccl",
-    dtype_bytes: int = 2,
-    timeout_s: float = 600.0,
-    progress: Callable[[str], None] | None = None,
-) -> dict:
-    world = world_size or preset.tp_size()
-    graph = graph and backend == "nccl"  # CUDA graphs need the GPU path
+async def run(
+    t: Transport, preset: P.Preset, o: NcclBenchOptions, *, progress: Callable[[str], None] | None = None
+) -> NcclBenchReport:
+    """Time the decode all-reduces under each NCCL setting of ``o.grid`` on ``t`` (``o.check``'s grid and
+    sizes; the sizes from the model's hidden size where ``o.sizes`` is not given): the report that
+    ``format_table`` prints, its ``ranking`` the settings that ran, fastest first."""
+    grid, sizes = o.check()
+    iters, warmup, backend, timeout_s, dtype_bytes = o.iters, o.warmup, o.backend, o.timeout, DTYPE_BYTES
+    world = o.world_size or preset.tp_size()
+    graph = o.graph and backend == "nccl"  # CUDA graphs need the GPU path
     if world < 1:
         raise NcclBenchError(f"world size must be at least 1 (got {world})", 2)
     if sizes is None:
-        hidden = hidden_size or await model_hidden_size(t, preset)
+        hidden = o.hidden_size or await model_hidden_size(t, preset)
         if hidden is None:
             raise NcclBenchError(
                 "cannot read hidden_size from the model's config.json on the target; "
@@ -164,11 +159,11 @@ async def run(  # noqa: PLR0913
     plan = configs(preset, grid)
     worker = f"{STATE_DIR}/nccl_worker.py"
     await t.upload(resources.files("tuitune.machine.remote").joinpath("nccl_worker.py").read_bytes(), worker)
-    rows = []
+    rows: list[NcclBenchRow] = []
     for entry in plan:
-        row = {"label": entry["label"], "changes": entry["changes"], "current": entry.get("current", False)}
+        row = NcclBenchRow(label=entry["label"], changes=entry["changes"], current=entry.get("current", False))
         if "skipped" in entry:
-            row["skipped"] = entry["skipped"]
+            row.skipped = entry["skipped"]
             rows.append(row)
             continue
         env = {k: v for k, v in entry["env"].items()}
@@ -183,7 +178,7 @@ async def run(  # noqa: PLR0913
         except TransportError as e:
             if "timed out" not in str(e):
                 raise
-            row["error"] = f"timed out after {timeout_s:.0f} s (a hung collective?)"
+            row.error = f"timed out after {timeout_s:.0f} s (a hung collective?)"
             rows.append(row)
             continue
         if r.exit_status == 3 and "NCCL_BENCH_NO_CUDA " in r.stdout:
@@ -195,11 +190,11 @@ async def run(  # noqa: PLR0913
                 1,
             )
         out = parse_output(r.stdout + r.stderr)
-        row["seconds"] = time.monotonic() - t0
-        row["nccl_env"] = out["nccl_env"]
-        row["algos"] = {str(k): v for k, v in out["algos"].items()}
+        row.seconds = time.monotonic() - t0
+        row.nccl_env = out["nccl_env"]
+        row.algos = {str(k): v for k, v in out["algos"].items()}
         want = {k: v for k, v in entry["env"].items() if k.startswith("NCCL_") and k not in DEBUG_ENV}
-        row["confirmed"] = (
+        row.confirmed = (
             {k: ("applied" if out["nccl_env"].get(k) == want[k] else "missing") for k in want}
             if backend == "nccl"
             else {}
@@ -213,70 +208,70 @@ async def run(  # noqa: PLR0913
                 msg = out["failed"]
             else:
                 msg = tail[-1] if tail else f"exit status {r.exit_status}"
-            row["error"] = msg[:300]
+            row.error = msg[:300]
         else:
-            row["results"] = out["result"]["results"]
-            row["info"] = {k: v for k, v in out["result"].items() if k != "results"}
+            row.results = out["result"]["results"]
+            row.info = {k: v for k, v in out["result"].items() if k != "results"}
         rows.append(row)
     decode_bytes = max(sizes)
     timed = [(at["median_us"], x) for x in rows if (at := _at(x, decode_bytes)) is not None]
     ranked = [x for _, x in sorted(timed, key=lambda t: t[0])]
-    return {
-        "preset": preset.name,
-        "world_size": world,
-        "backend": backend,
-        "graph": graph,
-        "sizes": sizes,
-        "decode_bytes": decode_bytes,
-        "rows": rows,
-        "ranking": [x["label"] for x in ranked],
-    }
+    return NcclBenchReport(
+        preset=preset.name,
+        world_size=world,
+        backend=backend,
+        graph=graph,
+        sizes=sizes,
+        decode_bytes=decode_bytes,
+        rows=rows,
+        ranking=[x.label for x in ranked],
+    )
 
 
-def _at(row: dict, size: int) -> dict | None:
+def _at(row: NcclBenchRow, size: int) -> dict | None:
     """The result for ``size`` (the worker rounds to whole elements, so match the nearest)."""
-    res = row.get("results") or []
+    res = row.results or []
     return min(res, key=lambda r: abs(r["bytes"] - size)) if res else None
 
 
-def format_table(report: dict) -> str:
-    sizes = report["sizes"]
-    w = max([len(r["label"]) + 1 for r in report["rows"]] + [14])
+def format_table(report: NcclBenchReport) -> str:
+    sizes = report.sizes
+    w = max([len(r.label) + 1 for r in report.rows] + [14])
     head = (
         f"{'rank':>4}  {'configuration':<{w}}" + "".join(f" {f'{s} B p50/p99 µs':>22}" for s in sizes) + "  NCCL chose"
     )
     lines = [
-        f"{report['preset']}: all-reduce, {report['world_size']} process(es), backend {report['backend']}"
-        + (", CUDA graph" if report["graph"] else "")
-        + f"; ranked at {report['decode_bytes']} B",
+        f"{report.preset}: all-reduce, {report.world_size} process(es), backend {report.backend}"
+        + (", CUDA graph" if report.graph else "")
+        + f"; ranked at {report.decode_bytes} B",
         head,
     ]
-    order = {label: i for i, label in enumerate(report["ranking"])}
-    for row in sorted(report["rows"], key=lambda x: order.get(x["label"], 10**6)):
-        mark = "*" if row.get("current") else " "
-        name = f"{mark}{row['label']}"
-        if "skipped" in row:
-            lines.append(f"{'-':>4}  {name:<{w}} skipped: {row['skipped']}")
+    order = {label: i for i, label in enumerate(report.ranking)}
+    for row in sorted(report.rows, key=lambda x: order.get(x.label, 10**6)):
+        mark = "*" if row.current else " "
+        name = f"{mark}{row.label}"
+        if row.skipped is not None:
+            lines.append(f"{'-':>4}  {name:<{w}} skipped: {row.skipped}")
             continue
-        if "error" in row:
-            err = row["error"] if len(row["error"]) <= 110 else row["error"][:50] + " … " + row["error"][-55:]
+        if row.error is not None:
+            err = row.error if len(row.error) <= 110 else row.error[:50] + " … " + row.error[-55:]
             lines.append(f"{'-':>4}  {name:<{w}} failed: {err}")
             continue
         cells = ""
         for s in sizes:
             r = _at(row, s)
             cells += f" {r['median_us']:>10.1f}/{r['p99_us']:<10.1f}" if r else f" {'-':>22}"
-        chose = ", ".join(sorted(set(row.get("algos", {}).values()))) or "-"
-        missing = [k for k, v in row.get("confirmed", {}).items() if v != "applied"]
+        chose = ", ".join(sorted(set((row.algos or {}).values()))) or "-"
+        missing = [k for k, v in (row.confirmed or {}).items() if v != "applied"]
         note = f"  (not echoed by NCCL: {', '.join(missing)})" if missing else ""
-        lines.append(f"{order[row['label']] + 1:>4}  {name:<{w}}{cells}  {chose}{note}")
+        lines.append(f"{order[row.label] + 1:>4}  {name:<{w}}{cells}  {chose}{note}")
     lines.append("* = the preset's current setting")
-    if report["backend"] == "gloo":
+    if report.backend == "gloo":
         lines.append(
             "backend gloo: NCCL is not used, so the NCCL variables are not exercised "
             "(a trial of the tool; rank NCCL settings with --backend nccl on GPUs)"
         )
-    if report["world_size"] == 1 and report["backend"] == "nccl":
+    if report.world_size == 1 and report.backend == "nccl":
         lines.append(
             "world size 1: PyTorch creates no NCCL communicator, so NCCL variables are not exercised "
             "(a smoke test of the GPU path)"

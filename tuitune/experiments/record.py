@@ -19,6 +19,7 @@ from tuitune import preset as P
 from tuitune.base.aio import cancel_and_wait, stop_on_signals, until_stopped
 from tuitune.base.errors import TuituneError
 from tuitune.base.events import Event, LogLine, Marker, ProfileWindow
+from tuitune.experiments.options import RecordOptions
 from tuitune.experiments.results import RecordStats
 from tuitune.machine.session import Session
 from tuitune.machine.telemetry import CaptureThrottle
@@ -35,20 +36,15 @@ class RecordError(TuituneError):
     pass
 
 
-async def record(  # noqa: C901, PLR0913
-    preset: P.Preset,
-    out: str,
-    *,
-    duration: float | None = None,
-    cycles: int | None = None,
-    relaunch: bool = False,
-    load: int | None = None,
-    bench: int | None = None,
-    raw: bool = False,
-    progress: bool = False,
-    session: Session | None = None,
-    from_start: bool = False,
+async def record(  # noqa: C901
+    preset: P.Preset, o: RecordOptions, *, session: Session | None = None, progress: bool = False
 ) -> RecordStats:
+    """Capture ``preset``'s server to ``o.record`` as ``o`` asks (its stop, relaunch, load, benchmark,
+    raw lines, history); ``progress``: a line on stderr, rewritten as it goes (a terminal)."""
+    if not o.record:
+        raise RecordError("a recording needs its output file (--record OUT)")
+    out, duration, cycles, load, bench = o.record, o.duration, o.cycles, o.load, o.bench
+    relaunch, raw, from_start = o.relaunch, o.raw, o.from_start
     session = session or Session(preset)
     stop = asyncio.Event()
     restore_signals = stop_on_signals(stop)

@@ -53,3 +53,35 @@ class CrossoverResult(Result):
     step_name: str | None = None  # the engine's word for the step count ("K", "steps")
     steps: list[int] | None = None  # [the preset's own, the one it was crossed against]
     notes: list[str] | None = None  # what an in-launch comparison is not (sentences)
+
+
+class NcclBenchRow(Result, kw_only=True):
+    """One NCCL setting of `tuitune nccl-bench`: skipped, failed (``error``), or timed (``results``)."""
+
+    label: str
+    changes: dict  # the grid's changes ({"env.NCCL_PROTO": "LL"}; None: unset)
+    current: bool  # the preset's own setting
+    skipped: str | None = None  # why it was not run
+    seconds: float | None = None
+    nccl_env: dict | None = None  # the NCCL variables NCCL echoed
+    algos: dict | None = None  # {bytes: the algorithm NCCL chose}
+    confirmed: dict | None = None  # {variable: "applied" | "missing"} (nccl backend)
+    error: str | None = None
+    results: list[dict] | None = None  # per size: bytes, median_us, p99_us, iters
+    info: dict | None = None  # the worker's world size, backend, device, versions
+
+
+class NcclBenchReport(Result, kw_only=True):
+    """`tuitune nccl-bench PRESET`: every setting of the grid, ranked at the decode size."""
+
+    preset: str
+    world_size: int
+    backend: str
+    graph: bool
+    sizes: list[int]
+    decode_bytes: int
+    rows: list[NcclBenchRow]
+    ranking: list[str]  # the timed settings' labels, fastest first at ``decode_bytes``
+
+    def row(self, label: str) -> NcclBenchRow:
+        return next(r for r in self.rows if r.label == label)

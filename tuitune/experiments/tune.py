@@ -253,7 +253,7 @@ class TuneRun:
             screen = {
                 "kind": "nccl",
                 "changes": changes,
-                "ranking": report["ranking"],
+                "ranking": report.ranking,
                 "resolved": False,
                 "prediction": prediction,
             }

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from tuitune import preset as P
 from tuitune.decide import ncclstep as NS
+from tuitune.experiments.results import NcclBenchReport
 from tuitune.experiments.tuneloop import TuneError
 
 NCCL_GRID = ("env.NCCL_PROTO=LL,LL128,Simple,unset", "env.NCCL_ALGO=Ring,Tree,unset")
@@ -20,12 +21,13 @@ async def nccl_screen(
     hidden_size: int | None,
     progress: Callable[[str], None] | None,
     concurrency: int = 1,
-) -> tuple[dict, dict, dict]:
+) -> tuple[dict, NcclBenchReport, dict]:
     """nccl-bench's ranking of a grid (default NCCL_PROTO x NCCL_ALGO) at decode sizes and at the
     size of a decode step at ``concurrency``: (changes of the winner, {} when the current setting
     wins; the report; the winner's predicted decode-step saving, ``nccl_prediction``)."""
     from tuitune.experiments import grid as G
     from tuitune.experiments import ncclbench as NB
+    from tuitune.experiments.options import NcclBenchOptions
 
     try:
         grid = G.parse(specs or list(NCCL_GRID))
@@ -40,16 +42,21 @@ async def nccl_screen(
         step = NS.TPShape(layers or 1, hidden).message_bytes(NS.step_tokens(concurrency, draft_tokens(base)))
         sizes = sorted({*NB.decode_sizes(base, hidden), step})  # ranked at the largest: the step's
     try:
-        report = await NB.run(
-            session.transport, base, grid, sizes=sizes, hidden_size=hidden, backend=backend, progress=progress
+        o = NcclBenchOptions(
+            preset=base.name,
+            grid=list(specs or NCCL_GRID),
+            sizes=",".join(map(str, sizes)) if sizes else None,
+            hidden_size=hidden,
+            backend=backend,
         )
+        report = await NB.run(session.transport, base, o, progress=progress)
     except NB.NcclBenchError as e:
         raise TuneError(f"--nccl: {e}", e.code) from None
-    if not report["ranking"]:
+    if not report.ranking:
         raise TuneError("--nccl: no NCCL setting could be measured (see `tuitune nccl-bench` for the errors)")
-    row = next(r for r in report["rows"] if r["label"] == report["ranking"][0])
+    row = report.row(report.ranking[0])
     prediction = nccl_prediction(report, base, hidden, layers, concurrency)
-    return ({} if row.get("current") else row["changes"]), report, prediction
+    return ({} if row.current else row.changes), report, prediction
 
 
 def draft_tokens(base: P.Preset) -> int | None:
@@ -58,18 +65,20 @@ def draft_tokens(base: P.Preset) -> int | None:
     return spec.resolved().num_draft_tokens if base.is_speculative and spec is not None else None
 
 
-def nccl_prediction(report: dict, base: P.Preset, hidden: int | None, layers: int | None, concurrency: int) -> dict:
+def nccl_prediction(
+    report: NcclBenchReport, base: P.Preset, hidden: int | None, layers: int | None, concurrency: int
+) -> dict:
     """What the screen's winner is predicted to save a decode step against the current setting
     (``tuitune.decide.ncclstep``), and what that rests on; a step figure needs the model's layer
     count (config.json's num_hidden_layers), else only the saving per all-reduce is given."""
     tokens = NS.step_tokens(concurrency, draft_tokens(base))
-    winner = report["ranking"][0]
-    current = next((r["label"] for r in report["rows"] if r.get("current") and "results" in r), None)
+    winner = report.ranking[0]
+    current = next((r.label for r in report.rows if r.current and r.results is not None), None)
     out: dict = {"winner": winner, "reference": current, "concurrency": concurrency, "tokens": tokens}
     if not hidden:
         out["note"] = "no hidden size: nothing predicted"
         return out
-    rows = {r["label"]: NS.points_of(r) for r in report["rows"] if "results" in r}
+    rows = {r.label: NS.points_of(r.results) for r in report.rows if r.results is not None}
     size = NS.TPShape(layers=1, hidden=hidden).message_bytes(tokens)
     lat = {label: NS.latency_us(pts, size) for label, pts in rows.items()}
     out.update(bytes=size, allreduce_us=lat)
@@ -89,7 +98,7 @@ def nccl_prediction(report: dict, base: P.Preset, hidden: int | None, layers: in
     out.update(
         allreduces=shape.count(),
         step_saving_us=step[winner].saving_us,
-        basis=NS.basis(shape, tokens, report["world_size"])
+        basis=NS.basis(shape, tokens, report.world_size)
         + " (the target model's forward only: the draft model's few all-reduces are left out)",
     )
     return out

@@ -271,7 +271,7 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult: 
                         if last_t is None:
                             res.ttft_s = now - start
                         last_t = now
-                        res.chunks += 1
+                        res.chunks = (res.chunks or 0) + 1
                         continue
                     m = _COMPLETION.search(payload)
                     last = b'"finish_reason": null' not in payload and b'"finish_reason":null' not in payload
@@ -286,7 +286,7 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult: 
                     n = tokens - last_tokens
                     if n <= 0:
                         continue
-                    res.chunks += 1
+                    res.chunks = (res.chunks or 0) + 1
                     if last_t is None:
                         res.ttft_s = now - start
                     else:
