@@ -321,9 +321,9 @@ def test_sweep_refuses_a_delta_across_concurrency_limits_where_they_bind(tmp_pat
 
 
 def test_at_one_stream_a_launch_without_a_decode_rate_makes_the_verdict_goodputs_and_says_so():
-    """The real vLLM CPU build, its API server starved of the two cores by the engine beside it, sent
-    some blocks' outputs whole: those blocks had no decode rate, and the A/A check of an in-launch sweep
-    was "not comparable" in 2 runs of 4 on a quiet machine. At one stream the launches are then all
+    """The real vLLM CPU build, its API server sharing two cores with the engine, sent some blocks'
+    outputs whole: those blocks had no decode rate, and the A/A check of an in-launch sweep was "not
+    comparable" in 2 of its first 5 runs (benchmarks/live_aa.py, 2026-12-07). At one stream the launches are then all
     compared by goodput (the same prompts on both arms), and the verdict says why; where every launch
     has its rate, or a launch has neither, nothing changes."""
     from tuitune.experiments.ab import metric
