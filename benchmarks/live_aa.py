@@ -82,6 +82,7 @@ def main() -> None:
     if r.returncode != 0:
         sys.exit(f"the launch failed:\n{r.stdout}\n{r.stderr}")
     verdicts: Counter[str] = Counter()
+    by_goodput = 0  # runs judged by goodput: a block whose outputs all came whole had no decode rate
     try:
         for i in range(ns.runs):
             out = HOME / f"run-{i}"
@@ -91,10 +92,17 @@ def main() -> None:
             r = tuitune(HOME, *args, timeout=1800)
             if not (out / "live.json").exists():
                 sys.exit(f"run {i} wrote no live.json:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
-            aa = json.loads((out / "live.json").read_text())["aa"]
+            doc = json.loads((out / "live.json").read_text())
+            aa = doc["aa"]
             verdicts[aa["verdict"]] += 1
             lo, hi = aa.get("ratio_ci") or [math.nan, math.nan]
-            print(f"  run {i + 1:>2}: A/A {aa['verdict']} (A'/A interval {lo:.3f}-{hi:.3f})", flush=True)
+            why = (doc["verdicts"].get("A'") or {}).get("metric_why")  # blocks without a decode rate
+            by_goodput += bool(why)
+            print(
+                f"  run {i + 1:>2}: A/A {aa['verdict']} (A'/A interval {lo:.3f}-{hi:.3f})"
+                + (f"; by goodput: {why}" if why else ""),
+                flush=True,
+            )
     finally:
         tuitune(HOME, "stop", str(path), timeout=300)
     n = sum(verdicts.values())
@@ -106,7 +114,7 @@ def main() -> None:
         else ("tuitune's simulator playing vLLM (a world this project wrote)")
     )
     print(f"world: {world}; {ns.rounds} rounds a run, {ns.requests} requests of {ns.max_tokens} tokens a block")
-    print(f"verdicts: {dict(verdicts)}")
+    print(f"verdicts: {dict(verdicts)}; judged by goodput (blocks without a decode rate): {by_goodput} of {n}")
     print(f"A/A called different: {wrong} of {n} ({wrong / n:.1%}, 95% interval {lo:.1%}-{hi:.1%})")
 
 
