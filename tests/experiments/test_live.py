@@ -234,3 +234,14 @@ def test_live_crossover_refusals_name_what_to_change(tmp_path):
     plain.write_text(yaml.safe_dump(data(tmp_path, free_port())))
     r = tuitune_cli("crossover", str(plain), "--live", "--concurrency", "1", env=env, timeout=60)
     assert r.returncode == 2 and "set speculative.switch" in r.stderr, r.stderr
+
+
+def test_a_block_without_a_decode_rate_is_said_as_such_not_as_nan():
+    """A block whose outputs all came whole (the real vLLM's API server on two cores) printed "nan tok/s
+    median" in the sweep's progress: it now says why there is no rate, with the goodput its verdict
+    falls back to; a block whose requests all failed says that."""
+    row = {"median_tok_s": 52.644, "goodput": 51.3, "failed": 0, "requests": 2}
+    assert L.rate_said(row) == "52.64 tok/s median"
+    whole = {**row, "median_tok_s": math.nan}
+    assert L.rate_said(whole) == "no decode rate (its outputs came whole), goodput 51.30 tok/s"
+    assert L.rate_said({**whole, "goodput": math.nan, "failed": 2}) == "no successful request"

@@ -344,11 +344,24 @@ async def run_blocks(
             with results.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             say(
-                f"round {r}/{rounds} {arm} ({word} {k}): {row['median_tok_s']:.2f} tok/s median"
+                f"round {r}/{rounds} {arm} ({word} {k}): {rate_said(row)}"
                 + (f", {row['failed']} failed" if row["failed"] else "")
                 + (f", {row['windows_other']} window(s) at another setting" if row["windows_other"] else "")
             )
     return rows
+
+
+def rate_said(row: dict) -> str:
+    """A block's rate in a few words: its median decode rate, or why it has none (no request came
+    back; or its outputs came whole, no chunk times: its goodput then, what a verdict falls back to)."""
+    rate, goodput = row["median_tok_s"], row.get("goodput", math.nan)
+    if math.isfinite(rate):
+        return f"{rate:.2f} tok/s median"
+    if row["failed"] >= row["requests"]:
+        return "no successful request"
+    if not math.isfinite(goodput):
+        return "no rate"
+    return f"no decode rate (its outputs came whole), goodput {goodput:.2f} tok/s"
 
 
 async def put_back(session: Session, prior: int | None, word: str, say: Callable[[str], None]) -> str:
