@@ -345,6 +345,8 @@ def test_an_output_sent_whole_gives_no_decode_rate_and_the_bench_says_so(hostile
     doc = strict_json(out.read_text())
     assert all(x["chunks"] == 2 and x["decode_tok_s"] is None for x in doc["results"]), doc["results"]
     assert "tok_s" not in doc["summary"] and "so there is none" in r.stdout, r.stdout
+    assert "no decode rate (see the warning below); goodput " in r.stdout, r.stdout  # not "no successful request"
+    assert "no successful request" not in r.stdout and "2/2 ok" in r.stdout, r.stdout
 
 
 def test_the_default_bound_of_a_request_grows_with_the_streams_sharing_the_server():

@@ -75,11 +75,17 @@ def format_summary(s: dict) -> str:
             f"{label}decode {tok['median']:.1f} tok/s median (95% CI {lo:.1f}-{hi:.1f}), "
             f"mean {tok['mean']:.1f}, p90 {tok['p90']:.1f}, min {tok['min']:.1f}, max {tok['max']:.1f}"
         )
+    elif s.get("goodput") and s["requests"] > s["failed"]:  # outputs that came whole: no chunk times
+        gp = s["goodput"]
+        lines.append(
+            f"{label}no decode rate (see the warning below); goodput {gp['tok_s']:.1f} tok/s "
+            f"(95% CI {gp['ci95'][0]:.1f}-{gp['ci95'][1]:.1f})"
+        )
     else:
         lines.append(f"{label}no successful request")
     extra = []
     gp = s.get("goodput")
-    if gp and s.get("concurrency", 1) > 1:
+    if gp and s.get("concurrency", 1) > 1 and tok:
         extra.append(
             f"goodput {gp['tok_s']:.1f} tok/s at concurrency {s['concurrency']} "
             f"(95% CI {gp['ci95'][0]:.1f}-{gp['ci95'][1]:.1f})"
