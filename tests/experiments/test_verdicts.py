@@ -343,6 +343,7 @@ def test_at_one_stream_a_launch_without_a_decode_rate_makes_the_verdict_goodputs
     assert v["metric_why"].startswith("1 of 8 measured no decode rate"), v
     text = format_ab({"launches": whole, "verdict": v, "a": "A", "b": "B"})
     assert "goodputs at concurrency 1" in text and "compared by goodput: 1 of 8" in text, text
+    assert "nan" not in text.lower(), text  # the launch without a rate shows "-" in its tok/s column
     full = verdict(rows(set()), bootstrap=False)
     assert full["metric"] == "median_tok_s" and "metric_why" not in full
     neither = rows({(2, "A")})

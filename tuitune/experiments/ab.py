@@ -379,6 +379,25 @@ def verdict(
     return out
 
 
+def rate_said(row: dict) -> str:
+    """A launch's (or a live block's) rate in a few words: its median decode rate, or why it has none
+    (no request came back; or its outputs came whole, no chunk times: its goodput then, what a
+    verdict falls back to)."""
+    rate, goodput = row["median_tok_s"], row.get("goodput", math.nan)
+    if math.isfinite(rate):
+        return f"{rate:.2f} tok/s median"
+    if row["failed"] >= row["requests"]:
+        return "no successful request"
+    if not math.isfinite(goodput):
+        return "no rate"
+    return f"no decode rate (its outputs came whole), goodput {goodput:.2f} tok/s"
+
+
+def _cell(v, width: int, digits: int) -> str:
+    """A number in a table's column, or "-" where there is none (NaN: no decode rate)."""
+    return f"{v:>{width}.{digits}f}" if _rate(v) else f"{'-':>{width}}"
+
+
 def _rate(v) -> bool:
     return isinstance(v, int | float) and 0 < v < math.inf
 
@@ -529,7 +548,7 @@ async def run_ab(  # noqa: C901, PLR0913
                     running.clear()
                 if progress:
                     progress(
-                        f"  {p.name}: {row['median_tok_s']:.2f} tok/s median"
+                        f"  {p.name}: {rate_said(row)}"
                         + (f", {row['failed']} failed" if row["failed"] else "")
                         + (f", GPUs held back: {row['gpu_note']}" if row["gpu_note"] else "")
                     )
@@ -627,7 +646,7 @@ def format_ab(result: dict) -> str:
         ci = x.get("ci95") or [math.nan, math.nan]
         acc = f"{x['accept_len']:.2f}" if x.get("accept_len") else "-"
         lines.append(
-            f"{x['round']:>5}  {x['arm']:<3} {x['preset']:<28} {x['median_tok_s']:>9.2f} "
+            f"{x['round']:>5}  {x['arm']:<3} {x['preset']:<28} {_cell(x['median_tok_s'], 9, 2)} "
             f"{ci[0]:>8.2f}-{ci[1]:<8.2f} {x.get('goodput', math.nan):>9.1f} {acc:>7} {x['failed']:>6}"
             + (f"  ⚠ GPUs: {x['gpu_note']}" if x.get("gpu_note") else "")
         )

@@ -29,7 +29,7 @@ from pathlib import Path
 from tuitune import preset as P
 from tuitune.base.errors import TuituneError
 from tuitune.base.events import Event, ProfileWindow
-from tuitune.experiments.ab import MIN_EFFECT, ab_design, rounds_refusal, verdict
+from tuitune.experiments.ab import MIN_EFFECT, ab_design, rate_said, rounds_refusal, verdict
 from tuitune.experiments.options import SweepOptions
 from tuitune.machine.session import Session
 
@@ -349,19 +349,6 @@ async def run_blocks(
                 + (f", {row['windows_other']} window(s) at another setting" if row["windows_other"] else "")
             )
     return rows
-
-
-def rate_said(row: dict) -> str:
-    """A block's rate in a few words: its median decode rate, or why it has none (no request came
-    back; or its outputs came whole, no chunk times: its goodput then, what a verdict falls back to)."""
-    rate, goodput = row["median_tok_s"], row.get("goodput", math.nan)
-    if math.isfinite(rate):
-        return f"{rate:.2f} tok/s median"
-    if row["failed"] >= row["requests"]:
-        return "no successful request"
-    if not math.isfinite(goodput):
-        return "no rate"
-    return f"no decode rate (its outputs came whole), goodput {goodput:.2f} tok/s"
 
 
 async def put_back(session: Session, prior: int | None, word: str, say: Callable[[str], None]) -> str:
