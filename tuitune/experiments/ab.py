@@ -398,6 +398,11 @@ def _cell(v, width: int, digits: int) -> str:
     return f"{v:>{width}.{digits}f}" if _rate(v) else f"{'-':>{width}}"
 
 
+def _ci_cell(ci: list) -> str:
+    """An interval in the table's 17 columns, or "-" where there is none."""
+    return f"{ci[0]:>8.2f}-{ci[1]:<8.2f}" if all(map(_rate, ci)) else f"{'-':>8} {'':<8}"
+
+
 def _rate(v) -> bool:
     return isinstance(v, int | float) and 0 < v < math.inf
 
@@ -647,7 +652,7 @@ def format_ab(result: dict) -> str:
         acc = f"{x['accept_len']:.2f}" if x.get("accept_len") else "-"
         lines.append(
             f"{x['round']:>5}  {x['arm']:<3} {x['preset']:<28} {_cell(x['median_tok_s'], 9, 2)} "
-            f"{ci[0]:>8.2f}-{ci[1]:<8.2f} {x.get('goodput', math.nan):>9.1f} {acc:>7} {x['failed']:>6}"
+            f"{_ci_cell(ci)} {x.get('goodput', math.nan):>9.1f} {acc:>7} {x['failed']:>6}"
             + (f"  ⚠ GPUs: {x['gpu_note']}" if x.get("gpu_note") else "")
         )
     w = next((x["workload"] for x in result["launches"] if x.get("workload")), None)
