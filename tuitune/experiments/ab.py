@@ -393,9 +393,9 @@ def rate_said(row: dict) -> str:
     return f"no decode rate (its outputs came whole), goodput {goodput:.2f} tok/s"
 
 
-def _cell(v, width: int, digits: int) -> str:
-    """A number in a table's column, or "-" where there is none (NaN: no decode rate)."""
-    return f"{v:>{width}.{digits}f}" if _rate(v) else f"{'-':>{width}}"
+def cell(v, width: int, digits: int) -> str:
+    """A number in a table's column, or "-" where there is none (None, NaN: no decode rate)."""
+    return f"{v:>{width}.{digits}f}" if isinstance(v, int | float) and math.isfinite(v) else f"{'-':>{width}}"
 
 
 def _ci_cell(ci: list) -> str:
@@ -651,7 +651,7 @@ def format_ab(result: dict) -> str:
         ci = x.get("ci95") or [math.nan, math.nan]
         acc = f"{x['accept_len']:.2f}" if x.get("accept_len") else "-"
         lines.append(
-            f"{x['round']:>5}  {x['arm']:<3} {x['preset']:<28} {_cell(x['median_tok_s'], 9, 2)} "
+            f"{x['round']:>5}  {x['arm']:<3} {x['preset']:<28} {cell(x['median_tok_s'], 9, 2)} "
             f"{_ci_cell(ci)} {x.get('goodput', math.nan):>9.1f} {acc:>7} {x['failed']:>6}"
             + (f"  ⚠ GPUs: {x['gpu_note']}" if x.get("gpu_note") else "")
         )

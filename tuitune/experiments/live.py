@@ -29,7 +29,7 @@ from pathlib import Path
 from tuitune import preset as P
 from tuitune.base.errors import TuituneError
 from tuitune.base.events import Event, ProfileWindow
-from tuitune.experiments.ab import MIN_EFFECT, ab_design, rate_said, rounds_refusal, verdict
+from tuitune.experiments.ab import MIN_EFFECT, ab_design, cell, rate_said, rounds_refusal, verdict
 from tuitune.experiments.options import SweepOptions
 from tuitune.machine.session import Session
 
@@ -380,8 +380,8 @@ def format_live(result: dict) -> str:
         v = result["verdicts"].get(arm)
         against = "(reference)" if arm == REFERENCE else _against(v)
         lines.append(
-            f"{arm:<5} {a['steps']:>5} {n:>6} {_num(med.get(arm), 9, 2)} {_num(acc.get(arm), 7, 2)} "
-            f"{_num(cyc.get(arm), 9, 1)}  {against}"
+            f"{arm:<5} {a['steps']:>5} {n:>6} {cell(med.get(arm), 9, 2)} {cell(acc.get(arm), 7, 2)} "
+            f"{cell(cyc.get(arm), 9, 1)}  {against}"
         )
     if result.get("aa"):
         lines.append(result["aa"]["sentence"])
@@ -406,10 +406,6 @@ def format_live(result: dict) -> str:
             f"best: {word} {k}, decidedly faster than the reference; `tuitune hold {result['preset']} {k}` holds it"
         )
     return "\n".join(lines)
-
-
-def _num(v: float | None, width: int, digits: int) -> str:
-    return f"{v:>{width}.{digits}f}" if isinstance(v, int | float) and math.isfinite(v) else f"{'-':>{width}}"
 
 
 def _against(v: dict | None) -> str:

@@ -135,9 +135,7 @@ class BenchRun:
                 f"{self.config.concurrency} streams at this --sim-speedup, so the figures are too slow; "
                 "lower --sim-speedup"
             )
-        whole = [
-            r for r in self.ok if r.chunks is not None and r.chunks < MIN_RATE_CHUNKS and (r.completion_tokens or 0) > 1
-        ]
+        whole = [r for r in self.ok if r.sent_whole]
         if whole:
             out.append(
                 f"{len(whole)} of {len(self.ok)} outputs arrived in fewer than {MIN_RATE_CHUNKS} chunks (the server "

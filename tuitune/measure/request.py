@@ -139,12 +139,15 @@ class RequestResult:
         """Tokens after the first over the span from the first chunk to the last, or None where that span
         says nothing: an output the server delivered in fewer than ``MIN_RATE_CHUNKS`` chunks (buffered,
         then sent whole or nearly) has a span of milliseconds, or none, whatever the engine's speed."""
-        if not self.ok or not self.completion_tokens or self.completion_tokens < 2:
-            return None
-        if self.chunks is not None and self.chunks < MIN_RATE_CHUNKS:
+        if not self.ok or not self.completion_tokens or self.completion_tokens < 2 or self.sent_whole:
             return None
         span = (self.e2e_s or 0) - (self.ttft_s or 0)
         return (self.completion_tokens - 1) / span if span > 0 else None
+
+    @property
+    def sent_whole(self) -> bool:
+        """An output of several tokens that arrived in fewer than ``MIN_RATE_CHUNKS`` chunks (no decode rate)."""
+        return self.chunks is not None and self.chunks < MIN_RATE_CHUNKS and (self.completion_tokens or 0) > 1
 
     @property
     def accept_len(self) -> float | None:
@@ -211,7 +214,8 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult: 
 
     path, body = _payload(cfg.api, prompt, cfg.max_tokens, cfg.model)
     data = json.dumps(body).encode()
-    res = RequestResult(ok=False, chunks=0)
+    res = RequestResult(ok=False)
+    chunks = 0  # events that carried tokens: res.chunks once the stream ends
     sent = _Sent()
     start = time.perf_counter()
     start_wall = time.time()
@@ -271,7 +275,7 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult: 
                         if last_t is None:
                             res.ttft_s = now - start
                         last_t = now
-                        res.chunks = (res.chunks or 0) + 1
+                        chunks += 1
                         continue
                     m = _COMPLETION.search(payload)
                     last = b'"finish_reason": null' not in payload and b'"finish_reason":null' not in payload
@@ -286,7 +290,7 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult: 
                     n = tokens - last_tokens
                     if n <= 0:
                         continue
-                    res.chunks = (res.chunks or 0) + 1
+                    chunks += 1
                     if last_t is None:
                         res.ttft_s = now - start
                     else:
@@ -294,6 +298,7 @@ async def run_request(session, cfg: BenchConfig, prompt: str) -> RequestResult: 
                     last_t = now
                     last_tokens = tokens
         res.e2e_s = (last_t or time.perf_counter()) - start
+        res.chunks = chunks
         if cfg.api in OPENAI_APIS:
             res.completion_tokens = _count(_part(final or {}, "usage"), "completion_tokens")
             if res.completion_tokens is None:
