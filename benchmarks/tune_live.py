@@ -5,9 +5,11 @@ it chose, and what it measured.
 
 The start is EAGLE-3 at --start K, prepared to switch --ks (``speculative.switch``): tune in one launch
 holds every chain of those K inside its launch and relaunches only for the rest (speculation off, K
-outside the list); `--no-live` relaunches for every configuration. Both end without the final A/B
-(``--ab-rounds 0``): the A/B confirms the answer with static launches either way, so it costs both
-runs the same.
+outside the list); `--no-live` relaunches for every configuration. By default both end without the
+final A/B (``--ab-rounds 0``: it would cost both the same static launches). With ``--ab-rounds R``
+each ends with its proof: tune in one launch with ``--proof live`` (blocks in its launch, where the
+choice is a chain it holds), tune by relaunches with the static A/B (R to ``--ab-max-rounds`` launches
+a side): the whole of what each spends to an answer.
 
 World: vLLM's CPU build (tuitune_support.real_vllm) on the machine it runs on, with SmolLM2-135M-Instruct
 and a checkpoint of the EAGLE-3 head tuitune_support.real_draft trains (real acceptance), or the tiny
@@ -16,6 +18,7 @@ a GPU server's is minutes, so the ratio printed here understates what one launch
 
     python benchmarks/tune_live.py [--model smollm2] [--draft final] [--prompts tests/data/workloads/code.txt]
         [--api chat] [--ks 1-4] [--start 2] [--budget 3] [--concurrency 1] [--requests 3] [--max-tokens 64]
+        [--ab-rounds 0] [--ab-max-rounds R]
 """
 
 from __future__ import annotations
@@ -45,7 +48,9 @@ def prepared_preset(start: int, switch: list[int], max_tokens: int) -> Path:
 def one(preset: Path, live: bool, ns: argparse.Namespace, n: int) -> dict:
     """One `tuitune tune` run to its end: wall time, launches, choice and measurements."""
     out = grid.HOME / f"tune-{'live' if live else 'relaunch'}-{n}"
-    args = ["tune", str(preset), "--budget", str(ns.budget), "--ab-rounds", "0"]
+    args = ["tune", str(preset), "--budget", str(ns.budget), "--ab-rounds", str(ns.ab_rounds)]
+    if ns.ab_rounds:
+        args += ["--ab-max-rounds", str(ns.ab_max_rounds or ns.ab_rounds)] + (["--proof", "live"] if live else [])
     args += ["--concurrency", str(ns.concurrency), "--levels", str(ns.concurrency)]
     args += ["--requests", str(ns.requests * ns.concurrency), "--warmup", "1", "--max-tokens", str(ns.max_tokens)]
     args += ["--out", str(out), "--json", str(out / "tune.json")] + ([] if live else ["--no-live"])
@@ -63,6 +68,10 @@ def one(preset: Path, live: bool, ns: argparse.Namespace, n: int) -> dict:
         "held_live": res.get("held_live", 0),
         "chosen": res["chosen_label"],
         "measured": res["measured"],
+        "proof": res.get("proof"),
+        "proof_why": res.get("proof_why"),
+        "verdict": res["verdict"].get("verdict"),
+        "ab_rounds_run": (res.get("ab") or {}).get("rounds"),
     }
 
 
@@ -78,6 +87,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--requests", type=int, default=3, help="requests per stream (default 3)")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--ab-rounds", type=int, default=0, help="the final A/B's first look (default 0: none)")
+    ap.add_argument("--ab-max-rounds", type=int, help="its most rounds a side (default: --ab-rounds, fixed)")
     ap.add_argument("--pairs", type=int, default=1, help="live then relaunch, (then relaunch then live), ...")
     ap.add_argument("--json", type=Path, help="also write the runs as JSON")
     ns = ap.parse_args()
@@ -93,8 +104,9 @@ def main() -> None:
     preset = prepared_preset(ns.start, switch, ns.max_tokens)
     print(f"world: {grid.world_name()}")
     print(
-        f"tune --budget {ns.budget} --ab-rounds 0 at concurrency {ns.concurrency} from EAGLE-3 K {ns.start} "
-        f"prepared for K {switch}"
+        f"tune --budget {ns.budget} --ab-rounds {ns.ab_rounds}"
+        + (f" --ab-max-rounds {ns.ab_max_rounds or ns.ab_rounds} (in one launch: --proof live)" if ns.ab_rounds else "")
+        + f" at concurrency {ns.concurrency} from EAGLE-3 K {ns.start} prepared for K {switch}"
     )
     runs = []
     for n in range(ns.pairs):
@@ -105,6 +117,12 @@ def main() -> None:
                 f"  {run['mode']:<24} {run['wall_s']:7.0f} s  relaunches {run['relaunches']}, held live "
                 f"{run['held_live']}; chose {run['chosen']}  measured "
                 + ", ".join(f"{k} {v:.1f}" for k, v in sorted(run["measured"].items(), key=lambda kv: -kv[1]))
+                + (
+                    f"; proof {run['proof']} ({run['ab_rounds_run']} rounds): {run['verdict']}"
+                    + (f" [{run['proof_why']}]" if run["proof_why"] else "")
+                    if run["proof"]
+                    else f"; {run['verdict']}"
+                )
             )
     live = [r["wall_s"] for r in runs if r["held_live"]]
     relaunch = [r["wall_s"] for r in runs if not r["held_live"]]

@@ -245,3 +245,97 @@ def test_a_block_without_a_decode_rate_is_said_as_such_not_as_nan():
     whole = {**row, "median_tok_s": math.nan}
     assert L.rate_said(whole) == "no decode rate (its outputs came whole), goodput 51.30 tok/s"
     assert L.rate_said({**whole, "goodput": math.nan, "failed": 2}) == "no successful request"
+
+
+def test_tune_proves_its_choice_in_one_launch_with_an_aa_check(tmp_path):
+    """`tune --proof live`: where the start and the choice are both chains the launch is prepared to
+    hold, the final A/B runs as blocks inside that launch (A, B and A's A/A twin, interleaved, a look
+    after every round from --ab-rounds), launches nothing of its own, and writes the static choice to
+    best.yaml only on "faster" with the A/A check clean. The simulated world (vLLM, an acceptance high
+    enough that long chains win by about 40 %) makes the choice a held chain."""
+    preset, env = prepared_preset(tmp_path, list(range(1, 9)))
+    d = yaml.safe_load(preset.read_text())
+    d["server"]["args"]["sim-acceptance"] = "0.95,0.92,0.9,0.88,0.85,0.8"
+    preset.write_text(yaml.safe_dump(d))
+    out = tmp_path / "tune"
+    try:
+        r = ok(
+            env,
+            *("tune", str(preset), "--budget", "2", "--proof", "live", "--ab-rounds", "4", "--ab-max-rounds", "6"),
+            *("--levels", "1", "--requests", "2", "--max-tokens", "60", "--out", str(out)),
+            *("--json", str(tmp_path / "tune.json")),
+        )
+        assert "up to 1 for the final A/B in one launch" in r.stdout and "A/B in one launch:" in r.stdout
+        assert "launching A" not in r.stdout and "launching B" not in r.stdout  # no launch of the arms' own
+        res = json.loads((tmp_path / "tune.json").read_text())
+        assert res["proof"] == "live" and res["relaunches"] == 0 and res["held_live"] == 3, res
+        chosen = res["chosen"]["steps"]
+        assert chosen != 2 and chosen in range(1, 9), res  # a held chain other than the start's K 2
+        ab = res["ab"]
+        blocks = ab["blocks"]
+        assert ab["live"] and len(blocks) == 3 * ab["rounds"] and 4 <= ab["rounds"] <= 6, ab
+        assert [json.loads(x) for x in (out / "proof.jsonl").read_text().splitlines()] == blocks
+        assert Counter(b["arm"] for b in blocks) == {"A": ab["rounds"], "B": ab["rounds"], "A'": ab["rounds"]}
+        for b in blocks:  # each block ran the step count it claims, as the probe's windows say
+            assert b["steps"] == (chosen if b["arm"] == "B" else 2) and b["windows_held"] and not b["windows_other"], b
+        assert ab["looks"] and ab["looks"][-1]["rounds"] == ab["rounds"], ab["looks"]
+        v = res["verdict"]
+        assert v["live"] and v["verdict"] == "faster" and v["ratio_ci"][0] > 1, v
+        assert ab["aa"]["verdict"] == "no significant difference", ab["aa"]
+        best = P.load(Path(res["best_preset"]))
+        assert best.speculative.num_speculative_tokens == chosen and best.switch_steps is None  # static
+        assert "proof: in one launch, " in r.stdout and "the cost of being prepared is not resolved" in r.stdout
+        assert tuitune_cli("status", str(preset), env=env).returncode == 3  # its server stopped at the end
+    finally:
+        tuitune_cli("stop", str(preset), env=env)
+
+
+def test_tune_proof_live_refusals_and_its_fallback_to_launches(tmp_path):
+    """`--proof live` without a prepared start, or with --no-live, is refused in one sentence before any
+    launch; a choice the launch cannot hold (speculation off, a K not prepared, NCCL variables kept)
+    is proved by launches instead, and the result says why."""
+    import types
+
+    from tuitune.decide.launch import OFF, Config
+    from tuitune.experiments.tune import SessionSource, TuneRun, format_result
+    from tuitune.experiments.tuneoptions import TuneOptions
+
+    preset, env = prepared_preset(tmp_path, [1, 2, 3])
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(yaml.safe_dump(data(tmp_path, free_port())))
+    for args, why in (
+        ((str(plain),), "lv is not prepared to switch (set speculative.switch"),
+        (
+            (str(preset), "--no-live"),
+            "--proof live proves the choice inside the launch the search held its chains in: drop --no-live",
+        ),
+    ):
+        r = tuitune_cli("tune", *args, "--budget", "1", "--proof", "live", "--out", str(tmp_path / "o"), env=env)
+        assert r.returncode == 2 and why in r.stderr and "Traceback" not in r.stderr, r.stdout + r.stderr
+        assert not (tmp_path / "o").exists()  # refused before anything ran
+    base = P.load(preset)
+    run = TuneRun(base, TuneOptions(1, 1, tmp_path / "o", proof="live"))
+    run.start = Config(2, 1, 3)
+    source = SessionSource(None, base, tmp_path / "o")
+    held = types.SimpleNamespace(chosen=Config(3, 1, 4))
+    assert run.live_refusal(source, held) is None
+    for chosen, why in (
+        (OFF, "the choice, off, is not a chain"),
+        (Config(5, 1, 6), "is not a chain the launch is prepared to hold (K [1, 2, 3])"),
+    ):
+        said = run.live_refusal(source, types.SimpleNamespace(chosen=chosen))
+        assert said and why in said, said
+    run.env_label = "NCCL_PROTO=LL"
+    assert "keeps NCCL variables (NCCL_PROTO=LL)" in (run.live_refusal(source, held) or "")
+    assert run.live_refusal(SessionSource(None, base, tmp_path / "o", live=False), held)  # --no-live's search
+    # what the result says where the proof fell back to launches
+    res = {
+        "concurrency": 1,
+        "relaunches": 1,
+        "stop_reason": "budget",
+        "measured": {},
+        "proof": "static",
+        "proof_why": "the choice, off, is not a chain the launch is prepared to hold (K [1, 2, 3])",
+        "verdict": {"verdict": "not confirmed", "reason": "x"},
+    }
+    assert "proof: static, not in one launch: the choice, off, is not a chain" in format_result(res)

@@ -325,16 +325,24 @@ def collected_windows(session: Session):
 
 
 async def run_blocks(
-    session: Session, order: list[tuple[int, str, int]], overrides: dict, results: Path, say: Callable[[str], None]
+    session: Session,
+    order: list[tuple[int, str, int]],
+    overrides: dict,
+    results: Path,
+    say: Callable[[str], None],
+    until: Callable[[list[dict]], bool] | None = None,
 ) -> list[dict]:
     """Each block of ``order`` in turn: hold, bench (its warm-up first), the probe's windows kept; a row a
-    block, appended to ``results`` as it ends."""
+    block, appended to ``results`` as it ends. ``until``: asked after each whole round with the rows so
+    far, True stops there (a sequential design: `tune --proof live`)."""
     word = session.preset.engine.step_name
     rounds = max((r for r, _a, _k in order), default=0)
     rows: list[dict] = []
     with collected_windows(session) as windows:
         position = 0
         for r, arm, k in order:
+            if until is not None and rows and rows[-1]["round"] != r and until(rows):
+                break
             position = position + 1 if rows and rows[-1]["round"] == r else 1
             await session.hold(k)
             windows.clear()

@@ -220,7 +220,7 @@ class TuneRun:
             self.append({"kind": "workload", **work})
         self.session = self.session or Session(base)
         await self.session.connect()
-        self.say(plan_line(base, opts.budget, opts.ab_last, rows, self.session.record))
+        self.say(plan_line(base, opts.budget, opts.ab_last, rows, self.session.record, opts.proof == "live"))
         try:
             await self.nccl_phase()
             source, result = await self.search()
@@ -399,6 +399,14 @@ class TuneRun:
             }
             await session.stop_server()
             return
+        summary["proof"] = "static"
+        if opts.proof == "live":
+            if why := self.live_refusal(source, result):
+                self.say(f"A/B: not in one launch: {why}; the start and the choice are launched without the switch")
+                summary["proof_why"] = why
+            else:
+                await self.prove_live(source, result, summary, start_preset, chosen_preset)
+                return
         b = P.with_changes(
             chosen_preset,
             {
@@ -447,18 +455,148 @@ class TuneRun:
         if v.get("verdict") == "faster":
             summary["best_preset"] = str(P.save(b, opts.out / "best.yaml"))
 
+    def live_refusal(self, source: SessionSource, result: TuneResult) -> str | None:
+        """Why the choice cannot be proved inside the prepared launch (a clause), or None: both it and the
+        start must be chains the launch holds, and no NCCL variable kept (a launch of its own)."""
+        word = self.base.engine.step_name
+        if self.env_label:
+            return f"the choice keeps NCCL variables ({self.env_label}), which only a launch of their own has"
+        for what, c in (("the start", self.start), ("the choice", result.chosen)):
+            if not source.holdable(c):
+                return (
+                    f"{what}, {self.describe(c)}, is not a chain the launch is prepared to hold "
+                    f"({word} {self.base.switch_steps})"
+                )
+        return None
 
-def plan_line(base: P.Preset, budget: int, ab_last: int, rows: list[dict], running=None) -> str:
+    async def prove_live(
+        self, source: SessionSource, result: TuneResult, summary: dict, start_preset: P.Preset, chosen: P.Preset
+    ) -> None:
+        """The final A/B inside the prepared launch (docs/switch.md, "tune in one launch"): blocks of the
+        start (A), the choice (B) and the start again (A', the A/A check), each round in its own random
+        order, the same prompts in every block; a look after every round from --ab-rounds on, stopping
+        at the first that decides (up to --ab-max-rounds); the verdict ``ab``'s, B against A, and only
+        where the A/A arm found no difference. Its "faster" writes the static choice to best.yaml."""
+        from tuitune.experiments import live as L
+        from tuitune.experiments.ab import ab_design, look_line, stop_reason, verdict
+
+        opts, session, concurrency = self.opts, self.session, self.opts.concurrency
+        word, last, first = self.base.engine.step_name, self.opts.ab_last, self.opts.ab_rounds
+        a_k, b_k = self.start.steps, result.chosen.steps
+        arm_list = [(L.REFERENCE, a_k), ("B", b_k), (L.TWIN, a_k)]
+        order = L.plan(arm_list, last, 0)
+        d = ab_design(first, last) if opts.ab_judge else None
+        self.say(f"chosen: {summary['chosen_label']}: {summary['chosen_why']}")
+        self.say(
+            f"A/B in one launch: {self.describe(self.start)} (A and its A/A twin A') vs {summary['chosen_label']} "
+            f"(B), {first} to {last} rounds of 3 blocks (until the interval decides), no launch"
+            if last > first
+            else f"A/B in one launch: {self.describe(self.start)} (A and its A/A twin A') vs "
+            f"{summary['chosen_label']} (B), {first} rounds of 3 blocks, no launch"
+        )
+        launched = session.launched_preset
+        if session.state.state != "ready" or launched is None or launched.hash() != self.base.hash():
+            self.say(f"relaunching {self.base.name} prepared to switch, for the A/B's blocks")
+            await session.relaunch(self.base)
+            summary["relaunches"] += 1
+        over = {
+            **(opts.overrides or {}),
+            "concurrency": concurrency,
+            "requests": max(int((opts.overrides or {}).get("requests") or self.base.bench.requests), 2 * concurrency),
+        }
+
+        def judged(rows: list[dict], arm: str) -> dict:
+            pair = [dict(x, arm="A") for x in rows if x["arm"] == L.REFERENCE]
+            pair += [dict(x, arm="B") for x in rows if x["arm"] == arm]
+            rounds = len(pair) // 2
+            v = verdict(pair, 0.0, opts.ab_judge and rounds >= first, d, bootstrap=False)
+            why = L.block_problem([x for x in rows if x["arm"] in (L.REFERENCE, arm)])
+            return {"verdict": "not comparable", "reason": why} if why and v["verdict"] != "not comparable" else v
+
+        looks: list[dict] = []
+
+        def decided(rows: list[dict]) -> bool:
+            r = rows[-1]["round"]
+            if d is None or r < first:
+                return False
+            v = judged(rows, "B")
+            looks.append({"rounds": r, **{k: v.get(k) for k in ("verdict", "ratio_ci", "p_value")}})
+            if d.sequential:
+                self.say(look_line(v, r, last))
+            return not stop_reason(v, r, last).startswith("undecided")
+
+        results = opts.out / "proof.jsonl"
+        results.write_text("")
+        rows = await L.run_blocks(session, order, over, results, self.progress or (lambda _m: None), until=decided)
+        rounds = rows[-1]["round"] if rows else 0
+        v, twin = judged(rows, "B"), judged(rows, L.TWIN)
+        stopped = stop_reason(v, rounds, last) if d is not None else f"{rounds} rounds run"
+        aa_wrong = twin.get("verdict") in ("faster", "slower")
+        aa = {
+            "verdict": twin.get("verdict"),
+            "ratio_ci": twin.get("ratio_ci"),
+            "sentence": "the A/A check found a difference between two blocks of the start: the launch drifted "
+            "within rounds, so the verdict is not to be trusted"
+            if aa_wrong
+            else f"the A/A check is not comparable ({twin.get('reason')})"
+            if twin.get("verdict") == "not comparable"
+            else "the A/A check found no difference between two blocks of the start",
+        }
+        summary["proof"] = "live"
+        summary["ab"] = {
+            "live": True,
+            "rounds": rounds,
+            "first_look": first,
+            "max_rounds": last,
+            "blocks": rows,
+            "looks": looks,
+            "stopped": stopped,
+            "aa": aa,
+            "median_tok_s": L.medians(rows, "median_tok_s"),
+            "arms": [{"arm": a, "steps": k} for a, k in arm_list],
+        }
+        if v.get("verdict") in ("faster", "slower") and (aa_wrong or twin.get("verdict") == "not comparable"):
+            v = {"verdict": "not confirmed", "reason": f"{aa['sentence']} ({word} {a_k} against itself)", "shown": v}
+        summary["verdict"] = {**v, "live": True}
+        if d is not None and rounds >= first and (not looks or looks[-1]["rounds"] != rounds):
+            looks.append({"rounds": rounds, **{k: v.get(k) for k in ("verdict", "ratio_ci", "p_value")}})
+        await L.put_back(session, None, word, self.progress or (lambda _m: None))
+        await session.stop_server()  # as the static A/B does: tune's last server goes
+        if v.get("verdict") == "faster":
+            b = P.with_changes(
+                chosen,
+                {
+                    "name": f"{self.original.name}-tuned",
+                    "description": f"tuitune tune at concurrency {concurrency}: {summary['chosen_label']} "
+                    "(proved in one launch)",
+                },
+            )
+            summary["best_preset"] = str(P.save(b, opts.out / "best.yaml"))
+
+
+def plan_line(
+    base: P.Preset, budget: int, ab_last: int, rows: list[dict], running=None, live_proof: bool = False
+) -> str:
     """What tune is about to spend, said before its first launch: how many launches at the most (the
     search's, those of an earlier run of this log counted, and the final A/B's maximum) and roughly
     how long, from the last launch of this preset it knows of (this log's, or the running server's
-    record); else that it does not know."""
+    record); else that it does not know. ``live_proof``: the A/B's blocks in the prepared launch
+    (at most one launch, where the search's last one was another configuration's)."""
     done = [r for r in rows if r.get("kind") == "launch"]
     search = max(0, 1 + budget - len(done))
-    total = search + 2 * ab_last
+    ab_launches = 1 if live_proof and ab_last else 2 * ab_last
+    total = search + ab_launches
     parts = [f"up to {search} for the search (the start and up to {budget} relaunch(es)"]
     parts[0] += f"; {len(done)} done before)" if done else ")"
-    parts.append(f"up to {2 * ab_last} for the final A/B ({ab_last} round(s) per arm at most)" if ab_last else "no A/B")
+    if live_proof and ab_last:
+        parts.append(
+            f"up to 1 for the final A/B in one launch ({ab_last} round(s) of 3 blocks at most; 2 x {ab_last} "
+            "launches instead where the choice cannot be held)"
+        )
+    else:
+        parts.append(
+            f"up to {2 * ab_last} for the final A/B ({ab_last} round(s) per arm at most)" if ab_last else "no A/B"
+        )
     readies = [r["ready_s"] for r in done if isinstance(r.get("ready_s"), (int, float))]
     if readies:
         ready, whence = readies[-1], "its last launch in this log"
@@ -563,10 +701,26 @@ def format_result(r: dict) -> str:
                 f"CI {lo:.4f}-{hi:.4f}, p = {v['p_value']:.3f}{_ab_rounds_said(r)})"
             )
         lines.append(f"verdict: {why}; the start is kept (no best.yaml)")
+    lines += _proof_said(r)
     power = ((r.get("ab") or {}).get("power") or {}).get("before")
     if power:
         lines.append(f"A/B power: {power['sentence']}")
     return "\n".join(lines)
+
+
+def _proof_said(r: dict) -> list[str]:
+    """Where the final A/B ran (`--proof live`): in the prepared launch, with its A/A check and what
+    that leaves unproved; or why it could not and was launched instead."""
+    ab = r.get("ab") or {}
+    if ab.get("live"):
+        return [
+            f"proof: in one launch, {len(ab['blocks'])} blocks over {ab['rounds']} round(s) (A, B and the A/A twin "
+            f"A'), no launch of its own; {ab['aa']['sentence']}; the cost of being prepared is not resolved on "
+            "this engine (docs/switch.md): best.yaml's own launch may differ from the prepared one by it"
+        ]
+    if r.get("proof_why"):
+        return [f"proof: static, not in one launch: {r['proof_why']}"]
+    return []
 
 
 def _ab_rounds_said(r: dict) -> str:

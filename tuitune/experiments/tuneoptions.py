@@ -39,6 +39,7 @@ class TuneOptions(CliOptions):
     nccl_grid: list[str] | None = None
     hidden_size: int | None = None
     live: bool = True
+    proof: str = "static"
 
     @classmethod
     def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
@@ -103,6 +104,15 @@ class TuneOptions(CliOptions):
             help="relaunch for every configuration even where the preset's launch is prepared to switch "
             "(speculative.switch: its step counts are otherwise held live, without a relaunch)",
         )
+        p.add_argument(
+            "--proof",
+            choices=["static", "live"],
+            default="static",
+            help="the final A/B: launches of the start and the choice of their own, without the switch (static, "
+            "the default: what best.yaml runs), or blocks inside the prepared launch (live: no launch, with an "
+            "A/A check; where both are chains it is prepared to hold and no NCCL variable changed, else static); "
+            "the cost of being prepared is not resolved (docs/switch.md)",
+        )
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace, base: P.Preset | None = None) -> Self:
@@ -136,6 +146,7 @@ class TuneOptions(CliOptions):
             nccl_grid=ns.nccl_grid,
             hidden_size=ns.hidden_size,
             live=not ns.no_live,
+            proof=ns.proof,
         )
 
     @property
@@ -154,6 +165,16 @@ class TuneOptions(CliOptions):
         if self.ab_rounds and (why := rounds_refusal(self.ab_rounds, "--ab-rounds")) and self.ab_judge:
             raise TuneError(why, 2)  # before the first relaunch: the search would end in an A/B that cannot decide
         start = config_of(base)
+        if self.proof == "live" and (base.switch_steps is None or not self.live):
+            raise TuneError(
+                "--proof live proves the choice inside the launch the search held its chains in: "
+                + (
+                    f"{base.name} is not prepared to switch (set speculative.switch to the step counts to try)"
+                    if base.switch_steps is None
+                    else "drop --no-live"
+                ),
+                2,
+            )
         if not base.is_speculative:
             raise TuneError(
                 f"{base.name} has no speculative section: tune needs the algorithm and draft model "
