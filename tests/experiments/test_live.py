@@ -247,6 +247,47 @@ def test_a_block_without_a_decode_rate_is_said_as_such_not_as_nan():
     assert L.rate_said({**whole, "goodput": math.nan, "failed": 2}) == "no successful request"
 
 
+def test_the_typed_result_reads_back_as_its_json_and_its_table_shows_dashes_for_no_rate():
+    """`sweep --live`'s result is a typed ``LiveSweepResult``: live.json is its one JSON (NaN as null),
+    read back by the same type; an arm with no decode rate shows "-" in the table, not nan."""
+    import msgspec
+
+    from tuitune.base.jsonl import dumps
+    from tuitune.experiments.results import LiveSweepResult
+
+    blocks = [{"arm": a, "round": 1, "median_tok_s": math.nan if a == "B1" else 50.0} for a in ("A", "B1", "A'")]
+    fields = {
+        "preset": "lv",
+        "hash": "h",
+        "engine": "vllm",
+        "step_name": "K",
+        "rounds": 1,
+        "seed": 0,
+        "arms": [{"arm": "A", "steps": 2}, {"arm": "B1", "steps": 4}, {"arm": "A'", "steps": 2}],
+        "blocks": blocks,
+        "median_tok_s": {"A": 50.0, "B1": None, "A'": 50.0},
+        "accept_len": {"A": 1.5, "B1": None, "A'": 1.5},
+        "cycle_ms": {"A": 20.0, "B1": None, "A'": 20.0},
+        "verdicts": {
+            "B1": {"steps": 4, "verdict": "measurement only"},
+            "A'": {"steps": 2, "verdict": "measurement only"},
+        },
+        "judged": False,
+        "aa": {"verdict": "measurement only", "ratio_ci": None, "trusted": None, "sentence": "s"},
+        "best": "A",
+        "profiled": True,
+        "unchecked": 0,
+    }
+    res = msgspec.convert(fields, LiveSweepResult)
+    back = json.loads(dumps(res))
+    assert back["blocks"][1]["median_tok_s"] is None and back["aa"]["trusted"] is None
+    assert msgspec.convert(back, LiveSweepResult).steps_of("B1") == 4
+    table = L.format_live(res)
+    b1 = next(line for line in table.splitlines() if line.startswith("B1"))
+    assert "nan" not in table and b1.split()[3] == "-", table
+    assert "no verdict: 1 rounds cannot decide" in table
+
+
 def test_tune_proves_its_choice_in_one_launch_with_an_aa_check(tmp_path):
     """`tune --proof live`: where the start and the choice are both chains the launch is prepared to
     hold, the final A/B runs as blocks inside that launch (A, B and A's A/A twin, interleaved, a look

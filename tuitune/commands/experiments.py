@@ -194,7 +194,7 @@ def _live_sweep(o, base, grid) -> int:
     )
     print()
     print(format_live(result))
-    comparable = all(v.get("verdict") != "not comparable" for v in result["verdicts"].values())
+    comparable = all(v.get("verdict") != "not comparable" for v in result.verdicts.values())
     return 0 if comparable else 1
 
 

@@ -26,11 +26,15 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import msgspec
+
 from tuitune import preset as P
 from tuitune.base.errors import TuituneError
 from tuitune.base.events import Event, ProfileWindow
+from tuitune.base.jsonl import dumps
 from tuitune.experiments.ab import MIN_EFFECT, ab_design, cell, rate_said, rounds_refusal, verdict
 from tuitune.experiments.options import SweepOptions
+from tuitune.experiments.results import LiveSweepResult
 from tuitune.machine.session import Session
 
 DEFAULT_ROUNDS = 6
@@ -233,7 +237,7 @@ async def live_sweep(
     o: SweepOptions,
     progress: Callable[[str], None] | None = None,
     on_cleanup: Callable[[str], None] | None = None,
-) -> dict:
+) -> LiveSweepResult:
     """The blocks of the plan for ``values`` on the preset's server (launched first when it does not
     run this preset, prepared), released at the end; a row a block in OUT/results.jsonl as it comes.
     ``o``: the sweep's options (``--rounds``, ``--seed``, ``--no-aa``, ``--no-verdict``, the bench flags)."""
@@ -262,7 +266,7 @@ async def live_sweep(
         )
         rows = await run_blocks(session, order, overrides, results, say)
     profiled = base.profile
-    result = {
+    fields = {
         "preset": base.name,
         "hash": base.hash(),
         "engine": base.engine.name,
@@ -278,7 +282,8 @@ async def live_sweep(
         "profiled": profiled,
         "unchecked": sum(1 for x in rows if not x["windows_held"]) if profiled else len(rows),
     }
-    (out / "live.json").write_text(json.dumps(result, indent=1))
+    result = msgspec.convert(fields, LiveSweepResult)
+    (out / "live.json").write_text(dumps(result, indent=1))
     return result
 
 
@@ -375,43 +380,40 @@ async def put_back(session: Session, prior: int | None, word: str, say: Callable
     )
 
 
-def format_live(result: dict) -> str:
+def format_live(result: LiveSweepResult) -> str:
     """The live sweep as a table: each arm's blocks, its median rate, its verdict against A."""
-    word = result["step_name"]
-    med, acc, cyc = result["median_tok_s"], result["accept_len"], result["cycle_ms"]
+    word = result.step_name
+    med, acc, cyc = result.median_tok_s, result.accept_len, result.cycle_ms
     lines = [
         f"{'arm':<5} {word:>5} {'blocks':>6} {'tok/s':>9} {'accept':>7} {'cycle ms':>9}  against A",
     ]
-    for a in result["arms"]:
-        arm = a["arm"]
-        n = sum(1 for x in result["blocks"] if x["arm"] == arm)
-        v = result["verdicts"].get(arm)
-        against = "(reference)" if arm == REFERENCE else _against(v)
+    for a in result.arms:
+        n = sum(1 for x in result.blocks if x["arm"] == a.arm)
+        against = "(reference)" if a.arm == REFERENCE else _against(result.verdicts.get(a.arm))
         lines.append(
-            f"{arm:<5} {a['steps']:>5} {n:>6} {cell(med.get(arm), 9, 2)} {cell(acc.get(arm), 7, 2)} "
-            f"{cell(cyc.get(arm), 9, 1)}  {against}"
+            f"{a.arm:<5} {a.steps:>5} {n:>6} {cell(med.get(a.arm), 9, 2)} {cell(acc.get(a.arm), 7, 2)} "
+            f"{cell(cyc.get(a.arm), 9, 1)}  {against}"
         )
-    if result.get("aa"):
-        lines.append(result["aa"]["sentence"])
-    why = next((v["metric_why"] for v in result["verdicts"].values() if v.get("metric_why")), None)
+    if result.aa is not None:
+        lines.append(result.aa.sentence)
+    why = next((v["metric_why"] for v in result.verdicts.values() if v.get("metric_why")), None)
     if why:
         lines.append(f"verdicts by goodput, not the tok/s column: {why}")
-    if not result["profiled"]:
+    if not result.profiled:
         lines.append("profile is off: which step count each block ran under was not checked (set profile: true)")
-    elif result.get("unchecked"):
+    elif result.unchecked:
         lines.append(
-            f"{result['unchecked']} of {len(result['blocks'])} blocks ended before the probe wrote a profile window "
+            f"{result.unchecked} of {len(result.blocks)} blocks ended before the probe wrote a profile window "
             "under their hold: their step count is unchecked (longer blocks, --requests or --max-tokens, check it)"
         )
-    best = result["best"]
-    k = next(a["steps"] for a in result["arms"] if a["arm"] == best)
-    if not result["judged"]:
-        lines.append(f"no verdict: {result['rounds']} rounds cannot decide (a measurement)")
-    elif best == REFERENCE:
+    k = result.steps_of(result.best)
+    if not result.judged:
+        lines.append(f"no verdict: {result.rounds} rounds cannot decide (a measurement)")
+    elif result.best == REFERENCE:
         lines.append(f"best: {word} {k} (the reference: no other step count is decidedly faster)")
     else:
         lines.append(
-            f"best: {word} {k}, decidedly faster than the reference; `tuitune hold {result['preset']} {k}` holds it"
+            f"best: {word} {k}, decidedly faster than the reference; `tuitune hold {result.preset} {k}` holds it"
         )
     return "\n".join(lines)
 

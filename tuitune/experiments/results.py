@@ -85,3 +85,45 @@ class NcclBenchReport(Result, kw_only=True):
 
     def row(self, label: str) -> NcclBenchRow:
         return next(r for r in self.rows if r.label == label)
+
+
+class LiveArm(Result):
+    """One arm of `sweep --live`: A (the reference), B1, B2 … or A' (A's A/A twin), and its step count."""
+
+    arm: str
+    steps: int
+
+
+class LiveAA(Result):
+    """The A/A check of `sweep --live`: A' (a second block of A's setting each round) against A."""
+
+    verdict: str | None
+    ratio_ci: list[float] | None
+    trusted: bool | None  # None: too few rounds to decide
+    sentence: str
+
+
+class LiveSweepResult(Result, kw_only=True):
+    """`tuitune sweep --live`: every block of one launch prepared to switch, each arm's verdict against A
+    (``ab``'s verdict dicts), the A/A check, and the best arm (docs/switch.md)."""
+
+    preset: str
+    hash: str
+    engine: str
+    step_name: str  # the engine's word for the step count ("K", "steps")
+    rounds: int
+    seed: int
+    arms: list[LiveArm]
+    blocks: list[dict]  # a row a block, as OUT/results.jsonl has them
+    median_tok_s: dict[str, float | None]  # by arm
+    accept_len: dict[str, float | None]
+    cycle_ms: dict[str, float | None]
+    verdicts: dict[str, dict]  # by arm (not A): ab's verdict, its step count beside it
+    judged: bool  # enough rounds for a verdict
+    aa: LiveAA | None  # None: --no-aa
+    best: str  # the arm decidedly fastest (A where none is, or the A/A check failed)
+    profiled: bool
+    unchecked: int  # blocks whose step count no profile window confirmed
+
+    def steps_of(self, arm: str) -> int:
+        return next(a.steps for a in self.arms if a.arm == arm)
