@@ -7,11 +7,12 @@ verdicts' counts, the share that said faster or slower, and that share's exact 9
 (Clopper-Pearson).
 
 World, by --engine: `vllm` the real vLLM CPU build (tuitune_support.real_vllm: the tiny random Llama,
-EAGLE-3 K 2 with its random draft, prepared for K 1-3) on the machine it runs on; `sim` tuitune's own
-simulator playing vLLM (a world this project wrote: evidence about the design's arithmetic, not about
-an engine).
+EAGLE-3 K 2 with its random draft, prepared for K 1-3) on the machine it runs on; `sglang` the real
+SGLang CPU build (tuitune_support.real_sglang: the same kind of tiny random Llama and draft, EAGLE-3
+steps 2, adaptive with candidates 1-3, no CUDA graphs); `sim` tuitune's own simulator playing vLLM (a
+world this project wrote: evidence about the design's arithmetic, not about an engine).
 
-    python benchmarks/live_aa.py [--engine vllm|sim] [--runs 20] [--rounds 6] [--requests 3] [--max-tokens 64]
+    python benchmarks/live_aa.py [--engine vllm|sglang|sim] [--runs 20] [--rounds 6] [--requests 3] [--max-tokens 64]
 """
 
 from __future__ import annotations
@@ -31,13 +32,27 @@ from tuitune_support.ports import free_port
 
 HOME = Path(tempfile.mkdtemp(prefix="tuitune-live-aa-"))
 STEPS, SWITCH = 2, [1, 2, 3]
-KEY = "speculative.num_speculative_tokens"
+KEYS = {"vllm": "speculative.num_speculative_tokens", "sim": "speculative.num_speculative_tokens"}
+KEYS["sglang"] = "speculative.num_steps"
+WORLDS = {
+    "vllm": "the real vLLM CPU build, tiny random Llama, EAGLE-3 K 2 prepared for 1-3",
+    "sglang": "the real SGLang CPU build, tiny random Llama, EAGLE-3 steps 2, adaptive with candidates 1-3",
+    "sim": "tuitune's simulator playing vLLM (a world this project wrote)",
+}
 
 
 def preset(engine: str) -> Path:
-    """The prepared preset's file (vLLM's dialect either way: its step key is KEY)."""
+    """The prepared preset's file (its step key: KEYS[engine])."""
     port = free_port()
-    if engine == "vllm":
+    if engine == "sglang":
+        from tuitune_support import real_sglang
+
+        python, models = real_sglang.build()
+        config = HOME / "adaptive.json"
+        config.write_text(json.dumps({"1": {"candidate_steps": SWITCH}}))
+        kw = {"python": python, "draft": models["eagle3"], "steps": STEPS, "args": {"disable-cuda-graph": True}}
+        data = real_sglang.preset("aa", HOME / "aa.log", port, adaptive=config, switch=SWITCH, **kw)
+    elif engine == "vllm":
         from tuitune_support import real_vllm
 
         python, _ = real_vllm.build()
@@ -71,7 +86,7 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--engine", choices=("vllm", "sim"), default="vllm")
+    ap.add_argument("--engine", choices=("vllm", "sglang", "sim"), default="vllm")
     ap.add_argument("--runs", type=int, default=20, help="live sweeps, each one A/A verdict (default 20)")
     ap.add_argument("--rounds", type=int, default=6, help="rounds of each sweep (default 6, the live sweep's)")
     ap.add_argument("--requests", type=int, default=3)
@@ -86,7 +101,7 @@ def main() -> None:
     try:
         for i in range(ns.runs):
             out = HOME / f"run-{i}"
-            args = ["sweep", str(path), "--live", "--grid", f"{KEY}={STEPS}", "--rounds", str(ns.rounds)]
+            args = ["sweep", str(path), "--live", "--grid", f"{KEYS[ns.engine]}={STEPS}", "--rounds", str(ns.rounds)]
             args += ["--seed", str(i), "--requests", str(ns.requests), "--warmup", "1"]
             args += ["--max-tokens", str(ns.max_tokens), "--out", str(out)]
             r = tuitune(HOME, *args, timeout=1800)
@@ -108,12 +123,9 @@ def main() -> None:
     n = sum(verdicts.values())
     wrong = verdicts["faster"] + verdicts["slower"]
     lo, hi = clopper_pearson(wrong, n)
-    world = (
-        "the real vLLM CPU build, tiny random Llama, EAGLE-3 K 2 prepared for 1-3"
-        if ns.engine == "vllm"
-        else ("tuitune's simulator playing vLLM (a world this project wrote)")
+    print(
+        f"world: {WORLDS[ns.engine]}; {ns.rounds} rounds a run, {ns.requests} requests of {ns.max_tokens} tokens a block"
     )
-    print(f"world: {world}; {ns.rounds} rounds a run, {ns.requests} requests of {ns.max_tokens} tokens a block")
     print(f"verdicts: {dict(verdicts)}; judged by goodput (blocks without a decode rate): {by_goodput} of {n}")
     print(f"A/A called different: {wrong} of {n} ({wrong / n:.1%}, 95% interval {lo:.1%}-{hi:.1%})")
 

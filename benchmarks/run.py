@@ -98,7 +98,11 @@ TABLE = [
     Bench("dsd_compare", "real-engine", VLLM),
     Bench("switch_cost", "real-engine", VLLM + "; " + SGLANG + "; about 15 minutes"),
     Bench("tune_live", "real-engine", VLLM + " serving SmolLM2 with the trained EAGLE-3 head"),
-    Bench("live_aa", "real-engine", VLLM + " (--engine sim: the simulator); one launch, 20 live sweeps"),
+    Bench(
+        "live_aa",
+        "real-engine",
+        VLLM + " (--engine sglang: " + SGLANG + "; --engine sim: the simulator); one launch, 20 live sweeps",
+    ),
     Bench("schedule_refits", "real-engine", VLLM),
     Bench("real_sglang", "real-engine", SGLANG),
 ]

@@ -527,9 +527,15 @@ class TuneRun:
 
         results = opts.out / "proof.jsonl"
         results.write_text("")
-        rows = await L.run_blocks(session, order, over, results, self.progress or (lambda _m: None), until=decided)
+        say = self.progress or (lambda _m: None)
+        try:
+            rows = await L.run_blocks(session, order, over, results, say, until=decided)
+        finally:  # released whatever happens (never raises: says so where it could not)
+            await L.put_back(session, None, word, say)
         rounds = rows[-1]["round"] if rows else 0
         v, twin = judged(rows, "B"), judged(rows, L.TWIN)
+        if d is not None and rounds >= first and (not looks or looks[-1]["rounds"] != rounds):
+            looks.append({"rounds": rounds, **{k: v.get(k) for k in ("verdict", "ratio_ci", "p_value")}})
         stopped = stop_reason(v, rounds, last) if d is not None else f"{rounds} rounds run"
         aa_wrong = twin.get("verdict") in ("faster", "slower")
         aa = {
@@ -558,9 +564,6 @@ class TuneRun:
         if v.get("verdict") in ("faster", "slower") and (aa_wrong or twin.get("verdict") == "not comparable"):
             v = {"verdict": "not confirmed", "reason": f"{aa['sentence']} ({word} {a_k} against itself)", "shown": v}
         summary["verdict"] = {**v, "live": True}
-        if d is not None and rounds >= first and (not looks or looks[-1]["rounds"] != rounds):
-            looks.append({"rounds": rounds, **{k: v.get(k) for k in ("verdict", "ratio_ci", "p_value")}})
-        await L.put_back(session, None, word, self.progress or (lambda _m: None))
         await session.stop_server()  # as the static A/B does: tune's last server goes
         if v.get("verdict") == "faster":
             b = P.with_changes(
