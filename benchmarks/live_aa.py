@@ -13,6 +13,7 @@ steps 2, adaptive with candidates 1-3, no CUDA graphs); `sim` tuitune's own simu
 world this project wrote: evidence about the design's arithmetic, not about an engine).
 
     python benchmarks/live_aa.py [--engine vllm|sglang|sim] [--runs 20] [--rounds 6] [--requests 3] [--max-tokens 64]
+        [--first-seed 0]
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ def main() -> None:
     ap.add_argument("--engine", choices=("vllm", "sglang", "sim"), default="vllm")
     ap.add_argument("--runs", type=int, default=20, help="live sweeps, each one A/A verdict (default 20)")
     ap.add_argument("--rounds", type=int, default=6, help="rounds of each sweep (default 6, the live sweep's)")
+    ap.add_argument("--first-seed", type=int, default=0, help="run i draws its order with seed FIRST+i (default 0)")
     ap.add_argument("--requests", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=64)
     ns = ap.parse_args()
@@ -102,7 +104,7 @@ def main() -> None:
         for i in range(ns.runs):
             out = HOME / f"run-{i}"
             args = ["sweep", str(path), "--live", "--grid", f"{KEYS[ns.engine]}={STEPS}", "--rounds", str(ns.rounds)]
-            args += ["--seed", str(i), "--requests", str(ns.requests), "--warmup", "1"]
+            args += ["--seed", str(ns.first_seed + i), "--requests", str(ns.requests), "--warmup", "1"]
             args += ["--max-tokens", str(ns.max_tokens), "--out", str(out)]
             r = tuitune(HOME, *args, timeout=1800)
             if not (out / "live.json").exists():
