@@ -273,7 +273,7 @@ def test_the_typed_result_reads_back_as_its_json_and_its_table_shows_dashes_for_
             "A'": {"steps": 2, "verdict": "measurement only"},
         },
         "judged": False,
-        "aa": {"verdict": "measurement only", "ratio_ci": None, "trusted": None, "sentence": "s"},
+        "aa": {"verdict": "measurement only", "ratio_ci": [math.nan, math.nan], "trusted": None, "sentence": "s"},
         "best": "A",
         "profiled": True,
         "unchecked": 0,
@@ -281,6 +281,7 @@ def test_the_typed_result_reads_back_as_its_json_and_its_table_shows_dashes_for_
     res = msgspec.convert(fields, LiveSweepResult)
     back = json.loads(dumps(res))
     assert back["blocks"][1]["median_tok_s"] is None and back["aa"]["trusted"] is None
+    assert back["aa"]["ratio_ci"] == [None, None]  # too few rounds: no interval, read back as such
     assert msgspec.convert(back, LiveSweepResult).steps_of("B1") == 4
     table = L.format_live(res)
     b1 = next(line for line in table.splitlines() if line.startswith("B1"))

@@ -98,7 +98,7 @@ class LiveAA(Result):
     """The A/A check of `sweep --live`: A' (a second block of A's setting each round) against A."""
 
     verdict: str | None
-    ratio_ci: list[float] | None
+    ratio_ci: list[float | None] | None  # NaN (null in JSON) where too few rounds gave no interval
     trusted: bool | None  # None: too few rounds to decide
     sentence: str
 
