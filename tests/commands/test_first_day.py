@@ -316,7 +316,17 @@ def test_ctrl_c_in_an_experiment_stops_the_server_it_started(tmp_path, which):
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     logged = (lambda: (tmp_path / "tu" / "tune.jsonl").exists()) if which == "tune" else (lambda: True)
     try:
-        wait_for(lambda: logged() and http_status(f"http://127.0.0.1:{port}/health") == 200, 90, what="a server ready")
+        # ready and recorded: the record is written when the launch command returns the pid, which under
+        # load (CI, two workers on two cores) came after the simulator already answered /health
+        wait_for(
+            lambda: (
+                logged()
+                and http_status(f"http://127.0.0.1:{port}/health") == 200
+                and _state_pid(tmp_path, port) is not None
+            ),
+            90,
+            what="a server ready and recorded",
+        )
         pid = _state_pid(tmp_path, port)
         assert pid is not None and group_alive(pid)
         time.sleep(0.5 if which == "tune" else 1.5)  # into its benchmark
