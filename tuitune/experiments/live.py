@@ -171,46 +171,52 @@ def block_problem(rows: list[dict]) -> str | None:
     return None
 
 
-def judge(rows: list[dict], arm_list: list[tuple[str, int]], rounds: int, min_effect: float) -> dict:
-    """Each arm against A (ab's verdict, blocks as launches), the A/A check, and the best arm."""
-    ok = rounds_refusal(rounds) is None
-    d = ab_design(rounds) if ok else None
-    ref = [dict(x, arm="A") for x in rows if x["arm"] == REFERENCE]
-    out: dict = {"verdicts": {}, "judged": ok}
-    for arm, k in arm_list:
-        if arm == REFERENCE:
-            continue
-        mine = [x for x in rows if x["arm"] == arm]
-        v = verdict(ref + [dict(x, arm="B") for x in mine], min_effect, ok, d, bootstrap=False)
-        why = block_problem([x for x in rows if x["arm"] in (REFERENCE, arm)])
-        if why and v.get("verdict") != "not comparable":
-            v = {"verdict": "not comparable", "reason": why}
-        out["verdicts"][arm] = {"steps": k, **v}
-    twin = out["verdicts"].get(TWIN)
-    if twin is None:
-        out["aa"] = None
-    elif not ok:
-        out["aa"] = {
+def arm_verdict(rows: list[dict], arm: str, min_effect: float, judge: bool, d) -> dict:
+    """Arm ``arm``'s blocks against A's (``ab``'s verdict, each block one sample); not comparable where
+    a block of either ran under another step count than its hold (``block_problem``)."""
+    pair = [dict(x, arm="A") for x in rows if x["arm"] == REFERENCE]
+    pair += [dict(x, arm="B") for x in rows if x["arm"] == arm]
+    v = verdict(pair, min_effect, judge, d, bootstrap=False)
+    why = block_problem([x for x in rows if x["arm"] in (REFERENCE, arm)])
+    return {"verdict": "not comparable", "reason": why} if why and v.get("verdict") != "not comparable" else v
+
+
+def aa_check(twin: dict, judged: bool, rounds: int) -> dict:
+    """The A/A check from A's twin's verdict: whether the verdicts beside it can be trusted (None: too
+    few rounds to tell), and the sentence that says so."""
+    if not judged:
+        return {
             "verdict": twin.get("verdict"),
             "ratio_ci": twin.get("ratio_ci"),
             "trusted": None,
             "sentence": f"the A/A check cannot decide in {rounds} rounds (a measurement without verdicts)",
         }
-    else:
-        wrong = twin.get("verdict") in ("faster", "slower")
-        out["aa"] = {
-            "verdict": twin.get("verdict"),
-            "ratio_ci": twin.get("ratio_ci"),
-            "trusted": not wrong and twin.get("verdict") != "not comparable",
-            "sentence": (
-                "the A/A check found a difference between two blocks of the same setting: the launch drifted "
-                "within rounds, so the verdicts above are not to be trusted; run more rounds or a quieter machine"
-                if wrong
-                else "the A/A check found no difference between two blocks of the same setting"
-                if twin.get("verdict") != "not comparable"
-                else f"the A/A check is not comparable ({twin.get('reason')})"
-            ),
-        }
+    wrong = twin.get("verdict") in ("faster", "slower")
+    return {
+        "verdict": twin.get("verdict"),
+        "ratio_ci": twin.get("ratio_ci"),
+        "trusted": not wrong and twin.get("verdict") != "not comparable",
+        "sentence": (
+            "the A/A check found a difference between two blocks of the same setting: the launch drifted "
+            "within rounds, so the verdicts above are not to be trusted; run more rounds or a quieter machine"
+            if wrong
+            else "the A/A check found no difference between two blocks of the same setting"
+            if twin.get("verdict") != "not comparable"
+            else f"the A/A check is not comparable ({twin.get('reason')})"
+        ),
+    }
+
+
+def judge(rows: list[dict], arm_list: list[tuple[str, int]], rounds: int, min_effect: float) -> dict:
+    """Each arm against A (ab's verdict, blocks as launches), the A/A check, and the best arm."""
+    ok = rounds_refusal(rounds) is None
+    d = ab_design(rounds) if ok else None
+    out: dict = {"verdicts": {}, "judged": ok}
+    for arm, k in arm_list:
+        if arm != REFERENCE:
+            out["verdicts"][arm] = {"steps": k, **arm_verdict(rows, arm, min_effect, ok, d)}
+    twin = out["verdicts"].get(TWIN)
+    out["aa"] = None if twin is None else aa_check(twin, ok, rounds)
     faster = [
         (v.get("shift") or 0.0, arm)
         for arm, v in out["verdicts"].items()

@@ -80,11 +80,17 @@ class SessionSource:
         if not self.holdable(c):
             await self.session.relaunch(p)
             return False
-        launched = self.session.launched_preset
-        if self.session.state.state != "ready" or launched is None or launched.hash() != self.base.hash():
-            await self.session.relaunch(self.base)
+        if await self.ensure_prepared():
             self.prepared_launches += 1
         await self.session.hold(c.steps, preset=p)
+        return True
+
+    async def ensure_prepared(self) -> bool:
+        """Relaunch the prepared start where another configuration (or none) runs; whether it did."""
+        launched = self.session.launched_preset
+        if self.session.state.state == "ready" and launched is not None and launched.hash() == self.base.hash():
+            return False
+        await self.session.relaunch(self.base)
         return True
 
     def preset(self, c: Config) -> P.Preset:
@@ -407,13 +413,7 @@ class TuneRun:
             else:
                 await self.prove_live(source, result, summary, start_preset, chosen_preset)
                 return
-        b = P.with_changes(
-            chosen_preset,
-            {
-                "name": f"{self.original.name}-tuned",
-                "description": f"tuitune tune at concurrency {concurrency}: {summary['chosen_label']}",
-            },
-        )
+        b = self.tuned(chosen_preset, summary["chosen_label"])
         # the final A/B: sequential (a look after every round from --ab-rounds, adding rounds until
         # the interval decides or --ab-max-rounds are spent), its power stated from the launch-to-launch
         # spread measured before when there is one (repeated launches of one configuration in the
@@ -429,11 +429,7 @@ class TuneRun:
                 else f"{opts.ab_rounds} rounds each"
             )
         )
-        ab_over = {
-            **(opts.overrides or {}),
-            "concurrency": concurrency,
-            "requests": max(int((opts.overrides or {}).get("requests") or self.base.bench.requests), 2 * concurrency),
-        }
+        ab_over = self.ab_overrides()
         await session.stop_follow()
         ab = await run_ab(
             session.transport,
@@ -478,9 +474,9 @@ class TuneRun:
         at the first that decides (up to --ab-max-rounds); the verdict ``ab``'s, B against A, and only
         where the A/A arm found no difference. Its "faster" writes the static choice to best.yaml."""
         from tuitune.experiments import live as L
-        from tuitune.experiments.ab import ab_design, look_line, stop_reason, verdict
+        from tuitune.experiments.ab import ab_design, look_line, stop_reason
 
-        opts, session, concurrency = self.opts, self.session, self.opts.concurrency
+        opts, session = self.opts, self.session
         word, last, first = self.base.engine.step_name, self.opts.ab_last, self.opts.ab_rounds
         a_k, b_k = self.start.steps, result.chosen.steps
         arm_list = [(L.REFERENCE, a_k), ("B", b_k), (L.TWIN, a_k)]
@@ -494,24 +490,14 @@ class TuneRun:
             else f"A/B in one launch: {self.describe(self.start)} (A and its A/A twin A') vs "
             f"{summary['chosen_label']} (B), {first} rounds of 3 blocks, no launch"
         )
-        launched = session.launched_preset
-        if session.state.state != "ready" or launched is None or launched.hash() != self.base.hash():
-            self.say(f"relaunching {self.base.name} prepared to switch, for the A/B's blocks")
-            await session.relaunch(self.base)
+        if await source.ensure_prepared():
+            self.say(f"relaunched {self.base.name} prepared to switch, for the A/B's blocks")
             summary["relaunches"] += 1
-        over = {
-            **(opts.overrides or {}),
-            "concurrency": concurrency,
-            "requests": max(int((opts.overrides or {}).get("requests") or self.base.bench.requests), 2 * concurrency),
-        }
+        over = self.ab_overrides()
 
         def judged(rows: list[dict], arm: str) -> dict:
-            pair = [dict(x, arm="A") for x in rows if x["arm"] == L.REFERENCE]
-            pair += [dict(x, arm="B") for x in rows if x["arm"] == arm]
-            rounds = len(pair) // 2
-            v = verdict(pair, 0.0, opts.ab_judge and rounds >= first, d, bootstrap=False)
-            why = L.block_problem([x for x in rows if x["arm"] in (L.REFERENCE, arm)])
-            return {"verdict": "not comparable", "reason": why} if why and v["verdict"] != "not comparable" else v
+            rounds = sum(1 for x in rows if x["arm"] == L.REFERENCE)
+            return L.arm_verdict(rows, arm, 0.0, opts.ab_judge and rounds >= first, d)
 
         looks: list[dict] = []
 
@@ -537,17 +523,7 @@ class TuneRun:
         if d is not None and rounds >= first and (not looks or looks[-1]["rounds"] != rounds):
             looks.append({"rounds": rounds, **{k: v.get(k) for k in ("verdict", "ratio_ci", "p_value")}})
         stopped = stop_reason(v, rounds, last) if d is not None else f"{rounds} rounds run"
-        aa_wrong = twin.get("verdict") in ("faster", "slower")
-        aa = {
-            "verdict": twin.get("verdict"),
-            "ratio_ci": twin.get("ratio_ci"),
-            "sentence": "the A/A check found a difference between two blocks of the start: the launch drifted "
-            "within rounds, so the verdict is not to be trusted"
-            if aa_wrong
-            else f"the A/A check is not comparable ({twin.get('reason')})"
-            if twin.get("verdict") == "not comparable"
-            else "the A/A check found no difference between two blocks of the start",
-        }
+        aa = L.aa_check(twin, d is not None and rounds >= first, rounds)
         summary["proof"] = "live"
         summary["ab"] = {
             "live": True,
@@ -561,20 +537,28 @@ class TuneRun:
             "median_tok_s": L.medians(rows, "median_tok_s"),
             "arms": [{"arm": a, "steps": k} for a, k in arm_list],
         }
-        if v.get("verdict") in ("faster", "slower") and (aa_wrong or twin.get("verdict") == "not comparable"):
+        if v.get("verdict") in ("faster", "slower") and not aa["trusted"]:
             v = {"verdict": "not confirmed", "reason": f"{aa['sentence']} ({word} {a_k} against itself)", "shown": v}
         summary["verdict"] = {**v, "live": True}
         await session.stop_server()  # as the static A/B does: tune's last server goes
         if v.get("verdict") == "faster":
-            b = P.with_changes(
-                chosen,
-                {
-                    "name": f"{self.original.name}-tuned",
-                    "description": f"tuitune tune at concurrency {concurrency}: {summary['chosen_label']} "
-                    "(proved in one launch)",
-                },
-            )
+            b = self.tuned(chosen, f"{summary['chosen_label']} (proved in one launch)")
             summary["best_preset"] = str(P.save(b, opts.out / "best.yaml"))
+
+    def ab_overrides(self) -> dict:
+        """The final A/B's bench: at the tuned concurrency, two requests a stream at least."""
+        ov, c = self.opts.overrides or {}, self.opts.concurrency
+        return {**ov, "concurrency": c, "requests": max(int(ov.get("requests") or self.base.bench.requests), 2 * c)}
+
+    def tuned(self, chosen: P.Preset, label: str) -> P.Preset:
+        """The choice as best.yaml holds it: named for the start, saying what tune found."""
+        return P.with_changes(
+            chosen,
+            {
+                "name": f"{self.original.name}-tuned",
+                "description": f"tuitune tune at concurrency {self.opts.concurrency}: {label}",
+            },
+        )
 
 
 def plan_line(
