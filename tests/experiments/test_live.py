@@ -186,9 +186,22 @@ def test_tune_holds_the_prepared_chains_in_one_launch_and_relaunches_for_the_res
             c = x["config"]
             prepared = c["topk"] == 1 and c["steps"] in (1, 2, 3) and c["draft_tokens"] == c["steps"] + 1
             assert bool(x.get("live")) == prepared and (x["ready_s"] is None) == prepared, x
-        assert launches[0]["live"] and launches[0]["config"]["steps"] == 2  # the start, held in its own launch
+        # speculation off first, in a launch of its own; then the start, held in the prepared launch, which
+        # holds every chain after it: two launches in all unless the search picks a chain it is not prepared for
+        assert (
+            launches[0]["config"]["steps"] == 0
+            and not launches[0].get("live")
+            and "baseline first" in launches[0]["reason"]
+        )
+        assert launches[1]["live"] and launches[1]["config"]["steps"] == 2, launches[1]
+        assert "speculation off first, in a launch of its own" in r.stdout
         res = json.loads((tmp_path / "tune.json").read_text())
         assert res["held_live"] == sum(1 for x in launches if x.get("live")), res
+        # every launch but the first: each configuration that is not held, and the prepared start each time a
+        # held one follows one that was not
+        made = sum(1 for x in launches if not x.get("live"))
+        made += sum(1 for a, b in zip(launches, launches[1:], strict=False) if b.get("live") and not a.get("live"))
+        assert res["relaunches"] == made - 1, (res, [(x["config"]["steps"], x.get("live")) for x in launches])
         assert "measurement(s) held live in one launch" in r.stdout
     finally:
         tuitune_cli("stop", str(preset), env=env)
@@ -310,7 +323,10 @@ def test_tune_proves_its_choice_in_one_launch_with_an_aa_check(tmp_path):
         assert "up to 1 for the final A/B in one launch" in r.stdout and "A/B in one launch:" in r.stdout
         assert "launching A" not in r.stdout and "launching B" not in r.stdout  # no launch of the arms' own
         res = json.loads((tmp_path / "tune.json").read_text())
-        assert res["proof"] == "live" and res["relaunches"] == 0 and res["held_live"] == 3, res
+        # two launches in all: speculation off's, then the prepared start's, which held the search's chains
+        # and the A/B's blocks
+        assert res["proof"] == "live" and res["relaunches"] == 1 and res["held_live"] == 3, res
+        assert r.stdout.count("(held live in the prepared launch: no relaunch)") == 3, r.stdout
         chosen = res["chosen"]["steps"]
         assert chosen != 2 and chosen in range(1, 9), res  # a held chain other than the start's K 2
         ab = res["ab"]

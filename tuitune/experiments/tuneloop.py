@@ -34,6 +34,12 @@ NOISE = 0.02  # gains below this are inside launch-to-launch noise (FACTS §7: p
 CHANCE = 0.025  # a configuration with less chance than this of beating the best measured is not worth a relaunch
 
 
+BASELINE_FIRST = (
+    "the baseline first: speculation off cannot be held in the prepared launch, so it gets a launch of its own "
+    "before the start's, which then holds every chain it is prepared for"
+)
+
+
 class TuneError(TuituneError):
     """Tuning cannot start or continue (one sentence); code 2 for bad input, 1 for failed work."""
 
@@ -222,8 +228,14 @@ async def tune_loop(  # noqa: PLR0913
     on_step: Callable[[Step, Launch], None] | None = None,
     progress: Callable[[str], None] | None = None,
     describe: Callable[[Config], str] = lambda c: c.label,
+    baseline_first: bool = False,
 ) -> TuneResult:
-    """Measure ``start``, then up to ``budget`` relaunches chosen by the fitted model."""
+    """Measure ``start``, then up to ``budget`` relaunches chosen by the fitted model.
+
+    ``baseline_first``: where the start is prepared to switch (its chains held in its one launch) and
+    speculation off is not, off is measured before the start, in a launch of its own, besides the
+    budget: measured after the start (as the search would when off could be the best, or with the
+    spare relaunch), it makes the prepared start launch a second time for the chains after it."""
     levels = levels or levels_for(concurrency)
     if concurrency not in levels:
         levels = sorted({*levels, concurrency})
@@ -244,14 +256,23 @@ async def tune_loop(  # noqa: PLR0913
             progress(
                 f"  launch failed: {ln.failure}"
                 if ln.failure
-                else f"  goodput at concurrency {concurrency}: " + (f"{g:.1f} tok/s" if g else "not measured")
+                else f"  goodput at concurrency {concurrency}: "
+                + (f"{g:.1f} tok/s" if g else "not measured")
+                + (" (held live in the prepared launch: no relaunch)" if ln.live else "")
             )
 
-    if not steps:
+    seen = {st.config for st in steps}
+    if baseline_first and not seen and budget >= 1 and start != OFF and (configs is None or OFF in configs):
+        await run(OFF, BASELINE_FIRST, None)
+        seen.add(OFF)
+    if start not in seen:  # (on --resume, a run stopped after its baseline-first launch measures the start next)
         await run(start, "the starting configuration", None)
+    # the baseline measured first is the start's companion, not one of the budget's measurements (the
+    # search would otherwise spend one on it, in most worlds: tests/experiments/test_tune_replay.py)
+    extra = 1 if steps and steps[0].config == OFF and steps[0].reason == BASELINE_FIRST else 0
     stop = "relaunch budget spent"
     adv = None
-    while len(steps) - 1 < budget:
+    while len(steps) - 1 - extra < budget:
         nxt, why, adv = decide(launches, concurrency, configs, describe=describe)
         if nxt is None:
             stop = why
