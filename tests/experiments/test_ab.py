@@ -111,7 +111,7 @@ async def test_ab_untuned_baseline_is_far_slower(tmp_path):
     port = free_port()
     tuned, untuned = twin("sim-c2-baseline-nccl", tmp_path, port), twin("sim-c1-baseline-untuned", tmp_path, port)
     result = await run_ab(LocalTransport(), tuned, untuned, 4, {})
-    v = result["verdict"]
+    v = result.verdict
     assert v["verdict"] == "slower" and 0.65 < v["ratio"] < 0.78  # seeds: 62.9 / 88.8 = 0.71
 
 
@@ -122,9 +122,9 @@ async def test_ab_with_failed_requests_is_not_comparable(tmp_path):
     # in the middle of 40 requests of ~0.16 s each
     b = P.with_changes(a, {"name": "b", "server.args.sim-fault": "crash-after=30", "bench.requests": 40})
     result = await run_ab(LocalTransport(), a, b, 1, {}, judge=False)
-    assert result["launches"][1]["failed"] > 0
-    assert result["verdict"]["verdict"] == "not comparable"
-    assert "failed requests" in result["verdict"]["reason"]
+    assert result.launches[1]["failed"] > 0
+    assert result.verdict["verdict"] == "not comparable"
+    assert "failed requests" in result.verdict["reason"]
 
 
 async def test_ab_with_one_arm_measured_while_capped_is_not_comparable(tmp_path):
@@ -142,7 +142,7 @@ async def test_ab_with_one_arm_measured_while_capped_is_not_comparable(tmp_path)
             ctl.write_text(json.dumps({"capping": "power"}))
 
     result = await run_ab(LocalTransport(), a, b, 1, {}, progress=progress, judge=False)
-    assert result["launches"][0]["gpu_note"] is None
-    assert result["launches"][1]["gpu_note"].startswith("power cap GPU 0,1,2,3,4,5,6,7")
-    v = result["verdict"]
+    assert result.launches[0]["gpu_note"] is None
+    assert result.launches[1]["gpu_note"].startswith("power cap GPU 0,1,2,3,4,5,6,7")
+    v = result.verdict
     assert v["verdict"] == "not comparable" and "GPUs were held back during 1 of 2 launches (b, round 1" in v["reason"]

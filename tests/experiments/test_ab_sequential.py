@@ -27,6 +27,7 @@ from tuitune.measure import stats
 from tuitune_support.captures import tuitune
 from tuitune_support.ports import free_port
 from tuitune_support.presets import make_preset
+from tuitune_support.results import ab_result
 
 
 def rows_of(a: list[float], b: list[float]) -> list[dict]:
@@ -135,7 +136,7 @@ def test_a_decided_gain_below_the_minimum_effect_is_a_verdict_not_the_start_kept
     assert v["verdict"] == "faster" and v["p_value"] == pytest.approx(2 / 70)
     assert v["ratio"] == pytest.approx(1.039, abs=5e-4) and v["ratio_ci"][0] == pytest.approx(1.007, abs=1e-4)
     assert v["at_least"] == pytest.approx(0.007, abs=1e-4) and v["practical"] is False
-    text = format_ab({"a": "a", "b": "b", "launches": rows, "verdict": v, "stopped": "4 rounds run"})
+    text = format_ab(ab_result(rows, v, stopped="4 rounds run"))
     assert "verdict: B (b) is faster, by at least 0.7%" in text
     assert (
         "minimum practical effect 1.0% (--min-effect, the default): not shown, the gain is real but may be as "
@@ -144,9 +145,7 @@ def test_a_decided_gain_below_the_minimum_effect_is_a_verdict_not_the_start_kept
     assert "method: exact two-sided Mann-Whitney test; interval: the test inverted" in text
     # the same launches with a 0.5 % minimum: met; with none: said so
     assert verdict(rows, 0.005)["practical"] is True
-    assert "no minimum practical effect (--min-effect 0)" in format_ab(
-        {"a": "a", "b": "b", "launches": rows, "verdict": verdict(rows, 0.0)}
-    )
+    assert "no minimum practical effect (--min-effect 0)" in format_ab(ab_result(rows, verdict(rows, 0.0)))
     # and the interval always agrees with the verdict: no "p < 0.05 but the interval reaches 1"
     rng = random.Random(9)
     for _ in range(200):
@@ -173,7 +172,7 @@ def test_an_interval_inside_the_minimum_effect_stops_a_sequential_ab():
     assert late["verdict"] == "no significant difference" and late["equivalent"]
     assert stop_reason(late, 6, 8) == "decided after 6 of up to 8 rounds: any difference is inside ±1.0%"
     assert not verdict(rows_of(a[:6], b[:6]), 0.0, True, d)["equivalent"]  # no minimum: nothing to be inside of
-    text = format_ab({"a": "a", "b": "b", "launches": rows_of(a[:6], b[:6]), "verdict": late, "stopped": "x"})
+    text = format_ab(ab_result(rows_of(a[:6], b[:6]), late, stopped="x"))
     assert "the interval lies within 1 ± 1.0%, so any difference is smaller than it" in text
 
 

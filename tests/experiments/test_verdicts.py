@@ -16,6 +16,7 @@ from tuitune.measure.runs import RunBook
 from tuitune_support.paths import ROOT
 from tuitune_support.ports import free_port
 from tuitune_support.presets import make_preset
+from tuitune_support.results import ab_result
 
 
 def _row(arm: str, preset: str, tok: float, r: int) -> dict:
@@ -36,7 +37,7 @@ def test_ab_arms_are_positional_even_with_the_same_name():
     rows = [x for r in range(1, 5) for x in (_row("A", "same", 1179 + r, r), _row("B", "same", 661 + r, r))]
     v = verdict(rows, 0.01)
     assert v["verdict"] == "slower" and 0.55 < v["ratio"] < 0.57 and v["n_baseline"] == v["n_candidate"] == 4
-    text = format_ab({"a": "same", "b": "same", "launches": rows, "verdict": v})
+    text = format_ab(ab_result(rows, v, "same", "same"))
     assert "B (same) is slower" in text
 
 
@@ -209,7 +210,7 @@ def test_ab_and_crossover_say_why_the_verdict_is_what_it_is():
 
     rows = [x for r in range(1, 5) for x in (_row("A", "a", 100 + r, r), _row("B", "b", 110 + r, r))]
     v = verdict(rows, 0.01)
-    text = format_ab({"a": "a", "b": "b", "launches": rows, "verdict": v})
+    text = format_ab(ab_result(rows, v))
     lo, hi = v["ratio_ci"]
     assert (
         f"why: p = {v['p_value']:.3f} < 0.05: the ratio's 97.1% CI {lo:.3f}-{hi:.3f} lies above 1 "
@@ -341,7 +342,7 @@ def test_at_one_stream_a_launch_without_a_decode_rate_makes_the_verdict_goodputs
     v = verdict(whole, bootstrap=False)
     assert v["verdict"] == "faster" and v["metric"] == "goodput", v
     assert v["metric_why"].startswith("1 of 8 measured no decode rate"), v
-    text = format_ab({"launches": whole, "verdict": v, "a": "A", "b": "B"})
+    text = format_ab(ab_result(whole, v, "A", "B"))
     assert "goodputs at concurrency 1" in text and "compared by goodput: 1 of 8" in text, text
     assert "nan" not in text.lower(), text  # the launch without a rate shows "-" in its tok/s column
     full = verdict(rows(set()), bootstrap=False)

@@ -75,7 +75,7 @@ def cmd_ab(ns) -> int:
     print(format_ab(result))
     if o.json:
         write_json(o.json, result)
-    return 0 if result["verdict"]["verdict"] != "not comparable" else 1
+    return 0 if result.verdict["verdict"] != "not comparable" else 1
 
 
 def cmd_crossover(ns) -> int:

@@ -28,8 +28,11 @@ import math
 import time
 from collections.abc import Callable
 
+import msgspec
+
 from tuitune.base.errors import TuituneError
 from tuitune.base.events import Event
+from tuitune.experiments.results import AbLook, AbPower, AbPowers, AbResult
 from tuitune.machine import telemetry
 from tuitune.machine.cluster import controlling, stop_started
 from tuitune.machine.transport import Transport
@@ -474,7 +477,7 @@ async def run_ab(  # noqa: C901, PLR0913
     judge: bool = True,
     max_rounds: int | None = None,
     on_cleanup: Callable[[str], None] | None = None,
-) -> dict:
+) -> AbResult:
     """``rounds`` launches per arm, interleaved; with ``max_rounds`` above ``rounds`` a sequential
     A/B: after round ``rounds`` and every round after it, a look (``stats.decide`` with the design's
     boundary); it stops at the first look that decides (or shows any difference is inside
@@ -584,21 +587,21 @@ async def run_ab(  # noqa: C901, PLR0913
             await control.stop()
     got = measured_spread(launches, metric(launches))
     after = power_note(rounds, got, "measured in this A/B", last) if got is not None else None
-    return {
-        "a": a.name,
-        "b": b.name,
-        "aa": a.hash() == b.hash(),
-        "rounds": len(launches) // 2,
-        "first_look": rounds,
-        "max_rounds": last,
-        "launches": launches,
-        "notes": ab_notes(a, b, rounds, last),
-        "power": {"before": before, "after": after},
-        "design": d.to_dict() if judge else None,
-        "looks": looks,
-        "stopped": stopped,
-        "verdict": verdict(launches, min_effect, judge, d),
-    }
+    return AbResult(
+        a=a.name,
+        b=b.name,
+        aa=a.hash() == b.hash(),
+        rounds=len(launches) // 2,
+        first_look=rounds,
+        max_rounds=last,
+        launches=launches,
+        notes=ab_notes(a, b, rounds, last),
+        power=AbPowers(msgspec.convert(before, AbPower), msgspec.convert(after, AbPower) if after else None),
+        design=d.to_dict() if judge else None,
+        looks=[msgspec.convert(x, AbLook) for x in looks],
+        stopped=stopped,
+        verdict=verdict(launches, min_effect, judge, d),
+    )
 
 
 def verdict_why(v: dict) -> str:
@@ -643,11 +646,11 @@ def practical_line(v: dict, default: bool) -> str:
     return f"{said}: the interval reaches beyond it, so a difference that large is not ruled out"
 
 
-def format_ab(result: dict) -> str:
+def format_ab(result: AbResult) -> str:
     lines = [
         f"{'round':>5}  {'arm':<3} {'preset':<28} {'tok/s':>9} {'95% CI':>17} {'goodput':>9} {'accept':>7} {'failed':>6}"
     ]
-    for x in result["launches"]:
+    for x in result.launches:
         ci = x.get("ci95") or [math.nan, math.nan]
         acc = f"{x['accept_len']:.2f}" if x.get("accept_len") else "-"
         lines.append(
@@ -655,17 +658,17 @@ def format_ab(result: dict) -> str:
             f"{_ci_cell(ci)} {x.get('goodput', math.nan):>9.1f} {acc:>7} {x['failed']:>6}"
             + (f"  ⚠ GPUs: {x['gpu_note']}" if x.get("gpu_note") else "")
         )
-    w = next((x["workload"] for x in result["launches"] if x.get("workload")), None)
+    w = next((x["workload"] for x in result.launches if x.get("workload")), None)
     if w:
         lines.append(f"workload: {workload.describe(w)}")
-    v = result["verdict"]
+    v = result.verdict
     if v["verdict"] == "not comparable":
         lines.append(f"\nverdict: not comparable: {v['reason']}")
         return "\n".join(lines)
     lo, hi = v["ratio_ci"]
-    a, b = f"A ({result['a']})", f"B ({result['b']})"
+    a, b = f"A ({result.a})", f"B ({result.b})"
     what = (
-        "goodputs at concurrency " + str(result["launches"][0].get("concurrency"))
+        "goodputs at concurrency " + str(result.launches[0].get("concurrency"))
         if v.get("metric") == "goodput"
         else "launch medians"
     )
@@ -689,11 +692,10 @@ def format_ab(result: dict) -> str:
         else:
             lines.append("verdict: no significant difference")
         lines.append(f"why: {verdict_why(v)}")
-        lines.append(practical_line(v, result.get("min_effect_default", v["min_effect"] == MIN_EFFECT)))
-        lines.append(f"method: {v['method']}" + (f"; {result['stopped']}" if v.get("sequential") else ""))
-    after = (result.get("power") or {}).get("after")
-    if after:
-        lines.append(f"power: {after['sentence']}")
-    if result.get("aa"):
+        lines.append(practical_line(v, v["min_effect"] == MIN_EFFECT))
+        lines.append(f"method: {v['method']}" + (f"; {result.stopped}" if v.get("sequential") else ""))
+    if result.power.after is not None:
+        lines.append(f"power: {result.power.after.sentence}")
+    if result.aa:
         lines.append("this was an A/A run (the same configuration in both arms): a difference here is noise")
     return "\n".join(lines)

@@ -127,3 +127,54 @@ class LiveSweepResult(Result, kw_only=True):
 
     def steps_of(self, arm: str) -> int:
         return next(a.steps for a in self.arms if a.arm == arm)
+
+
+class AbPower(Result, kw_only=True):
+    """What an A/B of its rounds can detect (``ab.power_note``), and the sentence that says so."""
+
+    rounds: int
+    max_rounds: int
+    spread: float  # the launch-to-launch spread it is computed from (relative)
+    spread_source: str
+    detectable: float | None  # the smallest relative change detected 80 % of the time (None: none can be)
+    mean_rounds: float | None = None  # a sequential A/B: the rounds it runs on average at that change
+    sentence: str
+
+
+class AbPowers(Result):
+    """The power before the A/B (from the spread measured before, or the prior) and after (from its own)."""
+
+    before: AbPower
+    after: AbPower | None  # None: the A/B measured no spread (a failed arm, one round)
+
+
+class AbLook(Result):
+    """One look of a sequential A/B: the verdict after ``rounds`` rounds, and the test's figures."""
+
+    rounds: int
+    verdict: str | None
+    ratio_ci: list[float | None] | None
+    shift: float | None
+    p_value: float | None
+    u: float | None
+    critical_u: float | None
+
+
+class AbResult(Result, kw_only=True):
+    """`tuitune ab A B`: every launch (a row each, as ``ab.bench_launch`` has them), the looks, the
+    power before and after, and the verdict (``ab.verdict``'s dict, which tune, sweep and the live
+    experiments share)."""
+
+    a: str
+    b: str
+    aa: bool  # the same configuration in both arms: a difference is noise
+    rounds: int  # rounds run (each arm once a round)
+    first_look: int
+    max_rounds: int
+    launches: list[dict]
+    notes: list[str]
+    power: AbPowers
+    design: dict | None  # None: too few rounds for a verdict, run as a measurement (--no-verdict)
+    looks: list[AbLook]
+    stopped: str
+    verdict: dict

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tuitune import preset as P
+from tuitune.base.jsonl import plain
 from tuitune.decide import ncclstep as NS
 from tuitune.decide.advise import space
 from tuitune.decide.launch import OFF, Config, Launch
@@ -470,8 +471,8 @@ class TuneRun:
             max_rounds=last,
             on_cleanup=self.on_cleanup,
         )
-        summary["ab"] = ab
-        v = ab["verdict"]
+        summary["ab"] = plain(ab)  # (the log's rows are plain JSON)
+        v = ab.verdict
         summary["verdict"] = v
         if v.get("verdict") == "faster":
             summary["best_preset"] = str(P.save(b, opts.out / "best.yaml"))
