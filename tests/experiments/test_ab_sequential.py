@@ -16,13 +16,13 @@ from tuitune import preset as P
 from tuitune.experiments.ab import (
     ab_design,
     detectable_effect,
-    format_ab,
     measured_spread,
     power_note,
     spread_from,
     stop_reason,
     verdict,
 )
+from tuitune.experiments.abreport import format_ab
 from tuitune.measure import stats
 from tuitune_support.captures import tuitune
 from tuitune_support.ports import free_port

@@ -355,8 +355,9 @@ def test_tune_proof_live_refusals_and_its_fallback_to_launches(tmp_path):
     import types
 
     from tuitune.decide.launch import OFF, Config
-    from tuitune.experiments.tune import SessionSource, TuneRun, format_result
+    from tuitune.experiments.tune import SessionSource, TuneRun
     from tuitune.experiments.tuneoptions import TuneOptions
+    from tuitune.experiments.tunereport import format_result
 
     preset, env = prepared_preset(tmp_path, [1, 2, 3])
     plain = tmp_path / "plain.yaml"

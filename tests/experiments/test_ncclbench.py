@@ -295,7 +295,7 @@ def test_decode_step_benchmark_refuses_nvlink_multicast():
 
 
 def test_tune_result_shows_the_nccl_prediction_beside_the_measured_gain():
-    from tuitune.experiments import tune as T
+    from tuitune.experiments import tunereport as T
     from tuitune.experiments.tunenccl import nccl_summary
 
     decided = {"predicted_gain": 0.136, "measured_gain": 0.121, "cycle_ms": 5.4}

@@ -9,7 +9,8 @@ import time
 
 from tuitune import preset as P
 from tuitune.cli import build_command_parser
-from tuitune.experiments.ab import ab_notes, format_ab, verdict
+from tuitune.experiments.ab import ab_notes, verdict
+from tuitune.experiments.abreport import format_ab
 from tuitune.experiments.sweep import format_table, summarize
 from tuitune.machine.readiness import nccl_confirmation, nccl_note
 from tuitune.measure.runs import RunBook

@@ -43,7 +43,8 @@ def parser_of(options: type[CliOptions], run: Callable[[argparse.Namespace], int
 
 
 def cmd_ab(ns) -> int:
-    from tuitune.experiments.ab import ab_notes, format_ab, run_ab
+    from tuitune.experiments.ab import ab_notes, run_ab
+    from tuitune.experiments.abreport import format_ab
 
     o = ABOptions.from_cli_args(ns)
     a, b = load_preset(o.a), load_preset(o.b)
@@ -199,7 +200,8 @@ def _live_sweep(o, base, grid) -> int:
 
 
 def cmd_tune(ns) -> int:
-    from tuitune.experiments.tune import TuneRun, format_result
+    from tuitune.experiments.tune import TuneRun
+    from tuitune.experiments.tunereport import format_result
 
     base = load_preset(ns.preset)
     o = TuneOptions.from_cli_args(ns, base)
