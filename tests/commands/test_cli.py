@@ -97,20 +97,28 @@ def test_charts_are_plain_text_when_piped_or_no_color():
 
 
 def test_sweep_plot_plain():
+    import msgspec
+
+    from tuitune.experiments.results import SweepResult
     from tuitune.experiments.sweep import plot
 
     result = {
+        "preset": "p",
+        "best": None,
+        "baseline_axes": {},
         "table": [
             {
+                "label": f"num_steps={s}",
                 "kind": "config",
                 "tok_s": 100 + s,
                 "changes": {"speculative.num_steps": s},
                 "axes": {"speculative.num_steps": s},
             }
             for s in (1, 2, 3)
-        ]
+        ],
     }
-    assert "\x1b" not in plot(result, colour=False) and "\x1b" in plot(result, colour=True)
+    typed = msgspec.convert(result, SweepResult)
+    assert "\x1b" not in plot(typed, colour=False) and "\x1b" in plot(typed, colour=True)
 
 
 def complete(line: str, env=None) -> list[str]:

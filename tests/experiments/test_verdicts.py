@@ -87,12 +87,12 @@ def test_sweep_baseline_is_a_candidate(tmp_path):
         _trial("baseline", "baseline", 100.0, 2),
     ]
     result = summarize(base, rows, tmp_path)
-    assert result["best"] == "baseline" and "best_preset" not in result and not (tmp_path / "best.yaml").exists()
+    assert result.best == "baseline" and result.best_preset is None and not (tmp_path / "best.yaml").exists()
     assert "the baseline stays best" in format_table(result)
     # a configuration 10 % faster wins and is written
     rows[1] = _trial("num_steps=3", "config", 110.0, 1, {"speculative.num_steps": 3})
     result = summarize(base, rows, tmp_path)
-    assert result["best"] == "num_steps=3" and (tmp_path / "best.yaml").exists()
+    assert result.best == "num_steps=3" and (tmp_path / "best.yaml").exists()
 
 
 def test_staleness_is_about_the_baselines_own_conditions(tmp_path):
@@ -313,13 +313,13 @@ def test_sweep_refuses_a_delta_across_concurrency_limits_where_they_bind(tmp_pat
         return out
 
     result = summarize(base, rows(64), tmp_path)
-    (cfg,) = [t for t in result["table"] if t["label"] == "num_steps=3"]
-    assert cfg["delta"]["verdict"] == "not comparable" and "baseline 256" in cfg["limits"], cfg
-    assert result["best"] == "baseline" and not (tmp_path / "best.yaml").exists()
+    (cfg,) = [t for t in result.table if t.label == "num_steps=3"]
+    assert cfg.delta is not None and cfg.delta.verdict == "not comparable" and "baseline 256" in (cfg.limits or ""), cfg
+    assert result.best == "baseline" and not (tmp_path / "best.yaml").exists()
     text = format_table(result)
     assert "n/c (other limit)" in text and "num_steps=3 48" in text, text
     result = summarize(base, rows(16), tmp_path)
-    assert result["best"] == "num_steps=3", result
+    assert result.best == "num_steps=3", result
 
 
 def test_at_one_stream_a_launch_without_a_decode_rate_makes_the_verdict_goodputs_and_says_so():

@@ -74,6 +74,9 @@ async def test_chart_tab_gets_rows_at_80x24():
 
 
 def test_sweep_plot_has_the_baseline_in_its_series(monkeypatch):
+    import msgspec
+
+    from tuitune.experiments.results import SweepResult
     from tuitune.experiments.sweep import plot
 
     drawn = []
@@ -81,8 +84,11 @@ def test_sweep_plot_has_the_baseline_in_its_series(monkeypatch):
     monkeypatch.setattr(plt, "plot", lambda xs, ys, **kw: (drawn.append((list(xs), list(ys))), real(xs, ys, **kw)))
 
     result = {
+        "preset": "p",
+        "best": None,
         "table": [
             {
+                "label": f"num_steps={s}",
                 "kind": "config",
                 "tok_s": t,
                 "changes": {"speculative.num_steps": s},
@@ -90,10 +96,10 @@ def test_sweep_plot_has_the_baseline_in_its_series(monkeypatch):
             }
             for s, t in ((1, 100.0), (3, 104.0))
         ]
-        + [{"kind": "baseline", "tok_s": 130.0, "changes": {}, "axes": {}}],
+        + [{"label": "baseline", "kind": "baseline", "tok_s": 130.0, "changes": {}, "axes": {}}],
         "baseline_axes": {"speculative.num_steps": 2},
     }
-    text = plot(result, width=100, height=14, colour=False)
+    text = plot(msgspec.convert(result, SweepResult), width=100, height=14, colour=False)
     assert "the point at steps 2" in text
     assert drawn == [([1, 2, 3], [100.0, 130.0, 104.0])]  # steps 1, 2 (the baseline), 3 in one line
 

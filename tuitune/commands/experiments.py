@@ -180,7 +180,7 @@ def cmd_sweep(ns) -> int:
         if chart:
             print()
             print(chart)
-    return 0 if result.get("best") else 1
+    return 0 if result.best else 1
 
 
 def _live_sweep(o, base, grid) -> int:

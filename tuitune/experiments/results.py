@@ -178,3 +178,48 @@ class AbResult(Result, kw_only=True):
     looks: list[AbLook]
     stopped: str
     verdict: dict
+
+
+class SweepDelta(Result, kw_only=True):
+    """A configuration of the sweep by relaunches against the baseline (``stats.compare``), or "not
+    comparable" (another concurrency, or a server held to fewer requests at once than the streams)."""
+
+    ratio: float  # NaN where not comparable
+    ratio_ci: list[float]
+    p_value: float
+    verdict: str  # faster · slower · no significant difference · not comparable
+    min_effect: float | None = None
+
+
+class SweepRow(Result, kw_only=True):
+    """One configuration (or the baseline) of `tuitune sweep`: its launches pooled, or why none was
+    measured (skipped, every launch failed)."""
+
+    label: str
+    kind: str  # config · baseline
+    changes: dict | None = None  # the grid's changes (preset keys)
+    axes: dict | None = None  # the grid's axes and their values here
+    launches: int | None = None  # launches measured (None: none)
+    tok_s: float | None = None  # the launches' median decode tok/s (None: none measured)
+    ci95: list[float] | None = None  # of the pooled requests' median
+    accept_len: float | None = None
+    cycle_ms: float | None = None
+    skipped: str | None = None  # why it was not run
+    failed: int = 0  # launches that failed
+    concurrency: int | None = None
+    goodput: float | None = None
+    limits: str | None = None  # its server's max_running_requests differed from the baseline's (a sentence)
+    delta_unit: str | None = None  # launch · request: what the comparison took as a sample
+    delta: SweepDelta | None = None  # None: the baseline itself, or no baseline measured
+
+
+class SweepResult(Result, kw_only=True):
+    """`tuitune sweep PRESET --grid …` by relaunches: every configuration ranked by tok/s (those measured
+    first), the best (a configuration significantly faster than the baseline, else the baseline)."""
+
+    preset: str
+    table: list[SweepRow]
+    best: str | None  # a label, "baseline", or None (the baseline measured nothing)
+    baseline_axes: dict  # the grid's axes as the baseline has them: its point in the plot
+    best_note: str | None = None
+    best_preset: str | None = None  # OUT/best.yaml, where the best is a configuration

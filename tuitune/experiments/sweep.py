@@ -12,14 +12,16 @@ from __future__ import annotations
 import asyncio
 import csv
 import hashlib
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from tuitune import preset as P
 from tuitune.base.errors import TuituneError
-from tuitune.base.jsonl import append_row, end_partial_line, is_count, is_figure, read_rows
+from tuitune.base.jsonl import append_row, end_partial_line, is_count, is_figure, plain, read_rows
 from tuitune.experiments import grid as G
+from tuitune.experiments.results import SweepDelta, SweepResult, SweepRow
 from tuitune.machine.errors import ControlError
 from tuitune.machine.session import Session
 from tuitune.machine.telemetry import CaptureThrottle
@@ -218,7 +220,7 @@ async def sweep(  # noqa: PLR0913
     progress: Callable[[str], None] | None = None,
     session: Session | None = None,
     on_cleanup: Callable[[str], None] | None = None,
-) -> dict:
+) -> SweepResult:
     """Every trial of the plan, appended to OUT as it ends. Interrupted (Ctrl-C, SIGTERM), it stops
     the server it started and says so to ``on_cleanup``; ``--resume`` goes on from the trials done."""
     baseline = baseline or base
@@ -279,7 +281,7 @@ async def sweep(  # noqa: PLR0913
     )
 
 
-def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict:  # noqa: C901
+def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> SweepResult:  # noqa: C901
     """Per configuration: launch medians, pooled requests, Δ vs baseline; sorted by tok/s."""
     groups: dict[str, dict] = {}
     for r in rows:
@@ -316,83 +318,83 @@ def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> dict
         else:
             g["failed"] += 1
     base_g = groups.get("baseline")
-    table = []
+    table: list[SweepRow] = []
     for g in groups.values():
         if not g["launches"]:
-            table.append({"label": g["label"], "kind": g["kind"], "skipped": g["skipped"], "failed": g["failed"]})
+            table.append(SweepRow(label=g["label"], kind=g["kind"], skipped=g["skipped"], failed=g["failed"]))
             continue
         launches = sorted(g["launches"])
-        entry = {
-            "label": g["label"],
-            "kind": g["kind"],
-            "changes": g["changes"],
-            "axes": g["axes"],
-            "launches": len(launches),
-            "tok_s": quantile(launches, 0.5),
-            "ci95": list(stats.bootstrap_median_ci(g["values"])),
-            "accept_len": sum(g["accept"]) / len(g["accept"]) if g["accept"] else None,
-            "cycle_ms": sum(g["cycle"]) / len(g["cycle"]) if g["cycle"] else None,
-            "failed": g["failed"],
-            "concurrency": g["concurrency"],
-            "goodput": quantile(sorted(g["goodput"]), 0.5) if g["goodput"] else None,
-        }
+        entry = SweepRow(
+            label=g["label"],
+            kind=g["kind"],
+            changes=g["changes"],
+            axes=g["axes"],
+            launches=len(launches),
+            tok_s=quantile(launches, 0.5),
+            ci95=list(stats.bootstrap_median_ci(g["values"])),
+            accept_len=sum(g["accept"]) / len(g["accept"]) if g["accept"] else None,
+            cycle_ms=sum(g["cycle"]) / len(g["cycle"]) if g["cycle"] else None,
+            failed=g["failed"],
+            concurrency=g["concurrency"],
+            goodput=quantile(sorted(g["goodput"]), 0.5) if g["goodput"] else None,
+        )
         confound = (
             limit_confound({"baseline": base_g["limits"], g["label"]: g["limits"]}, g["concurrency"])
             if base_g and g is not base_g
             else None
         )
         if confound:
-            entry["limits"] = confound[1]
+            entry.limits = confound[1]
         if base_g and g is not base_g and (g["concurrency"] != base_g["concurrency"] or (confound and confound[0])):
             # per-request speed falls as the batch grows: no comparison with another concurrency, nor with a
             # server held to fewer requests at once than the streams sent
-            entry["delta"] = {
-                "ratio": float("nan"),
-                "ratio_ci": [float("nan")] * 2,
-                "p_value": float("nan"),
-                "verdict": "not comparable",
-            }
+            nan = float("nan")
+            entry.delta = SweepDelta(ratio=nan, ratio_ci=[nan, nan], p_value=nan, verdict="not comparable")
         elif base_g and base_g["launches"] and g is not base_g:
             # launches are the unit once both sides have 4; before that, a request-level check
             if len(g["launches"]) >= 4 and len(base_g["launches"]) >= 4:
                 cmp = stats.compare(base_g["launches"], g["launches"])
-                entry["delta_unit"] = "launch"
+                entry.delta_unit = "launch"
             else:
                 cmp = stats.compare(base_g["values"], g["values"])
-                entry["delta_unit"] = "request"
-            entry["delta"] = {k: cmp[k] for k in ("ratio", "ratio_ci", "p_value", "verdict", "min_effect")}
+                entry.delta_unit = "request"
+            entry.delta = SweepDelta(
+                ratio=cmp["ratio"],
+                ratio_ci=list(cmp["ratio_ci"]),
+                p_value=cmp["p_value"],
+                verdict=cmp["verdict"],
+                min_effect=cmp["min_effect"],
+            )
         table.append(entry)
-    ranked = sorted([t for t in table if "tok_s" in t], key=lambda t: -t["tok_s"])
+    ranked = sorted([t for t in table if t.tok_s is not None], key=lambda t: -(t.tok_s or 0.0))
     # the baseline is a candidate too: a configuration wins only when significantly faster than it
     # (a configuration at another concurrency is "not comparable", so never the best)
-    best = next(
-        (t for t in ranked if t["kind"] == "config" and (t.get("delta") or {}).get("verdict") == "faster"), None
-    )
+    best = next((t for t in ranked if t.kind == "config" and t.delta is not None and t.delta.verdict == "faster"), None)
     keys = list(dict.fromkeys(k for r in rows for k in (r.get("axes") or {})))
     flat = P.flatten(base)
-    result = {
-        "preset": base.name,
-        "table": ranked + [t for t in table if "tok_s" not in t],
-        "best": best["label"] if best else None,
+    result = SweepResult(
+        preset=base.name,
+        table=ranked + [t for t in table if t.tok_s is None],
+        best=best.label if best else None,
         # the grid's axes as the baseline (the preset unchanged) has them: its point in plot()
-        "baseline_axes": {k: flat.get(k) for k in keys},
-    }
+        baseline_axes={k: flat.get(k) for k in keys},
+    )
     if best is None and base_g and base_g["launches"]:
-        result["best"] = "baseline"
-        result["best_note"] = "no configuration was significantly faster than the baseline: the baseline stays best"
+        result.best = "baseline"
+        result.best_note = "no configuration was significantly faster than the baseline: the baseline stays best"
     if best and out is not None:
-        p, _ = G.apply(base, best["changes"])
+        p, _ = G.apply(base, best.changes or {})
         if p is not None:
             name = f"{base.name}-best"
             P.save(
-                P.with_changes(p, {"name": name, "description": f"best of the sweep in {out}: {best['label']}"}),
+                P.with_changes(p, {"name": name, "description": f"best of the sweep in {out}: {best.label}"}),
                 out / "best.yaml",
             )
-            result["best_preset"] = str(out / "best.yaml")
+            result.best_preset = str(out / "best.yaml")
     return result
 
 
-def format_table(result: dict) -> str:
+def format_table(result: SweepResult) -> str:
     """One row per configuration: the Δ against the baseline with its mark, then what decided it (the
     interval of the ratio and p); a legend line explains the marks, and each ≈ with a small p says why."""
     lines = [
@@ -401,35 +403,35 @@ def format_table(result: dict) -> str:
     ]
     why = []
     min_effect = 0.01
-    for t in result["table"]:
-        if "tok_s" not in t:
-            reason = f"skipped: {t['skipped']}" if t.get("skipped") else f"{t['failed']} failed launch(es)"
-            lines.append(f"{t['label']:<40} {reason}")
+    for t in result.table:
+        if t.tok_s is None:
+            reason = f"skipped: {t.skipped}" if t.skipped else f"{t.failed} failed launch(es)"
+            lines.append(f"{t.label:<40} {reason}")
             continue
-        lo, hi = t["ci95"]
-        d = t.get("delta")
-        if d and d["verdict"] == "not comparable":
-            delta = "n/c (other limit)" if t.get("limits") and "above" in t["limits"] else "n/c (other concurrency)"
-            if t.get("limits"):
-                why.append(f"  {t['label']}: {t['limits']}")
+        lo, hi = t.ci95 or [math.nan, math.nan]
+        d = t.delta
+        if d and d.verdict == "not comparable":
+            delta = "n/c (other limit)" if t.limits and "above" in t.limits else "n/c (other concurrency)"
+            if t.limits:
+                why.append(f"  {t.label}: {t.limits}")
         elif d:
-            mark = {"faster": "▲", "slower": "▼"}.get(d["verdict"], "≈")
-            rlo, rhi = d["ratio_ci"]
-            min_effect = d.get("min_effect", min_effect)
-            pv = f"{d['p_value']:.3f}" if d["p_value"] >= 0.001 else "<0.001"
-            delta = f"{(d['ratio'] - 1) * 100:>+7.1f}% {mark:<5} {rlo:>6.3f}-{rhi:<6.3f} {pv:>6}"
-            if mark == "≈" and d["p_value"] < 0.05:
-                why.append(f"  {t['label']}: ≈ because {stats.verdict_why({**d, 'min_effect': min_effect})}")
+            mark = {"faster": "▲", "slower": "▼"}.get(d.verdict, "≈")
+            rlo, rhi = d.ratio_ci
+            min_effect = d.min_effect if d.min_effect is not None else min_effect
+            pv = f"{d.p_value:.3f}" if d.p_value >= 0.001 else "<0.001"
+            delta = f"{(d.ratio - 1) * 100:>+7.1f}% {mark:<5} {rlo:>6.3f}-{rhi:<6.3f} {pv:>6}"
+            if mark == "≈" and d.p_value < 0.05:
+                why.append(f"  {t.label}: ≈ because {stats.verdict_why({**plain(d), 'min_effect': min_effect})}")
         else:
             delta = f"{'—':>8}"  # the baseline itself
-        acc = f"{t['accept_len']:.2f}" if t.get("accept_len") else "—"
-        cyc = f"{t['cycle_ms']:.2f}" if t.get("cycle_ms") else "—"
-        gp = f"{t['goodput']:.1f}" if t.get("goodput") else "—"
+        acc = f"{t.accept_len:.2f}" if t.accept_len else "—"
+        cyc = f"{t.cycle_ms:.2f}" if t.cycle_ms else "—"
+        gp = f"{t.goodput:.1f}" if t.goodput else "—"
         lines.append(
-            f"{t['label']:<40} {t.get('concurrency', 1):>4} {t['tok_s']:>8.2f} {lo:>8.2f}-{hi:<8.2f} {gp:>9} "
-            f"{t['launches']:>8} {acc:>7} {cyc:>9} {delta}".rstrip()
+            f"{t.label:<40} {t.concurrency or 1:>4} {t.tok_s:>8.2f} {lo:>8.2f}-{hi:<8.2f} {gp:>9} "
+            f"{t.launches:>8} {acc:>7} {cyc:>9} {delta}".rstrip()
         )
-    units = {t.get("delta_unit") for t in result["table"] if t.get("delta_unit")}
+    units = {t.delta_unit for t in result.table if t.delta_unit}
     lines.append(
         "\n"
         + stats.legend(min_effect)
@@ -442,22 +444,19 @@ def format_table(result: dict) -> str:
         )
     )
     lines += why
-    if result.get("best_note"):
-        lines.append(f"\nbest: {result['best_note']} (no best.yaml written)")
-    elif result.get("best"):
-        lines.append(
-            f"\nbest: {result['best']}"
-            + (f" (written to {result['best_preset']})" if result.get("best_preset") else "")
-        )
+    if result.best_note:
+        lines.append(f"\nbest: {result.best_note} (no best.yaml written)")
+    elif result.best:
+        lines.append(f"\nbest: {result.best}" + (f" (written to {result.best_preset})" if result.best_preset else ""))
     return "\n".join(lines)
 
 
-def plot(result: dict, width: int = 100, height: int = 18, colour: bool = True) -> str | None:
+def plot(result: SweepResult, width: int = 100, height: int = 18, colour: bool = True) -> str | None:
     """tok/s against steps, one line per other setting (when the grid has speculative.num_steps)."""
     rows = [
         t
-        for t in result["table"]
-        if t.get("kind") == "config" and "tok_s" in t and "speculative.num_steps" in (t.get("changes") or {})
+        for t in result.table
+        if t.kind == "config" and t.tok_s is not None and "speculative.num_steps" in (t.changes or {})
     ]
     if not rows:
         return None
@@ -470,9 +469,9 @@ def plot(result: dict, width: int = 100, height: int = 18, colour: bool = True) 
 
     lines: dict[str, list[tuple[int, float]]] = {}
     for t in rows:
-        lines.setdefault(series(t["axes"]), []).append((t["changes"][steps], t["tok_s"]))
-    base = next((t for t in result["table"] if t.get("kind") == "baseline" and "tok_s" in t), None)
-    base_axes = result.get("baseline_axes") or {}
+        lines.setdefault(series(t.axes or {}), []).append(((t.changes or {})[steps], t.tok_s or 0.0))
+    base = next((t for t in result.table if t.kind == "baseline" and t.tok_s is not None), None)
+    base_axes = result.baseline_axes or {}
     on_line = None
     if base and isinstance(base_axes.get(steps), int):
         # the baseline is a point of the series it belongs to (its steps between the grid's), not
@@ -480,7 +479,7 @@ def plot(result: dict, width: int = 100, height: int = 18, colour: bool = True) 
         name = series(base_axes)
         pts = lines.get(name)
         if pts is not None and all(x != base_axes[steps] for x, _ in pts):
-            pts.append((base_axes[steps], base["tok_s"]))
+            pts.append((base_axes[steps], base.tok_s or 0.0))
             on_line = base_axes[steps]
     plt.clear_figure()
     plt.plotsize(width, height)
@@ -489,7 +488,7 @@ def plot(result: dict, width: int = 100, height: int = 18, colour: bool = True) 
         pts.sort()
         plt.plot([p[0] for p in pts], [p[1] for p in pts], label=name, marker="dot")
     if base:
-        plt.horizontal_line(base["tok_s"])
+        plt.horizontal_line(base.tok_s)
     note = f"baseline: the point at steps {on_line}, and the line" if on_line else "horizontal line: baseline"
     plt.title("tok/s against speculative steps" + (f" ({note})" if base else ""))
     plt.xlabel("speculative.num_steps")
