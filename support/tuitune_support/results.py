@@ -27,3 +27,27 @@ def ab_result(launches: list[dict], verdict: dict, a: str = "a", b: str = "b", s
         stopped=stopped,
         verdict=verdict,
     )
+
+
+def tune_summary(**fields) -> object:
+    """A ``TuneSummary`` with these fields, the rest neutral (a start and a choice of speculation off,
+    nothing measured, failed or kept): for the tests of what tune prints."""
+    from tuitune.experiments.results import TuneSummary
+
+    off = {"steps": 0, "topk": 1, "draft_tokens": 1}
+    base = {
+        "kind": "result",
+        "start": off,
+        "chosen": off,
+        "chosen_label": "off",
+        "concurrency": 1,
+        "relaunches": 0,
+        "held_live": 0,
+        "stop_reason": "budget",
+        "nccl": None,
+        "nccl_prediction": None,
+        "measured": {},
+        "failed": {},
+        "chosen_why": "",
+    }
+    return TuneSummary(**{**base, **fields})

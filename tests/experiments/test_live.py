@@ -358,6 +358,7 @@ def test_tune_proof_live_refusals_and_its_fallback_to_launches(tmp_path):
     from tuitune.experiments.tune import SessionSource, TuneRun
     from tuitune.experiments.tuneoptions import TuneOptions
     from tuitune.experiments.tunereport import format_result
+    from tuitune_support.results import tune_summary
 
     preset, env = prepared_preset(tmp_path, [1, 2, 3])
     plain = tmp_path / "plain.yaml"
@@ -388,13 +389,10 @@ def test_tune_proof_live_refusals_and_its_fallback_to_launches(tmp_path):
     assert "keeps NCCL variables (NCCL_PROTO=LL)" in (run.live_refusal(source, held) or "")
     assert run.live_refusal(SessionSource(None, base, tmp_path / "o", live=False), held)  # --no-live's search
     # what the result says where the proof fell back to launches
-    res = {
-        "concurrency": 1,
-        "relaunches": 1,
-        "stop_reason": "budget",
-        "measured": {},
-        "proof": "static",
-        "proof_why": "the choice, off, is not a chain the launch is prepared to hold (K [1, 2, 3])",
-        "verdict": {"verdict": "not confirmed", "reason": "x"},
-    }
+    res = tune_summary(
+        relaunches=1,
+        proof="static",
+        proof_why="the choice, off, is not a chain the launch is prepared to hold (K [1, 2, 3])",
+        verdict={"verdict": "not confirmed", "reason": "x"},
+    )
     assert "proof: static, not in one launch: the choice, off, is not a chain" in format_result(res)

@@ -297,20 +297,19 @@ def test_decode_step_benchmark_refuses_nvlink_multicast():
 def test_tune_result_shows_the_nccl_prediction_beside_the_measured_gain():
     from tuitune.experiments import tunereport as T
     from tuitune.experiments.tunenccl import nccl_summary
+    from tuitune_support.results import tune_summary
 
     decided = {"predicted_gain": 0.136, "measured_gain": 0.121, "cycle_ms": 5.4}
     pred = {"winner": "NCCL_PROTO=LL", "reference": "NCCL_PROTO=Simple", "step_saving_us": 739.6, "basis": "65 x"}
-    result = {
+    fields = {
         "concurrency": 2,
         "relaunches": 1,
-        "stop_reason": "budget",
-        "measured": {},
         "verdict": {"verdict": "start is already best", "reason": "r"},
         "nccl_prediction": nccl_summary({"prediction": pred}, decided),
     }
-    text = T.format_result(result)
+    text = T.format_result(tune_summary(**fields))
     assert "NCCL: nccl-bench's winner NCCL_PROTO=LL predicted to save 739.6 µs a decode step" in text
     assert "(measured +12.1%, predicted +13.6%)" in text
     assert "the prediction rests on: 65 x" in text
-    note = T.format_result({**result, "nccl_prediction": {"winner": "A", "note": "why not"}})
+    note = T.format_result(tune_summary(**{**fields, "nccl_prediction": {"winner": "A", "note": "why not"}}))
     assert "no step prediction (why not)" in note

@@ -211,7 +211,7 @@ def cmd_tune(ns) -> int:
     print(format_result(result))
     if ns.json:
         write_json(ns.json, result)
-    return 0 if result["verdict"].get("verdict") != "not comparable" else 1
+    return 0 if result.verdict.get("verdict") != "not comparable" else 1
 
 
 @contextlib.contextmanager

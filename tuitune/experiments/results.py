@@ -4,6 +4,8 @@ turns a ``Result`` into the dict it replaces: the same keys, in the same order, 
 
 from __future__ import annotations
 
+import msgspec
+
 from tuitune.base.jsonl import Result
 
 
@@ -223,3 +225,29 @@ class SweepResult(Result, kw_only=True):
     baseline_axes: dict  # the grid's axes as the baseline has them: its point in the plot
     best_note: str | None = None
     best_preset: str | None = None  # OUT/best.yaml, where the best is a configuration
+
+
+class TuneSummary(Result, kw_only=True):
+    """`tuitune tune`: what the search measured and chose and why, and what proved it (its row in
+    OUT/tune.jsonl, ``kind`` "result"; `--json`)."""
+
+    kind: str  # "result" (the log's rows are told apart by it)
+    start: dict  # the starting configuration (steps, topk, draft_tokens)
+    chosen: dict
+    chosen_label: str  # in the engine's words, with the NCCL variables kept
+    concurrency: int
+    relaunches: int  # launches after the first (held measurements cost none)
+    held_live: int  # measurements held in a launch prepared to switch
+    stop_reason: str
+    nccl: str | None  # the NCCL variables the search kept
+    nccl_prediction: dict | None  # nccl-bench's winner and what it predicted, beside what was measured
+    measured: dict[str, float]  # label -> goodput at the concurrency
+    failed: dict[str, str]  # label -> why it did not start
+    sim_behind: dict | None = None  # label -> concurrency -> how far the simulator fell behind its clock
+    advice: dict | None = None  # the model's last advice
+    chosen_why: str
+    proof: str | None = None  # static · live: where the final A/B ran (None: no A/B)
+    proof_why: str | None = None  # why `--proof live` fell back to launches
+    ab: dict | None = None  # the final A/B (ab's result, or the blocks in one launch)
+    verdict: dict = msgspec.field(default_factory=dict)  # set by the proof: ab's verdict, or why there is none
+    best_preset: str | None = None  # OUT/best.yaml, written on "faster"

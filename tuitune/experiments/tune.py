@@ -20,6 +20,7 @@ from tuitune.base.jsonl import plain
 from tuitune.decide import ncclstep as NS
 from tuitune.decide.advise import space
 from tuitune.decide.launch import OFF, Config, Launch
+from tuitune.experiments.results import TuneSummary
 from tuitune.experiments.tunelog import load_log, log_row, replay_prior
 from tuitune.experiments.tuneloop import (
     NOISE,
@@ -176,7 +177,7 @@ async def tune(
     session=None,
     on_cleanup: Callable[[str], None] | None = None,
     **options,
-) -> dict:
+) -> TuneSummary:
     """The search, then the final A/B (``TuneRun``; ``options``: the rest of ``TuneOptions``)."""
     opts = TuneOptions(budget, concurrency, out, **options)
     return await TuneRun(base, opts, progress=progress, session=session, on_cleanup=on_cleanup).run()
@@ -216,7 +217,7 @@ class TuneRun:
     def append(self, row: dict) -> None:
         log_row(self.opts.out, row)
 
-    async def run(self) -> dict:
+    async def run(self) -> TuneSummary:
         from tuitune.machine.session import Session
 
         opts, base = self.opts, self.base
@@ -246,7 +247,7 @@ class TuneRun:
             source, result = await self.search()
             summary = self.summarize(source, result)
             await self.prove(source, result, summary)
-            self.append(summary)
+            self.append(plain(summary))
             return summary
         except asyncio.CancelledError:
             await self.session.stop_started(self.on_cleanup)  # (the A/B stopped its own arm: nothing left then)
@@ -386,34 +387,30 @@ class TuneRun:
         holdable = SessionSource.holds(self.base, self.opts.live, self.start)
         return holdable and not resumed and self.budget >= 1 and OFF in self.configs()
 
-    def summarize(self, source: SessionSource, result: TuneResult) -> dict:
+    def summarize(self, source: SessionSource, result: TuneResult) -> TuneSummary:
         """The result row: what was measured, what was chosen and why (the verdict comes from ``prove``)."""
         describe, env_label, screen = self.describe, self.env_label, self.screen
-        summary = {
-            "kind": "result",
-            "start": self.start.to_dict(),
-            "chosen": result.chosen.to_dict(),
-            "chosen_label": describe(result.chosen) + (f" with {env_label}" if env_label else ""),
-            "concurrency": self.opts.concurrency,
+        launches = [r for r in load_log(self.opts.out) if r.get("kind") == "launch"]
+        return TuneSummary(
+            kind="result",
+            start=self.start.to_dict(),
+            chosen=result.chosen.to_dict(),
+            chosen_label=describe(result.chosen) + (f" with {env_label}" if env_label else ""),
+            concurrency=self.opts.concurrency,
             # measurements held live cost none; the prepared start relaunched to hold in again does
-            "relaunches": sum(1 for r in load_log(self.opts.out) if r.get("kind") == "launch" and not r.get("live"))
-            - 1
-            + source.prepared_launches,
-            "held_live": sum(1 for r in load_log(self.opts.out) if r.get("kind") == "launch" and r.get("live")),
-            "stop_reason": result.stop_reason,
-            "nccl": env_label or None,
-            "nccl_prediction": nccl_summary(screen, self.decided) if screen is not None and screen["changes"] else None,
-            "measured": {describe(c): g for c, g in result.measured().items()},
-            "failed": {describe(st.config): st.failure for st in result.steps if st.failure},
-        }
-        if source.behind:
-            summary["sim_behind"] = {describe(c): {str(k): v for k, v in lv.items()} for c, lv in source.behind.items()}
-        if result.advice is not None:
-            summary["advice"] = result.advice.to_dict(full=False)
-        summary["chosen_why"] = choice_reason(result, describe)
-        return summary
+            relaunches=sum(1 for r in launches if not r.get("live")) - 1 + source.prepared_launches,
+            held_live=sum(1 for r in launches if r.get("live")),
+            stop_reason=result.stop_reason,
+            nccl=env_label or None,
+            nccl_prediction=nccl_summary(screen, self.decided) if screen is not None and screen["changes"] else None,
+            measured={describe(c): g for c, g in result.measured().items()},
+            failed={describe(st.config): st.failure for st in result.steps if st.failure},
+            sim_behind={describe(c): {str(k): v for k, v in lv.items()} for c, lv in source.behind.items()} or None,
+            advice=result.advice.to_dict(full=False) if result.advice is not None else None,
+            chosen_why=choice_reason(result, describe),
+        )
 
-    async def prove(self, source: SessionSource, result: TuneResult, summary: dict) -> None:
+    async def prove(self, source: SessionSource, result: TuneResult, summary: TuneSummary) -> None:
         """The verdict: none needed (the start is best), none asked (--ab-rounds 0), or the final A/B
         of the start against the choice, whose "faster" writes OUT/best.yaml."""
         from tuitune.experiments.ab import run_ab
@@ -422,34 +419,34 @@ class TuneRun:
         start_preset = preset_for(self.original, self.start, source.spec)
         chosen_preset = source.preset(result.chosen)
         if chosen_preset.hash() == start_preset.hash():
-            summary["verdict"] = {"verdict": "start is already best", "reason": summary["chosen_why"]}
+            summary.verdict = {"verdict": "start is already best", "reason": summary.chosen_why}
             await session.stop_server()  # as the A/B (and sweep) do: the search's last server goes
             return
         if not opts.ab_rounds:
-            summary["verdict"] = {
+            summary.verdict = {
                 "verdict": "not confirmed",
                 "reason": "--ab-rounds 0: no final A/B, and the search launched each configuration once",
             }
             await session.stop_server()
             return
-        summary["proof"] = "static"
+        summary.proof = "static"
         if opts.proof == "live":
             if why := self.live_refusal(source, result):
                 self.say(f"A/B: not in one launch: {why}; the start and the choice are launched without the switch")
-                summary["proof_why"] = why
+                summary.proof_why = why
             else:
                 await self.prove_live(source, result, summary, start_preset, chosen_preset)
                 return
-        b = self.tuned(chosen_preset, summary["chosen_label"])
+        b = self.tuned(chosen_preset, summary.chosen_label)
         # the final A/B: sequential (a look after every round from --ab-rounds, adding rounds until
         # the interval decides or --ab-max-rounds are spent), its power stated from the launch-to-launch
         # spread measured before when there is one (repeated launches of one configuration in the
         # search, launches of these presets in an earlier A/B of this log), else the prior
         last = opts.ab_last
         spread, spread_source = ab_spread(result.launches, concurrency, load_log(opts.out), [start_preset, b])
-        self.say(f"chosen: {summary['chosen_label']}: {summary['chosen_why']}")
+        self.say(f"chosen: {summary.chosen_label}: {summary.chosen_why}")
         self.say(
-            f"A/B: {start_preset.name} ({self.describe(self.start)}) vs {summary['chosen_label']}, "
+            f"A/B: {start_preset.name} ({self.describe(self.start)}) vs {summary.chosen_label}, "
             + (
                 f"{opts.ab_rounds} to {last} rounds each (until the interval decides)"
                 if last > opts.ab_rounds
@@ -472,11 +469,11 @@ class TuneRun:
             max_rounds=last,
             on_cleanup=self.on_cleanup,
         )
-        summary["ab"] = plain(ab)  # (the log's rows are plain JSON)
+        summary.ab = plain(ab)  # (the log's rows are plain JSON)
         v = ab.verdict
-        summary["verdict"] = v
+        summary.verdict = v
         if v.get("verdict") == "faster":
-            summary["best_preset"] = str(P.save(b, opts.out / "best.yaml"))
+            summary.best_preset = str(P.save(b, opts.out / "best.yaml"))
 
     def live_refusal(self, source: SessionSource, result: TuneResult) -> str | None:
         """Why the choice cannot be proved inside the prepared launch (a clause), or None: both it and the
@@ -493,7 +490,7 @@ class TuneRun:
         return None
 
     async def prove_live(
-        self, source: SessionSource, result: TuneResult, summary: dict, start_preset: P.Preset, chosen: P.Preset
+        self, source: SessionSource, result: TuneResult, summary: TuneSummary, start_preset: P.Preset, chosen: P.Preset
     ) -> None:
         """The final A/B inside the prepared launch (docs/switch.md, "tune in one launch"): blocks of the
         start (A), the choice (B) and the start again (A', the A/A check), each round in its own random
@@ -509,17 +506,17 @@ class TuneRun:
         arm_list = [(L.REFERENCE, a_k), ("B", b_k), (L.TWIN, a_k)]
         order = L.plan(arm_list, last, 0)
         d = ab_design(first, last) if opts.ab_judge else None
-        self.say(f"chosen: {summary['chosen_label']}: {summary['chosen_why']}")
+        self.say(f"chosen: {summary.chosen_label}: {summary.chosen_why}")
         self.say(
-            f"A/B in one launch: {self.describe(self.start)} (A and its A/A twin A') vs {summary['chosen_label']} "
+            f"A/B in one launch: {self.describe(self.start)} (A and its A/A twin A') vs {summary.chosen_label} "
             f"(B), {first} to {last} rounds of 3 blocks (until the interval decides), no launch"
             if last > first
             else f"A/B in one launch: {self.describe(self.start)} (A and its A/A twin A') vs "
-            f"{summary['chosen_label']} (B), {first} rounds of 3 blocks, no launch"
+            f"{summary.chosen_label} (B), {first} rounds of 3 blocks, no launch"
         )
         if await source.ensure_prepared():
             self.say(f"relaunched {self.base.name} prepared to switch, for the A/B's blocks")
-            summary["relaunches"] += 1
+            summary.relaunches += 1
         over = self.ab_overrides()
 
         def judged(rows: list[dict], arm: str) -> dict:
@@ -551,8 +548,8 @@ class TuneRun:
             looks.append({"rounds": rounds, **{k: v.get(k) for k in ("verdict", "ratio_ci", "p_value")}})
         stopped = stop_reason(v, rounds, last) if d is not None else f"{rounds} rounds run"
         aa = L.aa_check(twin, d is not None and rounds >= first, rounds)
-        summary["proof"] = "live"
-        summary["ab"] = {
+        summary.proof = "live"
+        summary.ab = {
             "live": True,
             "rounds": rounds,
             "first_look": first,
@@ -566,11 +563,11 @@ class TuneRun:
         }
         if v.get("verdict") in ("faster", "slower") and not aa["trusted"]:
             v = {"verdict": "not confirmed", "reason": f"{aa['sentence']} ({word} {a_k} against itself)", "shown": v}
-        summary["verdict"] = {**v, "live": True}
+        summary.verdict = {**v, "live": True}
         await session.stop_server()  # as the static A/B does: tune's last server goes
         if v.get("verdict") == "faster":
-            b = self.tuned(chosen, f"{summary['chosen_label']} (proved in one launch)")
-            summary["best_preset"] = str(P.save(b, opts.out / "best.yaml"))
+            b = self.tuned(chosen, f"{summary.chosen_label} (proved in one launch)")
+            summary.best_preset = str(P.save(b, opts.out / "best.yaml"))
 
     def ab_overrides(self) -> dict:
         """The final A/B's bench: at the tuned concurrency, two requests a stream at least."""

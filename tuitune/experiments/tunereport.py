@@ -5,6 +5,7 @@ is ``experiments.tune``."""
 from __future__ import annotations
 
 from tuitune import preset as P
+from tuitune.experiments.results import TuneSummary
 from tuitune.experiments.tunenccl import nccl_gains
 
 
@@ -64,12 +65,10 @@ def _duration(s: float) -> str:
     return f"{s / 60:.0f} min" if s >= 90 else (f"{s:.0f} s" if s >= 10 else f"{s:.1f} s")
 
 
-def format_result(r: dict) -> str:
-    live = f", {r['held_live']} measurement(s) held live in one launch" if r.get("held_live") else ""
-    lines = [
-        f"tuned at concurrency {r['concurrency']}: {r['relaunches']} relaunch(es){live}; stopped: {r['stop_reason']}"
-    ]
-    pred = r.get("nccl_prediction") or {}
+def format_result(r: TuneSummary) -> str:
+    live = f", {r.held_live} measurement(s) held live in one launch" if r.held_live else ""
+    lines = [f"tuned at concurrency {r.concurrency}: {r.relaunches} relaunch(es){live}; stopped: {r.stop_reason}"]
+    pred = r.nccl_prediction or {}
     if pred.get("winner"):
         if pred.get("step_saving_us") is not None:
             said = nccl_gains(pred)
@@ -80,69 +79,69 @@ def format_result(r: dict) -> str:
             lines.append(f"  the prediction rests on: {pred['basis']}")
         elif pred.get("note"):
             lines.append(f"NCCL: nccl-bench's winner {pred['winner']}; no step prediction ({pred['note']})")
-    for label, g in sorted(r["measured"].items(), key=lambda kv: -kv[1]):
+    for label, g in sorted(r.measured.items(), key=lambda kv: -kv[1]):
         lines.append(f"  {label:<32} {g:>10.1f} tok/s measured")
-    for label, why in (r.get("failed") or {}).items():
+    for label, why in (r.failed or {}).items():
         lines.append(f"  {label:<32} did not start: {why}")
-    for label, levels in (r.get("sim_behind") or {}).items():
+    for label, levels in (r.sim_behind or {}).items():
         said = "; ".join(f"c={c}: {how}" for c, how in levels.items())
         lines.append(
             f"  {label:<32} measured while the simulator fell behind its clock ({said}): slower than its model "
             "there, so a choice resting on it may be wrong; lower --sim-speedup"
         )
-    if r.get("chosen_why") and r["verdict"].get("verdict") != "start is already best":
-        lines.append(f"chosen: {r['chosen_label']}: {r['chosen_why']}")
-    v = r["verdict"]
+    if r.chosen_why and r.verdict.get("verdict") != "start is already best":
+        lines.append(f"chosen: {r.chosen_label}: {r.chosen_why}")
+    v = r.verdict
     if v.get("verdict") == "start is already best":
         lines.append(f"verdict: the start is already best ({v['reason']})")
     elif v.get("verdict") == "faster":
         lines.append(
-            f"verdict: {r['chosen_label']} is faster than the start, by at least {v['at_least']:.1%} (ratio "
+            f"verdict: {r.chosen_label} is faster than the start, by at least {v['at_least']:.1%} (ratio "
             f"{v['ratio']:.4f}, {v.get('interval_level', 0.95):.1%} CI {v['ratio_ci'][0]:.4f}-{v['ratio_ci'][1]:.4f}, "
-            f"p = {v['p_value']:.3f}{_ab_rounds_said(r)}); written to {r.get('best_preset')}"
+            f"p = {v['p_value']:.3f}{_ab_rounds_said(r)}); written to {r.best_preset}"
         )
     elif v.get("verdict") == "not confirmed":
         lines.append(f"no verdict: {v['reason']}; the start is kept (no best.yaml)")
     elif v.get("verdict") == "measurement only":
         lines.append(
             f"no verdict: {v['reason']}; A/B medians: start {v['baseline_median']:.1f}, "
-            f"{r['chosen_label']} {v['candidate_median']:.1f} tok/s (ratio {v['ratio']:.3f}); "
+            f"{r.chosen_label} {v['candidate_median']:.1f} tok/s (ratio {v['ratio']:.3f}); "
             "the start is kept (no best.yaml)"
         )
     else:
-        why = v.get("reason") or v.get("verdict")
+        reason = v.get("reason") or v.get("verdict")
         if v.get("verdict") == "slower":
-            why = f"{r['chosen_label']} is slower than the start in the A/B, by at least {v['at_least']:.1%}"
+            reason = f"{r.chosen_label} is slower than the start in the A/B, by at least {v['at_least']:.1%}"
         elif v.get("verdict") == "no significant difference":
             lo, hi = v["ratio_ci"]
-            why = (
+            reason = (
                 f"no significant difference in the A/B (ratio {v['ratio']:.4f}, {v.get('interval_level', 0.95):.1%} "
                 f"CI {lo:.4f}-{hi:.4f}, p = {v['p_value']:.3f}{_ab_rounds_said(r)})"
             )
-        lines.append(f"verdict: {why}; the start is kept (no best.yaml)")
+        lines.append(f"verdict: {reason}; the start is kept (no best.yaml)")
     lines += _proof_said(r)
-    power = ((r.get("ab") or {}).get("power") or {}).get("before")
+    power = ((r.ab or {}).get("power") or {}).get("before")
     if power:
         lines.append(f"A/B power: {power['sentence']}")
     return "\n".join(lines)
 
 
-def _proof_said(r: dict) -> list[str]:
+def _proof_said(r: TuneSummary) -> list[str]:
     """Where the final A/B ran (`--proof live`): in the prepared launch, with its A/A check and what
     that leaves unproved; or why it could not and was launched instead."""
-    ab = r.get("ab") or {}
+    ab = r.ab or {}
     if ab.get("live"):
         return [
             f"proof: in one launch, {len(ab['blocks'])} blocks over {ab['rounds']} round(s) (A, B and the A/A twin "
             f"A'), no launch of its own; {ab['aa']['sentence']}; the cost of being prepared is not resolved on "
             "this engine (docs/switch.md): best.yaml's own launch may differ from the prepared one by it"
         ]
-    if r.get("proof_why"):
-        return [f"proof: static, not in one launch: {r['proof_why']}"]
+    if r.proof_why:
+        return [f"proof: static, not in one launch: {r.proof_why}"]
     return []
 
 
-def _ab_rounds_said(r: dict) -> str:
+def _ab_rounds_said(r: TuneSummary) -> str:
     """', decided after 5 of up to 8 rounds' (a sequential final A/B), else ''."""
-    ab = r.get("ab") or {}
+    ab = r.ab or {}
     return f", {ab['stopped']}" if ab.get("max_rounds", 0) > ab.get("first_look", 0) and ab.get("stopped") else ""
