@@ -85,17 +85,23 @@ def test_the_recorded_launches_are_the_whole_space_tune_searches(tmp_path, w):
         assert launch.windows or not c.speculative, c.label  # the probe's windows, read from the capture
 
 
-@pytest.mark.parametrize("w", WORLDS, ids=[w.id for w in WORLDS])
-def test_tune_replayed_on_the_real_engine_ends_within_2_percent_of_the_grids_best(tmp_path, w):
+def replay(tmp: Path, w: World, budget: int = 3, **kw):
+    """tune's loop over world ``w``'s recorded launches from K 3: the recorded launches it asked for (in
+    order), its result, and the grid's ratio of its choice to the grid's best (with that best's label)."""
     src = RecordedLaunches(w.launches, w.concurrency, levels_for(w.concurrency))
-    base = base_preset(tmp_path, w)
+    base = base_preset(tmp, w)
     configs = space(topks=base.engine.search_topks(base))
-    res = asyncio.run(tune_loop(src, Config.chain(3), 3, w.concurrency, configs=configs))
+    res = asyncio.run(tune_loop(src, Config.chain(3), budget, w.concurrency, configs=configs, **kw))
     truth = {lb: v[str(w.concurrency)] for lb, v in json.loads(w.grid.read_text())["grid"]["truth"].items()}
     best = max((w.label(c) for c in configs), key=truth.__getitem__)
+    return src, res, truth[w.label(res.chosen)] / truth[best], best
+
+
+@pytest.mark.parametrize("w", WORLDS, ids=[w.id for w in WORLDS])
+def test_tune_replayed_on_the_real_engine_ends_within_2_percent_of_the_grids_best(tmp_path, w):
+    src, res, ratio, best = replay(tmp_path, w)
     path = [w.label(c) for c in src.asked]
     assert path[0] == w.label(Config.chain(3)) and len(path) == len(set(path)) and res.relaunches <= 3, path
-    ratio = truth[w.label(res.chosen)] / truth[best]
     assert ratio >= 0.98, (path, w.label(res.chosen), best, round(ratio, 3))
 
 
@@ -135,34 +141,24 @@ def test_tune_in_one_launch_replayed_ends_within_2_percent_in_two_launches(tmp_p
     launches, so what it shows is the order's decisions on a real engine's costs and acceptance; a held
     chain is read as its static launch here (the cost of being prepared, docs/switch.md, is not in these
     worlds)."""
-    src = RecordedLaunches(w.launches, w.concurrency, levels_for(w.concurrency))
-    base = base_preset(tmp_path, w)
-    configs = space(topks=base.engine.search_topks(base))
-    start = Config.chain(3)
-    res = asyncio.run(tune_loop(src, start, 3, w.concurrency, configs=configs, baseline_first=True))
-    truth = {lb: v[str(w.concurrency)] for lb, v in json.loads(w.grid.read_text())["grid"]["truth"].items()}
-    best = max((w.label(c) for c in configs), key=truth.__getitem__)
+    src, res, ratio, best = replay(tmp_path, w, baseline_first=True)
     path = [w.label(c) for c in src.asked]
-    assert path[:2] == ["off", w.label(start)] and len(path) == len(set(path)) <= 5, path
+    assert path[:2] == ["off", w.label(Config.chain(3))] and len(path) == len(set(path)) <= 5, path
     assert res.steps[0].reason.startswith("the baseline first") and res.steps[1].reason == "the starting configuration"
     # off's launch and the prepared start's: every other configuration asked for is a chain K 1-8 it holds
     others = [c for c in src.asked[2:] if not (c.speculative and c.topk == 1 and 1 <= c.steps <= 8)]
     assert others == [], path
-    ratio = truth[w.label(res.chosen)] / truth[best]
     assert ratio >= 0.98, (path, w.label(res.chosen), best, round(ratio, 3))
 
 
 def test_a_resumed_run_stopped_after_its_baseline_first_measures_the_start_next(tmp_path):
     """`tune --resume` of a run that stopped after speculation off's launch (the baseline first): the
     start is measured next, and the baseline still does not count against the budget."""
+    from tuitune.decide.launch import OFF
     from tuitune.experiments.tuneloop import BASELINE_FIRST, Step
 
     w = WORLDS[0]
-    src = RecordedLaunches(w.launches, w.concurrency, levels_for(w.concurrency))
-    off = Config(0, 1, 1)
-    ln = asyncio.run(src.measure(off, levels_for(w.concurrency)))
-    prior = [(Step(0, off, BASELINE_FIRST, None, dict(ln.goodput)), ln)]
-    base = base_preset(tmp_path, w)
-    configs = space(topks=base.engine.search_topks(base))
-    res = asyncio.run(tune_loop(src, Config.chain(3), 2, w.concurrency, configs=configs, prior=prior))
-    assert [st.config for st in res.steps[:2]] == [off, Config.chain(3)] and len(res.steps) == 4, res.steps
+    ln = RecordedLaunches(w.launches, w.concurrency, levels_for(w.concurrency)).launch(OFF)
+    prior = [(Step(0, OFF, BASELINE_FIRST, None, dict(ln.goodput)), ln)]
+    _src, res, _ratio, _best = replay(tmp_path, w, budget=2, prior=prior)
+    assert [st.config for st in res.steps[:2]] == [OFF, Config.chain(3)] and len(res.steps) == 4, res.steps

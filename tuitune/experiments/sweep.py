@@ -348,7 +348,7 @@ def summarize(base: P.Preset, rows: list[dict], out: Path | None = None) -> Swee
         if base_g and g is not base_g and (g["concurrency"] != base_g["concurrency"] or (confound and confound[0])):
             # per-request speed falls as the batch grows: no comparison with another concurrency, nor with a
             # server held to fewer requests at once than the streams sent
-            nan = float("nan")
+            nan = math.nan
             entry.delta = SweepDelta(ratio=nan, ratio_ci=[nan, nan], p_value=nan, verdict="not comparable")
         elif base_g and base_g["launches"] and g is not base_g:
             # launches are the unit once both sides have 4; before that, a request-level check

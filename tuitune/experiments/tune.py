@@ -79,14 +79,7 @@ class SessionSource:
     @staticmethod
     def holds(base: P.Preset, live: bool, c: Config) -> bool:
         steps = base.switch_steps or []
-        return (
-            live
-            and steps != []
-            and c.speculative
-            and c.topk == 1
-            and c.draft_tokens == c.steps + 1
-            and c.steps in steps
-        )
+        return live and c.speculative and c.topk == 1 and c.draft_tokens == c.steps + 1 and c.steps in steps
 
     async def _apply(self, c: Config, p: P.Preset) -> bool:
         """Put ``c`` in force: held in the prepared launch (relaunched first when another runs), or a

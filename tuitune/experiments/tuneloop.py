@@ -235,7 +235,9 @@ async def tune_loop(  # noqa: PLR0913
     ``baseline_first``: where the start is prepared to switch (its chains held in its one launch) and
     speculation off is not, off is measured before the start, in a launch of its own, besides the
     budget: measured after the start (as the search would when off could be the best, or with the
-    spare relaunch), it makes the prepared start launch a second time for the chains after it."""
+    spare relaunch), it makes the prepared start launch a second time for the chains after it. The caller
+    decides that it applies (``TuneRun.baseline_first``: a start the launch holds, a budget, off in the
+    space); the loop only leaves it out on a resumed run."""
     levels = levels or levels_for(concurrency)
     if concurrency not in levels:
         levels = sorted({*levels, concurrency})
@@ -262,7 +264,7 @@ async def tune_loop(  # noqa: PLR0913
             )
 
     seen = {st.config for st in steps}
-    if baseline_first and not seen and budget >= 1 and start != OFF and (configs is None or OFF in configs):
+    if baseline_first and not seen:  # (the caller decides it applies: ``TuneRun.baseline_first``)
         await run(OFF, BASELINE_FIRST, None)
         seen.add(OFF)
     if start not in seen:  # (on --resume, a run stopped after its baseline-first launch measures the start next)

@@ -96,9 +96,8 @@ def format_result(r: TuneSummary) -> str:
         lines.append(f"verdict: the start is already best ({v['reason']})")
     elif v.get("verdict") == "faster":
         lines.append(
-            f"verdict: {r.chosen_label} is faster than the start, by at least {v['at_least']:.1%} (ratio "
-            f"{v['ratio']:.4f}, {v.get('interval_level', 0.95):.1%} CI {v['ratio_ci'][0]:.4f}-{v['ratio_ci'][1]:.4f}, "
-            f"p = {v['p_value']:.3f}{_ab_rounds_said(r)}); written to {r.best_preset}"
+            f"verdict: {r.chosen_label} is faster than the start, by at least {v['at_least']:.1%} "
+            f"({_interval_said(r)}); written to {r.best_preset}"
         )
     elif v.get("verdict") == "not confirmed":
         lines.append(f"no verdict: {v['reason']}; the start is kept (no best.yaml)")
@@ -113,11 +112,7 @@ def format_result(r: TuneSummary) -> str:
         if v.get("verdict") == "slower":
             reason = f"{r.chosen_label} is slower than the start in the A/B, by at least {v['at_least']:.1%}"
         elif v.get("verdict") == "no significant difference":
-            lo, hi = v["ratio_ci"]
-            reason = (
-                f"no significant difference in the A/B (ratio {v['ratio']:.4f}, {v.get('interval_level', 0.95):.1%} "
-                f"CI {lo:.4f}-{hi:.4f}, p = {v['p_value']:.3f}{_ab_rounds_said(r)})"
-            )
+            reason = f"no significant difference in the A/B ({_interval_said(r)})"
         lines.append(f"verdict: {reason}; the start is kept (no best.yaml)")
     lines += _proof_said(r)
     power = ((r.ab or {}).get("power") or {}).get("before")
@@ -139,6 +134,16 @@ def _proof_said(r: TuneSummary) -> list[str]:
     if r.proof_why:
         return [f"proof: static, not in one launch: {r.proof_why}"]
     return []
+
+
+def _interval_said(r: TuneSummary) -> str:
+    """'ratio 1.0400, 97.1% CI 1.0070-1.0610, p = 0.029' of the final A/B, and its rounds where it was sequential."""
+    v = r.verdict
+    lo, hi = v["ratio_ci"]
+    return (
+        f"ratio {v['ratio']:.4f}, {v.get('interval_level', 0.95):.1%} CI {lo:.4f}-{hi:.4f}, "
+        f"p = {v['p_value']:.3f}{_ab_rounds_said(r)}"
+    )
 
 
 def _ab_rounds_said(r: TuneSummary) -> str:
